@@ -1,0 +1,505 @@
+"""T5 1.0 / 1.1 encoder-decoder in Flax linen, shaped for speculative decoding.
+
+The parameter tree uses T5X's names, so a T5X checkpoint's ``target`` tree loads
+with no renaming:
+
+  token_embedder/embedding                         [V, d]
+  encoder/relpos_bias/rel_embedding                [H, 32]
+  encoder/layers_{i}/pre_attention_layer_norm/scale
+  encoder/layers_{i}/attention/{query,key,value}/kernel   [d, H*dh]
+  encoder/layers_{i}/attention/out/kernel                 [H*dh, d]
+  encoder/layers_{i}/pre_mlp_layer_norm/scale
+  encoder/layers_{i}/mlp/{wi_0,wi_1,wo}/kernel     (1.1)  or mlp/{wi,wo} (1.0)
+  encoder/encoder_norm/scale
+  decoder/relpos_bias/rel_embedding
+  decoder/layers_{i}/{pre_self_attention_layer_norm,pre_cross_attention_layer_norm,
+                      pre_mlp_layer_norm}/scale
+  decoder/layers_{i}/{self_attention,encoder_decoder_attention}/{query,key,value,out}/kernel
+  decoder/decoder_norm/scale
+  decoder/logits_dense/kernel                      [d, V]  (1.1 only)
+
+Incremental decoding API (what the speculative engine needs):
+
+* ``encode`` runs once per example;
+* ``init_cache`` computes the cross-attention keys/values once per example and
+  allocates a fixed-shape self-attention cache ``[B, cache_len, H, dh]``;
+* ``decode`` takes k >= 1 new tokens per row at explicit per-row positions
+  ``[B, k]``, writes their keys/values at those positions, and returns logits for
+  all k (causal within the k and over the cache). A query at position t attends
+  to cache slots 0..t only, so entries past a row's committed length are never
+  read: rollback is just the caller moving its per-row index back, and the stale
+  entries are overwritten by the next write. Negative positions are not written
+  (their logits are garbage and must be ignored); this lets a caller pad a
+  variable-length write to a fixed k.
+
+Relative-position bias is computed for the actual (query, key) positions of a
+call, ``[B, H, k, cache_len]``, never as a full ``[L, L]`` table per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+Array = jax.Array
+# Large negative (not -inf) so that a fully-masked row gives a finite softmax.
+_MASK_VALUE = -1e10
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Architecture of a T5 1.0 or 1.1 model (hashable, so usable as a jit static)."""
+
+  vocab_size: int = 32128
+  d_model: int = 512
+  num_heads: int = 6
+  head_dim: int = 64
+  num_encoder_layers: int = 8
+  num_decoder_layers: int = 8
+  d_ff: int = 1024
+  # "1.1": gated-GELU MLP + untied logits_dense. "1.0": ReLU MLP + logits
+  # through the shared embedding scaled by 1/sqrt(d_model).
+  version: str = "1.1"
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  layer_norm_epsilon: float = 1e-6
+  dtype: str = "float32"  # activation dtype; params/norms/softmax/logits stay f32
+  pad_id: int = 0
+  eos_id: int = 1
+  decoder_start_id: int = 0
+
+  def __post_init__(self):
+    if self.version not in ("1.0", "1.1"):
+      raise ValueError(f"T5Config.version must be '1.0' or '1.1', got {self.version!r}")
+
+  @property
+  def gated(self) -> bool:
+    return self.version == "1.1"
+
+  @property
+  def logits_via_embedding(self) -> bool:
+    return self.version == "1.0"
+
+  @property
+  def jnp_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  def replace(self, **kw) -> "T5Config":
+    return dataclasses.replace(self, **kw)
+
+
+def _v11(d, h, l, ff):
+  return T5Config(d_model=d, num_heads=h, head_dim=64, num_encoder_layers=l,
+                  num_decoder_layers=l, d_ff=ff, version="1.1", vocab_size=32128)
+
+
+def _v10(d, h, l, ff, dh=64):
+  return T5Config(d_model=d, num_heads=h, head_dim=dh, num_encoder_layers=l,
+                  num_decoder_layers=l, d_ff=ff, version="1.0", vocab_size=32128)
+
+
+# Released sizes (T5 1.1 and T5 1.0).
+PRESETS = {
+    "t5_1_1_small": _v11(512, 6, 8, 1024),
+    "t5_1_1_base": _v11(768, 12, 12, 2048),
+    "t5_1_1_large": _v11(1024, 16, 24, 2816),
+    "t5_1_1_xl": _v11(2048, 32, 24, 5120),
+    "t5_1_1_xxl": _v11(4096, 64, 24, 10240),
+    "t5_small": _v10(512, 8, 6, 2048),
+    "t5_base": _v10(768, 12, 12, 3072),
+    "t5_large": _v10(1024, 16, 24, 4096),
+    "t5_3b": _v10(1024, 32, 24, 16384, dh=128),
+    "t5_11b": _v10(1024, 128, 24, 65536, dh=128),
+}
+
+
+def get_config(name: str, **overrides: Any) -> T5Config:
+  """A preset by name (see ``PRESETS``), with optional field overrides."""
+  if name not in PRESETS:
+    raise KeyError(f"unknown T5 preset {name!r}; known: {sorted(PRESETS)}")
+  return PRESETS[name].replace(**overrides)
+
+
+# ---------------------------------------------------------------- layers
+
+
+class RMSNorm(nn.Module):
+  """T5 layer norm: no mean subtraction, no bias, computed in float32."""
+
+  epsilon: float = 1e-6
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.epsilon)
+    return (y * scale).astype(self.dtype)
+
+
+def relative_position_bucket(relative_position: Array, bidirectional: bool,
+                             num_buckets: int = 32, max_distance: int = 128) -> Array:
+  """T5's bucketing of (key position - query position).
+
+  Exact buckets for small distances, logarithmic up to ``max_distance``; in the
+  bidirectional case half the buckets are for keys after the query.
+  """
+  n = -relative_position
+  ret = jnp.zeros_like(relative_position)
+  if bidirectional:
+    num_buckets //= 2
+    ret += (n < 0).astype(jnp.int32) * num_buckets
+    n = jnp.abs(n)
+  else:
+    n = jnp.maximum(n, 0)
+  max_exact = num_buckets // 2
+  is_small = n < max_exact
+  # Guard log(0): those entries take the is_small branch anyway.
+  scaled = (jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact)
+            / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+  large = jnp.minimum(max_exact + scaled.astype(jnp.int32), num_buckets - 1)
+  return ret + jnp.where(is_small, n, large)
+
+
+class RelativePositionBias(nn.Module):
+  """One table per stack, shared by all its layers; self-attention only."""
+
+  num_heads: int
+  bidirectional: bool
+  num_buckets: int = 32
+  max_distance: int = 128
+
+  @nn.compact
+  def __call__(self, q_pos: Array, k_pos: Array) -> Array:
+    """q_pos [B, Q], k_pos [B, K] -> bias [B, H, Q, K] (float32)."""
+    table = self.param("rel_embedding", nn.initializers.normal(0.1),
+                       (self.num_heads, self.num_buckets), jnp.float32)
+    rel = k_pos[:, None, :] - q_pos[:, :, None]
+    buckets = relative_position_bucket(rel, self.bidirectional, self.num_buckets,
+                                       self.max_distance)
+    # Gather via one-hot matmul-free indexing: table[:, buckets] -> [H, B, Q, K].
+    return jnp.moveaxis(table[:, buckets], 0, 1)
+
+
+def _dense(features: int, dtype, name: str, fan_in: int) -> nn.Dense:
+  return nn.Dense(features, use_bias=False, dtype=dtype, param_dtype=jnp.float32,
+                  kernel_init=nn.initializers.normal(fan_in ** -0.5), name=name)
+
+
+class Attention(nn.Module):
+  """Multi-head attention with 2-D kernels and no 1/sqrt(head_dim) scaling."""
+
+  num_heads: int
+  head_dim: int
+  d_model: int
+  dtype: Any
+
+  def setup(self):
+    inner = self.num_heads * self.head_dim
+    self.query = _dense(inner, self.dtype, "query", self.d_model * self.head_dim)
+    self.key = _dense(inner, self.dtype, "key", self.d_model)
+    self.value = _dense(inner, self.dtype, "value", self.d_model)
+    self.out = _dense(self.d_model, self.dtype, "out", inner)
+
+  def _split(self, x: Array) -> Array:
+    return x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
+
+  def project_q(self, x: Array) -> Array:
+    return self._split(self.query(x))
+
+  def project_kv(self, x: Array) -> tuple[Array, Array]:
+    return self._split(self.key(x)), self._split(self.value(x))
+
+  def attend(self, q: Array, k: Array, v: Array, mask: Array,
+             bias: Optional[Array]) -> Array:
+    """q [B,Q,H,dh], k/v [B,K,H,dh], mask [B,1|H,Q,K] bool, bias [B,H,Q,K]."""
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k,
+                        preferred_element_type=jnp.float32)
+    if bias is not None:
+      logits = logits + bias
+    logits = jnp.where(mask, logits, _MASK_VALUE)
+    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+    y = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
+
+  def __call__(self, x: Array, mask: Array, bias: Optional[Array]) -> Array:
+    q = self.project_q(x)
+    k, v = self.project_kv(x)
+    return self.attend(q, k, v, mask, bias)
+
+
+class MLP(nn.Module):
+  d_model: int
+  d_ff: int
+  gated: bool
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    if self.gated:  # T5 1.1: gelu(x wi_0) * (x wi_1), tanh-approximated gelu
+      h = (nn.gelu(_dense(self.d_ff, self.dtype, "wi_0", self.d_model)(x), approximate=True)
+           * _dense(self.d_ff, self.dtype, "wi_1", self.d_model)(x))
+    else:  # T5 1.0: relu(x wi)
+      h = nn.relu(_dense(self.d_ff, self.dtype, "wi", self.d_model)(x))
+    return _dense(self.d_model, self.dtype, "wo", self.d_ff)(h)
+
+
+class EncoderLayer(nn.Module):
+  config: T5Config
+
+  def setup(self):
+    c = self.config
+    dt = c.jnp_dtype
+    self.pre_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
+    self.attention = Attention(c.num_heads, c.head_dim, c.d_model, dt)
+    self.pre_mlp_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
+    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt)
+
+  def __call__(self, x: Array, mask: Array, bias: Array) -> Array:
+    x = x + self.attention(self.pre_attention_layer_norm(x), mask, bias)
+    return x + self.mlp(self.pre_mlp_layer_norm(x))
+
+
+class Encoder(nn.Module):
+  config: T5Config
+
+  def setup(self):
+    c = self.config
+    self.relpos_bias = RelativePositionBias(c.num_heads, True, c.relative_attention_num_buckets,
+                                            c.relative_attention_max_distance)
+    self.layers = [EncoderLayer(c, name=f"layers_{i}") for i in range(c.num_encoder_layers)]
+    self.encoder_norm = RMSNorm(c.layer_norm_epsilon, c.jnp_dtype)
+
+  def __call__(self, x: Array, input_mask: Array) -> Array:
+    b, s = input_mask.shape
+    pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+    bias = self.relpos_bias(pos, pos)
+    mask = (input_mask[:, None, None, :] & input_mask[:, None, :, None])
+    for layer in self.layers:
+      x = layer(x, mask, bias)
+    return self.encoder_norm(x)
+
+
+@struct.dataclass
+class DecoderCache:
+  """Fixed-shape decoding state for one model (a pytree).
+
+  self_k, self_v: per decoder layer, [B, cache_len, H, dh] (activation dtype).
+  cross_k, cross_v: per decoder layer, [B, S, H, dh], computed once per example.
+  encoder_mask: [B, S] bool, True at real (non-pad) encoder positions.
+  """
+
+  self_k: tuple
+  self_v: tuple
+  cross_k: tuple
+  cross_v: tuple
+  encoder_mask: Array
+
+  @property
+  def cache_len(self) -> int:
+    return self.self_k[0].shape[1]
+
+
+class DecoderLayer(nn.Module):
+  config: T5Config
+
+  def setup(self):
+    c = self.config
+    dt = c.jnp_dtype
+    self.pre_self_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
+    self.self_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt)
+    self.pre_cross_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
+    self.encoder_decoder_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt)
+    self.pre_mlp_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
+    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt)
+
+  def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
+    return self.encoder_decoder_attention.project_kv(encoded)
+
+  def __call__(self, x, positions, self_mask, bias, k_cache, v_cache, cross_k, cross_v,
+               cross_mask):
+    """One decoder layer over k new tokens.
+
+    With k_cache None (teacher forcing) keys are the new tokens themselves;
+    otherwise the new keys/values are scattered into the cache at ``positions``
+    and the queries attend over the whole cache (masked by position).
+    """
+    h = self.pre_self_attention_layer_norm(x)
+    q = self.self_attention.project_q(h)
+    k, v = self.self_attention.project_kv(h)
+    if k_cache is not None:
+      k_cache = _write(k_cache, k, positions)
+      v_cache = _write(v_cache, v, positions)
+      k, v = k_cache, v_cache
+    x = x + self.self_attention.attend(q, k, v, self_mask, bias)
+    h = self.pre_cross_attention_layer_norm(x)
+    q = self.encoder_decoder_attention.project_q(h)
+    x = x + self.encoder_decoder_attention.attend(q, cross_k, cross_v, cross_mask, None)
+    x = x + self.mlp(self.pre_mlp_layer_norm(x))
+    return x, k_cache, v_cache
+
+
+def _write(cache: Array, new: Array, positions: Array) -> Array:
+  """cache [B, L, H, dh] <- new [B, k, H, dh] at per-row positions [B, k].
+
+  Negative positions are dropped (mapped out of bounds), never wrapped.
+  """
+  b, length = cache.shape[:2]
+  pos = jnp.where(positions < 0, length, positions)
+  rows = jnp.broadcast_to(jnp.arange(b)[:, None], pos.shape)
+  return cache.at[rows, pos].set(new.astype(cache.dtype), mode="drop")
+
+
+class Decoder(nn.Module):
+  config: T5Config
+
+  def setup(self):
+    c = self.config
+    self.relpos_bias = RelativePositionBias(c.num_heads, False, c.relative_attention_num_buckets,
+                                            c.relative_attention_max_distance)
+    self.layers = [DecoderLayer(c, name=f"layers_{i}") for i in range(c.num_decoder_layers)]
+    self.decoder_norm = RMSNorm(c.layer_norm_epsilon, jnp.float32)
+    if not c.logits_via_embedding:
+      self.logits_dense = nn.Dense(c.vocab_size, use_bias=False, dtype=c.jnp_dtype,
+                                   param_dtype=jnp.float32,
+                                   kernel_init=nn.initializers.normal(c.d_model ** -0.5))
+
+  def cross_kv(self, encoded: Array) -> tuple[tuple, tuple]:
+    kv = [layer.cross_kv(encoded) for layer in self.layers]
+    return tuple(k for k, _ in kv), tuple(v for _, v in kv)
+
+  def __call__(self, x: Array, positions: Array, cache: Optional[DecoderCache],
+               cross: Optional[tuple], embed_attend) -> tuple[Array, Optional[DecoderCache]]:
+    c = self.config
+    if cache is not None:
+      k_pos = jnp.broadcast_to(jnp.arange(cache.cache_len, dtype=jnp.int32),
+                               (positions.shape[0], cache.cache_len))
+      cross_k, cross_v, enc_mask = cache.cross_k, cache.cross_v, cache.encoder_mask
+    else:
+      k_pos = positions
+      cross_k, cross_v, enc_mask = cross
+    # Causal over actual positions: a query at t sees keys at positions 0..t.
+    self_mask = ((k_pos[:, None, :] <= positions[:, :, None])
+                 & (k_pos[:, None, :] >= 0))[:, None]
+    bias = self.relpos_bias(positions, k_pos)
+    cross_mask = enc_mask[:, None, None, :]
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.layers):
+      kc = cache.self_k[i] if cache is not None else None
+      vc = cache.self_v[i] if cache is not None else None
+      x, kc, vc = layer(x, positions, self_mask, bias, kc, vc, cross_k[i], cross_v[i],
+                        cross_mask)
+      new_k.append(kc)
+      new_v.append(vc)
+    y = self.decoder_norm(x)
+    if c.logits_via_embedding:
+      logits = embed_attend(y) / jnp.sqrt(jnp.float32(c.d_model))
+    else:
+      logits = self.logits_dense(y.astype(c.jnp_dtype))
+    logits = logits.astype(jnp.float32)
+    if cache is not None:
+      cache = cache.replace(self_k=tuple(new_k), self_v=tuple(new_v))
+    return logits, cache
+
+
+class T5(nn.Module):
+  """The whole encoder-decoder. Use the methods through ``T5Model`` below."""
+
+  config: T5Config
+
+  def setup(self):
+    c = self.config
+    self.token_embedder = nn.Embed(c.vocab_size, c.d_model, dtype=c.jnp_dtype,
+                                   param_dtype=jnp.float32,
+                                   embedding_init=nn.initializers.normal(1.0))
+    self.encoder = Encoder(c)
+    self.decoder = Decoder(c)
+
+  def encode(self, inputs: Array) -> Array:
+    mask = inputs != self.config.pad_id
+    return self.encoder(self.token_embedder(inputs), mask)
+
+  def init_cache(self, encoded: Array, inputs: Array, cache_len: int) -> DecoderCache:
+    c = self.config
+    b = encoded.shape[0]
+    cross_k, cross_v = self.decoder.cross_kv(encoded)
+    shape = (b, cache_len, c.num_heads, c.head_dim)
+    zeros = tuple(jnp.zeros(shape, c.jnp_dtype) for _ in range(c.num_decoder_layers))
+    return DecoderCache(self_k=zeros, self_v=zeros, cross_k=cross_k, cross_v=cross_v,
+                        encoder_mask=inputs != c.pad_id)
+
+  def decode(self, tokens: Array, positions: Array, cache: DecoderCache):
+    x = self.token_embedder(tokens)
+    return self.decoder(x, positions, cache, None, self.token_embedder.attend)
+
+  def __call__(self, inputs: Array, decoder_inputs: Array) -> Array:
+    """Teacher-forced logits [B, T, V] for decoder_inputs (start token first)."""
+    encoded = self.encode(inputs)
+    cross = self.decoder.cross_kv(encoded) + (inputs != self.config.pad_id,)
+    b, t = decoder_inputs.shape
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    logits, _ = self.decoder(self.token_embedder(decoder_inputs), pos, None, cross,
+                             self.token_embedder.attend)
+    return logits
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Model:
+  """Pure-function view of ``T5``: every method takes params explicitly.
+
+  Hashable (only the config is held), so it can be a static argument of jit.
+  """
+
+  config: T5Config
+
+  @property
+  def module(self) -> T5:
+    return T5(self.config)
+
+  def init(self, rng: Array, input_len: int = 8, target_len: int = 8) -> dict:
+    """Random parameters (T5X tree) for tests and benchmarks."""
+    dummy_in = jnp.ones((1, input_len), jnp.int32)
+    dummy_out = jnp.ones((1, target_len), jnp.int32)
+    return self.module.init(rng, dummy_in, dummy_out)["params"]
+
+  def encode(self, params: dict, inputs: Array) -> Array:
+    """inputs [B, S] int (0 = pad) -> encoded [B, S, d]."""
+    return self.module.apply({"params": params}, inputs, method=T5.encode)
+
+  def init_cache(self, params: dict, encoded: Array, inputs: Array,
+                 cache_len: int) -> DecoderCache:
+    """Cross-attention K/V (once per example) + an empty self-attention cache."""
+    return self.module.apply({"params": params}, encoded, inputs, cache_len,
+                             method=T5.init_cache)
+
+  def decode(self, params: dict, tokens: Array, positions: Array,
+             cache: DecoderCache) -> tuple[Array, DecoderCache]:
+    """tokens [B, k] at positions [B, k] -> (logits [B, k, V] float32, cache)."""
+    return self.module.apply({"params": params}, tokens, positions, cache,
+                             method=T5.decode)
+
+  def __call__(self, params: dict, inputs: Array, decoder_inputs: Array) -> Array:
+    """Teacher-forced logits [B, T, V]."""
+    return self.module.apply({"params": params}, inputs, decoder_inputs)
+
+
+def shift_right(targets: Array, start_id: int = 0) -> Array:
+  """Decoder inputs for teacher forcing: [start, y_0, ..., y_{T-2}]."""
+  return jnp.concatenate(
+      [jnp.full(targets.shape[:-1] + (1,), start_id, targets.dtype), targets[..., :-1]], -1)
+
+
+def param_shapes(config: T5Config) -> dict:
+  """The parameter tree's shapes (jax.ShapeDtypeStruct leaves), no allocation."""
+  model = T5Model(config)
+  return jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0)))
+
+
+def count_params(params: Any) -> int:
+  return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
