@@ -211,5 +211,18 @@ def test_seqio_tasks(spm_path, tmp_path):
     for part in ("wmt_t2t_translate/de-en", "1.0.0", str(empty), "data_dir argument",
                  "tfds build"):
         assert part in msg
+
+    # With "prepared" data (TFDS mock) the TFDS tasks map their fields to raw text.
+    import tensorflow_datasets as tfds
+    for task, name in (("specdec_wmt_ende", "wmt_t2t_translate/de-en/1.0.0"),
+                       ("specdec_cnn_dailymail", "cnn_dailymail/3.4.0")):
+        (empty / name).mkdir(parents=True)
+        (empty / name / "dataset_info.json").write_text("{}")
+        with tfds.testing.mock_data(num_examples=3):
+            exs = data.load_examples(f"seqio:{task}", "test", 2, data_dir=str(empty))
+        assert [e.id for e in exs] == ["test-0", "test-1"]
+        assert all(e.input and e.reference for e in exs)
+        assert not exs[0].input.startswith(("translate", "summarize"))
+
     with pytest.raises(KeyError, match="unknown seqio task"):
         data.load_seqio_examples("specdec_nope", "test")
