@@ -1,0 +1,100 @@
+"""Standardized sampling (paper §2.2): every sampling method as a distribution.
+
+Argmax, temperature, top-k and top-p (nucleus) all become plain sampling from an
+adjusted probability distribution. The baseline and the speculative engine both
+call ``standardize`` — for the target's p and the draft's q alike — so the two
+can never disagree about what "sampling at these settings" means.
+
+Semantics follow T5X ``decoding.temperature_sample``: temperature 0 is argmax;
+``topk`` keeps exactly k tokens (ties broken by index, as ``lax.top_k`` does);
+``topp`` keeps the smallest most-probable prefix whose mass reaches ``topp``
+(tokens tied with the cut-off logit are kept); top-k and top-p together are an
+error; both filters act on the temperature-scaled logits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """Sampling settings. Hashable, so usable as a static jit argument.
+
+  temperature: 0 means argmax; must be >= 0.
+  topk: 0 means off; otherwise keep the k most probable tokens.
+  topp: 0 means off; otherwise in (0, 1].
+  """
+
+  temperature: float = 0.0
+  topk: int = 0
+  topp: float = 0.0
+
+  def __post_init__(self):
+    if not self.temperature >= 0:  # also rejects NaN
+      raise ValueError(f"temperature must be >= 0 (0 means argmax), got {self.temperature}")
+    if self.topk < 0:
+      raise ValueError(f"topk must be >= 0 (0 means off), got {self.topk}")
+    if not 0.0 <= self.topp <= 1.0:
+      raise ValueError(f"topp must be in (0, 1] (or 0 for off), got {self.topp}")
+    if self.topk and self.topp:
+      raise ValueError(f"topk ({self.topk}) and topp ({self.topp}) cannot both be set "
+                       "(as in T5X temperature_sample): choose one")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0.0
+
+
+def _topk_mask(logits: Array, k: int) -> Array:
+  k = min(k, logits.shape[-1])
+  _, idx = jax.lax.top_k(logits, k)
+  keep = jnp.zeros(logits.shape, bool)
+  return jnp.put_along_axis(keep, idx, True, axis=-1, inplace=False)
+
+
+def _topp_mask(logits: Array, p: float) -> Array:
+  sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+  cum = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+  # First sorted index whose cumulative mass reaches p (clipped for rounding).
+  cut = jnp.minimum(jnp.sum(cum < p, axis=-1, keepdims=True), logits.shape[-1] - 1)
+  threshold = jnp.take_along_axis(sorted_logits, cut, axis=-1)
+  return logits >= threshold
+
+
+def standardize(logits: Array, config: SamplingConfig) -> Array:
+  """logits [..., V] -> the distribution actually sampled from, [..., V] float32.
+
+  Paper §2.2: argmax is the one-hot of the argmax; otherwise softmax of the
+  temperature-scaled logits restricted to the top-k / top-p set.
+  """
+  logits = logits.astype(jnp.float32)
+  if config.greedy:
+    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+  scaled = logits / config.temperature
+  if config.topk:
+    scaled = jnp.where(_topk_mask(scaled, config.topk), scaled, -jnp.inf)
+  elif config.topp:
+    scaled = jnp.where(_topp_mask(scaled, config.topp), scaled, -jnp.inf)
+  return jax.nn.softmax(scaled, axis=-1)
+
+
+def sample(key: Array, probs: Array, config: SamplingConfig) -> Array:
+  """One token per row from a standardized distribution probs [..., V] -> [...].
+
+  Argmax needs no randomness; otherwise Gumbel-max over log-probabilities, so a
+  token with probability 0 can never be drawn.
+  """
+  if config.greedy:
+    return jnp.argmax(probs, axis=-1).astype(jnp.int32)
+  return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
+
+
+def sample_any(key: Array, probs: Array) -> Array:
+  """Sample from an arbitrary distribution probs [..., V] (no argmax shortcut)."""
+  return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)

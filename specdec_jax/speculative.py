@@ -1,0 +1,82 @@
+"""The speculative sampling kernel (paper §2.3, Algorithm 1; lenience, App. A.5).
+
+Batched over rows; every row keeps its own prefix of the γ draft tokens.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.sampling import sample_any
+
+Array = jax.Array
+
+
+class KernelOutput(NamedTuple):
+  """Result of one Algorithm 1 acceptance step.
+
+  num_accepted: [B] int32, n in Algorithm 1 (0..γ).
+  next_token:   [B] int32, t ~ p' (the correction, or the bonus token if n = γ).
+  accepted:     [B, γ] bool, position i accepted (prefix-closed: i < n).
+  min_pq:       [B, γ] float32, sum_x min(p_i(x), q_i(x)) = β_i (Theorem 3.5).
+  """
+
+  num_accepted: Array
+  next_token: Array
+  accepted: Array
+  min_pq: Array
+
+
+def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
+                         lenience: float = 1.0, greedy: bool = False,
+                         p_raw: Array | None = None) -> KernelOutput:
+  """Algorithm 1's acceptance and correction, batched.
+
+  Args:
+    key: PRNG key.
+    draft_tokens: [B, γ] x_1..x_γ proposed by the draft.
+    q: [B, γ, V] the (standardized) distributions the x_i were drawn from.
+    p: [B, γ+1, V] the target's standardized distributions p_1..p_{γ+1}.
+    lenience: l in (0, 1] (App. A.5). l = 1 is exact; any l < 1 changes the
+      output distribution (each token's probability stays <= p(x)/l).
+    greedy: argmax decoding (p, q one-hot). With l < 1 the paper's argmax rule
+      applies before standardization: accept x when p_raw(x) >= l * max p_raw.
+    p_raw: [B, γ, V] the target's unstandardized softmax, needed only for
+      greedy with l < 1.
+
+  Sampling case: r_i ~ U(0, 1]; x_i is accepted when r_i * l * q_i(x_i) <=
+  p_i(x_i) (i.e. r_i <= p_i(x_i) / (l q_i(x_i))) and p_i(x_i) > 0; n is the
+  number of leading acceptances; t ~ norm(max(0, p_{n+1} - l q_{n+1})) if
+  n < γ, else t ~ p_{γ+1}. The residual with l < 1 keeps P(x) <= p(x)/l.
+  """
+  b, gamma = draft_tokens.shape
+  k_accept, k_next = jax.random.split(key)
+  px = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
+  qx = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]
+  if greedy and lenience < 1.0:
+    raw_x = jnp.take_along_axis(p_raw, draft_tokens[..., None], axis=-1)[..., 0]
+    accept = raw_x >= lenience * jnp.max(p_raw, axis=-1)
+  else:
+    # r in (0, 1]: a token with p(x) = 0 can never pass, even at r's extreme.
+    r = 1.0 - jax.random.uniform(k_accept, (b, gamma))
+    accept = (r * (lenience * qx) <= px) & (px > 0)
+  accepted = jnp.cumprod(accept.astype(jnp.int32), axis=-1).astype(bool)
+  n = jnp.sum(accepted, axis=-1).astype(jnp.int32)
+
+  # p' without a branch: q_{γ+1} := 0, so n = γ gives p' = p_{γ+1} (the bonus).
+  q_ext = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
+  p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]
+  q_n = jnp.take_along_axis(q_ext, n[:, None, None], axis=1)[:, 0]
+  residual = jnp.maximum(p_n - lenience * q_n, 0.0)
+  mass = jnp.sum(residual, axis=-1, keepdims=True)
+  # Rejection when p == q up to rounding leaves no mass: fall back to p itself.
+  residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_n)
+  if greedy:
+    next_token = jnp.argmax(residual, axis=-1).astype(jnp.int32)
+  else:
+    next_token = sample_any(k_next, residual)
+  min_pq = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
+  return KernelOutput(n, next_token, accepted, min_pq)
