@@ -635,7 +635,9 @@ class _SafetensorsFile:
     except Exception as e:  # safetensors raises its own error types
       raise CheckpointError(f"{path}: cannot read safetensors file: {e}") from e
 
+  @functools.cached_property
   def _header(self) -> tuple[int, dict]:
+    """(offset of the data section, parsed JSON header)."""
     with open(self.path, "rb") as f:
       n = int.from_bytes(f.read(8), "little")
       return 8 + n, json.loads(f.read(n))
@@ -643,7 +645,7 @@ class _SafetensorsFile:
   def read(self, key: str) -> np.ndarray:
     if self._dtypes[key] != "BF16":
       return self._f.get_tensor(key)
-    start, header = self._header()
+    start, header = self._header
     begin, end = header[key]["data_offsets"]
     raw = np.memmap(self.path, dtype=np.uint16, mode="r", offset=start + begin,
                     shape=((end - begin) // 2,))
@@ -658,7 +660,13 @@ class _TorchBinFile:
     self.path = path
     try:
       self._sd = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as e:  # pickle/zip errors
+    except RuntimeError:
+      # Pre-1.6 (non-zip) files cannot be memory-mapped: load them whole.
+      try:
+        self._sd = torch.load(path, map_location="cpu", weights_only=True)
+      except Exception as e:  # pickle/zip errors
+        raise CheckpointError(f"{path}: cannot read PyTorch checkpoint: {e}") from e
+    except Exception as e:  # pickle errors
       raise CheckpointError(f"{path}: cannot read PyTorch checkpoint: {e}") from e
     self.shapes = {k: tuple(v.shape) for k, v in self._sd.items()}
 
@@ -777,6 +785,8 @@ def export_hf(params: Any, config: T5Config, directory: str,
   params' own, float32 for a model from ``init``) is the on-disk dtype.
   Tensors are transferred to the host one at a time.
   """
+  if _is_gcs(directory):
+    raise CheckpointError(f"{directory}: exporting to GCS is not supported")
   directory = os.path.abspath(directory)
   _check_overwrite(directory, overwrite)
   flat = _flatten(params)
