@@ -101,7 +101,8 @@ def _kv_listdir(path: str) -> list[str]:
   """Immediate children of a directory through a kvstore (used for gs://).
 
   Object stores have no directories, so this lists keys recursively and keeps
-  their first component: fine for a model directory, slow for a huge bucket.
+  their first component: a model directory with many zarr checkpoints lists
+  every chunk, so pass a checkpoint_<step> directory to keep this short.
   """
   keys = _kv_open(path).list().result()
   return sorted({k.decode().split("/", 1)[0] for k in keys})
@@ -240,10 +241,6 @@ def _stream_to_device(readers: Mapping[str, Reader], param_dtype) -> dict:
   return _unflatten(out)
 
 
-def _config_to_dict(config: T5Config) -> dict:
-  return dataclasses.asdict(config)
-
-
 def config_from_dict(fields: Mapping[str, Any], source: str = "config") -> T5Config:
   """A T5Config from its fields; unknown keys are an error naming ``source``."""
   known = {f.name for f in dataclasses.fields(T5Config)}
@@ -356,7 +353,7 @@ def save_checkpoint(directory: str, params: Any, config: T5Config,
   os.makedirs(directory, exist_ok=True)
   ocp.PyTreeCheckpointer().save(params_dir, _params_dtype_tree(params, dtype))
   with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump(_config_to_dict(config), f, indent=2, sort_keys=True)
+    json.dump(dataclasses.asdict(config), f, indent=2, sort_keys=True)
 
 
 def _load_specdec(path: str, config: Optional[T5Config], param_dtype) -> tuple[dict, T5Config]:

@@ -179,6 +179,11 @@ def test_t5x_orbax_loads_identical(params, t5x_orbax_dir):
     assert detect_format(path) == "t5x_orbax"
   loaded, _ = load_checkpoint(t5x_orbax_dir, config=CFG)  # auto
   assert_trees_equal(loaded, params)
+  half, _ = load_checkpoint(t5x_orbax_dir, config=CFG, param_dtype="bfloat16")
+  leaf = half["decoder"]["layers_0"]["mlp"]["wo"]["kernel"]
+  assert leaf.dtype == jax.numpy.bfloat16
+  np.testing.assert_array_equal(np.asarray(leaf, np.float32),
+                                bf16_round(params["decoder"]["layers_0"]["mlp"]["wo"]["kernel"]))
 
 
 def test_t5x_orbax_shape_mismatch(t5x_orbax_dir):
