@@ -1,0 +1,108 @@
+"""Wall-clock measurement: medians, compile excluded, ``block_until_ready``.
+
+Also the cost coefficients the theory needs, measured with jitted pieces of
+the same computation the decoding loops run:
+
+  c = (draft time per proposed token) / (one-token target step)   (Def. 3.7)
+  v = (target pass over γ+1 tokens) / (one-token target step)
+
+The paper's Theorem 3.8 assumes v = 1 (γ+1 parallel positions for free); on a
+CPU or at large batch it is not, and ``theory.walltime_improvement`` takes v.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.drafts.base import ApproximationModel
+from specdec_jax.models.t5 import T5Model
+from specdec_jax.sampling import SamplingConfig, sample, standardize
+
+Array = jax.Array
+
+
+def block(x: Any) -> Any:
+  return jax.tree_util.tree_map(lambda a: a.block_until_ready() if hasattr(a, "block_until_ready")
+                                else a, x)
+
+
+def time_call(fn: Callable[[], Any], repeats: int = 10, warmup: int = 1) -> list[float]:
+  """Seconds per call of ``fn()`` (each call blocked until ready); compile
+  happens in the warm-up calls, which are not timed."""
+  for _ in range(warmup):
+    block(fn())
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    block(fn())
+    times.append(time.perf_counter() - t0)
+  return times
+
+
+def median(xs: list[float]) -> float:
+  return statistics.median(xs)
+
+
+class Costs(NamedTuple):
+  target_step_s: float   # one-token target step (decode + standardize + sample)
+  verify_s: float        # target pass over γ+1 tokens (decode + standardize)
+  draft_token_s: float   # draft propose(γ) / γ
+  c: float
+  v: float
+
+
+@functools.partial(jax.jit, static_argnames=("model", "sampling"))
+def _target_step(model: T5Model, params, cache, tokens, positions, key, sampling):
+  logits, cache = model.decode(params, tokens, positions, cache)
+  return sample(key, standardize(logits[:, -1], sampling), sampling), cache
+
+
+@functools.partial(jax.jit, static_argnames=("model", "sampling"))
+def _verify(model: T5Model, params, cache, tokens, positions, sampling):
+  logits, cache = model.decode(params, tokens, positions, cache)
+  return standardize(logits, sampling), cache
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "sampling"))
+def _propose(draft: ApproximationModel, state, seq, length, key, gamma, sampling):
+  return draft.propose(state, seq, length, gamma, sampling, key)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "cache_len"))
+def _target_init(model: T5Model, params, inputs, cache_len):
+  return model.init_cache(params, model.encode(params, inputs), inputs, cache_len)
+
+
+@functools.partial(jax.jit, static_argnames=("cache_len",))
+def _draft_init(draft: ApproximationModel, inputs, cache_len):
+  return draft.init(inputs, cache_len)
+
+
+def measure_costs(target: T5Model, target_params: Any, draft: ApproximationModel,
+                  inputs: Array, gamma: int, sampling: SamplingConfig = SamplingConfig(),
+                  position: int = 16, repeats: int = 20) -> Costs:
+  """Median times of the three pieces at a mid-sequence ``position``."""
+  b = inputs.shape[0]
+  cache_len = position + gamma + 2
+  cache = _target_init(target, target_params, inputs, cache_len)
+  dstate = _draft_init(draft, inputs, cache_len)
+  key = jax.random.PRNGKey(0)
+  tok1 = jnp.full((b, 1), 3, jnp.int32)
+  pos1 = jnp.full((b, 1), position, jnp.int32)
+  tokv = jnp.full((b, gamma + 1), 3, jnp.int32)
+  posv = position + jnp.broadcast_to(jnp.arange(gamma + 1, dtype=jnp.int32), (b, gamma + 1))
+  seq = jnp.full((b, cache_len + 1), 3, jnp.int32)
+  length = jnp.full((b,), position, jnp.int32)
+  t_step = median(time_call(
+      lambda: _target_step(target, target_params, cache, tok1, pos1, key, sampling), repeats))
+  t_verify = median(time_call(
+      lambda: _verify(target, target_params, cache, tokv, posv, sampling), repeats))
+  t_draft = median(time_call(
+      lambda: _propose(draft, dstate, seq, length, key, gamma, sampling), repeats)) / gamma
+  return Costs(t_step, t_verify, t_draft, t_draft / t_step, t_verify / t_step)

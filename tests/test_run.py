@@ -1,0 +1,168 @@
+"""End to end: ``python -m specdec_jax.run`` on tiny random models and a local file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gin
+import jax
+import numpy as np
+import pytest
+
+from specdec_jax import run
+from specdec_jax.checkpoints import save_checkpoint
+from specdec_jax.models.t5 import T5Config, T5Model
+
+REPO = Path(__file__).resolve().parent.parent
+SUMMARY_KEYS = {"task", "target", "draft", "temperature", "gamma", "alpha", "alpha_min_pq",
+                "tokens_per_target_call", "c", "v", "baseline_ms_per_token",
+                "speculative_ms_per_token", "speedup", "expected_speedup",
+                "expected_speedup_v", "num_examples", "mismatches_vs_baseline"}
+WORDS = ("thou thee thy hath doth saith unto ye shall lord king house went came said "
+         "people land day god man son father city behold").split()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+  """A tiny vocabulary, target/draft checkpoints, a TSV and a gin file."""
+  import sentencepiece as spm
+  d = tmp_path_factory.mktemp("run")
+  rng = np.random.default_rng(0)
+  lines = [" ".join(rng.choice(WORDS, size=rng.integers(4, 12))) for _ in range(400)]
+  (d / "corpus.txt").write_text("\n".join(lines) + "\n")
+  spm.SentencePieceTrainer.train(input=str(d / "corpus.txt"), model_prefix=str(d / "spm"),
+                                 vocab_size=40, model_type="unigram", pad_id=0, eos_id=1,
+                                 unk_id=2, bos_id=-1, minloglevel=2)
+  cfg = T5Config(vocab_size=64, d_model=32, num_heads=4, head_dim=8, num_encoder_layers=2,
+                 num_decoder_layers=2, d_ff=48)
+  for name, c, seed in (("target", cfg, 0),
+                        ("draft", cfg.replace(num_encoder_layers=1, num_decoder_layers=1), 1),
+                        ("draft_v65", cfg.replace(vocab_size=65, num_decoder_layers=1), 2)):
+    save_checkpoint(str(d / name), T5Model(c).init(jax.random.PRNGKey(seed)), c)
+  rows = ["id\tinput\treference"] + [f"ex{i}\t{lines[i]}\t{lines[i + 1]}" for i in range(80)]
+  (d / "data.tsv").write_text("\n".join(rows) + "\n")
+  (d / "exp.gin").write_text(f"""
+Experiment.task = 'toy'
+Experiment.source = '{d / "data.tsv"}'
+Experiment.prefix = ''
+Experiment.vocab_path = '{d / "spm.model"}'
+Experiment.target_checkpoint = '{d / "target"}'
+Experiment.draft_checkpoint = '{d / "draft"}'
+Experiment.gamma = 3
+Experiment.max_input_len = 24
+Experiment.max_decode_len = 16
+Experiment.num_warmup = 1
+Experiment.num_examples = 4
+""")
+  return d
+
+
+def _run(env, *args, check=True, **popen):
+  cmd = [sys.executable, "-m", "specdec_jax.run", f"--config={env / 'exp.gin'}", *args]
+  e = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  if popen:
+    return subprocess.Popen(cmd, cwd=REPO, env=e, **popen)
+  res = subprocess.run(cmd, cwd=REPO, env=e, capture_output=True, text=True, timeout=600)
+  if check:
+    assert res.returncode == 0, res.stderr[-3000:]
+  return res
+
+
+def _lines(path: Path) -> list[dict]:
+  return [json.loads(l) for l in path.read_text().splitlines()]
+
+
+def test_run_writes_results_and_resumes_after_a_kill(env):
+  # 1) A complete run: files, keys, the Table-2 row, and recomputable numbers.
+  w = env / "w_full"
+  res = _run(env, f"--workdir={w}")
+  assert "| TASK | M_q | TEMP |" in res.stdout and "| toy | draft | 0 | 3 |" in res.stdout
+  s = json.loads((w / "summary.json").read_text())
+  assert SUMMARY_KEYS <= set(s)
+  recs = _lines(w / "examples.jsonl")
+  assert len(recs) == 4 == s["num_examples"]
+  assert s["mismatches_vs_baseline"] == 0 and all(r["matches_baseline"] for r in recs)
+  acc = sum(r["accepted"] for r in recs)
+  ev = acc + sum(r["rejected"] for r in recs)
+  assert s["alpha"] == pytest.approx(acc / ev)
+  assert s["alpha_min_pq"] == pytest.approx(sum(r["min_pq_sum"] for r in recs) / ev)
+  assert s["speedup"] == pytest.approx(sum(r["baseline_s"] for r in recs)
+                                       / sum(r["speculative_s"] for r in recs))
+  assert "Experiment.gamma = 3" in (w / "config.gin").read_text()
+
+  # 2) Kill midway, leave a torn last line, resume: nothing lost or duplicated.
+  w = env / "w_kill"
+  n = 60
+  proc = _run(env, f"--workdir={w}", f"--gin_bindings=Experiment.num_examples = {n}",
+              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  path = w / "examples.jsonl"
+  deadline = time.time() + 300
+  while time.time() < deadline and not (path.exists() and path.read_text().count("\n") >= 2):
+    time.sleep(0.01)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  before = path.read_text()
+  assert 2 <= before.count("\n") < n, "the run was not interrupted midway"
+  with open(path, "a") as f:
+    f.write('{"index": 999, "id": "torn')  # an interrupted write
+  _run(env, f"--workdir={w}", f"--gin_bindings=Experiment.num_examples = {n}", "--resume")
+  after = path.read_text()
+  assert after.startswith(before)
+  recs = _lines(path)
+  assert sorted(r["index"] for r in recs) == list(range(1, n + 1))
+  assert json.loads((w / "summary.json").read_text())["num_examples"] == n
+
+  # 3) Without --resume an existing workdir is refused and left untouched.
+  res = _run(env, f"--workdir={w}", f"--gin_bindings=Experiment.num_examples = {n}",
+             check=False)
+  assert res.returncode != 0 and "--resume" in res.stderr
+  assert path.read_text() == after
+
+
+def test_alpha_only(env):
+  w = env / "w_alpha"
+  res = _run(env, f"--workdir={w}", "--alpha_only", "--gin_bindings=Experiment.draft_name = "
+             "'bigram'", f"--gin_bindings=Experiment.ngram_corpus = '{env / 'data.tsv'}'",
+             "--gin_bindings=Experiment.alpha_only_tokens = 40")
+  s = json.loads((w / "summary.json").read_text())
+  assert s["mode"] == "alpha_only" and s["num_tokens"] >= 40 and 0 <= s["alpha_min_pq"] <= 1
+  recs = _lines(w / "examples.jsonl")
+  assert s["alpha_min_pq"] == pytest.approx(sum(r["min_pq_sum"] for r in recs)
+                                            / sum(r["tokens"] for r in recs))
+  assert "alpha" in res.stdout
+
+
+BAD = {
+    "missing checkpoint": ("Experiment.target_checkpoint = '/nonexistent/ckpt'",
+                           "target_checkpoint"),
+    "vocab mismatch": ("Experiment.draft_checkpoint = '{env}/draft_v65'", "vocab_size"),
+    "gamma < 1": ("Experiment.gamma = 0", "gamma must be >= 1"),
+    "temperature < 0": ("Experiment.temperature = -0.5", "temperature must be >= 0"),
+    "topp outside (0, 1]": ("Experiment.topp = 1.5", "topp must be in"),
+    "topk with topp": ("Experiment.topk = 5\nExperiment.topp = 0.9", "cannot both be set"),
+    "too-long input": ("Experiment.max_input_len = 3\nExperiment.on_too_long = 'error'",
+                       "max_len=3"),
+    "empty input": ("Experiment.source = '{env}/empty.tsv'", "empty"),
+    "unknown draft": ("Experiment.draft_name = 'quadgram'", "unknown approximation model"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_fails_clearly_before_work(env, case):
+  (env / "empty.tsv").write_text("id\tinput\treference\na\t\tb\n")
+  binding, message = BAD[case]
+  with pytest.raises(Exception, match=message):
+    exp = run.parse_config([str(env / "exp.gin")], [binding.format(env=env)])
+    run.prepare(exp)
+
+
+def test_unknown_binding_fails_with_gins_error(env):
+  with pytest.raises(ValueError, match="gama"):
+    run.parse_config([str(env / "exp.gin")], ["Experiment.gama = 3"])
+  gin.clear_config()
