@@ -501,6 +501,7 @@ flags.DEFINE_bool("alpha_only", False, "Only measure alpha along target generati
 
 def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
   gin.clear_config()
+  gin.add_config_file_search_path(str(REPO_ROOT))  # so `include 'configs/...'` works anywhere
   gin.parse_config_files_and_bindings([_resolve(c) for c in configs], bindings)
   return Experiment()
 

@@ -166,3 +166,25 @@ def test_unknown_binding_fails_with_gins_error(env):
   with pytest.raises(ValueError, match="gama"):
     run.parse_config([str(env / "exp.gin")], ["Experiment.gama = 3"])
   gin.clear_config()
+
+
+def test_paper_configs_parse_with_the_papers_gamma():
+  """Every Table 2/3 config parses; Table 2's γ and temperature are the paper's."""
+  sys.path.insert(0, str(REPO / "scripts"))
+  from make_tables import PAPER_TABLES
+  paper = {(r["task"], r["draft"].replace("t5-", ""), r["temp"]): r["gamma"]
+           for r in PAPER_TABLES["table2"]}
+  files = sorted((REPO / "configs" / "table2").glob("*.gin"))
+  assert len(files) == 12
+  for f in files:
+    task, draft, temp = f.stem.split("_")
+    exp = run.parse_config([str(f)], [])
+    assert exp.gamma == paper[(task, draft, int(temp[1:]))], f
+    assert exp.temperature == float(temp[1:]) and exp.draft_preset == f"t5_1_1_{draft}"
+    assert exp.target_preset == "t5_1_1_xxl" and exp.vocab_extra_ids == 100
+    with pytest.raises(ValueError, match="target_checkpoint is not set"):
+      exp.validate()
+  for f in sorted((REPO / "configs" / "table3").glob("*.gin")):
+    exp = run.parse_config([str(f)], [])
+    assert exp.alpha_only_tokens == 10_000
+  gin.clear_config()
