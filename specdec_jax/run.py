@@ -204,7 +204,11 @@ def prepare(exp: Experiment) -> Setup:
   if vocab.vocab_size > target.config.vocab_size:
     raise ValueError(f"vocabulary {exp.vocab_path} has {vocab.vocab_size} ids but the target "
                      f"model's vocab_size is {target.config.vocab_size}")
-  if exp.draft_name == "t5":
+  # Every builder gets the same keyword arguments and takes what it needs, so a
+  # newly registered approximation model is selectable with no change here.
+  build_kw: dict[str, Any] = dict(vocab_size=target.config.vocab_size,
+                                  max_ngram=exp.prompt_lookup_max_ngram)
+  if exp.draft_checkpoint:
     dmodel, dparams = _load_model(exp.draft_checkpoint, exp.draft_format, exp.draft_preset,
                                   exp.dtype, "draft")
     data.check_vocab_compatible(target.config.vocab_size, dmodel.config.vocab_size,
@@ -212,13 +216,10 @@ def prepare(exp: Experiment) -> Setup:
                                 draft_eos_id=dmodel.config.eos_id,
                                 target_pad_id=target.config.pad_id,
                                 draft_pad_id=dmodel.config.pad_id)
-    draft = drafts.build("t5", model=dmodel, params=dparams)
-  elif exp.draft_name in ("unigram", "bigram"):
-    draft = drafts.build(exp.draft_name, corpus=_corpus(exp, vocab),
-                         vocab_size=target.config.vocab_size)
-  else:
-    draft = drafts.build(exp.draft_name, vocab_size=target.config.vocab_size,
-                         max_ngram=exp.prompt_lookup_max_ngram)
+    build_kw.update(model=dmodel, params=dparams)
+  if exp.ngram_corpus:
+    build_kw["corpus"] = _corpus(exp, vocab)
+  draft = drafts.build(exp.draft_name, **build_kw)
   return Setup(exp, vocab, examples, inputs, target, target_params, draft)
 
 

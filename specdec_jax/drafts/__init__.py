@@ -28,15 +28,20 @@ def register(name: str):
 
 
 def build(name: str, **kwargs) -> ApproximationModel:
-  """Build the approximation model registered as ``name``."""
+  """Build the approximation model registered as ``name``.
+
+  The runner passes every builder the same keywords — ``vocab_size``,
+  ``max_ngram``, and when configured ``model``/``params`` (a draft checkpoint)
+  and ``corpus`` (token sequences) — so builders accept ``**_`` for the rest.
+  """
   if name not in REGISTRY:
     raise ValueError(f"unknown approximation model {name!r}; known: {sorted(REGISTRY)}")
   return REGISTRY[name](**kwargs)
 
 
 register("t5")(lambda model, params, **_: T5Draft(params=params, model=model))
-register("unigram")(lambda corpus, vocab_size, **kw: UnigramDraft.fit(corpus, vocab_size))
-register("bigram")(lambda corpus, vocab_size, **kw: BigramDraft.fit(corpus, vocab_size))
+register("unigram")(lambda corpus, vocab_size, **_: UnigramDraft.fit(corpus, vocab_size))
+register("bigram")(lambda corpus, vocab_size, **_: BigramDraft.fit(corpus, vocab_size))
 register("prompt_lookup")(
     lambda vocab_size, max_ngram=3, **_: PromptLookupDraft(vocab_size=vocab_size,
                                                            max_ngram=max_ngram))
