@@ -51,27 +51,37 @@ def median(xs: list[float]) -> float:
 
 class Costs(NamedTuple):
   target_step_s: float   # one-token target step (decode + standardize + sample)
-  verify_s: float        # target pass over γ+1 tokens (decode + standardize)
+  verify_s: float        # target pass over γ+1 tokens (same work on γ+1 positions)
   draft_token_s: float   # draft propose(γ) / γ
   c: float
   v: float
 
 
-@functools.partial(jax.jit, static_argnames=("model", "sampling"))
-def _target_step(model: T5Model, params, cache, tokens, positions, key, sampling):
-  logits, cache = model.decode(params, tokens, positions, cache)
-  return sample(key, standardize(logits[:, -1], sampling), sampling), cache
+# Each piece runs `n` times inside one jitted fori_loop, so the per-call
+# dispatch overhead of a Python -> XLA call is not counted (the decoding loops
+# never pay it), and a value derived from every output is returned so that XLA
+# cannot drop any of the work.
 
 
-@functools.partial(jax.jit, static_argnames=("model", "sampling"))
-def _verify(model: T5Model, params, cache, tokens, positions, sampling):
-  logits, cache = model.decode(params, tokens, positions, cache)
-  return standardize(logits, sampling), cache
+@functools.partial(jax.jit, static_argnames=("model", "sampling", "n"))
+def _target_steps(model: T5Model, params, cache, tokens, positions, key, sampling, n):
+  def body(i, carry):
+    cache, acc = carry
+    logits, cache = model.decode(params, tokens, positions + 0 * i, cache)
+    probs = standardize(logits, sampling)
+    tok = sample(jax.random.fold_in(key, i), probs[:, -1], sampling)
+    return cache, acc + jnp.sum(tok) + jnp.sum(probs[..., 0])
+  return jax.lax.fori_loop(0, n, body, (cache, 0.0))[1]
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "sampling"))
-def _propose(draft: ApproximationModel, state, seq, length, key, gamma, sampling):
-  return draft.propose(state, seq, length, gamma, sampling, key)
+@functools.partial(jax.jit, static_argnames=("gamma", "sampling", "n"))
+def _proposes(draft: ApproximationModel, state, seq, length, key, gamma, sampling, n):
+  def body(i, carry):
+    state, acc = carry
+    tokens, q, state = draft.propose(state, seq, length, gamma, sampling,
+                                     jax.random.fold_in(key, i))
+    return state, acc + jnp.sum(tokens) + jnp.sum(q[..., 0])
+  return jax.lax.fori_loop(0, n, body, (state, 0.0))[1]
 
 
 @functools.partial(jax.jit, static_argnames=("model", "cache_len"))
@@ -86,8 +96,9 @@ def _draft_init(draft: ApproximationModel, inputs, cache_len):
 
 def measure_costs(target: T5Model, target_params: Any, draft: ApproximationModel,
                   inputs: Array, gamma: int, sampling: SamplingConfig = SamplingConfig(),
-                  position: int = 16, repeats: int = 20) -> Costs:
-  """Median times of the three pieces at a mid-sequence ``position``."""
+                  position: int = 16, repeats: int = 7, inner: int = 16) -> Costs:
+  """Median (over ``repeats``) times of the three pieces at a mid-sequence
+  ``position``, each the mean of ``inner`` back-to-back runs in one jit call."""
   b = inputs.shape[0]
   cache_len = position + gamma + 2
   cache = _target_init(target, target_params, inputs, cache_len)
@@ -99,10 +110,11 @@ def measure_costs(target: T5Model, target_params: Any, draft: ApproximationModel
   posv = position + jnp.broadcast_to(jnp.arange(gamma + 1, dtype=jnp.int32), (b, gamma + 1))
   seq = jnp.full((b, cache_len + 1), 3, jnp.int32)
   length = jnp.full((b,), position, jnp.int32)
-  t_step = median(time_call(
-      lambda: _target_step(target, target_params, cache, tok1, pos1, key, sampling), repeats))
-  t_verify = median(time_call(
-      lambda: _verify(target, target_params, cache, tokv, posv, sampling), repeats))
-  t_draft = median(time_call(
-      lambda: _propose(draft, dstate, seq, length, key, gamma, sampling), repeats)) / gamma
+  n = inner
+  t_step = median(time_call(lambda: _target_steps(target, target_params, cache, tok1, pos1, key,
+                                                  sampling, n), repeats)) / n
+  t_verify = median(time_call(lambda: _target_steps(target, target_params, cache, tokv, posv,
+                                                    key, sampling, n), repeats)) / n
+  t_draft = median(time_call(lambda: _proposes(draft, dstate, seq, length, key, gamma,
+                                               sampling, n), repeats)) / n / gamma
   return Costs(t_step, t_verify, t_draft, t_draft / t_step, t_verify / t_step)
