@@ -318,6 +318,101 @@ def time_decode_step(cfg: T5Config, batch: int = 1, src_len: int = 64,
   return float(np.median(times))
 
 
+# ---------------------------------------------------------------- report
+
+
+def greedy_decode(model: T5Model, params, inputs: np.ndarray, max_len: int = MAX_LEN
+                  ) -> list[list[int]]:
+  """Cached greedy decoding of a batch; each row stops at EOS (EOS excluded)."""
+  cfg = model.config
+  x = jnp.asarray(inputs)
+  cache = model.init_cache(params, model.encode(params, x), x, max_len)
+  step = jax.jit(model.decode)
+  b = inputs.shape[0]
+  tokens = jnp.full((b, 1), cfg.decoder_start_id, jnp.int32)
+  out = np.zeros((b, max_len), np.int32)
+  done = np.zeros(b, bool)
+  for t in range(max_len):
+    logits, cache = step(params, tokens, jnp.full((b, 1), t, jnp.int32), cache)
+    nxt = np.asarray(jnp.argmax(logits[:, -1], -1))
+    out[:, t] = np.where(done, cfg.pad_id, nxt)
+    done |= nxt == cfg.eos_id
+    if done.all():
+      break
+    tokens = jnp.asarray(nxt[:, None], jnp.int32)
+  rows = []
+  for r in out.tolist():
+    rows.append(r[:r.index(cfg.eos_id)] if cfg.eos_id in r else [t for t in r if t])
+  return rows
+
+
+def teacher_forced_stats(models: dict, params: dict, batches, target: str) -> dict:
+  """Per model on reference prefixes: token CE, and per draft its agreement with
+  the target: greedy (argmax match) and sum_x min(p, q) (the expected
+  acceptance of one drafted token at temperature 1)."""
+  @functools.partial(jax.jit, static_argnums=(0,))
+  def logits_fn(model, p, inputs, targets):
+    return model(p, inputs, shift_right(targets, model.config.decoder_start_id))
+
+  sums: dict[str, float] = {}
+  n_tok = 0.0
+  for inputs, targets in batches:
+    mask = np.asarray(targets != 0, np.float32)
+    n_tok += float(mask.sum())
+    logp = {n: jax.nn.log_softmax(logits_fn(models[n], params[n], inputs, targets))
+            for n in models}
+    for n, lp in logp.items():
+      ce = -jnp.take_along_axis(lp, jnp.asarray(targets)[..., None], -1)[..., 0]
+      sums[f"{n}/ce"] = sums.get(f"{n}/ce", 0.0) + float((ce * mask).sum())
+      if n == target:
+        continue
+      agree = jnp.argmax(lp, -1) == jnp.argmax(logp[target], -1)
+      overlap = jnp.sum(jnp.minimum(jnp.exp(lp), jnp.exp(logp[target])), -1)
+      sums[f"{n}/greedy_agreement"] = sums.get(f"{n}/greedy_agreement", 0.0) + float(
+          (agree * mask).sum())
+      sums[f"{n}/sampling_acceptance_t1"] = sums.get(
+          f"{n}/sampling_acceptance_t1", 0.0) + float((overlap * mask).sum())
+  return {k: v / n_tok for k, v in sums.items()}
+
+
+def report(args, names: list[str], sp: spm.SentencePieceProcessor) -> dict:
+  """Test-split stats, decode-step timings and greedy samples of the exports."""
+  from specdec_jax.checkpoints import load_checkpoint
+  params, models = {}, {}
+  for n in names:
+    params[n], cfg = load_checkpoint(os.path.join(args.export_dir, n))
+    models[n] = T5Model(cfg)
+  test_rows = read_tsv(os.path.join(args.data_dir, "test.tsv"))
+  test_pairs, _ = encode_pairs(sp, test_rows)
+  batches = [pad_batch(test_pairs, idx, args.batch_tokens)
+             for idx in make_batches(test_pairs, args.batch_tokens, np.random.default_rng(0))]
+  out: dict[str, Any] = {"test_pairs": len(test_pairs)}
+  out["teacher_forced_test"] = teacher_forced_stats(models, params, batches, names[0])
+  # Interleave repeats so load from other processes hits every model alike.
+  times: dict[str, list[float]] = {n: [] for n in names}
+  for _ in range(3):
+    for n in names:
+      times[n].append(time_decode_step(models[n].config))
+  ms = {n: 1e3 * float(np.median(t)) for n, t in times.items()}
+  out["decode_step_ms_b1"] = ms
+  out["decode_step_ratio_vs_target"] = {n: ms[names[0]] / ms[n] for n in names}
+  out["params"] = {n: count_params(params[n]) for n in names}
+  samples = []
+  picks = list(range(0, len(test_rows), max(1, len(test_rows) // args.num_samples)))
+  picks = picks[:args.num_samples]
+  inputs = np.zeros((len(picks), MAX_LEN), np.int32)
+  for r, i in enumerate(picks):
+    ids = sp.encode(PREFIX + test_rows[i][1]) + [sp.eos_id()]
+    inputs[r, :len(ids)] = ids[:MAX_LEN]
+  decoded = {n: greedy_decode(models[n], params[n], inputs) for n in names}
+  for r, i in enumerate(picks):
+    samples.append({"id": test_rows[i][0], "input": test_rows[i][1],
+                    "reference": test_rows[i][2],
+                    **{n: sp.decode(decoded[n][r]) for n in names}})
+  out["greedy_samples"] = samples
+  return out
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -349,6 +444,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                   help="drop pairs with more tokens than this on either side")
   ap.add_argument("--smoke", action="store_true")
   ap.add_argument("--benchmark", action="store_true")
+  ap.add_argument("--report", action="store_true",
+                  help="evaluate the exports (first model = target) and write report.json")
+  ap.add_argument("--num_samples", type=int, default=8)
   args = ap.parse_args(argv)
   if args.smoke:
     args.models = ",".join(SMOKE_MODELS)
@@ -385,6 +483,14 @@ def main(argv: list[str]) -> None:
       print(json.dumps({"model": n, "params": count_params(
           T5Model(cfgs[n]).init(jax.random.PRNGKey(0))), "decode_step_ms": times[n] * 1e3,
           "ratio_vs_first": times[names[0]] / times[n]}))
+    return
+  if args.report:
+    result = report(args, names, sp)
+    with open(os.path.join(args.export_dir, "report.json"), "w") as f:
+      json.dump(result, f, indent=1)
+    print(json.dumps({k: v for k, v in result.items() if k != "greedy_samples"}, indent=1))
+    for s in result["greedy_samples"][:3]:
+      print(json.dumps(s, indent=1))
     return
 
   train_rows = read_tsv(os.path.join(args.data_dir, "train.tsv"), limit)
