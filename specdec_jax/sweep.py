@@ -1,0 +1,110 @@
+"""A γ sweep: the baseline and speculative decoding side by side (paper App. A.3).
+
+Used by ``scripts/bench_speculative.py`` and ``notebooks/demo.ipynb``. For each
+example the baseline and every γ run back to back with the same PRNG key, so
+machine drift hits all columns alike; compilation happens on a warm-up example
+and is never timed; every call ends in ``block_until_ready``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from specdec_jax import theory
+from specdec_jax.decoding import speculative_decode, temperature_sample
+from specdec_jax.sampling import SamplingConfig
+from specdec_jax.timing import block, measure_costs
+
+
+def _timed(fn):
+  t0 = time.perf_counter()
+  out = block(fn())
+  return out, time.perf_counter() - t0
+
+
+def gamma_sweep(target, target_params, draft, inputs: np.ndarray, gammas: Sequence[int],
+                sampling: SamplingConfig, max_decode_len: int, seed: int = 0) -> list[dict]:
+  """One row per γ: measured tokens/s, α, c, v and Theorem 3.8's prediction.
+
+  inputs [N, S]: row 0 is the warm-up example (untimed), rows 1.. are timed.
+  Speedup = speculative tokens/s over baseline tokens/s on the same examples
+  (equal to the time ratio at temperature 0, where outputs are identical).
+  """
+  eos = target.config.eos_id
+  kw = dict(max_decode_len=max_decode_len, sampling=sampling, eos_id=eos)
+  base = lambda x, k: temperature_sample(target, target_params, x, k, **kw)
+  spec = {g: (lambda x, k, g=g: speculative_decode(target, target_params, draft, x, k,
+                                                   gamma=g, **kw)) for g in gammas}
+  x0 = inputs[:1]
+  block(base(x0, jax.random.PRNGKey(0)))
+  for g in gammas:
+    block(spec[g](x0, jax.random.PRNGKey(0)))
+  costs = {g: measure_costs(target, target_params, draft, x0, g, sampling) for g in gammas}
+  zero = lambda: dict(s=0.0, tok=0, acc=0, rej=0, mpq=0.0, calls=0, ratios=[], mism=0,
+                      acc_at=0, ev_at=0)
+  acc = {g: zero() for g in gammas}
+  b_s, b_tok = 0.0, 0
+  for i in range(1, len(inputs)):
+    x = inputs[i:i + 1]
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), i)
+    out, t = _timed(lambda: base(x, key))
+    b_s += t
+    b_tok += int(out.length[0])
+    for g in gammas:
+      o, ts = _timed(lambda: spec[g](x, key))
+      a = acc[g]
+      a["s"] += ts
+      a["tok"] += int(o.length[0])
+      a["acc"] += int(o.stats.accepted[0])
+      a["rej"] += int(o.stats.rejected[0])
+      a["mpq"] += float(o.stats.min_pq_sum[0])
+      a["calls"] += int(o.stats.target_calls[0])
+      a["acc_at"] = a["acc_at"] + np.asarray(o.stats.accepted_at[0])
+      a["ev_at"] = a["ev_at"] + np.asarray(o.stats.evaluated_at[0])
+      a["ratios"].append((int(o.length[0]) / ts) / (int(out.length[0]) / t))
+      a["mism"] += int(not np.array_equal(np.asarray(o.tokens), np.asarray(out.tokens)))
+  rows = []
+  for g in gammas:
+    a, c = acc[g], costs[g]
+    ev = max(a["acc"] + a["rej"], 1)
+    alpha = a["acc"] / ev
+    base_tps, spec_tps = b_tok / b_s, a["tok"] / a["s"]
+    a_cap = min(alpha, 1 - 1e-9)
+    rows.append(dict(
+        temperature=sampling.temperature, gamma=g, baseline_tok_s=base_tps,
+        speculative_tok_s=spec_tps, speedup=spec_tps / base_tps,
+        median_example_speedup=statistics.median(a["ratios"]), alpha=alpha,
+        alpha_min_pq=a["mpq"] / ev, tokens_per_target_call=a["tok"] / max(a["calls"], 1),
+        c=c.c, v=c.v, expected=float(theory.walltime_improvement(a_cap, g, c.c)),
+        expected_v=float(theory.walltime_improvement(a_cap, g, c.c, c.v)),
+        acceptance_at=(a["acc_at"] / np.maximum(a["ev_at"], 1)).tolist(),
+        mismatches=a["mism"] if sampling.greedy else None, examples=len(inputs) - 1))
+  return rows
+
+
+COLUMNS = [("temp", "temperature", "{:g}"), ("γ", "gamma", "{}"),
+           ("baseline tok/s", "baseline_tok_s", "{:.1f}"),
+           ("speculative tok/s", "speculative_tok_s", "{:.1f}"),
+           ("speedup", "speedup", "{:.2f}x"),
+           ("median per-example", "median_example_speedup", "{:.2f}x"),
+           ("α", "alpha", "{:.3f}"), ("α (Σmin(p,q))", "alpha_min_pq", "{:.3f}"),
+           ("tokens/target call", "tokens_per_target_call", "{:.2f}"), ("c", "c", "{:.3f}"),
+           ("v", "v", "{:.2f}"), ("EXP (Thm 3.8)", "expected", "{:.2f}x"),
+           ("EXP (with v)", "expected_v", "{:.2f}x")]
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+  """The sweep as a markdown table, plus measured / EXP(with v)."""
+  head = [c[0] for c in COLUMNS] + ["measured / EXP(v)", "mismatches"]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for r in rows:
+    cells = [fmt.format(r[key]) for _, key, fmt in COLUMNS]
+    cells.append(f"{r['speedup'] / r['expected_v']:.2f}")
+    cells.append("-" if r["mismatches"] is None else str(r["mismatches"]))
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
