@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 from specdec_jax import drafts
 from specdec_jax.decoding import alpha_estimates, speculative_decode, temperature_sample
 from specdec_jax.models.t5 import T5Config, T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
+from stat_tests import pooled_chisquare_pvalue
 
 MAX_LEN = 20
 INPUTS = jax.random.randint(jax.random.PRNGKey(1), (4, 12), 2, 64).astype(jnp.int32)
@@ -180,14 +180,7 @@ def sequence_pvalue(samples: np.ndarray, dist: dict) -> float:
   for row in map(tuple, samples.tolist()):
     assert row in index, f"impossible output {row}"
     counts[index[row]] += 1
-  expected = np.array([dist[k] for k in keys]) * len(samples)
-  assert counts[expected == 0].sum() == 0, "an output of probability 0 was produced"
-  big = expected >= 5
-  obs = np.append(counts[big], counts[~big].sum())
-  exp = np.append(expected[big], expected[~big].sum())
-  keep = exp > 0
-  obs, exp = obs[keep], exp[keep]
-  return float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+  return pooled_chisquare_pvalue(counts, np.array([dist[k] for k in keys]))
 
 
 SETTINGS = {

@@ -16,25 +16,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 from specdec_jax.speculative import speculative_sampling
+from stat_tests import pooled_chisquare_pvalue
 
 N = 100_000
 SIGNIFICANCE = 1e-3
 
 
 def chi2_pvalue(samples: np.ndarray, probs: np.ndarray) -> float:
-  """Goodness of fit of integer samples to probs; cells with E < 5 pooled."""
-  counts = np.bincount(samples, minlength=len(probs)).astype(float)
-  expected = probs * len(samples)
-  assert counts[probs == 0].sum() == 0, "a zero-probability token was emitted"
-  big = expected >= 5
-  obs = np.append(counts[big], counts[~big].sum())
-  exp = np.append(expected[big], expected[~big].sum())
-  keep = exp > 0
-  obs, exp = obs[keep], exp[keep]
-  return float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+  return pooled_chisquare_pvalue(np.bincount(samples, minlength=len(probs)), probs)
 
 
 @functools.partial(jax.jit, static_argnames=("lenience",))
