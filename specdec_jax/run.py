@@ -372,7 +372,7 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
     block(spec_fn(x, root))
   logging.info("Warm-up (compilation included) took %.1f s", time.perf_counter() - t0)
   c = measure_costs(target, tparams, draft, _pad_batch(setup.inputs, [0], exp.batch_size),
-                    exp.gamma, sampling)
+                    exp.gamma, sampling, cache_len=exp.max_decode_len + exp.gamma + 1)
   costs = {"c": c.c, "v": c.v, "target_step_ms": 1e3 * c.target_step_s,
            "verify_ms": 1e3 * c.verify_s, "draft_token_ms": 1e3 * c.draft_token_s}
   logging.info("Costs: %s", costs)

@@ -44,7 +44,8 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray, gammas: Sequen
   block(base(x0, jax.random.PRNGKey(0)))
   for g in gammas:
     block(spec[g](x0, jax.random.PRNGKey(0)))
-  costs = {g: measure_costs(target, target_params, draft, x0, g, sampling) for g in gammas}
+  costs = {g: measure_costs(target, target_params, draft, x0, g, sampling,
+                           cache_len=max_decode_len + g + 1) for g in gammas}
   zero = lambda: dict(s=0.0, tok=0, acc=0, rej=0, mpq=0.0, calls=0, ratios=[], mism=0,
                       acc_at=0, ev_at=0)
   acc = {g: zero() for g in gammas}

@@ -96,11 +96,16 @@ def _draft_init(draft: ApproximationModel, inputs, cache_len):
 
 def measure_costs(target: T5Model, target_params: Any, draft: ApproximationModel,
                   inputs: Array, gamma: int, sampling: SamplingConfig = SamplingConfig(),
-                  position: int = 16, repeats: int = 7, inner: int = 16) -> Costs:
+                  cache_len: int | None = None, position: int = 16, repeats: int = 7,
+                  inner: int = 16) -> Costs:
   """Median (over ``repeats``) times of the three pieces at a mid-sequence
-  ``position``, each the mean of ``inner`` back-to-back runs in one jit call."""
+  ``position``, each the mean of ``inner`` back-to-back runs in one jit call.
+
+  Pass the decoding loop's ``cache_len`` (max_decode_len + γ + 1) so that
+  attention spans what it does there.
+  """
   b = inputs.shape[0]
-  cache_len = position + gamma + 2
+  cache_len = max(cache_len or 0, position + gamma + 2)
   cache = _target_init(target, target_params, inputs, cache_len)
   dstate = _draft_init(draft, inputs, cache_len)
   key = jax.random.PRNGKey(0)
