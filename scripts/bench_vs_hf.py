@@ -1,0 +1,534 @@
+r"""Our speculative decoding vs Hugging Face assisted generation, side by side.
+
+  python scripts/bench_vs_hf.py                     # the demo checkpoints
+  python scripts/bench_vs_hf.py --target=/tmp/rt --draft=/tmp/rd \
+      --num_examples=5 --temperatures=0            # random-weight stand-ins
+
+The same weights (our checkpoints, exported with ``checkpoints.export_hf`` to a
+temporary directory and loaded with ``T5ForConditionalGeneration``), the same
+held-out inputs and the same maximum number of new tokens, at batch 1. For
+every example all methods run back to back (interleaved, so drift on a noisy
+machine hits them alike):
+
+  hf_greedy    HF ``generate`` with the target (greedy or sampling)
+  hf_assisted  HF assisted generation, ``assistant_model=`` the exported draft,
+               a constant γ draft tokens per round (schedule 'constant', the
+               confidence-threshold early stop switched off)
+  hf_default   (--hf_default) HF assisted generation with HF's own defaults:
+               up to 20 draft tokens per round, cut short when the draft's
+               probability of its token drops below 0.4 (a threshold HF tunes
+               online only when scikit-learn is installed: see the header line)
+  hf_asis      (--hf_as_shipped) hf_assisted without the workaround below
+  ours_base    ``decoding.temperature_sample``
+  ours_spec    ``decoding.speculative_decode`` with the T5 draft, the same γ
+
+HF runs in torch float32 with ``torch.set_num_threads(--torch_threads)``,
+``model.eval()`` and ``torch.inference_mode()``; ours are jitted (compiled in
+the warm-up examples, which are not timed) and timed to ``block_until_ready``.
+HF gets the unpadded input ids (what a HF user passes); ours are padded to
+--max_input_len so that shapes, and hence the compiled programs, are fixed.
+
+Workaround for transformers 5.23 with an encoder-decoder assistant: unless
+``generate`` gets a ``decoder_attention_mask``, the assistant's prefill in
+each round cannot tell which decoder tokens its cache already holds
+(``GenerationMixin._prefill`` slices the new tokens only when the mask length
+equals the input length), so it re-feeds the whole decoded prefix on top of
+its cache; every draft after the first round then sees a corrupted cache and
+is almost always rejected (outputs stay correct, the speedup is lost). The
+hf_assisted / hf_default rows pass ``decoder_attention_mask`` = ones for the
+decoder start token, which makes HF crop and slice the assistant's cache
+correctly (with the target as its own draft: one target call per γ+1 tokens,
+see tests/test_bench_vs_hf.py); hf_asis shows HF as shipped.
+
+At temperature 0 every method must produce the same tokens: the sequences up
+to and including EOS are compared with hf_greedy's and mismatches printed.
+At temperature 1 HF samples with top_k=0, top_p=1.0 (HF's default top_k=50
+would truncate the distribution); outputs then differ by randomness only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specdec_jax import checkpoints, data  # noqa: E402
+from specdec_jax.decoding import speculative_decode, temperature_sample  # noqa: E402
+from specdec_jax.drafts import T5Draft  # noqa: E402
+from specdec_jax.models.t5 import T5Config, T5Model  # noqa: E402
+from specdec_jax.sampling import SamplingConfig  # noqa: E402
+from specdec_jax.timing import block  # noqa: E402
+
+METHODS = ("hf_greedy", "hf_assisted", "hf_default", "hf_asis", "ours_base", "ours_spec")
+LABELS = {
+    "hf_greedy": "HF generate",
+    "hf_assisted": "HF assisted (constant γ)",
+    "hf_default": "HF assisted (HF defaults)",
+    "hf_asis": "HF assisted (constant γ, no workaround)",
+    "ours_base": "ours temperature_sample",
+    "ours_spec": "ours speculative_decode",
+}
+# Which plain decoder each method's speedup is measured against.
+PLAIN = {"hf_greedy": "hf_greedy", "hf_assisted": "hf_greedy", "hf_default": "hf_greedy",
+         "hf_asis": "hf_greedy",
+         "ours_base": "ours_base", "ours_spec": "ours_base"}
+
+
+# ------------------------------------------------------------------ HF side
+
+
+def export_for_hf(params: Any, config: T5Config, directory: str) -> str:
+  """Writes a HF T5 directory for our params (config.json + model.safetensors)."""
+  checkpoints.export_hf(params, config, directory, overwrite=True)
+  return directory
+
+
+def load_hf(directory: str, num_threads: Optional[int] = None):
+  """A float32 ``T5ForConditionalGeneration`` in eval mode."""
+  import torch
+  import transformers
+
+  if num_threads:
+    torch.set_num_threads(num_threads)
+  transformers.logging.set_verbosity_error()  # the untied-lm_head notice for T5 1.1
+  transformers.logging.disable_progress_bar()
+  model = transformers.T5ForConditionalGeneration.from_pretrained(directory,
+                                                                  dtype=torch.float32)
+  model.eval()
+  return model
+
+
+def configure_assistant(assistant, num_assistant_tokens: Optional[int]) -> None:
+  """Sets the draft schedule HF's AssistedCandidateGenerator reads.
+
+  ``int``: exactly that many draft tokens per round, every round
+  (num_assistant_tokens_schedule='constant', assistant_confidence_threshold=0,
+  which disables the ConfidenceCriteria early stop: transformers only adds it
+  when the threshold is > 0). ``None``: HF's defaults (unset fields are filled
+  from GenerationConfig._get_default_generation_params: 20 tokens, 'constant',
+  threshold 0.4).
+  """
+  gc = assistant.generation_config
+  if num_assistant_tokens is None:
+    gc.num_assistant_tokens = None
+    gc.num_assistant_tokens_schedule = None
+    gc.assistant_confidence_threshold = None
+  else:
+    gc.num_assistant_tokens = int(num_assistant_tokens)
+    gc.num_assistant_tokens_schedule = "constant"
+    gc.assistant_confidence_threshold = 0.0
+
+
+class CallCounter:
+  """Counts top-level forward calls of a HF model (decoder steps: generate runs
+  the encoder through ``get_encoder()``, not through the top-level forward)."""
+
+  def __init__(self, model):
+    self.n = 0
+    self._handle = model.register_forward_pre_hook(self._hook)
+
+  def _hook(self, module, args):
+    self.n += 1
+
+  def reset(self) -> None:
+    self.n = 0
+
+  def remove(self) -> None:
+    self._handle.remove()
+
+
+def hf_generate(model, input_ids: np.ndarray, *, max_new_tokens: int, temperature: float,
+                decoder_start_id: int, eos_id: int, pad_id: int, assistant=None,
+                assistant_cache_fix: bool = True, seed: int = 0) -> np.ndarray:
+  """HF generate at batch 1 -> generated ids [n] (decoder start token dropped).
+
+  input_ids: [S] or [1, S] without padding. Greedy at temperature 0, else pure
+  temperature sampling (top_k=0, top_p=1.0: no truncation).
+  assistant_cache_fix: with an assistant, pass a decoder_attention_mask (the
+  workaround in the module docstring).
+  """
+  import torch
+
+  ids = torch.as_tensor(np.asarray(input_ids, np.int64).reshape(1, -1))
+  kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, num_beams=1,
+                            decoder_start_token_id=decoder_start_id, eos_token_id=eos_id,
+                            pad_token_id=pad_id, attention_mask=torch.ones_like(ids))
+  if temperature == 0:
+    kw.update(do_sample=False)
+  else:
+    kw.update(do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0)
+    torch.manual_seed(seed)
+  if assistant is not None:
+    kw["assistant_model"] = assistant
+    if assistant_cache_fix:
+      kw["decoder_attention_mask"] = torch.ones((1, 1), dtype=torch.long)
+  with torch.inference_mode():
+    out = model.generate(ids, **kw)
+  return out[0, 1:].numpy().astype(np.int32)
+
+
+# ----------------------------------------------------------------- our side
+
+
+@dataclasses.dataclass
+class Ours:
+  target: T5Model
+  target_params: Any
+  draft: T5Draft
+
+  @property
+  def config(self) -> T5Config:
+    return self.target.config
+
+
+def load_ours(target_path: str, draft_path: str) -> tuple[Ours, Any, T5Config, Any, T5Config]:
+  tp, tcfg = checkpoints.load_checkpoint(target_path)
+  dp, dcfg = checkpoints.load_checkpoint(draft_path)
+  if tcfg.vocab_size != dcfg.vocab_size:
+    raise ValueError(f"target vocab {tcfg.vocab_size} != draft vocab {dcfg.vocab_size}")
+  ours = Ours(T5Model(tcfg), tp, T5Draft(params=dp, model=T5Model(dcfg)))
+  return ours, tp, tcfg, dp, dcfg
+
+
+def ours_baseline(ours: Ours, inputs: np.ndarray, key, *, max_decode_len: int,
+                  temperature: float):
+  return temperature_sample(ours.target, ours.target_params, inputs, key,
+                            max_decode_len=max_decode_len,
+                            sampling=SamplingConfig(temperature=temperature),
+                            eos_id=ours.config.eos_id)
+
+
+def ours_speculative(ours: Ours, inputs: np.ndarray, key, *, gamma: int, max_decode_len: int,
+                     temperature: float):
+  return speculative_decode(ours.target, ours.target_params, ours.draft, inputs, key,
+                            gamma=gamma, max_decode_len=max_decode_len,
+                            sampling=SamplingConfig(temperature=temperature),
+                            eos_id=ours.config.eos_id)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def upto_eos(tokens: Sequence[int], eos_id: int) -> list[int]:
+  """The tokens up to and including the first EOS (all of them if none)."""
+  out = []
+  for t in np.asarray(tokens).tolist():
+    out.append(int(t))
+    if t == eos_id:
+      break
+  return out
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
+  for i, (x, y) in enumerate(zip(a, b)):
+    if x != y:
+      return i
+  return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def unpad(row: np.ndarray, pad_id: int = 0) -> np.ndarray:
+  """An encoded row without its right padding."""
+  n = int(np.max(np.nonzero(row != pad_id)[0], initial=-1)) + 1
+  return row[:n]
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+  t0 = time.perf_counter()
+  out = block(fn())
+  return out, time.perf_counter() - t0
+
+
+@dataclasses.dataclass
+class Acc:
+  seconds: list = dataclasses.field(default_factory=list)
+  tokens: list = dataclasses.field(default_factory=list)
+  target_calls: int = 0
+  accepted: int = 0
+  rejected: int = 0
+  min_pq: float = 0.0
+
+  def add(self, tokens: int, seconds: float) -> None:
+    self.tokens.append(tokens)
+    self.seconds.append(seconds)
+
+  @property
+  def tps(self) -> float:
+    return sum(self.tokens) / sum(self.seconds)
+
+  @property
+  def median_tps(self) -> float:
+    return statistics.median(t / s for t, s in zip(self.tokens, self.seconds))
+
+
+def make_runners(ours: Ours, hf_target, hf_draft, *, gamma: int, max_decode_len: int,
+                 temperature: float, seed: int, methods: Sequence[str]):
+  """{method: fn(i, ids_unpadded, inputs_padded) -> (raw output, tokens fn, info fn)}."""
+  cfg = ours.config
+  hf_kw = dict(max_new_tokens=max_decode_len, temperature=temperature,
+               decoder_start_id=cfg.decoder_start_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id)
+  counter = CallCounter(hf_target) if hf_target is not None else None
+  fns = {}
+
+  def hf(assistant, n_assist, fix=True):
+    def run(i, ids, padded):
+      if assistant is not None:
+        configure_assistant(assistant, n_assist)
+      return hf_generate(hf_target, ids, assistant=assistant, assistant_cache_fix=fix,
+                         seed=seed * 100003 + i, **hf_kw)
+    return run
+
+  def key_for(i):
+    return jax.random.fold_in(jax.random.PRNGKey(seed), i)
+
+  if "hf_greedy" in methods:
+    fns["hf_greedy"] = hf(None, None)
+  if "hf_assisted" in methods:
+    fns["hf_assisted"] = hf(hf_draft, gamma)
+  if "hf_default" in methods:
+    fns["hf_default"] = hf(hf_draft, None)
+  if "hf_asis" in methods:
+    fns["hf_asis"] = hf(hf_draft, gamma, fix=False)
+  if "ours_base" in methods:
+    fns["ours_base"] = lambda i, ids, padded: ours_baseline(
+        ours, padded, key_for(i), max_decode_len=max_decode_len, temperature=temperature)
+  if "ours_spec" in methods:
+    fns["ours_spec"] = lambda i, ids, padded: ours_speculative(
+        ours, padded, key_for(i), gamma=gamma, max_decode_len=max_decode_len,
+        temperature=temperature)
+  return fns, counter
+
+
+def output_tokens(method: str, out: Any, eos_id: int) -> list[int]:
+  if method.startswith("hf"):
+    return upto_eos(out, eos_id)
+  n = int(out.length[0])
+  return np.asarray(out.tokens[0, :n]).tolist()
+
+
+# -------------------------------------------------------------------- bench
+
+
+@dataclasses.dataclass
+class Setting:
+  temperature: float
+  accs: dict
+  mismatches: list  # (example id, method, first differing index, ref tokens, tokens)
+  compared: int
+
+
+def bench_setting(ours: Ours, hf_target, hf_draft, inputs: np.ndarray, ids: list,
+                  *, temperature: float, gamma: int, max_decode_len: int, num_warmup: int,
+                  seed: int, methods: Sequence[str], log=print) -> Setting:
+  eos = ours.config.eos_id
+  fns, counter = make_runners(ours, hf_target, hf_draft, gamma=gamma,
+                              max_decode_len=max_decode_len, temperature=temperature,
+                              seed=seed, methods=methods)
+  accs = {m: Acc() for m in fns}
+  mismatches, compared = [], 0
+  try:
+    for i in range(inputs.shape[0]):
+      padded = inputs[i:i + 1]
+      row = unpad(inputs[i], ours.config.pad_id)
+      warm = i < num_warmup
+      toks = {}
+      for m, fn in fns.items():
+        if counter is not None:
+          counter.reset()
+        out, t = _timed(lambda: fn(i, row, padded))
+        toks[m] = output_tokens(m, out, eos)
+        if warm:
+          continue
+        a = accs[m]
+        a.add(len(toks[m]), t)
+        if m.startswith("hf"):
+          a.target_calls += counter.n
+        else:
+          a.target_calls += (len(toks[m]) if m == "ours_base"
+                             else int(out.stats.target_calls[0]))
+        if m == "ours_spec":
+          a.accepted += int(out.stats.accepted[0])
+          a.rejected += int(out.stats.rejected[0])
+          a.min_pq += float(out.stats.min_pq_sum[0])
+      if temperature == 0 and not warm:
+        ref_m = "hf_greedy" if "hf_greedy" in toks else next(iter(toks))
+        for m, tk in toks.items():
+          if m == ref_m:
+            continue
+          compared += 1
+          d = first_difference(toks[ref_m], tk)
+          if d is not None:
+            mismatches.append((ids[i], m, d, toks[ref_m], tk))
+            log(f"MISMATCH temp=0 example={ids[i]} {m} vs {ref_m}: first difference at "
+                f"index {d}: {ref_m}={toks[ref_m][max(0, d - 3):d + 4]} "
+                f"{m}={tk[max(0, d - 3):d + 4]} (lengths {len(toks[ref_m])}, {len(tk)})")
+      if not warm:
+        log(f"  temp={temperature:g} example {ids[i]}: " + ", ".join(
+            f"{m}={accs[m].tokens[-1]}tok/{accs[m].seconds[-1] * 1e3:.0f}ms" for m in fns))
+  finally:
+    if counter is not None:
+      counter.remove()
+  return Setting(temperature, accs, mismatches, compared)
+
+
+def alpha_of(acc: Acc) -> tuple[float, float]:
+  ev = max(acc.accepted + acc.rejected, 1)
+  return acc.accepted / ev, acc.min_pq / ev
+
+
+def setting_table(s: Setting) -> list[str]:
+  """Markdown rows: one per method."""
+  rows = []
+  accs = s.accs
+  for m in METHODS:
+    if m not in accs:
+      continue
+    a = accs[m]
+    plain = accs.get(PLAIN[m])
+    speed = f"{a.tps / plain.tps:.2f}x" if plain is not None else "-"
+    med = (f"{statistics.median((t / s_) / (pt / ps) for t, s_, pt, ps in zip(a.tokens, a.seconds, plain.tokens, plain.seconds)):.2f}x"
+           if plain is not None else "-")
+    alpha = f"{alpha_of(a)[0]:.3f}" if m == "ours_spec" else "-"
+    rows.append(f"| {s.temperature:g} | {LABELS[m]} | {sum(a.tokens)} | {sum(a.seconds):.2f} | "
+                f"{a.tps:.1f} | {a.median_tps:.1f} | {speed} | {med} | "
+                f"{sum(a.tokens) / max(a.target_calls, 1):.2f} | {alpha} |")
+  return rows
+
+
+TABLE_HEAD = ("| temp | method | tokens | seconds | tok/s (total) | tok/s (median per example) | "
+              "speedup vs own plain | median per-example speedup | tokens / target call | "
+              "α (ours) |")
+
+
+def summary_lines(settings: Sequence[Setting]) -> list[str]:
+  out = []
+  for s in settings:
+    a = s.accs
+    if not {"hf_greedy", "hf_assisted", "ours_base", "ours_spec"} <= set(a):
+      continue
+    ratio = a["ours_spec"].tps / a["hf_assisted"].tps
+    ours_sp = a["ours_spec"].tps / a["ours_base"].tps
+    hf_sp = a["hf_assisted"].tps / a["hf_greedy"].tps
+    alpha, alpha_pq = alpha_of(a["ours_spec"])
+    line = (f"- temp {s.temperature:g}: ours speculative / HF assisted (constant γ) tokens/s = "
+            f"**{ratio:.2f}x** (goal >= 3x: {'met' if ratio >= 3 else 'NOT met'}); "
+            f"speedup over own plain decoding: ours {ours_sp:.2f}x vs HF {hf_sp:.2f}x "
+            f"(goal ours >= HF: {'met' if ours_sp >= hf_sp else 'NOT met'})")
+    if "hf_default" in a:
+      line += (f"; vs HF assisted with its defaults: {a['ours_spec'].tps / a['hf_default'].tps:.2f}x"
+               f" (HF default speedup {a['hf_default'].tps / a['hf_greedy'].tps:.2f}x)")
+    if "hf_asis" in a:
+      line += (f"; vs HF assisted without the workaround: "
+               f"{a['ours_spec'].tps / a['hf_asis'].tps:.2f}x (its speedup "
+               f"{a['hf_asis'].tps / a['hf_greedy'].tps:.2f}x)")
+    line += f"; our α = {alpha:.3f} (Σmin(p,q) estimate {alpha_pq:.3f})"
+    if s.temperature == 0:
+      line += (f"; identical outputs: {s.compared - len(s.mismatches)}/{s.compared} "
+               f"comparisons with HF generate ({len(s.mismatches)} mismatches)")
+    out.append(line)
+  return out
+
+
+def machine_line() -> str:
+  cpu = platform.processor() or "?"
+  try:
+    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+      if line.startswith("Model name"):
+        cpu = line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  import torch
+  import transformers
+  from transformers.utils import is_sklearn_available
+  return (f"nproc={os.cpu_count()}, CPU: {cpu}; jax {jax.__version__} "
+          f"({jax.default_backend()}), torch {torch.__version__} "
+          f"(threads={torch.get_num_threads()}), transformers {transformers.__version__} "
+          f"(scikit-learn {'present' if is_sklearn_available() else 'absent'}: the assistant "
+          f"confidence threshold is {'tuned online' if is_sklearn_available() else 'fixed'})")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--target", default="checkpoints/demo/target")
+  p.add_argument("--draft", default="checkpoints/demo/draft_small")
+  p.add_argument("--vocab", default="checkpoints/demo/spm.model")
+  p.add_argument("--source", default="data/bible/test.tsv")
+  p.add_argument("--prefix", default="modernize: ")
+  p.add_argument("--num_examples", type=int, default=20, help="timed examples")
+  p.add_argument("--num_warmup", type=int, default=2, help="untimed examples first")
+  p.add_argument("--gamma", type=int, default=5)
+  p.add_argument("--max_decode_len", type=int, default=128)
+  p.add_argument("--max_input_len", type=int, default=128)
+  p.add_argument("--temperatures", default="0,1")
+  p.add_argument("--hf_default", type=int, default=1,
+                 help="1: also time HF assisted generation with HF's default schedule")
+  p.add_argument("--hf_as_shipped", type=int, default=1,
+                 help="1: also time HF assisted generation without the cache workaround")
+  p.add_argument("--torch_threads", type=int, default=2)
+  p.add_argument("--hf_dir", default=None,
+                 help="where to export the HF copies (default: a temporary directory)")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--markdown_out", default=None, help="also write the table here")
+  args = p.parse_args(argv)
+
+  ours, tp, tcfg, dp, dcfg = load_ours(args.target, args.draft)
+  vocab = data.SentencePieceVocab(args.vocab)
+  examples = data.load_local(args.source)[:args.num_warmup + args.num_examples]
+  if len(examples) <= args.num_warmup:
+    raise SystemExit(f"{args.source}: only {len(examples)} examples")
+  inputs, truncated = data.encode_batch(vocab, [e.input for e in examples], args.max_input_len,
+                                        prefix=args.prefix)
+  ids = [e.id for e in examples]
+
+  tmp = None
+  hf_root = args.hf_dir
+  if hf_root is None:
+    tmp = tempfile.TemporaryDirectory(prefix="bench_vs_hf_")
+    hf_root = tmp.name
+  try:
+    hf_target = load_hf(export_for_hf(tp, tcfg, os.path.join(hf_root, "target")),
+                        args.torch_threads)
+    hf_draft = load_hf(export_for_hf(dp, dcfg, os.path.join(hf_root, "draft")),
+                       args.torch_threads)
+  finally:
+    if tmp is not None:
+      tmp.cleanup()  # weights are in memory now
+
+  methods = [m for m in METHODS if (m != "hf_default" or args.hf_default)
+             and (m != "hf_asis" or args.hf_as_shipped)]
+  cmd = "python scripts/bench_vs_hf.py " + " ".join(sys.argv[1:] if argv is None else argv)
+  print(f"# {cmd}")
+  print(f"# {machine_line()}")
+  print(f"# target={args.target} draft={args.draft} γ={args.gamma} max_decode_len="
+        f"{args.max_decode_len} examples={args.num_examples} (+{args.num_warmup} warm-up) "
+        f"truncated inputs={truncated}")
+  settings = []
+  for temp in [float(t) for t in args.temperatures.split(",")]:
+    settings.append(bench_setting(ours, hf_target, hf_draft, inputs, ids, temperature=temp,
+                                  gamma=args.gamma, max_decode_len=args.max_decode_len,
+                                  num_warmup=args.num_warmup, seed=args.seed, methods=methods))
+  lines = [TABLE_HEAD, "|" + "---|" * (TABLE_HEAD.count("|") - 1)]
+  for s in settings:
+    lines += setting_table(s)
+  lines += [""] + summary_lines(settings)
+  text = "\n".join(lines)
+  print(text)
+  if args.markdown_out:
+    Path(args.markdown_out).write_text(f"`{cmd}`\n\n{machine_line()}\n\n{text}\n")
+
+
+if __name__ == "__main__":
+  main()
