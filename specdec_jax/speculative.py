@@ -10,7 +10,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.sampling import sample_any
+from specdec_jax.sampling import argmax, sample_any
 
 Array = jax.Array
 
@@ -75,7 +75,7 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
   # Rejection when p == q up to rounding leaves no mass: fall back to p itself.
   residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_n)
   if greedy:
-    next_token = jnp.argmax(residual, axis=-1).astype(jnp.int32)
+    next_token = argmax(residual)
   else:
     next_token = sample_any(k_next, residual)
   min_pq = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
