@@ -26,7 +26,7 @@ import json
 import os
 import re
 import shutil
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -419,19 +419,29 @@ def _ts_open(resolved: dict, name: str, step_dir: str):
                           f"at {resolved['kvstore']}: {e}") from e
 
 
+def _subtree_keys(tree: Mapping, candidates: Sequence[tuple[str, ...]]) -> Optional[tuple]:
+  """The first key path in ``candidates`` that leads to a dict in ``tree``."""
+  for keys in candidates:
+    node: Any = tree
+    for k in keys:
+      node = node.get(k) if isinstance(node, Mapping) else None
+    if isinstance(node, Mapping):
+      return keys
+  return None
+
+
 def _t5x_target(state: Any, msgpack_path: str) -> Mapping:
   """The parameter tree inside a decoded T5X msgpack checkpoint."""
   if not isinstance(state, Mapping):
     raise CheckpointError(f"{msgpack_path}: expected a dict at the top level, "
                           f"got {type(state).__name__}")
-  for keys in (("optimizer", "target"), ("target",), ("params",)):
-    node: Any = state
-    for k in keys:
-      node = node.get(k) if isinstance(node, Mapping) else None
-    if isinstance(node, Mapping):
-      return node
-  raise CheckpointError(f"{msgpack_path}: no optimizer/target parameters; "
-                        f"top-level keys: {sorted(map(str, state))}")
+  keys = _subtree_keys(state, (("optimizer", "target"), ("target",), ("params",)))
+  if keys is None:
+    raise CheckpointError(f"{msgpack_path}: no optimizer/target parameters; "
+                          f"top-level keys: {sorted(map(str, state))}")
+  for k in keys:
+    state = state[k]
+  return state
 
 
 def _load_t5x(step_dir: str, config: T5Config, param_dtype) -> dict:
@@ -465,14 +475,12 @@ def _load_t5x(step_dir: str, config: T5Config, param_dtype) -> dict:
 
 
 def _find_params_subtree(tree: Mapping, directory: str) -> tuple[str, ...]:
-  for keys in (("target",), ("params",), ("optimizer", "target"), ("state", "params")):
-    node: Any = tree
-    for k in keys:
-      node = node.get(k) if isinstance(node, Mapping) else None
-    if isinstance(node, Mapping):
-      return keys
-  raise CheckpointError(f"{directory}: no 'target' or 'params' subtree in the orbax "
-                        f"checkpoint; top-level keys: {sorted(tree)}")
+  keys = _subtree_keys(tree, (("target",), ("params",), ("optimizer", "target"),
+                              ("state", "params")))
+  if keys is None:
+    raise CheckpointError(f"{directory}: no 'target' or 'params' subtree in the orbax "
+                          f"checkpoint; top-level keys: {sorted(tree)}")
+  return keys
 
 
 def _load_t5x_orbax(step_dir: str, config: T5Config, param_dtype) -> dict:
