@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Reproduces the demo tables of docs/benchmarks.md with the experiment runner:
+#   * a Table 3-style alpha table (--alpha_only, 10k target tokens each) for
+#     unigram, bigram (estimated on the train split), prompt lookup and both
+#     T5 drafts, at T=0 and T=1;
+#   * a Table 4-style table (alpha, c, v, EXP, EMP) for the demo pair at
+#     gamma in {1, 2, 3, 5, 7}, T=0 and T=1 (100 held-out examples each).
+# Usage: bash scripts/demo_tables.sh [OUT_DIR]   (default runs/demo_tables)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-runs/demo_tables}
+PY=${PYTHON:-python}
+run() { "$PY" -m specdec_jax.run --config=configs/demo.gin "$@"; }
+
+for t in 0 1; do
+  for d in unigram bigram prompt_lookup; do
+    run --alpha_only --workdir="$OUT/alpha/${d}_t$t" \
+      --gin_bindings="Experiment.draft_name = '$d'" \
+      --gin_bindings="Experiment.draft_label = '$d'" \
+      --gin_bindings="Experiment.draft_checkpoint = ''" \
+      --gin_bindings="Experiment.ngram_corpus = 'data/bible/train.tsv'" \
+      --gin_bindings="Experiment.temperature = $t.0" \
+      --gin_bindings="Experiment.num_examples = 500"
+  done
+  for d in draft_small draft_tiny; do
+    run --alpha_only --workdir="$OUT/alpha/${d}_t$t" \
+      --gin_bindings="Experiment.draft_checkpoint = 'checkpoints/demo/$d'" \
+      --gin_bindings="Experiment.draft_label = 'demo-$d'" \
+      --gin_bindings="Experiment.temperature = $t.0" \
+      --gin_bindings="Experiment.num_examples = 500"
+  done
+done
+
+for t in 0 1; do
+  for g in 1 2 3 5 7; do
+    run --workdir="$OUT/gamma/t${t}_g$g" \
+      --gin_bindings="Experiment.gamma = $g" \
+      --gin_bindings="Experiment.temperature = $t.0"
+  done
+done
+
+"$PY" scripts/make_tables.py "$OUT"/alpha/*/summary.json "$OUT"/gamma/*/summary.json \
+  --out "$OUT/tables.md"
+cat "$OUT/tables.md"
