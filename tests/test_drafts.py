@@ -1,0 +1,76 @@
+"""Approximation models: what they propose and that q is what they sampled from."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import drafts
+from specdec_jax.sampling import SamplingConfig
+
+V = 16
+KEY = jax.random.PRNGKey(0)
+
+
+def _seq(tokens, length_buf=12):
+  """Decoder-input buffer [1, T]: start token 0, then the committed tokens."""
+  seq = np.zeros((1, length_buf), np.int32)
+  seq[0, 1:1 + len(tokens)] = tokens
+  return jnp.asarray(seq), jnp.array([len(tokens)], jnp.int32)
+
+
+def test_bigram_is_a_proper_distribution_following_the_counts():
+  corpus = [[3, 4, 5], [3, 4, 6], [3, 4, 5], [7]]
+  bg = drafts.BigramDraft.fit(corpus, V, top_m=4, backoff=0.1)
+  q = np.asarray(bg.distribution(jnp.array([4, 3, 9])))
+  np.testing.assert_allclose(q.sum(-1), 1.0, rtol=1e-5)
+  assert np.all(q > 0)  # full support through the unigram backoff
+  # After 4: 5 twice, 6 once -> 5 is the mode and beats 6 by about 2:1.
+  assert q[0].argmax() == 5 and q[0, 5] / q[0, 6] == pytest.approx(2.0, rel=0.05)
+  assert q[1].argmax() == 4  # 3 -> 4 always
+  # Start token 0 precedes every sequence.
+  assert np.asarray(bg.distribution(jnp.array([0]))).argmax() == 3
+
+
+@pytest.mark.parametrize("name", ["unigram", "bigram"])
+def test_ngram_q_is_the_standardized_distribution_sampled_from(name):
+  corpus = [list(np.random.default_rng(i).integers(2, V, 12)) for i in range(30)]
+  draft = drafts.build(name, corpus=corpus, vocab_size=V)
+  seq, length = _seq([5, 6])
+  for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0, topk=3)):
+    tokens, q, _ = draft.propose(draft.init(seq, 8), seq, length, 3, sampling, KEY)
+    assert tokens.shape == (1, 3) and q.shape == (1, 3, V)
+    np.testing.assert_allclose(np.asarray(q).sum(-1), 1.0, rtol=1e-5)
+    qx = np.take_along_axis(np.asarray(q), np.asarray(tokens)[..., None], -1)
+    assert np.all(qx > 0)  # every proposed token had mass under its q
+    if sampling.topk:
+      assert np.all((np.asarray(q) > 0).sum(-1) == 3)
+    else:
+      np.testing.assert_array_equal(np.asarray(q).max(-1), 1.0)  # argmax one-hot
+
+
+def test_prompt_lookup_copies_the_continuation_of_the_longest_match():
+  pl = drafts.build("prompt_lookup", vocab_size=V, max_ngram=3)
+  inputs = jnp.array([[9, 4, 5, 6, 7, 8, 1, 0, 0]], jnp.int32)  # 0 = pad
+  seq, length = _seq([2, 4, 5])       # suffix "4 5" occurs in the input
+  tokens, q, _ = pl.propose(pl.init(inputs, 8), seq, length, 3, SamplingConfig(), KEY)
+  np.testing.assert_array_equal(tokens, [[6, 7, 8]])
+  np.testing.assert_array_equal(q, jax.nn.one_hot(tokens, V))
+  # A longer match in the generated text wins over a shorter one in the input.
+  seq, length = _seq([3, 5, 11, 12, 3, 5])   # "3 5" seen before, followed by 11 12
+  tokens, _, _ = pl.propose(pl.init(inputs, 8), seq, length, 2, SamplingConfig(), KEY)
+  np.testing.assert_array_equal(tokens, [[11, 12]])
+  # No match: repeats the last token (any proposal is exact; this one is cheap).
+  seq, length = _seq([13, 14])
+  tokens, _, _ = pl.propose(pl.init(inputs, 8), seq, length, 2, SamplingConfig(), KEY)
+  np.testing.assert_array_equal(tokens, [[14, 14]])
+
+
+def test_registry():
+  assert {"t5", "unigram", "bigram", "prompt_lookup"} <= set(drafts.REGISTRY)
+  with pytest.raises(ValueError, match="unknown approximation model 'nope'"):
+    drafts.build("nope")
+  with pytest.raises(ValueError, match="already registered"):
+    drafts.register("t5")(lambda **_: None)
