@@ -11,7 +11,9 @@ with ``specdec_jax.checkpoints.save_checkpoint`` (bfloat16).
 
 ``--smoke`` trains micro models on a few hundred pairs in well under a minute
 and writes everything (vocabulary and exports included) under ``--workdir``.
-``--benchmark`` only times one cached single-token decode step per model.
+``--benchmark`` only times one cached single-token decode step per model;
+``--report`` evaluates the exports (first model named = target) on the test
+split and writes ``<export_dir>/report.json``.
 """
 
 from __future__ import annotations
@@ -428,7 +430,7 @@ def parse_per_model(spec: str, kind) -> dict:
 def parse_args(argv: list[str]) -> argparse.Namespace:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--models", default="draft_tiny,draft_small,target")
-  ap.add_argument("--steps", default="target=1500,draft_small=5000,draft_tiny=5000",
+  ap.add_argument("--steps", default="target=2400,draft_small=3000,draft_tiny=3000",
                   help="name=steps,... (also sets the LR schedule length)")
   ap.add_argument("--minutes", default=None,
                   help="wall-clock cap per model, 'M' or 'name=M,...'; stops early and "
