@@ -307,9 +307,19 @@ def _text(vocab, tokens: np.ndarray) -> str:
   return vocab.decode([int(t) for t in tokens])
 
 
-def summarize(exp: Experiment, records: list[dict], costs: dict) -> dict:
-  """Aggregates examples.jsonl lines (and the measured costs) into summary.json."""
+COST_KEYS = ("c", "v", "target_step_ms", "verify_ms", "draft_token_ms")
+
+
+def summarize(exp: Experiment, records: list[dict]) -> dict:
+  """Aggregates examples.jsonl lines into summary.json.
+
+  Each line carries the cost measurement of its process (c, v, step times), so
+  a resumed run's summary uses the median over all lines: every number here
+  can be recomputed from examples.jsonl alone.
+  """
   tot = lambda k: float(sum(r[k] for r in records))
+  costs = {k: float(np.median([r[k] for r in records])) if records else float("nan")
+           for k in COST_KEYS}
   evaluated = tot("accepted") + tot("rejected")
   alpha = tot("accepted") / evaluated if evaluated else float("nan")
   alpha_min_pq = tot("min_pq_sum") / evaluated if evaluated else float("nan")
@@ -408,14 +418,15 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
           "output": _text(setup.vocab, spec_tok[j]),
           "baseline_output": _text(setup.vocab, base_tok[j]),
           "reference": ex.reference,
+          **costs,
       })
     processed += len(rows)
-    s = summarize(exp, workdir.records, costs)
+    s = summarize(exp, workdir.records)
     eta = (time.perf_counter() - t_start) / processed * (len(todo) - processed)
     logging.info("[%d/%d] alpha %.3f  speedup %.2fx  ETA %.0f s", len(workdir.records),
                  n_total - exp.num_warmup, s["alpha"], s["speedup"], eta)
     workdir.write_summary(s)
-  summary = summarize(exp, workdir.records, costs)
+  summary = summarize(exp, workdir.records)
   workdir.write_summary(summary)
   return summary
 

@@ -94,6 +94,8 @@ def test_run_writes_results_and_resumes_after_a_kill(env):
   assert s["alpha_min_pq"] == pytest.approx(sum(r["min_pq_sum"] for r in recs) / ev)
   assert s["speedup"] == pytest.approx(sum(r["baseline_s"] for r in recs)
                                        / sum(r["speculative_s"] for r in recs))
+  assert s["c"] == pytest.approx(np.median([r["c"] for r in recs]))
+  assert s["v"] == pytest.approx(np.median([r["v"] for r in recs]))
   assert "Experiment.gamma = 3" in (w / "config.gin").read_text()
 
   # 2) Kill midway, leave a torn last line, resume: nothing lost or duplicated.
