@@ -430,7 +430,7 @@ def parse_per_model(spec: str, kind) -> dict:
 def parse_args(argv: list[str]) -> argparse.Namespace:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--models", default="draft_tiny,draft_small,target")
-  ap.add_argument("--steps", default="target=2400,draft_small=3000,draft_tiny=3000",
+  ap.add_argument("--steps", default="target=3400,draft_small=3000,draft_tiny=3000",
                   help="name=steps,... (also sets the LR schedule length)")
   ap.add_argument("--minutes", default=None,
                   help="wall-clock cap per model, 'M' or 'name=M,...'; stops early and "
