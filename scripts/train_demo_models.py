@@ -170,10 +170,18 @@ def loss_sums(model: T5Model, params, inputs, targets) -> tuple[jax.Array, jax.A
   return jnp.sum(ce * mask), jnp.sum(mask)
 
 
-def make_optimizer(peak_lr: float, total_steps: int) -> optax.GradientTransformation:
-  warmup = max(1, min(500, total_steps // 10))
-  sched = optax.warmup_cosine_decay_schedule(0.0, peak_lr, warmup, total_steps,
-                                             end_value=peak_lr * 0.05)
+def make_optimizer(peak_lr: float, total_steps: int,
+                   schedule_start: int = 0) -> optax.GradientTransformation:
+  """AdamW with warmup + cosine decay over [schedule_start, total_steps].
+
+  schedule_start > 0 continues a finished run with a fresh schedule (a warm
+  restart): the optimizer's restored step count is shifted by it.
+  """
+  span = total_steps - schedule_start
+  warmup = max(1, min(500, span // 10))
+  base = optax.warmup_cosine_decay_schedule(0.0, peak_lr, warmup, span,
+                                            end_value=peak_lr * 0.05)
+  sched = lambda count: base(jnp.maximum(count - schedule_start, 0))
   return optax.chain(optax.clip_by_global_norm(1.0),
                      optax.adamw(sched, b1=0.9, b2=0.98, weight_decay=0.01))
 
@@ -214,7 +222,8 @@ def train_model(name: str, cfg: T5Config, train_pairs, val_pairs, args) -> dict:
   run_dir = os.path.abspath(os.path.join(args.workdir, name))
   os.makedirs(run_dir, exist_ok=True)
   total_steps = args.steps[name]
-  opt = make_optimizer(args.lr.get(name, 1e-3), total_steps)
+  opt = make_optimizer(args.lr.get(name, 1e-3), total_steps,
+                       args.schedule_start.get(name, 0))
   params = model.init(jax.random.PRNGKey(args.seed))
   opt_state = opt.init(params)
   print(f"[{name}] params={count_params(params):,} steps={total_steps}", flush=True)
@@ -451,6 +460,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   ap.add_argument("--report", action="store_true",
                   help="evaluate the exports (first model = target) and write report.json")
   ap.add_argument("--num_samples", type=int, default=8)
+  ap.add_argument("--lr", default=None, help="peak LR overrides, 'name=LR,...'")
+  ap.add_argument("--schedule_start", default=None,
+                  help="'name=STEP,...': restart the LR schedule at STEP (continue a run)")
   args = ap.parse_args(argv)
   if args.smoke:
     args.models = ",".join(SMOKE_MODELS)
@@ -462,7 +474,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.max_len = 32  # only the two shortest buckets: fewer XLA compiles
   args.steps = parse_per_model(args.steps, int)
   args.minutes = parse_per_model(args.minutes, float) if args.minutes else {}
-  args.lr = dict(PEAK_LR, **{m: 3e-3 for m in SMOKE_MODELS})
+  overrides = parse_per_model(args.lr, float) if args.lr else {}
+  args.lr = dict(PEAK_LR, **{m: 3e-3 for m in SMOKE_MODELS}, **overrides)
+  args.schedule_start = (parse_per_model(args.schedule_start, int)
+                         if args.schedule_start else {})
   return args
 
 
