@@ -452,7 +452,8 @@ def machine_line() -> str:
   import torch
   import transformers
   from transformers.utils import is_sklearn_available
-  return (f"nproc={os.cpu_count()}, CPU: {cpu}; jax {jax.__version__} "
+  load = "/".join(f"{x:.2f}" for x in os.getloadavg())
+  return (f"nproc={os.cpu_count()}, CPU: {cpu}, load average {load}; jax {jax.__version__} "
           f"({jax.default_backend()}), torch {torch.__version__} "
           f"(threads={torch.get_num_threads()}), transformers {transformers.__version__} "
           f"(scikit-learn {'present' if is_sklearn_available() else 'absent'}: the assistant "
@@ -511,7 +512,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
              and (m != "hf_asis" or args.hf_as_shipped)]
   cmd = "python scripts/bench_vs_hf.py " + " ".join(sys.argv[1:] if argv is None else argv)
   print(f"# {cmd}")
-  print(f"# {machine_line()}")
+  machine = machine_line()  # load average at the start of the run
+  print(f"# {machine}")
   print(f"# target={args.target} draft={args.draft} γ={args.gamma} max_decode_len="
         f"{args.max_decode_len} examples={args.num_examples} (+{args.num_warmup} warm-up) "
         f"truncated inputs={truncated}")
@@ -527,7 +529,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   text = "\n".join(lines)
   print(text)
   if args.markdown_out:
-    Path(args.markdown_out).write_text(f"`{cmd}`\n\n{machine_line()}\n\n{text}\n")
+    Path(args.markdown_out).write_text(f"`{cmd}`\n\n{machine}\n\n{text}\n")
 
 
 if __name__ == "__main__":
