@@ -60,7 +60,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -74,7 +73,7 @@ from specdec_jax.decoding import speculative_decode, temperature_sample  # noqa:
 from specdec_jax.drafts import T5Draft  # noqa: E402
 from specdec_jax.models.t5 import T5Config, T5Model  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
-from specdec_jax.timing import block  # noqa: E402
+from specdec_jax.timing import block, timed  # noqa: E402
 
 METHODS = ("hf_greedy", "hf_assisted", "hf_default", "hf_asis", "ours_base", "ours_spec")
 LABELS = {
@@ -249,11 +248,6 @@ def unpad(row: np.ndarray, pad_id: int = 0) -> np.ndarray:
   return row[:n]
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-  t0 = time.perf_counter()
-  out = block(fn())
-  return out, time.perf_counter() - t0
-
 
 @dataclasses.dataclass
 class Acc:
@@ -351,7 +345,7 @@ def bench_setting(ours: Ours, hf_target, hf_draft, inputs: np.ndarray, ids: list
       for m, fn in fns.items():
         if counter is not None:
           counter.reset()
-        out, t = _timed(lambda: fn(i, row, padded))
+        out, t = timed(lambda: fn(i, row, padded))
         toks[m] = output_tokens(m, out, eos)
         if warm:
           continue

@@ -42,7 +42,7 @@ from specdec_jax import checkpoints, data, drafts, theory
 from specdec_jax.decoding import alpha_estimates, speculative_decode, temperature_sample
 from specdec_jax.models.t5 import T5Model, get_config, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
-from specdec_jax.timing import block, measure_costs
+from specdec_jax.timing import block, measure_costs, timed
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -297,11 +297,6 @@ def _pad_batch(inputs: np.ndarray, idx: list[int], batch: int) -> jnp.ndarray:
   return jnp.asarray(inputs[rows])
 
 
-def _timed(fn):
-  t0 = time.perf_counter()
-  out = block(fn())
-  return out, time.perf_counter() - t0
-
 
 def _text(vocab, tokens: np.ndarray) -> str:
   return vocab.decode([int(t) for t in tokens])
@@ -396,8 +391,8 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
     rows = [todo[i] for i in idx]
     x = _pad_batch(setup.inputs, rows, exp.batch_size)
     key = jax.random.fold_in(root, rows[0])
-    base, base_s = _timed(lambda: base_fn(x, key))
-    spec, spec_s = _timed(lambda: spec_fn(x, key))
+    base, base_s = timed(lambda: base_fn(x, key))
+    spec, spec_s = timed(lambda: spec_fn(x, key))
     alphas = alpha_estimates(spec.stats)
     st = jax.tree_util.tree_map(np.asarray, spec.stats)
     base_tok, spec_tok = np.asarray(base.tokens), np.asarray(spec.tokens)

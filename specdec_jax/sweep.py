@@ -9,7 +9,6 @@ and is never timed; every call ends in ``block_until_ready``.
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any, Sequence
 
 import jax
@@ -18,13 +17,8 @@ import numpy as np
 from specdec_jax import theory
 from specdec_jax.decoding import speculative_decode, temperature_sample
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.timing import block, measure_costs
+from specdec_jax.timing import block, measure_costs, timed
 
-
-def _timed(fn):
-  t0 = time.perf_counter()
-  out = block(fn())
-  return out, time.perf_counter() - t0
 
 
 def gamma_sweep(target, target_params, draft, inputs: np.ndarray, gammas: Sequence[int],
@@ -53,11 +47,11 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray, gammas: Sequen
   for i in range(1, len(inputs)):
     x = inputs[i:i + 1]
     key = jax.random.fold_in(jax.random.PRNGKey(seed), i)
-    out, t = _timed(lambda: base(x, key))
+    out, t = timed(lambda: base(x, key))
     b_s += t
     b_tok += int(out.length[0])
     for g in gammas:
-      o, ts = _timed(lambda: spec[g](x, key))
+      o, ts = timed(lambda: spec[g](x, key))
       a = acc[g]
       a["s"] += ts
       a["tok"] += int(o.length[0])

@@ -32,6 +32,13 @@ def block(x: Any) -> Any:
                                 else a, x)
 
 
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+  """(fn()'s result, seconds it took up to ``block_until_ready``)."""
+  t0 = time.perf_counter()
+  out = block(fn())
+  return out, time.perf_counter() - t0
+
+
 def time_call(fn: Callable[[], Any], repeats: int = 10, warmup: int = 1) -> list[float]:
   """Seconds per call of ``fn()`` (each call blocked until ready); compile
   happens in the warm-up calls, which are not timed."""
