@@ -21,25 +21,22 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import os
 import sys
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-import orbax.checkpoint as ocp
 import sentencepiece as spm
 
+from specdec_jax import training
+from specdec_jax.checkpoints import save_checkpoint
 from specdec_jax.models.t5 import T5Config, T5Model, count_params, shift_right
 
 PREFIX = "modernize: "
 MAX_LEN = 128
-# Sequence-length buckets: few distinct shapes keeps XLA compile time low on CPU.
-BUCKETS = (24, 32, 48, 64, 96, 128)
 
 # Architectures (T5 1.1). Drafts are sized so that one cached decode step is
 # >= 10x cheaper than the target's (measured with --benchmark; see README).
@@ -113,179 +110,23 @@ def encode_pairs(sp: spm.SentencePieceProcessor, rows: list[tuple[str, str, str]
   return pairs, dropped
 
 
-def bucket_len(n: int) -> int:
-  return next(b for b in BUCKETS if n <= b)
-
-
-def make_batches(pairs: list[tuple[list[int], list[int]]], batch_tokens: int,
-                 rng: np.random.Generator) -> list[list[int]]:
-  """Index batches of similar length, each padded size <= batch_tokens; shuffled."""
-  by_bucket: dict[int, list[int]] = {}
-  for i in rng.permutation(len(pairs)):
-    s, t = pairs[i]
-    by_bucket.setdefault(bucket_len(max(len(s), len(t))), []).append(int(i))
-  batches = []
-  for length, idx in sorted(by_bucket.items()):
-    bs = max(1, batch_tokens // length)
-    batches += [idx[j:j + bs] for j in range(0, len(idx), bs)]
-  order = rng.permutation(len(batches))
-  return [batches[k] for k in order]
-
-
-def pad_batch(pairs: list[tuple[list[int], list[int]]], idx: list[int],
-              batch_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-  """[B, L] inputs and targets, zero (pad) filled; B fixed per bucket length."""
-  length = bucket_len(max(max(len(pairs[i][0]), len(pairs[i][1])) for i in idx))
-  bs = max(1, batch_tokens // length)
-  inputs = np.zeros((bs, length), np.int32)
-  targets = np.zeros((bs, length), np.int32)
-  for r, i in enumerate(idx):
-    s, t = pairs[i]
-    inputs[r, :len(s)] = s
-    targets[r, :len(t)] = t
-  return inputs, targets
-
-
-def batch_stream(pairs, batch_tokens: int, seed: int, start_step: int
-                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """Infinite deterministic stream; step n is the same batch whenever resumed."""
-  step, epoch = 0, 0
-  while True:
-    batches = make_batches(pairs, batch_tokens, np.random.default_rng([seed, epoch]))
-    for idx in batches:
-      if step >= start_step:
-        yield pad_batch(pairs, idx, batch_tokens)
-      step += 1
-    epoch += 1
-
-
-# ---------------------------------------------------------------- training
-
-
-def loss_sums(model: T5Model, params, inputs, targets) -> tuple[jax.Array, jax.Array]:
-  """Summed token cross-entropy over non-pad targets, and the token count."""
-  logits = model(params, inputs, shift_right(targets, model.config.decoder_start_id))
-  mask = (targets != model.config.pad_id).astype(jnp.float32)
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-  return jnp.sum(ce * mask), jnp.sum(mask)
-
-
-def make_optimizer(peak_lr: float, total_steps: int,
-                   schedule_start: int = 0) -> optax.GradientTransformation:
-  """AdamW with warmup + cosine decay over [schedule_start, total_steps].
-
-  schedule_start > 0 continues a finished run with a fresh schedule (a warm
-  restart): the optimizer's restored step count is shifted by it.
-  """
-  span = total_steps - schedule_start
-  warmup = max(1, min(500, span // 10))
-  base = optax.warmup_cosine_decay_schedule(0.0, peak_lr, warmup, span,
-                                            end_value=peak_lr * 0.05)
-  sched = lambda count: base(jnp.maximum(count - schedule_start, 0))
-  return optax.chain(optax.clip_by_global_norm(1.0),
-                     optax.adamw(sched, b1=0.9, b2=0.98, weight_decay=0.01))
-
-
-def make_train_step(model: T5Model, opt: optax.GradientTransformation):
-  def step(params, opt_state, inputs, targets):
-    def mean_loss(p):
-      total, n = loss_sums(model, p, inputs, targets)
-      return total / jnp.maximum(n, 1.0)
-    loss, grads = jax.value_and_grad(mean_loss)(params)
-    updates, opt_state = opt.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-  return jax.jit(step, donate_argnums=(0, 1))
-
-
-def evaluate(eval_fn, params, batches) -> float:
-  """Token-weighted mean cross-entropy over fixed held-out batches."""
-  total, count = 0.0, 0.0
-  for inputs, targets in batches:
-    s, n = eval_fn(params, inputs, targets)
-    total += float(s)
-    count += float(n)
-  return total / max(count, 1.0)
-
-
-def read_log(path: str, upto_step: int) -> list[dict]:
-  """Log records up to the resumed step (later ones are redone after a restart)."""
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    recs = [json.loads(line) for line in f if line.strip()]
-  return [r for r in recs if r["step"] <= upto_step]
-
-
-def train_model(name: str, cfg: T5Config, train_pairs, val_pairs, args) -> dict:
-  """Train (or resume) one model; returns its params and loss curves."""
+def train_model(name: str, cfg: T5Config, train_pairs, val_pairs, args) -> training.FitResult:
+  """Train (or resume) one model with the library loop; returns params and curves."""
   model = T5Model(cfg)
-  run_dir = os.path.abspath(os.path.join(args.workdir, name))
-  os.makedirs(run_dir, exist_ok=True)
-  total_steps = args.steps[name]
-  opt = make_optimizer(args.lr.get(name, 1e-3), total_steps,
-                       args.schedule_start.get(name, 0))
   params = model.init(jax.random.PRNGKey(args.seed))
-  opt_state = opt.init(params)
-  print(f"[{name}] params={count_params(params):,} steps={total_steps}", flush=True)
-
-  mngr = ocp.CheckpointManager(os.path.join(run_dir, "ckpt"),
-                               options=ocp.CheckpointManagerOptions(max_to_keep=2))
-  step = 0
-  elapsed_before = 0.0
-  if mngr.latest_step() is not None:
-    state = {"params": params, "opt_state": opt_state, "elapsed": np.zeros((), np.float64)}
-    restored = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(state))
-    params, opt_state = restored["params"], restored["opt_state"]
-    step = int(mngr.latest_step())
-    elapsed_before = float(restored["elapsed"])
-    print(f"[{name}] resumed at step {step}", flush=True)
-
-  log_path = os.path.join(run_dir, "log.jsonl")
-  log = read_log(log_path, step)
-  with open(log_path, "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in log)
-
-  train_step = make_train_step(model, opt)
-  eval_fn = jax.jit(functools.partial(loss_sums, model))
-  val_batches = [pad_batch(val_pairs, idx, args.batch_tokens)
-                 for idx in make_batches(val_pairs, args.batch_tokens,
-                                         np.random.default_rng(0))]
-  stream = batch_stream(train_pairs, args.batch_tokens, args.seed, step)
-  t0 = time.time()
-  last_save = t0
-  window: list[float] = []
-
-  def save(at_step: int) -> None:
-    state = {"params": params, "opt_state": opt_state,
-             "elapsed": np.asarray(elapsed_before + time.time() - t0, np.float64)}
-    mngr.save(at_step, args=ocp.args.StandardSave(state), force=True)
-    mngr.wait_until_finished()
-
-  while step < total_steps:
-    inputs, targets = next(stream)
-    params, opt_state, loss = train_step(params, opt_state, inputs, targets)
-    step += 1
-    window.append(float(loss))
-    done = step >= total_steps
-    over_time = name in args.minutes and (time.time() - t0) > 60 * args.minutes[name]
-    if step % args.eval_every == 0 or done or over_time:
-      rec = {"step": step, "train_loss": float(np.mean(window)),
-             "val_loss": evaluate(eval_fn, params, val_batches),
-             "wall_s": round(elapsed_before + time.time() - t0, 1)}
-      window = []
-      log.append(rec)
-      with open(log_path, "a") as f:
-        f.write(json.dumps(rec) + "\n")
-      print(f"[{name}] {json.dumps(rec)}", flush=True)
-    if time.time() - last_save > 60 * args.ckpt_minutes or done or over_time:
-      save(step)
-      last_save = time.time()
-    if over_time:
-      print(f"[{name}] stopping at step {step}: {args.minutes[name]} minutes reached", flush=True)
-      break
-  mngr.close()
-  return {"params": params, "log": log, "steps": step,
-          "wall_s": round(elapsed_before + time.time() - t0, 1)}
+  print(f"[{name}] params={count_params(params):,} steps={args.steps[name]} "
+        f"optimizer={args.optimizer}", flush=True)
+  opt_cfg = training.OptimizerConfig(
+      name=args.optimizer, peak_lr=args.lr[name], total_steps=args.steps[name],
+      schedule_start=args.schedule_start.get(name, 0))
+  val_ce = training.mean_ce(model, training.fixed_batches(val_pairs, args.batch_tokens))
+  return training.fit(
+      training.ce_loss(model), params,
+      lambda start: training.batch_stream(train_pairs, args.batch_tokens, args.seed, start),
+      opt_cfg, os.path.join(args.workdir, name),
+      evaluate=lambda p: {"val_loss": val_ce(p)}, eval_every=args.eval_every,
+      ckpt_minutes=args.ckpt_minutes, max_minutes=args.minutes.get(name), name=name,
+      log_fn=lambda m: print(m, flush=True))
 
 
 # ---------------------------------------------------------------- export / timing
@@ -294,21 +135,12 @@ def train_model(name: str, cfg: T5Config, train_pairs, val_pairs, args) -> dict:
 def export(name: str, cfg: T5Config, result: dict, export_dir: str, meta: dict) -> str:
   """bfloat16 checkpoint via the project's format, plus the small loss log."""
   out = os.path.join(export_dir, name)
-  try:
-    from specdec_jax.checkpoints import save_checkpoint
-  except ImportError:  # another module not landed yet: keep an orbax copy in the workdir
-    save_checkpoint = None
-  if save_checkpoint is not None:
-    save_checkpoint(out, result["params"], cfg, dtype="bfloat16", overwrite=True)
-  else:
-    fallback = os.path.abspath(os.path.join(meta["workdir"], name, "final_params"))
-    ocp.StandardCheckpointer().save(fallback, result["params"], force=True)
-    print(f"[{name}] specdec_jax.checkpoints missing; params saved to {fallback}")
+  save_checkpoint(out, result.params, cfg, dtype="bfloat16", overwrite=True)
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "train_log.json"), "w") as f:
-    json.dump({"name": name, "config": cfg.__dict__, "params": count_params(result["params"]),
-               "steps": result["steps"], "wall_s": result["wall_s"], **meta,
-               "log": result["log"]}, f, indent=1)
+    json.dump({"name": name, "config": cfg.__dict__, "params": count_params(result.params),
+               "steps": result.steps, "wall_s": result.wall_s, **meta,
+               "log": result.log}, f, indent=1)
   return out
 
 
@@ -397,8 +229,8 @@ def report(args, names: list[str], sp: spm.SentencePieceProcessor) -> dict:
     models[n] = T5Model(cfg)
   test_rows = read_tsv(os.path.join(args.data_dir, "test.tsv"))
   test_pairs, _ = encode_pairs(sp, test_rows)
-  batches = [pad_batch(test_pairs, idx, args.batch_tokens)
-             for idx in make_batches(test_pairs, args.batch_tokens, np.random.default_rng(0))]
+  batches = [(b["inputs"], b["targets"])
+             for b in training.fixed_batches(test_pairs, args.batch_tokens)]
   out: dict[str, Any] = {"test_pairs": len(test_pairs)}
   out["teacher_forced_test"] = teacher_forced_stats(models, params, batches, names[0])
   # Interleave repeats so load from other processes hits every model alike.
@@ -448,7 +280,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   ap.add_argument("--export_dir", default="checkpoints/demo")
   ap.add_argument("--data_dir", default="data/bible")
   ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--batch_tokens", type=int, default=1024,
+  ap.add_argument("--optimizer", default="adafactor", choices=("adafactor", "adamw"),
+                  help="adafactor: T5X's recipe (factored, parameter-scale-relative steps)")
+  ap.add_argument("--batch_tokens", type=int, default=4096,
                   help="padded tokens per batch on each side (B = batch_tokens // L)")
   ap.add_argument("--eval_every", type=int, default=250)
   ap.add_argument("--ckpt_minutes", type=float, default=3.0)
@@ -525,7 +359,7 @@ def main(argv: list[str]) -> None:
   for n in names:
     result = train_model(n, cfgs[n], train_pairs, val_pairs, args)
     out = export(n, cfgs[n], result, args.export_dir, meta)
-    print(f"[{n}] exported to {out} after {result['wall_s']} s", flush=True)
+    print(f"[{n}] exported to {out} after {result.wall_s} s", flush=True)
 
 
 if __name__ == "__main__":

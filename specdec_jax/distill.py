@@ -1,0 +1,418 @@
+"""Draft distillation: train an approximation model M_q toward a target M_p.
+
+Speculative decoding's speedup is governed by α = E[Σ_x min(p(x), q(x))]
+(paper §3.3, Definition 3.1 / Corollary 3.6): α = 1 − E[D_LK(p, q)], and D_LK is
+the total-variation distance. α is measured along the *target's* outputs, so
+a draft should learn what the target says, not the references (DistillSpec,
+Zhou et al. 2023). Two complementary ways, combinable in one loss:
+
+* sequence-level: the draft is trained with cross-entropy on the target's own
+  outputs for the training inputs (greedy and/or T=1 samples), produced once by
+  ``generate_target_outputs`` (batched, jitted, appended to a JSONL file as it
+  goes, resumable);
+* token-level: a divergence between the target's and the draft's next-token
+  distributions at every position of those sequences: forward KL(p‖q), total
+  variation ½Σ|p−q| (= 1 − per-token acceptance; minimizing it bounds the
+  rejection rate directly), or reverse KL(q‖p); optionally on the draft's own
+  T=1 samples (on-policy), which are generated inside the jitted step.
+
+Everything trains through ``specdec_jax.training.fit``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import training
+from specdec_jax.decoding import temperature_sample
+from specdec_jax.models.t5 import T5Model, shift_right
+from specdec_jax.sampling import SamplingConfig
+
+DIVERGENCES = ("fkl", "tv", "rkl", "none")
+OUTPUT_MODES = ("greedy", "sample")
+
+
+# ---------------------------------------------------------------- target outputs
+
+
+def _bucketed_chunks(lengths: Sequence[int], batch_size: int,
+                     buckets: Sequence[int]) -> list[tuple[int, list[int]]]:
+  """(bucket length, indices) chunks of at most batch_size inputs of similar length,
+  in index order within a bucket (so a resumed run redoes the same chunks)."""
+  by_bucket: dict[int, list[int]] = {}
+  for i, n in enumerate(lengths):
+    by_bucket.setdefault(training.bucket_len(n, buckets), []).append(i)
+  return [(b, idx[j:j + batch_size]) for b, idx in sorted(by_bucket.items())
+          for j in range(0, len(idx), batch_size)]
+
+
+def read_outputs(path: str) -> dict[tuple[int, str], list[int]]:
+  """{(input index, mode): tokens} from a generate_target_outputs file.
+
+  A torn last line (a killed run) is ignored; a corrupt earlier line is an error
+  naming the file and line.
+  """
+  out: dict[tuple[int, str], list[int]] = {}
+  if not os.path.exists(path):
+    return out
+  with open(path, encoding="utf-8") as f:
+    lines = f.readlines()
+  for n, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      rec = json.loads(line)
+      out[(int(rec["i"]), str(rec["mode"]))] = [int(t) for t in rec["tokens"]]
+    except (ValueError, KeyError, TypeError) as e:
+      if n == len(lines) and not line.endswith("\n"):
+        break  # torn final write of a killed run: redone on resume
+      raise ValueError(f"{path}:{n}: corrupt target-output record ({e})") from None
+  return out
+
+
+def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Sequence[int]],
+                            path: str, *, modes: Sequence[str] = ("greedy",),
+                            max_decode_len: int = 128, batch_size: int = 64,
+                            temperature: float = 1.0, seed: int = 0,
+                            buckets: Sequence[int] = training.BUCKETS,
+                            log_fn: Callable[[str], None] = print) -> dict:
+  """The target's outputs for every input (token ids, EOS-terminated input rows),
+  appended to ``path`` chunk by chunk; inputs already there are skipped.
+
+  Decoding is the baseline's jitted ``temperature_sample`` (one compile per input
+  bucket); 'sample' mode draws at ``temperature`` with a key folded from the
+  seed and the input index, so a resumed run draws the same samples.
+  Returns {(index, mode): tokens} with EOS appended when the output ended on it.
+  """
+  for m in modes:
+    if m not in OUTPUT_MODES:
+      raise ValueError(f"unknown output mode {m!r}; known: {OUTPUT_MODES}")
+  done = read_outputs(path)
+  eos = target.config.eos_id
+  chunks = _bucketed_chunks([len(x) for x in inputs], batch_size, buckets)
+  todo = [(m, b, idx) for m in modes for b, idx in chunks
+          if any((i, m) not in done for i in idx)]
+  log_fn(f"target outputs: {len(done)} in {path}, {len(todo)} chunks to generate")
+  with open(path, "a", encoding="utf-8") as f:
+    for n, (mode, length, idx) in enumerate(todo):
+      x = np.zeros((batch_size, length), np.int32)
+      for r, i in enumerate(idx):
+        x[r, :len(inputs[i])] = inputs[i]
+      sampling = SamplingConfig(0.0 if mode == "greedy" else temperature)
+      key = jax.random.fold_in(jax.random.PRNGKey(seed), idx[0])
+      out = temperature_sample(target, params, jnp.asarray(x), key,
+                               max_decode_len=max_decode_len, sampling=sampling, eos_id=eos)
+      seqs, lens = np.asarray(out.tokens), np.asarray(out.length)
+      for r, i in enumerate(idx):
+        toks = seqs[r, :lens[r]].tolist()
+        done[(i, mode)] = toks
+        f.write(json.dumps({"i": i, "mode": mode, "tokens": toks}) + "\n")
+      f.flush()
+      if (n + 1) % 20 == 0 or n + 1 == len(todo):
+        log_fn(f"target outputs: {n + 1}/{len(todo)} chunks")
+  return done
+
+
+# ---------------------------------------------------------------- the loss
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillConfig:
+  """divergence: 'fkl' (KL(p‖q)), 'tv' (½Σ|p−q|), 'rkl' (KL(q‖p)) or 'none'.
+  ce_weight: weight of cross-entropy on the sequence's tokens (sequence-level
+  distillation when the sequences are the target's). temperature: the
+  distributions p and q are compared at (α at T=1 is 1 − TV at temperature 1).
+  on_policy_fraction: share of each batch whose decoder sequences are replaced
+  by the draft's own T=1 samples (generated in the step; 0 = off)."""
+
+  divergence: str = "fkl"
+  ce_weight: float = 1.0
+  temperature: float = 1.0
+  on_policy_fraction: float = 0.0
+
+  def __post_init__(self):
+    if self.divergence not in DIVERGENCES:
+      raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
+    if self.ce_weight < 0 or not self.temperature > 0:
+      raise ValueError(f"ce_weight must be >= 0 and temperature > 0, got "
+                       f"{self.ce_weight}, {self.temperature}")
+    if not 0.0 <= self.on_policy_fraction <= 1.0:
+      raise ValueError(f"on_policy_fraction must be in [0, 1], got {self.on_policy_fraction}")
+    if self.divergence == "none" and self.ce_weight == 0:
+      raise ValueError("divergence='none' with ce_weight=0 trains nothing")
+
+
+def token_divergence(target_logits: jax.Array, draft_logits: jax.Array, kind: str,
+                     temperature: float = 1.0) -> jax.Array:
+  """Per-position divergence between p = softmax(target/T) and q = softmax(draft/T)."""
+  lp = jax.nn.log_softmax(target_logits / temperature)
+  lq = jax.nn.log_softmax(draft_logits / temperature)
+  p, q = jnp.exp(lp), jnp.exp(lq)
+  if kind == "fkl":
+    return jnp.sum(p * (lp - lq), -1)
+  if kind == "rkl":
+    return jnp.sum(q * (lq - lp), -1)
+  if kind == "tv":
+    return 0.5 * jnp.sum(jnp.abs(p - q), -1)
+  raise ValueError(f"unknown divergence {kind!r}")
+
+
+def _on_policy(draft: T5Model, params, inputs, targets, key, fraction: float):
+  """Replace the first ⌈fraction·B⌉ rows' targets by the draft's own T=1 samples."""
+  b, length = targets.shape
+  n = max(1, int(round(fraction * b)))
+  out = temperature_sample(draft, jax.lax.stop_gradient(params), inputs[:n], key,
+                           max_decode_len=length, sampling=SamplingConfig(1.0),
+                           eos_id=draft.config.eos_id)
+  sampled = jnp.where(jnp.arange(length)[None] < out.length[:, None], out.tokens, 0)
+  return targets.at[:n].set(sampled.astype(targets.dtype))
+
+
+def distill_loss(draft: T5Model, target: T5Model, target_params: Any,
+                 cfg: DistillConfig) -> Callable:
+  """loss_fn(params, batch) for ``training.fit``: batch holds 'inputs', 'targets'
+  (the target's outputs) and, for on-policy, 'key'. Mean over non-pad positions
+  of ce_weight·CE + divergence(p, q)."""
+  pad, start = draft.config.pad_id, draft.config.decoder_start_id
+
+  def loss_fn(params, batch):
+    inputs, targets = batch["inputs"], batch["targets"]
+    if cfg.on_policy_fraction > 0:
+      targets = _on_policy(draft, params, inputs, targets, batch["key"],
+                           cfg.on_policy_fraction)
+    dec_in = shift_right(targets, start)
+    mask = (targets != pad).astype(jnp.float32)
+    n = jnp.maximum(jnp.sum(mask), 1.0)
+    q_logits = draft(params, inputs, dec_in)
+    ce = -jnp.take_along_axis(jax.nn.log_softmax(q_logits), targets[..., None], -1)[..., 0]
+    metrics = {"ce": jnp.sum(ce * mask) / n}
+    loss = cfg.ce_weight * metrics["ce"]
+    if cfg.divergence != "none":
+      p_logits = jax.lax.stop_gradient(target(target_params, inputs, dec_in))
+      div = token_divergence(p_logits, q_logits, cfg.divergence, cfg.temperature)
+      metrics[cfg.divergence] = jnp.sum(div * mask) / n
+      loss = loss + metrics[cfg.divergence]
+    return loss, metrics
+  return loss_fn
+
+
+def distill_stream(pairs: Sequence[training.Pair], batch_tokens: int, seed: int,
+                   start_step: int, with_key: bool,
+                   buckets: Sequence[int] = training.BUCKETS) -> Iterator[training.Batch]:
+  """training.batch_stream plus a per-step PRNG key (on-policy sampling)."""
+  for step, batch in enumerate(training.batch_stream(pairs, batch_tokens, seed, start_step,
+                                                     buckets), start_step):
+    if with_key:
+      batch = dict(batch, key=np.asarray(jax.random.fold_in(jax.random.PRNGKey(seed), step)))
+    yield batch
+
+
+# ---------------------------------------------------------------- agreement
+
+
+def agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params: Any,
+              batches: Sequence[training.Batch]) -> dict[str, float]:
+  """Teacher-forced agreement along the batches' target sequences: greedy
+  (argmax match, α at T=0 along those prefixes) and Σ_x min(p, q) at T=1
+  (α at T=1, Definition 3.1), token-weighted over non-pad positions."""
+  @jax.jit
+  def sums(tp, dp, inputs, targets):
+    dec_in = shift_right(targets, draft.config.decoder_start_id)
+    lp = jax.nn.log_softmax(target(tp, inputs, dec_in))
+    lq = jax.nn.log_softmax(draft(dp, inputs, dec_in))
+    mask = (targets != draft.config.pad_id).astype(jnp.float32)
+    greedy = (jnp.argmax(lp, -1) == jnp.argmax(lq, -1)).astype(jnp.float32)
+    overlap = jnp.sum(jnp.minimum(jnp.exp(lp), jnp.exp(lq)), -1)
+    return jnp.sum(greedy * mask), jnp.sum(overlap * mask), jnp.sum(mask)
+
+  g = o = n = 0.0
+  for b in batches:
+    sg, so, sn = sums(target_params, draft_params, b["inputs"], b["targets"])
+    g, o, n = g + float(sg), o + float(so), n + float(sn)
+  n = max(n, 1.0)
+  return {"greedy_agreement": g / n, "t1_acceptance": o / n}
+
+
+# ---------------------------------------------------------------- a whole job
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillJob:
+  """Everything a distillation run needs; field names follow ``run.Experiment``.
+
+  The draft starts from ``draft_checkpoint`` (any format the runner loads);
+  ``output_dir`` receives the distilled draft in the project's format;
+  ``workdir`` holds the target outputs, optimizer checkpoints and the loss log,
+  so a killed job resumes with ``resume=True``.
+  """
+
+  target_checkpoint: str
+  draft_checkpoint: str
+  output_dir: str
+  workdir: str
+  source: str = "data/bible/train.tsv"
+  split: str = "train"
+  task: str = "bible_modernize"
+  prefix: Optional[str] = None
+  vocab_path: str = "checkpoints/demo/spm.model"
+  vocab_extra_ids: int = 0
+  target_format: str = "auto"
+  target_preset: Optional[str] = None
+  draft_format: str = "auto"
+  draft_preset: Optional[str] = None
+  tfds_data_dir: Optional[str] = None
+  max_examples: Optional[int] = None
+  eval_source: Optional[str] = None       # held-out pairs for the agreement log
+  eval_split: str = "validation"
+  eval_max_examples: Optional[int] = 500
+  max_input_len: int = 128
+  max_decode_len: int = 128
+  modes: tuple[str, ...] = ("greedy", "sample")
+  sample_temperature: float = 1.0
+  generate_batch_size: int = 64
+  divergence: str = "fkl"
+  ce_weight: float = 1.0
+  on_policy_fraction: float = 0.0
+  optimizer: str = "adafactor"
+  learning_rate: float = 3e-3
+  steps: int = 2000
+  batch_tokens: int = 4096
+  max_minutes: Optional[float] = None
+  eval_every: int = 250
+  seed: int = 0
+  resume: bool = False
+
+  def validate(self) -> None:
+    """Checks that need no loading; fail before any work."""
+    DistillConfig(self.divergence, self.ce_weight, 1.0, self.on_policy_fraction)
+    for m in self.modes:
+      if m not in OUTPUT_MODES:
+        raise ValueError(f"modes: unknown output mode {m!r}; known: {OUTPUT_MODES}")
+    for name in ("steps", "batch_tokens", "max_input_len", "max_decode_len",
+                 "generate_batch_size"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if self.max_input_len > training.BUCKETS[-1] or self.max_decode_len > training.BUCKETS[-1]:
+      raise ValueError(f"max_input_len/max_decode_len must be <= {training.BUCKETS[-1]} "
+                       "(the largest training bucket)")
+    for name in ("target_checkpoint", "draft_checkpoint", "vocab_path", "source"):
+      value = getattr(self, name)
+      if not value:
+        raise ValueError(f"{name} is not set")
+      if not value.startswith(("gs://", "seqio:")) and not os.path.exists(value):
+        raise FileNotFoundError(f"{name}: {value!r} does not exist")
+    for name in ("output_dir", "workdir"):
+      path = getattr(self, name)
+      if not self.resume and os.path.isdir(path) and os.listdir(path):
+        raise FileExistsError(f"{name} {path!r} exists and is not empty; pass --resume to "
+                              "continue that run, or choose another directory")
+
+
+def _encode_source(vocab, source: str, split: str, prefix: str, max_examples, data_dir,
+                   max_len: int, with_refs: bool):
+  from specdec_jax import data
+  try:
+    examples = data.load_examples(source, split=split, max_examples=max_examples,
+                                  data_dir=data_dir)
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{source}: not UTF-8 text ({e})") from None
+  if not examples:
+    raise ValueError(f"{source}: no examples")
+  eos = vocab.eos_id
+  out = []
+  for e in examples:
+    x = vocab.encode(prefix + e.input)[:max_len - 1] + [eos]
+    if with_refs:
+      if not e.reference:
+        continue
+      y = vocab.encode(e.reference)[:max_len - 1] + [eos]
+      out.append((x, y))
+    else:
+      out.append(x)
+  return out
+
+
+def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
+  """Generate the target's outputs, distill the draft, export it; returns a summary
+  (losses, and teacher-forced agreement before/after on ``eval_source``)."""
+  from specdec_jax import checkpoints, data
+  from specdec_jax.models.t5 import get_config
+  job.validate()
+  vocab = data.get_vocabulary(job.vocab_path, extra_ids=job.vocab_extra_ids)
+
+  def load(path, fmt, preset, role):
+    config = get_config(preset) if preset else None
+    params, config = checkpoints.load_checkpoint(path, fmt=fmt, config=config)
+    return T5Model(config), params
+
+  target, target_params = load(job.target_checkpoint, job.target_format, job.target_preset,
+                               "target")
+  draft, draft_params = load(job.draft_checkpoint, job.draft_format, job.draft_preset, "draft")
+  data.check_vocab_compatible(target.config.vocab_size, draft.config.vocab_size,
+                              target_pad_id=target.config.pad_id,
+                              draft_pad_id=draft.config.pad_id,
+                              target_eos_id=target.config.eos_id,
+                              draft_eos_id=draft.config.eos_id)
+  if vocab.vocab_size > target.config.vocab_size:
+    raise ValueError(f"vocabulary {job.vocab_path} has {vocab.vocab_size} ids but the target's "
+                     f"vocab_size is {target.config.vocab_size}")
+  prefix = job.prefix if job.prefix is not None else data.PREFIXES.get(job.task, "")
+  inputs = _encode_source(vocab, job.source, job.split, prefix, job.max_examples,
+                          job.tfds_data_dir, job.max_input_len, with_refs=False)
+  eval_pairs = None
+  if job.eval_source:
+    eval_pairs = _encode_source(vocab, job.eval_source, job.eval_split, prefix,
+                                job.eval_max_examples, job.tfds_data_dir, job.max_input_len,
+                                with_refs=True)
+  os.makedirs(job.workdir, exist_ok=True)
+  log_fn(f"{len(inputs)} training inputs from {job.source}")
+
+  outputs = generate_target_outputs(
+      target, target_params, inputs, os.path.join(job.workdir, "target_outputs.jsonl"),
+      modes=job.modes, max_decode_len=job.max_decode_len,
+      batch_size=job.generate_batch_size, temperature=job.sample_temperature, seed=job.seed,
+      log_fn=log_fn)
+  pairs = [(inputs[i], toks) for (i, _), toks in sorted(outputs.items()) if toks]
+
+  summary: dict[str, Any] = {"training_inputs": len(inputs), "training_pairs": len(pairs)}
+  evaluate = None
+  if eval_pairs:
+    # Agreement along the target's greedy outputs on the held-out inputs: the
+    # prefixes speculative decoding at T=0 actually visits.
+    eval_out = generate_target_outputs(
+        target, target_params, [x for x, _ in eval_pairs],
+        os.path.join(job.workdir, "eval_target_outputs.jsonl"), modes=("greedy",),
+        max_decode_len=job.max_decode_len, batch_size=job.generate_batch_size,
+        log_fn=log_fn)
+    eval_batches = training.fixed_batches(
+        [(eval_pairs[i][0], toks) for (i, _), toks in sorted(eval_out.items()) if toks],
+        job.batch_tokens)
+    evaluate = lambda p: agreement(target, target_params, draft, p, eval_batches)
+    summary["before"] = evaluate(draft_params)
+    log_fn(f"before distillation: {json.dumps(summary['before'])}")
+
+  cfg = DistillConfig(job.divergence, job.ce_weight, 1.0, job.on_policy_fraction)
+  opt_cfg = training.OptimizerConfig(job.optimizer, job.learning_rate, job.steps)
+  result = training.fit(
+      distill_loss(draft, target, target_params, cfg), draft_params,
+      lambda start: distill_stream(pairs, job.batch_tokens, job.seed, start,
+                                   cfg.on_policy_fraction > 0),
+      opt_cfg, os.path.join(job.workdir, "train"), evaluate=evaluate,
+      eval_every=job.eval_every, max_minutes=job.max_minutes, name="distill", log_fn=log_fn)
+  checkpoints.save_checkpoint(job.output_dir, result.params, draft.config, dtype="bfloat16",
+                              overwrite=True)
+  summary.update(steps=result.steps, wall_s=result.wall_s, log=result.log,
+                 job=dataclasses.asdict(job))
+  if evaluate is not None:
+    summary["after"] = evaluate(result.params)
+  with open(os.path.join(job.output_dir, "distill_log.json"), "w") as f:
+    json.dump(summary, f, indent=1)
+  log_fn(f"distilled draft written to {job.output_dir}")
+  return summary

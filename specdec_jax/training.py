@@ -1,0 +1,270 @@
+"""One training loop for T5 models: plain teacher-forced training and draft
+distillation (``specdec_jax.distill``) both run through ``fit``.
+
+Pieces:
+
+* length-bucketed batching of (input ids, target ids) pairs to a fixed token
+  budget per step (few distinct shapes: few XLA compiles on CPU);
+* optimizers: T5X's recipe (Adafactor with factored second moments and
+  parameter-scale-relative steps, the optimizer T5's unscaled attention was
+  designed for) and AdamW, each with warmup + cosine decay;
+* ``fit``: jitted steps of any ``loss_fn(params, batch) -> (loss, aux)``, resumable
+  from orbax checkpoints (same data order after a restart), a wall-clock cap, and
+  a JSONL loss log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+from specdec_jax.models.t5 import T5Model, shift_right
+
+Pair = tuple[list[int], list[int]]
+Batch = dict[str, np.ndarray]
+# Sequence-length buckets (tokens); a batch is padded to the smallest that fits.
+BUCKETS = (24, 32, 48, 64, 96, 128)
+
+
+# ---------------------------------------------------------------- batching
+
+
+def bucket_len(n: int, buckets: Sequence[int] = BUCKETS) -> int:
+  for b in buckets:
+    if n <= b:
+      return b
+  raise ValueError(f"sequence of {n} tokens is longer than the largest bucket {buckets[-1]}")
+
+
+def make_batches(pairs: Sequence[Pair], batch_tokens: int, rng: np.random.Generator,
+                 buckets: Sequence[int] = BUCKETS) -> list[list[int]]:
+  """Index batches of similar length, each padded size <= batch_tokens; shuffled."""
+  by_bucket: dict[int, list[int]] = {}
+  for i in rng.permutation(len(pairs)):
+    s, t = pairs[i]
+    by_bucket.setdefault(bucket_len(max(len(s), len(t)), buckets), []).append(int(i))
+  batches = []
+  for length, idx in sorted(by_bucket.items()):
+    bs = max(1, batch_tokens // length)
+    batches += [idx[j:j + bs] for j in range(0, len(idx), bs)]
+  order = rng.permutation(len(batches))
+  return [batches[k] for k in order]
+
+
+def pad_batch(pairs: Sequence[Pair], idx: Sequence[int], batch_tokens: int,
+              buckets: Sequence[int] = BUCKETS) -> Batch:
+  """{'inputs', 'targets'}: [B, L] int32, zero (pad) filled; B fixed per bucket L."""
+  length = bucket_len(max(max(len(pairs[i][0]), len(pairs[i][1])) for i in idx), buckets)
+  bs = max(1, batch_tokens // length)
+  inputs = np.zeros((bs, length), np.int32)
+  targets = np.zeros((bs, length), np.int32)
+  for r, i in enumerate(idx):
+    s, t = pairs[i]
+    inputs[r, :len(s)] = s
+    targets[r, :len(t)] = t
+  return {"inputs": inputs, "targets": targets}
+
+
+def batch_stream(pairs: Sequence[Pair], batch_tokens: int, seed: int, start_step: int = 0,
+                 buckets: Sequence[int] = BUCKETS) -> Iterator[Batch]:
+  """Infinite deterministic stream; step n is the same batch whenever resumed."""
+  step, epoch = 0, 0
+  while True:
+    batches = make_batches(pairs, batch_tokens, np.random.default_rng([seed, epoch]), buckets)
+    for idx in batches:
+      if step >= start_step:
+        yield pad_batch(pairs, idx, batch_tokens, buckets)
+      step += 1
+    epoch += 1
+
+
+def fixed_batches(pairs: Sequence[Pair], batch_tokens: int,
+                  buckets: Sequence[int] = BUCKETS) -> list[Batch]:
+  """Every pair once, in a fixed order (evaluation)."""
+  return [pad_batch(pairs, idx, batch_tokens, buckets)
+          for idx in make_batches(pairs, batch_tokens, np.random.default_rng(0), buckets)]
+
+
+# ---------------------------------------------------------------- losses
+
+
+def token_ce_sums(model: T5Model, params, inputs, targets) -> tuple[jax.Array, jax.Array]:
+  """Summed teacher-forced token cross-entropy over non-pad targets, and the count."""
+  logits = model(params, inputs, shift_right(targets, model.config.decoder_start_id))
+  mask = (targets != model.config.pad_id).astype(jnp.float32)
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+  return jnp.sum(ce * mask), jnp.sum(mask)
+
+
+def ce_loss(model: T5Model) -> Callable:
+  """loss_fn for plain training: mean token cross-entropy on the batch's targets."""
+  def loss_fn(params, batch):
+    total, n = token_ce_sums(model, params, batch["inputs"], batch["targets"])
+    loss = total / jnp.maximum(n, 1.0)
+    return loss, {"ce": loss}
+  return loss_fn
+
+
+# ---------------------------------------------------------------- optimizers
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """``name``: 'adafactor' (T5X's recipe) or 'adamw'. LR: linear warmup over
+  ``warmup_steps`` (default min(500, span/10)) then cosine decay to
+  ``end_fraction`` of the peak over [schedule_start, total_steps]."""
+
+  name: str = "adafactor"
+  peak_lr: float = 1e-3
+  total_steps: int = 1000
+  warmup_steps: Optional[int] = None
+  end_fraction: float = 0.05
+  schedule_start: int = 0
+  weight_decay: float = 0.01  # adamw only
+  clip_norm: float = 1.0
+
+
+def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
+  """The optimizer of ``cfg``; ``schedule_start > 0`` continues a finished run
+  with a fresh schedule (the restored step count is shifted by it).
+
+  Adafactor as T5X configures it: factored second moments, no momentum, update
+  clipping at RMS 1, and steps relative to each parameter's RMS scale
+  (``multiply_by_parameter_scale``), so a query kernel initialized at
+  1/sqrt(d*head_dim) (T5's folded attention scaling) moves in proportion to its
+  size instead of by an absolute Adam step.
+  """
+  if cfg.name not in ("adafactor", "adamw"):
+    raise ValueError(f"optimizer must be 'adafactor' or 'adamw', got {cfg.name!r}")
+  span = max(1, cfg.total_steps - cfg.schedule_start)
+  warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, min(500, span // 10))
+  base = optax.warmup_cosine_decay_schedule(0.0, cfg.peak_lr, warmup, span,
+                                            end_value=cfg.peak_lr * cfg.end_fraction)
+  sched = lambda count: base(jnp.maximum(count - cfg.schedule_start, 0))
+  if cfg.name == "adafactor":
+    opt = optax.adafactor(sched, factored=True, multiply_by_parameter_scale=True,
+                          clipping_threshold=1.0, momentum=None, decay_rate=0.8)
+  else:
+    opt = optax.adamw(sched, b1=0.9, b2=0.98, weight_decay=cfg.weight_decay)
+  return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)
+
+
+# ---------------------------------------------------------------- the loop
+
+
+@dataclasses.dataclass
+class FitResult:
+  params: Any
+  log: list[dict]
+  steps: int
+  wall_s: float
+
+
+def _read_log(path: str, upto_step: int) -> list[dict]:
+  """Log records up to the resumed step (later ones are redone after a restart)."""
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    recs = [json.loads(line) for line in f if line.strip()]
+  return [r for r in recs if r["step"] <= upto_step]
+
+
+def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Batch]],
+        opt_cfg: OptimizerConfig, run_dir: str, *,
+        evaluate: Optional[Callable[[Any], dict]] = None, eval_every: int = 250,
+        ckpt_minutes: float = 3.0, max_minutes: Optional[float] = None,
+        name: str = "model", log_fn: Callable[[str], None] = print) -> FitResult:
+  """Train ``params`` to ``opt_cfg.total_steps`` steps of ``loss_fn``.
+
+  loss_fn(params, batch) -> (scalar loss, dict of scalar metrics); it is jitted
+  with the optimizer update (params and optimizer state donated).
+  make_stream(start_step) yields batches from that step on (deterministic, so a
+  resumed run sees the same data). A restart resumes from the newest orbax
+  checkpoint under ``run_dir/ckpt``; ``max_minutes`` stops early (and saves).
+  evaluate(params) -> metrics is logged every ``eval_every`` steps and at the end.
+  """
+  run_dir = os.path.abspath(run_dir)
+  os.makedirs(run_dir, exist_ok=True)
+  opt = make_optimizer(opt_cfg)
+  opt_state = opt.init(params)
+  mngr = ocp.CheckpointManager(os.path.join(run_dir, "ckpt"),
+                               options=ocp.CheckpointManagerOptions(max_to_keep=2))
+  step, elapsed_before = 0, 0.0
+  if mngr.latest_step() is not None:
+    state = {"params": params, "opt_state": opt_state, "elapsed": np.zeros((), np.float64)}
+    restored = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(state))
+    params, opt_state = restored["params"], restored["opt_state"]
+    step = int(mngr.latest_step())
+    elapsed_before = float(restored["elapsed"])
+    log_fn(f"[{name}] resumed at step {step}")
+
+  log_path = os.path.join(run_dir, "log.jsonl")
+  log = _read_log(log_path, step)
+  with open(log_path, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in log)
+
+  def train_step(params, opt_state, batch):
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, aux
+
+  train_step = jax.jit(train_step, donate_argnums=(0, 1))
+  stream = make_stream(step)
+  t0 = last_save = time.time()
+  window: dict[str, list[float]] = {}
+
+  def save(at_step: int) -> None:
+    state = {"params": params, "opt_state": opt_state,
+             "elapsed": np.asarray(elapsed_before + time.time() - t0, np.float64)}
+    mngr.save(at_step, args=ocp.args.StandardSave(state), force=True)
+    mngr.wait_until_finished()
+
+  while step < opt_cfg.total_steps:
+    params, opt_state, loss, aux = train_step(params, opt_state, next(stream))
+    step += 1
+    for k, v in {"train_loss": loss, **aux}.items():
+      window.setdefault(k, []).append(float(v))
+    done = step >= opt_cfg.total_steps
+    over_time = max_minutes is not None and time.time() - t0 > 60 * max_minutes
+    if step % eval_every == 0 or done or over_time:
+      rec = {"step": step, **{k: float(np.mean(v)) for k, v in window.items()}}
+      if evaluate is not None:
+        rec.update(evaluate(params))
+      rec["wall_s"] = round(elapsed_before + time.time() - t0, 1)
+      window = {}
+      log.append(rec)
+      with open(log_path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+      log_fn(f"[{name}] {json.dumps(rec)}")
+    if time.time() - last_save > 60 * ckpt_minutes or done or over_time:
+      save(step)
+      last_save = time.time()
+    if over_time:
+      log_fn(f"[{name}] stopping at step {step}: {max_minutes} minutes reached")
+      break
+  mngr.close()
+  return FitResult(params, log, step, round(elapsed_before + time.time() - t0, 1))
+
+
+def mean_ce(model: T5Model, batches: Sequence[Batch]) -> Callable[[Any], float]:
+  """evaluate-style closure: token-weighted mean cross-entropy over fixed batches."""
+  sums = jax.jit(functools.partial(token_ce_sums, model))
+
+  def evaluate(params) -> float:
+    total, count = 0.0, 0.0
+    for b in batches:
+      s, n = sums(params, b["inputs"], b["targets"])
+      total += float(s)
+      count += float(n)
+    return total / max(count, 1.0)
+  return evaluate
