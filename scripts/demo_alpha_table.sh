@@ -4,6 +4,8 @@
 # (estimated on the train split), prompt lookup and both T5 drafts, at T=0 and
 # T=1. (The Table 4-style table comes from scripts/bench_speculative.py.)
 # Usage: bash scripts/demo_alpha_table.sh [OUT_DIR]   (default runs/demo_alpha)
+# DRAFTS="dir ..." overrides the T5 drafts measured (e.g. to add undistilled
+# ones: their label is "<parent>/<name>").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/demo_alpha}
@@ -20,10 +22,11 @@ for t in 0 1; do
       --gin_bindings="Experiment.temperature = $t.0" \
       --gin_bindings="Experiment.num_examples = 500"
   done
-  for d in draft_small draft_tiny; do
-    run --alpha_only --workdir="$OUT/alpha/${d}_t$t" \
-      --gin_bindings="Experiment.draft_checkpoint = 'checkpoints/demo/$d'" \
-      --gin_bindings="Experiment.draft_label = 'demo-$d'" \
+  for path in ${DRAFTS:-checkpoints/demo/draft_small checkpoints/demo/draft_tiny}; do
+    label="$(basename "$(dirname "$path")")/$(basename "$path")"
+    run --alpha_only --workdir="$OUT/alpha/${label//\//_}_t$t" \
+      --gin_bindings="Experiment.draft_checkpoint = '$path'" \
+      --gin_bindings="Experiment.draft_label = '$label'" \
       --gin_bindings="Experiment.temperature = $t.0" \
       --gin_bindings="Experiment.num_examples = 500"
   done

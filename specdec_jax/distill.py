@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -178,14 +178,14 @@ def _on_policy(draft: T5Model, params, inputs, targets, key, fraction: float):
 def distill_loss(draft: T5Model, target: T5Model, target_params: Any,
                  cfg: DistillConfig) -> Callable:
   """loss_fn(params, batch) for ``training.fit``: batch holds 'inputs', 'targets'
-  (the target's outputs) and, for on-policy, 'key'. Mean over non-pad positions
+  (the target's outputs) and 'step_key' (added by ``fit``). Mean over non-pad positions
   of ce_weight·CE + divergence(p, q)."""
   pad, start = draft.config.pad_id, draft.config.decoder_start_id
 
   def loss_fn(params, batch):
     inputs, targets = batch["inputs"], batch["targets"]
     if cfg.on_policy_fraction > 0:
-      targets = _on_policy(draft, params, inputs, targets, batch["key"],
+      targets = _on_policy(draft, params, inputs, targets, batch["step_key"],
                            cfg.on_policy_fraction)
     dec_in = shift_right(targets, start)
     mask = (targets != pad).astype(jnp.float32)
@@ -201,17 +201,6 @@ def distill_loss(draft: T5Model, target: T5Model, target_params: Any,
       loss = loss + metrics[cfg.divergence]
     return loss, metrics
   return loss_fn
-
-
-def distill_stream(pairs: Sequence[training.Pair], batch_tokens: int, seed: int,
-                   start_step: int, with_key: bool,
-                   buckets: Sequence[int] = training.BUCKETS) -> Iterator[training.Batch]:
-  """training.batch_stream plus a per-step PRNG key (on-policy sampling)."""
-  for step, batch in enumerate(training.batch_stream(pairs, batch_tokens, seed, start_step,
-                                                     buckets), start_step):
-    if with_key:
-      batch = dict(batch, key=np.asarray(jax.random.fold_in(jax.random.PRNGKey(seed), step)))
-    yield batch
 
 
 # ---------------------------------------------------------------- agreement
@@ -299,9 +288,6 @@ class DistillJob:
                  "generate_batch_size"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-    if self.max_input_len > training.BUCKETS[-1] or self.max_decode_len > training.BUCKETS[-1]:
-      raise ValueError(f"max_input_len/max_decode_len must be <= {training.BUCKETS[-1]} "
-                       "(the largest training bucket)")
     for name in ("target_checkpoint", "draft_checkpoint", "vocab_path", "source"):
       value = getattr(self, name)
       if not value:
@@ -310,6 +296,8 @@ class DistillJob:
         raise FileNotFoundError(f"{name}: {value!r} does not exist")
     for name in ("output_dir", "workdir"):
       path = getattr(self, name)
+      if not path:
+        raise ValueError(f"{name} is not set")
       if not self.resume and os.path.isdir(path) and os.listdir(path):
         raise FileExistsError(f"{name} {path!r} exists and is not empty; pass --resume to "
                               "continue that run, or choose another directory")
@@ -373,12 +361,13 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
                                 with_refs=True)
   os.makedirs(job.workdir, exist_ok=True)
   log_fn(f"{len(inputs)} training inputs from {job.source}")
+  buckets = training.buckets_upto(max(job.max_input_len, job.max_decode_len))
 
   outputs = generate_target_outputs(
       target, target_params, inputs, os.path.join(job.workdir, "target_outputs.jsonl"),
       modes=job.modes, max_decode_len=job.max_decode_len,
       batch_size=job.generate_batch_size, temperature=job.sample_temperature, seed=job.seed,
-      log_fn=log_fn)
+      buckets=buckets, log_fn=log_fn)
   pairs = [(inputs[i], toks) for (i, _), toks in sorted(outputs.items()) if toks]
 
   summary: dict[str, Any] = {"training_inputs": len(inputs), "training_pairs": len(pairs)}
@@ -390,10 +379,10 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
         target, target_params, [x for x, _ in eval_pairs],
         os.path.join(job.workdir, "eval_target_outputs.jsonl"), modes=("greedy",),
         max_decode_len=job.max_decode_len, batch_size=job.generate_batch_size,
-        log_fn=log_fn)
+        buckets=buckets, log_fn=log_fn)
     eval_batches = training.fixed_batches(
         [(eval_pairs[i][0], toks) for (i, _), toks in sorted(eval_out.items()) if toks],
-        job.batch_tokens)
+        job.batch_tokens, buckets)
     evaluate = lambda p: agreement(target, target_params, draft, p, eval_batches)
     summary["before"] = evaluate(draft_params)
     log_fn(f"before distillation: {json.dumps(summary['before'])}")
@@ -402,10 +391,10 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   opt_cfg = training.OptimizerConfig(job.optimizer, job.learning_rate, job.steps)
   result = training.fit(
       distill_loss(draft, target, target_params, cfg), draft_params,
-      lambda start: distill_stream(pairs, job.batch_tokens, job.seed, start,
-                                   cfg.on_policy_fraction > 0),
+      lambda start: training.batch_stream(pairs, job.batch_tokens, job.seed, start, buckets),
       opt_cfg, os.path.join(job.workdir, "train"), evaluate=evaluate,
-      eval_every=job.eval_every, max_minutes=job.max_minutes, name="distill", log_fn=log_fn)
+      eval_every=job.eval_every, max_minutes=job.max_minutes, name="distill", log_fn=log_fn,
+      seed=job.seed)
   checkpoints.save_checkpoint(job.output_dir, result.params, draft.config, dtype="bfloat16",
                               overwrite=True)
   summary.update(steps=result.steps, wall_s=result.wall_s, log=result.log,

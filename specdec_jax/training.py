@@ -36,6 +36,12 @@ Batch = dict[str, np.ndarray]
 BUCKETS = (24, 32, 48, 64, 96, 128)
 
 
+def buckets_upto(max_len: int) -> tuple[int, ...]:
+  """Buckets for sequences of up to max_len tokens (the defaults, extended)."""
+  ladder = BUCKETS + (192, 256, 384, 512, 768, 1024, 1536, 2048)
+  return tuple(b for b in ladder if b < max_len) + (max_len,)
+
+
 # ---------------------------------------------------------------- batching
 
 
@@ -98,18 +104,22 @@ def fixed_batches(pairs: Sequence[Pair], batch_tokens: int,
 # ---------------------------------------------------------------- losses
 
 
-def token_ce_sums(model: T5Model, params, inputs, targets) -> tuple[jax.Array, jax.Array]:
+def token_ce_sums(model: T5Model, params, inputs, targets,
+                  dropout_rng: Optional[jax.Array] = None) -> tuple[jax.Array, jax.Array]:
   """Summed teacher-forced token cross-entropy over non-pad targets, and the count."""
-  logits = model(params, inputs, shift_right(targets, model.config.decoder_start_id))
+  logits = model(params, inputs, shift_right(targets, model.config.decoder_start_id),
+                 dropout_rng)
   mask = (targets != model.config.pad_id).astype(jnp.float32)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
   return jnp.sum(ce * mask), jnp.sum(mask)
 
 
 def ce_loss(model: T5Model) -> Callable:
-  """loss_fn for plain training: mean token cross-entropy on the batch's targets."""
+  """loss_fn for plain training: mean token cross-entropy on the batch's targets,
+  with dropout at ``model.config.dropout_rate`` (keyed by ``fit``'s step key)."""
   def loss_fn(params, batch):
-    total, n = token_ce_sums(model, params, batch["inputs"], batch["targets"])
+    rng = batch["step_key"] if model.config.dropout_rate > 0 else None
+    total, n = token_ce_sums(model, params, batch["inputs"], batch["targets"], rng)
     loss = total / jnp.maximum(n, 1.0)
     return loss, {"ce": loss}
   return loss_fn
@@ -182,12 +192,15 @@ def _read_log(path: str, upto_step: int) -> list[dict]:
 def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Batch]],
         opt_cfg: OptimizerConfig, run_dir: str, *,
         evaluate: Optional[Callable[[Any], dict]] = None, eval_every: int = 250,
+        seed: int = 0,
         ckpt_minutes: float = 3.0, max_minutes: Optional[float] = None,
         name: str = "model", log_fn: Callable[[str], None] = print) -> FitResult:
   """Train ``params`` to ``opt_cfg.total_steps`` steps of ``loss_fn``.
 
   loss_fn(params, batch) -> (scalar loss, dict of scalar metrics); it is jitted
-  with the optimizer update (params and optimizer state donated).
+  with the optimizer update (params and optimizer state donated). ``fit`` adds
+  ``batch['step_key']``, a PRNG key from ``seed`` and the step number (dropout,
+  on-policy sampling), so a resumed run draws the same randomness.
   make_stream(start_step) yields batches from that step on (deterministic, so a
   resumed run sees the same data). A restart resumes from the newest orbax
   checkpoint under ``run_dir/ckpt``; ``max_minutes`` stops early (and saves).
@@ -230,7 +243,8 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
     mngr.wait_until_finished()
 
   while step < opt_cfg.total_steps:
-    params, opt_state, loss, aux = train_step(params, opt_state, next(stream))
+    batch = dict(next(stream), step_key=jax.random.fold_in(jax.random.PRNGKey(seed), step))
+    params, opt_state, loss, aux = train_step(params, opt_state, batch)
     step += 1
     for k, v in {"train_loss": loss, **aux}.items():
       window.setdefault(k, []).append(float(v))
@@ -258,7 +272,7 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
 
 def mean_ce(model: T5Model, batches: Sequence[Batch]) -> Callable[[Any], float]:
   """evaluate-style closure: token-weighted mean cross-entropy over fixed batches."""
-  sums = jax.jit(functools.partial(token_ce_sums, model))
+  sums = jax.jit(functools.partial(token_ce_sums, model))  # no dropout rng: deterministic
 
   def evaluate(params) -> float:
     total, count = 0.0, 0.0

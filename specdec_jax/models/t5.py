@@ -69,6 +69,9 @@ class T5Config:
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
   layer_norm_epsilon: float = 1e-6
+  # Training only: applied when a 'dropout' rng is passed (T5Model.__call__);
+  # decoding never passes one, so it never drops.
+  dropout_rate: float = 0.0
   dtype: str = "float32"  # activation dtype; params/norms/softmax/logits stay f32
   pad_id: int = 0
   eos_id: int = 1
@@ -250,6 +253,17 @@ class MLP(nn.Module):
     return _dense(self.d_model, self.dtype, "wo", self.d_ff)(h)
 
 
+class Dropout(nn.Module):
+  """Dropout that is active only when the caller passed a 'dropout' rng, so the
+  inference paths (encode / init_cache / decode) need no flag."""
+
+  rate: float
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    return nn.Dropout(self.rate)(x, deterministic=not self.has_rng("dropout"))
+
+
 class EncoderLayer(nn.Module):
   config: T5Config
 
@@ -260,10 +274,11 @@ class EncoderLayer(nn.Module):
     self.attention = Attention(c.num_heads, c.head_dim, c.d_model, dt)
     self.pre_mlp_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
     self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt)
+    self.dropout = Dropout(c.dropout_rate)
 
   def __call__(self, x: Array, mask: Array, bias: Array) -> Array:
-    x = x + self.attention(self.pre_attention_layer_norm(x), mask, bias)
-    return x + self.mlp(self.pre_mlp_layer_norm(x))
+    x = x + self.dropout(self.attention(self.pre_attention_layer_norm(x), mask, bias))
+    return x + self.dropout(self.mlp(self.pre_mlp_layer_norm(x)))
 
 
 class Encoder(nn.Module):
@@ -318,6 +333,7 @@ class DecoderLayer(nn.Module):
     self.encoder_decoder_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt)
     self.pre_mlp_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
     self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt)
+    self.dropout = Dropout(c.dropout_rate)
 
   def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
     return self.encoder_decoder_attention.project_kv(encoded)
@@ -337,11 +353,12 @@ class DecoderLayer(nn.Module):
       k_cache = _write(k_cache, k, positions)
       v_cache = _write(v_cache, v, positions)
       k, v = k_cache, v_cache
-    x = x + self.self_attention.attend(q, k, v, self_mask, bias)
+    x = x + self.dropout(self.self_attention.attend(q, k, v, self_mask, bias))
     h = self.pre_cross_attention_layer_norm(x)
     q = self.encoder_decoder_attention.project_q(h)
-    x = x + self.encoder_decoder_attention.attend(q, cross_k, cross_v, cross_mask, None)
-    x = x + self.mlp(self.pre_mlp_layer_norm(x))
+    x = x + self.dropout(self.encoder_decoder_attention.attend(q, cross_k, cross_v, cross_mask,
+                                                               None))
+    x = x + self.dropout(self.mlp(self.pre_mlp_layer_norm(x)))
     return x, k_cache, v_cache
 
 
@@ -484,9 +501,12 @@ class T5Model:
     return self.module.apply({"params": params}, tokens, positions, cache,
                              method=T5.decode)
 
-  def __call__(self, params: dict, inputs: Array, decoder_inputs: Array) -> Array:
-    """Teacher-forced logits [B, T, V]."""
-    return self.module.apply({"params": params}, inputs, decoder_inputs)
+  def __call__(self, params: dict, inputs: Array, decoder_inputs: Array,
+               dropout_rng: Optional[Array] = None) -> Array:
+    """Teacher-forced logits [B, T, V]; with ``dropout_rng``, dropout at
+    ``config.dropout_rate`` (training)."""
+    rngs = {"dropout": dropout_rng} if dropout_rng is not None else {}
+    return self.module.apply({"params": params}, inputs, decoder_inputs, rngs=rngs)
 
 
 def shift_right(targets: Array, start_id: int = 0) -> Array:

@@ -1,0 +1,164 @@
+"""Draft distillation (specdec_jax.distill): divergences, target outputs on disk
+and resume, and that distilling measurably raises α over the undistilled draft."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import distill, training
+from specdec_jax.decoding import temperature_sample
+from specdec_jax.models.t5 import T5Model
+
+from conftest import TINY
+
+
+def test_divergences_match_definitions():
+  rng = np.random.default_rng(0)
+  a, b = rng.normal(size=(3, 11)), rng.normal(size=(3, 11))
+  p, q = jax.nn.softmax(a), jax.nn.softmax(b)
+  np.testing.assert_allclose(distill.token_divergence(a, b, "tv"),
+                             0.5 * np.abs(p - q).sum(-1), rtol=1e-5)
+  np.testing.assert_allclose(distill.token_divergence(a, b, "fkl"),
+                             (p * (np.log(p) - np.log(q))).sum(-1), rtol=1e-5)
+  np.testing.assert_allclose(distill.token_divergence(a, b, "rkl"),
+                             (q * (np.log(q) - np.log(p))).sum(-1), rtol=1e-5)
+  # TV = 1 - Σ min(p, q): the per-token rejection probability (paper Lemma 3.3).
+  np.testing.assert_allclose(distill.token_divergence(a, b, "tv"),
+                             1 - np.minimum(p, q).sum(-1), rtol=1e-5)
+  assert float(jnp.max(distill.token_divergence(a, a, "fkl"))) < 1e-6
+
+
+def test_bad_config_is_refused():
+  with pytest.raises(ValueError, match="divergence must be one of"):
+    distill.DistillConfig(divergence="js")
+  with pytest.raises(ValueError, match="on_policy_fraction"):
+    distill.DistillConfig(on_policy_fraction=1.5)
+
+
+def _random_inputs(n: int, seed: int, vocab: int = TINY.vocab_size) -> list[list[int]]:
+  rng = np.random.default_rng(seed)
+  return [rng.integers(3, vocab, size=int(rng.integers(3, 10))).tolist() + [1]
+          for _ in range(n)]
+
+
+def test_target_outputs_equal_baseline_and_resume(tiny_target, tmp_path):
+  model, params = tiny_target
+  inputs = _random_inputs(10, 1)
+  path = str(tmp_path / "out.jsonl")
+  got = distill.generate_target_outputs(model, params, inputs, path, max_decode_len=12,
+                                        batch_size=4, buckets=(12,), log_fn=lambda m: None)
+  # Each row equals the baseline's greedy decoding of that input alone.
+  for i in (0, 7):
+    x = np.zeros((1, 12), np.int32)
+    x[0, :len(inputs[i])] = inputs[i]
+    out = temperature_sample(model, params, jnp.asarray(x), jax.random.PRNGKey(0),
+                             max_decode_len=12)
+    assert got[(i, "greedy")] == np.asarray(out.tokens)[0, :int(out.length[0])].tolist()
+  # Resume: a torn final line is redone, nothing else is regenerated.
+  with open(path) as f:
+    lines = f.readlines()
+  with open(path, "w") as f:
+    f.writelines(lines[:-1] + [lines[-1][:5]])
+  msgs = []
+  again = distill.generate_target_outputs(model, params, inputs, path, max_decode_len=12,
+                                          batch_size=4, buckets=(12,), log_fn=msgs.append)
+  assert again == got
+  assert "1 chunks to generate" in msgs[0]
+  # A corrupt middle line names the file and line.
+  with open(path) as f:
+    lines = f.readlines()
+  lines[2] = "{not json\n"
+  with open(path, "w") as f:
+    f.writelines(lines)
+  with pytest.raises(ValueError, match=r"out\.jsonl:3: corrupt"):
+    distill.read_outputs(path)
+
+
+def test_distillation_raises_alpha(tiny_target, tmp_path):
+  """A random draft distilled (sequence-level CE + forward KL) toward a random
+  target agrees with it far more on held-out inputs. Before: ~chance (greedy
+  agreement 0.02 of two random models, vocab 64). The margins, +0.12 in greedy
+  agreement and +0.1 in Σmin(p,q) over ~280 held-out positions, are over four
+  binomial standard errors (≤ 0.025), so they cannot pass by chance (measured:
+  +0.19 and +0.17); seeds are fixed."""
+  target, target_params = tiny_target
+  draft = T5Model(TINY.replace(num_encoder_layers=1, num_decoder_layers=1, d_model=16,
+                               num_heads=2, d_ff=32))
+  draft_params = draft.init(jax.random.PRNGKey(3))
+  buckets = (12,)
+  train_in, held_in = _random_inputs(128, 2), _random_inputs(48, 3)
+  outs = distill.generate_target_outputs(target, target_params, train_in + held_in,
+                                         str(tmp_path / "t.jsonl"), max_decode_len=12,
+                                         batch_size=64, buckets=buckets, log_fn=lambda m: None)
+  pairs = [(x, outs[(i, "greedy")]) for i, x in enumerate(train_in)]
+  held = training.fixed_batches(
+      [(x, outs[(128 + i, "greedy")]) for i, x in enumerate(held_in)], 12 * 48, buckets)
+  before = distill.agreement(target, target_params, draft, draft_params, held)
+  cfg = distill.DistillConfig("fkl", ce_weight=1.0)
+  result = training.fit(
+      distill.distill_loss(draft, target, target_params, cfg), draft_params,
+      lambda s: training.batch_stream(pairs, 12 * 32, 0, s, buckets),
+      training.OptimizerConfig("adamw", 1e-2, 150, warmup_steps=10), str(tmp_path / "fit"),
+      eval_every=50, log_fn=lambda m: None)
+  after = distill.agreement(target, target_params, draft, result.params, held)
+  assert after["greedy_agreement"] > before["greedy_agreement"] + 0.12, (before, after)
+  assert after["t1_acceptance"] > before["t1_acceptance"] + 0.1, (before, after)
+  assert result.log[-1]["fkl"] < result.log[0]["fkl"]
+
+
+def test_fit_resumes_where_it_stopped(tiny_draft, tmp_path):
+  """A run stopped after 1 step and resumed to 6 ends with the same params as one run of 6."""
+  model, params = tiny_draft
+  pairs = [(x, x[::-1]) for x in _random_inputs(32, 4)]
+  stream = lambda s: training.batch_stream(pairs, 64, 0, s, (12,))
+  opt = training.OptimizerConfig("adafactor", 1e-2, 6)
+  loss = training.ce_loss(model)
+  one = training.fit(loss, params, stream, opt, str(tmp_path / "a"), eval_every=3,
+                     log_fn=lambda m: None)
+  training.fit(loss, params, stream, opt, str(tmp_path / "b"), eval_every=3,
+               max_minutes=0.0, log_fn=lambda m: None)  # stops after its first step
+  two = training.fit(loss, params, stream, opt, str(tmp_path / "b"), eval_every=3,
+                     log_fn=lambda m: None)
+  assert two.steps == one.steps == 6
+  for a, b in zip(jax.tree_util.tree_leaves(one.params), jax.tree_util.tree_leaves(two.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_job_refuses_bad_input_before_work(tmp_path):
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  base = dict(target_checkpoint=os.path.join(repo, "checkpoints/demo/target"),
+              draft_checkpoint=os.path.join(repo, "checkpoints/demo/draft_small"),
+              vocab_path=os.path.join(repo, "checkpoints/demo/spm.model"),
+              source=os.path.join(repo, "data/bible/train.tsv"),
+              output_dir=str(tmp_path / "out"), workdir=str(tmp_path / "wd"))
+  with pytest.raises(FileNotFoundError, match="target_checkpoint: 'nope' does not exist"):
+    distill.DistillJob(**dict(base, target_checkpoint="nope")).validate()
+  (tmp_path / "out").mkdir()
+  (tmp_path / "out" / "keep.txt").write_text("x")
+  with pytest.raises(FileExistsError, match="--resume"):
+    distill.DistillJob(**base).validate()
+  assert (tmp_path / "out" / "keep.txt").read_text() == "x"
+
+
+def test_smoke_job_runs_every_stage(tmp_path):
+  """scripts/distill_draft.py --smoke: target outputs, training, export, agreement
+  before/after, on random micro models and the demo vocabulary."""
+  import importlib.util
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  spec = importlib.util.spec_from_file_location(
+      "distill_draft", os.path.join(repo, "scripts", "distill_draft.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  summary = mod._smoke(str(tmp_path))
+  assert summary["steps"] == 4 and summary["training_inputs"] == 48
+  assert set(summary["before"]) == {"greedy_agreement", "t1_acceptance"}
+  from specdec_jax.checkpoints import load_checkpoint
+  params, config = load_checkpoint(str(tmp_path / "distilled"))
+  assert config.d_model == 16
+  with open(tmp_path / "run" / "target_outputs.jsonl") as f:
+    assert sum(1 for _ in f) == 48
