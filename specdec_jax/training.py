@@ -209,6 +209,8 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
   run_dir = os.path.abspath(run_dir)
   os.makedirs(run_dir, exist_ok=True)
   opt = make_optimizer(opt_cfg)
+  # The step donates its params: train on a copy, never on the caller's arrays.
+  params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params)
   opt_state = opt.init(params)
   mngr = ocp.CheckpointManager(os.path.join(run_dir, "ckpt"),
                                options=ocp.CheckpointManagerOptions(max_to_keep=2))
