@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -190,3 +191,120 @@ def test_paper_configs_parse_with_the_papers_gamma():
     exp = run.parse_config([str(f)], [])
     assert exp.alpha_only_tokens == 10_000
   gin.clear_config()
+
+
+# ------------------------------------------------------- issue 9: integrity
+
+
+def _snapshot(w: Path) -> dict[str, bytes]:
+  """Every file under a workdir, for 'nothing was changed' assertions."""
+  return {str(p.relative_to(w)): p.read_bytes() for p in sorted(w.rglob("*")) if p.is_file()}
+
+
+def _cli(capsys, *args) -> tuple[int, str, str]:
+  """Runs the runner in-process (jit caches are shared across calls)."""
+  capsys.readouterr()
+  rc = run.run_args(list(args))
+  out = capsys.readouterr()
+  return rc, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def spec_run(env):
+  """One finished speculative run (2 examples; example ex1's input is truncated)."""
+  rows = (env / "data.tsv").read_text().splitlines()
+  long = " ".join(WORDS * 3)
+  rows[2] = f"ex1\t{long}\t{long}"  # index 1: the first measured example
+  (env / "data_long.tsv").write_text("\n".join(rows) + "\n")
+  cfg = env / "spec.gin"
+  cfg.write_text((env / "exp.gin").read_text().replace(str(env / "data.tsv"),
+                                                       str(env / "data_long.tsv"))
+                 + "Experiment.num_examples = 2\n")
+  w = env / "w_spec"
+  assert run.run_args([f"--config={cfg}", f"--workdir={w}"]) == 0
+  return cfg, w
+
+
+def test_truncated_inputs_are_logged_and_marked(spec_run, env):
+  cfg, w = spec_run
+  recs = _lines(w / "examples.jsonl")
+  assert [r["input_truncated"] for r in recs] == [True, False]
+  assert all(r["mode"] == "speculative" for r in recs)
+  exp = run.parse_config([str(cfg)], ["Experiment.on_too_long = 'error'"])
+  with pytest.raises(ValueError, match=r"example id='ex1' has \d+ tokens .*max_len=24"):
+    run.prepare(exp)
+
+
+def test_workdir_mode_is_recorded_and_the_other_mode_refused(spec_run, env, capsys, tmp_path):
+  cfg, w = spec_run
+  before = _snapshot(w)
+  rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume", "--alpha_only")
+  assert rc == 2 and "holds a speculative run" in err and "this run is alpha_only" in err
+  assert _snapshot(w) == before
+  # The reverse: an alpha-only workdir (a line written before modes were recorded).
+  wa = tmp_path / "alpha"
+  wa.mkdir()
+  (wa / "examples.jsonl").write_text('{"index": 1, "id": "ex1", "tokens": 5, '
+                                     '"min_pq_sum": 2.0, "alpha_min_pq": 0.4}\n')
+  before = _snapshot(wa)
+  rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={wa}", "--resume")
+  assert rc == 2 and "holds a alpha_only run" in err and "this run is speculative" in err
+  assert _snapshot(wa) == before
+
+
+def test_failed_run_leaves_no_files_and_a_stale_config_is_replaced(spec_run, env, capsys,
+                                                                   tmp_path, monkeypatch):
+  cfg, _ = spec_run
+  # Dies after loading, during warm-up (Ctrl-C): no directory, no config.gin.
+  w = tmp_path / "died"
+
+  def interrupt(*a, **k):
+    raise KeyboardInterrupt
+  with monkeypatch.context() as m:
+    m.setattr(run, "block", interrupt)
+    rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}")
+  assert rc == 130 and "interrupted" in err and not w.exists()
+  # A workdir holding only a stale config.gin (old runner) is reused, and its
+  # config.gin replaced by the one describing the results.
+  w.mkdir()
+  (w / "config.gin").write_text("Experiment.gamma = 2\n")
+  rc, out, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume")
+  assert rc == 0, err
+  assert "Experiment.gamma = 3" in (w / "config.gin").read_text()
+  assert len(_lines(w / "examples.jsonl")) == 2
+
+
+@pytest.mark.parametrize("binding,message", [
+    ("Experiment.gamma = 2.5", r"Experiment.gamma must be int, got 2.5 \(float\)"),
+    ("Experiment.gamma = '3'", r"Experiment.gamma must be int, got '3' \(str\)"),
+    ("Experiment.dtype = 'float8'", r"Experiment.dtype must be one of .*got 'float8'"),
+    ("Experiment.max_decode_len = 1000000000",
+     r"Experiment.max_decode_len=1000000000 .* needs about \d+\.\d GiB .*target KV cache"),
+])
+def test_types_and_sizes_fail_before_loading(env, monkeypatch, binding, message):
+  def no_load(*a, **k):
+    raise AssertionError("weights were read")
+  monkeypatch.setattr(run, "_load_model", no_load)
+  exp = run.parse_config([str(env / "exp.gin")], [binding])
+  t0 = time.perf_counter()
+  with pytest.raises(ValueError, match=message):
+    run.prepare(exp)
+  assert time.perf_counter() - t0 < 5
+
+
+def test_data_errors_name_file_and_line(spec_run, env, capsys, tmp_path):
+  bad = tmp_path / "latin1.tsv"
+  bad.write_bytes("id\tinput\treference\na\tthou\tyou\nb\tcaf\xe9\tx\n".encode("latin-1"))
+  with pytest.raises(ValueError, match=r"latin1.tsv:3: not valid UTF-8 \(byte 0xe9"):
+    run.load_data(run.parse_config([str(env / "exp.gin")],
+                                   [f"Experiment.source = '{bad}'"]))
+  # A corrupt middle line of examples.jsonl: refused on resume, nothing changed.
+  cfg, w0 = spec_run
+  w = tmp_path / "w"
+  shutil.copytree(w0, w)
+  lines = (w / "examples.jsonl").read_text().splitlines()
+  (w / "examples.jsonl").write_text(lines[0][:40] + "\n" + lines[1] + "\n")
+  before = _snapshot(w)
+  rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume")
+  assert rc == 2 and "examples.jsonl:1: corrupt line" in err
+  assert _snapshot(w) == before
