@@ -308,3 +308,99 @@ def test_data_errors_name_file_and_line(spec_run, env, capsys, tmp_path):
   rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume")
   assert rc == 2 and "examples.jsonl:1: corrupt line" in err
   assert _snapshot(w) == before
+
+
+# ------------------------------------------------ issue 9: drafts from outside
+
+
+@pytest.fixture
+def registry():
+  """Removes whatever a test registers."""
+  from specdec_jax import drafts
+  before = dict(drafts.REGISTRY)
+  yield drafts
+  drafts.REGISTRY.clear()
+  drafts.REGISTRY.update(before)
+  sys.modules.pop("my_draft", None)
+
+
+def test_example_draft_runs_from_outside_the_repo(env, capsys, tmp_path, monkeypatch,
+                                                  registry):
+  """examples/my_draft.py, copied to a directory outside the repo, via --import."""
+  shutil.copy(REPO / "examples" / "my_draft.py", tmp_path / "my_draft.py")
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, "path", list(sys.path))
+  rc, out, err = _cli(capsys, f"--config={env / 'exp.gin'}", "--import=my_draft",
+                      "--workdir=w", "--gin_bindings=Experiment.draft_name = 'repeat_last'",
+                      "--gin_bindings=Experiment.draft_checkpoint = ''",
+                      "--gin_bindings=Experiment.num_examples = 2")
+  assert rc == 0, err
+  assert "| toy | repeat_last | 0 | 3 |" in out
+  s = json.loads((tmp_path / "w" / "summary.json").read_text())
+  assert s["mismatches_vs_baseline"] == 0 and s["num_examples"] == 2
+  # The other documented way: gin's own `import` line in the user's config.
+  registry.REGISTRY.pop("repeat_last")
+  sys.modules.pop("my_draft")
+  (tmp_path / "mine.gin").write_text("import my_draft\nExperiment.draft_name = 'repeat_last'\n")
+  assert run.parse_config([str(tmp_path / "mine.gin")], []).draft_name == "repeat_last"
+  assert "repeat_last" in registry.REGISTRY
+
+
+def test_bad_drafts_fail_clearly_before_compilation(env, registry):
+  import jax.numpy as jnp
+  from flax import struct
+
+  @registry.register("short_q")
+  @struct.dataclass
+  class ShortQ:  # registered as a class; q misses the last token of the vocabulary
+    vocab_size: int = struct.field(pytree_node=False)
+
+    def init(self, inputs, cache_len):
+      return ()
+
+    def propose(self, state, seq, length, gamma, sampling, key):
+      b = seq.shape[0]
+      return (jnp.zeros((b, gamma), jnp.int32),
+              jnp.full((b, gamma, self.vocab_size - 1), 1.0 / (self.vocab_size - 1)), state)
+
+    def commit(self, state, seq, length):
+      return state
+
+  @registry.register("not_a_distribution")
+  def build_doubled(vocab_size):  # registered as a builder function
+    return _Doubled(vocab_size)
+
+  base = ["Experiment.draft_checkpoint = ''"]
+  exp = run.parse_config([str(env / "exp.gin")], base + ["Experiment.draft_name = 'short_q'"])
+  with pytest.raises(ValueError, match=r"approximation model 'short_q' \(.*ShortQ\)\.propose "
+                     r"returned tokens \(1, 3\) int32 and q \(1, 3, 63\).*expected.*\(1, 3, 64\)"):
+    run.prepare(exp)
+  exp = run.parse_config([str(env / "exp.gin")],
+                         base + ["Experiment.draft_name = 'not_a_distribution'"])
+  with pytest.raises(ValueError, match=r"'not_a_distribution' .*\.propose returned a q "
+                     r"\(1, 3, 64\) that is not a distribution.*sums in \[2"):
+    run.prepare(exp)
+  # A draft that takes no checkpoint, given one: refused before any loading.
+  exp = run.parse_config([str(env / "exp.gin")], ["Experiment.draft_name = 'prompt_lookup'"])
+  with pytest.raises(ValueError, match=r"draft_checkpoint=.* is set but approximation model "
+                     r"'prompt_lookup' takes no checkpoint"):
+    exp.validate()
+
+
+class _Doubled:
+  """A plain-class draft whose q sums to 2."""
+
+  def __init__(self, vocab_size):
+    self.vocab_size = vocab_size
+
+  def init(self, inputs, cache_len):
+    return ()
+
+  def propose(self, state, seq, length, gamma, sampling, key):
+    import jax.numpy as jnp
+    b = seq.shape[0]
+    return (jnp.zeros((b, gamma), jnp.int32),
+            jnp.full((b, gamma, self.vocab_size), 2.0 / self.vocab_size), state)
+
+  def commit(self, state, seq, length):
+    return state
