@@ -132,6 +132,7 @@ def test_alpha_only(env):
   w = env / "w_alpha"
   res = _run(env, f"--workdir={w}", "--alpha_only", "--gin_bindings=Experiment.draft_name = "
              "'bigram'", f"--gin_bindings=Experiment.ngram_corpus = '{env / 'data.tsv'}'",
+             "--gin_bindings=Experiment.draft_checkpoint = ''",
              "--gin_bindings=Experiment.alpha_only_tokens = 40")
   s = json.loads((w / "summary.json").read_text())
   assert s["mode"] == "alpha_only" and s["num_tokens"] >= 40 and 0 <= s["alpha_min_pq"] <= 1
@@ -404,3 +405,115 @@ class _Doubled:
 
   def commit(self, state, seq, length):
     return state
+
+
+# ------------------------------------- issue 9: errors, packaging, workflow
+
+
+def test_corrupt_checkpoint_ends_in_one_clear_line_from_outside_the_repo(env, tmp_path):
+  """A subprocess run from a directory outside the repo (python -m works anywhere)."""
+  ckpt = tmp_path / "target"
+  shutil.copytree(env / "target", ckpt)
+  data_file = max((p for p in ckpt.rglob("*") if p.is_file() and "ocdbt.process" in str(p)),
+                  key=lambda p: p.stat().st_size)
+  raw = bytearray(data_file.read_bytes())
+  raw[: len(raw) // 2] = bytes(len(raw) // 2)
+  data_file.write_bytes(bytes(raw))
+  cmd = [sys.executable, "-m", "specdec_jax.run", f"--config={env / 'exp.gin'}",
+         f"--gin_bindings=Experiment.target_checkpoint = '{ckpt}'", "--workdir=w"]
+  e = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  res = subprocess.run(cmd, cwd=tmp_path, env=e, capture_output=True, text=True, timeout=300)
+  last = res.stderr.strip().splitlines()[-1]
+  assert res.returncode == 2, res.stderr[-3000:]
+  assert last.startswith("error: ") and str(ckpt / "params") in last, res.stderr[-3000:]
+  assert "corrupt or unreadable checkpoint data" in last
+  assert "Traceback" not in res.stderr
+  assert not (tmp_path / "w").exists()
+
+
+def test_pyproject_lists_the_package_and_runtime_deps():
+  import tomllib
+  meta = tomllib.loads((REPO / "pyproject.toml").read_text())
+  req = [l.strip() for l in (REPO / "requirements.txt").read_text().splitlines()
+         if l.strip() and not l.startswith("#") and not l.startswith("pytest")]
+  assert meta["project"]["name"] == "specdec_jax"
+  assert sorted(meta["project"]["dependencies"]) == sorted(req)
+  assert meta["build-system"]["build-backend"] == "setuptools.build_meta"
+
+
+def test_relative_paths_resolve_next_to_the_config(env, tmp_path, monkeypatch):
+  d = tmp_path / "cfgdir"
+  d.mkdir()
+  shutil.copy(env / "data.tsv", d / "mydata.tsv")
+  (d / "rel.gin").write_text(f"include '{env / 'exp.gin'}'\n"
+                             "Experiment.source = 'mydata.tsv'\n")
+  monkeypatch.chdir(tmp_path)  # neither the config's directory nor the repo
+  exp = run.parse_config([str(d / "rel.gin")], [])
+  exp.validate()
+  assert Path(run._resolve(exp.source)) == d / "mydata.tsv"
+
+
+def test_resume_prints_a_finished_run_and_extends_a_raised_num_examples(
+    spec_run, capsys, tmp_path, monkeypatch):
+  cfg, w0 = spec_run
+  w = tmp_path / "w"
+  shutil.copytree(w0, w)
+  before = _snapshot(w)
+
+  def no_models(*a, **k):
+    raise AssertionError("models were loaded")
+  with monkeypatch.context() as m:
+    m.setattr(run, "load_models", no_models)
+    rc, out, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume")
+  assert rc == 0, err
+  assert "| TASK | M_q |" in out and "| toy | draft | 0 | 3 |" in out
+  assert _snapshot(w) == before
+  # Lowering num_examples is refused; raising it extends the run.
+  rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume",
+                    "--gin_bindings=Experiment.num_examples = 1")
+  assert rc == 2 and "can only be raised on resume" in err and _snapshot(w) == before
+  rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume",
+                    "--gin_bindings=Experiment.gamma = 2")
+  assert rc == 2 and "+ Experiment.gamma = 2" in err and _snapshot(w) == before
+  rc, out, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume",
+                      "--gin_bindings=Experiment.num_examples = 3")
+  assert rc == 0, err
+  assert (w / "examples.jsonl").read_bytes().startswith(before["examples.jsonl"])
+  assert [r["index"] for r in _lines(w / "examples.jsonl")] == [1, 2, 3]
+  assert "Experiment.num_examples = 3" in (w / "config.gin").read_text()
+
+
+def test_alpha_only_skips_warmup_and_says_when_examples_ran_out(env, capsys, tmp_path):
+  w = tmp_path / "a"
+  rc, out, err = _cli(capsys, f"--config={env / 'exp.gin'}", f"--workdir={w}", "--alpha_only",
+                      "--gin_bindings=Experiment.num_examples = 2",
+                      "--gin_bindings=Experiment.alpha_only_tokens = 1000000")
+  assert rc == 0, err
+  assert [r["index"] for r in _lines(w / "examples.jsonl")] == [1, 2]  # index 0 is warm-up
+  assert "examples ran out after 2 examples" in out and "alpha_only_tokens=1000000" in out
+  s = json.loads((w / "summary.json").read_text())
+  assert s["budget_reached"] is False and s["num_examples"] == 2
+
+
+def test_table2_config_lists_every_missing_macro():
+  exp = run.parse_config([str(REPO / "configs/table2/ende_small_t0.gin")],
+                         ["VOCAB_PATH = ''"])
+  with pytest.raises(ValueError) as e:
+    exp.validate()
+  msg = str(e.value)
+  for macro, field in (("TARGET_CHECKPOINT", "target_checkpoint"),
+                       ("DRAFT_SMALL_CHECKPOINT", "draft_checkpoint"),
+                       ("VOCAB_PATH", "vocab_path")):
+    assert f"{macro} (Experiment.{field} is not set" in msg
+  gin.clear_config()
+
+
+def test_help_lists_settings_and_library_info_is_quiet():
+  import logging as std_logging
+  assert "Experiment settings" in run.__doc__ and "  gamma: int = 5" in run.__doc__
+  assert "  dtype: str = 'float32'" in run.__doc__
+  f = run._LibraryFilter()
+  rec = lambda path, level: std_logging.LogRecord("absl", level, path, 1, "m", (), None)
+  assert not f.filter(rec("/site-packages/orbax/checkpoint/x.py", std_logging.INFO))
+  assert f.filter(rec("/site-packages/orbax/checkpoint/x.py", std_logging.WARNING))
+  assert f.filter(rec(str(REPO / "specdec_jax" / "run.py"), std_logging.INFO))
