@@ -891,8 +891,6 @@ def cli(argv: Sequence[str]) -> int:
     print("interrupted (the workdir holds only complete results)", file=sys.stderr)
     return 130
   except USER_ERRORS as e:
-    if isinstance(e, app.UsageError):
-      raise
     if FLAGS.verbose:
       traceback.print_exc()
     else:
