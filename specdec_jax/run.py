@@ -837,6 +837,7 @@ def main(argv: Sequence[str]) -> None:
   config_str = gin.config_str()
   exp.validate()
   alpha_only = FLAGS.alpha_only
+  check_memory(exp, alpha_only)  # before any data or weights are read
   mode = "alpha_only" if alpha_only else "speculative"
   stem = Path(FLAGS.config[-1]).stem if FLAGS.config else "default"
   workdir_path = FLAGS.workdir or str(Path("runs") / (stem + ("_alpha" if alpha_only else "")))
@@ -849,7 +850,6 @@ def main(argv: Sequence[str]) -> None:
     _print_result(summarize_alpha(exp, workdir.records, len(d.examples) - exp.num_warmup)
                   if alpha_only else summarize(exp, workdir.records))
     return
-  check_memory(exp, alpha_only)
   setup = load_models(exp, d)  # all loading and checking before the workdir is touched
   for i in sorted(d.truncated):
     logging.warning("Example id=%r (index %d) was truncated to max_input_len=%d tokens",
@@ -866,13 +866,16 @@ class _LibraryFilter:
     return record.levelno >= 30 or f"{os.sep}specdec_jax{os.sep}" in record.pathname
 
 
-def _quiet_libraries() -> None:
+def _quiet_libraries(quiet: bool) -> None:
+  """Adds (or, for --verbose, removes) the filter on absl's handler and library loggers."""
   import logging as std_logging
-  handler = logging.get_absl_handler()
-  if not any(isinstance(f, _LibraryFilter) for f in handler.filters):
-    handler.addFilter(_LibraryFilter())
-  for name in ("orbax", "jax", "absl"):
-    std_logging.getLogger(name).addFilter(_LibraryFilter())
+  targets = [logging.get_absl_handler()] + [std_logging.getLogger(n)
+                                            for n in ("orbax", "jax", "absl")]
+  for t in targets:
+    for f in [f for f in t.filters if isinstance(f, _LibraryFilter)]:
+      t.removeFilter(f)
+    if quiet:
+      t.addFilter(_LibraryFilter())
 
 
 def _message(e: BaseException) -> str:
@@ -882,8 +885,7 @@ def _message(e: BaseException) -> str:
 
 def cli(argv: Sequence[str]) -> int:
   """Runs ``main``; a user error ends in one line on stderr and exit status 2."""
-  if not FLAGS.verbose:
-    _quiet_libraries()
+  _quiet_libraries(not FLAGS.verbose)
   try:
     main(argv)
     return 0
