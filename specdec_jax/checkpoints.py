@@ -304,12 +304,26 @@ def _orbax_restore(directory: str, subtree: tuple[str, ...], param_dtype) -> dic
       lambda m: ocp.ArrayRestoreArgs(dtype=dtype, sharding=sharding), sub)
   for key in reversed(subtree):
     item, restore_args = {key: item}, {key: restore_args}
-  restored = ckptr.restore(
-      directory, args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
-                                             partial_restore=bool(subtree)))
+  try:
+    restored = ckptr.restore(
+        directory, args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
+                                               partial_restore=bool(subtree)))
+  except Exception as e:  # orbax/TensorStore wrap the cause in several layers
+    raise CheckpointError(f"{directory}: corrupt or unreadable checkpoint data: "
+                          f"{_root_cause(e)}") from e
   for key in subtree:
     restored = restored[key]
   return restored
+
+
+def _root_cause(e: BaseException) -> str:
+  """The first line of the innermost exception (which names the file, for TensorStore)."""
+  seen = set()
+  while (e.__cause__ or e.__context__) is not None and id(e) not in seen:
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  lines = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 
 def _orbax_metadata_tree(directory: str) -> dict:

@@ -79,11 +79,23 @@ def _make_example(
     return Example(id=ex_id, input=text, reference=reference or None)
 
 
+def read_text(path: str) -> str:
+    """The file as UTF-8 text; a bad byte is reported with its line and column."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
+                         f"{col}: {e.reason}); save the file as UTF-8") from None
+
+
 def _read_tsv(
     path: str, input_key: str, reference_key: str, id_key: str, max_examples: Optional[int]
 ) -> list[Example]:
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    lines = read_text(path).splitlines()
     if not lines or not lines[0].strip():
         raise ValueError(f"{path}: missing TSV header line (expected columns like "
                          f"'{id_key}\\t{input_key}\\t{reference_key}')")
@@ -110,8 +122,7 @@ def _read_tsv(
 
 def _json_records(path: str) -> Iterable[tuple[int, Any]]:
     """Yields (line_no, record) for JSON Lines, or a top-level JSON array."""
-    with open(path, encoding="utf-8") as f:
-        content = f.read()
+    content = read_text(path)
     if content.lstrip().startswith("["):
         try:
             records = json.loads(content)
@@ -381,12 +392,14 @@ def encode_batch(
     prefix: str = "",
     on_too_long: str = "truncate",
     append_eos: bool = True,
+    ids: Optional[Sequence[str]] = None,
 ) -> tuple[np.ndarray, list[int]]:
     """Tokenizes ``prefix + text`` for each text into an int32 [B, max_len] array.
 
     Rows are right-padded with ``vocab.pad_id`` (0). Over-long rows are either
     truncated (``'truncate'``: logged, EOS kept as the last token) or rejected
-    (``'error'``). Returns the array and the indices of truncated rows.
+    (``'error'``). ``ids`` (one per text) name the rows in logs and errors.
+    Returns the array and the indices of truncated rows.
     """
     if on_too_long not in ("truncate", "error"):
         raise ValueError(f"on_too_long must be 'truncate' or 'error', got {on_too_long!r}")
@@ -396,17 +409,18 @@ def encode_batch(
     out = np.full((len(texts), max_len), vocab.pad_id, dtype=np.int32)
     truncated: list[int] = []
     for b, text in enumerate(texts):
+        name = f"text #{b}" if ids is None else f"example id={ids[b]!r}"
         if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"text #{b} is empty or not a string: {text!r}")
-        ids = vocab.encode(prefix + text) + ([vocab.eos_id] if append_eos else [])
-        if len(ids) > max_len:
+            raise ValueError(f"{name} is empty or not a string: {text!r}")
+        tokens = vocab.encode(prefix + text) + ([vocab.eos_id] if append_eos else [])
+        if len(tokens) > max_len:
             if on_too_long == "error":
-                raise ValueError(f"text #{b} has {len(ids)} tokens (incl. prefix"
+                raise ValueError(f"{name} has {len(tokens)} tokens (incl. prefix"
                                  f"{' and EOS' if append_eos else ''}) > max_len={max_len}")
-            logging.warning("Truncating text #%d from %d to %d tokens", b, len(ids), max_len)
-            ids = (ids[: max_len - 1] + [vocab.eos_id]) if append_eos else ids[:max_len]
+            logging.warning("Truncating %s from %d to %d tokens", name, len(tokens), max_len)
+            tokens = (tokens[: max_len - 1] + [vocab.eos_id]) if append_eos else tokens[:max_len]
             truncated.append(b)
-        out[b, : len(ids)] = ids
+        out[b, : len(tokens)] = tokens
     return out, truncated
 
 

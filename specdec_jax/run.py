@@ -2,10 +2,10 @@ r"""Experiment runner: speculative decoding vs the plain baseline (paper §4).
 
   python -m specdec_jax.run --config=configs/demo.gin [--config=more.gin] \
       [--gin_bindings='Experiment.gamma = 5'] [--workdir=runs/x] [--resume] \
-      [--alpha_only]
+      [--alpha_only] [--import=my_drafts] [--verbose]
 
-Everything an experiment varies is a binding of ``Experiment`` (see its
-docstring). Measurement protocol (README "Measurement protocol"):
+Everything an experiment varies is a binding of ``Experiment`` (listed below
+with its default). Measurement protocol (README "Measurement protocol"):
 
 * the first ``num_warmup`` examples compile and warm both loops, untimed;
 * each timed batch is decoded by the baseline and by speculative decoding with
@@ -18,17 +18,34 @@ docstring). Measurement protocol (README "Measurement protocol"):
 
 ``--alpha_only`` (paper §4.2, Table 3) generates with the target alone and
 averages sum_x min(p, q) along the generated tokens.
+
+Workdir integrity: nothing is written before the first result; ``config.gin``
+(the run's gin config) is written atomically with it, so a workdir's files
+always describe its results. A workdir holds one mode (speculative or
+``--alpha_only``); the other mode, a different config, or a corrupt line is
+refused before any work, with nothing changed. ``--resume`` may raise
+``Experiment.num_examples`` (the run is extended); on a finished run it prints
+the table without loading any model.
+
+Relative paths in configs (checkpoints, vocabulary, data) are looked up in the
+working directory, then next to each ``--config`` file (last first), then in
+the repository root.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
+import importlib.util
 import json
 import math
 import os
+import re
 import sys
 import time
+import traceback
+import typing
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -40,11 +57,16 @@ from absl import app, flags, logging
 
 from specdec_jax import checkpoints, data, drafts, theory
 from specdec_jax.decoding import alpha_estimates, speculative_decode, temperature_sample
-from specdec_jax.models.t5 import T5Model, get_config, shift_right
+from specdec_jax.models.t5 import T5Config, T5Model, get_config, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.timing import block, measure_costs, timed
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}   # activation dtype -> bytes
+MODES = ("speculative", "alpha_only")
+# Experiment fields that hold paths, and the macros the paper configs bind them to.
+_PATH_FIELDS = ("vocab_path", "target_checkpoint", "draft_checkpoint", "source", "ngram_corpus")
+_CONFIG_DIRS: list[Path] = []  # directories of the parsed --config files, last first
 
 
 @gin.configurable
@@ -98,7 +120,10 @@ class Experiment:
     return SamplingConfig(self.temperature, self.topk, self.topp)
 
   def validate(self) -> None:
-    """Cheap checks that fail before any long work starts."""
+    """Cheap checks that fail before any long work starts (types, values, paths)."""
+    self.check_types()
+    if self.dtype not in DTYPES:
+      raise ValueError(f"Experiment.dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
     self.sampling()  # temperature / topk / topp errors
     if self.gamma < 1:
       raise ValueError(f"Experiment.gamma must be >= 1, got {self.gamma}")
@@ -106,8 +131,10 @@ class Experiment:
       raise ValueError(f"Experiment.lenience must be in (0, 1] (1 is exact), got {self.lenience}")
     if self.draft_name not in drafts.REGISTRY:
       raise ValueError(f"unknown approximation model Experiment.draft_name="
-                       f"{self.draft_name!r}; known: {sorted(drafts.REGISTRY)}")
-    for name in ("batch_size", "max_input_len", "max_decode_len", "num_examples"):
+                       f"{self.draft_name!r}; known: {sorted(drafts.REGISTRY)} (a draft "
+                       "defined outside the package needs --import=<its module>)")
+    for name in ("batch_size", "max_input_len", "max_decode_len", "num_examples",
+                 "alpha_only_tokens"):
       if getattr(self, name) < 1:
         raise ValueError(f"Experiment.{name} must be >= 1, got {getattr(self, name)}")
     if self.num_warmup < 0:
@@ -115,19 +142,54 @@ class Experiment:
     if self.on_too_long not in ("truncate", "error"):
       raise ValueError(f"Experiment.on_too_long must be 'truncate' or 'error', "
                        f"got {self.on_too_long!r}")
-    if not self.target_checkpoint:
-      raise ValueError("Experiment.target_checkpoint is not set")
-    if self.draft_name == "t5" and not self.draft_checkpoint:
-      raise ValueError("Experiment.draft_checkpoint is not set (draft_name='t5')")
-    if self.draft_name in ("unigram", "bigram") and not self.ngram_corpus:
-      raise ValueError(f"Experiment.ngram_corpus is not set (draft_name={self.draft_name!r} "
-                       "is estimated from a corpus)")
-    for name in ("vocab_path", "target_checkpoint", "draft_checkpoint", "source",
-                 "ngram_corpus"):
+    uses_checkpoint = drafts.takes(self.draft_name, "model") or drafts.takes(self.draft_name,
+                                                                             "params")
+    if self.draft_checkpoint and not uses_checkpoint:
+      raise ValueError(f"Experiment.draft_checkpoint={self.draft_checkpoint!r} is set but "
+                       f"approximation model {self.draft_name!r} takes no checkpoint (its "
+                       "builder has no model/params argument); bind "
+                       "Experiment.draft_checkpoint = '' for it")
+    needs = set(drafts.requires(self.draft_name))
+    unset = [(f, "") for f in ("target_checkpoint", "vocab_path", "source")
+             if not getattr(self, f)]
+    if needs & {"model", "params"} and not self.draft_checkpoint:
+      unset.append(("draft_checkpoint", f"draft_name={self.draft_name!r} needs one"))
+    if "corpus" in needs and not self.ngram_corpus:
+      unset.append(("ngram_corpus", f"draft_name={self.draft_name!r} is estimated from a "
+                    "corpus"))
+    if unset:
+      items = []
+      for f, why in unset:
+        macro = _macro_for(f)
+        item = f"Experiment.{f} is not set" + (f" ({why})" if why else "")
+        items.append(f"{macro} ({item})" if macro else item)
+      example = _macro_for(unset[0][0]) or f"Experiment.{unset[0][0]}"
+      raise ValueError(f"missing settings: {'; '.join(items)}. Bind each, e.g. "
+                       f"--gin_bindings=\"{example} = '/path/...'\"")
+    for name in _PATH_FIELDS:
       value = getattr(self, name)
       if value and not _is_remote(value) and not Path(_resolve(value)).exists():
-        raise FileNotFoundError(f"Experiment.{name}: {value!r} does not exist "
-                                f"(looked at {_resolve(value)})")
+        raise FileNotFoundError(f"Experiment.{name}: {value!r} does not exist (looked in: "
+                                f"{', '.join(str(c) for c in _candidates(value))})")
+
+  def check_types(self) -> None:
+    """Each field has its annotated type (gin passes whatever the config says)."""
+    hints = typing.get_type_hints(Experiment)
+    for f in dataclasses.fields(self):
+      value, want = getattr(self, f.name), hints[f.name]
+      args = typing.get_args(want)
+      optional = type(None) in args
+      base = next(a for a in args if a is not type(None)) if optional else want
+      if value is None and optional:
+        continue
+      if base is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+      else:
+        ok = isinstance(value, base) and not (base is int and isinstance(value, bool))
+      if not ok:
+        raise ValueError(f"Experiment.{f.name} must be {base.__name__}"
+                         f"{' or None' if optional else ''}, got {value!r} "
+                         f"({type(value).__name__})")
 
   @property
   def labels(self) -> tuple[str, str]:
@@ -143,14 +205,39 @@ def _is_remote(path: str) -> bool:
   return path.startswith("gs://") or path.startswith("seqio:")
 
 
+def _candidates(path: str) -> list[Path]:
+  """Where a relative path is looked for: cwd, each config's directory, the repo root."""
+  if _is_remote(path) or os.path.isabs(path):
+    return [Path(path)]
+  return [Path(path)] + [d / path for d in _CONFIG_DIRS] + [REPO_ROOT / path]
+
+
 def _resolve(path: str) -> str:
-  """Relative paths are taken from the working directory, else the repo root."""
-  if _is_remote(path) or os.path.isabs(path) or os.path.exists(path):
-    return path
-  return str(REPO_ROOT / path)
+  """The first existing candidate (see ``_candidates``), else the repo-root one."""
+  cands = _candidates(path)
+  return str(next((c for c in cands if c.exists()), cands[-1]))
+
+
+def _macro_for(field: str) -> Optional[str]:
+  """The gin macro ``Experiment.<field>`` is bound to (e.g. TARGET_CHECKPOINT), if any."""
+  try:
+    ref = gin.query_parameter(f"Experiment.{field}")
+  except (ValueError, KeyError):
+    return None
+  text = str(ref)
+  return text[1:] if isinstance(ref, gin.config.ConfigurableReference) and \
+      text.startswith("%") else None
 
 
 # ------------------------------------------------------------------ loading
+
+
+@dataclasses.dataclass
+class Data:
+  vocab: Any
+  examples: list            # data.Example, warm-up first
+  inputs: np.ndarray        # [N, max_input_len] int32
+  truncated: set            # indices of examples whose input was truncated
 
 
 @dataclasses.dataclass
@@ -162,6 +249,76 @@ class Setup:
   target: T5Model
   target_params: Any
   draft: Any
+  truncated: set = dataclasses.field(default_factory=set)
+
+
+def _peek_config(path: str, fmt: str, preset: Optional[str], dtype: str) -> Optional[T5Config]:
+  """A checkpoint's architecture without reading its weights (None if unknown)."""
+  try:
+    if preset:
+      return get_config(preset, dtype=dtype)
+    local = _resolve(path)
+    if _is_remote(local):
+      return None
+    fmt = checkpoints.detect_format(local) if fmt == "auto" else fmt
+    fields = json.loads((Path(local) / "config.json").read_text())
+    if fmt == "specdec":
+      return checkpoints.config_from_dict(fields, local).replace(dtype=dtype)
+    if fmt == "hf":
+      return checkpoints.hf_config_to_t5(fields, dtype=dtype)
+  except Exception:  # the real load reports a bad checkpoint properly
+    return None
+  return None
+
+
+def _device_memory() -> tuple[int, str]:
+  """(bytes, what) of the memory decoding runs in: the accelerator's, else host RAM."""
+  dev = jax.devices()[0]
+  try:
+    stats = dev.memory_stats() or {}
+  except Exception:
+    stats = {}
+  if stats.get("bytes_limit"):
+    return int(stats["bytes_limit"]), f"{dev.platform} device memory"
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host RAM"
+
+
+def estimate_bytes(exp: Experiment, alpha_only: bool = False) -> dict[str, int]:
+  """Bytes of the largest buffers decoding allocates, from the configs alone.
+
+  KV caches (self-attention over max_decode_len + γ + 1 positions, cross-
+  attention over max_input_len) of the target and of a T5 draft; in
+  ``--alpha_only`` also the teacher-forced p and q ([B, T, V] float32).
+  """
+  act = DTYPES[exp.dtype]
+  b, t = exp.batch_size, exp.max_decode_len + exp.gamma + 1
+  out: dict[str, int] = {}
+  models = [("target", exp.target_checkpoint, exp.target_format, exp.target_preset)]
+  if exp.draft_checkpoint:
+    models.append(("draft", exp.draft_checkpoint, exp.draft_format, exp.draft_preset))
+  for role, path, fmt, preset in models:
+    cfg = _peek_config(path, fmt, preset, exp.dtype)
+    if cfg is None:
+      continue
+    per_pos = 2 * cfg.num_decoder_layers * cfg.num_heads * cfg.head_dim * act
+    out[f"{role} KV cache"] = b * (t + exp.max_input_len) * per_pos
+    if alpha_only and role == "target":
+      out["p and q along the outputs"] = 3 * b * exp.max_decode_len * cfg.vocab_size * 4
+  return out
+
+
+def check_memory(exp: Experiment, alpha_only: bool = False) -> None:
+  """Refuses a config whose decoding buffers cannot fit, before any weight is read."""
+  parts = estimate_bytes(exp, alpha_only)
+  need = sum(parts.values())
+  have, what = _device_memory()
+  if need > have:
+    detail = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in parts.items())
+    raise ValueError(f"Experiment.max_decode_len={exp.max_decode_len} with batch_size="
+                     f"{exp.batch_size} (max_input_len={exp.max_input_len}, dtype={exp.dtype}) "
+                     f"needs about {need / 2**30:.1f} GiB for decoding buffers ({detail}) but "
+                     f"the {what} is {have / 2**30:.1f} GiB; lower Experiment.max_decode_len "
+                     "or Experiment.batch_size")
 
 
 def _load_model(path: str, fmt: str, preset: Optional[str], dtype: str, role: str):
@@ -180,9 +337,8 @@ def _corpus(exp: Experiment, vocab) -> list[list[int]]:
   return seqs
 
 
-def prepare(exp: Experiment) -> Setup:
-  """Loads and checks everything; raises a clear error before any decoding."""
-  exp.validate()
+def load_data(exp: Experiment) -> Data:
+  """The vocabulary and the tokenized examples (warm-up first); no model is read."""
   vocab = data.get_vocabulary(_resolve(exp.vocab_path), extra_ids=exp.vocab_extra_ids)
   need = exp.num_warmup + exp.num_examples
   examples = data.load_examples(_resolve(exp.source), split=exp.split, max_examples=need,
@@ -197,16 +353,26 @@ def prepare(exp: Experiment) -> Setup:
     if not e.input or not e.input.strip():
       raise ValueError(f"Experiment.source={exp.source!r}: example id={e.id!r} has an "
                        "empty input")
-  inputs, _ = data.encode_batch(vocab, [e.input for e in examples], exp.max_input_len,
-                                prefix=prefix, on_too_long=exp.on_too_long)
+  try:
+    inputs, truncated = data.encode_batch(vocab, [e.input for e in examples], exp.max_input_len,
+                                          prefix=prefix, on_too_long=exp.on_too_long,
+                                          ids=[e.id for e in examples])
+  except ValueError as e:
+    raise ValueError(f"Experiment.source={exp.source!r}: {e} (Experiment.max_input_len="
+                     f"{exp.max_input_len}, on_too_long={exp.on_too_long!r})") from None
+  return Data(vocab, examples, inputs, set(truncated))
+
+
+def load_models(exp: Experiment, d: Data) -> Setup:
+  """Target, draft (built by name) and a one-time check of the draft's interface."""
   target, target_params = _load_model(exp.target_checkpoint, exp.target_format,
                                       exp.target_preset, exp.dtype, "target")
-  if vocab.vocab_size > target.config.vocab_size:
-    raise ValueError(f"vocabulary {exp.vocab_path} has {vocab.vocab_size} ids but the target "
+  if d.vocab.vocab_size > target.config.vocab_size:
+    raise ValueError(f"vocabulary {exp.vocab_path} has {d.vocab.vocab_size} ids but the target "
                      f"model's vocab_size is {target.config.vocab_size}")
-  # Every builder gets the same keyword arguments and takes what it needs, so a
-  # newly registered approximation model is selectable with no change here.
-  build_kw: dict[str, Any] = dict(vocab_size=target.config.vocab_size,
+  # Every builder is offered the same keywords and receives those it names, so
+  # a newly registered approximation model is selectable with no change here.
+  build_kw: dict[str, Any] = dict(vocab_size=target.config.vocab_size, vocab=d.vocab,
                                   max_ngram=exp.prompt_lookup_max_ngram)
   if exp.draft_checkpoint:
     dmodel, dparams = _load_model(exp.draft_checkpoint, exp.draft_format, exp.draft_preset,
@@ -218,56 +384,121 @@ def prepare(exp: Experiment) -> Setup:
                                 draft_pad_id=dmodel.config.pad_id)
     build_kw.update(model=dmodel, params=dparams)
   if exp.ngram_corpus:
-    build_kw["corpus"] = _corpus(exp, vocab)
+    build_kw["corpus"] = _corpus(exp, d.vocab)
   draft = drafts.build(exp.draft_name, **build_kw)
-  return Setup(exp, vocab, examples, inputs, target, target_params, draft)
+  # Built-in drafts are tested elsewhere: trace them (free) but skip the run.
+  drafts.check_interface(exp.draft_name, draft, jnp.asarray(d.inputs[:1].repeat(
+      exp.batch_size, 0)), target.config.vocab_size, exp.gamma,
+      exp.max_decode_len + exp.gamma + 1, exp.sampling(),
+      concrete=exp.draft_name not in drafts.BUILTIN)
+  return Setup(exp, d.vocab, d.examples, d.inputs, target, target_params, draft, d.truncated)
+
+
+def prepare(exp: Experiment, alpha_only: bool = False) -> Setup:
+  """Loads and checks everything; raises a clear error before any decoding."""
+  exp.validate()
+  check_memory(exp, alpha_only)
+  return load_models(exp, load_data(exp))
 
 
 # ---------------------------------------------------------------- workdir
 
 
-class Workdir:
-  """examples.jsonl (append-only), summary.json (atomic rewrite), config.gin."""
+def _record_mode(record: dict) -> str:
+  """A line's mode; lines written before modes were recorded are told by their keys."""
+  return record.get("mode") or ("speculative" if "accepted" in record else "alpha_only")
 
-  def __init__(self, path: str, config_str: str, resume: bool):
+
+def _comparable(config_str: str) -> list[str]:
+  """Config lines that must match on --resume (num_examples may be raised)."""
+  return [l for l in config_str.splitlines()
+          if l.strip() and not re.match(r"\s*Experiment\.num_examples\s*=", l)]
+
+
+class Workdir:
+  """examples.jsonl (append-only), summary.json (atomic rewrite), config.gin.
+
+  The constructor only checks (and reads finished lines); the directory and
+  config.gin are written with the first result, so a run that fails earlier
+  leaves nothing behind.
+  """
+
+  def __init__(self, path: str, config_str: str, resume: bool, mode: str = "speculative",
+               num_indices: Optional[int] = None):
+    if mode not in MODES:
+      raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     self.path = Path(path)
     self.examples_path = self.path / "examples.jsonl"
     self.config_path = self.path / "config.gin"
-    existing = self.examples_path.exists() and self.examples_path.stat().st_size > 0
-    if existing and not resume:
+    self.summary_path = self.path / "summary.json"
+    self.mode, self.resume, self.config_str = mode, resume, config_str
+    self.records, self._good_end = self._read_records()
+    self._opened = False
+    if not self.records:
+      return  # a workdir without results (or a stale config.gin) is simply reused
+    if not resume:
       raise FileExistsError(f"{self.examples_path} already has results; pass --resume to "
                             "continue that run or choose another --workdir (nothing was "
                             "changed)")
-    if resume and self.config_path.exists():
-      old = self.config_path.read_text()
-      if old != config_str:
-        raise ValueError(f"--resume: the gin config differs from {self.config_path}; "
-                         "resume with the same --config/--gin_bindings (nothing was changed)")
-    self.resume = resume
-    self.config_str = config_str
-    self.records: list[dict] = []
+    old_mode = _record_mode(self.records[0])
+    if old_mode != mode:
+      flag = lambda m: "with --alpha_only" if m == "alpha_only" else "without --alpha_only"
+      raise ValueError(f"{self.path} holds a {old_mode} run ({len(self.records)} examples, "
+                       f"written {flag(old_mode)}); this run is {mode} ({flag(mode)}). "
+                       "Use another --workdir (nothing was changed)")
+    if self.config_path.exists():
+      old, new = _comparable(self.config_path.read_text()), _comparable(config_str)
+      if old != new:
+        diff = ([f"- {l}" for l in old if l not in new] + [f"+ {l}" for l in new if l not in old])
+        raise ValueError(f"--resume: the gin config differs from {self.config_path} (only "
+                         "Experiment.num_examples may change); resume with the same "
+                         f"--config/--gin_bindings (nothing was changed). Differences: "
+                         f"{'; '.join(diff[:6]) or 'order of lines'}")
+    if num_indices is not None:
+      beyond = sorted(r["index"] for r in self.records if r["index"] >= num_indices)
+      if beyond:
+        raise ValueError(f"--resume: {self.examples_path} already has example indices up to "
+                         f"{beyond[-1]}, beyond num_warmup + num_examples = {num_indices}; "
+                         "Experiment.num_examples can only be raised on resume (nothing was "
+                         "changed)")
 
-  def open(self) -> "Workdir":
-    """Creates the directory and config.gin; on resume reads finished lines."""
-    self.path.mkdir(parents=True, exist_ok=True)
-    self.records = self._read_complete_lines() if self.resume else []
-    if not self.config_path.exists():
-      _atomic_write(self.config_path, self.config_str)
-    return self
-
-  def _read_complete_lines(self) -> list[dict]:
+  def _read_records(self) -> tuple[list[dict], int]:
+    """Complete lines, and the byte offset where they end (a torn last line follows)."""
     if not self.examples_path.exists():
-      return []
+      return [], 0
     raw = self.examples_path.read_bytes()
     end = raw.rfind(b"\n") + 1
-    if end < len(raw):  # an interrupted write: drop the partial last line
+    records = []
+    for line_no, line in enumerate(raw[:end].split(b"\n")[:-1], start=1):
+      if not line.strip():
+        continue
+      try:
+        rec = json.loads(line.decode("utf-8"))
+      except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{self.examples_path}:{line_no}: corrupt line ({e}); only a torn "
+                         "last line is repaired automatically; remove or fix that line "
+                         "(nothing was changed)") from None
+      if not isinstance(rec, dict) or not isinstance(rec.get("index"), int):
+        raise ValueError(f"{self.examples_path}:{line_no}: not a result record (no integer "
+                         "'index'); nothing was changed")
+      records.append(rec)
+    return records, end
+
+  def _open(self) -> None:
+    """Before the first write: the directory, the torn-line repair, config.gin."""
+    self.path.mkdir(parents=True, exist_ok=True)
+    if self.examples_path.exists() and self.examples_path.stat().st_size > self._good_end:
       logging.warning("Dropping a partial last line of %s (%d bytes)", self.examples_path,
-                      len(raw) - end)
+                      self.examples_path.stat().st_size - self._good_end)
       with open(self.examples_path, "r+b") as f:
-        f.truncate(end)
-    return [json.loads(line) for line in raw[:end].decode().splitlines() if line.strip()]
+        f.truncate(self._good_end)
+    if not self.config_path.exists() or self.config_path.read_text() != self.config_str:
+      _atomic_write(self.config_path, self.config_str)
+    self._opened = True
 
   def append(self, record: dict) -> None:
+    if not self._opened:
+      self._open()
     with open(self.examples_path, "a") as f:
       f.write(json.dumps(record) + "\n")
       f.flush()
@@ -275,7 +506,9 @@ class Workdir:
     self.records.append(record)
 
   def write_summary(self, summary: dict) -> None:
-    _atomic_write(self.path / "summary.json", json.dumps(summary, indent=2) + "\n")
+    if not self._opened:
+      self._open()
+    _atomic_write(self.summary_path, json.dumps(summary, indent=2) + "\n")
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -322,7 +555,7 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   base_s = tot("baseline_s")
   spec_s = tot("speculative_s")
   summary = {
-      "task": exp.task, "target": target_label, "draft": draft_label,
+      "mode": "speculative", "task": exp.task, "target": target_label, "draft": draft_label,
       "temperature": exp.temperature, "topk": exp.topk, "topp": exp.topp,
       "gamma": exp.gamma, "lenience": exp.lenience, "batch_size": exp.batch_size,
       "alpha": alpha, "alpha_min_pq": alpha_min_pq,
@@ -412,7 +645,8 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
           "matches_baseline": bool(np.array_equal(base_tok[j], spec_tok[j])),
           "output": _text(setup.vocab, spec_tok[j]),
           "baseline_output": _text(setup.vocab, base_tok[j]),
-          "reference": ex.reference,
+          "reference": ex.reference, "input_truncated": i in setup.truncated,
+          "mode": "speculative",
           **costs,
       })
     processed += len(rows)
@@ -458,19 +692,42 @@ def _alpha_along(target: T5Model, params, draft, inputs, tokens, lengths, sampli
 
 
 
+def summarize_alpha(exp: Experiment, records: list[dict], available: int) -> dict:
+  """summary.json of an --alpha_only run (recomputable from examples.jsonl)."""
+  tokens = sum(r["tokens"] for r in records)
+  target_label, draft_label = exp.labels
+  return {"mode": "alpha_only", "task": exp.task, "target": target_label,
+          "draft": draft_label, "temperature": exp.temperature, "topk": exp.topk,
+          "topp": exp.topp, "num_tokens": tokens, "num_examples": len(records),
+          "alpha_only_tokens": exp.alpha_only_tokens,
+          "budget_reached": tokens >= exp.alpha_only_tokens,
+          "examples_available": available,
+          "alpha_min_pq": sum(r["min_pq_sum"] for r in records) / max(tokens, 1)}
+
+
+def pending(exp: Experiment, n_examples: int, workdir: Workdir, alpha_only: bool) -> list[int]:
+  """Indices still to decode (warm-up examples are never measured)."""
+  if alpha_only and sum(r["tokens"] for r in workdir.records) >= exp.alpha_only_tokens:
+    return []
+  done = {r["index"] for r in workdir.records}
+  return [i for i in range(exp.num_warmup, n_examples) if i not in done]
+
+
 def run_alpha_only(setup: Setup, workdir: Workdir) -> dict:
-  """Paper §4.2: E[sum_x min(p, q)] along tokens generated by the target."""
+  """Paper §4.2: E[sum_x min(p, q)] along tokens generated by the target.
+
+  Uses the same examples as a speculative run (the warm-up ones are skipped:
+  nothing here is timed) until ``alpha_only_tokens`` tokens are generated.
+  """
   exp = setup.exp
   sampling = exp.sampling()
   target, tparams = setup.target, setup.target_params
   root = jax.random.PRNGKey(exp.seed)
-  done_ids = {r["index"] for r in workdir.records}
-  for idx in _batches(len(setup.examples), 0, exp.batch_size):
+  todo = pending(exp, len(setup.examples), workdir, alpha_only=True)
+  for idx in _batches(len(todo), 0, exp.batch_size):
     if sum(r["tokens"] for r in workdir.records) >= exp.alpha_only_tokens:
       break
-    rows = [i for i in idx if i not in done_ids]
-    if not rows:
-      continue
+    rows = [todo[k] for k in idx]
     x = _pad_batch(setup.inputs, rows, exp.batch_size)
     key = jax.random.fold_in(root, rows[0])
     out = temperature_sample(target, tparams, x, key, max_decode_len=exp.max_decode_len,
@@ -479,20 +736,27 @@ def run_alpha_only(setup: Setup, workdir: Workdir) -> dict:
                                    sampling))
     for j, i in enumerate(rows):
       n = int(out.length[j])
-      workdir.append({"index": i, "id": setup.examples[i].id, "tokens": n,
-                      "min_pq_sum": float(sums[j]),
-                      "alpha_min_pq": float(sums[j]) / max(n, 1)})
+      workdir.append({"index": i, "id": setup.examples[i].id, "mode": "alpha_only",
+                      "tokens": n, "min_pq_sum": float(sums[j]),
+                      "alpha_min_pq": float(sums[j]) / max(n, 1),
+                      "input_truncated": i in setup.truncated})
     tokens = sum(r["tokens"] for r in workdir.records)
     logging.info("[alpha-only] %d / %d tokens, alpha %.3f", tokens, exp.alpha_only_tokens,
                  sum(r["min_pq_sum"] for r in workdir.records) / max(tokens, 1))
-  tokens = sum(r["tokens"] for r in workdir.records)
-  target_label, draft_label = exp.labels
-  summary = {"mode": "alpha_only", "task": exp.task, "target": target_label,
-             "draft": draft_label, "temperature": exp.temperature, "topk": exp.topk,
-             "topp": exp.topp, "num_tokens": tokens, "num_examples": len(workdir.records),
-             "alpha_min_pq": sum(r["min_pq_sum"] for r in workdir.records) / max(tokens, 1)}
+  summary = summarize_alpha(exp, workdir.records, len(setup.examples) - exp.num_warmup)
   workdir.write_summary(summary)
   return summary
+
+
+def alpha_row(s: dict) -> str:
+  """One Table-3-style line; says so when the examples ran out before the budget."""
+  row = (f"| {s['task']} | {s['target']} | {s['draft']} | T={s['temperature']:g} | "
+         f"alpha {s['alpha_min_pq']:.3f} | {s['num_tokens']} tokens |")
+  if not s.get("budget_reached", True):
+    row += (f"\nnote: the examples ran out after {s['num_examples']} examples and "
+            f"{s['num_tokens']} tokens, before Experiment.alpha_only_tokens="
+            f"{s['alpha_only_tokens']}; raise Experiment.num_examples or use a larger source")
+  return row
 
 
 # ---------------------------------------------------------------- main
@@ -502,39 +766,167 @@ FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("config", [], "Gin config file(s); later files override earlier.")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, e.g. 'Experiment.gamma = 5'.")
 flags.DEFINE_string("workdir", None, "Output directory (default runs/<config file stem>).")
-flags.DEFINE_bool("resume", False, "Continue after the last complete line of examples.jsonl.")
+flags.DEFINE_bool("resume", False, "Continue after the last complete line of examples.jsonl "
+                  "(Experiment.num_examples may be raised; a finished run just prints).")
 flags.DEFINE_bool("alpha_only", False, "Only measure alpha along target generations (§4.2).")
+flags.DEFINE_multi_string("import", [], "A Python module to import before the config is "
+                          "parsed, by name (found in the working directory or sys.path) or "
+                          "as path/to/file.py, e.g. one that registers an approximation "
+                          "model; may repeat.")
+flags.DEFINE_bool("verbose", False, "Show library INFO logs (Orbax, JAX) and the traceback "
+                  "of user errors.")
+
+# Bad settings, missing or malformed files: one line on stderr, no traceback.
+USER_ERRORS = (ValueError, OSError, LookupError, ImportError, checkpoints.CheckpointError)
+
+
+def import_modules(names: Sequence[str]) -> None:
+  """Imports each module (a name, or a path to a .py file) for its registrations."""
+  if os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())  # as `python -m` does; in-process callers need it too
+  for name in names:
+    if name.endswith(".py") or os.sep in name:
+      path = Path(name).resolve()
+      if not path.is_file():
+        raise FileNotFoundError(f"--import={name}: no such file ({path})")
+      spec = importlib.util.spec_from_file_location(path.stem, path)
+      module = importlib.util.module_from_spec(spec)
+      sys.modules[path.stem] = module
+      try:
+        spec.loader.exec_module(module)
+      except BaseException:
+        del sys.modules[path.stem]
+        raise
+    else:
+      try:
+        importlib.import_module(name)
+      except ModuleNotFoundError as e:
+        if e.name != name.split(".")[0] and e.name != name:
+          raise  # the module exists but one of its own imports is missing
+        raise ValueError(f"--import={name}: no module named {name!r} in the working "
+                         f"directory ({os.getcwd()}) or on sys.path") from None
 
 
 def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
+  """Parses gin files and bindings into an Experiment (unknown bindings fail here)."""
   gin.clear_config()
   gin.add_config_file_search_path(str(REPO_ROOT))  # so `include 'configs/...'` works anywhere
-  gin.parse_config_files_and_bindings([_resolve(c) for c in configs], bindings)
+  if os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())  # so a config's `import my_module` line finds it
+  _CONFIG_DIRS.clear()
+  files = [_resolve(c) for c in configs]
+  _CONFIG_DIRS[:] = [Path(f).resolve().parent for f in reversed(files)]
+  for f in files:
+    if not Path(f).is_file():
+      raise FileNotFoundError(f"--config={f}: no such file")
+  gin.parse_config_files_and_bindings(files, bindings)
   return Experiment()
 
 
-def main(argv: Sequence[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  exp = parse_config(FLAGS.config, FLAGS.gin_bindings)
-  config_str = gin.config_str()
-  exp.validate()
-  stem = Path(FLAGS.config[-1]).stem if FLAGS.config else "default"
-  workdir_path = FLAGS.workdir or str(Path("runs") / (stem + ("_alpha" if FLAGS.alpha_only
-                                                              else "")))
-  workdir = Workdir(workdir_path, config_str, FLAGS.resume)  # checks only, no writes
-  setup = prepare(exp)  # all loading and checking before the workdir is touched
-  workdir.open()
-  logging.info("Workdir %s (%d examples already done)", workdir.path, len(workdir.records))
-  if FLAGS.alpha_only:
-    s = run_alpha_only(setup, workdir)
-    print(f"| {s['task']} | {s['target']} | {s['draft']} | T={s['temperature']:g} | "
-          f"alpha {s['alpha_min_pq']:.3f} | {s['num_tokens']} tokens |")
-  else:
-    s = run_speculative(setup, workdir)
-    print(table2_row(s))
+def _print_result(s: dict) -> None:
+  print(alpha_row(s) if s.get("mode") == "alpha_only" else table2_row(s))
   sys.stdout.flush()
 
 
+def main(argv: Sequence[str]) -> None:
+  """The runner; raises user errors (see ``cli`` for how they are reported)."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  import_modules(FLAGS["import"].value)
+  exp = parse_config(FLAGS.config, FLAGS.gin_bindings)
+  config_str = gin.config_str()
+  exp.validate()
+  alpha_only = FLAGS.alpha_only
+  check_memory(exp, alpha_only)  # before any data or weights are read
+  mode = "alpha_only" if alpha_only else "speculative"
+  stem = Path(FLAGS.config[-1]).stem if FLAGS.config else "default"
+  workdir_path = FLAGS.workdir or str(Path("runs") / (stem + ("_alpha" if alpha_only else "")))
+  workdir = Workdir(workdir_path, config_str, FLAGS.resume, mode,  # checks only, no writes
+                    num_indices=exp.num_warmup + exp.num_examples)
+  d = load_data(exp)
+  if workdir.records and not pending(exp, len(d.examples), workdir, alpha_only):
+    logging.info("%s: the run is finished (%d examples); nothing to do", workdir.path,
+                 len(workdir.records))
+    _print_result(summarize_alpha(exp, workdir.records, len(d.examples) - exp.num_warmup)
+                  if alpha_only else summarize(exp, workdir.records))
+    return
+  setup = load_models(exp, d)  # all loading and checking before the workdir is touched
+  for i in sorted(d.truncated):
+    logging.warning("Example id=%r (index %d) was truncated to max_input_len=%d tokens",
+                    d.examples[i].id, i, exp.max_input_len)
+  logging.info("Workdir %s (%d examples already done)", workdir.path, len(workdir.records))
+  s = run_alpha_only(setup, workdir) if alpha_only else run_speculative(setup, workdir)
+  _print_result(s)
+
+
+class _LibraryFilter:
+  """Drops INFO records of other libraries (Orbax, JAX, ...) unless --verbose."""
+
+  def filter(self, record) -> bool:
+    return record.levelno >= 30 or f"{os.sep}specdec_jax{os.sep}" in record.pathname
+
+
+def _quiet_libraries(quiet: bool) -> None:
+  """Adds (or, for --verbose, removes) the filter on absl's handler and library loggers."""
+  import logging as std_logging
+  targets = [logging.get_absl_handler()] + [std_logging.getLogger(n)
+                                            for n in ("orbax", "jax", "absl")]
+  for t in targets:
+    for f in [f for f in t.filters if isinstance(f, _LibraryFilter)]:
+      t.removeFilter(f)
+    if quiet:
+      t.addFilter(_LibraryFilter())
+
+
+def _message(e: BaseException) -> str:
+  text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+  return f"{type(e).__name__}: {text}" if not isinstance(e, (ValueError, OSError)) else text
+
+
+def cli(argv: Sequence[str]) -> int:
+  """Runs ``main``; a user error ends in one line on stderr and exit status 2."""
+  _quiet_libraries(not FLAGS.verbose)
+  try:
+    main(argv)
+    return 0
+  except KeyboardInterrupt:
+    print("interrupted (the workdir holds only complete results)", file=sys.stderr)
+    return 130
+  except USER_ERRORS as e:
+    if FLAGS.verbose:
+      traceback.print_exc()
+    else:
+      print("(run with --verbose for the traceback)", file=sys.stderr)
+    print(f"error: {_message(e)}", file=sys.stderr)
+    return 2
+
+
+def run_args(args: Sequence[str]) -> int:
+  """In-process entry for tests and notebooks: parses ``args`` as flags, runs ``cli``."""
+  FLAGS.unparse_flags()
+  rest = FLAGS(["specdec_jax.run", *args])
+  return cli(rest)
+
+
+def _settings_help() -> str:
+  hints = typing.get_type_hints(Experiment)
+  lines = ["", "Experiment settings (--gin_bindings='Experiment.<name> = <value>'; defaults):"]
+  for f in dataclasses.fields(Experiment):
+    t = str(hints[f.name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    lines.append(f"  {f.name}: {t} = {f.default!r}")
+  return "\n".join(lines) + "\n"
+
+
+__doc__ += _settings_help()
+
+
+def _app_main(argv: Sequence[str]) -> None:
+  code = cli(argv)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  if code:
+    os._exit(code)  # skip interpreter teardown, where Orbax's threads print noise
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(_app_main)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,6 +132,7 @@ def test_alpha_only(env):
   w = env / "w_alpha"
   res = _run(env, f"--workdir={w}", "--alpha_only", "--gin_bindings=Experiment.draft_name = "
              "'bigram'", f"--gin_bindings=Experiment.ngram_corpus = '{env / 'data.tsv'}'",
+             "--gin_bindings=Experiment.draft_checkpoint = ''",
              "--gin_bindings=Experiment.alpha_only_tokens = 40")
   s = json.loads((w / "summary.json").read_text())
   assert s["mode"] == "alpha_only" and s["num_tokens"] >= 40 and 0 <= s["alpha_min_pq"] <= 1
@@ -190,3 +192,328 @@ def test_paper_configs_parse_with_the_papers_gamma():
     exp = run.parse_config([str(f)], [])
     assert exp.alpha_only_tokens == 10_000
   gin.clear_config()
+
+
+# ------------------------------------------------------- issue 9: integrity
+
+
+def _snapshot(w: Path) -> dict[str, bytes]:
+  """Every file under a workdir, for 'nothing was changed' assertions."""
+  return {str(p.relative_to(w)): p.read_bytes() for p in sorted(w.rglob("*")) if p.is_file()}
+
+
+def _cli(capsys, *args) -> tuple[int, str, str]:
+  """Runs the runner in-process (jit caches are shared across calls)."""
+  capsys.readouterr()
+  rc = run.run_args(list(args))
+  out = capsys.readouterr()
+  return rc, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def spec_run(env):
+  """One finished speculative run (2 examples; example ex1's input is truncated)."""
+  rows = (env / "data.tsv").read_text().splitlines()
+  long = " ".join(WORDS * 3)
+  rows[2] = f"ex1\t{long}\t{long}"  # index 1: the first measured example
+  (env / "data_long.tsv").write_text("\n".join(rows) + "\n")
+  cfg = env / "spec.gin"
+  cfg.write_text((env / "exp.gin").read_text().replace(str(env / "data.tsv"),
+                                                       str(env / "data_long.tsv"))
+                 + "Experiment.num_examples = 2\n")
+  w = env / "w_spec"
+  assert run.run_args([f"--config={cfg}", f"--workdir={w}"]) == 0
+  return cfg, w
+
+
+def test_truncated_inputs_are_logged_and_marked(spec_run, env):
+  cfg, w = spec_run
+  recs = _lines(w / "examples.jsonl")
+  assert [r["input_truncated"] for r in recs] == [True, False]
+  assert all(r["mode"] == "speculative" for r in recs)
+  exp = run.parse_config([str(cfg)], ["Experiment.on_too_long = 'error'"])
+  with pytest.raises(ValueError, match=r"example id='ex1' has \d+ tokens .*max_len=24"):
+    run.prepare(exp)
+
+
+def test_workdir_mode_is_recorded_and_the_other_mode_refused(spec_run, env, capsys, tmp_path):
+  cfg, w = spec_run
+  before = _snapshot(w)
+  rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume", "--alpha_only")
+  assert rc == 2 and "holds a speculative run" in err and "this run is alpha_only" in err
+  assert _snapshot(w) == before
+  # The reverse: an alpha-only workdir (a line written before modes were recorded).
+  wa = tmp_path / "alpha"
+  wa.mkdir()
+  (wa / "examples.jsonl").write_text('{"index": 1, "id": "ex1", "tokens": 5, '
+                                     '"min_pq_sum": 2.0, "alpha_min_pq": 0.4}\n')
+  before = _snapshot(wa)
+  rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={wa}", "--resume")
+  assert rc == 2 and "holds a alpha_only run" in err and "this run is speculative" in err
+  assert _snapshot(wa) == before
+
+
+def test_failed_run_leaves_no_files_and_a_stale_config_is_replaced(spec_run, env, capsys,
+                                                                   tmp_path, monkeypatch):
+  cfg, _ = spec_run
+  # Dies after loading, during warm-up (Ctrl-C): no directory, no config.gin.
+  w = tmp_path / "died"
+
+  def interrupt(*a, **k):
+    raise KeyboardInterrupt
+  with monkeypatch.context() as m:
+    m.setattr(run, "block", interrupt)
+    rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}")
+  assert rc == 130 and "interrupted" in err and not w.exists()
+  # A workdir holding only a stale config.gin (old runner) is reused, and its
+  # config.gin replaced by the one describing the results.
+  w.mkdir()
+  (w / "config.gin").write_text("Experiment.gamma = 2\n")
+  rc, out, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume")
+  assert rc == 0, err
+  assert "Experiment.gamma = 3" in (w / "config.gin").read_text()
+  assert len(_lines(w / "examples.jsonl")) == 2
+
+
+@pytest.mark.parametrize("binding,message", [
+    ("Experiment.gamma = 2.5", r"Experiment.gamma must be int, got 2.5 \(float\)"),
+    ("Experiment.gamma = '3'", r"Experiment.gamma must be int, got '3' \(str\)"),
+    ("Experiment.dtype = 'float8'", r"Experiment.dtype must be one of .*got 'float8'"),
+    ("Experiment.max_decode_len = 1000000000",
+     r"Experiment.max_decode_len=1000000000 .* needs about \d+\.\d GiB .*target KV cache"),
+])
+def test_types_and_sizes_fail_before_loading(env, monkeypatch, binding, message):
+  def no_load(*a, **k):
+    raise AssertionError("weights were read")
+  monkeypatch.setattr(run, "_load_model", no_load)
+  exp = run.parse_config([str(env / "exp.gin")], [binding])
+  t0 = time.perf_counter()
+  with pytest.raises(ValueError, match=message):
+    run.prepare(exp)
+  assert time.perf_counter() - t0 < 5
+
+
+def test_data_errors_name_file_and_line(spec_run, env, capsys, tmp_path):
+  bad = tmp_path / "latin1.tsv"
+  bad.write_bytes("id\tinput\treference\na\tthou\tyou\nb\tcaf\xe9\tx\n".encode("latin-1"))
+  with pytest.raises(ValueError, match=r"latin1.tsv:3: not valid UTF-8 \(byte 0xe9"):
+    run.load_data(run.parse_config([str(env / "exp.gin")],
+                                   [f"Experiment.source = '{bad}'"]))
+  # A corrupt middle line of examples.jsonl: refused on resume, nothing changed.
+  cfg, w0 = spec_run
+  w = tmp_path / "w"
+  shutil.copytree(w0, w)
+  lines = (w / "examples.jsonl").read_text().splitlines()
+  (w / "examples.jsonl").write_text(lines[0][:40] + "\n" + lines[1] + "\n")
+  before = _snapshot(w)
+  rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume")
+  assert rc == 2 and "examples.jsonl:1: corrupt line" in err
+  assert _snapshot(w) == before
+
+
+# ------------------------------------------------ issue 9: drafts from outside
+
+
+@pytest.fixture
+def registry():
+  """Removes whatever a test registers."""
+  from specdec_jax import drafts
+  before = dict(drafts.REGISTRY)
+  yield drafts
+  drafts.REGISTRY.clear()
+  drafts.REGISTRY.update(before)
+  sys.modules.pop("my_draft", None)
+
+
+def test_example_draft_runs_from_outside_the_repo(env, capsys, tmp_path, monkeypatch,
+                                                  registry):
+  """examples/my_draft.py, copied to a directory outside the repo, via --import."""
+  shutil.copy(REPO / "examples" / "my_draft.py", tmp_path / "my_draft.py")
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, "path", list(sys.path))
+  rc, out, err = _cli(capsys, f"--config={env / 'exp.gin'}", "--import=my_draft",
+                      "--workdir=w", "--gin_bindings=Experiment.draft_name = 'repeat_last'",
+                      "--gin_bindings=Experiment.draft_checkpoint = ''",
+                      "--gin_bindings=Experiment.num_examples = 2")
+  assert rc == 0, err
+  assert "| toy | repeat_last | 0 | 3 |" in out
+  s = json.loads((tmp_path / "w" / "summary.json").read_text())
+  assert s["mismatches_vs_baseline"] == 0 and s["num_examples"] == 2
+  # The other documented way: gin's own `import` line in the user's config.
+  registry.REGISTRY.pop("repeat_last")
+  sys.modules.pop("my_draft")
+  (tmp_path / "mine.gin").write_text("import my_draft\nExperiment.draft_name = 'repeat_last'\n")
+  assert run.parse_config([str(tmp_path / "mine.gin")], []).draft_name == "repeat_last"
+  assert "repeat_last" in registry.REGISTRY
+
+
+def test_bad_drafts_fail_clearly_before_compilation(env, registry):
+  import jax.numpy as jnp
+  from flax import struct
+
+  @registry.register("short_q")
+  @struct.dataclass
+  class ShortQ:  # registered as a class; q misses the last token of the vocabulary
+    vocab_size: int = struct.field(pytree_node=False)
+
+    def init(self, inputs, cache_len):
+      return ()
+
+    def propose(self, state, seq, length, gamma, sampling, key):
+      b = seq.shape[0]
+      return (jnp.zeros((b, gamma), jnp.int32),
+              jnp.full((b, gamma, self.vocab_size - 1), 1.0 / (self.vocab_size - 1)), state)
+
+    def commit(self, state, seq, length):
+      return state
+
+  @registry.register("not_a_distribution")
+  def build_doubled(vocab_size):  # registered as a builder function
+    return _Doubled(vocab_size)
+
+  base = ["Experiment.draft_checkpoint = ''"]
+  exp = run.parse_config([str(env / "exp.gin")], base + ["Experiment.draft_name = 'short_q'"])
+  with pytest.raises(ValueError, match=r"approximation model 'short_q' \(.*ShortQ\)\.propose "
+                     r"returned tokens \(1, 3\) int32 and q \(1, 3, 63\).*expected.*\(1, 3, 64\)"):
+    run.prepare(exp)
+  exp = run.parse_config([str(env / "exp.gin")],
+                         base + ["Experiment.draft_name = 'not_a_distribution'"])
+  with pytest.raises(ValueError, match=r"'not_a_distribution' .*\.propose returned a q "
+                     r"\(1, 3, 64\) that is not a distribution.*sums in \[2"):
+    run.prepare(exp)
+  # A draft that takes no checkpoint, given one: refused before any loading.
+  exp = run.parse_config([str(env / "exp.gin")], ["Experiment.draft_name = 'prompt_lookup'"])
+  with pytest.raises(ValueError, match=r"draft_checkpoint=.* is set but approximation model "
+                     r"'prompt_lookup' takes no checkpoint"):
+    exp.validate()
+
+
+class _Doubled:
+  """A plain-class draft whose q sums to 2."""
+
+  def __init__(self, vocab_size):
+    self.vocab_size = vocab_size
+
+  def init(self, inputs, cache_len):
+    return ()
+
+  def propose(self, state, seq, length, gamma, sampling, key):
+    import jax.numpy as jnp
+    b = seq.shape[0]
+    return (jnp.zeros((b, gamma), jnp.int32),
+            jnp.full((b, gamma, self.vocab_size), 2.0 / self.vocab_size), state)
+
+  def commit(self, state, seq, length):
+    return state
+
+
+# ------------------------------------- issue 9: errors, packaging, workflow
+
+
+def test_corrupt_checkpoint_ends_in_one_clear_line_from_outside_the_repo(env, tmp_path):
+  """A subprocess run from a directory outside the repo (python -m works anywhere)."""
+  ckpt = tmp_path / "target"
+  shutil.copytree(env / "target", ckpt)
+  data_file = max((p for p in ckpt.rglob("*") if p.is_file() and "ocdbt.process" in str(p)),
+                  key=lambda p: p.stat().st_size)
+  raw = bytearray(data_file.read_bytes())
+  raw[: len(raw) // 2] = bytes(len(raw) // 2)
+  data_file.write_bytes(bytes(raw))
+  cmd = [sys.executable, "-m", "specdec_jax.run", f"--config={env / 'exp.gin'}",
+         f"--gin_bindings=Experiment.target_checkpoint = '{ckpt}'", "--workdir=w"]
+  e = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  res = subprocess.run(cmd, cwd=tmp_path, env=e, capture_output=True, text=True, timeout=300)
+  last = res.stderr.strip().splitlines()[-1]
+  assert res.returncode == 2, res.stderr[-3000:]
+  assert last.startswith("error: ") and str(ckpt / "params") in last, res.stderr[-3000:]
+  assert "corrupt or unreadable checkpoint data" in last
+  assert "Traceback" not in res.stderr
+  assert not (tmp_path / "w").exists()
+
+
+def test_pyproject_lists_the_package_and_runtime_deps():
+  import tomllib
+  meta = tomllib.loads((REPO / "pyproject.toml").read_text())
+  req = [l.strip() for l in (REPO / "requirements.txt").read_text().splitlines()
+         if l.strip() and not l.startswith("#") and not l.startswith("pytest")]
+  assert meta["project"]["name"] == "specdec_jax"
+  assert sorted(meta["project"]["dependencies"]) == sorted(req)
+  assert meta["build-system"]["build-backend"] == "setuptools.build_meta"
+
+
+def test_relative_paths_resolve_next_to_the_config(env, tmp_path, monkeypatch):
+  d = tmp_path / "cfgdir"
+  d.mkdir()
+  shutil.copy(env / "data.tsv", d / "mydata.tsv")
+  (d / "rel.gin").write_text(f"include '{env / 'exp.gin'}'\n"
+                             "Experiment.source = 'mydata.tsv'\n")
+  monkeypatch.chdir(tmp_path)  # neither the config's directory nor the repo
+  exp = run.parse_config([str(d / "rel.gin")], [])
+  exp.validate()
+  assert Path(run._resolve(exp.source)) == d / "mydata.tsv"
+
+
+def test_resume_prints_a_finished_run_and_extends_a_raised_num_examples(
+    spec_run, capsys, tmp_path, monkeypatch):
+  cfg, w0 = spec_run
+  w = tmp_path / "w"
+  shutil.copytree(w0, w)
+  before = _snapshot(w)
+
+  def no_models(*a, **k):
+    raise AssertionError("models were loaded")
+  with monkeypatch.context() as m:
+    m.setattr(run, "load_models", no_models)
+    rc, out, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume")
+  assert rc == 0, err
+  assert "| TASK | M_q |" in out and "| toy | draft | 0 | 3 |" in out
+  assert _snapshot(w) == before
+  # Lowering num_examples is refused; raising it extends the run.
+  rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume",
+                    "--gin_bindings=Experiment.num_examples = 1")
+  assert rc == 2 and "can only be raised on resume" in err and _snapshot(w) == before
+  rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume",
+                    "--gin_bindings=Experiment.gamma = 2")
+  assert rc == 2 and "+ Experiment.gamma = 2" in err and _snapshot(w) == before
+  rc, out, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume",
+                      "--gin_bindings=Experiment.num_examples = 3")
+  assert rc == 0, err
+  assert (w / "examples.jsonl").read_bytes().startswith(before["examples.jsonl"])
+  assert [r["index"] for r in _lines(w / "examples.jsonl")] == [1, 2, 3]
+  assert "Experiment.num_examples = 3" in (w / "config.gin").read_text()
+
+
+def test_alpha_only_skips_warmup_and_says_when_examples_ran_out(env, capsys, tmp_path):
+  w = tmp_path / "a"
+  rc, out, err = _cli(capsys, f"--config={env / 'exp.gin'}", f"--workdir={w}", "--alpha_only",
+                      "--gin_bindings=Experiment.num_examples = 2",
+                      "--gin_bindings=Experiment.alpha_only_tokens = 1000000")
+  assert rc == 0, err
+  assert [r["index"] for r in _lines(w / "examples.jsonl")] == [1, 2]  # index 0 is warm-up
+  assert "examples ran out after 2 examples" in out and "alpha_only_tokens=1000000" in out
+  s = json.loads((w / "summary.json").read_text())
+  assert s["budget_reached"] is False and s["num_examples"] == 2
+
+
+def test_table2_config_lists_every_missing_macro():
+  exp = run.parse_config([str(REPO / "configs/table2/ende_small_t0.gin")],
+                         ["VOCAB_PATH = ''"])
+  with pytest.raises(ValueError) as e:
+    exp.validate()
+  msg = str(e.value)
+  for macro, field in (("TARGET_CHECKPOINT", "target_checkpoint"),
+                       ("DRAFT_SMALL_CHECKPOINT", "draft_checkpoint"),
+                       ("VOCAB_PATH", "vocab_path")):
+    assert f"{macro} (Experiment.{field} is not set" in msg
+  gin.clear_config()
+
+
+def test_help_lists_settings_and_library_info_is_quiet():
+  import logging as std_logging
+  assert "Experiment settings" in run.__doc__ and "  gamma: int = 5" in run.__doc__
+  assert "  dtype: str = 'float32'" in run.__doc__
+  f = run._LibraryFilter()
+  rec = lambda path, level: std_logging.LogRecord("absl", level, path, 1, "m", (), None)
+  assert not f.filter(rec("/site-packages/orbax/checkpoint/x.py", std_logging.INFO))
+  assert f.filter(rec("/site-packages/orbax/checkpoint/x.py", std_logging.WARNING))
+  assert f.filter(rec(str(REPO / "specdec_jax" / "run.py"), std_logging.INFO))

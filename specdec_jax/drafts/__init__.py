@@ -2,49 +2,116 @@
 
 ``REGISTRY`` maps a name to a builder; a config selects a draft by that name
 (the runner's ``draft_name`` binding), so swapping approximation models needs
-no code change. Register a new one with ``register("name")``.
+no code change. Register a new one with ``@register("name")`` on a builder
+function or directly on the draft class; see ``build`` for the arguments a
+builder may take.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import inspect
+from typing import Any, Callable, Optional
 
-from specdec_jax.drafts.base import ApproximationModel, gather_positions
+from specdec_jax.drafts.base import (ApproximationModel, DraftInterfaceError, check_interface,
+                                     gather_positions)
 from specdec_jax.drafts.ngram import BigramDraft, UnigramDraft
 from specdec_jax.drafts.prompt_lookup import PromptLookupDraft
 from specdec_jax.drafts.t5_draft import T5Draft
 
 REGISTRY: dict[str, Callable[..., ApproximationModel]] = {}
 
+# What the runner offers every builder; a builder declares the ones it uses.
+BUILD_ARGS = ("vocab_size", "vocab", "max_ngram", "model", "params", "corpus")
+
 
 def register(name: str):
-  """Decorator: make a builder selectable by ``name``."""
-  def deco(fn):
-    if name in REGISTRY:
-      raise ValueError(f"approximation model {name!r} is already registered")
-    REGISTRY[name] = fn
-    return fn
+  """Decorator: make a builder function, or a draft class, selectable by ``name``.
+
+  A class is called like a builder, with the ``build`` arguments its
+  constructor names. Re-registering the same object (a module imported twice,
+  e.g. by ``--import`` and a gin ``import`` line) is allowed.
+  """
+  def deco(obj):
+    old = REGISTRY.get(name)
+    if old is not None and _qualname(old) != _qualname(obj):
+      raise ValueError(f"approximation model {name!r} is already registered "
+                       f"({_qualname(old)})")
+    REGISTRY[name] = obj
+    return obj
   return deco
 
 
-def build(name: str, **kwargs) -> ApproximationModel:
+def _qualname(obj: Any) -> str:
+  return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def _signature(name: str) -> Optional[inspect.Signature]:
+  try:
+    return inspect.signature(REGISTRY[name])
+  except (TypeError, ValueError):  # builtins without a signature: pass everything
+    return None
+
+
+def takes(name: str, arg: str) -> bool:
+  """Whether the builder registered as ``name`` accepts keyword ``arg``."""
+  sig = _signature(name)
+  if sig is None:
+    return True
+  return arg in sig.parameters or any(p.kind is p.VAR_KEYWORD
+                                      for p in sig.parameters.values())
+
+
+def requires(name: str) -> list[str]:
+  """The build arguments the builder ``name`` cannot do without (no default)."""
+  sig = _signature(name)
+  if sig is None:
+    return []
+  return [p.name for p in sig.parameters.values()
+          if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def build(name: str, **kwargs: Any) -> ApproximationModel:
   """Build the approximation model registered as ``name``.
 
-  The runner passes every builder the same keywords — ``vocab_size``,
-  ``max_ngram``, and when configured ``model``/``params`` (a draft checkpoint)
-  and ``corpus`` (token sequences) — so builders accept ``**_`` for the rest.
+  The runner offers ``vocab_size`` (the target's), ``vocab`` (the tokenizer),
+  ``max_ngram``, and when configured ``model``/``params`` (a draft
+  checkpoint) and ``corpus`` (token sequences). Each builder receives only the
+  keywords its signature names (all of them if it takes ``**kwargs``).
   """
   if name not in REGISTRY:
     raise ValueError(f"unknown approximation model {name!r}; known: {sorted(REGISTRY)}")
-  return REGISTRY[name](**kwargs)
+  missing = [a for a in requires(name) if a not in kwargs]
+  if missing:
+    raise ValueError(f"approximation model {name!r} ({_qualname(REGISTRY[name])}) needs "
+                     f"{missing}, which the runner did not provide; it offers {list(BUILD_ARGS)}"
+                     " (model/params come from Experiment.draft_checkpoint, corpus from "
+                     "Experiment.ngram_corpus)")
+  kw = {k: v for k, v in kwargs.items() if takes(name, k)}
+  return REGISTRY[name](**kw)
 
 
-register("t5")(lambda model, params, **_: T5Draft(params=params, model=model))
-register("unigram")(lambda corpus, vocab_size, **_: UnigramDraft.fit(corpus, vocab_size))
-register("bigram")(lambda corpus, vocab_size, **_: BigramDraft.fit(corpus, vocab_size))
-register("prompt_lookup")(
-    lambda vocab_size, max_ngram=3, **_: PromptLookupDraft(vocab_size=vocab_size,
-                                                           max_ngram=max_ngram))
+@register("t5")
+def _t5(model, params) -> T5Draft:
+  return T5Draft(params=params, model=model)
 
-__all__ = ["ApproximationModel", "BigramDraft", "PromptLookupDraft", "REGISTRY",
-           "T5Draft", "UnigramDraft", "build", "gather_positions", "register"]
+
+@register("unigram")
+def _unigram(corpus, vocab_size) -> UnigramDraft:
+  return UnigramDraft.fit(corpus, vocab_size)
+
+
+@register("bigram")
+def _bigram(corpus, vocab_size) -> BigramDraft:
+  return BigramDraft.fit(corpus, vocab_size)
+
+
+@register("prompt_lookup")
+def _prompt_lookup(vocab_size, max_ngram=3) -> PromptLookupDraft:
+  return PromptLookupDraft(vocab_size=vocab_size, max_ngram=max_ngram)
+
+
+BUILTIN = frozenset(REGISTRY)
+
+__all__ = ["ApproximationModel", "BUILD_ARGS", "DraftInterfaceError", "BUILTIN", "BigramDraft", "PromptLookupDraft",
+           "REGISTRY", "T5Draft", "UnigramDraft", "build", "check_interface",
+           "gather_positions", "register", "requires", "takes"]
