@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces the demo's Table 3-style alpha table (docs/benchmarks.md) with the
-# experiment runner: --alpha_only (10k target tokens each) for unigram, bigram
-# (estimated on the train split), prompt lookup and both T5 drafts, at T=0 and
-# T=1. (The Table 4-style table comes from scripts/bench_speculative.py.)
+# experiment runner: --alpha_only (TOKENS target tokens each, default 5000)
+# for bigram (estimated on the train split), prompt lookup (NGRAM_DRAFTS
+# overrides; add unigram there) and the T5 drafts, at T=0 and T=1. (The Table 4-style table comes from scripts/bench_speculative.py.)
 # Usage: bash scripts/demo_alpha_table.sh [OUT_DIR]   (default runs/demo_alpha)
 # DRAFTS="dir ..." overrides the T5 drafts measured (e.g. to add undistilled
 # ones: their label is "<parent>/<name>").
@@ -10,10 +10,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/demo_alpha}
 PY=${PYTHON:-python}
-run() { "$PY" -m specdec_jax.run --config=configs/demo.gin "$@"; }
+# alpha-only times nothing, so examples are decoded 32 at a time.
+run() { "$PY" -m specdec_jax.run --config=configs/demo.gin "$@" \
+  --gin_bindings="Experiment.batch_size = ${BATCH:-32}" \
+  --gin_bindings="Experiment.alpha_only_tokens = ${TOKENS:-5000}"; }
 
 for t in 0 1; do
-  for d in unigram bigram prompt_lookup; do
+  for d in ${NGRAM_DRAFTS:-bigram prompt_lookup}; do
     run --alpha_only --workdir="$OUT/alpha/${d}_t$t" \
       --gin_bindings="Experiment.draft_name = '$d'" \
       --gin_bindings="Experiment.draft_label = '$d'" \
