@@ -14,7 +14,6 @@ pipeline runs, in well under a minute).
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from absl import app, flags
@@ -42,32 +41,10 @@ flags.DEFINE_bool("resume", False, "continue a run in an existing workdir/output
 flags.DEFINE_bool("smoke", False, "random micro models, a few steps, all under --workdir")
 
 
-def _smoke(workdir: str) -> dict:
-  """Random micro target/draft + the demo vocabulary: exercises every stage."""
-  import jax
-  from specdec_jax.checkpoints import save_checkpoint
-  from specdec_jax.models.t5 import T5Config, T5Model
-  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  for name, d in (("target", 32), ("draft", 16)):
-    cfg = T5Config(vocab_size=8000, d_model=d, num_heads=1, head_dim=16, num_encoder_layers=1,
-                   num_decoder_layers=1, d_ff=2 * d)
-    save_checkpoint(os.path.join(workdir, name), T5Model(cfg).init(jax.random.PRNGKey(0)),
-                    cfg, overwrite=True)
-  job = distill.DistillJob(
-      os.path.join(workdir, "target"), os.path.join(workdir, "draft"),
-      os.path.join(workdir, "distilled"), os.path.join(workdir, "run"),
-      source=os.path.join(here, "data/bible/validation.tsv"), max_examples=48,
-      eval_source=os.path.join(here, "data/bible/test.tsv"), eval_max_examples=16,
-      vocab_path=os.path.join(here, "checkpoints/demo/spm.model"), max_input_len=32,
-      max_decode_len=32, modes=("greedy",), generate_batch_size=16, steps=4,
-      batch_tokens=256, eval_every=2, resume=True)
-  return distill.run_job(job)
-
-
 def main(argv) -> None:
   del argv
   if FLAGS.smoke:
-    summary = _smoke(FLAGS.workdir or "runs/distill_smoke")
+    summary = distill.smoke_job(FLAGS.workdir or "runs/distill_smoke")
   else:
     kw = {f: getattr(FLAGS, f) for f in distill.DistillJob.__dataclass_fields__
           if f in FLAGS and f != "modes"}

@@ -126,7 +126,8 @@ def train_model(name: str, cfg: T5Config, train_pairs, val_pairs, args) -> train
       lambda start: training.batch_stream(train_pairs, args.batch_tokens, args.seed, start),
       opt_cfg, os.path.join(args.workdir, name),
       evaluate=lambda p: {"val_loss": val_ce(p)}, eval_every=args.eval_every,
-      ckpt_minutes=args.ckpt_minutes, max_minutes=args.minutes.get(name), name=name, seed=args.seed,
+      ckpt_minutes=args.ckpt_minutes, max_minutes=args.minutes.get(name), name=name,
+      seed=args.seed,
       log_fn=lambda m: print(m, flush=True))
 
 

@@ -405,3 +405,25 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
     json.dump(summary, f, indent=1)
   log_fn(f"distilled draft written to {job.output_dir}")
   return summary
+
+
+def smoke_job(workdir: str, log_fn: Callable[[str], None] = print) -> dict:
+  """Every stage of ``run_job`` on random micro models and the demo vocabulary,
+  in seconds (``scripts/distill_draft.py --smoke``)."""
+  from specdec_jax.checkpoints import save_checkpoint
+  from specdec_jax.models.t5 import T5Config
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  for name, d in (("target", 32), ("draft", 16)):
+    cfg = T5Config(vocab_size=8000, d_model=d, num_heads=1, head_dim=16, num_encoder_layers=1,
+                   num_decoder_layers=1, d_ff=2 * d)
+    save_checkpoint(os.path.join(workdir, name), T5Model(cfg).init(jax.random.PRNGKey(0)),
+                    cfg, overwrite=True)
+  job = DistillJob(
+      os.path.join(workdir, "target"), os.path.join(workdir, "draft"),
+      os.path.join(workdir, "distilled"), os.path.join(workdir, "run"),
+      source=os.path.join(repo, "data/bible/validation.tsv"), max_examples=48,
+      eval_source=os.path.join(repo, "data/bible/test.tsv"), eval_max_examples=16,
+      vocab_path=os.path.join(repo, "checkpoints/demo/spm.model"), max_input_len=32,
+      max_decode_len=32, modes=("greedy",), generate_batch_size=16, steps=4,
+      batch_tokens=256, eval_every=2, resume=True)
+  return run_job(job, log_fn)

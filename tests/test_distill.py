@@ -148,13 +148,7 @@ def test_job_refuses_bad_input_before_work(tmp_path):
 def test_smoke_job_runs_every_stage(tmp_path):
   """scripts/distill_draft.py --smoke: target outputs, training, export, agreement
   before/after, on random micro models and the demo vocabulary."""
-  import importlib.util
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  spec = importlib.util.spec_from_file_location(
-      "distill_draft", os.path.join(repo, "scripts", "distill_draft.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  summary = mod._smoke(str(tmp_path))
+  summary = distill.smoke_job(str(tmp_path), log_fn=lambda m: None)
   assert summary["steps"] == 4 and summary["training_inputs"] == 48
   assert set(summary["before"]) == {"greedy_agreement", "t1_acceptance"}
   from specdec_jax.checkpoints import load_checkpoint
