@@ -174,6 +174,11 @@ def hf_generate(model, input_ids: np.ndarray, *, max_new_tokens: int, temperatur
   else:
     kw.update(do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0)
     torch.manual_seed(seed)
+  # transformers 5.23 sizes its default generation cache by num_layers (the
+  # encoder's depth): a T5 whose decoder is deeper fails with an IndexError.
+  # A fresh cache that grows per layer avoids it (no effect on the outputs).
+  from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+  kw["past_key_values"] = EncoderDecoderCache(DynamicCache(), DynamicCache())
   if assistant is not None:
     kw["assistant_model"] = assistant
     if assistant_cache_fix:
