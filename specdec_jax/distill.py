@@ -22,6 +22,7 @@ Everything trains through ``specdec_jax.training.fit``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any, Callable, Optional, Sequence
@@ -94,6 +95,23 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
   for m in modes:
     if m not in OUTPUT_MODES:
       raise ValueError(f"unknown output mode {m!r}; known: {OUTPUT_MODES}")
+  # What the file's records are outputs *of*: a resumed run under other
+  # settings (another target, length, temperature, seed) must not reuse them.
+  meta = {"target": dataclasses.asdict(target.config), "max_decode_len": max_decode_len,
+          "temperature": temperature, "seed": seed, "num_inputs": len(inputs)}
+  meta_path = path + ".meta.json"
+  if os.path.exists(meta_path):
+    with open(meta_path, encoding="utf-8") as f:
+      old = json.load(f)
+    if old != json.loads(json.dumps(meta)):
+      diff = sorted(k for k in meta if old.get(k) != json.loads(json.dumps(meta))[k])
+      raise ValueError(f"{path} holds target outputs made with other settings ({diff} differ, "
+                       f"see {meta_path}); use another workdir")
+  elif os.path.exists(path) and os.path.getsize(path):
+    raise ValueError(f"{path} has records but no {meta_path}: cannot tell what made them")
+  else:
+    with open(meta_path, "w", encoding="utf-8") as f:
+      json.dump(meta, f)
   done = read_outputs(path)
   eos = target.config.eos_id
   chunks = _bucketed_chunks([len(x) for x in inputs], batch_size, buckets)
@@ -206,24 +224,28 @@ def distill_loss(draft: T5Model, target: T5Model, target_params: Any,
 # ---------------------------------------------------------------- agreement
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targets):
+  """Summed greedy matches, Σ min(p, q) and non-pad count over one batch (jitted
+  once per model pair and shape, so repeated evaluations during training reuse it)."""
+  dec_in = shift_right(targets, draft.config.decoder_start_id)
+  lp = jax.nn.log_softmax(target(tp, inputs, dec_in))
+  lq = jax.nn.log_softmax(draft(dp, inputs, dec_in))
+  mask = (targets != draft.config.pad_id).astype(jnp.float32)
+  greedy = (jnp.argmax(lp, -1) == jnp.argmax(lq, -1)).astype(jnp.float32)
+  overlap = jnp.sum(jnp.minimum(jnp.exp(lp), jnp.exp(lq)), -1)
+  return jnp.sum(greedy * mask), jnp.sum(overlap * mask), jnp.sum(mask)
+
+
 def agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params: Any,
               batches: Sequence[training.Batch]) -> dict[str, float]:
   """Teacher-forced agreement along the batches' target sequences: greedy
   (argmax match, α at T=0 along those prefixes) and Σ_x min(p, q) at T=1
   (α at T=1, Definition 3.1), token-weighted over non-pad positions."""
-  @jax.jit
-  def sums(tp, dp, inputs, targets):
-    dec_in = shift_right(targets, draft.config.decoder_start_id)
-    lp = jax.nn.log_softmax(target(tp, inputs, dec_in))
-    lq = jax.nn.log_softmax(draft(dp, inputs, dec_in))
-    mask = (targets != draft.config.pad_id).astype(jnp.float32)
-    greedy = (jnp.argmax(lp, -1) == jnp.argmax(lq, -1)).astype(jnp.float32)
-    overlap = jnp.sum(jnp.minimum(jnp.exp(lp), jnp.exp(lq)), -1)
-    return jnp.sum(greedy * mask), jnp.sum(overlap * mask), jnp.sum(mask)
-
   g = o = n = 0.0
   for b in batches:
-    sg, so, sn = sums(target_params, draft_params, b["inputs"], b["targets"])
+    sg, so, sn = _agreement_sums(target, draft, target_params, draft_params, b["inputs"],
+                                 b["targets"])
     g, o, n = g + float(sg), o + float(so), n + float(sn)
   n = max(n, 1.0)
   return {"greedy_agreement": g / n, "t1_acceptance": o / n}

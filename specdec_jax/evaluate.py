@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -22,6 +21,7 @@ import numpy as np
 
 from specdec_jax import distill, training
 from specdec_jax.models.t5 import T5Model
+from specdec_jax.timing import time_call
 
 
 def greedy_outputs(model: T5Model, params: Any, inputs: Sequence[Sequence[int]],
@@ -42,12 +42,7 @@ def decode_step_seconds(model: T5Model, params: Any, src_len: int = 64, cache_le
   step = jax.jit(model.decode)
   tokens = jnp.ones((1, 1), jnp.int32)
   pos = jnp.full((1, 1), position, jnp.int32)
-  jax.block_until_ready(step(params, tokens, pos, cache))
-  times = []
-  for _ in range(reps):
-    t = time.perf_counter()
-    jax.block_until_ready(step(params, tokens, pos, cache))
-    times.append(time.perf_counter() - t)
+  times = time_call(lambda: step(params, tokens, pos, cache), repeats=reps)
   return float(np.median(times))
 
 

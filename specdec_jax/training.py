@@ -248,12 +248,14 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
     batch = dict(next(stream), step_key=jax.random.fold_in(jax.random.PRNGKey(seed), step))
     params, opt_state, loss, aux = train_step(params, opt_state, batch)
     step += 1
+    # Device scalars: read back only when logged, so steps dispatch without a
+    # host round trip each.
     for k, v in {"train_loss": loss, **aux}.items():
-      window.setdefault(k, []).append(float(v))
+      window.setdefault(k, []).append(v)
     done = step >= opt_cfg.total_steps
     over_time = max_minutes is not None and time.time() - t0 > 60 * max_minutes
     if step % eval_every == 0 or done or over_time:
-      rec = {"step": step, **{k: float(np.mean(v)) for k, v in window.items()}}
+      rec = {"step": step, **{k: float(np.mean(jax.device_get(v))) for k, v in window.items()}}
       if evaluate is not None:
         rec.update(evaluate(params))
       rec["wall_s"] = round(elapsed_before + time.time() - t0, 1)

@@ -69,6 +69,10 @@ def test_target_outputs_equal_baseline_and_resume(tiny_target, tmp_path):
                                           batch_size=4, buckets=(12,), log_fn=msgs.append)
   assert again == got
   assert "1 chunks to generate" in msgs[0]
+  # Outputs made under other settings are never reused.
+  with pytest.raises(ValueError, match=r"other settings \(\['max_decode_len'\]"):
+    distill.generate_target_outputs(model, params, inputs, path, max_decode_len=11,
+                                    batch_size=4, buckets=(12,), log_fn=lambda m: None)
   # A corrupt middle line names the file and line.
   with open(path) as f:
     lines = f.readlines()
