@@ -23,6 +23,7 @@ from flax import struct
 
 from specdec_jax.drafts.base import ApproximationModel, gather_positions
 from specdec_jax.models.t5 import DecoderCache, T5Model
+from specdec_jax.partitioning import Partitioner, constrain_batch, constrain_cache
 from specdec_jax.sampling import SamplingConfig, sample, standardize
 from specdec_jax.speculative import speculative_sampling
 
@@ -68,25 +69,34 @@ class _BaselineState:
   key: Array
 
 
+def _pin(seq: Array, length: Array, done: Array, partitioner: Partitioner | None):
+  """The loop's per-row state, batch over the mesh's 'data' axis (if sharded)."""
+  return (constrain_batch(seq, partitioner, "seq"), constrain_batch(length, partitioner, "length"),
+          constrain_batch(done, partitioner, "done"))
+
+
 @functools.partial(jax.jit, static_argnames=("model", "max_decode_len", "sampling",
-                                             "eos_id"))
+                                             "eos_id", "partitioner"))
 def temperature_sample(model: T5Model, params: Any, inputs: Array, key: Array, *,
                        max_decode_len: int, sampling: SamplingConfig = SamplingConfig(),
-                       eos_id: int = 1) -> DecodeOutput:
+                       eos_id: int = 1, partitioner: Partitioner | None = None) -> DecodeOutput:
   """Plain autoregressive decoding with T5X ``temperature_sample`` semantics.
 
   One target call per token. inputs [B, S] int32 (0 = pad). The baseline every
   speedup is measured against: the same cached decode as the engine uses.
+  With a ``partitioner`` (``specdec_jax.partitioning``), params are expected
+  on its mesh and the caches and per-row state are pinned to its layout.
   """
   _validate(max_decode_len)
   b = inputs.shape[0]
   cfg = model.config
   encoded = model.encode(params, inputs)
+  cache = model.init_cache(params, encoded, inputs, max_decode_len)
+  seq, length, done = _pin(_init_seq(b, max_decode_len + 1, cfg.decoder_start_id),
+                           jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool), partitioner)
   state = _BaselineState(
-      seq=_init_seq(b, max_decode_len + 1, cfg.decoder_start_id),
-      length=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool),
-      log_prob=jnp.zeros((b,), jnp.float32),
-      cache=model.init_cache(params, encoded, inputs, max_decode_len), key=key)
+      seq=seq, length=length, done=done, log_prob=jnp.zeros((b,), jnp.float32),
+      cache=constrain_cache(cache, partitioner, "target cache"), key=key)
 
   def body(s: _BaselineState) -> _BaselineState:
     key, k_step = jax.random.split(s.key)
@@ -100,8 +110,9 @@ def temperature_sample(model: T5Model, params: Any, inputs: Array, key: Array, *
                     token[:, None], s.seq)
     length = s.length + live
     done = s.done | (live & (token == eos_id)) | (length >= max_decode_len)
+    seq, length, done = _pin(seq, length, done, partitioner)
     return _BaselineState(seq, length, done, s.log_prob + jnp.where(live, token_lp, 0.0),
-                          cache, key)
+                          constrain_cache(cache, partitioner, "target cache"), key)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return DecodeOutput(_outputs(state.seq, state.length, max_decode_len), state.log_prob,
@@ -168,11 +179,11 @@ class _SpecState:
 
 
 @functools.partial(jax.jit, static_argnames=("target", "gamma", "max_decode_len", "sampling",
-                                             "lenience", "eos_id"))
+                                             "lenience", "eos_id", "partitioner"))
 def speculative_decode(target: T5Model, target_params: Any, draft: ApproximationModel,
                        inputs: Array, key: Array, *, gamma: int, max_decode_len: int,
                        sampling: SamplingConfig = SamplingConfig(), lenience: float = 1.0,
-                       eos_id: int = 1) -> SpecOutput:
+                       eos_id: int = 1, partitioner: Partitioner | None = None) -> SpecOutput:
   """Speculative decoding (Algorithm 1 in a loop), batched with per-row acceptance.
 
   Each round: the draft proposes γ tokens (its own jit-compiled loop); the
@@ -183,6 +194,9 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
 
   inputs [B, S] int32 (0 = pad) are fed to both encoders; ``draft`` is any
   approximation model (``specdec_jax.drafts``) over the same vocabulary.
+  With a ``partitioner``, the target's params are expected on its mesh and its
+  cache and the per-row state are pinned to its layout (a T5 draft built with
+  the same partitioner pins its own cache).
   """
   _validate(max_decode_len, gamma, lenience)
   b = inputs.shape[0]
@@ -194,10 +208,12 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
   buf_len = max_decode_len + gamma + 2
   cache_len = max_decode_len + gamma + 1
   encoded = target.encode(target_params, inputs)
+  seq, length, done = _pin(_init_seq(b, buf_len, cfg.decoder_start_id),
+                           jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool), partitioner)
   state = _SpecState(
-      seq=_init_seq(b, buf_len, cfg.decoder_start_id),
-      length=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool),
-      target_cache=target.init_cache(target_params, encoded, inputs, cache_len),
+      seq=seq, length=length, done=done,
+      target_cache=constrain_cache(target.init_cache(target_params, encoded, inputs, cache_len),
+                                   partitioner, "target cache"),
       draft_state=draft.init(inputs, cache_len), key=key,
       stats=SpecStats.zeros(b, gamma))
   offsets = jnp.arange(gamma + 1, dtype=jnp.int32)[None]
@@ -243,6 +259,8 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
         accepted=st.accepted + jnp.sum(accepted, 1),
         rejected=st.rejected + rejected,
         min_pq_sum=st.min_pq_sum + jnp.sum(jnp.where(evaluated, out.min_pq, 0.0), 1))
+    seq, length, done = _pin(seq, length, done, partitioner)
+    target_cache = constrain_cache(target_cache, partitioner, "target cache")
     return _SpecState(seq, length, done, target_cache, draft_state, key, stats)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)

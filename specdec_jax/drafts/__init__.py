@@ -21,7 +21,7 @@ from specdec_jax.drafts.t5_draft import T5Draft
 REGISTRY: dict[str, Callable[..., ApproximationModel]] = {}
 
 # What the runner offers every builder; a builder declares the ones it uses.
-BUILD_ARGS = ("vocab_size", "vocab", "max_ngram", "model", "params", "corpus")
+BUILD_ARGS = ("vocab_size", "vocab", "max_ngram", "model", "params", "corpus", "partitioner")
 
 
 def register(name: str):
@@ -74,8 +74,9 @@ def build(name: str, **kwargs: Any) -> ApproximationModel:
   """Build the approximation model registered as ``name``.
 
   The runner offers ``vocab_size`` (the target's), ``vocab`` (the tokenizer),
-  ``max_ngram``, and when configured ``model``/``params`` (a draft
-  checkpoint) and ``corpus`` (token sequences). Each builder receives only the
+  ``max_ngram``, ``partitioner`` (None on one device; else the mesh and
+  rules the target is sharded with), and when configured ``model``/``params``
+  (a draft checkpoint, already on that mesh) and ``corpus`` (token sequences). Each builder receives only the
   keywords its signature names (all of them if it takes ``**kwargs``).
   """
   if name not in REGISTRY:
@@ -91,8 +92,8 @@ def build(name: str, **kwargs: Any) -> ApproximationModel:
 
 
 @register("t5")
-def _t5(model, params) -> T5Draft:
-  return T5Draft(params=params, model=model)
+def _t5(model, params, partitioner=None) -> T5Draft:
+  return T5Draft(params=params, model=model, partitioner=partitioner)
 
 
 @register("unigram")

@@ -10,6 +10,7 @@ from flax import struct
 
 from specdec_jax.drafts.base import gather_positions
 from specdec_jax.models.t5 import DecoderCache, T5Model
+from specdec_jax.partitioning import Partitioner, constrain_cache
 from specdec_jax.sampling import SamplingConfig, sample, standardize
 
 Array = jax.Array
@@ -26,10 +27,14 @@ class T5Draft:
   positions n-1 and n in one call — nearly free in a memory-bound step — and
   the remaining γ-1 steps feed one token each. Nothing needs rolling back:
   stale entries past a position are never read by a query at that position.
+
+  With a ``partitioner`` the params are expected on its mesh and the cache is
+  pinned to its layout, like the target's.
   """
 
   params: Any
   model: T5Model = struct.field(pytree_node=False)
+  partitioner: Partitioner | None = struct.field(pytree_node=False, default=None)
 
   @property
   def vocab_size(self) -> int:
@@ -37,7 +42,8 @@ class T5Draft:
 
   def init(self, inputs: Array, cache_len: int) -> DecoderCache:
     encoded = self.model.encode(self.params, inputs)
-    return self.model.init_cache(self.params, encoded, inputs, cache_len)
+    return constrain_cache(self.model.init_cache(self.params, encoded, inputs, cache_len),
+                           self.partitioner, "draft cache")
 
   def propose(self, state: DecoderCache, seq: Array, length: Array, gamma: int,
               sampling: SamplingConfig, key: Array) -> tuple[Array, Array, DecoderCache]:
@@ -45,6 +51,7 @@ class T5Draft:
     # Position n-1 is -1 on the first round: the model drops negative writes.
     pos = length[:, None] + jnp.arange(-1, 1, dtype=jnp.int32)[None, :]
     logits, cache = self.model.decode(self.params, gather_positions(seq, pos), pos, state)
+    cache = constrain_cache(cache, self.partitioner, "draft cache")
     q1 = standardize(logits[:, -1], sampling)
     x1 = sample(keys[0], q1, sampling)
 
@@ -52,6 +59,7 @@ class T5Draft:
       cache, x = carry
       i, k = inp
       logits, cache = self.model.decode(self.params, x[:, None], (length + i)[:, None], cache)
+      cache = constrain_cache(cache, self.partitioner, "draft cache")
       q = standardize(logits[:, 0], sampling)
       nxt = sample(k, q, sampling)
       return (cache, nxt), (nxt, q)

@@ -521,5 +521,26 @@ def param_shapes(config: T5Config) -> dict:
   return jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0)))
 
 
+def stored_dtype(name: str, param_dtype: Any) -> jnp.dtype:
+  """The dtype a parameter is kept in when weights are ``param_dtype``.
+
+  Kernels and the embedding (all but a few KB of the bytes a decoding step
+  reads) take ``param_dtype``; RMS-norm scales and relative-position tables
+  stay float32, as T5X keeps them, so that bfloat16 weights change only the
+  matmul inputs. ``name`` is the '/'-joined T5X parameter name.
+  """
+  if name.endswith("/scale") or name.endswith("/rel_embedding"):
+    return jnp.dtype(jnp.float32)
+  return jnp.dtype(param_dtype)
+
+
+def cast_params(params: Any, param_dtype: Any) -> Any:
+  """A parameter tree cast by ``stored_dtype`` (in memory; loaders cast on read)."""
+  def cast(path, x):
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    return x.astype(stored_dtype(name, param_dtype))
+  return jax.tree_util.tree_map_with_path(cast, params)
+
+
 def count_params(params: Any) -> int:
   return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))

@@ -1,0 +1,300 @@
+"""Sharding T5 over a ('data', 'model') device mesh, T5X style (GSPMD via jax.jit).
+
+Every parameter and cache array has *logical* axis names, the ones T5X uses:
+
+  token_embedder/embedding                 ('vocab', 'embed')
+  .../{query,key,value}/kernel             ('embed', 'joined_kv')
+  .../out/kernel                           ('joined_kv', 'embed')
+  .../mlp/{wi,wi_0,wi_1}/kernel            ('embed', 'mlp')
+  .../mlp/wo/kernel                        ('mlp', 'embed')
+  decoder/logits_dense/kernel              ('embed', 'vocab')
+  .../relpos_bias/rel_embedding            ('heads', 'relpos_buckets')
+  .../scale (RMS norms)                    ('embed',)
+  DecoderCache self/cross K and V          ('batch', 'length', 'heads', 'kv')
+  DecoderCache.encoder_mask, token buffers ('batch', 'length')
+
+Rules map logical names to mesh axes; ``STANDARD_RULES`` are T5X's standard
+ones (batch -> data; vocab, mlp, heads, joined_kv -> model; the rest
+replicated) and can be replaced from gin (``Experiment.logical_axis_rules``).
+``jax.jit`` then partitions the decoding loops (GSPMD): we only place the
+inputs and constrain the loop-carried caches, and never gather full weights or
+write a collective by hand.
+
+A dimension the mesh axis does not divide is an error naming the array, its
+size and the axis; with ``fallback='replicate'`` that dimension is replicated
+instead and a warning says so (once per array).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Mapping, Optional, Sequence
+
+import jax
+import numpy as np
+from absl import logging
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "model")
+
+Rules = tuple[tuple[str, Optional[str]], ...]
+
+# T5X's standard rules (t5x.partitioning.standard_logical_axis_rules, 1-D
+# model parallelism): activations' batch over 'data', the wide weight
+# dimensions over 'model', everything else replicated.
+STANDARD_RULES: Rules = (
+    ("batch", "data"),
+    ("vocab", "model"),
+    ("mlp", "model"),
+    ("heads", "model"),
+    ("joined_kv", "model"),
+    ("embed", None),
+    ("kv", None),
+    ("length", None),
+    ("relpos_buckets", None),
+)
+
+# For approximation models: every weight replicated, only the batch split.
+# A draft is small, and its γ serial steps are latency-bound: an all-reduce
+# per layer per draft step would cost more than the memory it saves.
+DATA_PARALLEL_RULES: Rules = (("batch", "data"),)
+
+FALLBACKS = ("error", "replicate")
+
+CACHE_AXES = ("batch", "length", "heads", "kv")
+
+# (pattern on the '/'-joined parameter name, logical axes); first match wins.
+_PARAM_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (r"^token_embedder/embedding$", ("vocab", "embed")),
+    (r"/(query|key|value)/kernel$", ("embed", "joined_kv")),
+    (r"/out/kernel$", ("joined_kv", "embed")),
+    (r"/mlp/wi(_\d)?/kernel$", ("embed", "mlp")),
+    (r"/mlp/wo/kernel$", ("mlp", "embed")),
+    (r"^decoder/logits_dense/kernel$", ("embed", "vocab")),
+    (r"/relpos_bias/rel_embedding$", ("heads", "relpos_buckets")),
+    (r"/scale$", ("embed",)),
+)
+
+
+class PartitioningError(ValueError):
+  """A mesh or rule set that cannot shard the model as asked."""
+
+
+def param_logical_axes(name: str) -> tuple[str, ...]:
+  """T5X logical axis names of a parameter, from its '/'-joined T5X name."""
+  for pattern, axes in _PARAM_AXES:
+    if re.search(pattern, name):
+      return axes
+  raise PartitioningError(f"no logical axis names known for parameter {name!r}")
+
+
+def flatten_names(tree: Mapping, prefix: str = "") -> dict[str, Any]:
+  """Nested dicts -> {'a/b/c': leaf}."""
+  flat = {}
+  for key, value in tree.items():
+    name = f"{prefix}{key}"
+    if isinstance(value, Mapping):
+      flat.update(flatten_names(value, name + "/"))
+    else:
+      flat[name] = value
+  return flat
+
+
+def unflatten_names(flat: Mapping[str, Any]) -> dict:
+  """{'a/b/c': leaf} -> nested dicts."""
+  tree: dict = {}
+  for name, value in flat.items():
+    *parents, last = name.split("/")
+    node = tree
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[last] = value
+  return tree
+
+
+def validate_rules(rules: Sequence[Sequence[Any]]) -> Rules:
+  """Rules as a hashable tuple of (logical name, mesh axis or None) pairs."""
+  out = []
+  for i, rule in enumerate(rules):
+    if len(rule) != 2 or not isinstance(rule[0], str):
+      raise PartitioningError(f"logical axis rule #{i} {rule!r} is not a (logical name, mesh "
+                              "axis or None) pair")
+    logical, mesh_axis = rule
+    if mesh_axis is not None and mesh_axis not in MESH_AXES:
+      raise PartitioningError(f"logical axis rule ({logical!r}, {mesh_axis!r}): mesh axis must "
+                              f"be one of {MESH_AXES} or None")
+    out.append((logical, mesh_axis))
+  return tuple(out)
+
+
+def make_mesh(shape: Sequence[int], devices: Optional[Sequence[Any]] = None) -> Mesh:
+  """A ('data', 'model') mesh over all (or the given) devices.
+
+  The product of ``shape`` must equal the number of devices: a mesh that left
+  devices idle would be a silent waste, one larger than the machine an error.
+  """
+  shape = tuple(int(s) for s in shape)
+  if len(shape) != 2 or any(s < 1 for s in shape):
+    raise PartitioningError(f"mesh_shape must be two positive sizes (data, model), got {shape}")
+  devices = list(jax.devices() if devices is None else devices)
+  if math.prod(shape) != len(devices):
+    raise PartitioningError(
+        f"mesh_shape {shape} has {math.prod(shape)} devices but there are {len(devices)} "
+        f"({devices[0].platform}); choose (data, model) with data * model = {len(devices)}")
+  axis_types = (jax.sharding.AxisType.Auto,) * 2
+  return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class Partitioner:
+  """A mesh plus logical axis rules; hashable, so a static argument of jit."""
+
+  mesh: Mesh
+  rules: Rules = STANDARD_RULES
+  fallback: str = "error"
+
+  def __post_init__(self):
+    if self.fallback not in FALLBACKS:
+      raise PartitioningError(f"fallback must be one of {FALLBACKS}, got {self.fallback!r}")
+    object.__setattr__(self, "rules", validate_rules(self.rules))
+
+  @property
+  def shape(self) -> dict[str, int]:
+    return dict(self.mesh.shape)
+
+  def spec(self, axes: Sequence[Optional[str]], shape: Sequence[int],
+           what: str) -> PartitionSpec:
+    """The PartitionSpec for an array of ``shape`` with logical ``axes``.
+
+    A mesh axis is used at most once per array (later uses are replicated);
+    a dimension it does not divide raises (or, with fallback='replicate', is
+    replicated with a warning).
+    """
+    if len(axes) != len(shape):
+      raise PartitioningError(f"{what}: {len(axes)} logical axes {tuple(axes)} for an array "
+                              f"of shape {tuple(shape)}")
+    rules = dict(self.rules)
+    used: set[str] = set()
+    out: list[Optional[str]] = []
+    for logical, size in zip(axes, shape):
+      mesh_axis = rules.get(logical) if logical is not None else None
+      if mesh_axis is None or mesh_axis in used or self.shape[mesh_axis] == 1:
+        out.append(None)
+        continue
+      n = self.shape[mesh_axis]
+      if size % n:
+        msg = (f"{what}: dimension '{logical}' of size {size} (shape {tuple(shape)}) is not "
+               f"divisible by mesh axis '{mesh_axis}' of size {n} (mesh {self.shape})")
+        if self.fallback == "error":
+          raise PartitioningError(msg + "; choose a mesh that divides it, map "
+                                  f"'{logical}' to None in the logical axis rules, or set "
+                                  "the partitioning fallback to 'replicate'")
+        logging.log_first_n(logging.WARNING, "%s; replicating it (fallback='replicate')", 20,
+                            msg)
+        out.append(None)
+        continue
+      used.add(mesh_axis)
+      out.append(mesh_axis)
+    return PartitionSpec(*out)
+
+  def sharding(self, axes: Sequence[Optional[str]], shape: Sequence[int],
+               what: str) -> NamedSharding:
+    return NamedSharding(self.mesh, self.spec(axes, shape, what))
+
+  def param_sharding(self, name: str, shape: Sequence[int]) -> NamedSharding:
+    return self.sharding(param_logical_axes(name), shape, f"parameter {name}")
+
+  def param_shardings(self, shapes: Any) -> dict:
+    """Shardings for a parameter tree (leaves: arrays or ShapeDtypeStructs)."""
+    flat = flatten_names(shapes)
+    return unflatten_names({n: self.param_sharding(n, np.shape(x)) for n, x in flat.items()})
+
+  def shard_params(self, params: Any) -> dict:
+    """Places an in-memory parameter tree on the mesh (tests, random models).
+
+    Checkpoints are loaded straight into shards instead (``checkpoints``).
+    """
+    return jax.device_put(params, self.param_shardings(params))
+
+  def batch_sharding(self, shape: Sequence[int], what: str = "inputs") -> NamedSharding:
+    """Batch-major arrays ([B, ...]): batch over 'data', the rest replicated."""
+    return self.sharding(("batch",) + (None,) * (len(shape) - 1), shape, what)
+
+  def shard_batch(self, x: Any, what: str = "inputs") -> jax.Array:
+    return jax.device_put(x, self.batch_sharding(np.shape(x), what))
+
+  def replicated(self) -> NamedSharding:
+    return NamedSharding(self.mesh, PartitionSpec())
+
+  def constrain(self, x: jax.Array, axes: Sequence[Optional[str]], what: str) -> jax.Array:
+    """``with_sharding_constraint`` by logical axes (inside jit)."""
+    return jax.lax.with_sharding_constraint(x, self.sharding(axes, x.shape, what))
+
+
+def constrain_cache(cache: Any, partitioner: Optional[Partitioner], what: str) -> Any:
+  """Pins a ``DecoderCache`` to ('batch','length','heads','kv') inside jit.
+
+  Without it GSPMD would infer the loop-carried caches' layout from whatever
+  it meets first; pinned, every K/V is split on heads across 'model' and on
+  batch across 'data', the layout T5X uses. A no-op without a partitioner.
+  """
+  if partitioner is None:
+    return cache
+  kv = lambda xs, n: tuple(partitioner.constrain(x, CACHE_AXES, f"{what} {n}[{i}]")
+                           for i, x in enumerate(xs))
+  return cache.replace(
+      self_k=kv(cache.self_k, "self_k"), self_v=kv(cache.self_v, "self_v"),
+      cross_k=kv(cache.cross_k, "cross_k"), cross_v=kv(cache.cross_v, "cross_v"),
+      encoder_mask=partitioner.constrain(cache.encoder_mask, ("batch", "length"),
+                                         f"{what} encoder_mask"))
+
+
+def constrain_batch(x: jax.Array, partitioner: Optional[Partitioner], what: str) -> jax.Array:
+  """Pins a batch-major array's batch dimension to 'data' (no-op without one)."""
+  if partitioner is None:
+    return x
+  return partitioner.constrain(x, ("batch",) + (None,) * (x.ndim - 1), what)
+
+
+def from_settings(mesh_shape: Optional[Sequence[int]], rules: Optional[Sequence] = None,
+                  fallback: str = "error",
+                  mesh: Optional[Mesh] = None) -> Optional[Partitioner]:
+  """The partitioner for an experiment's settings; None (one device, no
+  sharding: exactly the unsharded code path) when ``mesh_shape`` is None.
+  ``mesh`` reuses an existing mesh (the draft shares the target's)."""
+  if mesh_shape is None:
+    return None
+  mesh = make_mesh(mesh_shape) if mesh is None else mesh
+  return Partitioner(mesh, validate_rules(STANDARD_RULES if rules is None else rules), fallback)
+
+
+def initialize_multihost(coordinator_address: Optional[str] = None,
+                         num_processes: Optional[int] = None,
+                         process_id: Optional[int] = None) -> None:
+  """``jax.distributed.initialize`` for a multi-host job (TPU pod slice, GPU cluster).
+
+  On Cloud TPU VMs every argument is discovered from the environment; on GPU
+  clusters (or anywhere without such discovery) the coordinator address,
+  number of processes and process id are required.
+  """
+  on_tpu_vm = coordinator_address is None and _looks_like_tpu_vm()
+  if not on_tpu_vm and coordinator_address is None:
+    raise PartitioningError(
+        "multihost=True needs a coordinator: bind Experiment.coordinator_address "
+        "('host:port' of process 0), Experiment.num_processes and Experiment.process_id "
+        "(Cloud TPU VMs discover them; this machine does not look like one)")
+  if coordinator_address is not None and (num_processes is None or process_id is None):
+    raise PartitioningError(
+        f"multihost with coordinator_address={coordinator_address!r} also needs "
+        f"num_processes (got {num_processes}) and process_id (got {process_id})")
+  kw = {} if on_tpu_vm else dict(coordinator_address=coordinator_address,
+                                 num_processes=num_processes, process_id=process_id)
+  jax.distributed.initialize(**kw)
+
+
+def _looks_like_tpu_vm() -> bool:
+  import os
+  return bool(os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("CLOUD_TPU_TASK_ID")
+              or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0"))
