@@ -4,24 +4,17 @@ import json
 import os
 
 import jax
-import ml_dtypes
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
-import tensorstore as ts
-from flax import serialization
+from checkpoint_fixtures import bf16_round, write_t5x_legacy, write_t5x_orbax
 
-from specdec_jax import checkpoints as ck
 from specdec_jax.checkpoints import (CheckpointError, CheckpointExistsError,
-                                     CheckpointNotFoundError, detect_format, export_hf,
-                                     load_checkpoint, save_checkpoint)
+                                     CheckpointNotFoundError, common, detect_format, export_hf,
+                                     load_checkpoint, save_checkpoint, t5x_legacy)
 from specdec_jax.models.t5 import T5Config, T5Model
 
 CFG = T5Config(vocab_size=64, d_model=32, num_heads=2, head_dim=8, num_encoder_layers=2,
                num_decoder_layers=2, d_ff=48)
-# Stored as bfloat16 zarr in the T5X fixture (T5X may write bf16 arrays).
-BF16_LEAF = "decoder/layers_1/mlp/wo/kernel"
-INLINE_LEAVES = ("encoder/encoder_norm/scale", "decoder/relpos_bias/rel_embedding")
 
 
 @pytest.fixture(scope="module")
@@ -37,62 +30,7 @@ def assert_trees_equal(got, want):
     np.testing.assert_array_equal(np.asarray(g), w, err_msg=str(path))
 
 
-def bf16_round(x):
-  return np.asarray(x).astype(ml_dtypes.bfloat16).astype(np.float32)
-
-
-# ------------------------------------------------------------ T5X legacy fixture
-
-
-def _write_zarr(step_dir: str, rel: str, arr: np.ndarray, dtype: str) -> dict:
-  """Writes arr under step_dir/rel; returns the zarr metadata T5X would record."""
-  metadata = {"shape": list(arr.shape), "chunks": list(arr.shape),
-              "dtype": dtype, "compressor": {"id": "gzip", "level": 1}}
-  store = ts.open({"driver": "zarr", "metadata": metadata,
-                   "kvstore": {"driver": "file", "path": os.path.join(step_dir, rel)}},
-                  create=True).result()
-  store.write(arr.astype(store.dtype.numpy_dtype)).result()
-  return metadata
-
-
-def write_t5x_legacy(step_dir: str, params: dict, extra: dict | None = None,
-                     drop: tuple = ()) -> dict:
-  """A T5X msgpack checkpoint; returns the expected (bf16-rounded) float32 tree."""
-  os.makedirs(step_dir)
-  flat = ck._flatten(params)
-  flat.update(extra or {})
-  target, expected = {}, {}
-  for i, (name, arr) in enumerate(sorted(flat.items())):
-    if name in drop:
-      continue
-    rel = "target." + name.replace("/", ".")
-    expected[name] = np.asarray(arr, np.float32)
-    if name in INLINE_LEAVES:
-      target[name] = arr
-    elif name == BF16_LEAF:
-      meta = _write_zarr(step_dir, rel, arr, "bfloat16")
-      target[name] = {"driver": "zarr", "dtype": "bfloat16", "metadata": meta,
-                      "kvstore": {"driver": "file", "path": rel}}
-      expected[name] = bf16_round(arr)
-    elif i % 2:  # old spec: path at the top level
-      meta = _write_zarr(step_dir, rel, arr, "<f4")
-      target[name] = {"driver": "zarr", "path": rel, "metadata": meta}
-    else:  # newer spec: kvstore (written on GCS; must be remapped to the local dir)
-      meta = _write_zarr(step_dir, rel, arr, "<f4")
-      target[name] = {"driver": "zarr", "metadata": meta,
-                      "kvstore": {"driver": "gcs", "bucket": "some-bucket", "path": rel}}
-  # Optimizer state: its specs point to arrays that do not exist, so reading
-  # any of them would fail the test.
-  param_states = {n.replace("/", "."): {"driver": "zarr", "kvstore": {
-      "driver": "file", "path": "state.param_states." + n.replace("/", ".")}}
-                  for n in list(flat)[:3]}
-  state = {"version": 3, "optimizer": {
-      "target": ck._unflatten(target),
-      "state": {"step": np.int32(100), "param_states": param_states,
-                "inline_moment": np.ones((3,), np.float32)}}}
-  with open(os.path.join(step_dir, "checkpoint"), "wb") as f:
-    f.write(serialization.msgpack_serialize(state))
-  return ck._unflatten(expected)
+# ------------------------------------------------------------ T5X legacy
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +56,20 @@ def test_t5x_legacy_loads_identical(t5x_dir):
 
 
 def test_t5x_legacy_bfloat16_params(t5x_dir):
+  """Kernels and the embedding take param_dtype; norm scales and rel_embedding stay f32."""
   loaded, _ = load_checkpoint(t5x_dir[0], config=CFG, param_dtype="bfloat16")
-  assert all(x.dtype == jax.numpy.bfloat16 for x in jax.tree_util.tree_leaves(loaded))
+  expected = t5x_dir[1]
+  for path, x in jax.tree_util.tree_leaves_with_path(loaded):
+    name = "/".join(k.key for k in path)
+    want = expected
+    for k in path:
+      want = want[k.key]
+    if name.endswith("/scale") or name.endswith("/rel_embedding"):
+      assert x.dtype == np.float32, name
+      np.testing.assert_array_equal(np.asarray(x), want, err_msg=name)
+    else:
+      assert x.dtype == jax.numpy.bfloat16, name
+      np.testing.assert_array_equal(np.asarray(x, np.float32), bf16_round(want), err_msg=name)
 
 
 def test_t5x_requires_config(t5x_dir):
@@ -165,10 +115,7 @@ def test_t5x_shape_and_vocab_mismatch(t5x_dir):
 @pytest.fixture(scope="module")
 def t5x_orbax_dir(params, tmp_path_factory):
   model_dir = tmp_path_factory.mktemp("t5x_orbax")
-  state = {"target": params,
-           "state": {"step": np.int32(7),
-                     "param_states": jax.tree_util.tree_map(np.zeros_like, params)}}
-  ocp.PyTreeCheckpointer().save(str(model_dir / "checkpoint_7" / "state"), state)
+  write_t5x_orbax(str(model_dir), params, step=7)
   return str(model_dir)
 
 
@@ -208,7 +155,7 @@ def test_own_format_round_trip(params, tmp_path):
 def test_own_format_bf16_on_disk(params, tmp_path):
   path = str(tmp_path / "bf16")
   save_checkpoint(path, params, CFG, dtype="bfloat16")
-  meta = ck._orbax_metadata_tree(os.path.join(path, "params"))
+  meta = common.orbax_metadata_tree(os.path.join(path, "params"))
   assert meta["token_embedder"]["embedding"].dtype == jax.numpy.bfloat16
   loaded, _ = load_checkpoint(path, fmt="specdec")
   assert_trees_equal(loaded, jax.tree_util.tree_map(bf16_round, params))
@@ -248,9 +195,9 @@ def test_detect_hf_and_errors(params, tmp_path):
 
 
 def test_resolve_ts_spec_paths():
-  local = ck._resolve_ts_spec({"driver": "zarr", "path": "target.a"}, "/ckpt/checkpoint_1")
+  local = t5x_legacy.resolve_ts_spec({"driver": "zarr", "path": "target.a"}, "/ckpt/checkpoint_1")
   assert local["kvstore"] == {"driver": "file", "path": "/ckpt/checkpoint_1/target.a"}
-  gcs = ck._resolve_ts_spec(
+  gcs = t5x_legacy.resolve_ts_spec(
       {"driver": "zarr", "kvstore": {"driver": "file", "path": "target.a"}},
       "gs://bucket/model/checkpoint_1")
   assert gcs["kvstore"] == {"driver": "gcs", "bucket": "bucket",
@@ -260,10 +207,10 @@ def test_resolve_ts_spec_paths():
 def test_kvstore_helpers_on_local_files(t5x_dir):
   """The gs:// code path (TensorStore kvstore), exercised with the file driver."""
   model_dir = t5x_dir[0]
-  names = ck._kv_listdir(model_dir)
+  names = common.kv_listdir(model_dir)
   assert "checkpoint_100" in names and "checkpoint_20" in names
-  assert ck._kv_read(os.path.join(model_dir, "checkpoint_20", "checkpoint")) == b"\xc1garbage"
-  assert ck._kv_read(os.path.join(model_dir, "checkpoint_20", "absent")) is None
+  assert common.kv_read(os.path.join(model_dir, "checkpoint_20", "checkpoint")) == b"\xc1garbage"
+  assert common.kv_read(os.path.join(model_dir, "checkpoint_20", "absent")) is None
 
 
 def test_hf_unknown_tensor(params, tmp_path):

@@ -1,0 +1,141 @@
+"""Loading and saving T5 parameters in four on-disk formats, straight into
+(sharded) device memory.
+
+* ``specdec``: our own format, a directory holding ``config.json`` (the
+  ``T5Config`` fields) and ``params/`` (an orbax-checkpoint PyTree, possibly
+  stored in bfloat16). ``specdec.py``.
+* ``t5x``: T5X's legacy layout, ``checkpoint_<step>/checkpoint`` (msgpack)
+  whose leaves are inline arrays or TensorStore zarr specs relative to the
+  step directory. Local paths and ``gs://`` paths. ``t5x_legacy.py``.
+* ``t5x_orbax``: T5X's newer layout, ``checkpoint_<step>/state/`` written by
+  orbax-checkpoint (OCDBT); only the parameter subtree is restored.
+  ``t5x_orbax.py``.
+* ``hf``: a Hugging Face T5 directory (``config.json`` plus ``model.safetensors``
+  or ``pytorch_model.bin``, optionally sharded with an index file); also
+  ``export_hf``. ``hf.py``.
+
+Every loader first collects the names and shapes of the stored arrays
+(without reading them) and checks them against ``param_shapes(config)``.
+Only then is each array read, one at a time, directly into its sharding
+(``Partitioner.param_sharding``; one local device without a partitioner) and
+dtype (``stored_dtype``: kernels and the embedding in ``param_dtype``, norm
+scales and relative-position tables float32): every device's slice is read
+from the source on its own, once however many devices replicate it
+(``placement.py``). The host never holds more than about one array, so a
+44 GB T5-XXL loads on a host with far less memory; in a multi-host job each
+host reads only the slices its own devices hold.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from specdec_jax.checkpoints.common import (FORMATS, HF_WEIGHT_FILES, SPECDEC_PARAMS_DIR,
+                                            T5X_MSGPACK, T5X_ORBAX_ITEM, CheckpointError,
+                                            CheckpointExistsError, CheckpointNotFoundError,
+                                            Reader, check_shapes, config_from_dict,
+                                            expected_shapes, exists, few, is_dir, is_gcs, join,
+                                            latest_step_dir, listdir, require_dir)
+from specdec_jax.checkpoints.hf import (export_hf, hf_config_to_t5, hf_name_map, load_hf,
+                                        t5_to_hf_config)
+from specdec_jax.checkpoints.placement import ReadStats, count_reads
+from specdec_jax.checkpoints.specdec import load_specdec, save_checkpoint
+from specdec_jax.checkpoints.t5x_legacy import load_t5x
+from specdec_jax.checkpoints.t5x_orbax import load_t5x_orbax
+from specdec_jax.models.t5 import T5Config
+from specdec_jax.partitioning import Partitioner
+
+__all__ = [
+    "FORMATS", "CheckpointError", "CheckpointExistsError", "CheckpointNotFoundError",
+    "Reader", "ReadStats", "check_shapes", "config_from_dict", "count_reads",
+    "detect_format", "expected_shapes", "export_hf", "hf_config_to_t5", "hf_name_map",
+    "load_checkpoint", "save_checkpoint", "t5_to_hf_config",
+]
+
+
+def _step_dir_for(path: str, marker: str, is_marker_dir: bool) -> str:
+  """``path`` itself if it holds ``marker``, else its latest checkpoint_<step>."""
+  here = join(path, marker)
+  if is_dir(here) if is_marker_dir else exists(here):
+    return path
+  latest = latest_step_dir(path)
+  if latest is None:
+    kind = "directory" if is_marker_dir else "file"
+    raise CheckpointNotFoundError(
+        f"{path}: no '{marker}' {kind} and no checkpoint_<step> subdirectories")
+  return latest
+
+
+def detect_format(path: str) -> str:
+  """Which of 'specdec', 't5x', 't5x_orbax', 'hf' the directory holds."""
+  require_dir(path)
+  names = set(listdir(path))
+  if names & set(HF_WEIGHT_FILES):
+    return "hf"
+  if SPECDEC_PARAMS_DIR in names and "config.json" in names:
+    return "specdec"
+  if T5X_MSGPACK in names:
+    return "t5x"
+  if T5X_ORBAX_ITEM in names:
+    return "t5x_orbax"
+  latest = latest_step_dir(path)
+  if latest is not None:
+    inner = set(listdir(latest))
+    if T5X_MSGPACK in inner:
+      return "t5x"
+    if T5X_ORBAX_ITEM in inner:
+      return "t5x_orbax"
+    raise CheckpointError(f"{latest}: neither a T5X msgpack '{T5X_MSGPACK}' file nor an "
+                          f"orbax '{T5X_ORBAX_ITEM}' directory; contents: {few(inner, 10)}")
+  raise CheckpointError(f"{path}: cannot detect the checkpoint format; contents: "
+                        f"{few(names, 10)}")
+
+
+def load_checkpoint(path: str, fmt: str = "auto", config: Optional[T5Config] = None,
+                    param_dtype: Any = "float32",
+                    partitioner: Optional[Partitioner] = None) -> tuple[dict, T5Config]:
+  """Loads T5 parameters (a T5X-named tree of ``jax.Array``) and their config.
+
+  Args:
+    path: a checkpoint directory; for T5X formats either a ``checkpoint_<step>``
+      directory or a model directory holding several (the largest step wins).
+      T5X paths may be ``gs://``.
+    fmt: 'auto' (detect from the directory contents), 'specdec', 't5x',
+      't5x_orbax' or 'hf'.
+    config: required for T5X formats (their checkpoints do not record the
+      architecture), e.g. ``PRESETS['t5_1_1_xl']``. For self-describing formats
+      it is optional and must agree with the stored one except in ``dtype``.
+    param_dtype: dtype of the kernels and the embedding, cast as they are
+      read; norm scales and relative-position tables stay float32
+      (``models.t5.stored_dtype``).
+    partitioner: each array is read straight into
+      ``partitioner.param_sharding(name, shape)``, every device reading only
+      its own slice; None places everything on the first local device.
+
+  Raises:
+    CheckpointNotFoundError: a missing directory or file.
+    CheckpointError: corrupt files, unknown/missing parameters, or shapes
+      (including the vocabulary size) that disagree with the config.
+    PartitioningError: a dimension the mesh does not divide (before any read).
+  """
+  if fmt not in FORMATS:
+    raise ValueError(f"unknown checkpoint format {fmt!r}; expected one of {FORMATS}")
+  path = path.rstrip("/") if is_gcs(path) else os.path.abspath(path)
+  if not is_gcs(path) and os.path.basename(path) == T5X_MSGPACK and os.path.isfile(path):
+    path, fmt = os.path.dirname(path), "t5x" if fmt == "auto" else fmt
+  require_dir(path)
+  if fmt == "auto":
+    fmt = detect_format(path)
+  if fmt == "specdec":
+    return load_specdec(path, config, param_dtype, partitioner)
+  if fmt == "hf":
+    return load_hf(path, config, param_dtype, partitioner)
+  if config is None:
+    raise CheckpointError(f"{path}: a {fmt} checkpoint does not record the model "
+                          "architecture; pass config= (e.g. a preset from PRESETS)")
+  if fmt == "t5x":
+    step_dir = _step_dir_for(path, T5X_MSGPACK, False)
+    return load_t5x(step_dir, config, param_dtype, partitioner), config
+  step_dir = _step_dir_for(path, T5X_ORBAX_ITEM, True)
+  return load_t5x_orbax(step_dir, config, param_dtype, partitioner), config

@@ -1,0 +1,304 @@
+"""What every checkpoint format shares: errors, local and gs:// path helpers,
+'/'-joined name trees, shape checks against a config, config parsing, and
+orbax metadata. Internal to ``specdec_jax.checkpoints``; the package
+re-exports the public names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.models.t5 import T5Config, param_shapes
+
+FORMATS = ("auto", "specdec", "t5x", "t5x_orbax", "hf")
+
+# Names inside a directory that identify each format.
+HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json",
+                   "pytorch_model.bin", "pytorch_model.bin.index.json")
+SPECDEC_PARAMS_DIR = "params"
+T5X_MSGPACK = "checkpoint"
+T5X_ORBAX_ITEM = "state"
+STEP_DIR_RE = re.compile(r"^checkpoint_(\d+)$")
+
+# A whole-array reader; kept for importers of the old module (loaders now
+# read slices, see ``placement.SliceReader``).
+Reader = Callable[[], np.ndarray]
+
+
+class CheckpointError(ValueError):
+  """A checkpoint is malformed or disagrees with the model configuration."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+  """A checkpoint path or one of its files does not exist."""
+
+
+class CheckpointExistsError(CheckpointError, FileExistsError):
+  """Refusing to overwrite a non-empty directory."""
+
+
+# ------------------------------------------------------------ path helpers
+
+
+def is_gcs(path: str) -> bool:
+  return path.startswith("gs://")
+
+
+def join(base: str, *parts: str) -> str:
+  if is_gcs(base):
+    return "/".join([base.rstrip("/")] + [p.strip("/") for p in parts])
+  return os.path.join(base, *parts)
+
+
+def split_gcs(path: str) -> tuple[str, str]:
+  """'gs://bucket/a/b' -> ('bucket', 'a/b')."""
+  bucket, _, rest = path[len("gs://"):].partition("/")
+  if not bucket:
+    raise CheckpointError(f"malformed GCS path {path!r}: no bucket")
+  return bucket, rest.strip("/")
+
+
+def kvstore_spec(path: str) -> dict:
+  """A TensorStore kvstore spec for a local or ``gs://`` path."""
+  if is_gcs(path):
+    bucket, key = split_gcs(path)
+    return {"driver": "gcs", "bucket": bucket, "path": key}
+  return {"driver": "file", "path": os.path.abspath(path)}
+
+
+def kv_open(path: str):
+  import tensorstore as ts  # only needed for TensorStore-backed formats
+  spec = kvstore_spec(path)
+  if spec["path"] and not spec["path"].endswith("/"):
+    spec["path"] += "/"
+  return ts.KvStore.open(spec).result()
+
+
+def kv_listdir(path: str) -> list[str]:
+  """Immediate children of a directory through a kvstore (used for gs://).
+
+  Object stores have no directories, so this lists keys recursively and keeps
+  their first component: a model directory with many zarr checkpoints lists
+  every chunk, so pass a checkpoint_<step> directory to keep this short.
+  """
+  keys = kv_open(path).list().result()
+  return sorted({k.decode().split("/", 1)[0] for k in keys})
+
+
+def kv_read(path: str) -> Optional[bytes]:
+  """A whole object's bytes, or None if it does not exist."""
+  parent, _, name = path.rstrip("/").rpartition("/")
+  result = kv_open(parent).read(name).result()
+  return bytes(result.value) if result.state == "value" else None
+
+
+def listdir(path: str) -> list[str]:
+  if is_gcs(path):
+    return kv_listdir(path)
+  return sorted(os.listdir(path))
+
+
+def is_dir(path: str) -> bool:
+  if is_gcs(path):
+    return bool(kv_listdir(path))
+  return os.path.isdir(path)
+
+
+def exists(path: str) -> bool:
+  if is_gcs(path):
+    return kv_read(path) is not None or is_dir(path)
+  return os.path.exists(path)
+
+
+def read_bytes(path: str) -> bytes:
+  if is_gcs(path):
+    data = kv_read(path)
+    if data is None:
+      raise CheckpointNotFoundError(f"{path}: file not found")
+    return data
+  if not os.path.isfile(path):
+    raise CheckpointNotFoundError(f"{path}: file not found")
+  with open(path, "rb") as f:
+    return f.read()
+
+
+def require_dir(path: str) -> None:
+  if not is_dir(path):
+    what = "is not a directory" if exists(path) else "does not exist"
+    raise CheckpointNotFoundError(f"checkpoint directory {path} {what}")
+
+
+def latest_step_dir(path: str) -> Optional[str]:
+  """The ``checkpoint_<step>`` child with the largest step, if any."""
+  steps = [(int(m.group(1)), name) for name in listdir(path)
+           if (m := STEP_DIR_RE.match(name))]
+  return join(path, max(steps)[1]) if steps else None
+
+
+def check_overwrite(directory: str, overwrite: bool) -> None:
+  if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
+    raise CheckpointExistsError(
+        f"{directory} exists and is not empty; pass overwrite=True to replace it")
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise CheckpointExistsError(f"{directory} exists and is not a directory")
+
+
+# ------------------------------------------------------------ tree helpers
+
+
+def flatten(tree: Mapping, is_leaf: Callable[[Any], bool] = lambda x: False,
+            prefix: str = "") -> dict[str, Any]:
+  """Nested dicts -> {'a/b/c': leaf}."""
+  flat = {}
+  for key, value in tree.items():
+    name = f"{prefix}{key}"
+    if isinstance(value, Mapping) and not is_leaf(value):
+      flat.update(flatten(value, is_leaf, name + "/"))
+    else:
+      flat[name] = value
+  return flat
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict:
+  """{'a/b/c': leaf} -> nested dicts."""
+  tree: dict = {}
+  for name, value in flat.items():
+    *parents, last = name.split("/")
+    node = tree
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[last] = value
+  return tree
+
+
+def subtree_keys(tree: Mapping, candidates: Sequence[tuple[str, ...]]) -> Optional[tuple]:
+  """The first key path in ``candidates`` that leads to a dict in ``tree``."""
+  for keys in candidates:
+    node: Any = tree
+    for k in keys:
+      node = node.get(k) if isinstance(node, Mapping) else None
+    if isinstance(node, Mapping):
+      return keys
+  return None
+
+
+def params_dtype_tree(params: Any, dtype: Optional[str]) -> Any:
+  """``params`` with every leaf cast to ``dtype`` (unchanged for None)."""
+  if dtype is None:
+    return params
+  dt = jnp.dtype(dtype)
+  return jax.tree_util.tree_map(lambda x: jnp.asarray(x).astype(dt), params)
+
+
+# ------------------------------------------------------------ shape and config checks
+
+
+@functools.lru_cache(maxsize=16)
+def expected_shapes(config: T5Config) -> dict[str, tuple[int, ...]]:
+  """{'encoder/layers_0/attention/query/kernel': shape, ...} for a config."""
+  return {k: tuple(v.shape) for k, v in flatten(param_shapes(config)).items()}
+
+
+def few(names: Iterable[str], n: int = 5) -> str:
+  """The first ``n`` sorted names, comma-joined, and how many more there are."""
+  names = sorted(names)
+  more = f" ... and {len(names) - n} more" if len(names) > n else ""
+  return ", ".join(names[:n]) + more
+
+
+def check_shapes(shapes: Mapping[str, tuple[int, ...]], config: T5Config,
+                 source: str) -> None:
+  """Raises CheckpointError unless ``shapes`` is exactly the config's tree.
+
+  ``shapes`` maps '/'-joined parameter names to shapes; ``source`` (a path)
+  prefixes every message.
+  """
+  want = expected_shapes(config)
+  missing = set(want) - set(shapes)
+  extra = set(shapes) - set(want)
+  if missing or extra:
+    parts = []
+    if missing:
+      parts.append(f"missing {len(missing)} parameter(s): {few(missing)}")
+    if extra:
+      parts.append(f"unknown {len(extra)} parameter(s): {few(extra)}")
+    raise CheckpointError(f"{source}: parameter names disagree with the config "
+                          f"(version {config.version}, {config.num_encoder_layers}+"
+                          f"{config.num_decoder_layers} layers): " + "; ".join(parts))
+  # Vocabulary first: the most common mismatch, and worth naming as such.
+  vocab_axes = {"token_embedder/embedding": 0, "decoder/logits_dense/kernel": 1}
+  for name, axis in vocab_axes.items():
+    if name in shapes and len(shapes[name]) == 2 and shapes[name][axis] != config.vocab_size:
+      raise CheckpointError(
+          f"{source}: vocab size mismatch: {name} has shape {tuple(shapes[name])} "
+          f"({shapes[name][axis]} vocab entries) but config.vocab_size={config.vocab_size}")
+  for name in sorted(want):
+    if tuple(shapes[name]) != want[name]:
+      raise CheckpointError(f"{source}: parameter {name} has shape {tuple(shapes[name])} "
+                            f"in the checkpoint but the config expects {want[name]}")
+
+
+def config_from_dict(fields: Mapping[str, Any], source: str = "config") -> T5Config:
+  """A T5Config from its fields; unknown keys are an error naming ``source``."""
+  known = {f.name for f in dataclasses.fields(T5Config)}
+  unknown = set(fields) - known
+  if unknown:
+    raise CheckpointError(f"{source}: unknown T5Config field(s): {few(unknown)}")
+  try:
+    return T5Config(**fields)
+  except (TypeError, ValueError) as e:
+    raise CheckpointError(f"{source}: invalid T5Config: {e}") from e
+
+
+def reconcile_config(stored: T5Config, given: Optional[T5Config], source: str) -> T5Config:
+  """The caller's config may only differ from the stored one in activation dtype."""
+  if given is None:
+    return stored
+  diff = [f.name for f in dataclasses.fields(T5Config)
+          if f.name != "dtype" and getattr(stored, f.name) != getattr(given, f.name)]
+  if diff:
+    details = ", ".join(f"{n}: checkpoint {getattr(stored, n)!r} vs given {getattr(given, n)!r}"
+                        for n in diff)
+    raise CheckpointError(f"{source}: the given config disagrees with the checkpoint's: "
+                          f"{details}")
+  return given
+
+
+# ------------------------------------------------------------ orbax metadata
+
+
+def root_cause(e: BaseException) -> str:
+  """The first line of the innermost exception (which names the file, for TensorStore)."""
+  seen = set()
+  while (e.__cause__ or e.__context__) is not None and id(e) not in seen:
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  lines = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+
+def orbax_metadata_tree(directory: str) -> dict:
+  """The saved tree of an orbax PyTree checkpoint, with metadata leaves (no data)."""
+  import orbax.checkpoint as ocp
+  try:
+    meta = ocp.PyTreeCheckpointer().metadata(directory)
+  except Exception as e:  # orbax raises assorted types for a bad directory
+    raise CheckpointError(f"{directory}: not a readable orbax checkpoint: {e}") from e
+  tree = getattr(meta, "item_metadata", meta)
+  tree = getattr(tree, "tree", tree)
+  if not isinstance(tree, Mapping):
+    raise CheckpointError(f"{directory}: orbax metadata is not a tree of arrays")
+  return tree
+
+
+def metadata_shapes(tree: Mapping) -> dict[str, tuple[int, ...]]:
+  """{name: shape} of an orbax metadata (sub)tree."""
+  return {k: tuple(v.shape) for k, v in flatten(tree).items()}

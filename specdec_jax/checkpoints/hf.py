@@ -1,0 +1,376 @@
+"""Hugging Face T5: a directory with ``config.json`` and ``model.safetensors``
+or ``pytorch_model.bin`` (optionally sharded with an index file); loading,
+exporting (a streaming safetensors writer), config conversion and the
+parameter name map.
+
+HF stores Linear weights as [out, in] and relative biases as [buckets, H],
+the transposes of our kernels and ``rel_embedding``: a device's slice of one
+of ours is read as the transposed slice of HF's tensor, then transposed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any, Callable, Mapping, Optional
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from specdec_jax.checkpoints import placement
+from specdec_jax.checkpoints.common import (HF_WEIGHT_FILES, CheckpointError,
+                                            CheckpointNotFoundError, check_overwrite,
+                                            check_shapes, few, flatten, is_gcs, read_bytes,
+                                            reconcile_config)
+from specdec_jax.models.t5 import T5Config
+from specdec_jax.partitioning import Partitioner
+
+
+# ------------------------------------------------------------ configs and names
+
+
+def hf_config_to_t5(hf: Mapping[str, Any], dtype: str = "float32",
+                    source: str = "config.json") -> T5Config:
+  """Our T5Config from a Hugging Face T5 ``config.json`` dict.
+
+  T5 1.0 is a ReLU MLP with logits through the embedding scaled by
+  1/sqrt(d_model); T5 1.1 is gated-GELU with unscaled logits. Transformers
+  4.x marks the scaling with ``tie_word_embeddings``; 5.x always ties and
+  writes ``scale_decoder_outputs`` instead, so that key wins when present.
+  """
+  model_type = hf.get("model_type", "t5")
+  if model_type not in ("t5", "mt5"):
+    raise CheckpointError(f"{source}: model_type {model_type!r} is not supported "
+                          "(only 't5' and 'mt5')")
+  ff = hf.get("feed_forward_proj", "relu")
+  scaled = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
+  if ff == "relu" and scaled:
+    version = "1.0"
+  elif ff == "gated-gelu" and not scaled:
+    version = "1.1"
+  else:
+    raise CheckpointError(
+        f"{source}: unsupported combination feed_forward_proj={ff!r} with "
+        f"{'scaled' if scaled else 'unscaled'} decoder outputs; supported: 'relu' with "
+        "tied/scaled logits (T5 1.0) or 'gated-gelu' untied/unscaled (T5 1.1)")
+  try:
+    num_layers = int(hf["num_layers"])
+    fields = dict(
+        vocab_size=int(hf["vocab_size"]), d_model=int(hf["d_model"]),
+        num_heads=int(hf["num_heads"]), head_dim=int(hf["d_kv"]),
+        num_encoder_layers=num_layers,
+        num_decoder_layers=int(hf.get("num_decoder_layers") or num_layers),
+        d_ff=int(hf["d_ff"]), version=version,
+        relative_attention_num_buckets=int(hf.get("relative_attention_num_buckets", 32)),
+        relative_attention_max_distance=int(hf.get("relative_attention_max_distance", 128)),
+        layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-6)), dtype=dtype)
+  except KeyError as e:
+    raise CheckpointError(f"{source}: missing required key {e.args[0]!r}") from e
+  eos = hf.get("eos_token_id", 1)
+  if isinstance(eos, list):  # generation configs sometimes list several
+    eos = eos[0]
+  pad = hf.get("pad_token_id")
+  pad = 0 if pad is None else int(pad)
+  start = hf.get("decoder_start_token_id")
+  return T5Config(**fields, pad_id=pad, eos_id=int(1 if eos is None else eos),
+                  decoder_start_id=pad if start is None else int(start))
+
+
+def t5_to_hf_config(config: T5Config) -> dict:
+  """The Hugging Face ``config.json`` dict for a T5Config (inverse of the above)."""
+  return {
+      "architectures": ["T5ForConditionalGeneration"],
+      "model_type": "t5",
+      "vocab_size": config.vocab_size,
+      "d_model": config.d_model,
+      "d_kv": config.head_dim,
+      "d_ff": config.d_ff,
+      "num_heads": config.num_heads,
+      "num_layers": config.num_encoder_layers,
+      "num_decoder_layers": config.num_decoder_layers,
+      "relative_attention_num_buckets": config.relative_attention_num_buckets,
+      "relative_attention_max_distance": config.relative_attention_max_distance,
+      "layer_norm_epsilon": config.layer_norm_epsilon,
+      "feed_forward_proj": "gated-gelu" if config.gated else "relu",
+      # 4.x reads the logits scaling from this; 5.x turns it into
+      # scale_decoder_outputs and keeps lm_head untied when it differs.
+      "tie_word_embeddings": config.logits_via_embedding,
+      "is_encoder_decoder": True,
+      "pad_token_id": config.pad_id,
+      "eos_token_id": config.eos_id,
+      "decoder_start_token_id": config.decoder_start_id,
+      "initializer_factor": 1.0,
+  }
+
+
+# HF keys that alias other weights (tied embeddings) or that HF itself ignores.
+HF_IGNORED = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
+              "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight")
+
+
+def hf_name_map(config: T5Config) -> dict[str, tuple[str, bool]]:
+  """{our param name: (HF state-dict key, transpose?)} for a config.
+
+  HF Linear weights are [out, in] and relative biases [buckets, H], the
+  transposes of T5X's kernels [in, out] and rel_embedding [H, buckets].
+  """
+  names: dict[str, tuple[str, bool]] = {
+      "token_embedder/embedding": ("shared.weight", False),
+      "encoder/relpos_bias/rel_embedding":
+          ("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", True),
+      "decoder/relpos_bias/rel_embedding":
+          ("decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", True),
+      "encoder/encoder_norm/scale": ("encoder.final_layer_norm.weight", False),
+      "decoder/decoder_norm/scale": ("decoder.final_layer_norm.weight", False),
+  }
+  if not config.logits_via_embedding:
+    names["decoder/logits_dense/kernel"] = ("lm_head.weight", True)
+  mlp = ("wi_0", "wi_1", "wo") if config.gated else ("wi", "wo")
+  qkvo = (("query", "q"), ("key", "k"), ("value", "v"), ("out", "o"))
+
+  def attention(ours: str, hf: str) -> None:
+    for o, h in qkvo:
+      names[f"{ours}/{o}/kernel"] = (f"{hf}.{h}.weight", True)
+
+  def block(ours: str, hf: str) -> None:
+    names[f"{ours}/mlp/wo/kernel"] = (f"{hf}.DenseReluDense.wo.weight", True)
+    for w in mlp[:-1]:
+      names[f"{ours}/mlp/{w}/kernel"] = (f"{hf}.DenseReluDense.{w}.weight", True)
+    names[f"{ours}/pre_mlp_layer_norm/scale"] = (f"{hf}.layer_norm.weight", False)
+
+  for i in range(config.num_encoder_layers):
+    o, h = f"encoder/layers_{i}", f"encoder.block.{i}.layer"
+    attention(f"{o}/attention", f"{h}.0.SelfAttention")
+    names[f"{o}/pre_attention_layer_norm/scale"] = (f"{h}.0.layer_norm.weight", False)
+    block(o, f"{h}.1")
+  for i in range(config.num_decoder_layers):
+    o, h = f"decoder/layers_{i}", f"decoder.block.{i}.layer"
+    attention(f"{o}/self_attention", f"{h}.0.SelfAttention")
+    names[f"{o}/pre_self_attention_layer_norm/scale"] = (f"{h}.0.layer_norm.weight", False)
+    attention(f"{o}/encoder_decoder_attention", f"{h}.1.EncDecAttention")
+    names[f"{o}/pre_cross_attention_layer_norm/scale"] = (f"{h}.1.layer_norm.weight", False)
+    block(o, f"{h}.2")
+  return names
+
+
+# ------------------------------------------------------------ weight files
+
+
+class SafetensorsFile:
+  """Shapes and sliced reads of one .safetensors file.
+
+  Uses ``safetensors.safe_open(framework='numpy')``, whose ``get_slice``
+  reads only the requested slice; bfloat16 (which numpy lacks) is sliced from
+  a memmap of the tensor's bytes viewed as ``ml_dtypes.bfloat16``.
+  """
+
+  def __init__(self, path: str):
+    from safetensors import safe_open
+    self.path = path
+    try:
+      self._f = safe_open(path, framework="numpy")
+      self.shapes = {k: tuple(self._f.get_slice(k).get_shape()) for k in self._f.keys()}
+      self._dtypes = {k: self._f.get_slice(k).get_dtype() for k in self._f.keys()}
+    except Exception as e:  # safetensors raises its own error types
+      raise CheckpointError(f"{path}: cannot read safetensors file: {e}") from e
+
+  @functools.cached_property
+  def _header(self) -> tuple[int, dict]:
+    """(offset of the data section, parsed JSON header)."""
+    with open(self.path, "rb") as f:
+      n = int.from_bytes(f.read(8), "little")
+      return 8 + n, json.loads(f.read(n))
+
+  def slice_reader(self, key: str) -> placement.SliceReader:
+    """Reads slices of tensor ``key`` (in HF's layout)."""
+    if self._dtypes[key] != "BF16":
+      tensor = self._f.get_slice(key)
+      return lambda index: tensor[index]
+    start, header = self._header
+    begin, end = header[key]["data_offsets"]
+    raw = np.memmap(self.path, dtype=np.uint16, mode="r", offset=start + begin,
+                    shape=((end - begin) // 2,))
+    mapped = raw.view(ml_dtypes.bfloat16).reshape(self.shapes[key])
+    # Copy: a device buffer must not alias the mapped file.
+    return lambda index: np.array(mapped[index])
+
+
+class TorchBinFile:
+  """Shapes and sliced reads of one pytorch_model.bin (torch imported lazily)."""
+
+  def __init__(self, path: str):
+    import torch
+    self.path = path
+    try:
+      self._sd = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except RuntimeError:
+      # Pre-1.6 (non-zip) files cannot be memory-mapped: load them whole.
+      try:
+        self._sd = torch.load(path, map_location="cpu", weights_only=True)
+      except Exception as e:  # pickle/zip errors
+        raise CheckpointError(f"{path}: cannot read PyTorch checkpoint: {e}") from e
+    except Exception as e:  # pickle errors
+      raise CheckpointError(f"{path}: cannot read PyTorch checkpoint: {e}") from e
+    self.shapes = {k: tuple(v.shape) for k, v in self._sd.items()}
+
+  def slice_reader(self, key: str) -> placement.SliceReader:
+    """Reads slices of tensor ``key`` (in HF's layout) from the mmapped file."""
+    import torch
+    tensor = self._sd[key].detach()
+
+    def read(index: placement.Index) -> np.ndarray:
+      # A contiguous copy: the slice of the mapping is a view, and numpy has
+      # no bfloat16, so that is reinterpreted bit for bit.
+      part = tensor[index].clone(memory_format=torch.contiguous_format)
+      if part.dtype == torch.bfloat16:
+        return part.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+      return part.numpy()
+    return read
+
+
+def _hf_weight_files(path: str) -> list[str]:
+  """The weight files of an HF directory (one file, or the shards of an index)."""
+  for single, index in (("model.safetensors", "model.safetensors.index.json"),
+                        ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+    if os.path.isfile(os.path.join(path, single)):
+      return [os.path.join(path, single)]
+    index_path = os.path.join(path, index)
+    if os.path.isfile(index_path):
+      try:
+        weight_map = json.loads(read_bytes(index_path))["weight_map"]
+      except (json.JSONDecodeError, KeyError) as e:
+        raise CheckpointError(f"{index_path}: invalid shard index: {e}") from e
+      return [os.path.join(path, f) for f in sorted(set(weight_map.values()))]
+  raise CheckpointNotFoundError(f"{path}: no Hugging Face weights ({', '.join(HF_WEIGHT_FILES)})")
+
+
+def _open_hf_tensors(path: str) -> dict[str, tuple[Any, tuple[int, ...]]]:
+  """{HF key: (file object with .slice_reader(key), shape)} over all weight files."""
+  tensors = {}
+  for file_path in _hf_weight_files(path):
+    if not os.path.isfile(file_path):
+      raise CheckpointNotFoundError(f"{file_path}: weight shard listed in the index is missing")
+    f = SafetensorsFile(file_path) if file_path.endswith(".safetensors") else TorchBinFile(file_path)
+    for key, shape in f.shapes.items():
+      tensors[key] = (f, shape)
+  return tensors
+
+
+def _transposed_reader(f: Any, key: str) -> placement.SliceReader:
+  """Slices of our [in, out] from HF's [out, in]: read the transposed index, transpose."""
+  read = f.slice_reader(key)
+  return lambda index: read(tuple(reversed(index))).T
+
+
+# ------------------------------------------------------------ load
+
+
+def load_hf(path: str, config: Optional[T5Config], param_dtype: Any,
+            partitioner: Optional[Partitioner] = None) -> tuple[dict, T5Config]:
+  """(params in their shards, config) from a local Hugging Face T5 directory."""
+  if is_gcs(path):
+    raise CheckpointError(f"{path}: Hugging Face checkpoints must be local")
+  config_path = os.path.join(path, "config.json")
+  try:
+    hf_cfg = json.loads(read_bytes(config_path))
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f"{config_path}: invalid JSON: {e}") from e
+  stored = hf_config_to_t5(hf_cfg, source=config_path)
+  config = reconcile_config(stored, config, path)
+  tensors = _open_hf_tensors(path)
+  mapping = hf_name_map(config)
+  # Tied checkpoints may omit aliases: fall back to the shared embedding.
+  if "shared.weight" not in tensors and "encoder.embed_tokens.weight" in tensors:
+    mapping["token_embedder/embedding"] = ("encoder.embed_tokens.weight", False)
+  ignored = set(HF_IGNORED)
+  if config.logits_via_embedding:
+    ignored.add("lm_head.weight")  # 1.0: an alias of shared.weight
+  elif "lm_head.weight" not in tensors and hf_cfg.get("tie_word_embeddings", True):
+    mapping["decoder/logits_dense/kernel"] = ("shared.weight", True)
+  used = {hf for hf, _ in mapping.values()}
+  missing = sorted(used - set(tensors))
+  extra = sorted(set(tensors) - used - ignored)
+  if missing or extra:
+    parts = ([f"missing {len(missing)} tensor(s): {few(missing)}"] if missing else []) + (
+        [f"unknown {len(extra)} tensor(s): {few(extra)}"] if extra else [])
+    raise CheckpointError(f"{path}: weights disagree with {config_path}: " + "; ".join(parts))
+
+  sources = {}
+  for ours, (hf, transpose) in mapping.items():
+    f, shape = tensors[hf]
+    if transpose:
+      sources[ours] = placement.ArraySource(
+          tuple(shape[::-1]), functools.partial(_transposed_reader, f, hf))
+    else:
+      sources[ours] = placement.ArraySource(tuple(shape), functools.partial(f.slice_reader, hf))
+  check_shapes({n: s.shape for n, s in sources.items()}, config, path)
+  return placement.place_arrays(sources, param_dtype, partitioner), config
+
+
+# ------------------------------------------------------------ export
+
+
+_SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
+                       np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.float64): "F64"}
+
+
+def write_safetensors(path: str, arrays: Mapping[str, Callable[[], np.ndarray]],
+                      shapes: Mapping[str, tuple[int, ...]], dtype: np.dtype) -> None:
+  """Writes a .safetensors file one tensor at a time (the header needs only shapes).
+
+  Format: u64 little-endian header length, JSON header (padded with spaces to
+  8 bytes) mapping names to dtype/shape/byte offsets, then the raw data.
+  """
+  if dtype not in _SAFETENSORS_DTYPES:
+    raise CheckpointError(f"{path}: cannot write dtype {dtype} to safetensors")
+  header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+  offset = 0
+  for name in arrays:
+    nbytes = int(np.prod(shapes[name], dtype=np.int64)) * dtype.itemsize
+    header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(shapes[name]),
+                    "data_offsets": [offset, offset + nbytes]}
+    offset += nbytes
+  blob = json.dumps(header, separators=(",", ":")).encode()
+  blob += b" " * (-len(blob) % 8)
+  with open(path, "wb") as f:
+    f.write(len(blob).to_bytes(8, "little"))
+    f.write(blob)
+    for name in arrays:
+      arr = np.ascontiguousarray(arrays[name](), dtype=dtype)
+      if arr.shape != tuple(shapes[name]):
+        raise CheckpointError(f"{path}: tensor {name} has shape {arr.shape}, "
+                              f"expected {tuple(shapes[name])}")
+      f.write(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
+
+
+def export_hf(params: Any, config: T5Config, directory: str,
+              dtype: Optional[str] = None, overwrite: bool = False) -> None:
+  """Writes a Hugging Face T5 directory (config.json + model.safetensors).
+
+  The inverse of ``load_checkpoint(fmt='hf')``. ``dtype`` (default: the
+  params' own, float32 for a model from ``init``) is the on-disk dtype.
+  Tensors are transferred to the host one at a time.
+  """
+  if is_gcs(directory):
+    raise CheckpointError(f"{directory}: exporting to GCS is not supported")
+  directory = os.path.abspath(directory)
+  check_overwrite(directory, overwrite)
+  flat = flatten(params)
+  check_shapes({k: tuple(np.shape(v)) for k, v in flat.items()}, config,
+               f"params to export to {directory}")
+  out_dtype = np.dtype(jnp.dtype(dtype) if dtype else jnp.asarray(flat["token_embedder/embedding"]).dtype)
+  arrays: dict[str, Callable[[], np.ndarray]] = {}
+  shapes: dict[str, tuple[int, ...]] = {}
+  for ours, (hf, transpose) in sorted(hf_name_map(config).items(), key=lambda kv: kv[1][0]):
+    shape = tuple(np.shape(flat[ours]))
+    shapes[hf] = shape[::-1] if transpose else shape
+    arrays[hf] = functools.partial(
+        lambda x, t: np.asarray(x).T if t else np.asarray(x), flat[ours], transpose)
+  os.makedirs(directory, exist_ok=True)
+  write_safetensors(os.path.join(directory, "model.safetensors"), arrays, shapes, out_dtype)
+  hf_cfg = t5_to_hf_config(config)
+  hf_cfg["torch_dtype"] = str(out_dtype) if out_dtype != ml_dtypes.bfloat16 else "bfloat16"
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf_cfg, f, indent=2, sort_keys=True)

@@ -1,0 +1,63 @@
+"""Our own format: ``config.json`` (the ``T5Config`` fields) and ``params/``
+(an orbax-checkpoint PyTree of the T5X-named tree, possibly bfloat16)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Any, Optional
+
+import numpy as np
+
+from specdec_jax.checkpoints import placement
+from specdec_jax.checkpoints.common import (SPECDEC_PARAMS_DIR, CheckpointError, check_overwrite,
+                                            check_shapes, config_from_dict, flatten, is_gcs,
+                                            join, metadata_shapes, orbax_metadata_tree,
+                                            params_dtype_tree, read_bytes, reconcile_config,
+                                            require_dir)
+from specdec_jax.models.t5 import T5Config
+from specdec_jax.partitioning import Partitioner
+
+
+def save_checkpoint(directory: str, params: Any, config: T5Config,
+                    dtype: Optional[str] = None, overwrite: bool = False) -> None:
+  """Writes ``params`` (T5X-named tree) and ``config`` in our own format.
+
+  Layout: ``directory/config.json`` (T5Config fields) and ``directory/params``
+  (orbax PyTree). ``dtype`` (e.g. 'bfloat16') casts the arrays on disk;
+  loading casts back to the requested ``param_dtype``. A non-empty existing
+  directory is only replaced with ``overwrite=True``.
+  """
+  import orbax.checkpoint as ocp
+  if is_gcs(directory):
+    raise CheckpointError(f"{directory}: saving to GCS is not supported")
+  directory = os.path.abspath(directory)
+  check_overwrite(directory, overwrite)
+  shapes = {k: tuple(np.shape(v)) for k, v in flatten(params).items()}
+  check_shapes(shapes, config, f"params to save to {directory}")
+  # Only remove what we write ourselves, never unrelated files.
+  params_dir = os.path.join(directory, SPECDEC_PARAMS_DIR)
+  if os.path.isdir(params_dir):
+    shutil.rmtree(params_dir)
+  os.makedirs(directory, exist_ok=True)
+  ocp.PyTreeCheckpointer().save(params_dir, params_dtype_tree(params, dtype))
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(dataclasses.asdict(config), f, indent=2, sort_keys=True)
+
+
+def load_specdec(path: str, config: Optional[T5Config], param_dtype: Any,
+                 partitioner: Optional[Partitioner] = None) -> tuple[dict, T5Config]:
+  """(params in their shards, config) from a directory written by ``save_checkpoint``."""
+  config_path = join(path, "config.json")
+  try:
+    fields = json.loads(read_bytes(config_path))
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f"{config_path}: invalid JSON: {e}") from e
+  config = reconcile_config(config_from_dict(fields, config_path), config, path)
+  params_dir = join(path, SPECDEC_PARAMS_DIR)
+  require_dir(params_dir)
+  tree = orbax_metadata_tree(params_dir)
+  check_shapes(metadata_shapes(tree), config, params_dir)
+  return placement.restore_orbax(params_dir, tree, (), param_dtype, partitioner), config

@@ -1,0 +1,127 @@
+"""T5X's legacy layout: ``checkpoint_<step>/checkpoint`` (msgpack) whose
+parameter leaves are inline arrays or TensorStore zarr specs relative to the
+step directory. Local paths and ``gs://`` paths.
+
+Each TensorStore array is opened once, when it is placed, and every device's
+slice is read from it with ``array[index].read()``: only the chunks that
+slice touches are fetched and decoded.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from specdec_jax.checkpoints import placement
+from specdec_jax.checkpoints.common import (T5X_MSGPACK, CheckpointError, check_shapes,
+                                            flatten, is_gcs, join, kvstore_spec, read_bytes,
+                                            subtree_keys)
+from specdec_jax.models.t5 import T5Config
+from specdec_jax.partitioning import Partitioner
+
+
+def is_ts_spec(x: Any) -> bool:
+  """Whether a msgpack leaf is a TensorStore spec (a dict with a driver)."""
+  return isinstance(x, Mapping) and "driver" in x
+
+
+def resolve_ts_spec(spec: Mapping, step_dir: str) -> dict:
+  """Points a saved zarr spec at its array inside ``step_dir``.
+
+  T5X stores paths relative to the step directory, either at the top level
+  (old: ``path``) or in ``kvstore.path``; the saved driver/bucket may name
+  where the checkpoint was written, not where it is now, so it is replaced by
+  one for ``step_dir`` (local file or gs://). Absolute paths are kept.
+  """
+  spec = dict(spec)
+  kvstore = spec.pop("kvstore", None)
+  rel = spec.pop("path", None)
+  if isinstance(kvstore, Mapping):
+    rel = kvstore.get("path", rel)
+  elif isinstance(kvstore, str):  # a URL-style kvstore
+    rel = kvstore
+  if not rel:
+    raise CheckpointError(f"{step_dir}: TensorStore spec without a path: {dict(spec)}")
+  if os.path.isabs(rel) or is_gcs(rel):
+    target = rel
+  else:
+    target = join(step_dir, rel)
+  spec["kvstore"] = kvstore_spec(target)
+  return spec
+
+
+def _ts_open(resolved: dict, name: str, step_dir: str):
+  import tensorstore as ts
+  try:
+    return ts.open(resolved, open=True, read=True).result()
+  except Exception as e:  # tensorstore raises ValueError and friends
+    raise CheckpointError(f"{step_dir}: cannot open TensorStore array for {name} "
+                          f"at {resolved['kvstore']}: {e}") from e
+
+
+def _ts_shape(spec: Mapping, resolved: dict, name: str, step_dir: str) -> tuple[int, ...]:
+  meta = spec.get("metadata")
+  if isinstance(meta, Mapping) and "shape" in meta:
+    return tuple(int(s) for s in meta["shape"])
+  return tuple(_ts_open(resolved, name, step_dir).shape)
+
+
+def _ts_reader(resolved: dict, name: str, step_dir: str) -> placement.SliceReader:
+  """Opens the array once; the reader fetches one slice per call."""
+  store = _ts_open(resolved, name, step_dir)
+
+  def read(index: placement.Index) -> np.ndarray:
+    try:
+      return store[index].read().result()
+    except Exception as e:  # a missing or corrupt chunk
+      raise CheckpointError(f"{step_dir}: cannot read TensorStore array for {name} "
+                            f"at {resolved['kvstore']}: {e}") from e
+  return read
+
+
+def _inline_reader(arr: np.ndarray) -> placement.SliceReader:
+  return lambda index: arr[index]
+
+
+def _t5x_target(state: Any, msgpack_path: str) -> Mapping:
+  """The parameter tree inside a decoded T5X msgpack checkpoint."""
+  if not isinstance(state, Mapping):
+    raise CheckpointError(f"{msgpack_path}: expected a dict at the top level, "
+                          f"got {type(state).__name__}")
+  keys = subtree_keys(state, (("optimizer", "target"), ("target",), ("params",)))
+  if keys is None:
+    raise CheckpointError(f"{msgpack_path}: no optimizer/target parameters; "
+                          f"top-level keys: {sorted(map(str, state))}")
+  for k in keys:
+    state = state[k]
+  return state
+
+
+def load_t5x(step_dir: str, config: T5Config, param_dtype: Any,
+             partitioner: Optional[Partitioner] = None) -> dict:
+  """The parameters of one T5X msgpack checkpoint, placed in their shards."""
+  from flax import serialization
+  msgpack_path = join(step_dir, T5X_MSGPACK)
+  raw = read_bytes(msgpack_path)
+  try:
+    state = serialization.msgpack_restore(raw)
+  except Exception as e:  # msgpack raises several unrelated exception types
+    raise CheckpointError(f"{msgpack_path}: corrupt msgpack checkpoint: {e}") from e
+  del raw
+  target = _t5x_target(state, msgpack_path)
+  del state  # keep only the target subtree (optimizer state is dropped unread)
+  sources = {}
+  for name, leaf in flatten(target, is_leaf=is_ts_spec).items():
+    if is_ts_spec(leaf):
+      resolved = resolve_ts_spec(leaf, step_dir)
+      sources[name] = placement.ArraySource(
+          _ts_shape(leaf, resolved, name, step_dir),
+          functools.partial(_ts_reader, resolved, name, step_dir))
+    else:
+      arr = np.asarray(leaf)
+      sources[name] = placement.ArraySource(arr.shape, functools.partial(_inline_reader, arr))
+  check_shapes({n: s.shape for n, s in sources.items()}, config, step_dir)
+  return placement.place_arrays(sources, param_dtype, partitioner)
