@@ -1,0 +1,179 @@
+"""Per-device memory of a target/draft pair on a planned ('data', 'model') mesh.
+
+Counts what stays resident while speculative decoding runs: both models'
+weights and both decoder caches (self-attention K/V over max_decode_len + γ + 1
+positions, cross-attention K/V over max_input_len, the encoder mask). Nothing
+is allocated and no device is needed:
+
+* shapes come from ``jax.eval_shape`` (``param_shapes`` and the pytree
+  ``T5Model.init_cache`` returns), so they are the model's real shapes;
+* layouts come from the real ``Partitioner`` (same rules, same divisibility
+  errors or 'replicate' fallback) over a ``jax.sharding.AbstractMesh`` of the
+  planned shape, so a v5e-8 plan runs on a laptop;
+* weights are counted at ``stored_dtype`` (kernels and embedding at
+  ``param_dtype``, norm scales and relative-position tables float32), caches at
+  the activation dtype.
+
+Not counted: XLA temporaries (encoder activations and attention scores, logits,
+collective buffers), the per-row loop state (a few int32 per position) and the
+runtime's own reservations. Leave headroom for them (``scripts/plan_memory.py``
+asks for 10%).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AbstractMesh
+
+from specdec_jax.models.t5 import (DecoderCache, T5Config, T5Model, get_config,
+                                   param_shapes, stored_dtype)
+from specdec_jax.partitioning import (CACHE_AXES, DATA_PARALLEL_RULES, MESH_AXES,
+                                      STANDARD_RULES, Partitioner, PartitioningError,
+                                      flatten_names, param_logical_axes, validate_rules)
+
+GiB = 2 ** 30
+ConfigLike = Union[T5Config, str]
+PLAN_KEYS = ("target_params", "draft_params", "target_caches", "draft_caches", "total")
+
+
+def abstract_mesh(mesh_shape: Optional[Sequence[int]]) -> AbstractMesh:
+  """A ('data', 'model') mesh with no devices behind it; None means one device."""
+  shape = (1, 1) if mesh_shape is None else tuple(int(s) for s in mesh_shape)
+  if len(shape) != 2 or any(s < 1 for s in shape):
+    raise PartitioningError(f"mesh_shape must be two positive sizes (data, model), got {shape}")
+  # Auto axes, as partitioning.make_mesh builds the real one.
+  return AbstractMesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def planning_partitioner(mesh_shape: Optional[Sequence[int]],
+                         rules: Optional[Sequence] = None,
+                         fallback: str = "error") -> Partitioner:
+  """The Partitioner the runner would build, over an abstract mesh.
+
+  ``rules`` None means ``STANDARD_RULES`` (as ``Experiment.logical_axis_rules``).
+  """
+  return Partitioner(abstract_mesh(mesh_shape),
+                     validate_rules(STANDARD_RULES if rules is None else rules), fallback)
+
+
+def _shard_bytes(part: Partitioner, axes: Sequence[Optional[str]], shape: Sequence[int],
+                 dtype: Any, what: str) -> int:
+  """Bytes one device holds of an array (shards are equal: the partitioner
+  either divides a dimension evenly or replicates it)."""
+  shard = part.sharding(axes, shape, what).shard_shape(tuple(shape))
+  return math.prod(shard) * jnp.dtype(dtype).itemsize
+
+
+def _config(cfg: ConfigLike, dtype: Optional[str] = None) -> T5Config:
+  cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+  return cfg if dtype is None else cfg.replace(dtype=dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _param_shapes(cfg: T5Config) -> dict:
+  # Callers pass cfg.replace(dtype='float32'): shapes do not depend on the
+  # activation dtype, so every dtype shares one traced entry.
+  return param_shapes(cfg)
+
+
+def param_bytes(cfg: ConfigLike, part: Partitioner, param_dtype: Any = "float32") -> int:
+  """Per-device bytes of a model's weights under ``part``, at ``stored_dtype``."""
+  return _param_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name)
+
+
+# Cached: a table of plans asks for the same (model, layout) many times.
+@functools.lru_cache(maxsize=None)
+def _param_bytes(cfg: T5Config, part: Partitioner, param_dtype: str) -> int:
+  shapes = flatten_names(_param_shapes(cfg))
+  return sum(_shard_bytes(part, param_logical_axes(name), x.shape, stored_dtype(name, param_dtype),
+                          f"parameter {name}")
+             for name, x in shapes.items())
+
+
+@functools.lru_cache(maxsize=None)
+def cache_shapes(cfg: T5Config, batch: int, max_input_len: int,
+                 cache_len: int) -> DecoderCache:
+  """The ``DecoderCache`` pytree ``T5Model.init_cache`` returns, as
+  ShapeDtypeStructs (``cfg.dtype`` is the activation dtype)."""
+  model = T5Model(cfg)
+  inputs = jax.ShapeDtypeStruct((batch, max_input_len), jnp.int32)
+  # The encoder's output is [B, S, d_model]; init_cache only projects it
+  # (its Dense layers compute in cfg.dtype whatever the input dtype), so
+  # tracing the encoder as well would cost time and change nothing.
+  encoded = jax.ShapeDtypeStruct((batch, max_input_len, cfg.d_model), cfg.jnp_dtype)
+  return jax.eval_shape(lambda p, e, x: model.init_cache(p, e, x, cache_len),
+                        _param_shapes(cfg.replace(dtype="float32")), encoded, inputs)
+
+
+def cache_bytes(cfg: ConfigLike, part: Partitioner, batch: int, max_input_len: int,
+                cache_len: int, dtype: Optional[str] = None, what: str = "cache") -> int:
+  """Per-device bytes of one model's decoder cache under ``part``.
+
+  The layout is the one ``partitioning.constrain_cache`` pins inside the
+  decoding loops: K/V over ``CACHE_AXES``, the encoder mask over
+  ('batch', 'length'); error messages name the arrays as it does.
+  """
+  return _cache_bytes(_config(cfg, dtype), part, int(batch), int(max_input_len),
+                      int(cache_len), what)
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_bytes(cfg: T5Config, part: Partitioner, batch: int, max_input_len: int,
+                 cache_len: int, what: str) -> int:
+  cache = cache_shapes(cfg, batch, max_input_len, cache_len)
+  total = 0
+  for field in ("self_k", "self_v", "cross_k", "cross_v"):
+    for i, x in enumerate(getattr(cache, field)):
+      total += _shard_bytes(part, CACHE_AXES, x.shape, x.dtype, f"{what} {field}[{i}]")
+  m = cache.encoder_mask
+  return total + _shard_bytes(part, ("batch", "length"), m.shape, m.dtype,
+                              f"{what} encoder_mask")
+
+
+def plan(target_cfg: ConfigLike, draft_cfg: Optional[ConfigLike],
+         mesh_shape: Optional[Sequence[int]], param_dtype: str = "float32",
+         dtype: str = "float32", batch: int = 1, max_input_len: int = 512,
+         max_decode_len: int = 128, gamma: int = 5, rules: Optional[Sequence] = None,
+         draft_rules: Optional[Sequence] = None, fallback: str = "error") -> dict[str, int]:
+  """Per-device bytes of speculative decoding with ``target_cfg`` and ``draft_cfg``.
+
+  Arguments mirror the runner's ``Experiment`` fields (mesh_shape,
+  logical_axis_rules -> ``rules``, draft_logical_axis_rules -> ``draft_rules``,
+  partition_fallback -> ``fallback``, param_dtype, dtype, batch_size,
+  max_input_len, max_decode_len, gamma); configs are ``T5Config`` or preset
+  names. ``draft_cfg`` None: a draft with no weights or cache (n-gram).
+  Both caches span ``max_decode_len + gamma + 1`` positions, as in
+  ``decoding.speculative_decode``.
+
+  Returns {'target_params', 'draft_params', 'target_caches', 'draft_caches',
+  'total'} in bytes on one device (every device holds the same amount).
+  Raises ``PartitioningError`` naming the array for a dimension the mesh does
+  not divide, unless ``fallback='replicate'``.
+  """
+  if gamma < 1 or max_decode_len < 1 or batch < 1 or max_input_len < 1:
+    raise ValueError(f"gamma, max_decode_len, batch and max_input_len must be >= 1, got "
+                     f"{gamma}, {max_decode_len}, {batch}, {max_input_len}")
+  cache_len = max_decode_len + gamma + 1
+  target_part = planning_partitioner(mesh_shape, rules, fallback)
+  out = dict(target_params=param_bytes(target_cfg, target_part, param_dtype),
+             target_caches=cache_bytes(target_cfg, target_part, batch, max_input_len,
+                                       cache_len, dtype, "target cache"),
+             draft_params=0, draft_caches=0)
+  if draft_cfg is not None:
+    draft_part = planning_partitioner(
+        mesh_shape, DATA_PARALLEL_RULES if draft_rules is None else draft_rules, fallback)
+    out["draft_params"] = param_bytes(draft_cfg, draft_part, param_dtype)
+    out["draft_caches"] = cache_bytes(draft_cfg, draft_part, batch, max_input_len, cache_len,
+                                      dtype, "draft cache")
+  out["total"] = sum(out.values())
+  return {k: int(out[k]) for k in PLAN_KEYS}
+
+
+def fits(total_bytes: int, device_bytes: int, headroom: float = 0.9) -> bool:
+  """Whether a plan's total leaves ``1 - headroom`` of a device for XLA temporaries."""
+  return total_bytes <= headroom * device_bytes
