@@ -147,11 +147,21 @@ def make_mesh(shape: Sequence[int], devices: Optional[Sequence[Any]] = None) -> 
   return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
 
 
+def abstract_mesh(shape: Sequence[int]) -> jax.sharding.AbstractMesh:
+  """A ('data', 'model') mesh of the given shape with no devices behind it:
+  enough to compute specs and shard shapes when planning for other hardware."""
+  return jax.sharding.AbstractMesh(tuple(int(s) for s in shape), MESH_AXES,
+                                   axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
 @dataclasses.dataclass(frozen=True)
 class Partitioner:
-  """A mesh plus logical axis rules; hashable, so a static argument of jit."""
+  """A mesh plus logical axis rules; hashable, so a static argument of jit.
 
-  mesh: Mesh
+  ``mesh`` may be an ``abstract_mesh`` for planning (specs, shard shapes).
+  """
+
+  mesh: Any
   rules: Rules = STANDARD_RULES
   fallback: str = "error"
 

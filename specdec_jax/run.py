@@ -55,9 +55,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-from specdec_jax import checkpoints, data, drafts, theory
+from specdec_jax import checkpoints, data, drafts, partitioning, theory
 from specdec_jax.decoding import alpha_estimates, speculative_decode, temperature_sample
-from specdec_jax.models.t5 import T5Config, T5Model, get_config, shift_right
+from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.timing import block, measure_costs, timed
 
@@ -111,6 +111,16 @@ class Experiment:
   max_decode_len: int = 128
   on_too_long: str = "truncate"              # or 'error'
   dtype: str = "float32"                     # activation dtype
+  param_dtype: str = "float32"               # weights in device memory; norms stay float32
+  # Sharding (docs/scaling.md). None: one device, exactly the unsharded path.
+  mesh_shape: Optional[tuple] = None         # (data, model), product = device count
+  logical_axis_rules: Optional[tuple] = None     # None: partitioning.STANDARD_RULES
+  draft_logical_axis_rules: Optional[tuple] = None  # None: DATA_PARALLEL_RULES
+  partition_fallback: str = "error"          # or 'replicate' (logged) for non-divisible dims
+  multihost: bool = False                    # jax.distributed.initialize() before anything
+  coordinator_address: Optional[str] = None  # multihost off Cloud TPU VMs: 'host:port'
+  num_processes: Optional[int] = None
+  process_id: Optional[int] = None
   num_warmup: int = 2
   num_examples: int = 100
   seed: int = 0
@@ -122,8 +132,28 @@ class Experiment:
   def validate(self) -> None:
     """Cheap checks that fail before any long work starts (types, values, paths)."""
     self.check_types()
-    if self.dtype not in DTYPES:
-      raise ValueError(f"Experiment.dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in DTYPES:
+        raise ValueError(f"Experiment.{name} must be one of {sorted(DTYPES)}, "
+                         f"got {getattr(self, name)!r}")
+    if self.mesh_shape is not None and (
+        len(self.mesh_shape) != 2 or not all(isinstance(n, int) and not isinstance(n, bool)
+                                             and n >= 1 for n in self.mesh_shape)):
+      raise ValueError(f"Experiment.mesh_shape must be None or two positive ints (data, model), "
+                       f"got {self.mesh_shape!r}")
+    for name in ("logical_axis_rules", "draft_logical_axis_rules"):
+      if getattr(self, name) is not None:
+        try:
+          partitioning.validate_rules(getattr(self, name))
+        except (partitioning.PartitioningError, TypeError) as e:
+          raise ValueError(f"Experiment.{name}: {e}") from None
+    if self.partition_fallback not in partitioning.FALLBACKS:
+      raise ValueError(f"Experiment.partition_fallback must be one of "
+                       f"{partitioning.FALLBACKS}, got {self.partition_fallback!r}")
+    if self.multihost and self.coordinator_address is not None and (
+        self.num_processes is None or self.process_id is None):
+      raise ValueError("Experiment.multihost with Experiment.coordinator_address also needs "
+                       "Experiment.num_processes and Experiment.process_id")
     self.sampling()  # temperature / topk / topp errors
     if self.gamma < 1:
       raise ValueError(f"Experiment.gamma must be >= 1, got {self.gamma}")
@@ -184,6 +214,8 @@ class Experiment:
         continue
       if base is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+      elif base is tuple:  # gin writes (1, 8); [1, 8] is as clear
+        ok = isinstance(value, (tuple, list))
       else:
         ok = isinstance(value, base) and not (base is int and isinstance(value, bool))
       if not ok:
@@ -250,6 +282,7 @@ class Setup:
   target_params: Any
   draft: Any
   truncated: set = dataclasses.field(default_factory=set)
+  partitioner: Optional[partitioning.Partitioner] = None   # the target's (None: one device)
 
 
 def _peek_config(path: str, fmt: str, preset: Optional[str], dtype: str) -> Optional[T5Config]:
@@ -321,10 +354,52 @@ def check_memory(exp: Experiment, alpha_only: bool = False) -> None:
                      "or Experiment.batch_size")
 
 
-def _load_model(path: str, fmt: str, preset: Optional[str], dtype: str, role: str):
-  config = get_config(preset, dtype=dtype) if preset else None
-  params, config = checkpoints.load_checkpoint(_resolve(path), fmt=fmt, config=config)
-  return T5Model(config.replace(dtype=dtype)), params
+def _load_model(path: str, fmt: str, preset: Optional[str], exp: Experiment,
+                part: Optional[partitioning.Partitioner]):
+  """A checkpoint read straight into its shards (one device without a mesh)."""
+  config = get_config(preset, dtype=exp.dtype) if preset else None
+  params, config = checkpoints.load_checkpoint(_resolve(path), fmt=fmt, config=config,
+                                               param_dtype=exp.param_dtype, partitioner=part)
+  return T5Model(config.replace(dtype=exp.dtype)), params
+
+
+def partitioners(exp: Experiment) -> tuple[Optional[partitioning.Partitioner],
+                                          Optional[partitioning.Partitioner]]:
+  """(target's, draft's) partitioners over one mesh; (None, None) without a mesh."""
+  target = partitioning.from_settings(exp.mesh_shape, exp.logical_axis_rules,
+                                      exp.partition_fallback)
+  if target is None:
+    return None, None
+  rules = (partitioning.DATA_PARALLEL_RULES if exp.draft_logical_axis_rules is None
+           else exp.draft_logical_axis_rules)
+  return target, partitioning.from_settings(exp.mesh_shape, rules, exp.partition_fallback,
+                                            mesh=target.mesh)
+
+
+def check_partitioning(exp: Experiment, target_part, draft_part) -> None:
+  """Every parameter, cache and batch dimension the mesh must divide, from the
+  configs alone: a bad mesh is refused before any weight is read."""
+  if target_part is None:
+    return
+  b, t = exp.batch_size, exp.max_decode_len + exp.gamma + 1
+  target_part.batch_sharding((b, exp.max_input_len), "Experiment.batch_size (inputs)")
+  models = [("target", exp.target_checkpoint, exp.target_format, exp.target_preset,
+             target_part)]
+  if exp.draft_checkpoint:
+    models.append(("draft", exp.draft_checkpoint, exp.draft_format, exp.draft_preset,
+                   draft_part))
+  for role, path, fmt, preset, part in models:
+    cfg = _peek_config(path, fmt, preset, exp.dtype)
+    if cfg is None:
+      continue  # the loader checks each array as it places it
+    try:
+      part.param_shardings(param_shapes(cfg))
+      for length, what in ((t, "self-attention cache"), (exp.max_input_len, "cross K/V")):
+        part.spec(partitioning.CACHE_AXES, (b, length, cfg.num_heads, cfg.head_dim),
+                  f"{role} {what}")
+    except partitioning.PartitioningError as e:
+      raise ValueError(f"Experiment.mesh_shape={tuple(exp.mesh_shape)} cannot shard the "
+                       f"{role} ({path}): {e}") from None
 
 
 def _corpus(exp: Experiment, vocab) -> list[list[int]]:
@@ -365,8 +440,9 @@ def load_data(exp: Experiment) -> Data:
 
 def load_models(exp: Experiment, d: Data) -> Setup:
   """Target, draft (built by name) and a one-time check of the draft's interface."""
+  target_part, draft_part = partitioners(exp)
   target, target_params = _load_model(exp.target_checkpoint, exp.target_format,
-                                      exp.target_preset, exp.dtype, "target")
+                                      exp.target_preset, exp, target_part)
   if d.vocab.vocab_size > target.config.vocab_size:
     raise ValueError(f"vocabulary {exp.vocab_path} has {d.vocab.vocab_size} ids but the target "
                      f"model's vocab_size is {target.config.vocab_size}")
@@ -374,9 +450,11 @@ def load_models(exp: Experiment, d: Data) -> Setup:
   # a newly registered approximation model is selectable with no change here.
   build_kw: dict[str, Any] = dict(vocab_size=target.config.vocab_size, vocab=d.vocab,
                                   max_ngram=exp.prompt_lookup_max_ngram)
+  if draft_part is not None:
+    build_kw["partitioner"] = draft_part
   if exp.draft_checkpoint:
     dmodel, dparams = _load_model(exp.draft_checkpoint, exp.draft_format, exp.draft_preset,
-                                  exp.dtype, "draft")
+                                  exp, draft_part)
     data.check_vocab_compatible(target.config.vocab_size, dmodel.config.vocab_size,
                                 target_eos_id=target.config.eos_id,
                                 draft_eos_id=dmodel.config.eos_id,
@@ -391,12 +469,34 @@ def load_models(exp: Experiment, d: Data) -> Setup:
       exp.batch_size, 0)), target.config.vocab_size, exp.gamma,
       exp.max_decode_len + exp.gamma + 1, exp.sampling(),
       concrete=exp.draft_name not in drafts.BUILTIN)
-  return Setup(exp, d.vocab, d.examples, d.inputs, target, target_params, draft, d.truncated)
+  return Setup(exp, d.vocab, d.examples, d.inputs, target, target_params, draft, d.truncated,
+               target_part)
+
+
+_MULTIHOST_STARTED = False
+
+
+def start_multihost(exp: Experiment) -> None:
+  """``jax.distributed.initialize`` once per process, before JAX touches a device."""
+  global _MULTIHOST_STARTED
+  if exp.multihost and not _MULTIHOST_STARTED:
+    try:
+      partitioning.initialize_multihost(exp.coordinator_address, exp.num_processes,
+                                        exp.process_id)
+    except partitioning.PartitioningError as e:
+      raise ValueError(f"Experiment.multihost: {e}") from None
+    _MULTIHOST_STARTED = True
 
 
 def prepare(exp: Experiment, alpha_only: bool = False) -> Setup:
   """Loads and checks everything; raises a clear error before any decoding."""
   exp.validate()
+  start_multihost(exp)
+  try:
+    target_part, draft_part = partitioners(exp)
+  except partitioning.PartitioningError as e:
+    raise ValueError(f"Experiment.mesh_shape: {e}") from None
+  check_partitioning(exp, target_part, draft_part)
   check_memory(exp, alpha_only)
   return load_models(exp, load_data(exp))
 
@@ -596,10 +696,12 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   exp = setup.exp
   sampling = exp.sampling()
   target, tparams, draft = setup.target, setup.target_params, setup.draft
-  kw = dict(max_decode_len=exp.max_decode_len, sampling=sampling, eos_id=target.config.eos_id)
-  base_fn = lambda x, k: temperature_sample(target, tparams, x, k, **kw)
-  spec_fn = lambda x, k: speculative_decode(target, tparams, draft, x, k, gamma=exp.gamma,
-                                            lenience=exp.lenience, **kw)
+  kw = dict(max_decode_len=exp.max_decode_len, sampling=sampling, eos_id=target.config.eos_id,
+            partitioner=setup.partitioner)
+  place = setup.partitioner.shard_batch if setup.partitioner else (lambda x: x)
+  base_fn = lambda x, k: temperature_sample(target, tparams, place(x), k, **kw)
+  spec_fn = lambda x, k: speculative_decode(target, tparams, draft, place(x), k,
+                                            gamma=exp.gamma, lenience=exp.lenience, **kw)
   root = jax.random.PRNGKey(exp.seed)
   n_total = len(setup.examples)
   # Warm-up: compile both loops on the warm-up examples (or the first batch).

@@ -367,10 +367,13 @@ def _write(cache: Array, new: Array, positions: Array) -> Array:
 
   Negative positions are dropped (mapped out of bounds), never wrapped.
   """
-  b, length = cache.shape[:2]
+  length = cache.shape[1]
   pos = jnp.where(positions < 0, length, positions)
-  rows = jnp.broadcast_to(jnp.arange(b)[:, None], pos.shape)
-  return cache.at[rows, pos].set(new.astype(cache.dtype), mode="drop")
+  # Per row (vmap) rather than one scatter over (row, position) pairs: the
+  # batch becomes a scatter batch dimension, so a batch-sharded cache is
+  # updated in place on each device with no all-gather of the new rows.
+  write_row = lambda c, n, p: c.at[p].set(n, mode="drop")
+  return jax.vmap(write_row)(cache, new.astype(cache.dtype), pos)
 
 
 class Decoder(nn.Module):
