@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -131,3 +133,42 @@ def test_script_prints_the_xxl_rows():
   rows = [l for l in out.splitlines() if l.startswith("XXL    small  bf16        1 |")]
   assert len(rows) == 2, out  # one per task
   assert all(l.count(" ok") == 5 for l in rows), rows
+
+
+_REAL_PLACEMENT = r"""
+import json, sys
+import jax, jax.numpy as jnp
+from specdec_jax import memory, partitioning
+from specdec_jax.models.t5 import T5Config, T5Model, cast_params
+
+cfg = T5Config(**json.loads(sys.argv[1]))
+part = partitioning.from_settings((2, 4))
+model = T5Model(cfg)
+params = part.shard_params(cast_params(model.init(jax.random.PRNGKey(0)), "bfloat16"))
+inputs = part.shard_batch(jnp.ones((4, 16), jnp.int32))
+
+@jax.jit
+def caches(params, inputs):
+  cache = model.init_cache(params, model.encode(params, inputs), inputs, 14)
+  return partitioning.constrain_cache(cache, part, "target cache")
+
+def on_device0(tree):
+  dev = jax.devices()[0]
+  return sum(s.data.nbytes for x in jax.tree_util.tree_leaves(tree)
+             for s in x.addressable_shards if s.device == dev)
+
+print(json.dumps([on_device0(params), on_device0(caches(params, inputs)),
+                  memory.plan(cfg, None, (2, 4), "bfloat16", cfg.dtype, 4, 16, 10, 3)]))
+"""
+
+
+def test_plan_equals_bytes_placed_on_a_real_mesh():
+  """On 8 host devices, the runner's own placement holds what the plan says."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
+             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  cfg = json.dumps(dataclasses.asdict(TARGET.replace(dtype="bfloat16")))
+  out = subprocess.run([sys.executable, "-c", _REAL_PLACEMENT, cfg], capture_output=True,
+                       text=True, env=env, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  params, caches, plan = json.loads(out.stdout.strip().splitlines()[-1])
+  assert (params, caches) == (plan["target_params"], plan["target_caches"])
