@@ -658,6 +658,8 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
       "mode": "speculative", "task": exp.task, "target": target_label, "draft": draft_label,
       "temperature": exp.temperature, "topk": exp.topk, "topp": exp.topp,
       "gamma": exp.gamma, "lenience": exp.lenience, "batch_size": exp.batch_size,
+      "mesh_shape": list(exp.mesh_shape) if exp.mesh_shape else None,
+      "param_dtype": exp.param_dtype, "dtype": exp.dtype,
       "alpha": alpha, "alpha_min_pq": alpha_min_pq,
       "tokens_per_target_call": tot("tokens") / max(tot("target_calls"), 1),
       "c": costs["c"], "v": costs["v"],
