@@ -45,7 +45,7 @@ HARDWARE = (
 )
 TARGETS = ("t5_1_1_large", "t5_1_1_xl", "t5_1_1_xxl")
 DRAFTS = ("t5_1_1_small", "t5_1_1_base", "t5_1_1_large")
-SHORT = {"t5_1_1_small": "small", "t5_1_1_base": "base", "t5_1_1_large": "Large",
+SHORT = {"t5_1_1_small": "small", "t5_1_1_base": "base", "t5_1_1_large": "large",
          "t5_1_1_xl": "XL", "t5_1_1_xxl": "XXL"}
 TASKS = {"wmt_ende": "WMT EnDe", "cnn_dailymail": "CNN/DM"}
 
