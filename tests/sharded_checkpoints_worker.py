@@ -1,8 +1,9 @@
 """Run in a subprocess with 8 CPU devices by tests/test_sharded_checkpoints.py.
 
 Writes one tiny random T5 in every checkpoint format (T5X TensorStore, T5X
-orbax, ours, HF safetensors and pytorch_model.bin), loads each onto meshes
-(1, 8) and (2, 4) in float32 and bfloat16, and records what the test asserts
+orbax, ours, HF safetensors in float32 and bfloat16, pytorch_model.bin),
+loads each onto meshes (1, 8) and (2, 4) in float32 and bfloat16 (and once
+without a partitioner), and records what the test asserts
 on: whether values match the source, dtypes, sharding specs, per-device shard
 shapes, and the bytes the slice readers returned. Then loads a deeper model
 (total bytes >> its largest array) from the TensorStore and safetensors
@@ -22,7 +23,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # checkpoint_fix
 
 import gc  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import time  # noqa: E402
 import tracemalloc  # noqa: E402
 
@@ -77,6 +77,11 @@ def write_all(root: str, params: dict, config: T5Config, formats: tuple) -> dict
     path = os.path.join(root, "hf")
     export_hf(params, config, path)
     out["hf"] = (path, "hf", None, flat, f32_bytes)
+  if "hf_bf16" in formats:  # bfloat16 safetensors: sliced from a memmap
+    path = os.path.join(root, "hf_bf16")
+    export_hf(params, config, path, dtype="bfloat16")
+    out["hf_bf16"] = (path, "hf", None, {n: bf16_round(a) for n, a in flat.items()},
+                      {n: b // 2 for n, b in f32_bytes.items()})
   if "hf_bin" in formats:
     try:
       import torch
@@ -117,7 +122,8 @@ def describe(loaded: dict, expected: dict, param_dtype: str) -> dict:
 
 
 def sharded_loads(root: str) -> list[dict]:
-  ckpts = write_all(root, init(SMALL, 0), SMALL, ("t5x", "t5x_orbax", "specdec", "hf", "hf_bin"))
+  formats = ("t5x", "t5x_orbax", "specdec", "hf", "hf_bf16", "hf_bin")
+  ckpts = write_all(root, init(SMALL, 0), SMALL, formats)
   records = []
   for mesh_name, mesh_shape in [(None, None)] + list(MESHES.items()):
     part = None if mesh_shape is None else partitioning.Partitioner(
@@ -207,13 +213,12 @@ def peak_loads(root: str) -> list[dict]:
 
 
 def main(out_dir: str) -> None:
+  assert jax.device_count() == 8, jax.devices()  # XLA_FLAGS must precede jax's import
   start = time.perf_counter()
   report = {"devices": jax.device_count(),
             "sharded": sharded_loads(os.path.join(out_dir, "small")),
             "peak": peak_loads(os.path.join(out_dir, "deep"))}
   report["seconds"] = time.perf_counter() - start
-  report["mesh_model_sizes"] = {k: v[1] for k, v in MESHES.items()}
-  assert math.prod(MESHES["1x8"]) == report["devices"], report["devices"]
   with open(os.path.join(out_dir, "report.json"), "w") as f:
     json.dump(report, f, indent=1)
 

@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "sharded_checkpoints_worker.py"
 MODEL_SIZES = {"1x8": 8, "2x4": 4}
-SLICED_FORMATS = ("t5x", "hf", "hf_bin")  # read by our slice readers (orbax reads itself)
+SLICED_FORMATS = ("t5x", "hf", "hf_bf16", "hf_bin")  # read by our slice readers (orbax reads itself)
 
 # Which dimension the standard rules split over 'model' (None: replicated),
 # written out here rather than taken from specdec_jax.partitioning.
@@ -69,7 +69,7 @@ def test_worker_saw_eight_devices_and_every_format(report):
   assert report["devices"] == 8
   seen = {(r["mesh"], r["fmt"], r["param_dtype"]) for r in report["sharded"]}
   for mesh in MODEL_SIZES:
-    for fmt in ("t5x", "t5x_orbax", "specdec", "hf", "hf_bin"):
+    for fmt in ("t5x", "t5x_orbax", "specdec") + SLICED_FORMATS[1:]:
       for dtype in ("float32", "bfloat16"):
         assert (mesh, fmt, dtype) in seen
 
