@@ -23,7 +23,9 @@ scales and relative-position tables float32): every device's slice is read
 from the source on its own, once however many devices replicate it
 (``placement.py``). The host never holds more than about one array, so a
 44 GB T5-XXL loads on a host with far less memory; in a multi-host job each
-host reads only the slices its own devices hold.
+host reads only the slices its own devices hold. Orbax checkpoints are
+restored by orbax with the same shardings and dtypes as targets: it reads
+each device's shard itself and schedules its own reads.
 """
 
 from __future__ import annotations
