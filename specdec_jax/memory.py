@@ -32,6 +32,7 @@ from jax.sharding import AbstractMesh
 
 from specdec_jax.models.t5 import (DecoderCache, T5Config, T5Model, get_config,
                                    param_shapes, stored_dtype)
+from specdec_jax import partitioning
 from specdec_jax.partitioning import (CACHE_AXES, DATA_PARALLEL_RULES, MESH_AXES,
                                       STANDARD_RULES, Partitioner, PartitioningError,
                                       flatten_names, param_logical_axes, validate_rules)
@@ -46,8 +47,7 @@ def abstract_mesh(mesh_shape: Optional[Sequence[int]]) -> AbstractMesh:
   shape = (1, 1) if mesh_shape is None else tuple(int(s) for s in mesh_shape)
   if len(shape) != 2 or any(s < 1 for s in shape):
     raise PartitioningError(f"mesh_shape must be two positive sizes (data, model), got {shape}")
-  # Auto axes, as partitioning.make_mesh builds the real one.
-  return AbstractMesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  return partitioning.abstract_mesh(shape)
 
 
 def planning_partitioner(mesh_shape: Optional[Sequence[int]],

@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-from specdec_jax import checkpoints, data, drafts, partitioning, theory
+from specdec_jax import checkpoints, data, drafts, memory, partitioning, theory
 from specdec_jax.decoding import alpha_estimates, speculative_decode, temperature_sample
 from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
@@ -317,41 +317,50 @@ def _device_memory() -> tuple[int, str]:
 
 
 def estimate_bytes(exp: Experiment, alpha_only: bool = False) -> dict[str, int]:
-  """Bytes of the largest buffers decoding allocates, from the configs alone.
+  """Bytes per device of the weights and decoding buffers, from the configs alone.
 
-  KV caches (self-attention over max_decode_len + γ + 1 positions, cross-
-  attention over max_input_len) of the target and of a T5 draft; in
-  ``--alpha_only`` also the teacher-forced p and q ([B, T, V] float32).
+  ``memory.plan`` under the experiment's mesh and rules: weights at
+  ``param_dtype`` (norms float32), KV caches (self-attention over
+  max_decode_len + γ + 1 positions, cross-attention over max_input_len) at
+  ``dtype``; in ``--alpha_only`` also the teacher-forced p and q ([B, T, V]
+  float32, counted unsharded). A model whose checkpoint does not say its
+  architecture (no preset, remote) is left out.
   """
-  act = DTYPES[exp.dtype]
-  b, t = exp.batch_size, exp.max_decode_len + exp.gamma + 1
-  out: dict[str, int] = {}
-  models = [("target", exp.target_checkpoint, exp.target_format, exp.target_preset)]
-  if exp.draft_checkpoint:
-    models.append(("draft", exp.draft_checkpoint, exp.draft_format, exp.draft_preset))
-  for role, path, fmt, preset in models:
-    cfg = _peek_config(path, fmt, preset, exp.dtype)
-    if cfg is None:
-      continue
-    per_pos = 2 * cfg.num_decoder_layers * cfg.num_heads * cfg.head_dim * act
-    out[f"{role} KV cache"] = b * (t + exp.max_input_len) * per_pos
-    if alpha_only and role == "target":
-      out["p and q along the outputs"] = 3 * b * exp.max_decode_len * cfg.vocab_size * 4
+  cfgs = {role: _peek_config(path, fmt, preset, exp.dtype) if path else None
+          for role, path, fmt, preset in (
+              ("target", exp.target_checkpoint, exp.target_format, exp.target_preset),
+              ("draft", exp.draft_checkpoint, exp.draft_format, exp.draft_preset))}
+  if cfgs["target"] is None:
+    return {}
+  plan = memory.plan(cfgs["target"], cfgs["draft"], exp.mesh_shape, exp.param_dtype, exp.dtype,
+                     exp.batch_size, exp.max_input_len, exp.max_decode_len, exp.gamma,
+                     exp.logical_axis_rules, exp.draft_logical_axis_rules,
+                     exp.partition_fallback)
+  out = {"target weights": plan["target_params"], "target KV cache": plan["target_caches"]}
+  if cfgs["draft"] is not None:
+    out.update({"draft weights": plan["draft_params"], "draft KV cache": plan["draft_caches"]})
+  if alpha_only:
+    out["p and q along the outputs"] = (3 * exp.batch_size * exp.max_decode_len
+                                        * cfgs["target"].vocab_size * 4)
   return out
 
 
 def check_memory(exp: Experiment, alpha_only: bool = False) -> None:
-  """Refuses a config whose decoding buffers cannot fit, before any weight is read."""
+  """Refuses a config whose weights and decoding buffers cannot fit on a
+  device, before any weight is read."""
   parts = estimate_bytes(exp, alpha_only)
   need = sum(parts.values())
   have, what = _device_memory()
   if need > have:
     detail = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in parts.items())
+    mesh = f"mesh_shape={tuple(exp.mesh_shape)}, " if exp.mesh_shape else ""
     raise ValueError(f"Experiment.max_decode_len={exp.max_decode_len} with batch_size="
-                     f"{exp.batch_size} (max_input_len={exp.max_input_len}, dtype={exp.dtype}) "
-                     f"needs about {need / 2**30:.1f} GiB for decoding buffers ({detail}) but "
-                     f"the {what} is {have / 2**30:.1f} GiB; lower Experiment.max_decode_len "
-                     "or Experiment.batch_size")
+                     f"{exp.batch_size} (max_input_len={exp.max_input_len}, {mesh}"
+                     f"param_dtype={exp.param_dtype}, dtype={exp.dtype}) needs about "
+                     f"{need / 2**30:.1f} GiB per device ({detail}) but the {what} is "
+                     f"{have / 2**30:.1f} GiB; lower Experiment.max_decode_len or "
+                     "Experiment.batch_size, use bfloat16 weights, or shard over more "
+                     "devices (docs/scaling.md)")
 
 
 def _load_model(path: str, fmt: str, preset: Optional[str], exp: Experiment,
@@ -488,8 +497,9 @@ def start_multihost(exp: Experiment) -> None:
     _MULTIHOST_STARTED = True
 
 
-def prepare(exp: Experiment, alpha_only: bool = False) -> Setup:
-  """Loads and checks everything; raises a clear error before any decoding."""
+def check_before_loading(exp: Experiment, alpha_only: bool = False) -> None:
+  """Every check that needs no data or weights: settings, multi-host start,
+  mesh against devices and model dimensions, memory per device."""
   exp.validate()
   start_multihost(exp)
   try:
@@ -498,6 +508,11 @@ def prepare(exp: Experiment, alpha_only: bool = False) -> Setup:
     raise ValueError(f"Experiment.mesh_shape: {e}") from None
   check_partitioning(exp, target_part, draft_part)
   check_memory(exp, alpha_only)
+
+
+def prepare(exp: Experiment, alpha_only: bool = False) -> Setup:
+  """Loads and checks everything; raises a clear error before any decoding."""
+  check_before_loading(exp, alpha_only)
   return load_models(exp, load_data(exp))
 
 
@@ -534,6 +549,8 @@ class Workdir:
     self.mode, self.resume, self.config_str = mode, resume, config_str
     self.records, self._good_end = self._read_records()
     self._opened = False
+    # Multi-host: every process runs the same sharded loops, process 0 writes.
+    self.writer = jax.process_index() == 0
     if not self.records:
       return  # a workdir without results (or a stale config.gin) is simply reused
     if not resume:
@@ -597,6 +614,9 @@ class Workdir:
     self._opened = True
 
   def append(self, record: dict) -> None:
+    if not self.writer:
+      self.records.append(record)
+      return
     if not self._opened:
       self._open()
     with open(self.examples_path, "a") as f:
@@ -606,6 +626,8 @@ class Workdir:
     self.records.append(record)
 
   def write_summary(self, summary: dict) -> None:
+    if not self.writer:
+      return
     if not self._opened:
       self._open()
     _atomic_write(self.summary_path, json.dumps(summary, indent=2) + "\n")
@@ -939,11 +961,12 @@ def main(argv: Sequence[str]) -> None:
   import_modules(FLAGS["import"].value)
   exp = parse_config(FLAGS.config, FLAGS.gin_bindings)
   config_str = gin.config_str()
-  exp.validate()
   alpha_only = FLAGS.alpha_only
-  check_memory(exp, alpha_only)  # before any data or weights are read
+  check_before_loading(exp, alpha_only)  # before any data or weights are read
   mode = "alpha_only" if alpha_only else "speculative"
-  stem = Path(FLAGS.config[-1]).stem if FLAGS.config else "default"
+  # Every config names the run: a hardware overlay (configs/tpu_v4_8.gin) must
+  # not make two Table 2 rows share a workdir.
+  stem = "+".join(Path(c).stem for c in FLAGS.config) if FLAGS.config else "default"
   workdir_path = FLAGS.workdir or str(Path("runs") / (stem + ("_alpha" if alpha_only else "")))
   workdir = Workdir(workdir_path, config_str, FLAGS.resume, mode,  # checks only, no writes
                     num_indices=exp.num_warmup + exp.num_examples)
