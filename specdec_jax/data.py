@@ -29,9 +29,9 @@ from absl import logging
 
 # Task prefixes of the T5 paper (and of our demo task).
 PREFIXES: dict[str, str] = {
-    "wmt_ende": "translate English to German: ",
-    "cnn_dailymail": "summarize: ",
-    "bible_modernize": "modernize: ",
+  "wmt_ende": "translate English to German: ",
+  "cnn_dailymail": "summarize: ",
+  "bible_modernize": "modernize: ",
 }
 
 # Default T5 vocabulary (needs GCS access; pass an explicit local path offline).
@@ -54,134 +54,134 @@ DEFAULT_BIBLE_DIR = str(Path(__file__).resolve().parent.parent / "data" / "bible
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-    """One source text with an optional reference output."""
+  """One source text with an optional reference output."""
 
-    id: str
-    input: str
-    reference: Optional[str]
+  id: str
+  input: str
+  reference: Optional[str]
 
 
 def _check_max_examples(max_examples: Optional[int]) -> None:
-    if max_examples is not None and max_examples < 0:
-        raise ValueError(f"max_examples must be >= 0 or None, got {max_examples}")
+  if max_examples is not None and max_examples < 0:
+    raise ValueError(f"max_examples must be >= 0 or None, got {max_examples}")
 
 
 def _make_example(
-    path: str, line_no: int, raw_id: Any, text: Any, reference: Any
+  path: str, line_no: int, raw_id: Any, text: Any, reference: Any
 ) -> Example:
-    """Validates one record; `line_no` is 1-based and only used in errors/ids."""
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"{path}:{line_no}: empty or non-string input text: {text!r}")
-    if reference is not None and not isinstance(reference, str):
-        raise ValueError(f"{path}:{line_no}: reference must be a string, got {reference!r}")
-    ex_id = str(line_no) if raw_id is None or raw_id == "" else str(raw_id)
-    # An empty reference cell means "no reference", not "the empty string".
-    return Example(id=ex_id, input=text, reference=reference or None)
+  """Validates one record; `line_no` is 1-based and only used in errors/ids."""
+  if not isinstance(text, str) or not text.strip():
+    raise ValueError(f"{path}:{line_no}: empty or non-string input text: {text!r}")
+  if reference is not None and not isinstance(reference, str):
+    raise ValueError(f"{path}:{line_no}: reference must be a string, got {reference!r}")
+  ex_id = str(line_no) if raw_id is None or raw_id == "" else str(raw_id)
+  # An empty reference cell means "no reference", not "the empty string".
+  return Example(id=ex_id, input=text, reference=reference or None)
 
 
 def read_text(path: str) -> str:
-    """The file as UTF-8 text; a bad byte is reported with its line and column."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
-                         f"{col}: {e.reason}); save the file as UTF-8") from None
+  """The file as UTF-8 text; a bad byte is reported with its line and column."""
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = raw.count(b"\n", 0, e.start) + 1
+    col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+    raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
+             f"{col}: {e.reason}); save the file as UTF-8") from None
 
 
 def _read_tsv(
-    path: str, input_key: str, reference_key: str, id_key: str, max_examples: Optional[int]
+  path: str, input_key: str, reference_key: str, id_key: str, max_examples: Optional[int]
 ) -> list[Example]:
-    lines = read_text(path).splitlines()
-    if not lines or not lines[0].strip():
-        raise ValueError(f"{path}: missing TSV header line (expected columns like "
-                         f"'{id_key}\\t{input_key}\\t{reference_key}')")
-    columns = lines[0].split("\t")
-    if input_key not in columns:
-        raise KeyError(f"{path}: required column {input_key!r} not in header; "
-                       f"columns found: {columns}")
-    col = {name: i for i, name in enumerate(columns)}
-    examples: list[Example] = []
-    for line_no, line in enumerate(lines[1:], start=2):
-        if max_examples is not None and len(examples) >= max_examples:
-            break
-        if not line.strip():
-            continue  # tolerate blank lines, e.g. a trailing one
-        cells = line.split("\t")
-        if len(cells) != len(columns):
-            raise ValueError(f"{path}:{line_no}: expected {len(columns)} tab-separated "
-                             f"fields {columns}, found {len(cells)}")
-        get = lambda key: cells[col[key]] if key in col else None  # noqa: E731
-        examples.append(_make_example(path, line_no, get(id_key), get(input_key),
-                                      get(reference_key)))
-    return examples
+  lines = read_text(path).splitlines()
+  if not lines or not lines[0].strip():
+    raise ValueError(f"{path}: missing TSV header line (expected columns like "
+             f"'{id_key}\\t{input_key}\\t{reference_key}')")
+  columns = lines[0].split("\t")
+  if input_key not in columns:
+    raise KeyError(f"{path}: required column {input_key!r} not in header; "
+            f"columns found: {columns}")
+  col = {name: i for i, name in enumerate(columns)}
+  examples: list[Example] = []
+  for line_no, line in enumerate(lines[1:], start=2):
+    if max_examples is not None and len(examples) >= max_examples:
+      break
+    if not line.strip():
+      continue  # tolerate blank lines, e.g. a trailing one
+    cells = line.split("\t")
+    if len(cells) != len(columns):
+      raise ValueError(f"{path}:{line_no}: expected {len(columns)} tab-separated "
+               f"fields {columns}, found {len(cells)}")
+    get = lambda key: cells[col[key]] if key in col else None  # noqa: E731
+    examples.append(_make_example(path, line_no, get(id_key), get(input_key),
+                   get(reference_key)))
+  return examples
 
 
 def _json_records(path: str) -> Iterable[tuple[int, Any]]:
-    """Yields (line_no, record) for JSON Lines, or a top-level JSON array."""
-    content = read_text(path)
-    if content.lstrip().startswith("["):
-        try:
-            records = json.loads(content)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: invalid JSON array: {e}") from e
-        yield from enumerate(records, start=1)
-        return
-    for line_no, line in enumerate(content.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield line_no, json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{line_no}: invalid JSON: {e}") from e
+  """Yields (line_no, record) for JSON Lines, or a top-level JSON array."""
+  content = read_text(path)
+  if content.lstrip().startswith("["):
+    try:
+      records = json.loads(content)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}: invalid JSON array: {e}") from e
+    yield from enumerate(records, start=1)
+    return
+  for line_no, line in enumerate(content.splitlines(), start=1):
+    if not line.strip():
+      continue
+    try:
+      yield line_no, json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}:{line_no}: invalid JSON: {e}") from e
 
 
 def _read_jsonl(
-    path: str, input_key: str, reference_key: str, id_key: str, max_examples: Optional[int]
+  path: str, input_key: str, reference_key: str, id_key: str, max_examples: Optional[int]
 ) -> list[Example]:
-    examples: list[Example] = []
-    for line_no, record in _json_records(path):
-        if max_examples is not None and len(examples) >= max_examples:
-            break
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{line_no}: expected a JSON object, got "
-                             f"{type(record).__name__}")
-        if input_key not in record:
-            raise KeyError(f"{path}:{line_no}: required key {input_key!r} missing; "
-                           f"keys found: {sorted(record)}")
-        examples.append(_make_example(path, line_no, record.get(id_key),
-                                      record[input_key], record.get(reference_key)))
-    return examples
+  examples: list[Example] = []
+  for line_no, record in _json_records(path):
+    if max_examples is not None and len(examples) >= max_examples:
+      break
+    if not isinstance(record, dict):
+      raise ValueError(f"{path}:{line_no}: expected a JSON object, got "
+               f"{type(record).__name__}")
+    if input_key not in record:
+      raise KeyError(f"{path}:{line_no}: required key {input_key!r} missing; "
+              f"keys found: {sorted(record)}")
+    examples.append(_make_example(path, line_no, record.get(id_key),
+                   record[input_key], record.get(reference_key)))
+  return examples
 
 
 _LOCAL_READERS = {".tsv": _read_tsv, ".jsonl": _read_jsonl, ".json": _read_jsonl}
 
 
 def load_local(
-    path: str,
-    input_key: str = "input",
-    reference_key: str = "reference",
-    id_key: str = "id",
-    max_examples: Optional[int] = None,
+  path: str,
+  input_key: str = "input",
+  reference_key: str = "reference",
+  id_key: str = "id",
+  max_examples: Optional[int] = None,
 ) -> list[Example]:
-    """Loads examples from a local ``.tsv`` (with header) or ``.jsonl`` file.
+  """Loads examples from a local ``.tsv`` (with header) or ``.jsonl`` file.
 
-    The input column/key is required; reference and id are optional. A missing
-    id defaults to the example's 1-based line number in the file (the TSV
-    header is line 1), so ids always point back to the source line. ``.json``
-    is read as JSON Lines, or as a JSON array of objects if it starts with '['.
-    """
-    _check_max_examples(max_examples)
-    ext = os.path.splitext(path)[1].lower()
-    if ext not in _LOCAL_READERS:
-        raise ValueError(f"{path}: unknown extension {ext!r}; expected one of "
-                         f"{sorted(_LOCAL_READERS)}")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"examples file not found: {path}")
-    return _LOCAL_READERS[ext](path, input_key, reference_key, id_key, max_examples)
+  The input column/key is required; reference and id are optional. A missing
+  id defaults to the example's 1-based line number in the file (the TSV
+  header is line 1), so ids always point back to the source line. ``.json``
+  is read as JSON Lines, or as a JSON array of objects if it starts with '['.
+  """
+  _check_max_examples(max_examples)
+  ext = os.path.splitext(path)[1].lower()
+  if ext not in _LOCAL_READERS:
+    raise ValueError(f"{path}: unknown extension {ext!r}; expected one of "
+             f"{sorted(_LOCAL_READERS)}")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"examples file not found: {path}")
+  return _LOCAL_READERS[ext](path, input_key, reference_key, id_key, max_examples)
 
 
 # --------------------------------------------------------------------------- #
@@ -191,193 +191,193 @@ def load_local(
 
 @runtime_checkable
 class Vocabulary(Protocol):
-    """What decoding needs from a tokenizer (seqio conventions)."""
+  """What decoding needs from a tokenizer (seqio conventions)."""
 
-    @property
-    def vocab_size(self) -> int: ...
+  @property
+  def vocab_size(self) -> int: ...
 
-    @property
-    def pad_id(self) -> int: ...
+  @property
+  def pad_id(self) -> int: ...
 
-    @property
-    def eos_id(self) -> int: ...
+  @property
+  def eos_id(self) -> int: ...
 
-    @property
-    def unk_id(self) -> int: ...
+  @property
+  def unk_id(self) -> int: ...
 
-    def encode(self, text: str) -> list[int]: ...
+  def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+  def decode(self, ids: Sequence[int]) -> str: ...
 
 
 def _read_bytes(path: str) -> bytes:
-    if "://" in path:
-        # Remote (e.g. gs://) paths need TF's filesystems; local ones do not.
-        import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if "://" in path:
+    # Remote (e.g. gs://) paths need TF's filesystems; local ones do not.
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-        if not tf.io.gfile.exists(path):
-            raise FileNotFoundError(f"SentencePiece model not found: {path}")
-        with tf.io.gfile.GFile(path, "rb") as f:
-            return f.read()
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"SentencePiece model not found: {path}")
-    with open(path, "rb") as f:
-        return f.read()
+    if not tf.io.gfile.exists(path):
+      raise FileNotFoundError(f"SentencePiece model not found: {path}")
+    with tf.io.gfile.GFile(path, "rb") as f:
+      return f.read()
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"SentencePiece model not found: {path}")
+  with open(path, "rb") as f:
+    return f.read()
 
 
 @functools.lru_cache(maxsize=8)
 def _load_sp_processor(path: str, extra_ids: int):
-    """Loads a SentencePiece model with `extra_ids` sentinel pieces appended.
+  """Loads a SentencePiece model with `extra_ids` sentinel pieces appended.
 
-    Mirrors seqio: sentinels are USER_DEFINED pieces "▁<extra_id_i>" added in
-    reverse order, so <extra_id_0> gets the highest id (vocab_size - 1).
-    """
-    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-    from google.protobuf.message import DecodeError  # pylint: disable=g-import-not-at-top
-    from sentencepiece import sentencepiece_model_pb2 as pb2  # pylint: disable=g-import-not-at-top
+  Mirrors seqio: sentinels are USER_DEFINED pieces "▁<extra_id_i>" added in
+  reverse order, so <extra_id_0> gets the highest id (vocab_size - 1).
+  """
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  from google.protobuf.message import DecodeError  # pylint: disable=g-import-not-at-top
+  from sentencepiece import sentencepiece_model_pb2 as pb2  # pylint: disable=g-import-not-at-top
 
-    raw = _read_bytes(path)
-    try:
-        proto = pb2.ModelProto.FromString(raw)
-    except DecodeError as e:
-        raise ValueError(f"not a valid SentencePiece model (corrupt?): {path}: {e}") from e
-    if not proto.pieces:
-        raise ValueError(f"not a valid SentencePiece model (no pieces): {path}")
-    for i in reversed(range(extra_ids)):
-        proto.pieces.add(piece=f"▁<extra_id_{i}>", score=0.0,
-                         type=pb2.ModelProto.SentencePiece.USER_DEFINED)
-    processor = spm.SentencePieceProcessor()
-    try:
-        processor.LoadFromSerializedProto(proto.SerializeToString())
-    except (RuntimeError, OSError) as e:
-        raise ValueError(f"SentencePiece could not load model {path}: {e}") from e
-    return processor
+  raw = _read_bytes(path)
+  try:
+    proto = pb2.ModelProto.FromString(raw)
+  except DecodeError as e:
+    raise ValueError(f"not a valid SentencePiece model (corrupt?): {path}: {e}") from e
+  if not proto.pieces:
+    raise ValueError(f"not a valid SentencePiece model (no pieces): {path}")
+  for i in reversed(range(extra_ids)):
+    proto.pieces.add(piece=f"▁<extra_id_{i}>", score=0.0,
+             type=pb2.ModelProto.SentencePiece.USER_DEFINED)
+  processor = spm.SentencePieceProcessor()
+  try:
+    processor.LoadFromSerializedProto(proto.SerializeToString())
+  except (RuntimeError, OSError) as e:
+    raise ValueError(f"SentencePiece could not load model {path}: {e}") from e
+  return processor
 
 
 class SentencePieceVocab:
-    """SentencePiece vocabulary with seqio's conventions, without TF/seqio.
+  """SentencePiece vocabulary with seqio's conventions, without TF/seqio.
 
-    vocab_size = model pieces + extra_ids; pad 0, eos 1, unk 2 as in T5
-    (T5's cc_all.32000 + 100 extra ids = 32128).
-    """
+  vocab_size = model pieces + extra_ids; pad 0, eos 1, unk 2 as in T5
+  (T5's cc_all.32000 + 100 extra ids = 32128).
+  """
 
-    def __init__(self, path: str, extra_ids: int = 0):
-        if extra_ids < 0:
-            raise ValueError(f"extra_ids must be >= 0, got {extra_ids}")
-        self.path = path
-        self.extra_ids = extra_ids
-        self._sp = _load_sp_processor(path, extra_ids)
-        if self._sp.pad_id() != PAD_ID:
-            logging.warning("SentencePiece model %s has pad_id=%d; T5/seqio use %d",
-                            path, self._sp.pad_id(), PAD_ID)
+  def __init__(self, path: str, extra_ids: int = 0):
+    if extra_ids < 0:
+      raise ValueError(f"extra_ids must be >= 0, got {extra_ids}")
+    self.path = path
+    self.extra_ids = extra_ids
+    self._sp = _load_sp_processor(path, extra_ids)
+    if self._sp.pad_id() != PAD_ID:
+      logging.warning("SentencePiece model %s has pad_id=%d; T5/seqio use %d",
+              path, self._sp.pad_id(), PAD_ID)
 
-    @property
-    def vocab_size(self) -> int:
-        return int(self._sp.GetPieceSize())
+  @property
+  def vocab_size(self) -> int:
+    return int(self._sp.GetPieceSize())
 
-    @property
-    def pad_id(self) -> int:
-        return PAD_ID  # seqio fixes PAD at 0 regardless of the model's own setting
+  @property
+  def pad_id(self) -> int:
+    return PAD_ID  # seqio fixes PAD at 0 regardless of the model's own setting
 
-    @property
-    def eos_id(self) -> int:
-        return int(self._sp.eos_id())
+  @property
+  def eos_id(self) -> int:
+    return int(self._sp.eos_id())
 
-    @property
-    def unk_id(self) -> int:
-        return int(self._sp.unk_id())
+  @property
+  def unk_id(self) -> int:
+    return int(self._sp.unk_id())
 
-    def encode(self, text: str) -> list[int]:
-        """Text -> ids, without EOS (as seqio's ``encode``)."""
-        return list(self._sp.EncodeAsIds(text))
+  def encode(self, text: str) -> list[int]:
+    """Text -> ids, without EOS (as seqio's ``encode``)."""
+    return list(self._sp.EncodeAsIds(text))
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """Ids -> text, up to the first EOS; pad is dropped, out-of-range -> unk."""
-        clean: list[int] = []
-        for i in (int(x) for x in ids):
-            if i == self.eos_id:
-                break
-            if i == self.pad_id:
-                continue
-            clean.append(i if 0 <= i < self.vocab_size else self.unk_id)
-        return self._sp.DecodeIds(clean)
+  def decode(self, ids: Sequence[int]) -> str:
+    """Ids -> text, up to the first EOS; pad is dropped, out-of-range -> unk."""
+    clean: list[int] = []
+    for i in (int(x) for x in ids):
+      if i == self.eos_id:
+        break
+      if i == self.pad_id:
+        continue
+      clean.append(i if 0 <= i < self.vocab_size else self.unk_id)
+    return self._sp.DecodeIds(clean)
 
-    def __repr__(self) -> str:
-        return f"SentencePieceVocab({self.path!r}, extra_ids={self.extra_ids})"
+  def __repr__(self) -> str:
+    return f"SentencePieceVocab({self.path!r}, extra_ids={self.extra_ids})"
 
 
 class SeqioVocabAdapter:
-    """Thin ``Vocabulary`` adapter over ``seqio.SentencePieceVocabulary``."""
+  """Thin ``Vocabulary`` adapter over ``seqio.SentencePieceVocabulary``."""
 
-    def __init__(self, path: str, extra_ids: int = 0):
-        import seqio  # pylint: disable=g-import-not-at-top
+  def __init__(self, path: str, extra_ids: int = 0):
+    import seqio  # pylint: disable=g-import-not-at-top
 
-        # Fail early and clearly; seqio would fail lazily on first use.
-        _load_sp_processor(path, extra_ids)
-        self.path = path
-        self.extra_ids = extra_ids
-        self.seqio_vocab = seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+    # Fail early and clearly; seqio would fail lazily on first use.
+    _load_sp_processor(path, extra_ids)
+    self.path = path
+    self.extra_ids = extra_ids
+    self.seqio_vocab = seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 
-    @property
-    def vocab_size(self) -> int:
-        return int(self.seqio_vocab.vocab_size)
+  @property
+  def vocab_size(self) -> int:
+    return int(self.seqio_vocab.vocab_size)
 
-    @property
-    def pad_id(self) -> int:
-        return int(self.seqio_vocab.pad_id)
+  @property
+  def pad_id(self) -> int:
+    return int(self.seqio_vocab.pad_id)
 
-    @property
-    def eos_id(self) -> int:
-        return int(self.seqio_vocab.eos_id)
+  @property
+  def eos_id(self) -> int:
+    return int(self.seqio_vocab.eos_id)
 
-    @property
-    def unk_id(self) -> int:
-        return int(self.seqio_vocab.unk_id)
+  @property
+  def unk_id(self) -> int:
+    return int(self.seqio_vocab.unk_id)
 
-    def encode(self, text: str) -> list[int]:
-        return [int(i) for i in self.seqio_vocab.encode(text)]
+  def encode(self, text: str) -> list[int]:
+    return [int(i) for i in self.seqio_vocab.encode(text)]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.seqio_vocab.decode([int(i) for i in ids if int(i) != self.pad_id])
+  def decode(self, ids: Sequence[int]) -> str:
+    return self.seqio_vocab.decode([int(i) for i in ids if int(i) != self.pad_id])
 
 
 def get_vocabulary(path: str, extra_ids: int = 0, backend: str = "sentencepiece") -> Vocabulary:
-    """Returns a vocabulary: ``'sentencepiece'`` (no TF) or ``'seqio'`` (imports seqio)."""
-    if backend == "sentencepiece":
-        return SentencePieceVocab(path, extra_ids=extra_ids)
-    if backend == "seqio":
-        return SeqioVocabAdapter(path, extra_ids=extra_ids)
-    raise ValueError(f"unknown vocabulary backend {backend!r}; use 'sentencepiece' or 'seqio'")
+  """Returns a vocabulary: ``'sentencepiece'`` (no TF) or ``'seqio'`` (imports seqio)."""
+  if backend == "sentencepiece":
+    return SentencePieceVocab(path, extra_ids=extra_ids)
+  if backend == "seqio":
+    return SeqioVocabAdapter(path, extra_ids=extra_ids)
+  raise ValueError(f"unknown vocabulary backend {backend!r}; use 'sentencepiece' or 'seqio'")
 
 
 def check_vocab_compatible(
-    target_vocab_size: int,
-    draft_vocab_size: int,
-    target_name: str = "target",
-    draft_name: str = "draft",
-    target_pad_id: Optional[int] = None,
-    draft_pad_id: Optional[int] = None,
-    target_eos_id: Optional[int] = None,
-    draft_eos_id: Optional[int] = None,
+  target_vocab_size: int,
+  draft_vocab_size: int,
+  target_name: str = "target",
+  draft_name: str = "draft",
+  target_pad_id: Optional[int] = None,
+  draft_pad_id: Optional[int] = None,
+  target_eos_id: Optional[int] = None,
+  draft_eos_id: Optional[int] = None,
 ) -> None:
-    """Raises ValueError unless target and draft share the token set.
+  """Raises ValueError unless target and draft share the token set.
 
-    Speculative sampling compares p (target) and q (draft) token by token, so
-    both must be distributions over the same ids. Pad/eos ids are compared
-    only when both are given.
-    """
-    problems = []
-    if target_vocab_size != draft_vocab_size:
-        problems.append(f"vocab_size {target_name}={target_vocab_size} != "
-                        f"{draft_name}={draft_vocab_size}")
-    for what, t, d in (("pad_id", target_pad_id, draft_pad_id),
-                       ("eos_id", target_eos_id, draft_eos_id)):
-        if t is not None and d is not None and t != d:
-            problems.append(f"{what} {target_name}={t} != {draft_name}={d}")
-    if problems:
-        raise ValueError(f"{target_name} and {draft_name} vocabularies are incompatible "
-                         f"(speculative decoding needs p and q over the same tokens): "
-                         + "; ".join(problems))
+  Speculative sampling compares p (target) and q (draft) token by token, so
+  both must be distributions over the same ids. Pad/eos ids are compared
+  only when both are given.
+  """
+  problems = []
+  if target_vocab_size != draft_vocab_size:
+    problems.append(f"vocab_size {target_name}={target_vocab_size} != "
+            f"{draft_name}={draft_vocab_size}")
+  for what, t, d in (("pad_id", target_pad_id, draft_pad_id),
+            ("eos_id", target_eos_id, draft_eos_id)):
+    if t is not None and d is not None and t != d:
+      problems.append(f"{what} {target_name}={t} != {draft_name}={d}")
+  if problems:
+    raise ValueError(f"{target_name} and {draft_name} vocabularies are incompatible "
+             f"(speculative decoding needs p and q over the same tokens): "
+             + "; ".join(problems))
 
 
 # --------------------------------------------------------------------------- #
@@ -386,42 +386,42 @@ def check_vocab_compatible(
 
 
 def encode_batch(
-    vocab: Vocabulary,
-    texts: list[str],
-    max_len: int,
-    prefix: str = "",
-    on_too_long: str = "truncate",
-    append_eos: bool = True,
-    ids: Optional[Sequence[str]] = None,
+  vocab: Vocabulary,
+  texts: list[str],
+  max_len: int,
+  prefix: str = "",
+  on_too_long: str = "truncate",
+  append_eos: bool = True,
+  ids: Optional[Sequence[str]] = None,
 ) -> tuple[np.ndarray, list[int]]:
-    """Tokenizes ``prefix + text`` for each text into an int32 [B, max_len] array.
+  """Tokenizes ``prefix + text`` for each text into an int32 [B, max_len] array.
 
-    Rows are right-padded with ``vocab.pad_id`` (0). Over-long rows are either
-    truncated (``'truncate'``: logged, EOS kept as the last token) or rejected
-    (``'error'``). ``ids`` (one per text) name the rows in logs and errors.
-    Returns the array and the indices of truncated rows.
-    """
-    if on_too_long not in ("truncate", "error"):
-        raise ValueError(f"on_too_long must be 'truncate' or 'error', got {on_too_long!r}")
-    min_len = 2 if append_eos else 1
-    if max_len < min_len:
-        raise ValueError(f"max_len must be >= {min_len} (append_eos={append_eos}), got {max_len}")
-    out = np.full((len(texts), max_len), vocab.pad_id, dtype=np.int32)
-    truncated: list[int] = []
-    for b, text in enumerate(texts):
-        name = f"text #{b}" if ids is None else f"example id={ids[b]!r}"
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"{name} is empty or not a string: {text!r}")
-        tokens = vocab.encode(prefix + text) + ([vocab.eos_id] if append_eos else [])
-        if len(tokens) > max_len:
-            if on_too_long == "error":
-                raise ValueError(f"{name} has {len(tokens)} tokens (incl. prefix"
-                                 f"{' and EOS' if append_eos else ''}) > max_len={max_len}")
-            logging.warning("Truncating %s from %d to %d tokens", name, len(tokens), max_len)
-            tokens = (tokens[: max_len - 1] + [vocab.eos_id]) if append_eos else tokens[:max_len]
-            truncated.append(b)
-        out[b, : len(tokens)] = tokens
-    return out, truncated
+  Rows are right-padded with ``vocab.pad_id`` (0). Over-long rows are either
+  truncated (``'truncate'``: logged, EOS kept as the last token) or rejected
+  (``'error'``). ``ids`` (one per text) name the rows in logs and errors.
+  Returns the array and the indices of truncated rows.
+  """
+  if on_too_long not in ("truncate", "error"):
+    raise ValueError(f"on_too_long must be 'truncate' or 'error', got {on_too_long!r}")
+  min_len = 2 if append_eos else 1
+  if max_len < min_len:
+    raise ValueError(f"max_len must be >= {min_len} (append_eos={append_eos}), got {max_len}")
+  out = np.full((len(texts), max_len), vocab.pad_id, dtype=np.int32)
+  truncated: list[int] = []
+  for b, text in enumerate(texts):
+    name = f"text #{b}" if ids is None else f"example id={ids[b]!r}"
+    if not isinstance(text, str) or not text.strip():
+      raise ValueError(f"{name} is empty or not a string: {text!r}")
+    tokens = vocab.encode(prefix + text) + ([vocab.eos_id] if append_eos else [])
+    if len(tokens) > max_len:
+      if on_too_long == "error":
+        raise ValueError(f"{name} has {len(tokens)} tokens (incl. prefix"
+                 f"{' and EOS' if append_eos else ''}) > max_len={max_len}")
+      logging.warning("Truncating %s from %d to %d tokens", name, len(tokens), max_len)
+      tokens = (tokens[: max_len - 1] + [vocab.eos_id]) if append_eos else tokens[:max_len]
+      truncated.append(b)
+    out[b, : len(tokens)] = tokens
+  return out, truncated
 
 
 # --------------------------------------------------------------------------- #
@@ -433,200 +433,200 @@ _REGISTERED: dict[str, tuple] = {}
 
 
 def _select_fields(dataset, input_key: str, target_key: str, id_key: Optional[str] = None):
-    """Maps raw source records to {'inputs', 'targets'} (+ 'id') text, no prefix."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  """Maps raw source records to {'inputs', 'targets'} (+ 'id') text, no prefix."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    def fn(ex):
-        out = {"inputs": ex[input_key], "targets": ex[target_key]}
-        if id_key:
-            out["id"] = ex[id_key]
-        return out
+  def fn(ex):
+    out = {"inputs": ex[input_key], "targets": ex[target_key]}
+    if id_key:
+      out["id"] = ex[id_key]
+    return out
 
-    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+  return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def _add_prefix(dataset, prefix: str):
-    """Prepends the T5 task prefix to 'inputs' (the last text preprocessor)."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  """Prepends the T5 task prefix to 'inputs' (the last text preprocessor)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    def fn(ex):
-        return {**ex, "inputs": tf.strings.join([prefix, ex["inputs"]])}
+  def fn(ex):
+    return {**ex, "inputs": tf.strings.join([prefix, ex["inputs"]])}
 
-    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+  return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def _bible_dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None, *,
-                      bible_dir: str):
-    """seqio FunctionDataSource reading `{bible_dir}/{split}.tsv` via load_local."""
-    del shuffle_files, seed  # one file per split: nothing to shuffle
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+           bible_dir: str):
+  """seqio FunctionDataSource reading `{bible_dir}/{split}.tsv` via load_local."""
+  del shuffle_files, seed  # one file per split: nothing to shuffle
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    examples = load_local(os.path.join(bible_dir, f"{split}.tsv"))
-    column = lambda xs: tf.constant(xs, dtype=tf.string, shape=[len(xs)])  # noqa: E731
-    return tf.data.Dataset.from_tensor_slices({
-        "id": column([e.id for e in examples]),
-        "input": column([e.input for e in examples]),
-        "reference": column([e.reference or "" for e in examples]),
-    })
+  examples = load_local(os.path.join(bible_dir, f"{split}.tsv"))
+  column = lambda xs: tf.constant(xs, dtype=tf.string, shape=[len(xs)])  # noqa: E731
+  return tf.data.Dataset.from_tensor_slices({
+    "id": column([e.id for e in examples]),
+    "input": column([e.input for e in examples]),
+    "reference": column([e.reference or "" for e in examples]),
+  })
 
 
 def register_tasks(
-    vocab_path: Optional[str] = None,
-    extra_ids: int = 100,
-    bible_dir: Optional[str] = None,
+  vocab_path: Optional[str] = None,
+  extra_ids: int = 100,
+  bible_dir: Optional[str] = None,
 ) -> list[str]:
-    """Registers the specdec seqio tasks (idempotent); returns their names.
+  """Registers the specdec seqio tasks (idempotent); returns their names.
 
-    vocab_path defaults to the T5 vocabulary on GCS; pass a local copy when
-    offline. Re-registering with different arguments replaces the tasks.
-    """
-    import seqio  # pylint: disable=g-import-not-at-top
+  vocab_path defaults to the T5 vocabulary on GCS; pass a local copy when
+  offline. Re-registering with different arguments replaces the tasks.
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
 
-    vocab_path = vocab_path or T5_VOCAB_PATH
-    bible_dir = bible_dir or DEFAULT_BIBLE_DIR
-    vocab = seqio.SentencePieceVocabulary(vocab_path, extra_ids=extra_ids)
-    features = {
-        "inputs": seqio.Feature(vocabulary=vocab, add_eos=True),
-        "targets": seqio.Feature(vocabulary=vocab, add_eos=True),
-    }
-    specs = {
-        f"{TASK_PREFIX}wmt_ende": (
-            seqio.TfdsDataSource(tfds_name=WMT_TFDS_NAME, splits=SPLITS),
-            dict(input_key="en", target_key="de"), PREFIXES["wmt_ende"]),
-        f"{TASK_PREFIX}cnn_dailymail": (
-            seqio.TfdsDataSource(tfds_name=CNN_TFDS_NAME, splits=SPLITS),
-            dict(input_key="article", target_key="highlights"), PREFIXES["cnn_dailymail"]),
-        f"{TASK_PREFIX}bible_modernize": (
-            seqio.FunctionDataSource(
-                functools.partial(_bible_dataset_fn, bible_dir=bible_dir), splits=SPLITS),
-            dict(input_key="input", target_key="reference", id_key="id"),
-            PREFIXES["bible_modernize"]),
-    }
-    config = (vocab_path, extra_ids, bible_dir)
-    for name, (source, keys, prefix) in specs.items():
-        if _REGISTERED.get(name) == config and name in seqio.TaskRegistry.names():
-            continue
-        if name in seqio.TaskRegistry.names():
-            seqio.TaskRegistry.remove(name)
-        seqio.TaskRegistry.add(
-            name,
-            source=source,
-            preprocessors=[
-                functools.partial(_select_fields, **keys),
-                functools.partial(_add_prefix, prefix=prefix),
-                seqio.preprocessors.tokenize,
-                seqio.preprocessors.append_eos_after_trim,
-            ],
-            output_features=features,
-            metric_fns=[],
-        )
-        _REGISTERED[name] = config
-    return list(specs)
+  vocab_path = vocab_path or T5_VOCAB_PATH
+  bible_dir = bible_dir or DEFAULT_BIBLE_DIR
+  vocab = seqio.SentencePieceVocabulary(vocab_path, extra_ids=extra_ids)
+  features = {
+    "inputs": seqio.Feature(vocabulary=vocab, add_eos=True),
+    "targets": seqio.Feature(vocabulary=vocab, add_eos=True),
+  }
+  specs = {
+    f"{TASK_PREFIX}wmt_ende": (
+      seqio.TfdsDataSource(tfds_name=WMT_TFDS_NAME, splits=SPLITS),
+      dict(input_key="en", target_key="de"), PREFIXES["wmt_ende"]),
+    f"{TASK_PREFIX}cnn_dailymail": (
+      seqio.TfdsDataSource(tfds_name=CNN_TFDS_NAME, splits=SPLITS),
+      dict(input_key="article", target_key="highlights"), PREFIXES["cnn_dailymail"]),
+    f"{TASK_PREFIX}bible_modernize": (
+      seqio.FunctionDataSource(
+        functools.partial(_bible_dataset_fn, bible_dir=bible_dir), splits=SPLITS),
+      dict(input_key="input", target_key="reference", id_key="id"),
+      PREFIXES["bible_modernize"]),
+  }
+  config = (vocab_path, extra_ids, bible_dir)
+  for name, (source, keys, prefix) in specs.items():
+    if _REGISTERED.get(name) == config and name in seqio.TaskRegistry.names():
+      continue
+    if name in seqio.TaskRegistry.names():
+      seqio.TaskRegistry.remove(name)
+    seqio.TaskRegistry.add(
+      name,
+      source=source,
+      preprocessors=[
+        functools.partial(_select_fields, **keys),
+        functools.partial(_add_prefix, prefix=prefix),
+        seqio.preprocessors.tokenize,
+        seqio.preprocessors.append_eos_after_trim,
+      ],
+      output_features=features,
+      metric_fns=[],
+    )
+    _REGISTERED[name] = config
+  return list(specs)
 
 
 def _resolve_tfds_data_dir(data_dir: Optional[str]) -> tuple[str, str]:
-    """Returns (directory, how it was chosen) following TFDS's own precedence."""
-    if data_dir:
-        return data_dir, "the data_dir argument"
-    if os.environ.get("TFDS_DATA_DIR"):
-        return os.environ["TFDS_DATA_DIR"], "$TFDS_DATA_DIR"
-    return os.path.expanduser("~/tensorflow_datasets"), "the TFDS default (TFDS_DATA_DIR unset)"
+  """Returns (directory, how it was chosen) following TFDS's own precedence."""
+  if data_dir:
+    return data_dir, "the data_dir argument"
+  if os.environ.get("TFDS_DATA_DIR"):
+    return os.environ["TFDS_DATA_DIR"], "$TFDS_DATA_DIR"
+  return os.path.expanduser("~/tensorflow_datasets"), "the TFDS default (TFDS_DATA_DIR unset)"
 
 
 def _check_tfds_prepared(tfds_name: str, data_dir: str, how: str) -> None:
-    """Raises FileNotFoundError with preparation instructions if data is absent."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  """Raises FileNotFoundError with preparation instructions if data is absent."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    name, _, version = tfds_name.partition(":")
-    version_dir = os.path.join(data_dir, *name.split("/"), version)
-    if tf.io.gfile.exists(os.path.join(version_dir, "dataset_info.json")):
-        return
-    raise FileNotFoundError(
-        f"TFDS dataset {name} version {version} is not prepared: looked for "
-        f"{version_dir}/dataset_info.json (data dir {data_dir!r} from {how}). "
-        f"Prepare it on a machine with network access, e.g. "
-        f"`tfds build {name} --data_dir={data_dir}` or "
-        f"`python -m tensorflow_datasets.scripts.download_and_prepare "
-        f"--datasets={name} --data_dir={data_dir}`, then pass data_dir= "
-        f"or set TFDS_DATA_DIR.")
+  name, _, version = tfds_name.partition(":")
+  version_dir = os.path.join(data_dir, *name.split("/"), version)
+  if tf.io.gfile.exists(os.path.join(version_dir, "dataset_info.json")):
+    return
+  raise FileNotFoundError(
+    f"TFDS dataset {name} version {version} is not prepared: looked for "
+    f"{version_dir}/dataset_info.json (data dir {data_dir!r} from {how}). "
+    f"Prepare it on a machine with network access, e.g. "
+    f"`tfds build {name} --data_dir={data_dir}` or "
+    f"`python -m tensorflow_datasets.scripts.download_and_prepare "
+    f"--datasets={name} --data_dir={data_dir}`, then pass data_dir= "
+    f"or set TFDS_DATA_DIR.")
 
 
 def _text_preprocessors(task) -> list:
-    """The task's preprocessors before the prefix step (raw text, no tokens)."""
-    steps = []
-    for fn in task.preprocessors:
-        if getattr(fn, "func", None) is _add_prefix:
-            return steps
-        steps.append(fn)
-    raise ValueError(f"seqio task {task.name!r} was not registered by register_tasks "
-                     f"(no _add_prefix step); cannot extract raw text")
+  """The task's preprocessors before the prefix step (raw text, no tokens)."""
+  steps = []
+  for fn in task.preprocessors:
+    if getattr(fn, "func", None) is _add_prefix:
+      return steps
+    steps.append(fn)
+  raise ValueError(f"seqio task {task.name!r} was not registered by register_tasks "
+           f"(no _add_prefix step); cannot extract raw text")
 
 
 def load_seqio_examples(
-    task_name: str,
-    split: str,
-    max_examples: Optional[int] = None,
-    data_dir: Optional[str] = None,
+  task_name: str,
+  split: str,
+  max_examples: Optional[int] = None,
+  data_dir: Optional[str] = None,
 ) -> list[Example]:
-    """Raw text examples of a registered specdec seqio task (no prefix, no tokens).
+  """Raw text examples of a registered specdec seqio task (no prefix, no tokens).
 
-    Reads the task's source and applies its field-selecting preprocessor; the
-    prefix is ``PREFIXES[...]``, added later by ``encode_batch``. Registers
-    the tasks with defaults if ``task_name`` is one of ours and unregistered.
-    """
-    import seqio  # pylint: disable=g-import-not-at-top
+  Reads the task's source and applies its field-selecting preprocessor; the
+  prefix is ``PREFIXES[...]``, added later by ``encode_batch``. Registers
+  the tasks with defaults if ``task_name`` is one of ours and unregistered.
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
 
-    _check_max_examples(max_examples)
+  _check_max_examples(max_examples)
+  if task_name not in seqio.TaskRegistry.names():
+    if task_name.startswith(TASK_PREFIX):
+      register_tasks()
     if task_name not in seqio.TaskRegistry.names():
-        if task_name.startswith(TASK_PREFIX):
-            register_tasks()
-        if task_name not in seqio.TaskRegistry.names():
-            raise KeyError(f"unknown seqio task {task_name!r}; registered specdec tasks: "
-                           f"{sorted(n for n in seqio.TaskRegistry.names() if n.startswith(TASK_PREFIX))}")
-    task = seqio.get_mixture_or_task(task_name)
-    source = task.source
-    if split not in source.splits:
-        raise ValueError(f"task {task_name!r} has no split {split!r}; "
-                         f"splits: {sorted(source.splits)}")
-    if isinstance(source, seqio.TfdsDataSource):
-        tfds_name = source.tfds_dataset.name
-        resolved, how = _resolve_tfds_data_dir(data_dir)
-        _check_tfds_prepared(tfds_name, resolved, how)
-        source = seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=resolved,
-                                      splits=SPLITS)
-    dataset = source.get_dataset(split=split, shuffle=False)
-    for fn in _text_preprocessors(task):
-        dataset = fn(dataset)
-    if max_examples is not None:
-        dataset = dataset.take(max_examples)
-    text = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)  # noqa: E731
-    examples = []
-    for i, ex in enumerate(dataset.as_numpy_iterator()):
-        ex_id = text(ex["id"]) if "id" in ex else f"{split}-{i}"
-        examples.append(Example(id=ex_id, input=text(ex["inputs"]),
-                                reference=text(ex["targets"]) or None))
-    return examples
+      raise KeyError(f"unknown seqio task {task_name!r}; registered specdec tasks: "
+              f"{sorted(n for n in seqio.TaskRegistry.names() if n.startswith(TASK_PREFIX))}")
+  task = seqio.get_mixture_or_task(task_name)
+  source = task.source
+  if split not in source.splits:
+    raise ValueError(f"task {task_name!r} has no split {split!r}; "
+             f"splits: {sorted(source.splits)}")
+  if isinstance(source, seqio.TfdsDataSource):
+    tfds_name = source.tfds_dataset.name
+    resolved, how = _resolve_tfds_data_dir(data_dir)
+    _check_tfds_prepared(tfds_name, resolved, how)
+    source = seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=resolved,
+                   splits=SPLITS)
+  dataset = source.get_dataset(split=split, shuffle=False)
+  for fn in _text_preprocessors(task):
+    dataset = fn(dataset)
+  if max_examples is not None:
+    dataset = dataset.take(max_examples)
+  text = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)  # noqa: E731
+  examples = []
+  for i, ex in enumerate(dataset.as_numpy_iterator()):
+    ex_id = text(ex["id"]) if "id" in ex else f"{split}-{i}"
+    examples.append(Example(id=ex_id, input=text(ex["inputs"]),
+                reference=text(ex["targets"]) or None))
+  return examples
 
 
 def load_examples(
-    source: str,
-    split: str = "test",
-    max_examples: Optional[int] = None,
-    data_dir: Optional[str] = None,
-    input_key: str = "input",
-    reference_key: str = "reference",
-    id_key: str = "id",
+  source: str,
+  split: str = "test",
+  max_examples: Optional[int] = None,
+  data_dir: Optional[str] = None,
+  input_key: str = "input",
+  reference_key: str = "reference",
+  id_key: str = "id",
 ) -> list[Example]:
-    """Loads raw examples from ``seqio:<task_name>`` or a local .tsv/.jsonl path.
+  """Loads raw examples from ``seqio:<task_name>`` or a local .tsv/.jsonl path.
 
-    ``split`` and ``data_dir`` apply to seqio sources only; the key arguments
-    to local files only. Inputs never carry the task prefix (see PREFIXES).
-    """
-    if source.startswith("seqio:"):
-        task_name = source[len("seqio:"):]
-        if not task_name:
-            raise ValueError(f"empty task name in source {source!r}; "
-                             f"use e.g. 'seqio:{TASK_PREFIX}wmt_ende'")
-        return load_seqio_examples(task_name, split, max_examples, data_dir=data_dir)
-    return load_local(source, input_key=input_key, reference_key=reference_key,
-                      id_key=id_key, max_examples=max_examples)
+  ``split`` and ``data_dir`` apply to seqio sources only; the key arguments
+  to local files only. Inputs never carry the task prefix (see PREFIXES).
+  """
+  if source.startswith("seqio:"):
+    task_name = source[len("seqio:"):]
+    if not task_name:
+      raise ValueError(f"empty task name in source {source!r}; "
+               f"use e.g. 'seqio:{TASK_PREFIX}wmt_ende'")
+    return load_seqio_examples(task_name, split, max_examples, data_dir=data_dir)
+  return load_local(source, input_key=input_key, reference_key=reference_key,
+           id_key=id_key, max_examples=max_examples)

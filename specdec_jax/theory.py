@@ -30,135 +30,135 @@ _TIE_RTOL = 1e-12
 
 
 def _to_output(x: np.ndarray) -> ArrayLike:
-    """Return a python scalar for 0-d results so scalar callers get floats/bools."""
-    x = np.asarray(x)
-    return x.item() if x.ndim == 0 else x
+  """Return a python scalar for 0-d results so scalar callers get floats/bools."""
+  x = np.asarray(x)
+  return x.item() if x.ndim == 0 else x
 
 
 def _check_alpha(alpha: ArrayLike) -> np.ndarray:
-    a = np.asarray(alpha, dtype=float)
-    if np.any((a < 0.0) | (a > 1.0)) or np.any(np.isnan(a)):
-        raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
-    return a
+  a = np.asarray(alpha, dtype=float)
+  if np.any((a < 0.0) | (a > 1.0)) or np.any(np.isnan(a)):
+    raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
+  return a
 
 
 def _check_nonneg(name: str, x: ArrayLike) -> np.ndarray:
-    arr = np.asarray(x, dtype=float)
-    if np.any(arr < 0.0) or np.any(np.isnan(arr)):
-        raise ValueError(f"{name} must be >= 0, got {x!r}")
-    return arr
+  arr = np.asarray(x, dtype=float)
+  if np.any(arr < 0.0) or np.any(np.isnan(arr)):
+    raise ValueError(f"{name} must be >= 0, got {x!r}")
+  return arr
 
 
 def _expected_tokens(a: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """Eq. (1) on validated float arrays (no scalar conversion)."""
-    near_one = np.abs(1.0 - a) < _ALPHA_ONE_ATOL
-    safe_a = np.where(near_one, 0.5, a)  # keeps the unused branch finite
-    closed_form = (1.0 - safe_a ** (g + 1.0)) / (1.0 - safe_a)
-    return np.where(near_one, g + 1.0, closed_form)
+  """Eq. (1) on validated float arrays (no scalar conversion)."""
+  near_one = np.abs(1.0 - a) < _ALPHA_ONE_ATOL
+  safe_a = np.where(near_one, 0.5, a)  # keeps the unused branch finite
+  closed_form = (1.0 - safe_a ** (g + 1.0)) / (1.0 - safe_a)
+  return np.where(near_one, g + 1.0, closed_form)
 
 
 def expected_tokens(alpha: ArrayLike, gamma: ArrayLike) -> ArrayLike:
-    """Expected tokens produced per run of Algorithm 1, Eq. (1).
+  """Expected tokens produced per run of Algorithm 1, Eq. (1).
 
-    E[# tokens] = (1 - alpha^(gamma+1)) / (1 - alpha): a geometric variable
-    with success probability 1 - alpha capped at gamma + 1. At alpha = 1 the
-    closed form is 0/0 and its limit gamma + 1 (every draft accepted plus the
-    bonus token) is returned.
-    """
-    a = _check_alpha(alpha)
-    g = _check_nonneg("gamma", gamma)
-    return _to_output(_expected_tokens(a, g))
+  E[# tokens] = (1 - alpha^(gamma+1)) / (1 - alpha): a geometric variable
+  with success probability 1 - alpha capped at gamma + 1. At alpha = 1 the
+  closed form is 0/0 and its limit gamma + 1 (every draft accepted plus the
+  bonus token) is returned.
+  """
+  a = _check_alpha(alpha)
+  g = _check_nonneg("gamma", gamma)
+  return _to_output(_expected_tokens(a, g))
 
 
 def walltime_improvement(
-    alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike, v: ArrayLike = 1.0
+  alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike, v: ArrayLike = 1.0
 ) -> ArrayLike:
-    """Expected walltime improvement factor, Theorem 3.8 generalized by ``v``.
+  """Expected walltime improvement factor, Theorem 3.8 generalized by ``v``.
 
-    One iteration costs gamma draft steps (c each) plus one target pass that
-    scores gamma + 1 positions. The paper assumes that pass costs the same as
-    a one-token target step (v = 1); ``v`` is its measured relative cost, so
+  One iteration costs gamma draft steps (c each) plus one target pass that
+  scores gamma + 1 positions. The paper assumes that pass costs the same as
+  a one-token target step (v = 1); ``v`` is its measured relative cost, so
 
-        (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + v)).
+    (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + v)).
 
-    With v = 1 this is exactly Theorem 3.8. Like the theorem, it assumes long
-    generations (the first target call is not amortized).
-    """
-    a = _check_alpha(alpha)
-    g = _check_nonneg("gamma", gamma)
-    c_arr = _check_nonneg("c", c)
-    v_arr = np.asarray(v, dtype=float)
-    if np.any(v_arr <= 0.0):
-        raise ValueError(f"v must be > 0, got {v!r}")
-    return _to_output(_expected_tokens(a, g) / (g * c_arr + v_arr))
+  With v = 1 this is exactly Theorem 3.8. Like the theorem, it assumes long
+  generations (the first target call is not amortized).
+  """
+  a = _check_alpha(alpha)
+  g = _check_nonneg("gamma", gamma)
+  c_arr = _check_nonneg("c", c)
+  v_arr = np.asarray(v, dtype=float)
+  if np.any(v_arr <= 0.0):
+    raise ValueError(f"v must be > 0, got {v!r}")
+  return _to_output(_expected_tokens(a, g) / (g * c_arr + v_arr))
 
 
 def operations_factor(alpha: ArrayLike, gamma: ArrayLike, c_hat: ArrayLike) -> ArrayLike:
-    """Expected increase factor in total arithmetic operations, Theorem 3.11.
+  """Expected increase factor in total arithmetic operations, Theorem 3.11.
 
-    (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)): each iteration
-    spends gamma draft steps and gamma + 1 parallel target evaluations, divided
-    by the expected tokens of Eq. (1).
-    """
-    a = _check_alpha(alpha)
-    g = _check_nonneg("gamma", gamma)
-    ch = _check_nonneg("c_hat", c_hat)
-    return _to_output((g * ch + g + 1.0) / _expected_tokens(a, g))
+  (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)): each iteration
+  spends gamma draft steps and gamma + 1 parallel target evaluations, divided
+  by the expected tokens of Eq. (1).
+  """
+  a = _check_alpha(alpha)
+  g = _check_nonneg("gamma", gamma)
+  ch = _check_nonneg("c_hat", c_hat)
+  return _to_output((g * ch + g + 1.0) / _expected_tokens(a, g))
 
 
 def improvement_exists(alpha: ArrayLike, c: ArrayLike) -> Union[bool, np.ndarray]:
-    """Corollary 3.9: some gamma gives a walltime improvement iff alpha > c.
+  """Corollary 3.9: some gamma gives a walltime improvement iff alpha > c.
 
-    (Sufficiency is the corollary; necessity follows because if gamma = 1 does
-    not help, no larger gamma does.) Assumes v = 1, as the paper does.
-    """
-    a = _check_alpha(alpha)
-    c_arr = _check_nonneg("c", c)
-    return _to_output(a > c_arr)
+  (Sufficiency is the corollary; necessity follows because if gamma = 1 does
+  not help, no larger gamma does.) Assumes v = 1, as the paper does.
+  """
+  a = _check_alpha(alpha)
+  c_arr = _check_nonneg("c", c)
+  return _to_output(a > c_arr)
 
 
 def min_improvement(alpha: ArrayLike, c: ArrayLike) -> ArrayLike:
-    """Corollary 3.9 lower bound on the best improvement: (1 + alpha) / (1 + c).
+  """Corollary 3.9 lower bound on the best improvement: (1 + alpha) / (1 + c).
 
-    This is Theorem 3.8 at gamma = 1, valid when alpha > c. Where alpha <= c
-    no gamma helps, the best choice is standard decoding (gamma = 0), and 1.0
-    is returned.
-    """
-    a = _check_alpha(alpha)
-    c_arr = _check_nonneg("c", c)
-    return _to_output(np.where(a > c_arr, (1.0 + a) / (1.0 + c_arr), 1.0))
+  This is Theorem 3.8 at gamma = 1, valid when alpha > c. Where alpha <= c
+  no gamma helps, the best choice is standard decoding (gamma = 0), and 1.0
+  is returned.
+  """
+  a = _check_alpha(alpha)
+  c_arr = _check_nonneg("c", c)
+  return _to_output(np.where(a > c_arr, (1.0 + a) / (1.0 + c_arr), 1.0))
 
 
 def optimal_gamma(
-    alpha: ArrayLike,
-    c: ArrayLike,
-    v: ArrayLike = 1.0,
-    max_gamma: int = DEFAULT_MAX_GAMMA,
+  alpha: ArrayLike,
+  c: ArrayLike,
+  v: ArrayLike = 1.0,
+  max_gamma: int = DEFAULT_MAX_GAMMA,
 ) -> Union[int, np.ndarray]:
-    """Integer gamma in [1, max_gamma] maximizing walltime_improvement (Section 3.5, Fig. 3).
+  """Integer gamma in [1, max_gamma] maximizing walltime_improvement (Section 3.5, Fig. 3).
 
-    Returns 0 where no gamma in range beats standard decoding (improvement
-    <= 1, e.g. alpha <= c when v = 1): the sensible choice there is not to
-    speculate. Improvements within a relative ``_TIE_RTOL`` of the best count
-    as ties and go to the smallest gamma: the extra drafts buy nothing but
-    wasted operations (Theorem 3.11), and it keeps the answer stable where the
-    curve is flat to machine precision (c = 0, small alpha). When the
-    improvement is still growing at ``max_gamma`` (e.g. c = 0 with large
-    alpha, or alpha = 1) the result is ``max_gamma``.
-    """
-    if int(max_gamma) < 1:
-        raise ValueError(f"max_gamma must be >= 1, got {max_gamma!r}")
-    a = _check_alpha(alpha)
-    c_arr = _check_nonneg("c", c)
-    v_arr = np.asarray(v, dtype=float)
-    a, c_arr, v_arr = np.broadcast_arrays(a, c_arr, v_arr)
-    gammas = np.arange(1, int(max_gamma) + 1, dtype=float)
-    # Candidate gammas on a trailing axis so any input shape broadcasts.
-    g = gammas.reshape((1,) * a.ndim + (-1,))
-    speedups = walltime_improvement(a[..., None], g, c_arr[..., None], v_arr[..., None])
-    best_speedup = np.max(speedups, axis=-1)
-    near_best = speedups >= best_speedup[..., None] * (1.0 - _TIE_RTOL)
-    best = np.argmax(near_best, axis=-1)  # first True -> smallest gamma
-    helps = best_speedup > 1.0 + _TIE_RTOL
-    result = np.where(helps, gammas[best].astype(int), 0)
-    return _to_output(result)
+  Returns 0 where no gamma in range beats standard decoding (improvement
+  <= 1, e.g. alpha <= c when v = 1): the sensible choice there is not to
+  speculate. Improvements within a relative ``_TIE_RTOL`` of the best count
+  as ties and go to the smallest gamma: the extra drafts buy nothing but
+  wasted operations (Theorem 3.11), and it keeps the answer stable where the
+  curve is flat to machine precision (c = 0, small alpha). When the
+  improvement is still growing at ``max_gamma`` (e.g. c = 0 with large
+  alpha, or alpha = 1) the result is ``max_gamma``.
+  """
+  if int(max_gamma) < 1:
+    raise ValueError(f"max_gamma must be >= 1, got {max_gamma!r}")
+  a = _check_alpha(alpha)
+  c_arr = _check_nonneg("c", c)
+  v_arr = np.asarray(v, dtype=float)
+  a, c_arr, v_arr = np.broadcast_arrays(a, c_arr, v_arr)
+  gammas = np.arange(1, int(max_gamma) + 1, dtype=float)
+  # Candidate gammas on a trailing axis so any input shape broadcasts.
+  g = gammas.reshape((1,) * a.ndim + (-1,))
+  speedups = walltime_improvement(a[..., None], g, c_arr[..., None], v_arr[..., None])
+  best_speedup = np.max(speedups, axis=-1)
+  near_best = speedups >= best_speedup[..., None] * (1.0 - _TIE_RTOL)
+  best = np.argmax(near_best, axis=-1)  # first True -> smallest gamma
+  helps = best_speedup > 1.0 + _TIE_RTOL
+  result = np.where(helps, gammas[best].astype(int), 0)
+  return _to_output(result)

@@ -11,121 +11,121 @@ _SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "make_tab
 
 @pytest.fixture(scope="module")
 def make_tables():
-    spec = importlib.util.spec_from_file_location("make_tables", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+  spec = importlib.util.spec_from_file_location("make_tables", _SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def _run_summary(task, draft, temperature, gamma, alpha, speedup, **extra):
-    summary = dict(
-        task=task, target="t5_1_1_xl", draft=draft, temperature=temperature, gamma=gamma,
-        alpha=alpha, alpha_min_pq=alpha + 0.01, tokens_per_target_call=2.9, c=0.031, v=1.1,
-        baseline_ms_per_token=20.0, speculative_ms_per_token=20.0 / speedup, speedup=speedup,
-        expected_speedup=2.5, expected_speedup_v=2.3, num_examples=64, mismatches_vs_baseline=0,
-    )
-    summary.update(extra)
-    return summary
+  summary = dict(
+    task=task, target="t5_1_1_xl", draft=draft, temperature=temperature, gamma=gamma,
+    alpha=alpha, alpha_min_pq=alpha + 0.01, tokens_per_target_call=2.9, c=0.031, v=1.1,
+    baseline_ms_per_token=20.0, speculative_ms_per_token=20.0 / speedup, speedup=speedup,
+    expected_speedup=2.5, expected_speedup_v=2.3, num_examples=64, mismatches_vs_baseline=0,
+  )
+  summary.update(extra)
+  return summary
 
 
 def _alpha_summary(task, draft, temperature, alpha):
-    return dict(task=task, target="t5_1_1_xl", draft=draft, temperature=temperature,
-                alpha_min_pq=alpha, num_tokens=10000, mode="alpha_only")
+  return dict(task=task, target="t5_1_1_xl", draft=draft, temperature=temperature,
+        alpha_min_pq=alpha, num_tokens=10000, mode="alpha_only")
 
 
 def _write(root, name, summary):
-    run_dir = root / name
-    run_dir.mkdir(parents=True)
-    (run_dir / "summary.json").write_text(json.dumps(summary))
+  run_dir = root / name
+  run_dir.mkdir(parents=True)
+  (run_dir / "summary.json").write_text(json.dumps(summary))
 
 
 def _rows(markdown, title):
-    """Table body rows (as cell lists) of the section whose heading contains title."""
-    section = markdown.split(title, 1)[1].split("###", 1)[0]
-    lines = [l for l in section.splitlines() if l.startswith("|")]
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    return [dict(zip(header, (c.strip() for c in l.strip("|").split("|")))) for l in lines[2:]]
+  """Table body rows (as cell lists) of the section whose heading contains title."""
+  section = markdown.split(title, 1)[1].split("###", 1)[0]
+  lines = [l for l in section.splitlines() if l.startswith("|")]
+  header = [c.strip() for c in lines[0].strip("|").split("|")]
+  return [dict(zip(header, (c.strip() for c in l.strip("|").split("|")))) for l in lines[2:]]
 
 
 @pytest.fixture
 def runs(tmp_path):
-    _write(tmp_path, "runs/ende_small_t0", _run_summary("wmt_ende", "t5_1_1_small", 0.0, 7, 0.712, 2.91))
-    _write(tmp_path, "runs/cnn_base_t1", _run_summary("cnn_dailymail", "t5-v1_1-base", 1.0, 3, 0.5, 1.6))
-    _write(tmp_path, "runs/bible_t07", _run_summary("bible", "demo_small", 0.7, 4, 0.6, 1.2,
-                                                    mismatches_vs_baseline=None))
-    _write(tmp_path, "alpha/ende_bigram", _alpha_summary("wmt_ende", "bigram", 1.0, 0.18))
-    _write(tmp_path, "alpha/xl_t0", _alpha_summary("cnn_dailymail", "t5_1_1_xl", 0.0, 0.9))
-    return tmp_path
+  _write(tmp_path, "runs/ende_small_t0", _run_summary("wmt_ende", "t5_1_1_small", 0.0, 7, 0.712, 2.91))
+  _write(tmp_path, "runs/cnn_base_t1", _run_summary("cnn_dailymail", "t5-v1_1-base", 1.0, 3, 0.5, 1.6))
+  _write(tmp_path, "runs/bible_t07", _run_summary("bible", "demo_small", 0.7, 4, 0.6, 1.2,
+                          mismatches_vs_baseline=None))
+  _write(tmp_path, "alpha/ende_bigram", _alpha_summary("wmt_ende", "bigram", 1.0, 0.18))
+  _write(tmp_path, "alpha/xl_t0", _alpha_summary("cnn_dailymail", "t5_1_1_xl", 0.0, 0.9))
+  return tmp_path
 
 
 def test_tables_match_paper_rows(make_tables, runs, capsys):
-    assert make_tables.main([str(runs / "runs"), str(runs / "alpha" / "*")]) == 0
-    md = capsys.readouterr().out
+  assert make_tables.main([str(runs / "runs"), str(runs / "alpha" / "*")]) == 0
+  md = capsys.readouterr().out
 
-    t2 = {r["TASK"]: r for r in _rows(md, "Table 2")}
-    assert set(t2) == {"wmt_ende", "cnn_dailymail", "bible"}
-    ende = t2["wmt_ende"]
-    assert (ende["alpha"], ende["SPEED"], ende["gamma"]) == ("0.71", "2.91", "7")
-    assert (ende["alpha (paper)"], ende["speed (paper)"], ende["gamma (paper)"]) == ("0.75", "3.4", "7")
-    cnn = t2["cnn_dailymail"]
-    assert (cnn["alpha (paper)"], cnn["speed (paper)"], cnn["gamma (paper)"]) == ("0.55", "2.2", "3")
-    bible = t2["bible"]  # no paper counterpart (task, and temperature 0.7)
-    assert bible["alpha (paper)"] == bible["speed (paper)"] == bible["gamma (paper)"] == "-"
-    assert bible["mismatches vs baseline"] == "-" and bible["TEMP"] == "0.7"
+  t2 = {r["TASK"]: r for r in _rows(md, "Table 2")}
+  assert set(t2) == {"wmt_ende", "cnn_dailymail", "bible"}
+  ende = t2["wmt_ende"]
+  assert (ende["alpha"], ende["SPEED"], ende["gamma"]) == ("0.71", "2.91", "7")
+  assert (ende["alpha (paper)"], ende["speed (paper)"], ende["gamma (paper)"]) == ("0.75", "3.4", "7")
+  cnn = t2["cnn_dailymail"]
+  assert (cnn["alpha (paper)"], cnn["speed (paper)"], cnn["gamma (paper)"]) == ("0.55", "2.2", "3")
+  bible = t2["bible"]  # no paper counterpart (task, and temperature 0.7)
+  assert bible["alpha (paper)"] == bible["speed (paper)"] == bible["gamma (paper)"] == "-"
+  assert bible["mismatches vs baseline"] == "-" and bible["TEMP"] == "0.7"
 
-    t4 = {r["TASK"]: r for r in _rows(md, "Table 4")}
-    assert (t4["wmt_ende"]["c"], t4["wmt_ende"]["EXP"], t4["wmt_ende"]["EXP (v)"]) == ("0.031", "2.50", "2.30")
-    assert (t4["wmt_ende"]["c (paper)"], t4["wmt_ende"]["EXP (paper)"], t4["wmt_ende"]["EMP (paper)"]) == ("0.02", "3.2", "3.4")
-    assert (t4["cnn_dailymail"]["EXP (paper)"], t4["cnn_dailymail"]["EMP (paper)"]) == ("1.8", "2.2")
-    assert t4["bible"]["EXP (paper)"] == t4["bible"]["c (paper)"] == "-"
+  t4 = {r["TASK"]: r for r in _rows(md, "Table 4")}
+  assert (t4["wmt_ende"]["c"], t4["wmt_ende"]["EXP"], t4["wmt_ende"]["EXP (v)"]) == ("0.031", "2.50", "2.30")
+  assert (t4["wmt_ende"]["c (paper)"], t4["wmt_ende"]["EXP (paper)"], t4["wmt_ende"]["EMP (paper)"]) == ("0.02", "3.2", "3.4")
+  assert (t4["cnn_dailymail"]["EXP (paper)"], t4["cnn_dailymail"]["EMP (paper)"]) == ("1.8", "2.2")
+  assert t4["bible"]["EXP (paper)"] == t4["bible"]["c (paper)"] == "-"
 
-    t3 = {r["M_q"]: r for r in _rows(md, "Table 3")}
-    assert set(t3) == {"bigram", "t5_1_1_xl"}  # alpha-only runs only
-    assert (t3["bigram"]["alpha"], t3["bigram"]["alpha (paper)"], t3["bigram"]["tokens"]) == ("0.18", "0.19", "10000")
-    assert t3["t5_1_1_xl"]["alpha (paper)"] == "-"  # the paper has no T5-XL draft
+  t3 = {r["M_q"]: r for r in _rows(md, "Table 3")}
+  assert set(t3) == {"bigram", "t5_1_1_xl"}  # alpha-only runs only
+  assert (t3["bigram"]["alpha"], t3["bigram"]["alpha (paper)"], t3["bigram"]["tokens"]) == ("0.18", "0.19", "10000")
+  assert t3["t5_1_1_xl"]["alpha (paper)"] == "-"  # the paper has no T5-XL draft
 
 
 def test_out_file_and_ordering(make_tables, runs, tmp_path, capsys):
-    out = tmp_path / "report" / "tables.md"
-    assert make_tables.main([str(runs / "runs" / "*" / "summary.json"), "--out", str(out)]) == 0
-    md = out.read_text()
-    assert md == capsys.readouterr().out
-    assert "Table 3" not in md  # no alpha-only summaries given
-    assert [r["TASK"] for r in _rows(md, "Table 2")] == ["bible", "cnn_dailymail", "wmt_ende"]
+  out = tmp_path / "report" / "tables.md"
+  assert make_tables.main([str(runs / "runs" / "*" / "summary.json"), "--out", str(out)]) == 0
+  md = out.read_text()
+  assert md == capsys.readouterr().out
+  assert "Table 3" not in md  # no alpha-only summaries given
+  assert [r["TASK"] for r in _rows(md, "Table 2")] == ["bible", "cnn_dailymail", "wmt_ende"]
 
 
 def test_glob_skips_other_files(make_tables, runs, capsys):
-    (runs / "runs" / "tables.md").write_text("| not json |")
-    assert make_tables.main([str(runs / "runs" / "*")]) == 0
-    assert len(_rows(capsys.readouterr().out, "Table 2")) == 3
+  (runs / "runs" / "tables.md").write_text("| not json |")
+  assert make_tables.main([str(runs / "runs" / "*")]) == 0
+  assert len(_rows(capsys.readouterr().out, "Table 2")) == 3
 
 
 def test_no_summaries(make_tables, tmp_path):
-    assert make_tables.main([str(tmp_path / "nothing*")]) == 1
+  assert make_tables.main([str(tmp_path / "nothing*")]) == 1
 
 
 def test_paper_tables_consistent(make_tables):
-    """Table 4's EMP is Table 2's SPEED, and Table 2's alpha matches Table 3."""
-    t2, t3, t4 = (make_tables.PAPER_TABLES[k] for k in ("table2", "table3", "table4"))
-    assert len(t2) == len(t4) == 12 and len(t3) == 32
-    alpha3 = {(r["task"], r["draft"], r["temp"]): r["alpha"] for r in t3}
-    for r2, r4 in zip(t2, t4):
-        key = (r2["task"], r2["draft"], r2["temp"])
-        assert key == (r4["task"], r4["draft"], r4["temp"])
-        assert (r2["gamma"], r2["alpha"], r2["speed"]) == (r4["gamma"], r4["alpha"], r4["emp"])
-        assert alpha3[key] == r2["alpha"]
+  """Table 4's EMP is Table 2's SPEED, and Table 2's alpha matches Table 3."""
+  t2, t3, t4 = (make_tables.PAPER_TABLES[k] for k in ("table2", "table3", "table4"))
+  assert len(t2) == len(t4) == 12 and len(t3) == 32
+  alpha3 = {(r["task"], r["draft"], r["temp"]): r["alpha"] for r in t3}
+  for r2, r4 in zip(t2, t4):
+    key = (r2["task"], r2["draft"], r2["temp"])
+    assert key == (r4["task"], r4["draft"], r4["temp"])
+    assert (r2["gamma"], r2["alpha"], r2["speed"]) == (r4["gamma"], r4["alpha"], r4["emp"])
+    assert alpha3[key] == r2["alpha"]
 
 
 @pytest.mark.parametrize("name,expected", [
-    ("wmt_ende", "ende"), ("wmt_t2t_ende_v003", "ende"), ("cnn_dailymail_v002", "cnndm"), ("bible", None),
+  ("wmt_ende", "ende"), ("wmt_t2t_ende_v003", "ende"), ("cnn_dailymail_v002", "cnndm"), ("bible", None),
 ])
 def test_canonical_task(make_tables, name, expected):
-    assert make_tables.canonical_task(name) == expected
+  assert make_tables.canonical_task(name) == expected
 
 
 @pytest.mark.parametrize("name,expected", [
-    ("t5_1_1_small", "t5-small"), ("google/t5-v1_1-base", "t5-base"), ("t5-large", "t5-large"),
-    ("bigram", "bigram"), ("t5_1_1_xl", None),
+  ("t5_1_1_small", "t5-small"), ("google/t5-v1_1-base", "t5-base"), ("t5-large", "t5-large"),
+  ("bigram", "bigram"), ("t5_1_1_xl", None),
 ])
 def test_canonical_draft(make_tables, name, expected):
-    assert make_tables.canonical_draft(name) == expected
+  assert make_tables.canonical_draft(name) == expected

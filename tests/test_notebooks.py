@@ -28,25 +28,25 @@ KERNEL_NAME = "python3"
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_executes(name, monkeypatch):
-    # The kernel inherits the environment: keep the demo sweep short in tests.
-    monkeypatch.setenv("DEMO_NUM_EXAMPLES", "3")
-    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    path = NOTEBOOK_DIR / name
-    if not path.exists():
-        pytest.skip(f"{path} does not exist yet")
-    nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(
-        nb,
-        timeout=CELL_TIMEOUT_S,
-        kernel_name=KERNEL_NAME,
-        resources={"metadata": {"path": str(NOTEBOOK_DIR)}},
-    )
-    client.execute()  # raises CellExecutionError on the first failing cell
-    errors = [
-        out
-        for cell in nb.cells
-        if cell.cell_type == "code"
-        for out in cell.get("outputs", [])
-        if out.get("output_type") == "error"
-    ]
-    assert not errors, errors
+  # The kernel inherits the environment: keep the demo sweep short in tests.
+  monkeypatch.setenv("DEMO_NUM_EXAMPLES", "3")
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  path = NOTEBOOK_DIR / name
+  if not path.exists():
+    pytest.skip(f"{path} does not exist yet")
+  nb = nbformat.read(path, as_version=4)
+  client = nbclient.NotebookClient(
+    nb,
+    timeout=CELL_TIMEOUT_S,
+    kernel_name=KERNEL_NAME,
+    resources={"metadata": {"path": str(NOTEBOOK_DIR)}},
+  )
+  client.execute()  # raises CellExecutionError on the first failing cell
+  errors = [
+    out
+    for cell in nb.cells
+    if cell.cell_type == "code"
+    for out in cell.get("outputs", [])
+    if out.get("output_type") == "error"
+  ]
+  assert not errors, errors

@@ -9,28 +9,28 @@ from specdec_jax import theory
 
 # Table 1: (alpha, gamma, operations, speed), with c = c_hat = 0.
 TABLE1 = [
-    (0.6, 2, 1.53, 1.96),
-    (0.7, 3, 1.58, 2.53),
-    (0.8, 2, 1.23, 2.44),
-    (0.8, 5, 1.63, 3.69),
-    (0.9, 2, 1.11, 2.71),
-    (0.9, 10, 1.60, 6.86),
+  (0.6, 2, 1.53, 1.96),
+  (0.7, 3, 1.58, 2.53),
+  (0.8, 2, 1.23, 2.44),
+  (0.8, 5, 1.63, 3.69),
+  (0.9, 2, 1.11, 2.71),
+  (0.9, 10, 1.60, 6.86),
 ]
 
 # Table 4: (task, draft, temp, gamma, alpha, c, EXP).
 TABLE4 = [
-    ("ende", "small", 0, 7, 0.75, 0.02, 3.2),
-    ("ende", "base", 0, 7, 0.80, 0.04, 3.3),
-    ("ende", "large", 0, 7, 0.82, 0.11, 2.5),
-    ("ende", "small", 1, 7, 0.62, 0.02, 2.3),
-    ("ende", "base", 1, 5, 0.68, 0.04, 2.4),
-    ("ende", "large", 1, 3, 0.71, 0.11, 2.0),
-    ("cnndm", "small", 0, 5, 0.65, 0.02, 2.4),
-    ("cnndm", "base", 0, 5, 0.73, 0.04, 2.6),
-    ("cnndm", "large", 0, 3, 0.74, 0.11, 2.0),
-    ("cnndm", "small", 1, 5, 0.53, 0.02, 1.9),
-    ("cnndm", "base", 1, 3, 0.55, 0.04, 1.8),
-    ("cnndm", "large", 1, 3, 0.56, 0.11, 1.6),
+  ("ende", "small", 0, 7, 0.75, 0.02, 3.2),
+  ("ende", "base", 0, 7, 0.80, 0.04, 3.3),
+  ("ende", "large", 0, 7, 0.82, 0.11, 2.5),
+  ("ende", "small", 1, 7, 0.62, 0.02, 2.3),
+  ("ende", "base", 1, 5, 0.68, 0.04, 2.4),
+  ("ende", "large", 1, 3, 0.71, 0.11, 2.0),
+  ("cnndm", "small", 0, 5, 0.65, 0.02, 2.4),
+  ("cnndm", "base", 0, 5, 0.73, 0.04, 2.6),
+  ("cnndm", "large", 0, 3, 0.74, 0.11, 2.0),
+  ("cnndm", "small", 1, 5, 0.53, 0.02, 1.9),
+  ("cnndm", "base", 1, 3, 0.55, 0.04, 1.8),
+  ("cnndm", "large", 1, 3, 0.56, 0.11, 1.6),
 ]
 
 # Rows whose printed EXP is NOT Theorem 3.8 of the printed (rounded) alpha and
@@ -41,125 +41,125 @@ TABLE4_OFF_BY_ROUNDING = {("ende", "base", 1), ("ende", "large", 1), ("cnndm", "
 
 @pytest.mark.parametrize("alpha,gamma,ops,speed", TABLE1)
 def test_table1_exact(alpha, gamma, ops, speed):
-    assert round(theory.walltime_improvement(alpha, gamma, 0.0), 2) == speed
-    assert round(theory.operations_factor(alpha, gamma, 0.0), 2) == ops
+  assert round(theory.walltime_improvement(alpha, gamma, 0.0), 2) == speed
+  assert round(theory.operations_factor(alpha, gamma, 0.0), 2) == ops
 
 
 @pytest.mark.parametrize("task,draft,temp,gamma,alpha,c,exp", TABLE4)
 def test_table4_exp(task, draft, temp, gamma, alpha, c, exp):
-    value = theory.walltime_improvement(alpha, gamma, c)
-    if (task, draft, temp) in TABLE4_OFF_BY_ROUNDING:
-        assert round(value, 1) != exp  # documents the discrepancy; see below
-    else:
-        assert round(value, 1) == exp
+  value = theory.walltime_improvement(alpha, gamma, c)
+  if (task, draft, temp) in TABLE4_OFF_BY_ROUNDING:
+    assert round(value, 1) != exp  # documents the discrepancy; see below
+  else:
+    assert round(value, 1) == exp
 
 
 @pytest.mark.parametrize("task,draft,temp,gamma,alpha,c,exp", TABLE4)
 def test_table4_exp_within_input_rounding(task, draft, temp, gamma, alpha, c, exp):
-    """Every EXP is reachable with alpha, c inside their printed +-0.005 rounding.
+  """Every EXP is reachable with alpha, c inside their printed +-0.005 rounding.
 
-    Theorem 3.8 increases in alpha and decreases in c, so the extremes of the
-    rounding box are at its corners.
-    """
-    lo = theory.walltime_improvement(alpha - 0.005, gamma, c + 0.005)
-    hi = theory.walltime_improvement(alpha + 0.005, gamma, c - 0.005)
-    assert lo - 1e-12 <= exp + 0.05 and hi + 1e-12 >= exp - 0.05
+  Theorem 3.8 increases in alpha and decreases in c, so the extremes of the
+  rounding box are at its corners.
+  """
+  lo = theory.walltime_improvement(alpha - 0.005, gamma, c + 0.005)
+  hi = theory.walltime_improvement(alpha + 0.005, gamma, c - 0.005)
+  assert lo - 1e-12 <= exp + 0.05 and hi + 1e-12 >= exp - 0.05
 
 
 def test_v_equals_one_is_theorem_3_8():
-    a, g, c = 0.7, 4, 0.05
-    paper = (1 - a ** (g + 1)) / ((1 - a) * (g * c + 1))
-    assert theory.walltime_improvement(a, g, c) == pytest.approx(paper)
-    # v rescales only the target-pass term of the per-iteration cost.
-    assert theory.walltime_improvement(a, g, c, v=1.3) == pytest.approx(paper * (g * c + 1) / (g * c + 1.3))
+  a, g, c = 0.7, 4, 0.05
+  paper = (1 - a ** (g + 1)) / ((1 - a) * (g * c + 1))
+  assert theory.walltime_improvement(a, g, c) == pytest.approx(paper)
+  # v rescales only the target-pass term of the per-iteration cost.
+  assert theory.walltime_improvement(a, g, c, v=1.3) == pytest.approx(paper * (g * c + 1) / (g * c + 1.3))
 
 
 def test_expected_tokens_matches_geometric_sum():
-    for a in [0.0, 0.3, 0.75, 0.99]:
-        for g in [0, 1, 5, 12]:
-            assert theory.expected_tokens(a, g) == pytest.approx(sum(a**i for i in range(g + 1)))
+  for a in [0.0, 0.3, 0.75, 0.99]:
+    for g in [0, 1, 5, 12]:
+      assert theory.expected_tokens(a, g) == pytest.approx(sum(a**i for i in range(g + 1)))
 
 
 def test_alpha_one_limit():
-    for g in [0, 1, 3, 7]:
-        assert theory.expected_tokens(1.0, g) == g + 1
-        # Continuous with the closed form just below 1.
-        assert theory.expected_tokens(1.0 - 1e-6, g) == pytest.approx(g + 1, rel=1e-4)
-        assert theory.operations_factor(1.0, g, 0.0) == pytest.approx(1.0)
-        assert theory.walltime_improvement(1.0, g, 0.1) == pytest.approx((g + 1) / (0.1 * g + 1))
-    assert np.all(np.isfinite(theory.expected_tokens(np.array([0.5, 1.0]), 3)))
+  for g in [0, 1, 3, 7]:
+    assert theory.expected_tokens(1.0, g) == g + 1
+    # Continuous with the closed form just below 1.
+    assert theory.expected_tokens(1.0 - 1e-6, g) == pytest.approx(g + 1, rel=1e-4)
+    assert theory.operations_factor(1.0, g, 0.0) == pytest.approx(1.0)
+    assert theory.walltime_improvement(1.0, g, 0.1) == pytest.approx((g + 1) / (0.1 * g + 1))
+  assert np.all(np.isfinite(theory.expected_tokens(np.array([0.5, 1.0]), 3)))
 
 
 def test_scalar_and_array_inputs():
-    assert isinstance(theory.expected_tokens(0.5, 2), float)
-    assert isinstance(theory.optimal_gamma(0.8, 0.05), int)
-    assert isinstance(theory.improvement_exists(0.8, 0.05), bool)
-    out = theory.walltime_improvement(np.array([0.5, 0.8]), np.array([[1], [3]]), 0.0)
-    assert out.shape == (2, 2)
-    assert out[1, 1] == pytest.approx(theory.walltime_improvement(0.8, 3, 0.0))
+  assert isinstance(theory.expected_tokens(0.5, 2), float)
+  assert isinstance(theory.optimal_gamma(0.8, 0.05), int)
+  assert isinstance(theory.improvement_exists(0.8, 0.05), bool)
+  out = theory.walltime_improvement(np.array([0.5, 0.8]), np.array([[1], [3]]), 0.0)
+  assert out.shape == (2, 2)
+  assert out[1, 1] == pytest.approx(theory.walltime_improvement(0.8, 3, 0.0))
 
 
 def test_invalid_inputs():
-    with pytest.raises(ValueError):
-        theory.expected_tokens(1.5, 2)
-    with pytest.raises(ValueError):
-        theory.walltime_improvement(0.5, 2, -0.1)
-    with pytest.raises(ValueError):
-        theory.walltime_improvement(0.5, 2, 0.1, v=0.0)
+  with pytest.raises(ValueError):
+    theory.expected_tokens(1.5, 2)
+  with pytest.raises(ValueError):
+    theory.walltime_improvement(0.5, 2, -0.1)
+  with pytest.raises(ValueError):
+    theory.walltime_improvement(0.5, 2, 0.1, v=0.0)
 
 
 @pytest.mark.parametrize("alpha", np.linspace(0.0, 0.99, 23))
 @pytest.mark.parametrize("c", [0.0, 0.01, 0.05, 0.2, 0.5, 0.9])
 def test_corollary_3_9(alpha, c):
-    at_one = theory.walltime_improvement(alpha, 1, c)
-    assert theory.min_improvement(alpha, c) <= max(at_one, 1.0) + 1e-12
-    best = max(theory.walltime_improvement(alpha, g, c) for g in range(1, 65))
-    if theory.improvement_exists(alpha, c):
-        assert at_one == pytest.approx((1 + alpha) / (1 + c))
-        assert at_one > 1.0 and best >= theory.min_improvement(alpha, c) - 1e-12
-    else:
-        assert best <= 1.0 + 1e-12
-        assert theory.min_improvement(alpha, c) == 1.0
-        assert theory.optimal_gamma(alpha, c) == 0
+  at_one = theory.walltime_improvement(alpha, 1, c)
+  assert theory.min_improvement(alpha, c) <= max(at_one, 1.0) + 1e-12
+  best = max(theory.walltime_improvement(alpha, g, c) for g in range(1, 65))
+  if theory.improvement_exists(alpha, c):
+    assert at_one == pytest.approx((1 + alpha) / (1 + c))
+    assert at_one > 1.0 and best >= theory.min_improvement(alpha, c) - 1e-12
+  else:
+    assert best <= 1.0 + 1e-12
+    assert theory.min_improvement(alpha, c) == 1.0
+    assert theory.optimal_gamma(alpha, c) == 0
 
 
 def _brute_force_gamma(alpha, c, v, max_gamma, rtol=1e-12):
-    """Scalar loop: smallest gamma within rtol of the best, 0 if none beats 1."""
-    speeds = {g: theory.walltime_improvement(alpha, g, c, v) for g in range(1, max_gamma + 1)}
-    best = max(speeds.values())
-    if best <= 1.0 + rtol:
-        return 0  # standard decoding
-    return min(g for g, s in speeds.items() if s >= best * (1 - rtol))
+  """Scalar loop: smallest gamma within rtol of the best, 0 if none beats 1."""
+  speeds = {g: theory.walltime_improvement(alpha, g, c, v) for g in range(1, max_gamma + 1)}
+  best = max(speeds.values())
+  if best <= 1.0 + rtol:
+    return 0  # standard decoding
+  return min(g for g, s in speeds.items() if s >= best * (1 - rtol))
 
 
 @pytest.mark.parametrize("v", [1.0, 1.2])
 def test_optimal_gamma_brute_force(v):
-    alphas = np.linspace(0.0, 0.98, 50)
-    cs = np.array([0.0, 0.005, 0.02, 0.05, 0.11, 0.3, 0.6])
-    grid = theory.optimal_gamma(alphas[:, None], cs[None, :], v=v, max_gamma=40)
-    assert grid.shape == (50, 7)
-    for i, a in enumerate(alphas):
-        for j, c in enumerate(cs):
-            expected = _brute_force_gamma(float(a), float(c), v, 40)
-            assert grid[i, j] == expected
-            assert theory.optimal_gamma(float(a), float(c), v=v, max_gamma=40) == expected
+  alphas = np.linspace(0.0, 0.98, 50)
+  cs = np.array([0.0, 0.005, 0.02, 0.05, 0.11, 0.3, 0.6])
+  grid = theory.optimal_gamma(alphas[:, None], cs[None, :], v=v, max_gamma=40)
+  assert grid.shape == (50, 7)
+  for i, a in enumerate(alphas):
+    for j, c in enumerate(cs):
+      expected = _brute_force_gamma(float(a), float(c), v, 40)
+      assert grid[i, j] == expected
+      assert theory.optimal_gamma(float(a), float(c), v=v, max_gamma=40) == expected
 
 
 def test_optimal_gamma_saturates_and_grows():
-    assert theory.optimal_gamma(0.9, 0.0, max_gamma=16) == 16
-    assert theory.optimal_gamma(1.0, 0.1, max_gamma=16) == 16
-    # Figure 3: for fixed c the optimal gamma is non-decreasing in alpha.
-    gs = theory.optimal_gamma(np.linspace(0.05, 0.95, 91), 0.05)
-    assert np.all(np.diff(gs) >= 0)
-    # Negligible-cost example of Section 3.6: bigram, alpha ~ 0.2, gamma = 3 -> 1.25X.
-    assert math.isclose(round(theory.walltime_improvement(0.2, 3, 0.0), 2), 1.25)
+  assert theory.optimal_gamma(0.9, 0.0, max_gamma=16) == 16
+  assert theory.optimal_gamma(1.0, 0.1, max_gamma=16) == 16
+  # Figure 3: for fixed c the optimal gamma is non-decreasing in alpha.
+  gs = theory.optimal_gamma(np.linspace(0.05, 0.95, 91), 0.05)
+  assert np.all(np.diff(gs) >= 0)
+  # Negligible-cost example of Section 3.6: bigram, alpha ~ 0.2, gamma = 3 -> 1.25X.
+  assert math.isclose(round(theory.walltime_improvement(0.2, 3, 0.0), 2), 1.25)
 
 
 def test_optimal_gamma_matches_paper_formula_argmax():
-    """Independent of theory.py: argmax of Theorem 3.8 written out by hand."""
-    for c in [0.01, 0.02, 0.05, 0.11]:
-        for a in np.linspace(0.2, 0.95, 16):
-            a = float(a)
-            speeds = [(1 - a ** (g + 1)) / ((1 - a) * (g * c + 1)) for g in range(1, 65)]
-            expected = int(np.argmax(speeds)) + 1 if max(speeds) > 1 else 0
-            assert theory.optimal_gamma(a, c) == expected
+  """Independent of theory.py: argmax of Theorem 3.8 written out by hand."""
+  for c in [0.01, 0.02, 0.05, 0.11]:
+    for a in np.linspace(0.2, 0.95, 16):
+      a = float(a)
+      speeds = [(1 - a ** (g + 1)) / ((1 - a) * (g * c + 1)) for g in range(1, 65)]
+      expected = int(np.argmax(speeds)) + 1 if max(speeds) > 1 else 0
+      assert theory.optimal_gamma(a, c) == expected
