@@ -47,7 +47,7 @@ import time
 import traceback
 import typing
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import gin
 import jax
@@ -55,10 +55,10 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-from specdec_jax import checkpoints, data, drafts, memory, partitioning, theory
+from specdec_jax import autogamma, checkpoints, data, drafts, memory, partitioning, theory
 from specdec_jax.decoding import alpha_estimates, speculative_decode, temperature_sample
-from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes, shift_right
-from specdec_jax.sampling import SamplingConfig, standardize
+from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes
+from specdec_jax.sampling import SamplingConfig
 from specdec_jax.timing import block, measure_costs, timed
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +104,8 @@ class Experiment:
   temperature: float = 0.0
   topk: int = 0
   topp: float = 0.0
-  gamma: int = 5
+  gamma: Union[int, str] = 5                 # draft tokens per round, or 'auto' (§3.5)
+  gamma_max: int = 8                         # the largest γ 'auto' considers
   lenience: float = 1.0
   batch_size: int = 1
   max_input_len: int = 128
@@ -155,8 +156,12 @@ class Experiment:
       raise ValueError("Experiment.multihost with Experiment.coordinator_address also needs "
                        "Experiment.num_processes and Experiment.process_id")
     self.sampling()  # temperature / topk / topp errors
-    if self.gamma < 1:
+    if isinstance(self.gamma, str) and self.gamma != "auto":
+      raise ValueError(f"Experiment.gamma must be an int >= 1 or 'auto', got {self.gamma!r}")
+    if not isinstance(self.gamma, str) and self.gamma < 1:
       raise ValueError(f"Experiment.gamma must be >= 1, got {self.gamma}")
+    if self.gamma_max < 1:
+      raise ValueError(f"Experiment.gamma_max must be >= 1, got {self.gamma_max}")
     if not 0 < self.lenience <= 1:
       raise ValueError(f"Experiment.lenience must be in (0, 1] (1 is exact), got {self.lenience}")
     if self.draft_name not in drafts.REGISTRY:
@@ -205,23 +210,28 @@ class Experiment:
   def check_types(self) -> None:
     """Each field has its annotated type (gin passes whatever the config says)."""
     hints = typing.get_type_hints(Experiment)
+
+    def matches(value, t) -> bool:
+      if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+      if t is tuple:  # gin writes (1, 8); [1, 8] is as clear
+        return isinstance(value, (tuple, list))
+      return isinstance(value, t) and not (t is int and isinstance(value, bool))
+
     for f in dataclasses.fields(self):
       value, want = getattr(self, f.name), hints[f.name]
-      args = typing.get_args(want)
-      optional = type(None) in args
-      base = next(a for a in args if a is not type(None)) if optional else want
-      if value is None and optional:
+      types = [a for a in typing.get_args(want) if a is not type(None)] or [want]
+      optional = type(None) in typing.get_args(want)
+      if (value is None and optional) or any(matches(value, t) for t in types):
         continue
-      if base is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-      elif base is tuple:  # gin writes (1, 8); [1, 8] is as clear
-        ok = isinstance(value, (tuple, list))
-      else:
-        ok = isinstance(value, base) and not (base is int and isinstance(value, bool))
-      if not ok:
-        raise ValueError(f"Experiment.{f.name} must be {base.__name__}"
-                         f"{' or None' if optional else ''}, got {value!r} "
-                         f"({type(value).__name__})")
+      names = " or ".join(t.__name__ for t in types)
+      raise ValueError(f"Experiment.{f.name} must be {names}{' or None' if optional else ''}, "
+                       f"got {value!r} ({type(value).__name__})")
+
+  @property
+  def gamma_bound(self) -> int:
+    """The largest γ any round may use: what caches and memory are sized for."""
+    return self.gamma_max if self.gamma == "auto" else self.gamma
 
   @property
   def labels(self) -> tuple[str, str]:
@@ -333,7 +343,7 @@ def estimate_bytes(exp: Experiment, alpha_only: bool = False) -> dict[str, int]:
   if cfgs["target"] is None:
     return {}
   plan = memory.plan(cfgs["target"], cfgs["draft"], exp.mesh_shape, exp.param_dtype, exp.dtype,
-                     exp.batch_size, exp.max_input_len, exp.max_decode_len, exp.gamma,
+                     exp.batch_size, exp.max_input_len, exp.max_decode_len, exp.gamma_bound,
                      exp.logical_axis_rules, exp.draft_logical_axis_rules,
                      exp.partition_fallback)
   out = {"target weights": plan["target_params"], "target KV cache": plan["target_caches"]}
@@ -390,7 +400,7 @@ def check_partitioning(exp: Experiment, target_part, draft_part) -> None:
   configs alone: a bad mesh is refused before any weight is read."""
   if target_part is None:
     return
-  b, t = exp.batch_size, exp.max_decode_len + exp.gamma + 1
+  b, t = exp.batch_size, exp.max_decode_len + exp.gamma_bound + 1
   target_part.batch_sharding((b, exp.max_input_len), "Experiment.batch_size (inputs)")
   models = [("target", exp.target_checkpoint, exp.target_format, exp.target_preset,
              target_part)]
@@ -475,8 +485,8 @@ def load_models(exp: Experiment, d: Data) -> Setup:
   draft = drafts.build(exp.draft_name, **build_kw)
   # Built-in drafts are tested elsewhere: trace them (free) but skip the run.
   drafts.check_interface(exp.draft_name, draft, jnp.asarray(d.inputs[:1].repeat(
-      exp.batch_size, 0)), target.config.vocab_size, exp.gamma,
-      exp.max_decode_len + exp.gamma + 1, exp.sampling(),
+      exp.batch_size, 0)), target.config.vocab_size, exp.gamma_bound,
+      exp.max_decode_len + exp.gamma_bound + 1, exp.sampling(),
       concrete=exp.draft_name not in drafts.BUILTIN)
   return Setup(exp, d.vocab, d.examples, d.inputs, target, target_params, draft, d.truncated,
                target_part)
@@ -501,6 +511,10 @@ def check_before_loading(exp: Experiment, alpha_only: bool = False) -> None:
   """Every check that needs no data or weights: settings, multi-host start,
   mesh against devices and model dimensions, memory per device."""
   exp.validate()
+  if alpha_only and exp.gamma == "auto":
+    raise ValueError("Experiment.gamma='auto' chooses γ from timed speculative pieces; "
+                     "--alpha_only measures α only and uses no γ: bind a number (or drop "
+                     "--alpha_only)")
   start_multihost(exp)
   try:
     target_part, draft_part = partitioners(exp)
@@ -674,6 +688,8 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   alpha = tot("accepted") / evaluated if evaluated else float("nan")
   alpha_min_pq = tot("min_pq_sum") / evaluated if evaluated else float("nan")
   target_label, draft_label = exp.labels
+  if exp.gamma == "auto" and records:  # the γ the run chose (recorded on every line)
+    exp = dataclasses.replace(exp, gamma=records[0]["gamma"])
   base_s = tot("baseline_s")
   spec_s = tot("speculative_s")
   summary = {
@@ -695,6 +711,8 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
       "mismatches_vs_baseline": (int(sum(not r["matches_baseline"] for r in records))
                                  if exp.temperature == 0 else None),
   }
+  if records and "gamma_auto" in records[0]:
+    summary["gamma_auto"] = records[0]["gamma_auto"]
   ok = records and not math.isnan(alpha)
   summary["expected_speedup"] = (float(theory.walltime_improvement(min(alpha, 1.0), exp.gamma,
                                                                    costs["c"]))
@@ -716,6 +734,25 @@ def table2_row(s: dict) -> str:
   return "\n".join([head, sep, row])
 
 
+def _auto_gamma(setup: Setup, workdir: Workdir, root) -> tuple[int, Optional[dict]]:
+  """γ for this run: the fixed one, the one an earlier part of this run chose
+  (resume), or ``autogamma.choose_gamma`` on the warm-up examples."""
+  exp = setup.exp
+  if exp.gamma != "auto":
+    return exp.gamma, None
+  if workdir.records:
+    choice = workdir.records[0]["gamma_auto"]
+    logging.info("gamma='auto': resuming with the gamma chosen before, %d", choice["gamma"])
+    return choice["gamma"], choice
+  place = setup.partitioner.shard_batch if setup.partitioner else (lambda x: x)
+  batches = [(place(_pad_batch(setup.inputs, idx, exp.batch_size)), len(idx))
+             for idx in (list(_batches(exp.num_warmup, 0, exp.batch_size)) or [[0]])]
+  choice = autogamma.choose_gamma(setup.target, setup.target_params, setup.draft, batches, root,
+                                  exp.sampling(), exp.max_decode_len, exp.gamma_max,
+                                  setup.partitioner)
+  return choice.gamma, choice.as_record()
+
+
 def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   exp = setup.exp
   sampling = exp.sampling()
@@ -724,9 +761,10 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
             partitioner=setup.partitioner)
   place = setup.partitioner.shard_batch if setup.partitioner else (lambda x: x)
   base_fn = lambda x, k: temperature_sample(target, tparams, place(x), k, **kw)
-  spec_fn = lambda x, k: speculative_decode(target, tparams, draft, place(x), k,
-                                            gamma=exp.gamma, lenience=exp.lenience, **kw)
   root = jax.random.PRNGKey(exp.seed)
+  gamma, gamma_auto = _auto_gamma(setup, workdir, root)
+  spec_fn = lambda x, k: speculative_decode(target, tparams, draft, place(x), k,
+                                            gamma=gamma, lenience=exp.lenience, **kw)
   n_total = len(setup.examples)
   # Warm-up: compile both loops on the warm-up examples (or the first batch).
   t0 = time.perf_counter()
@@ -736,10 +774,11 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
     block(spec_fn(x, root))
   logging.info("Warm-up (compilation included) took %.1f s", time.perf_counter() - t0)
   c = measure_costs(target, tparams, draft, _pad_batch(setup.inputs, [0], exp.batch_size),
-                    exp.gamma, sampling, cache_len=exp.max_decode_len + exp.gamma + 1)
+                    gamma, sampling, cache_len=exp.max_decode_len + gamma + 1)
   costs = {"c": c.c, "v": c.v, "target_step_ms": 1e3 * c.target_step_s,
            "verify_ms": 1e3 * c.verify_s, "draft_token_ms": 1e3 * c.draft_token_s}
   logging.info("Costs: %s", costs)
+  extra = {"gamma": gamma} if gamma_auto is None else {"gamma": gamma, "gamma_auto": gamma_auto}
 
   done_ids = {r["index"] for r in workdir.records}
   start = exp.num_warmup
@@ -773,7 +812,7 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
           "baseline_output": _text(setup.vocab, base_tok[j]),
           "reference": ex.reference, "input_truncated": i in setup.truncated,
           "mode": "speculative",
-          **costs,
+          **costs, **extra,
       })
     processed += len(rows)
     s = summarize(exp, workdir.records)
@@ -787,35 +826,6 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
 
 
 # ---------------------------------------------------------------- alpha only
-
-
-@jax.jit
-def _min_pq(p: jnp.ndarray, q: jnp.ndarray) -> jnp.ndarray:
-  return jnp.sum(jnp.minimum(p, q), axis=-1)
-
-
-def _draft_q_along(draft, inputs, tokens, sampling: SamplingConfig):
-  """q_t for every position t of fixed outputs [B, T] (γ = 1 proposals)."""
-  b, t = tokens.shape
-  seq = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), tokens, jnp.zeros((b, 1), jnp.int32)], 1)
-  state = draft.init(inputs, t + 2)
-
-  def step(state, i):
-    _, q, state = draft.propose(state, seq, jnp.full((b,), i, jnp.int32), 1, sampling,
-                                jax.random.PRNGKey(0))
-    return state, q[:, 0]
-
-  _, qs = jax.lax.scan(step, state, jnp.arange(t, dtype=jnp.int32))
-  return jnp.moveaxis(qs, 0, 1)
-
-
-@functools.partial(jax.jit, static_argnames=("target", "sampling"))
-def _alpha_along(target: T5Model, params, draft, inputs, tokens, lengths, sampling):
-  p = standardize(target(params, inputs, shift_right(tokens)), sampling)
-  q = _draft_q_along(draft, inputs, tokens, sampling)
-  mask = jnp.arange(tokens.shape[1])[None] < lengths[:, None]
-  return jnp.sum(jnp.where(mask, _min_pq(p, q), 0.0), 1)
-
 
 
 def summarize_alpha(exp: Experiment, records: list[dict], available: int) -> dict:
@@ -858,8 +868,8 @@ def run_alpha_only(setup: Setup, workdir: Workdir) -> dict:
     key = jax.random.fold_in(root, rows[0])
     out = temperature_sample(target, tparams, x, key, max_decode_len=exp.max_decode_len,
                              sampling=sampling, eos_id=target.config.eos_id)
-    sums = np.asarray(_alpha_along(target, tparams, setup.draft, x, out.tokens, out.length,
-                                   sampling))
+    sums = np.asarray(autogamma.min_pq_along(target, tparams, setup.draft, x, out.tokens,
+                                              out.length, sampling))
     for j, i in enumerate(rows):
       n = int(out.length[j])
       workdir.append({"index": i, "id": setup.examples[i].id, "mode": "alpha_only",

@@ -12,7 +12,7 @@ Only numpy is used so that the analysis is importable without JAX.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Mapping, Union
 
 import numpy as np
 
@@ -162,3 +162,26 @@ def optimal_gamma(
   helps = best_speedup > 1.0 + _TIE_RTOL
   result = np.where(helps, gammas[best].astype(int), 0)
   return _to_output(result)
+
+
+def best_gamma_measured(alpha: float, c: Mapping[int, float],
+                        v: Mapping[int, float]) -> tuple[int, dict[int, float]]:
+  """γ maximizing the v-generalized Theorem 3.8 over measured per-γ costs (§3.5).
+
+  ``c[γ]`` (draft cost per token / target step) and ``v[γ]`` (one target pass
+  over γ + 1 tokens / target step) are measured for each candidate γ, since on
+  real hardware neither is constant in γ. Returns (γ, {γ: predicted
+  improvement}). Ties within ``_TIE_RTOL`` go to the smaller γ (fewer wasted
+  operations, Theorem 3.11). Unlike ``optimal_gamma`` this never returns 0:
+  the caller asked for speculation, and the curve says how much it helps.
+  """
+  if not c or set(c) != set(v):
+    raise ValueError(f"c and v must be measured for the same gammas, got {sorted(c)} and "
+                     f"{sorted(v)}")
+  if min(c) < 1:
+    raise ValueError(f"gammas must be >= 1, got {sorted(c)}")
+  a = min(float(_check_alpha(alpha)), 1.0 - 1e-12)  # α = 1: the limit, not 0/0
+  curve = {g: float(walltime_improvement(a, g, c[g], v[g])) for g in sorted(c)}
+  best = max(curve.values())
+  gamma = min(g for g, s in curve.items() if s >= best * (1.0 - _TIE_RTOL))
+  return gamma, curve

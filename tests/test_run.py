@@ -276,8 +276,11 @@ def test_failed_run_leaves_no_files_and_a_stale_config_is_replaced(spec_run, env
 
 
 @pytest.mark.parametrize("binding,message", [
-    ("Experiment.gamma = 2.5", r"Experiment.gamma must be int, got 2.5 \(float\)"),
-    ("Experiment.gamma = '3'", r"Experiment.gamma must be int, got '3' \(str\)"),
+    ("Experiment.gamma = 2.5", r"Experiment.gamma must be int or str, got 2.5 \(float\)"),
+    ("Experiment.gamma = '3'", r"Experiment.gamma must be an int >= 1 or 'auto', got '3'"),
+    ("Experiment.gamma_max = 0", r"Experiment.gamma_max must be >= 1, got 0"),
+    ("Experiment.mesh_shape = (1, 1, 1)", r"mesh_shape must be None or two positive ints"),
+    ("Experiment.partition_fallback = 'pad'", r"partition_fallback must be one of"),
     ("Experiment.dtype = 'float8'", r"Experiment.dtype must be one of .*got 'float8'"),
     ("Experiment.max_decode_len = 1000000000",
      r"Experiment.max_decode_len=1000000000 .* needs about \d+\.\d GiB .*target KV cache"),
@@ -510,10 +513,46 @@ def test_table2_config_lists_every_missing_macro():
 
 def test_help_lists_settings_and_library_info_is_quiet():
   import logging as std_logging
-  assert "Experiment settings" in run.__doc__ and "  gamma: int = 5" in run.__doc__
+  assert "Experiment settings" in run.__doc__ and "  gamma: Union[int, str] = 5" in run.__doc__
   assert "  dtype: str = 'float32'" in run.__doc__
   f = run._LibraryFilter()
   rec = lambda path, level: std_logging.LogRecord("absl", level, path, 1, "m", (), None)
   assert not f.filter(rec("/site-packages/orbax/checkpoint/x.py", std_logging.INFO))
   assert f.filter(rec("/site-packages/orbax/checkpoint/x.py", std_logging.WARNING))
   assert f.filter(rec(str(REPO / "specdec_jax" / "run.py"), std_logging.INFO))
+
+
+def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsys, tmp_path):
+  """gamma='auto': α on the warm-up examples, c and v per γ, the argmax of the
+  v-generalized Theorem 3.8 (recomputed here from the recorded numbers); a
+  resumed run keeps the γ it chose."""
+  w = tmp_path / "auto"
+  args = [f"--config={env / 'exp.gin'}", f"--workdir={w}",
+          "--gin_bindings=Experiment.gamma = 'auto'", "--gin_bindings=Experiment.gamma_max = 3",
+          "--gin_bindings=Experiment.num_examples = 2"]
+  rc, _, err = _cli(capsys, *args)
+  assert rc == 0, err
+  s = json.loads((w / "summary.json").read_text())
+  auto = s["gamma_auto"]
+  assert set(auto["predicted"]) == {"1", "2", "3"} and auto["alpha_tokens"] > 0
+  from specdec_jax import theory
+  for g in ("1", "2", "3"):
+    assert auto["predicted"][g] == pytest.approx(theory.walltime_improvement(
+        min(auto["alpha_warmup"], 1 - 1e-12), int(g), auto["c"][g], auto["v"][g]))
+  best = max(auto["predicted"].values())
+  assert auto["gamma"] == min(int(g) for g, x in auto["predicted"].items() if x == best)
+  assert s["gamma"] == auto["gamma"]
+  recs = _lines(w / "examples.jsonl")
+  assert [r["gamma"] for r in recs] == [auto["gamma"]] * 2
+  rc, _, err = _cli(capsys, *args[:-1], "--gin_bindings=Experiment.num_examples = 3", "--resume")
+  assert rc == 0, err
+  recs = _lines(w / "examples.jsonl")
+  assert len(recs) == 3 and {r["gamma"] for r in recs} == {auto["gamma"]}
+  assert all(r["gamma_auto"] == auto for r in recs)
+
+
+def test_gamma_auto_is_refused_with_alpha_only(env, monkeypatch):
+  monkeypatch.setattr(run, "_load_model", lambda *a, **k: pytest.fail("weights were read"))
+  exp = run.parse_config([str(env / "exp.gin")], ["Experiment.gamma = 'auto'"])
+  with pytest.raises(ValueError, match="gamma='auto' .* --alpha_only"):
+    run.prepare(exp, alpha_only=True)

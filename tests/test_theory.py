@@ -163,3 +163,27 @@ def test_optimal_gamma_matches_paper_formula_argmax():
       speeds = [(1 - a ** (g + 1)) / ((1 - a) * (g * c + 1)) for g in range(1, 65)]
       expected = int(np.argmax(speeds)) + 1 if max(speeds) > 1 else 0
       assert theory.optimal_gamma(a, c) == expected
+
+
+def test_best_gamma_measured_is_the_argmax_over_measured_costs():
+  """With α and per-γ (c, v) given, the choice is the brute-force argmax of the
+  v-generalized Theorem 3.8, ties to the smaller γ."""
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    alpha = float(rng.uniform(0, 1))
+    gammas = range(1, int(rng.integers(1, 9)) + 1)
+    c = {g: float(rng.uniform(0, 0.3)) for g in gammas}
+    v = {g: float(rng.uniform(1, 3)) for g in gammas}
+    gamma, curve = theory.best_gamma_measured(alpha, c, v)
+    brute = {g: (1 - alpha ** (g + 1)) / ((1 - alpha) * (g * c[g] + v[g])) for g in gammas}
+    assert curve == pytest.approx(brute)
+    assert gamma == max(brute, key=lambda g: (brute[g], -g))
+  # A v that grows fast makes a short γ best even at high α; flat costs at α = 1
+  # make the longest best (the limit γ + 1 over γc + v, not 0/0).
+  assert theory.best_gamma_measured(0.9, {1: 0.05, 2: 0.05, 3: 0.05},
+                                    {1: 1.0, 2: 2.5, 3: 4.0})[0] == 1
+  assert theory.best_gamma_measured(1.0, {1: 0.0, 2: 0.0}, {1: 1.0, 2: 1.0})[0] == 2
+  with pytest.raises(ValueError, match="same gammas"):
+    theory.best_gamma_measured(0.5, {1: 0.1}, {2: 1.0})
+  with pytest.raises(ValueError, match=">= 1"):
+    theory.best_gamma_measured(0.5, {0: 0.1}, {0: 1.0})
