@@ -9,26 +9,33 @@ and is never timed; every call ends in ``block_until_ready``.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Sequence
+from typing import Any, Sequence, Union
 
 import jax
 import numpy as np
 
-from specdec_jax import theory
+from specdec_jax import autogamma, theory
 from specdec_jax.decoding import speculative_decode, temperature_sample
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.timing import block, measure_costs, timed
 
 
 
-def gamma_sweep(target, target_params, draft, inputs: np.ndarray, gammas: Sequence[int],
-                sampling: SamplingConfig, max_decode_len: int, seed: int = 0) -> list[dict]:
+def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
+                gammas: Sequence[Union[int, str]], sampling: SamplingConfig,
+                max_decode_len: int, seed: int = 0, gamma_max: int = 8) -> list[dict]:
   """One row per γ: measured tokens/s, α, c, v and Theorem 3.8's prediction.
 
   inputs [N, S]: row 0 is the warm-up example (untimed), rows 1.. are timed.
   Speedup = speculative tokens/s over baseline tokens/s on the same examples
   (equal to the time ratio at temperature 0, where outputs are identical).
+  'auto' among ``gammas`` adds the row of the γ that ``autogamma.choose_gamma``
+  picks from the warm-up example (α) and timed pieces (c, v for 1..gamma_max),
+  labelled 'auto→γ'; that γ is timed with the others, so the row shows how
+  close the choice comes to the best fixed γ measured in the same run.
   """
+  auto = "auto" in gammas
+  gammas = sorted({int(g) for g in gammas if g != "auto"})
   eos = target.config.eos_id
   kw = dict(max_decode_len=max_decode_len, sampling=sampling, eos_id=eos)
   base = lambda x, k: temperature_sample(target, target_params, x, k, **kw)
@@ -36,10 +43,21 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray, gammas: Sequen
                                                    gamma=g, **kw)) for g in gammas}
   x0 = inputs[:1]
   block(base(x0, jax.random.PRNGKey(0)))
-  for g in gammas:
-    block(spec[g](x0, jax.random.PRNGKey(0)))
   costs = {g: measure_costs(target, target_params, draft, x0, g, sampling,
                            cache_len=max_decode_len + g + 1) for g in gammas}
+  choice = None
+  if auto:
+    choice = autogamma.choose_gamma(target, target_params, draft, [(x0, 1)],
+                                    jax.random.PRNGKey(seed), sampling, max_decode_len,
+                                    gamma_max, costs=costs)
+    costs.update({g: costs.get(g) or measure_costs(target, target_params, draft, x0, g,
+                                                   sampling, cache_len=max_decode_len + g + 1)
+                  for g in [choice.gamma]})
+    gammas = sorted(set(gammas) | {choice.gamma})
+    spec = {g: (lambda x, k, g=g: speculative_decode(target, target_params, draft, x, k,
+                                                     gamma=g, **kw)) for g in gammas}
+  for g in gammas:
+    block(spec[g](x0, jax.random.PRNGKey(0)))
   zero = lambda: dict(s=0.0, tok=0, acc=0, rej=0, mpq=0.0, calls=0, ratios=[], mism=0,
                       acc_at=0, ev_at=0)
   acc = {g: zero() for g in gammas}
@@ -79,6 +97,9 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray, gammas: Sequen
         expected_v=float(theory.walltime_improvement(a_cap, g, c.c, c.v)),
         acceptance_at=(a["acc_at"] / np.maximum(a["ev_at"], 1)).tolist(),
         mismatches=a["mism"] if sampling.greedy else None, examples=len(inputs) - 1))
+  if choice is not None:
+    row = dict(next(r for r in rows if r["gamma"] == choice.gamma))
+    rows.append({**row, "gamma": f"auto→{choice.gamma}", "auto": choice.as_record()})
   return rows
 
 
