@@ -556,3 +556,21 @@ def test_gamma_auto_is_refused_with_alpha_only(env, monkeypatch):
   exp = run.parse_config([str(env / "exp.gin")], ["Experiment.gamma = 'auto'"])
   with pytest.raises(ValueError, match="gamma='auto' .* --alpha_only"):
     run.prepare(exp, alpha_only=True)
+
+
+def test_bfloat16_weights_keep_float32_norms_and_decode(env):
+  """Experiment.param_dtype='bfloat16': kernels and embedding in bfloat16 on the
+  device, norms and relative-position tables float32, and the loops run."""
+  exp = run.parse_config([str(env / "exp.gin")], ["Experiment.param_dtype = 'bfloat16'"])
+  setup = run.prepare(exp)
+  p = setup.target_params
+  assert p["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"].dtype == jax.numpy.bfloat16
+  assert p["token_embedder"]["embedding"].dtype == jax.numpy.bfloat16
+  assert p["decoder"]["decoder_norm"]["scale"].dtype == jax.numpy.float32
+  assert p["encoder"]["relpos_bias"]["rel_embedding"].dtype == jax.numpy.float32
+  assert setup.draft.params["encoder"]["layers_0"]["attention"]["query"]["kernel"].dtype == \
+      jax.numpy.bfloat16
+  from specdec_jax.decoding import temperature_sample
+  out = temperature_sample(setup.target, p, jax.numpy.asarray(setup.inputs[:1]),
+                           jax.random.PRNGKey(0), max_decode_len=8)
+  assert int(out.length[0]) >= 1
