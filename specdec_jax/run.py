@@ -865,9 +865,12 @@ def run_alpha_only(setup: Setup, workdir: Workdir) -> dict:
       break
     rows = [todo[k] for k in idx]
     x = _pad_batch(setup.inputs, rows, exp.batch_size)
+    if setup.partitioner is not None:
+      x = setup.partitioner.shard_batch(x)
     key = jax.random.fold_in(root, rows[0])
     out = temperature_sample(target, tparams, x, key, max_decode_len=exp.max_decode_len,
-                             sampling=sampling, eos_id=target.config.eos_id)
+                             sampling=sampling, eos_id=target.config.eos_id,
+                             partitioner=setup.partitioner)
     sums = np.asarray(autogamma.min_pq_along(target, tparams, setup.draft, x, out.tokens,
                                               out.length, sampling))
     for j, i in enumerate(rows):
