@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
@@ -90,13 +90,16 @@ def param_logical_axes(name: str) -> tuple[str, ...]:
   raise PartitioningError(f"no logical axis names known for parameter {name!r}")
 
 
-def flatten_names(tree: Mapping, prefix: str = "") -> dict[str, Any]:
-  """Nested dicts -> {'a/b/c': leaf}."""
+def flatten_names(tree: Mapping, is_leaf: Callable[[Any], bool] = lambda x: False,
+                  prefix: str = "") -> dict[str, Any]:
+  """Nested dicts -> {'a/b/c': leaf}: the '/'-joined T5X names the axis
+  rules, the loaders and the checks speak in. ``is_leaf`` stops at a mapping
+  that is a leaf (e.g. a TensorStore spec)."""
   flat = {}
   for key, value in tree.items():
     name = f"{prefix}{key}"
-    if isinstance(value, Mapping):
-      flat.update(flatten_names(value, name + "/"))
+    if isinstance(value, Mapping) and not is_leaf(value):
+      flat.update(flatten_names(value, is_leaf, name + "/"))
     else:
       flat[name] = value
   return flat

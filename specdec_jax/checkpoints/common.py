@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.models.t5 import T5Config, param_shapes
+from specdec_jax.partitioning import flatten_names, unflatten_names
 
 FORMATS = ("auto", "specdec", "t5x", "t5x_orbax", "hf")
 
@@ -154,29 +155,9 @@ def check_overwrite(directory: str, overwrite: bool) -> None:
 # ------------------------------------------------------------ tree helpers
 
 
-def flatten(tree: Mapping, is_leaf: Callable[[Any], bool] = lambda x: False,
-            prefix: str = "") -> dict[str, Any]:
-  """Nested dicts -> {'a/b/c': leaf}."""
-  flat = {}
-  for key, value in tree.items():
-    name = f"{prefix}{key}"
-    if isinstance(value, Mapping) and not is_leaf(value):
-      flat.update(flatten(value, is_leaf, name + "/"))
-    else:
-      flat[name] = value
-  return flat
-
-
-def unflatten(flat: Mapping[str, Any]) -> dict:
-  """{'a/b/c': leaf} -> nested dicts."""
-  tree: dict = {}
-  for name, value in flat.items():
-    *parents, last = name.split("/")
-    node = tree
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[last] = value
-  return tree
+# One implementation of the '/'-joined naming, shared with the axis rules.
+flatten = flatten_names
+unflatten = unflatten_names
 
 
 def subtree_keys(tree: Mapping, candidates: Sequence[tuple[str, ...]]) -> Optional[tuple]:
