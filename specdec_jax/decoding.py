@@ -14,18 +14,19 @@ its EOS (T5X semantics).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec_jax.drafts.base import ApproximationModel, gather_positions
+from specdec_jax.drafts.base import ApproximationModel, adaptive_proposal, gather_positions
 from specdec_jax.models.t5 import DecoderCache, T5Model
 from specdec_jax.partitioning import Partitioner, constrain_batch, constrain_cache
 from specdec_jax.sampling import SamplingConfig, sample, standardize
-from specdec_jax.speculative import speculative_sampling
+from specdec_jax.speculative import KernelOutput, speculative_sampling
 
 Array = jax.Array
 
@@ -132,6 +133,16 @@ class SpecStats:
   accepted, rejected: totals over evaluated positions; positions after the
     first rejection of a round were never evaluated and are not counted.
   min_pq_sum: sum over evaluated positions of sum_x min(p(x), q(x)).
+  gamma_hist [B, γ + 1]: rounds in which the row proposed γ_row = j tokens,
+    at column j (with a fixed γ, all at column γ). Σ_j j·gamma_hist = drafts
+    proposed; Σ_j gamma_hist = target_calls.
+  target_positions: positions the target scored, Σ over rounds of k + 1
+    for the compiled verification width k that ran ((γ + 1)·target_calls
+    with a fixed γ): the target's arithmetic (Theorem 3.11's accounting).
+
+  With adaptive γ, draft_calls counts the draft steps the batch actually ran
+  in the row's live rounds (T5Draft exits early; at batch 1 that is the
+  row's own proposals), and γ is γ_max.
   """
 
   target_calls: Array
@@ -141,12 +152,15 @@ class SpecStats:
   accepted: Array
   rejected: Array
   min_pq_sum: Array
+  gamma_hist: Array
+  target_positions: Array
 
   @classmethod
   def zeros(cls, batch: int, gamma: int) -> "SpecStats":
     z = jnp.zeros((batch,), jnp.int32)
     zg = jnp.zeros((batch, gamma), jnp.int32)
-    return cls(z, z, zg, zg, z, z, jnp.zeros((batch,), jnp.float32))
+    return cls(z, z, zg, zg, z, z, jnp.zeros((batch,), jnp.float32),
+               jnp.zeros((batch, gamma + 1), jnp.int32), z)
 
 
 class SpecOutput(NamedTuple):
@@ -167,6 +181,90 @@ def alpha_estimates(stats: SpecStats) -> dict[str, Array]:
   return {"alpha": stats.accepted / denom, "alpha_min_pq": stats.min_pq_sum / denom}
 
 
+ADAPTIVE_RULES = ("threshold", "schedule")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveConfig:
+  """Adaptive draft length: γ chosen per row and per round, at most γ_max.
+
+  The paper fixes γ and leaves varying it to future work (§3.5, "Beyond
+  fixed γ"; §6); this picks it with one of two rules, inside the same jitted
+  loop. ``speculative_decode``'s ``gamma`` becomes γ_max.
+
+  rule 'threshold': every round the draft proposes x_1, then keeps going
+    after x_i while i < γ_max and its top probability at x_i (max_x q_i(x),
+    ``drafts.base.top_probability``; at T = 0 the draft's own softmax, since q
+    is one-hot) is > ``threshold``. threshold 0 never stops early; threshold
+    1 always stops after x_1. Deciding after x_i from x_i's own distribution
+    (as Hugging Face's assistant confidence does) needs no draft step whose
+    result is thrown away.
+  rule 'schedule' (Hugging Face's 'heuristic'): row b proposes γ_b tokens;
+    after a round where all γ_b were accepted γ_b += 2, else γ_b -= 1,
+    within [1, γ_max]. Starts at ``initial_gamma`` (default γ_max).
+  widths: the verification widths k compiled (the target scores k + 1
+    positions); each round runs the smallest k covering the longest live
+    proposal, through ``lax.switch``. Default: the powers of two below γ_max,
+    and γ_max.
+
+  Exactness (Theorem 3.5 / Appendix A.1, by induction over positions). Fix a
+  row; let y_<t be its committed tokens and H_t everything the loop knows
+  when it decides position t: earlier rounds (proposals, verdicts, γ's) and
+  the draft's computation in this round on y_<t (x_1..x_{i-1}, q_1..q_i, the
+  decision whether to propose x_i). Claim: y_t | (y_<t, H_t) ~ p(. | y_<t).
+  Either the row stopped after its count c = i - 1 proposals, all accepted:
+  then y_t is drawn from p_{c+1} = p(. | y_<t) directly (Algorithm 1's bonus
+  token, now taken at c + 1 <= γ_max); or x_i was proposed: both rules decide
+  that from H_t alone (the threshold rule from q_{i-1}, the schedule from
+  earlier rounds' verdicts), before x_i is drawn, so given H_t still
+  x_i ~ q_i with a fresh uniform r_i, and accept-or-residual yields y_t ~ p_i
+  (App. A.1). Summing over H_t, P(y_<=t) = P(y_<t) p(y_t | y_<t); by
+  induction every sequence has the target's probability. A rule that looks
+  at p or at this round's verdict (e.g. dropping an x_i with q_i(x_i) > p_i)
+  makes x_i | proposed differ from q_i and is not exact;
+  tests/test_adaptive.py shows the enumeration test rejects one.
+  """
+
+  rule: str
+  threshold: Optional[float] = None
+  initial_gamma: Optional[int] = None
+  widths: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    if self.rule not in ADAPTIVE_RULES:
+      raise ValueError(f"adaptive rule must be one of {ADAPTIVE_RULES}, got {self.rule!r}")
+    if self.rule == "threshold":
+      if self.threshold is None or not 0.0 <= self.threshold <= 1.0:  # also rejects NaN
+        raise ValueError("adaptive rule 'threshold' needs a threshold in [0, 1] (0: never "
+                         f"stop early, 1: one draft token per round), got {self.threshold!r}")
+      if self.initial_gamma is not None:
+        raise ValueError(f"initial_gamma ({self.initial_gamma}) applies to rule 'schedule' "
+                         "only, not 'threshold'")
+    else:
+      if self.threshold is not None:
+        raise ValueError(f"threshold ({self.threshold}) applies to rule 'threshold' only, "
+                         "not 'schedule'")
+      if self.initial_gamma is not None and self.initial_gamma < 1:
+        raise ValueError(f"initial_gamma must be >= 1, got {self.initial_gamma}")
+    if any(w < 1 for w in self.widths):
+      raise ValueError(f"verification widths must be >= 1, got {self.widths}")
+
+  def verify_widths(self, gamma_max: int) -> tuple[int, ...]:
+    """The sorted compiled widths for γ_max (γ_max always among them)."""
+    too_big = [w for w in self.widths if w > gamma_max]
+    if too_big:
+      raise ValueError(f"verification widths {too_big} exceed gamma (γ_max) = {gamma_max}")
+    ws = set(self.widths) or {1 << j for j in range(gamma_max.bit_length()) if 1 << j < gamma_max}
+    return tuple(sorted(ws | {gamma_max}))
+
+  def start_gamma(self, gamma_max: int) -> int:
+    """The schedule's γ_b in the first round."""
+    g = gamma_max if self.initial_gamma is None else self.initial_gamma
+    if g > gamma_max:
+      raise ValueError(f"initial_gamma ({g}) exceeds gamma (γ_max) = {gamma_max}")
+    return g
+
+
 @struct.dataclass
 class _SpecState:
   seq: Array
@@ -176,14 +274,16 @@ class _SpecState:
   draft_state: Any
   key: Array
   stats: SpecStats
+  gamma_row: Any = None  # [B] int32 under the 'schedule' rule, else None
 
 
 @functools.partial(jax.jit, static_argnames=("target", "gamma", "max_decode_len", "sampling",
-                                             "lenience", "eos_id", "partitioner"))
+                                             "lenience", "eos_id", "partitioner", "adaptive"))
 def speculative_decode(target: T5Model, target_params: Any, draft: ApproximationModel,
                        inputs: Array, key: Array, *, gamma: int, max_decode_len: int,
                        sampling: SamplingConfig = SamplingConfig(), lenience: float = 1.0,
-                       eos_id: int = 1, partitioner: Partitioner | None = None) -> SpecOutput:
+                       eos_id: int = 1, partitioner: Partitioner | None = None,
+                       adaptive: Optional[AdaptiveConfig] = None) -> SpecOutput:
   """Speculative decoding (Algorithm 1 in a loop), batched with per-row acceptance.
 
   Each round: the draft proposes γ tokens (its own jit-compiled loop); the
@@ -197,8 +297,20 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
   With a ``partitioner``, the target's params are expected on its mesh and its
   cache and the per-row state are pinned to its layout (a T5 draft built with
   the same partitioner pins its own cache).
+
+  With ``adaptive`` (``AdaptiveConfig``, which holds the exactness proof),
+  ``gamma`` is γ_max and each row proposes its own count c_b <= γ_max per
+  round (``drafts.base.adaptive_proposal``); the target runs the narrowest
+  compiled width covering max_b c_b, and a row's positions past c_b count as
+  not proposed: its next token comes from p_{c_b + 1}. None is the fixed-γ
+  loop, unchanged.
   """
   _validate(max_decode_len, gamma, lenience)
+  if adaptive is not None:
+    if not isinstance(adaptive, AdaptiveConfig):
+      raise ValueError(f"adaptive must be an AdaptiveConfig or None, got {adaptive!r}")
+    widths = adaptive.verify_widths(gamma)
+    start_gamma = adaptive.start_gamma(gamma) if adaptive.rule == "schedule" else None
   b = inputs.shape[0]
   cfg = target.config
   if draft.vocab_size != cfg.vocab_size:
@@ -210,33 +322,74 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
   encoded = target.encode(target_params, inputs)
   seq, length, done = _pin(_init_seq(b, buf_len, cfg.decoder_start_id),
                            jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool), partitioner)
+  gamma_row = None
+  if adaptive is not None and adaptive.rule == "schedule":
+    gamma_row = constrain_batch(jnp.full((b,), start_gamma, jnp.int32), partitioner, "gamma")
   state = _SpecState(
       seq=seq, length=length, done=done,
       target_cache=constrain_cache(target.init_cache(target_params, encoded, inputs, cache_len),
                                    partitioner, "target cache"),
       draft_state=draft.init(inputs, cache_len), key=key,
-      stats=SpecStats.zeros(b, gamma))
+      stats=SpecStats.zeros(b, gamma), gamma_row=gamma_row)
   offsets = jnp.arange(gamma + 1, dtype=jnp.int32)[None]
+  idx = offsets[:, :gamma] + 1                                         # 1..γ
+
+  def verify(k: int, seq: Array, n: Array, xs: Array, q: Array, cache: DecoderCache,
+             key: Array, proposed: Array | None = None) -> tuple[KernelOutput, DecoderCache]:
+    """ONE target pass over [y_{n-1}, x_1..x_k] at positions n..n+k -> p_1..p_{k+1};
+    Algorithm 1 on x_1..x_k. With ``proposed`` [B] (<= k), row b's positions
+    past proposed[b] count as not proposed; outputs are padded to γ."""
+    pos = n[:, None] + offsets[:, :k + 1]
+    logits, cache = target.decode(target_params, gather_positions(seq, pos), pos, cache)
+    p = standardize(logits, sampling)
+    p_raw = jax.nn.softmax(logits[:, :k]) if (sampling.greedy and lenience < 1) else None
+    out = speculative_sampling(key, xs[:, :k], q[:, :k], p, lenience, sampling.greedy, p_raw)
+    if proposed is None:
+      return out, cache
+    # All c = proposed[b] drafts passed: the next token is the bonus from
+    # p_{c+1} (for c = k the kernel's own next token is exactly that).
+    # Otherwise the kernel's correction at its first rejection (<= c) stands.
+    passed = out.num_accepted >= proposed
+    p_next = jnp.take_along_axis(p, proposed[:, None, None], axis=1)[:, 0]
+    bonus = sample(jax.random.fold_in(key, 1), p_next, sampling)
+    pad = ((0, 0), (0, gamma - k))
+    return KernelOutput(
+        num_accepted=jnp.minimum(out.num_accepted, proposed),
+        next_token=jnp.where(passed & (proposed < k), bonus, out.next_token),
+        accepted=jnp.pad(out.accepted & (idx[:, :k] <= proposed[:, None]), pad),
+        min_pq=jnp.pad(out.min_pq, pad)), cache
 
   def body(s: _SpecState) -> _SpecState:
     key, k_draft, k_kernel = jax.random.split(s.key, 3)
     n = s.length
     live = ~s.done
-    xs, q, draft_state = draft.propose(s.draft_state, s.seq, n, gamma, sampling, k_draft)
+    rows = jnp.arange(b)[:, None]
+    if adaptive is None:
+      xs, q, draft_state = draft.propose(s.draft_state, s.seq, n, gamma, sampling, k_draft)
+    else:
+      limit = jnp.where(live, gamma if s.gamma_row is None else s.gamma_row, 0)
+      threshold = adaptive.threshold if adaptive.rule == "threshold" else 0.0
+      xs, q, proposed, steps, draft_state = adaptive_proposal(
+          draft, s.draft_state, s.seq, n, gamma, sampling, k_draft, limit, threshold)
+      proposed = jnp.where(live, proposed, 0)
     # Candidates go to seq[n+1 .. n+γ]; for live rows those slots are past the
     # committed prefix, and done rows are never read again.
-    rows = jnp.arange(b)[:, None]
     seq = s.seq.at[rows, n[:, None] + offsets[:, 1:]].set(xs)
-    # ONE target pass over [y_{n-1}, x_1..x_γ] at positions n..n+γ -> p_1..p_{γ+1}.
-    pos = n[:, None] + offsets
-    logits, target_cache = target.decode(target_params, gather_positions(seq, pos), pos,
-                                         s.target_cache)
-    p = standardize(logits, sampling)
-    p_raw = jax.nn.softmax(logits[:, :gamma]) if (sampling.greedy and lenience < 1) else None
-    out = speculative_sampling(k_kernel, xs, q, p, lenience, sampling.greedy, p_raw)
+    if adaptive is None:
+      out, target_cache = verify(gamma, seq, n, xs, q, s.target_cache, k_kernel)
+      proposed, steps, width = jnp.full((b,), gamma, jnp.int32), gamma, gamma
+    else:
+      # The narrowest compiled width covering every live row's proposal.
+      widths_arr = jnp.asarray(widths, jnp.int32)
+      branch = jnp.sum(widths_arr < jnp.max(proposed))
+      out, target_cache = jax.lax.switch(
+          branch, [functools.partial(verify, k) for k in widths], seq, n, xs, q,
+          s.target_cache, k_kernel, proposed)
+      width = widths_arr[branch]
     a = out.num_accepted
     seq = seq.at[jnp.arange(b), n + a + 1].set(out.next_token)
     # Committed this round: seq[n+1 .. n+a+1]; cut at the first EOS / max length.
+    pos = n[:, None] + offsets
     new_tok = gather_positions(seq, pos + 1)                          # [B, γ+1]
     is_eos = (new_tok == eos_id) & (offsets <= a[:, None])
     first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1) + 1, a + 1)
@@ -245,23 +398,33 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
     done = s.done | (live & (jnp.any(is_eos, 1) | (length >= max_decode_len)))
     draft_state = draft.commit(draft_state, seq, length)
 
-    # Statistics over positions whose verdict produced committed tokens.
-    idx = offsets[:, :gamma] + 1                                       # 1..γ
-    evaluated = live[:, None] & (idx <= jnp.minimum(a + 1, count)[:, None])
+    # Statistics over positions whose verdict produced committed tokens (a
+    # position past a row's proposals was never evaluated).
+    reached = jnp.minimum(jnp.minimum(a + 1, count), proposed)
+    evaluated = live[:, None] & (idx <= reached[:, None])
     accepted = evaluated & out.accepted
-    rejected = live & (a < gamma) & (a + 1 <= count)
+    rejected = live & (a < proposed) & (a + 1 <= count)
     st = s.stats
     stats = SpecStats(
         target_calls=st.target_calls + live,
-        draft_calls=st.draft_calls + live * gamma,
+        draft_calls=st.draft_calls + live * steps,
         accepted_at=st.accepted_at + accepted,
         evaluated_at=st.evaluated_at + evaluated,
         accepted=st.accepted + jnp.sum(accepted, 1),
         rejected=st.rejected + rejected,
-        min_pq_sum=st.min_pq_sum + jnp.sum(jnp.where(evaluated, out.min_pq, 0.0), 1))
+        min_pq_sum=st.min_pq_sum + jnp.sum(jnp.where(evaluated, out.min_pq, 0.0), 1),
+        gamma_hist=st.gamma_hist + (live[:, None] & (jnp.arange(gamma + 1)[None]
+                                                     == proposed[:, None])),
+        target_positions=st.target_positions + live * (width + 1))
+    gamma_row = s.gamma_row
+    if gamma_row is not None:
+      # HF's schedule: +2 after a round that accepted all γ_b drafts, else -1.
+      grown = jnp.where(a >= proposed, jnp.minimum(gamma_row + 2, gamma),
+                        jnp.maximum(gamma_row - 1, 1))
+      gamma_row = constrain_batch(jnp.where(live, grown, gamma_row), partitioner, "gamma")
     seq, length, done = _pin(seq, length, done, partitioner)
     target_cache = constrain_cache(target_cache, partitioner, "target cache")
-    return _SpecState(seq, length, done, target_cache, draft_state, key, stats)
+    return _SpecState(seq, length, done, target_cache, draft_state, key, stats, gamma_row)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return SpecOutput(_outputs(state.seq, state.length, max_decode_len), state.length,

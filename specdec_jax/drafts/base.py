@@ -18,6 +18,24 @@ leaves, configuration as static fields) with three pure methods:
   the model's business (the T5 draft needs nothing: its cache is indexed by
   position and a query only reads positions before it).
 
+Optionally, for adaptive draft lengths (``decoding.AdaptiveConfig``):
+
+* ``propose_adaptive(state, seq, length, gamma, sampling, key, limit,
+  threshold) -> (tokens, q, count, steps, state)``: like ``propose`` with γ =
+  γ_max, but row b proposes only ``count[b]`` tokens: x_1 always (if
+  ``limit[b] >= 1``), then x_{i+1} while i < ``limit[b]`` and the confidence
+  ``top_probability`` of the distribution x_i was drawn from is > ``threshold``
+  (``stop_count`` is the rule). ``limit`` [B] int32 in 0..γ (0: the row is
+  done, propose nothing); ``threshold`` a Python float in [0, 1]. tokens [B, γ]
+  and q [B, γ, V] as in ``propose``, but entries past ``count`` are arbitrary
+  (the engine treats them as not proposed); ``count`` [B] int32; ``steps`` a
+  scalar int32, the draft steps actually run (what the call cost). The point
+  of implementing it is early exit: stop computing once every row has stopped
+  (``T5Draft`` does). Every decision may use only the draft's own computation
+  for the current prefix — never the target — which keeps decoding exact.
+  Drafts without it get ``adaptive_proposal``'s fallback: ``propose(γ)`` and
+  the count derived from q, exact but saving no draft compute.
+
 Nothing in the engine depends on which model it is, so a new approximation
 model needs no engine change: implement these three methods and register it
 with ``specdec_jax.drafts.register`` (README, "Adding an approximation
@@ -57,6 +75,48 @@ def gather_positions(seq: Array, positions: Array) -> Array:
   """seq [B, T], positions [B, k] -> seq[b, positions[b]] with clipping."""
   return jax.numpy.take_along_axis(seq, jax.numpy.clip(positions, 0, seq.shape[1] - 1),
                                    axis=1)
+
+
+def top_probability(q: Array, logits: Array | None, sampling: SamplingConfig) -> Array:
+  """A draft's confidence in a position, q [..., V] -> [...]: max_x q(x).
+
+  At temperature 0 q is one-hot and its maximum always 1, so with ``logits``
+  the draft's own softmax is used instead (the probability its model gives
+  the argmax it proposes; Hugging Face's assistant confidence at T = 0).
+  """
+  if sampling.greedy and logits is not None:
+    return jnp.max(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-1)
+  return jnp.max(q, axis=-1)
+
+
+def stop_count(confidence: Array, limit: Array, threshold: float) -> Array:
+  """How many tokens a row proposes under the adaptive rule (``propose_adaptive``).
+
+  confidence [B, γ]: ``top_probability`` of each position's q; limit [B] in
+  0..γ. x_1 is proposed when limit >= 1; x_{i+1} when x_i was, i < limit and
+  confidence_i > threshold. So threshold 0 never stops early (a distribution's
+  maximum is >= 1/V > 0) and threshold 1 always stops after x_1.
+  """
+  going = jnp.cumprod((confidence[:, :-1] > threshold).astype(jnp.int32), axis=-1)
+  return jnp.minimum(limit, 1 + jnp.sum(going, axis=-1)).astype(jnp.int32)
+
+
+def adaptive_proposal(draft: Any, state: Any, seq: Array, length: Array, gamma: int,
+                      sampling: SamplingConfig, key: Array, limit: Array,
+                      threshold: float) -> tuple[Array, Array, Array, Array, Any]:
+  """``draft.propose_adaptive`` if the draft has it, else the generic fallback.
+
+  The fallback runs ``propose(γ)`` (all γ steps: ``steps`` = γ) and derives
+  each row's count from max q (``stop_count``), exact but with no early exit;
+  at temperature 0 a one-hot q has confidence 1, so such a draft then stops
+  early only at threshold 1.
+  """
+  method = getattr(draft, "propose_adaptive", None)
+  if method is not None:
+    return method(state, seq, length, gamma, sampling, key, limit, threshold)
+  tokens, q, state = draft.propose(state, seq, length, gamma, sampling, key)
+  count = stop_count(top_probability(q, None, sampling), limit, threshold)
+  return tokens, q, count, jnp.asarray(gamma, jnp.int32), state
 
 
 class DraftInterfaceError(ValueError):
@@ -105,6 +165,9 @@ def check_interface(name: str, draft: Any, inputs: Array, vocab_size: int, gamma
         f"{where}.propose returned tokens {tuple(tokens.shape)} {tokens.dtype} and q "
         f"{tuple(q.shape)} {q.dtype}; expected tokens [B, gamma] = {want_tokens} (integers) "
         f"and q [B, gamma, V] = {want_q} (floats; V = the target's vocab_size)")
+  if getattr(draft, "propose_adaptive", None) is not None:
+    _check_adaptive(where, draft, inputs, seq, length, key, gamma, cache_len, sampling,
+                    want_tokens, want_q)
   if not concrete:
     return
   tokens, q = jax.jit(call)(inputs, seq, length, key)
@@ -121,3 +184,33 @@ def check_interface(name: str, draft: Any, inputs: Array, vocab_size: int, gamma
     raise DraftInterfaceError(
         f"{where}.propose returned tokens that have probability 0 under its own q; q must be "
         "the distribution each token was drawn from (one-hot of the token if deterministic)")
+
+
+def _check_adaptive(where: str, draft: Any, inputs: Array, seq: Array, length: Array,
+                    key: Array, gamma: int, cache_len: int, sampling: SamplingConfig,
+                    want_tokens: tuple, want_q: tuple) -> None:
+  """The optional ``propose_adaptive``'s shapes, traced abstractly."""
+  limit = jnp.full(length.shape, gamma, jnp.int32)
+
+  def call(inputs, seq, length, key, limit):
+    state = draft.init(inputs, cache_len)
+    tokens, q, count, steps, state = draft.propose_adaptive(state, seq, length, gamma,
+                                                            sampling, key, limit, 0.5)
+    draft.commit(state, seq, length + 1)
+    return tokens, q, count, steps
+
+  try:
+    tokens, q, count, steps = jax.eval_shape(call, inputs, seq, length, key, limit)
+  except Exception as e:  # report which draft failed, whatever the cause
+    raise DraftInterfaceError(
+        f"{where}.propose_adaptive(state, seq {tuple(seq.shape)}, length "
+        f"{tuple(length.shape)}, gamma={gamma}, sampling, key, limit {tuple(limit.shape)}, "
+        f"threshold=0.5) failed when traced: {type(e).__name__}: {e}") from e
+  got = [(tuple(x.shape), x.dtype) for x in (tokens, q, count, steps)]
+  want = [want_tokens, want_q, want_tokens[:1], ()]
+  kinds = [jnp.integer, jnp.floating, jnp.integer, jnp.integer]
+  if any(g[0] != w or not jnp.issubdtype(g[1], k) for g, w, k in zip(got, want, kinds)):
+    raise DraftInterfaceError(
+        f"{where}.propose_adaptive returned (tokens, q, count, steps) with shapes/dtypes "
+        f"{[(g[0], str(g[1])) for g in got]}; expected tokens {want_tokens} int, q {want_q} "
+        f"float, count {want_tokens[:1]} int and steps () int")

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec_jax.drafts.base import gather_positions
+from specdec_jax.drafts.base import gather_positions, top_probability
 from specdec_jax.models.t5 import DecoderCache, T5Model
 from specdec_jax.partitioning import Partitioner, constrain_cache
 from specdec_jax.sampling import SamplingConfig, sample, standardize
@@ -45,23 +45,33 @@ class T5Draft:
     return constrain_cache(self.model.init_cache(self.params, encoded, inputs, cache_len),
                            self.partitioner, "draft cache")
 
-  def propose(self, state: DecoderCache, seq: Array, length: Array, gamma: int,
-              sampling: SamplingConfig, key: Array) -> tuple[Array, Array, DecoderCache]:
-    keys = jax.random.split(key, gamma)
+  def _first_step(self, state: DecoderCache, seq: Array, length: Array,
+                  sampling: SamplingConfig, key: Array):
+    """Feeds positions n-1 and n; returns (logits, q_1, x_1, cache)."""
     # Position n-1 is -1 on the first round: the model drops negative writes.
     pos = length[:, None] + jnp.arange(-1, 1, dtype=jnp.int32)[None, :]
     logits, cache = self.model.decode(self.params, gather_positions(seq, pos), pos, state)
     cache = constrain_cache(cache, self.partitioner, "draft cache")
     q1 = standardize(logits[:, -1], sampling)
-    x1 = sample(keys[0], q1, sampling)
+    return logits[:, -1], q1, sample(key, q1, sampling), cache
+
+  def _step(self, cache: DecoderCache, x: Array, position: Array, sampling: SamplingConfig,
+            key: Array):
+    """Feeds x [B] at position [B]; returns (logits, q, next token, cache)."""
+    logits, cache = self.model.decode(self.params, x[:, None], position[:, None], cache)
+    cache = constrain_cache(cache, self.partitioner, "draft cache")
+    q = standardize(logits[:, 0], sampling)
+    return logits[:, 0], q, sample(key, q, sampling), cache
+
+  def propose(self, state: DecoderCache, seq: Array, length: Array, gamma: int,
+              sampling: SamplingConfig, key: Array) -> tuple[Array, Array, DecoderCache]:
+    keys = jax.random.split(key, gamma)
+    _, q1, x1, cache = self._first_step(state, seq, length, sampling, keys[0])
 
     def step(carry, inp):
       cache, x = carry
       i, k = inp
-      logits, cache = self.model.decode(self.params, x[:, None], (length + i)[:, None], cache)
-      cache = constrain_cache(cache, self.partitioner, "draft cache")
-      q = standardize(logits[:, 0], sampling)
-      nxt = sample(k, q, sampling)
+      _, q, nxt, cache = self._step(cache, x, length + i, sampling, k)
       return (cache, nxt), (nxt, q)
 
     (cache, _), (xs, qs) = jax.lax.scan(step, (cache, x1),
@@ -69,6 +79,46 @@ class T5Draft:
     tokens = jnp.concatenate([x1[:, None], jnp.moveaxis(xs, 0, 1)], axis=1)
     q = jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
     return tokens, q, cache
+
+  def propose_adaptive(self, state: DecoderCache, seq: Array, length: Array, gamma: int,
+                       sampling: SamplingConfig, key: Array, limit: Array, threshold: float
+                       ) -> tuple[Array, Array, Array, Array, DecoderCache]:
+    """Up to γ proposals per row with real early exit (``base``, propose_adaptive).
+
+    A ``lax.while_loop`` over draft steps that ends as soon as no row is still
+    proposing, so a round where every row stops after k tokens costs k draft
+    steps, not γ. Confidence is ``top_probability`` of the model's logits
+    (its own softmax at T = 0). Row b's tokens and q match ``propose`` with
+    the same key up to count[b] (same per-step keys). Rows that stopped keep
+    being stepped while others continue (fixed shapes); what that writes to
+    their cache lies at positions > n + count >= the next round's length, so
+    it is rewritten before any query reads it (see the class docstring).
+    """
+    b = length.shape[0]
+    keys = jax.random.split(key, gamma)
+    logits, q1, x1, cache = self._first_step(state, seq, length, sampling, keys[0])
+    tokens = jnp.zeros((b, gamma), jnp.int32).at[:, 0].set(x1)
+    qs = jnp.zeros((b, gamma) + q1.shape[-1:], q1.dtype).at[:, 0].set(q1)
+    count = jnp.minimum(limit, 1).astype(jnp.int32)
+    going = (limit > 1) & (top_probability(q1, logits, sampling) > threshold)
+
+    def cond(c):
+      i, going = c[0], c[-1]
+      return (i < gamma) & jnp.any(going)
+
+    def body(c):
+      i, cache, x, tokens, qs, count, going = c
+      # x = x_i (1-based), fed at position n + i; yields q_{i+1} and x_{i+1}.
+      logits, q, nxt, cache = self._step(cache, x, length + i, sampling, keys[i])
+      tokens = tokens.at[:, i].set(nxt)
+      qs = qs.at[:, i].set(q)
+      count = count + going
+      going = going & (i + 1 < limit) & (top_probability(q, logits, sampling) > threshold)
+      return i + 1, cache, nxt, tokens, qs, count, going
+
+    steps, cache, _, tokens, qs, count, _ = jax.lax.while_loop(
+        cond, body, (jnp.asarray(1, jnp.int32), cache, x1, tokens, qs, count, going))
+    return tokens, qs, count, steps, cache
 
   def commit(self, state: DecoderCache, seq: Array, length: Array) -> DecoderCache:
     del seq, length  # position-indexed cache: rollback is implicit
