@@ -265,6 +265,29 @@ class AdaptiveConfig:
     return g
 
 
+def cap_proposals(key: Array, out: KernelOutput, p: Array, proposed: Array,
+                  sampling: SamplingConfig) -> KernelOutput:
+  """Algorithm 1's outcome for rows that proposed only c = proposed[b] <= k of
+  the k drafts the kernel tested (``out``; p [B, k+1, V] the target's p).
+
+  Positions past c were not proposed. If the kernel's first rejection is at
+  a position <= c, its correction stands. If all c passed, the next token is
+  Algorithm 1's bonus for a round of c drafts: drawn from p_{c+1} itself
+  (for c = k the kernel's own next token is exactly that; keeping it keeps
+  the random stream of a round that used every position). Verdicts on
+  positions past c are discarded, so nothing depends on them.
+  """
+  k = out.accepted.shape[1]
+  passed = out.num_accepted >= proposed
+  p_next = jnp.take_along_axis(p, proposed[:, None, None], axis=1)[:, 0]
+  bonus = sample(key, p_next, sampling)
+  return KernelOutput(
+      num_accepted=jnp.minimum(out.num_accepted, proposed),
+      next_token=jnp.where(passed & (proposed < k), bonus, out.next_token),
+      accepted=out.accepted & (jnp.arange(1, k + 1)[None] <= proposed[:, None]),
+      min_pq=out.min_pq)
+
+
 @struct.dataclass
 class _SpecState:
   seq: Array
@@ -346,18 +369,10 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
     out = speculative_sampling(key, xs[:, :k], q[:, :k], p, lenience, sampling.greedy, p_raw)
     if proposed is None:
       return out, cache
-    # All c = proposed[b] drafts passed: the next token is the bonus from
-    # p_{c+1} (for c = k the kernel's own next token is exactly that).
-    # Otherwise the kernel's correction at its first rejection (<= c) stands.
-    passed = out.num_accepted >= proposed
-    p_next = jnp.take_along_axis(p, proposed[:, None, None], axis=1)[:, 0]
-    bonus = sample(jax.random.fold_in(key, 1), p_next, sampling)
+    out = cap_proposals(jax.random.fold_in(key, 1), out, p, proposed, sampling)
     pad = ((0, 0), (0, gamma - k))
-    return KernelOutput(
-        num_accepted=jnp.minimum(out.num_accepted, proposed),
-        next_token=jnp.where(passed & (proposed < k), bonus, out.next_token),
-        accepted=jnp.pad(out.accepted & (idx[:, :k] <= proposed[:, None]), pad),
-        min_pq=jnp.pad(out.min_pq, pad)), cache
+    out = out._replace(accepted=jnp.pad(out.accepted, pad), min_pq=jnp.pad(out.min_pq, pad))
+    return out, cache
 
   def body(s: _SpecState) -> _SpecState:
     key, k_draft, k_kernel = jax.random.split(s.key, 3)

@@ -1,0 +1,366 @@
+"""Adaptive draft length (``decoding.AdaptiveConfig``): per-row γ each round.
+
+Same standards as test_engine.py, whose fixtures and enumeration helpers are
+reused: at temperature 0 the output equals ``temperature_sample`` token for
+token; at T > 0 the whole-sequence distribution (vocab 8, 3 tokens, 20k
+samples, fixed seed) passes the chi-square test at significance 1e-3 against
+the enumerated target, for both rules and top-k/top-p. Power: a rule that
+peeks at the target's p fails the same test. Cost: rounds that stop early run
+fewer draft steps and a narrower verification (checked through SpecStats).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import struct
+
+from specdec_jax import drafts
+from specdec_jax.decoding import (AdaptiveConfig, alpha_estimates, cap_proposals,
+                                  speculative_decode)
+from specdec_jax.drafts.base import stop_count, top_probability
+from specdec_jax.models.t5 import T5Model
+from specdec_jax.sampling import SamplingConfig, standardize
+from specdec_jax.speculative import speculative_sampling
+from test_engine import (INPUTS, KEY, MAX_LEN, SEQ_EOS, SEQ_INPUT, SEQ_LEN, SEQ_N, SETTINGS,
+                         exact_sequence_distribution, greedy_case, seq_models,  # noqa: F401
+                         sequence_pvalue)
+from test_speculative import chi2_pvalue
+
+SIGNIFICANCE = 1e-3
+
+
+def _noisy(params: Any, scale: float, seed: int = 3) -> Any:
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+  return jax.tree_util.tree_unflatten(
+      tree, [x + scale * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+
+@pytest.fixture(scope="module")
+def near_draft(tiny_target):
+  """The target with Gaussian noise (0.2 std) on every weight: α ≈ 0.5 at
+  T = 0, so rounds end both by rejection and by stopping. Same model as the
+  target, so a draft equal to the target shares its compilations."""
+  model, params = tiny_target
+  return drafts.T5Draft(params=_noisy(params, 0.2), model=model)
+
+
+def _greedy(tiny_target, draft, eos, gamma_max, adaptive, inputs=INPUTS):
+  model, params = tiny_target
+  return speculative_decode(model, params, draft, inputs, KEY, gamma=gamma_max,
+                            max_decode_len=MAX_LEN, eos_id=eos, adaptive=adaptive)
+
+
+def _widths(gamma_max):
+  return AdaptiveConfig("threshold", 0.0).verify_widths(gamma_max)
+
+
+# ------------------------------------------------------------------- T = 0
+
+GREEDY = {
+    "threshold0_g4": (4, AdaptiveConfig("threshold", 0.0)),
+    "threshold1_g4": (4, AdaptiveConfig("threshold", 1.0)),
+    "threshold0.9_g7": (7, AdaptiveConfig("threshold", 0.9)),
+    "schedule_g7_from1": (7, AdaptiveConfig("schedule", initial_gamma=1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GREEDY))
+def test_greedy_identical_to_baseline(tiny_target, near_draft, greedy_case, case):
+  gamma_max, adaptive = GREEDY[case]
+  eos, base = greedy_case
+  out = _greedy(tiny_target, near_draft, eos, gamma_max, adaptive)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  np.testing.assert_array_equal(out.length, base.length)
+  st = jax.tree_util.tree_map(np.asarray, out.stats)
+  hist, calls = st.gamma_hist, st.target_calls
+  np.testing.assert_array_equal(hist.sum(1), calls)
+  assert np.all(hist[:, 0] == 0)  # a live row always proposes x_1
+  assert np.all(st.accepted_at.sum(1) == st.accepted)
+  # Evaluated positions never exceed proposals; acceptance is partial.
+  assert np.all(st.accepted + st.rejected <= hist @ np.arange(gamma_max + 1))
+  assert 0.2 < float(alpha_estimates(out.stats)["alpha"].mean()) < 0.9
+  used = np.flatnonzero(hist.sum(0))
+  if adaptive.threshold == 0.0:  # never stops early: the fixed-γ loop's costs
+    assert used.tolist() == [gamma_max]
+    np.testing.assert_array_equal(st.draft_calls, gamma_max * calls)
+    np.testing.assert_array_equal(st.target_positions, (gamma_max + 1) * calls)
+  elif adaptive.threshold == 1.0:
+    assert used.tolist() == [1]
+  elif adaptive.rule == "threshold":
+    assert len(used) >= 3, hist  # the threshold really varies γ
+    assert np.all(st.draft_calls < gamma_max * calls)
+  else:
+    # From 1 the schedule grows by 2 (odd γ only): an even γ proves a -1 step.
+    assert hist[:, 1].min() >= 1 and hist[:, 3].sum() > 0 and hist[:, 2::2].sum() > 0, hist
+
+
+def test_threshold_one_costs_one_draft_step_and_the_narrowest_verification(
+    tiny_target, near_draft, greedy_case):
+  """Threshold 1 stops every row after x_1: one draft step per round and the
+  width-1 branch (2 target positions per call), though γ_max = 4."""
+  eos, _ = greedy_case
+  out = _greedy(tiny_target, near_draft, eos, *GREEDY["threshold1_g4"])  # compiled above
+  st = out.stats
+  np.testing.assert_array_equal(st.draft_calls, st.target_calls)
+  np.testing.assert_array_equal(st.target_positions, 2 * st.target_calls)
+  np.testing.assert_array_equal(st.gamma_hist[:, 1], st.target_calls)
+
+
+def test_each_round_verifies_at_the_narrowest_covering_width(tiny_target, near_draft,
+                                                             greedy_case):
+  """Rows run alone (batch 1): the draft runs exactly the row's proposals
+  (early exit) and each round's target pass has the smallest compiled width
+  k >= γ_row (k + 1 positions); tokens equal the row's in the batch."""
+  eos, _ = greedy_case
+  gamma_max, adaptive = GREEDY["threshold0.9_g7"]
+  widths = np.array(_widths(gamma_max))
+  assert widths.tolist() == [1, 2, 4, 7]
+  cover = np.array([0] + [widths[widths >= j].min() + 1 for j in range(1, gamma_max + 1)])
+  batch = _greedy(tiny_target, near_draft, eos, gamma_max, adaptive)
+  narrow = 0
+  for i in range(INPUTS.shape[0]):
+    one = _greedy(tiny_target, near_draft, eos, gamma_max, adaptive, INPUTS[i:i + 1])
+    np.testing.assert_array_equal(one.tokens[0], batch.tokens[i])
+    hist = np.asarray(one.stats.gamma_hist[0])
+    assert int(one.stats.draft_calls[0]) == hist @ np.arange(gamma_max + 1)
+    assert int(one.stats.target_positions[0]) == hist @ cover
+    narrow += hist[1:5].sum()
+  assert narrow > 0  # some rounds really ran a width below γ_max
+
+
+def test_schedule_grows_by_two_after_full_acceptance(tiny_target, greedy_case):
+  """Draft = target: every round accepts all γ_row drafts, so γ_row runs
+  1, 3, 5, 7, 7, ... (HF's +2, capped at γ_max)."""
+  model, params = tiny_target
+  eos, base = greedy_case
+  gamma_max, adaptive = GREEDY["schedule_g7_from1"]
+  out = _greedy(tiny_target, drafts.T5Draft(params=params, model=model), eos, gamma_max,
+                adaptive)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  assert np.all(out.stats.rejected == 0)
+  for row, n in enumerate(np.asarray(base.length)):
+    want, g, left = np.zeros(gamma_max + 1, int), 1, int(n)
+    while left > 0:
+      want[g] += 1
+      left -= g + 1
+      g = min(g + 2, gamma_max)
+    np.testing.assert_array_equal(out.stats.gamma_hist[row], want, err_msg=f"row {row}")
+
+
+def test_drafts_without_propose_adaptive_fall_back(tiny_target, greedy_case):
+  """Prompt lookup has no propose_adaptive: the fallback proposes γ_max and
+  keeps γ_row of them (exact, no early exit: γ_max draft steps a round)."""
+  eos, base = greedy_case
+  draft = drafts.build("prompt_lookup", vocab_size=64)
+  assert not hasattr(draft, "propose_adaptive")
+  out = _greedy(tiny_target, draft, eos, 4, AdaptiveConfig("schedule"))
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  st = out.stats
+  np.testing.assert_array_equal(st.draft_calls, 4 * st.target_calls)
+  assert np.asarray(st.gamma_hist)[:, :4].sum() > 0  # the schedule moved off γ_max
+
+
+# ------------------------------------------------------------- the kernel
+# Monte Carlo as in test_speculative.py (chi-square at 1e-3, fixed seed):
+# fixed, clearly different p_1..p_4 per position, so a token taken from the
+# wrong position's distribution is a large effect at N = 100k.
+
+KV, KN, KK = 6, 100_000, 3
+_rng = np.random.default_rng(1)
+KP = np.stack([_rng.dirichlet(np.ones(KV) * 0.5) for _ in range(KK + 1)])   # p_1..p_4
+KQ = 0.5 * KP[:KK] + 0.5 * np.stack([_rng.dirichlet(np.ones(KV)) for _ in range(KK)])  # q_1..q_3
+
+
+@jax.jit
+def _capped_round(key):
+  """One round of k = 3 drafts ~ KQ against KP, row b proposing only c_b = b % 4."""
+  k_x, k_kernel, k_bonus = jax.random.split(key, 3)
+  q = jnp.broadcast_to(jnp.asarray(KQ, jnp.float32), (KN, KK, KV))
+  p = jnp.broadcast_to(jnp.asarray(KP, jnp.float32), (KN, KK + 1, KV))
+  x = jax.random.categorical(k_x, jnp.log(q)).astype(jnp.int32)
+  proposed = jnp.arange(KN, dtype=jnp.int32) % (KK + 1)
+  out = speculative_sampling(k_kernel, x, q, p)
+  return x, proposed, cap_proposals(k_bonus, out, p, proposed, SamplingConfig(temperature=1.0))
+
+
+def test_capped_round_takes_the_bonus_from_the_right_position():
+  """Rows that proposed c of the k tested drafts: the first token is ~ p_1
+  (bonus from p_1 when c = 0, Algorithm 1 otherwise), a row whose c drafts
+  all passed takes its next token from p_{c+1}, and nothing past c counts."""
+  x, proposed, out = _capped_round(jax.random.PRNGKey(2))
+  x, proposed = np.asarray(x), np.asarray(proposed)
+  n, nxt = np.asarray(out.num_accepted), np.asarray(out.next_token)
+  assert np.all(n <= proposed)
+  assert not np.asarray(out.accepted)[np.arange(1, KK + 1)[None] > proposed[:, None]].any()
+  for c in range(KK + 1):
+    rows = proposed == c
+    first = np.where(n[rows] >= 1, x[rows, 0], nxt[rows])
+    assert chi2_pvalue(first, KP[0]) > SIGNIFICANCE, c
+    passed = rows & (n == c)
+    assert passed.sum() > 2000
+    assert chi2_pvalue(nxt[passed], KP[c]) > SIGNIFICANCE, c
+
+
+# ------------------------------------------------------------------- T > 0
+# test_engine's enumeration: 20k sequences, chi-square at 1e-3, fixed seed 5.
+# γ_max = 3 (widths 1, 2, 3). Thresholds chosen per setting so that rounds
+# of several lengths occur (asserted), i.e. rows stop early while others in
+# the batch go on and take their bonus from p_{c+1} with c < the width.
+
+SEQ_GAMMA_MAX = 3
+SEQ_THRESHOLD = {"temp1": 0.3, "temp0.7_topk3": 0.5, "temp1_topp0.8": 0.3}
+
+
+def _seq_decode(seq_models, draft, sampling, adaptive):
+  model, target, _ = seq_models
+  return speculative_decode(model, target, draft, jnp.repeat(SEQ_INPUT, SEQ_N, 0),
+                            jax.random.PRNGKey(5), gamma=SEQ_GAMMA_MAX, max_decode_len=SEQ_LEN,
+                            sampling=sampling, eos_id=SEQ_EOS, adaptive=adaptive)
+
+
+@pytest.mark.parametrize("rule", ["threshold", "schedule"])
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_sequence_distribution_is_exact(seq_models, setting, rule):
+  model, target, draft_params = seq_models
+  sampling = SETTINGS[setting]
+  adaptive = (AdaptiveConfig("threshold", SEQ_THRESHOLD[setting]) if rule == "threshold"
+              else AdaptiveConfig("schedule", initial_gamma=1))
+  out = _seq_decode(seq_models, drafts.T5Draft(params=draft_params, model=model), sampling,
+                    adaptive)
+  hist = np.asarray(out.stats.gamma_hist).sum(0)
+  assert (hist[1:] > hist.sum() // 20).sum() >= 2, hist  # γ really varies
+  a = float(alpha_estimates(out.stats)["alpha"].mean())
+  assert 0.1 < a < 0.95, a
+  dist = exact_sequence_distribution(model, target, sampling)
+  assert sequence_pvalue(np.asarray(out.tokens), dist) > SIGNIFICANCE
+
+
+@struct.dataclass
+class PeekingDraft:
+  """A deliberately wrong adaptive rule: it asks the target and proposes only
+  the leading drafts with p(x_i) >= q(x_i) (those sure to be accepted). The
+  decision depends on x_i and p, so given "proposed" x_i is not ~ q_i."""
+
+  inner: drafts.T5Draft
+  target_params: Any
+  target: T5Model = struct.field(pytree_node=False)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.inner.vocab_size
+
+  def init(self, inputs, cache_len):
+    return self.inner.init(inputs, cache_len), inputs
+
+  def propose(self, state, seq, length, gamma, sampling, key):
+    tokens, q, inner = self.inner.propose(state[0], seq, length, gamma, sampling, key)
+    return tokens, q, (inner, state[1])
+
+  def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold):
+    tokens, q, (inner, inputs) = self.propose(state, seq, length, gamma, sampling, key)
+    offs = jnp.arange(gamma)[None]
+    full = seq.at[jnp.arange(seq.shape[0])[:, None], length[:, None] + 1 + offs].set(tokens)
+    p = standardize(self.target(self.target_params, inputs, full), sampling)
+    p = jnp.take_along_axis(p, (length[:, None] + offs)[..., None], axis=1)   # p_1..p_γ
+    px, qx = (jnp.take_along_axis(d, tokens[..., None], -1)[..., 0] for d in (p, q))
+    safe = jnp.sum(jnp.cumprod((px >= qx).astype(jnp.int32), axis=1), axis=1)
+    return tokens, q, jnp.minimum(safe, limit), jnp.asarray(gamma, jnp.int32), (inner, inputs)
+
+  def commit(self, state, seq, length):
+    return state
+
+
+def test_a_rule_that_peeks_at_the_target_is_caught(seq_models):
+  """Power: the enumeration test rejects a rule that uses the target's p."""
+  model, target, draft_params = seq_models
+  sampling = SETTINGS["temp1"]
+  peek = PeekingDraft(drafts.T5Draft(params=draft_params, model=model), target, model)
+  out = _seq_decode(seq_models, peek, sampling, AdaptiveConfig("threshold", 0.0))
+  dist = exact_sequence_distribution(model, target, sampling)
+  assert sequence_pvalue(np.asarray(out.tokens), dist) < SIGNIFICANCE
+
+
+# ----------------------------------------------------------- rules, errors
+
+
+def test_stop_count_and_confidence():
+  conf = jnp.array([[0.9, 0.2, 0.9, 0.9], [0.9, 0.9, 0.9, 0.9], [0.1, 0.9, 0.9, 0.9],
+                    [0.9, 0.9, 0.9, 0.9]])
+  limit = jnp.array([4, 2, 4, 0])
+  np.testing.assert_array_equal(stop_count(conf, limit, 0.5), [2, 2, 1, 0])
+  np.testing.assert_array_equal(stop_count(conf, limit, 0.0), [4, 2, 4, 0])
+  np.testing.assert_array_equal(stop_count(conf, limit, 1.0), [1, 1, 1, 0])
+  np.testing.assert_array_equal(stop_count(conf[:, :1], jnp.array([1, 1, 1, 0]), 0.5),
+                                [1, 1, 1, 0])
+  logits = jnp.log(jnp.array([[0.7, 0.2, 0.1]]))
+  greedy, t1 = SamplingConfig(), SamplingConfig(temperature=1.0)
+  q0 = standardize(logits, greedy)
+  np.testing.assert_allclose(top_probability(q0, logits, greedy), [0.7], rtol=1e-6)
+  np.testing.assert_allclose(top_probability(q0, None, greedy), [1.0])  # one-hot fallback
+  np.testing.assert_allclose(top_probability(standardize(logits, t1), logits, t1), [0.7],
+                             rtol=1e-6)
+
+
+def test_check_interface_checks_propose_adaptive(near_draft):
+  drafts.check_interface("t5", near_draft, INPUTS, 64, 4, 30, SamplingConfig(), concrete=False)
+
+  @struct.dataclass
+  class Broken:
+    inner: drafts.T5Draft
+    vocab_size: int = struct.field(pytree_node=False, default=64)
+
+    def init(self, inputs, cache_len):
+      return self.inner.init(inputs, cache_len)
+
+    def propose(self, *args):
+      return self.inner.propose(*args)
+
+    def propose_adaptive(self, *args):
+      tokens, q, count, steps, state = self.inner.propose_adaptive(*args)
+      return tokens, q, count[:, None], steps, state  # count [B, 1]: wrong
+
+    def commit(self, state, seq, length):
+      return state
+
+  with pytest.raises(drafts.DraftInterfaceError, match="propose_adaptive"):
+    drafts.check_interface("broken", Broken(near_draft), INPUTS, 64, 4, 30, SamplingConfig(),
+                           concrete=False)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(rule="threshold", threshold=1.5), "1.5"),
+    (dict(rule="threshold", threshold=-0.1), "-0.1"),
+    (dict(rule="threshold", threshold=float("nan")), "nan"),
+    (dict(rule="threshold"), "None"),
+    (dict(rule="greedy", threshold=0.5), "'greedy'"),
+    (dict(rule="schedule", threshold=0.5), "threshold"),
+    (dict(rule="threshold", threshold=0.5, initial_gamma=2), "initial_gamma"),
+    (dict(rule="schedule", initial_gamma=0), "initial_gamma must be >= 1, got 0"),
+    (dict(rule="schedule", widths=(0, 2)), r"\(0, 2\)"),
+])
+def test_bad_config(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    AdaptiveConfig(**kwargs)
+
+
+def test_bad_arguments_fail_before_any_work(tiny_target, near_draft):
+  model, params = tiny_target
+  kw = dict(max_decode_len=MAX_LEN)
+  with pytest.raises(ValueError, match="gamma must be >= 1.*got 0"):
+    speculative_decode(model, params, near_draft, INPUTS, KEY, gamma=0,
+                       adaptive=AdaptiveConfig("threshold", 0.5), **kw)
+  with pytest.raises(ValueError, match=r"initial_gamma \(5\) exceeds gamma .* 4"):
+    speculative_decode(model, params, near_draft, INPUTS, KEY, gamma=4,
+                       adaptive=AdaptiveConfig("schedule", initial_gamma=5), **kw)
+  with pytest.raises(ValueError, match=r"widths \[8\] exceed gamma .* 4"):
+    speculative_decode(model, params, near_draft, INPUTS, KEY, gamma=4,
+                       adaptive=AdaptiveConfig("threshold", 0.5, widths=(2, 8)), **kw)
+  with pytest.raises(ValueError, match="AdaptiveConfig"):
+    speculative_decode(model, params, near_draft, INPUTS, KEY, gamma=4, adaptive="schedule",
+                       **kw)
