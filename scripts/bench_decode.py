@@ -31,24 +31,47 @@ Compile time is excluded: each configuration runs once to compile, then
 
   PYTHONPATH=. python scripts/bench_decode.py --sizes small,base \
       --dtypes float32,bfloat16 --steps 64 --repeats 5
+
+``--vk`` prints instead the verification-cost table v(k) (paper §3.4: the
+target scores γ+1 positions in one pass, and Theorem 3.8 assumes that pass
+costs one step): at batch 1, the model's k-token cached ``decode`` at a
+mid-sequence position over a cache as long as the runner's
+(max_decode_len + γ + 1), relative to k = 1, next to the same ratio for bare
+XLA matmuls of the same weights at the same shapes (every decoder kernel a
+step multiplies by, chained layer by layer, plus the logits matrix; k rows).
+The difference of the two is what the model adds on top of its matmuls
+(attention over the cache, cache writes, norms, softmax). Each piece runs
+``--vk-inner`` times inside one jitted ``fori_loop`` (the cache carried from
+one call to the next as in the decoding loops, positions alternating so
+that nothing is loop-invariant), one timed call per piece and repeat,
+interleaved; medians. ``--vk-compare FILE`` adds the rows of another
+``models/t5.py`` (e.g. ``git show HEAD~1:specdec_jax/models/t5.py``) to the
+same interleaving, for a before/after in one process:
+
+  PYTHONPATH=. python scripts/bench_decode.py --vk --vk-models demo,small
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
+import importlib.util
 import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.checkpoints import load_checkpoint
 from specdec_jax.decoding import temperature_sample
-from specdec_jax.models.t5 import PRESETS, T5Model, count_params
+from specdec_jax.models.t5 import PRESETS, T5Config, T5Model, count_params
 from specdec_jax.sampling import SamplingConfig
 
 SIZES = {"small": "t5_1_1_small", "base": "t5_1_1_base"}
@@ -195,6 +218,163 @@ def bench_one(size: str, dtype: str, steps: int, repeats: int, input_len: int,
               ratio_min=min(ratios), ratio_max=max(ratios))
 
 
+# ------------------------------------------------------------------- v(k)
+
+VK_MODELS = {"demo": "checkpoints/demo/target", "small": "t5_1_1_small"}
+
+
+def load_t5_module(path: str):
+  """A ``models/t5.py`` from ``path`` as its own module (before/after rows)."""
+  name = f"_t5_compare_{abs(hash(path))}"
+  spec = importlib.util.spec_from_file_location(name, path)
+  mod = importlib.util.module_from_spec(spec)
+  sys.modules[name] = mod  # dataclasses look their module up while defining
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def step_kernels(params: dict, config: T5Config) -> tuple[list[tuple], Any, bool]:
+  """The matrices one cached decode step multiplies by, per decoder layer.
+
+  Per layer: self-attention query/key/value/out, cross-attention query/out
+  (its key/value are applied once per example, by ``init_cache``), and the
+  MLP's wi_0, wi_1, wo (1.1) or wi, wo (1.0). Then the logits matrix
+  [d, V] (1.1) or the embedding [V, d] used transposed (1.0, flag True).
+  """
+  dec = params["decoder"]
+  layers = []
+  for i in range(config.num_decoder_layers):
+    lp = dec[f"layers_{i}"]
+    sa, ca, mlp = lp["self_attention"], lp["encoder_decoder_attention"], lp["mlp"]
+    wi = ((mlp["wi_0"]["kernel"], mlp["wi_1"]["kernel"]) if config.gated
+          else (mlp["wi"]["kernel"],))
+    layers.append((sa["query"]["kernel"], sa["key"]["kernel"], sa["value"]["kernel"],
+                   sa["out"]["kernel"], ca["query"]["kernel"], ca["out"]["kernel"])
+                  + wi + (mlp["wo"]["kernel"],))
+  if config.logits_via_embedding:
+    return layers, params["token_embedder"]["embedding"], True
+  return layers, dec["logits_dense"]["kernel"], False
+
+
+@functools.partial(jax.jit, static_argnames=("transposed", "n"))
+def _matmul_steps(layers, logits_w, x0, transposed: bool, n: int):
+  """n chained passes of x [k, d] through ``step_kernels``' matrices.
+
+  Each product feeds the next (a few adds/multiplies of [k, d_ff] glue them,
+  as in the model), and each pass starts from the previous one's result, so
+  XLA can neither hoist nor drop any matmul.
+  """
+  def body(i, acc):
+    x = x0 + acc * 1e-30
+    for w in layers:
+      wq, wk, wv, wo, cq, co = w[:6]
+      x = x + (x @ wq + x @ wk + x @ wv) @ wo
+      x = x + (x @ cq) @ co
+      h = (x @ w[6]) * (x @ w[7]) if len(w) == 9 else x @ w[6]
+      x = x + h @ w[-1]
+    logits = x @ logits_w.T if transposed else x @ logits_w
+    return acc + jnp.sum(logits)
+  return jax.lax.fori_loop(0, n, body, jnp.float32(0))
+
+
+@functools.partial(jax.jit, static_argnames=("model", "k", "position", "n"))
+def _decode_steps(model, params, cache, k: int, position: int, n: int):
+  """n cached k-token ``decode`` calls, the cache carried from one to the next.
+
+  Positions alternate between position.. and position+1.. so that masks and
+  the relative-position bias are recomputed every call, as in the loops.
+  """
+  tokens = 3 + jnp.arange(k, dtype=jnp.int32)[None]
+  pos0 = position + jnp.arange(k, dtype=jnp.int32)[None]
+
+  def body(i, carry):
+    cache, acc, off = carry
+    logits, cache = model.decode(params, tokens, pos0 + off, cache)
+    return cache, acc + jnp.sum(logits), 1 - off
+  return jax.lax.fori_loop(0, n, body, (cache, jnp.float32(0), jnp.int32(0)))[1]
+
+
+def vk_rows(label: str, params: dict, config: T5Config, models: dict, ks: list[int],
+            cache_len: int, position: int, input_len: int, inner: int,
+            repeats: int) -> list[dict]:
+  """v(k) of each model in ``models`` (name -> T5Model class of some t5.py)
+  and of the bare matmuls, all timed interleaved (see module docstring)."""
+  inputs = jax.random.randint(jax.random.PRNGKey(1), (1, input_len), 2, config.vocab_size,
+                              dtype=jnp.int32)
+  layers, logits_w, transposed = step_kernels(params, config)
+  pieces: dict[tuple[str, int], Callable[[], Any]] = {}
+  for name, model_cls in models.items():
+    model = model_cls(config)
+    cache = jax.jit(lambda p, x, m=model: m.init_cache(p, m.encode(p, x), x, cache_len))(
+        params, inputs)
+    for k in ks:
+      pieces[(name, k)] = functools.partial(_decode_steps, model, params, cache, k, position,
+                                            inner)
+  for k in ks:
+    # Distinct rows: identical ones would let XLA compute one and copy it.
+    x0 = jax.random.normal(jax.random.PRNGKey(k), (k, config.d_model), jnp.float32)
+    pieces[("matmul", k)] = functools.partial(_matmul_steps, layers, logits_w, x0,
+                                              transposed, inner)
+  for fn in pieces.values():  # compile + warm up
+    jax.block_until_ready(fn())
+  times: dict[tuple[str, int], list[float]] = {key: [] for key in pieces}
+  for _ in range(repeats):
+    for key, fn in pieces.items():
+      times[key].append(_median_time(fn, 1) / inner)
+  med = {key: statistics.median(v) for key, v in times.items()}
+  rows = []
+  for name in list(models) + ["matmul"]:
+    for k in ks:
+      rows.append(dict(model=label, impl=name, k=k, ms=1e3 * med[(name, k)],
+                       ratio=med[(name, k)] / med[(name, ks[0])],
+                       mm_ratio=med[("matmul", k)] / med[("matmul", ks[0])],
+                       mm_ms=1e3 * med[("matmul", k)]))
+  return rows
+
+
+def run_vk(args) -> None:
+  ks = sorted({int(k) for k in args.vk_ks.split(",")})
+  if ks[0] != 1:
+    raise SystemExit("--vk-ks must include 1 (v(k) is relative to k = 1)")
+  models = {"decode": T5Model}
+  if args.vk_compare:
+    models = {"decode (--vk-compare)": load_t5_module(args.vk_compare).T5Model, **models}
+  load0 = os.getloadavg()
+  print(f"Machine: {machine_description()}")
+  print(f"load average at start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}")
+  print(f"batch 1, cache length {args.vk_cache_len}, positions {args.vk_position}.. "
+        f"(alternating +0/+1), encoder input length {args.input_len}; each piece "
+        f"{args.vk_inner} back-to-back calls inside one jit, {args.repeats} timed calls per "
+        f"piece interleaved after 1 compile call; medians\n")
+  print("| model | what | k | ms per call | ratio to k=1 | bare-matmul ms | bare-matmul ratio "
+        "| ratio / bare-matmul ratio | non-matmul ms |")
+  print("|---|---|---|---|---|---|---|---|---|")
+  for name in [m for m in args.vk_models.split(",") if m]:
+    if name not in VK_MODELS:
+      raise SystemExit(f"unknown --vk-models entry {name!r}; choose from {sorted(VK_MODELS)}")
+    if name == "demo":
+      params, config = load_checkpoint(VK_MODELS[name])
+      label = (f"demo target (d{config.d_model}, {config.num_decoder_layers} dec layers, "
+               f"V={config.vocab_size}, {count_params(params) / 1e6:.1f}M)")
+    else:
+      config = PRESETS[VK_MODELS[name]]
+      params = jax.jit(T5Model(config).init)(jax.random.PRNGKey(0))
+      label = (f"{VK_MODELS[name]} random (d{config.d_model}, {config.num_decoder_layers} dec "
+               f"layers, V={config.vocab_size})")
+    rows = vk_rows(label, params, config, models, ks, args.vk_cache_len, args.vk_position,
+                   args.input_len, args.vk_inner, args.repeats)
+    for r in rows:
+      matmul = r["impl"] == "matmul"
+      rel = "" if matmul else f"{r['ratio'] / r['mm_ratio']:.2f}"
+      extra = "" if matmul else f"{r['ms'] - r['mm_ms']:.3f}"
+      print(f"| {r['model']} | {'bare matmuls' if matmul else r['impl']} | {r['k']} "
+            f"| {r['ms']:.3f} | {r['ratio']:.2f} | {r['mm_ms']:.3f} | {r['mm_ratio']:.2f} "
+            f"| {rel} | {extra} |", flush=True)
+    del params
+  load1 = os.getloadavg()
+  print(f"\nload average at end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--sizes", default="small,base", help="comma list of: small, base")
@@ -203,7 +383,21 @@ def main():
   ap.add_argument("--repeats", type=int, default=5, help="timed runs (median reported)")
   ap.add_argument("--input-len", type=int, default=64)
   ap.add_argument("--bandwidth-mb", type=int, default=1024, help="array size for bandwidth")
+  ap.add_argument("--vk", action="store_true",
+                  help="print the v(k) table (k-token decode vs bare matmuls) instead")
+  ap.add_argument("--vk-models", default="demo,small",
+                  help=f"comma list of: {', '.join(f'{k} ({v})' for k, v in VK_MODELS.items())}")
+  ap.add_argument("--vk-ks", default="1,2,4,8", help="tokens per decode call (must include 1)")
+  ap.add_argument("--vk-cache-len", type=int, default=136,
+                  help="self-attention cache length (runner: max_decode_len + gamma + 1)")
+  ap.add_argument("--vk-position", type=int, default=64, help="first position written")
+  ap.add_argument("--vk-inner", type=int, default=16, help="calls per timed jit call")
+  ap.add_argument("--vk-compare", default="",
+                  help="another models/t5.py whose decode is timed alongside")
   args = ap.parse_args()
+  if args.vk:
+    run_vk(args)
+    return
   sizes = [s for s in args.sizes.split(",") if s]
   dtypes = [d for d in args.dtypes.split(",") if d]
   for s in sizes:
