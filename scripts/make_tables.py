@@ -168,7 +168,7 @@ def _sort_key(s: Dict[str, Any]) -> Tuple:
     draft = canonical_draft(s.get("draft"))
     return (str(s.get("task")), float(s.get("temperature") or 0.0),
             _DRAFT_ORDER.get(draft or "", 99), str(s.get("draft")),
-            s.get("gamma") or 0, str(s.get("target")))
+            s.get("gamma") or 0, str(s.get("gamma_label") or ""), str(s.get("target")))
 
 
 Column = Tuple[str, Callable[[Dict[str, Any], Dict[str, Any]], str]]
@@ -179,7 +179,7 @@ TABLE2_COLUMNS: List[Column] = [
     ("M_p", lambda s, p: _fmt_plain(s.get("target"))),
     ("M_q", lambda s, p: _fmt_plain(s.get("draft"))),
     ("TEMP", lambda s, p: _fmt_plain(s.get("temperature"))),
-    ("gamma", lambda s, p: _fmt_plain(s.get("gamma"))),
+    ("gamma", lambda s, p: _fmt_plain(s.get("gamma_label") or s.get("gamma"))),
     ("alpha", lambda s, p: _fmt(s.get("alpha"), 2)),
     ("SPEED", lambda s, p: _fmt(s.get("speedup"), 2)),
     ("gamma (paper)", lambda s, p: _fmt_plain(p.get("gamma"))),
@@ -204,7 +204,8 @@ TABLE4_COLUMNS: List[Column] = [
     ("TASK", lambda s, p: _fmt_plain(s.get("task"))),
     ("M_q", lambda s, p: _fmt_plain(s.get("draft"))),
     ("TEMP", lambda s, p: _fmt_plain(s.get("temperature"))),
-    ("gamma", lambda s, p: _fmt_plain(s.get("gamma"))),
+    ("gamma", lambda s, p: _fmt_plain(s.get("gamma_label") or s.get("gamma"))),
+    ("mean gamma", lambda s, p: _fmt(s.get("mean_gamma"), 2)),
     ("alpha", lambda s, p: _fmt(s.get("alpha"), 2)),
     ("c", lambda s, p: _fmt(s.get("c"), 3)),
     ("v", lambda s, p: _fmt(s.get("v"), 2)),

@@ -56,7 +56,8 @@ import numpy as np
 from absl import app, flags, logging
 
 from specdec_jax import autogamma, checkpoints, data, drafts, memory, partitioning, theory
-from specdec_jax.decoding import alpha_estimates, speculative_decode, temperature_sample
+from specdec_jax.decoding import (AdaptiveConfig, alpha_estimates, speculative_decode,
+                                  temperature_sample)
 from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.timing import block, measure_costs, timed
@@ -106,6 +107,12 @@ class Experiment:
   topp: float = 0.0
   gamma: Union[int, str] = 5                 # draft tokens per round, or 'auto' (§3.5)
   gamma_max: int = 8                         # the largest γ 'auto' considers
+  # Adaptive draft length per round and row (decoding.AdaptiveConfig); gamma is
+  # then γ_max. 'threshold': the draft stops when its top probability is at or
+  # below adaptive_threshold; 'schedule': +2 after a fully accepted round, -1 else.
+  adaptive: Optional[str] = None
+  adaptive_threshold: float = 0.4
+  adaptive_initial_gamma: Optional[int] = None
   lenience: float = 1.0
   batch_size: int = 1
   max_input_len: int = 128
@@ -162,6 +169,14 @@ class Experiment:
       raise ValueError(f"Experiment.gamma must be >= 1, got {self.gamma}")
     if self.gamma_max < 1:
       raise ValueError(f"Experiment.gamma_max must be >= 1, got {self.gamma_max}")
+    if self.adaptive is not None:
+      if self.gamma == "auto":
+        raise ValueError("Experiment.adaptive chooses γ per round up to Experiment.gamma "
+                         "(γ_max); bind a number for gamma, not 'auto'")
+      try:
+        self.adaptive_config()
+      except ValueError as e:
+        raise ValueError(f"Experiment.adaptive={self.adaptive!r}: {e}") from None
     if not 0 < self.lenience <= 1:
       raise ValueError(f"Experiment.lenience must be in (0, 1] (1 is exact), got {self.lenience}")
     if self.draft_name not in drafts.REGISTRY:
@@ -227,6 +242,14 @@ class Experiment:
       names = " or ".join(t.__name__ for t in types)
       raise ValueError(f"Experiment.{f.name} must be {names}{' or None' if optional else ''}, "
                        f"got {value!r} ({type(value).__name__})")
+
+  def adaptive_config(self) -> Optional[AdaptiveConfig]:
+    """The engine's adaptive setting (None: a fixed γ every round)."""
+    if self.adaptive is None:
+      return None
+    if self.adaptive == "threshold":
+      return AdaptiveConfig("threshold", threshold=float(self.adaptive_threshold))
+    return AdaptiveConfig(self.adaptive, initial_gamma=self.adaptive_initial_gamma)
 
   @property
   def gamma_bound(self) -> int:
@@ -713,7 +736,17 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   }
   if records and "gamma_auto" in records[0]:
     summary["gamma_auto"] = records[0]["gamma_auto"]
-  ok = records and not math.isnan(alpha)
+  if exp.adaptive is not None:
+    hist = np.sum([r["gamma_hist"] for r in records], 0) if records else np.zeros(1)
+    summary["adaptive"] = exp.adaptive
+    summary["adaptive_threshold"] = exp.adaptive_threshold if exp.adaptive == "threshold" else None
+    summary["gamma_hist"] = hist.tolist()       # rounds that proposed j tokens, at j
+    summary["mean_gamma"] = float(np.dot(np.arange(len(hist)), hist) / max(hist.sum(), 1))
+    summary["gamma_label"] = (f"≤{exp.gamma} {exp.adaptive}"
+                              + (f" {exp.adaptive_threshold:g}"
+                                 if exp.adaptive == "threshold" else ""))
+  # Theorem 3.8 is for a fixed γ: an adaptive run has no such prediction.
+  ok = records and not math.isnan(alpha) and exp.adaptive is None
   summary["expected_speedup"] = (float(theory.walltime_improvement(min(alpha, 1.0), exp.gamma,
                                                                    costs["c"]))
                                  if ok else None)
@@ -764,7 +797,8 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   root = jax.random.PRNGKey(exp.seed)
   gamma, gamma_auto = _auto_gamma(setup, workdir, root)
   spec_fn = lambda x, k: speculative_decode(target, tparams, draft, place(x), k,
-                                            gamma=gamma, lenience=exp.lenience, **kw)
+                                            gamma=gamma, lenience=exp.lenience,
+                                            adaptive=exp.adaptive_config(), **kw)
   n_total = len(setup.examples)
   # Warm-up: compile both loops on the warm-up examples (or the first batch).
   t0 = time.perf_counter()
@@ -805,6 +839,8 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
           "accepted": int(st.accepted[j]), "rejected": int(st.rejected[j]),
           "min_pq_sum": float(st.min_pq_sum[j]),
           "accepted_at": st.accepted_at[j].tolist(), "evaluated_at": st.evaluated_at[j].tolist(),
+          "gamma_hist": st.gamma_hist[j].tolist(),
+          "target_positions": int(st.target_positions[j]),
           "alpha": float(alphas["alpha"][j]), "alpha_min_pq": float(alphas["alpha_min_pq"][j]),
           "tokens_per_target_call": int(spec.length[j]) / max(int(st.target_calls[j]), 1),
           "matches_baseline": bool(np.array_equal(base_tok[j], spec_tok[j])),

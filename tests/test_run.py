@@ -574,3 +574,46 @@ def test_bfloat16_weights_keep_float32_norms_and_decode(env):
   out = temperature_sample(setup.target, p, jax.numpy.asarray(setup.inputs[:1]),
                            jax.random.PRNGKey(0), max_decode_len=8)
   assert int(out.length[0]) >= 1
+
+
+@pytest.mark.parametrize("rule,extra", [("threshold", "Experiment.adaptive_threshold = 0.3"),
+                                        ("schedule", "Experiment.adaptive_initial_gamma = 2")])
+def test_adaptive_runs_record_the_gammas_they_used(env, capsys, tmp_path, rule, extra):
+  """An adaptive run (gamma = γ_max) at T=0: 0 mismatches, per-example γ
+  histograms whose rounds add up to the target calls and whose proposals add up
+  to the draft calls, a mean γ in the summary, and make_tables shows the row."""
+  w = tmp_path / rule
+  rc, _, err = _cli(capsys, f"--config={env / 'exp.gin'}", f"--workdir={w}",
+                    f"--gin_bindings=Experiment.adaptive = '{rule}'", f"--gin_bindings={extra}",
+                    "--gin_bindings=Experiment.num_examples = 2")
+  assert rc == 0, err
+  recs = _lines(w / "examples.jsonl")
+  s = json.loads((w / "summary.json").read_text())
+  for r in recs:
+    hist = np.asarray(r["gamma_hist"])
+    assert len(hist) == 3 + 1 and hist.sum() == r["target_calls"]
+    assert (np.arange(4) * hist).sum() == r["draft_calls"]
+    assert r["matches_baseline"]
+  assert s["adaptive"] == rule and s["mismatches_vs_baseline"] == 0
+  assert s["expected_speedup"] is None  # Theorem 3.8 is for a fixed γ
+  total = np.sum([r["gamma_hist"] for r in recs], 0)
+  assert s["gamma_hist"] == total.tolist()
+  assert s["mean_gamma"] == pytest.approx((np.arange(4) * total).sum() / total.sum())
+  assert 1 <= s["mean_gamma"] <= 3
+  sys.path.insert(0, str(REPO / "scripts"))
+  import make_tables
+  md = make_tables.build_markdown([s])
+  assert s["gamma_label"] in md and s["gamma_label"].startswith(f"≤3 {rule}")
+
+
+@pytest.mark.parametrize("binding,message", [
+    ("Experiment.adaptive = 'sometimes'", "adaptive rule must be one of"),
+    ("Experiment.adaptive = 'threshold'\nExperiment.adaptive_threshold = 1.5",
+     r"threshold in \[0, 1\]"),
+    ("Experiment.adaptive = 'schedule'\nExperiment.gamma = 'auto'", "not 'auto'"),
+])
+def test_adaptive_bad_input_fails_before_work(env, monkeypatch, binding, message):
+  monkeypatch.setattr(run, "_load_model", lambda *a, **k: pytest.fail("weights were read"))
+  exp = run.parse_config([str(env / "exp.gin")], binding.splitlines())
+  with pytest.raises(ValueError, match=message):
+    run.prepare(exp)
