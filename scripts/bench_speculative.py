@@ -3,6 +3,7 @@ r"""Speculative decoding vs the baseline at several γ, side by side in one run.
   python scripts/bench_speculative.py                       # the demo pair
   python scripts/bench_speculative.py --target=... --draft=... --source=... \
       --gammas=1,2,3,5,7,auto --temperatures=0,1 --num_examples=20
+  python scripts/bench_speculative.py --gammas=1,2,3,4,5,6,7,auto --adaptive --gamma_max=7
 
 For every example the baseline and each γ are timed back to back (interleaved,
 so drift on a noisy machine hits all columns alike); compile time is excluded
@@ -33,14 +34,16 @@ from specdec_jax.sweep import gamma_sweep, markdown_table  # noqa: E402
 
 
 def bench(args) -> str:
-  gammas = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
-  numeric = [g for g in gammas if g != "auto"]
+  gammas = args.gammas.split(",")
+  if args.adaptive:
+    gammas += ["threshold:0.4", "threshold:0.7", "schedule"]
+  numeric = [int(g) for g in gammas if g.isdigit()]
   exp = Experiment(task=args.task, source=args.source, vocab_path=args.vocab,
                    target_checkpoint=args.target, draft_name=args.draft_name,
                    draft_checkpoint=args.draft if args.draft_name == "t5" else "",
                    max_input_len=args.max_input_len, max_decode_len=args.max_decode_len,
                    num_warmup=1, num_examples=args.num_examples, dtype=args.dtype,
-                   gamma=max(numeric + ([args.gamma_max] if "auto" in gammas else [])),
+                   gamma=max(numeric + [args.gamma_max]),
                    ngram_corpus=args.ngram_corpus)
   setup = prepare(exp)
   rows = []
@@ -63,7 +66,11 @@ def main() -> None:
   p.add_argument("--gammas", default="1,2,3,5,7,auto",
                  help="comma-separated γ; 'auto' adds the row of the γ chosen by "
                       "specdec_jax.autogamma (§3.5 with measured c and v)")
-  p.add_argument("--gamma_max", type=int, default=8, help="largest γ 'auto' considers")
+  p.add_argument("--gamma_max", type=int, default=8,
+                 help="largest γ 'auto' considers; γ_max of the adaptive settings")
+  p.add_argument("--adaptive", action="store_true",
+                 help="add the adaptive settings threshold:0.4, threshold:0.7 and schedule "
+                      "(also selectable one by one in --gammas)")
   p.add_argument("--temperatures", default="0,1")
   p.add_argument("--num_examples", type=int, default=20)
   p.add_argument("--max_input_len", type=int, default=128)

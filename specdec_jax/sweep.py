@@ -9,58 +9,83 @@ and is never timed; every call ends in ``block_until_ready``.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import jax
 import numpy as np
 
 from specdec_jax import autogamma, theory
-from specdec_jax.decoding import speculative_decode, temperature_sample
+from specdec_jax.decoding import AdaptiveConfig, speculative_decode, temperature_sample
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.timing import block, measure_costs, timed
 
 
 
+def parse_setting(text: Union[int, str], gamma_max: int) -> tuple[str, int, Optional[AdaptiveConfig]]:
+  """'3' | 'auto' | 'threshold[:t]' | 'schedule[:initial γ]' -> (label, γ, adaptive).
+
+  Adaptive settings run with γ_max = ``gamma_max``; 'auto' is resolved later.
+  """
+  text = str(text).strip()
+  if text.isdigit():
+    return text, int(text), None
+  if text == "auto":
+    return text, 0, None
+  rule, _, arg = text.partition(":")
+  if rule == "threshold":
+    cfg = AdaptiveConfig("threshold", threshold=float(arg or 0.4))
+    return f"≤{gamma_max} thr {cfg.threshold:g}", gamma_max, cfg
+  if rule == "schedule":
+    cfg = AdaptiveConfig("schedule", initial_gamma=int(arg) if arg else None)
+    return f"≤{gamma_max} sched" + (f" from {arg}" if arg else ""), gamma_max, cfg
+  raise ValueError(f"unknown γ setting {text!r}: a number, 'auto', 'threshold[:t]' or "
+                   "'schedule[:initial γ]'")
+
+
 def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
                 gammas: Sequence[Union[int, str]], sampling: SamplingConfig,
                 max_decode_len: int, seed: int = 0, gamma_max: int = 8) -> list[dict]:
-  """One row per γ: measured tokens/s, α, c, v and Theorem 3.8's prediction.
+  """One row per γ setting: measured tokens/s, α, c, v and Theorem 3.8's prediction.
 
   inputs [N, S]: row 0 is the warm-up example (untimed), rows 1.. are timed.
   Speedup = speculative tokens/s over baseline tokens/s on the same examples
   (equal to the time ratio at temperature 0, where outputs are identical).
-  'auto' among ``gammas`` adds the row of the γ that ``autogamma.choose_gamma``
-  picks from the warm-up example (α) and timed pieces (c, v for 1..gamma_max),
-  labelled 'auto→γ'; that γ is timed with the others, so the row shows how
-  close the choice comes to the best fixed γ measured in the same run.
+  Settings (``parse_setting``): a fixed γ; 'auto', the γ that
+  ``autogamma.choose_gamma`` picks from the warm-up example (α) and timed
+  pieces (c, v for 1..gamma_max), labelled 'auto→γ' and timed like the others;
+  'threshold[:t]' / 'schedule' (``decoding.AdaptiveConfig``, γ_max =
+  ``gamma_max``), whose rows report the mean γ used and no prediction
+  (Theorem 3.8 is for a fixed γ). All settings run back to back per example.
   """
-  auto = "auto" in gammas
-  gammas = sorted({int(g) for g in gammas if g != "auto"})
+  settings = [parse_setting(g, gamma_max) for g in gammas]
   eos = target.config.eos_id
   kw = dict(max_decode_len=max_decode_len, sampling=sampling, eos_id=eos)
   base = lambda x, k: temperature_sample(target, target_params, x, k, **kw)
-  spec = {g: (lambda x, k, g=g: speculative_decode(target, target_params, draft, x, k,
-                                                   gamma=g, **kw)) for g in gammas}
   x0 = inputs[:1]
   block(base(x0, jax.random.PRNGKey(0)))
-  costs = {g: measure_costs(target, target_params, draft, x0, g, sampling,
-                           cache_len=max_decode_len + g + 1) for g in gammas}
+  costs = {}
+  for _, g, _ in settings:
+    if g and g not in costs:
+      costs[g] = measure_costs(target, target_params, draft, x0, g, sampling,
+                               cache_len=max_decode_len + g + 1)
   choice = None
-  if auto:
+  if any(label == "auto" for label, _, _ in settings):
     choice = autogamma.choose_gamma(target, target_params, draft, [(x0, 1)],
                                     jax.random.PRNGKey(seed), sampling, max_decode_len,
                                     gamma_max, costs=costs)
-    costs.update({g: costs.get(g) or measure_costs(target, target_params, draft, x0, g,
-                                                   sampling, cache_len=max_decode_len + g + 1)
-                  for g in [choice.gamma]})
-    gammas = sorted(set(gammas) | {choice.gamma})
-    spec = {g: (lambda x, k, g=g: speculative_decode(target, target_params, draft, x, k,
-                                                     gamma=g, **kw)) for g in gammas}
-  for g in gammas:
-    block(spec[g](x0, jax.random.PRNGKey(0)))
+    costs.setdefault(choice.gamma, measure_costs(target, target_params, draft, x0,
+                                                 choice.gamma, sampling,
+                                                 cache_len=max_decode_len + choice.gamma + 1))
+    settings = [(f"auto→{choice.gamma}", choice.gamma, None) if label == "auto"
+                else (label, g, a) for label, g, a in settings]
+  spec = {label: (lambda x, k, g=g, a=a: speculative_decode(
+      target, target_params, draft, x, k, gamma=g, adaptive=a, **kw))
+          for label, g, a in settings}
+  for fn in spec.values():
+    block(fn(x0, jax.random.PRNGKey(0)))
   zero = lambda: dict(s=0.0, tok=0, acc=0, rej=0, mpq=0.0, calls=0, ratios=[], mism=0,
-                      acc_at=0, ev_at=0)
-  acc = {g: zero() for g in gammas}
+                      acc_at=0, ev_at=0, hist=0)
+  acc = {label: zero() for label in spec}
   b_s, b_tok = 0.0, 0
   for i in range(1, len(inputs)):
     x = inputs[i:i + 1]
@@ -68,9 +93,9 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
     out, t = timed(lambda: base(x, key))
     b_s += t
     b_tok += int(out.length[0])
-    for g in gammas:
-      o, ts = timed(lambda: spec[g](x, key))
-      a = acc[g]
+    for label, fn in spec.items():
+      o, ts = timed(lambda: fn(x, key))
+      a = acc[label]
       a["s"] += ts
       a["tok"] += int(o.length[0])
       a["acc"] += int(o.stats.accepted[0])
@@ -79,27 +104,30 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
       a["calls"] += int(o.stats.target_calls[0])
       a["acc_at"] = a["acc_at"] + np.asarray(o.stats.accepted_at[0])
       a["ev_at"] = a["ev_at"] + np.asarray(o.stats.evaluated_at[0])
+      a["hist"] = a["hist"] + np.asarray(o.stats.gamma_hist[0])
       a["ratios"].append((int(o.length[0]) / ts) / (int(out.length[0]) / t))
       a["mism"] += int(not np.array_equal(np.asarray(o.tokens), np.asarray(out.tokens)))
   rows = []
-  for g in gammas:
-    a, c = acc[g], costs[g]
+  for label, g, adaptive in settings:
+    a, c = acc[label], costs[g]
     ev = max(a["acc"] + a["rej"], 1)
     alpha = a["acc"] / ev
     base_tps, spec_tps = b_tok / b_s, a["tok"] / a["s"]
     a_cap = min(alpha, 1 - 1e-9)
+    fixed = adaptive is None
+    hist = np.asarray(a["hist"])
     rows.append(dict(
-        temperature=sampling.temperature, gamma=g, baseline_tok_s=base_tps,
+        temperature=sampling.temperature, gamma=label, baseline_tok_s=base_tps,
         speculative_tok_s=spec_tps, speedup=spec_tps / base_tps,
         median_example_speedup=statistics.median(a["ratios"]), alpha=alpha,
         alpha_min_pq=a["mpq"] / ev, tokens_per_target_call=a["tok"] / max(a["calls"], 1),
-        c=c.c, v=c.v, expected=float(theory.walltime_improvement(a_cap, g, c.c)),
-        expected_v=float(theory.walltime_improvement(a_cap, g, c.c, c.v)),
+        mean_gamma=float(np.dot(np.arange(len(hist)), hist) / max(hist.sum(), 1)),
+        c=c.c, v=c.v,
+        expected=float(theory.walltime_improvement(a_cap, g, c.c)) if fixed else None,
+        expected_v=float(theory.walltime_improvement(a_cap, g, c.c, c.v)) if fixed else None,
         acceptance_at=(a["acc_at"] / np.maximum(a["ev_at"], 1)).tolist(),
-        mismatches=a["mism"] if sampling.greedy else None, examples=len(inputs) - 1))
-  if choice is not None:
-    row = dict(next(r for r in rows if r["gamma"] == choice.gamma))
-    rows.append({**row, "gamma": f"auto→{choice.gamma}", "auto": choice.as_record()})
+        mismatches=a["mism"] if sampling.greedy else None, examples=len(inputs) - 1,
+        **({"auto": choice.as_record()} if label.startswith("auto") else {})))
   return rows
 
 
@@ -109,7 +137,8 @@ COLUMNS = [("temp", "temperature", "{:g}"), ("γ", "gamma", "{}"),
            ("speedup", "speedup", "{:.2f}x"),
            ("median per-example", "median_example_speedup", "{:.2f}x"),
            ("α", "alpha", "{:.3f}"), ("α (Σmin(p,q))", "alpha_min_pq", "{:.3f}"),
-           ("tokens/target call", "tokens_per_target_call", "{:.2f}"), ("c", "c", "{:.3f}"),
+           ("tokens/target call", "tokens_per_target_call", "{:.2f}"),
+           ("mean γ", "mean_gamma", "{:.2f}"), ("c", "c", "{:.3f}"),
            ("v", "v", "{:.2f}"), ("EXP (Thm 3.8)", "expected", "{:.2f}x"),
            ("EXP (with v)", "expected_v", "{:.2f}x")]
 
@@ -119,8 +148,8 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
   head = [c[0] for c in COLUMNS] + ["measured / EXP(v)", "mismatches"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in rows:
-    cells = [fmt.format(r[key]) for _, key, fmt in COLUMNS]
-    cells.append(f"{r['speedup'] / r['expected_v']:.2f}")
+    cells = ["-" if r[key] is None else fmt.format(r[key]) for _, key, fmt in COLUMNS]
+    cells.append("-" if r["expected_v"] is None else f"{r['speedup'] / r['expected_v']:.2f}")
     cells.append("-" if r["mismatches"] is None else str(r["mismatches"]))
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
