@@ -386,7 +386,7 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
       threshold = adaptive.threshold if adaptive.rule == "threshold" else 0.0
       xs, q, proposed, steps, draft_state = adaptive_proposal(
           draft, s.draft_state, s.seq, n, gamma, sampling, k_draft, limit, threshold)
-      proposed = jnp.where(live, proposed, 0)
+      proposed = jnp.clip(proposed, 0, limit)  # done rows: 0; never past the row's limit
     # Candidates go to seq[n+1 .. n+γ]; for live rows those slots are past the
     # committed prefix, and done rows are never read again.
     seq = s.seq.at[rows, n[:, None] + offsets[:, 1:]].set(xs)

@@ -241,6 +241,25 @@ def test_sequence_distribution_is_exact(seq_models, setting, rule):
   assert sequence_pvalue(np.asarray(out.tokens), dist) > SIGNIFICANCE
 
 
+def test_threshold_zero_is_the_fixed_gamma_loop_at_t1(seq_models):
+  """Never stopping reproduces fixed γ = γ_max sample for sample (same key:
+  T5Draft's adaptive proposals use propose's per-step keys, the kernel the
+  same key, and a round using every position keeps the kernel's bonus)."""
+  model, target, draft_params = seq_models
+  draft = drafts.T5Draft(params=draft_params, model=model)
+  kw = dict(gamma=SEQ_GAMMA_MAX, max_decode_len=SEQ_LEN, sampling=SETTINGS["temp1"],
+            eos_id=SEQ_EOS)
+  inputs = jnp.repeat(SEQ_INPUT, 1000, 0)
+  fixed = speculative_decode(model, target, draft, inputs, KEY, **kw)
+  adaptive = speculative_decode(model, target, draft, inputs, KEY,
+                                adaptive=AdaptiveConfig("threshold", 0.0), **kw)
+  np.testing.assert_array_equal(adaptive.tokens, fixed.tokens)
+  for field in ("target_calls", "draft_calls", "accepted_at", "evaluated_at", "rejected",
+                "gamma_hist", "target_positions"):
+    np.testing.assert_array_equal(getattr(adaptive.stats, field), getattr(fixed.stats, field),
+                                  err_msg=field)
+
+
 @struct.dataclass
 class PeekingDraft:
   """A deliberately wrong adaptive rule: it asks the target and proposes only
