@@ -117,7 +117,8 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
     fixed = adaptive is None
     hist = np.asarray(a["hist"])
     rows.append(dict(
-        temperature=sampling.temperature, gamma=label, baseline_tok_s=base_tps,
+        temperature=sampling.temperature, baseline_tok_s=base_tps,
+        gamma=g if fixed and not label.startswith("auto") else label,
         speculative_tok_s=spec_tps, speedup=spec_tps / base_tps,
         median_example_speedup=statistics.median(a["ratios"]), alpha=alpha,
         alpha_min_pq=a["mpq"] / ev, tokens_per_target_call=a["tok"] / max(a["calls"], 1),
