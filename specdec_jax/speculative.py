@@ -42,8 +42,10 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
     p: [B, γ+1, V] the target's standardized distributions p_1..p_{γ+1}.
     lenience: l in (0, 1] (App. A.5). l = 1 is exact; any l < 1 changes the
       output distribution (each token's probability stays <= p(x)/l).
-    greedy: argmax decoding (p, q one-hot). With l < 1 the paper's argmax rule
-      applies before standardization: accept x when p_raw(x) >= l * max p_raw.
+    greedy: argmax decoding: p must be one-hot (``standardize`` at
+      temperature 0 makes it so), and then ``key`` is not used. With l < 1
+      the paper's argmax rule applies before standardization: accept x when
+      p_raw(x) >= l * max p_raw.
     p_raw: [B, γ, V] the target's unstandardized softmax, needed only for
       greedy with l < 1.
 
@@ -53,30 +55,43 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
   n < γ, else t ~ p_{γ+1}. The residual with l < 1 keeps P(x) <= p(x)/l.
   """
   b, gamma = draft_tokens.shape
-  k_accept, k_next = jax.random.split(key)
   px = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
-  qx = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]
-  if greedy and lenience < 1.0:
-    raw_x = jnp.take_along_axis(p_raw, draft_tokens[..., None], axis=-1)[..., 0]
-    accept = raw_x >= lenience * jnp.max(p_raw, axis=-1)
+  if greedy:
+    # p is one-hot (``standardize`` at temperature 0), so the sampling rule
+    # below needs no random numbers: for any r in (0, 1], l <= 1 and
+    # q(x) <= 1 it accepts x iff p(x) = 1, i.e. iff x is p's argmax. Same
+    # verdicts as the general rule, without drawing r.
+    if lenience < 1.0:
+      raw_x = jnp.take_along_axis(p_raw, draft_tokens[..., None], axis=-1)[..., 0]
+      accept = raw_x >= lenience * jnp.max(p_raw, axis=-1)
+    else:
+      accept = px > 0
   else:
+    k_accept, k_next = jax.random.split(key)
+    qx = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]
     # r in (0, 1]: a token with p(x) = 0 can never pass, even at r's extreme.
     r = 1.0 - jax.random.uniform(k_accept, (b, gamma))
     accept = (r * (lenience * qx) <= px) & (px > 0)
   accepted = jnp.cumprod(accept.astype(jnp.int32), axis=-1).astype(bool)
   n = jnp.sum(accepted, axis=-1).astype(jnp.int32)
 
-  # p' without a branch: q_{γ+1} := 0, so n = γ gives p' = p_{γ+1} (the bonus).
-  q_ext = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
   p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]
-  q_n = jnp.take_along_axis(q_ext, n[:, None, None], axis=1)[:, 0]
-  residual = jnp.maximum(p_n - lenience * q_n, 0.0)
-  mass = jnp.sum(residual, axis=-1, keepdims=True)
-  # Rejection when p == q up to rounding leaves no mass: fall back to p itself.
-  residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_n)
   if greedy:
-    next_token = argmax(residual)
+    # p_n is one-hot at a = argmax p_n: max(p_n - l q_n, 0) is 1 - l q_n(a)
+    # at a and 0 elsewhere, so the normalized residual is one-hot at a (or,
+    # with no mass left, falls back to p_n itself): its argmax is a. This
+    # skips the residual's three passes over the vocabulary.
+    next_token = argmax(p_n)
   else:
+    # p' without a branch: q_{γ+1} := 0, so n = γ gives p' = p_{γ+1} (the
+    # bonus). Gathered at min(n, γ-1) and zeroed, instead of concatenating a
+    # zero row to q (a copy of all of q every round).
+    q_n = jnp.take_along_axis(q, jnp.minimum(n, gamma - 1)[:, None, None], axis=1)[:, 0]
+    q_n = jnp.where((n < gamma)[:, None], q_n, 0.0)
+    residual = jnp.maximum(p_n - lenience * q_n, 0.0)
+    mass = jnp.sum(residual, axis=-1, keepdims=True)
+    # Rejection when p == q up to rounding leaves no mass: fall back to p itself.
+    residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_n)
     next_token = sample_any(k_next, residual)
   min_pq = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
   return KernelOutput(n, next_token, accepted, min_pq)

@@ -1,0 +1,69 @@
+r"""Per-round overhead of speculative decoding: draft, target pass, standardize,
+kernel and the rest of a round, in ms per round (``specdec_jax.profile``).
+
+  PYTHONPATH=. python scripts/profile_round.py                  # the demo pair
+  PYTHONPATH=. python scripts/profile_round.py --gammas=1,3,5 --temperatures=0,1 \
+      --num_examples=8 --repeats=5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specdec_jax.profile import markdown, profile_round  # noqa: E402
+from specdec_jax.run import Experiment, prepare  # noqa: E402
+from specdec_jax.sampling import SamplingConfig  # noqa: E402
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--target", default="checkpoints/demo/target")
+  p.add_argument("--draft", default="checkpoints/demo/draft_small")
+  p.add_argument("--vocab", default="checkpoints/demo/spm.model")
+  p.add_argument("--source", default="data/bible/test.tsv")
+  p.add_argument("--task", default="bible_modernize")
+  p.add_argument("--gammas", default="1,3,5")
+  p.add_argument("--temperatures", default="0,1")
+  p.add_argument("--num_examples", type=int, default=8, help="examples for the full round")
+  p.add_argument("--repeats", type=int, default=5, help="interleaved passes (medians)")
+  p.add_argument("--inner", type=int, default=8, help="runs of a piece per timed call")
+  p.add_argument("--position", type=int, default=32, help="decoder position of the pieces")
+  p.add_argument("--max_input_len", type=int, default=128)
+  p.add_argument("--max_decode_len", type=int, default=128)
+  args = p.parse_args()
+  gammas = [int(g) for g in args.gammas.split(",")]
+  exp = Experiment(task=args.task, source=args.source, vocab_path=args.vocab,
+                   target_checkpoint=args.target, draft_name="t5", draft_checkpoint=args.draft,
+                   max_input_len=args.max_input_len, max_decode_len=args.max_decode_len,
+                   num_warmup=1, num_examples=args.num_examples, gamma=max(gammas))
+  setup = prepare(exp)
+  # The warm-up example is skipped, as the runner does.
+  examples = [jnp.asarray(setup.inputs[i:i + 1]) for i in range(1, len(setup.inputs))]
+  load = os.getloadavg()
+  print(f"# profile_round: target={args.target} draft={args.draft} examples={len(examples)} "
+        f"batch 1, max_decode_len {args.max_decode_len}, inner {args.inner}, repeats "
+        f"{args.repeats}; backend={jax.default_backend()} cpus={os.cpu_count()}; load average "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
+  rows = []
+  for temp in (float(t) for t in args.temperatures.split(",")):
+    for gamma in gammas:
+      rows.append(profile_round(setup.target, setup.target_params, setup.draft, examples, gamma,
+                                SamplingConfig(temperature=temp), args.max_decode_len,
+                                position=args.position, inner=args.inner,
+                                repeats=args.repeats))
+      print(markdown(rows[-1:]).split("\n")[-1], flush=True)
+  load = os.getloadavg()
+  print(f"\n{markdown(rows)}\n\nload average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+if __name__ == "__main__":
+  main()
