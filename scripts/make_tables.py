@@ -24,71 +24,71 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 # 'cnndm' (CNN/DM), 'lm1b' (GPT-like), 'dialog' (LaMDA). Temperatures: 0 is
 # argmax, 1 standard sampling. Table 2/4 targets are T5-XXL (11B).
 PAPER_TABLES: Dict[str, List[Dict[str, Any]]] = {
-    # Table 2: empirical speedups over T5-XXL.
-    "table2": [
-        dict(task="ende", draft="t5-small", temp=0, gamma=7, alpha=0.75, speed=3.4),
-        dict(task="ende", draft="t5-base", temp=0, gamma=7, alpha=0.80, speed=2.8),
-        dict(task="ende", draft="t5-large", temp=0, gamma=7, alpha=0.82, speed=1.7),
-        dict(task="ende", draft="t5-small", temp=1, gamma=7, alpha=0.62, speed=2.6),
-        dict(task="ende", draft="t5-base", temp=1, gamma=5, alpha=0.68, speed=2.4),
-        dict(task="ende", draft="t5-large", temp=1, gamma=3, alpha=0.71, speed=1.4),
-        dict(task="cnndm", draft="t5-small", temp=0, gamma=5, alpha=0.65, speed=3.1),
-        dict(task="cnndm", draft="t5-base", temp=0, gamma=5, alpha=0.73, speed=3.0),
-        dict(task="cnndm", draft="t5-large", temp=0, gamma=3, alpha=0.74, speed=2.2),
-        dict(task="cnndm", draft="t5-small", temp=1, gamma=5, alpha=0.53, speed=2.3),
-        dict(task="cnndm", draft="t5-base", temp=1, gamma=3, alpha=0.55, speed=2.2),
-        dict(task="cnndm", draft="t5-large", temp=1, gamma=3, alpha=0.56, speed=1.7),
-    ],
-    # Table 3: empirical alpha values.
-    "table3": [
-        dict(target="GPT-like (97M)", task="lm1b", draft="unigram", temp=0, alpha=0.03),
-        dict(target="GPT-like (97M)", task="lm1b", draft="bigram", temp=0, alpha=0.05),
-        dict(target="GPT-like (97M)", task="lm1b", draft="gpt-like-6m", temp=0, alpha=0.88),
-        dict(target="GPT-like (97M)", task="lm1b", draft="unigram", temp=1, alpha=0.03),
-        dict(target="GPT-like (97M)", task="lm1b", draft="bigram", temp=1, alpha=0.05),
-        dict(target="GPT-like (97M)", task="lm1b", draft="gpt-like-6m", temp=1, alpha=0.89),
-        dict(target="T5-XXL", task="ende", draft="unigram", temp=0, alpha=0.08),
-        dict(target="T5-XXL", task="ende", draft="bigram", temp=0, alpha=0.20),
-        dict(target="T5-XXL", task="ende", draft="t5-small", temp=0, alpha=0.75),
-        dict(target="T5-XXL", task="ende", draft="t5-base", temp=0, alpha=0.80),
-        dict(target="T5-XXL", task="ende", draft="t5-large", temp=0, alpha=0.82),
-        dict(target="T5-XXL", task="ende", draft="unigram", temp=1, alpha=0.07),
-        dict(target="T5-XXL", task="ende", draft="bigram", temp=1, alpha=0.19),
-        dict(target="T5-XXL", task="ende", draft="t5-small", temp=1, alpha=0.62),
-        dict(target="T5-XXL", task="ende", draft="t5-base", temp=1, alpha=0.68),
-        dict(target="T5-XXL", task="ende", draft="t5-large", temp=1, alpha=0.71),
-        dict(target="T5-XXL", task="cnndm", draft="unigram", temp=0, alpha=0.13),
-        dict(target="T5-XXL", task="cnndm", draft="bigram", temp=0, alpha=0.23),
-        dict(target="T5-XXL", task="cnndm", draft="t5-small", temp=0, alpha=0.65),
-        dict(target="T5-XXL", task="cnndm", draft="t5-base", temp=0, alpha=0.73),
-        dict(target="T5-XXL", task="cnndm", draft="t5-large", temp=0, alpha=0.74),
-        dict(target="T5-XXL", task="cnndm", draft="unigram", temp=1, alpha=0.08),
-        dict(target="T5-XXL", task="cnndm", draft="bigram", temp=1, alpha=0.16),
-        dict(target="T5-XXL", task="cnndm", draft="t5-small", temp=1, alpha=0.53),
-        dict(target="T5-XXL", task="cnndm", draft="t5-base", temp=1, alpha=0.55),
-        dict(target="T5-XXL", task="cnndm", draft="t5-large", temp=1, alpha=0.56),
-        dict(target="LaMDA (137B)", task="dialog", draft="lamda-100m", temp=0, alpha=0.61),
-        dict(target="LaMDA (137B)", task="dialog", draft="lamda-2b", temp=0, alpha=0.71),
-        dict(target="LaMDA (137B)", task="dialog", draft="lamda-8b", temp=0, alpha=0.75),
-        dict(target="LaMDA (137B)", task="dialog", draft="lamda-100m", temp=1, alpha=0.57),
-        dict(target="LaMDA (137B)", task="dialog", draft="lamda-2b", temp=1, alpha=0.71),
-        dict(target="LaMDA (137B)", task="dialog", draft="lamda-8b", temp=1, alpha=0.74),
-    ],
-    # Table 4 (Appendix A.3): Theorem 3.8 prediction (EXP) vs. measured (EMP).
-    "table4": [
-        dict(task="ende", draft="t5-small", temp=0, gamma=7, alpha=0.75, c=0.02, exp=3.2, emp=3.4),
-        dict(task="ende", draft="t5-base", temp=0, gamma=7, alpha=0.80, c=0.04, exp=3.3, emp=2.8),
-        dict(task="ende", draft="t5-large", temp=0, gamma=7, alpha=0.82, c=0.11, exp=2.5, emp=1.7),
-        dict(task="ende", draft="t5-small", temp=1, gamma=7, alpha=0.62, c=0.02, exp=2.3, emp=2.6),
-        dict(task="ende", draft="t5-base", temp=1, gamma=5, alpha=0.68, c=0.04, exp=2.4, emp=2.4),
-        dict(task="ende", draft="t5-large", temp=1, gamma=3, alpha=0.71, c=0.11, exp=2.0, emp=1.4),
-        dict(task="cnndm", draft="t5-small", temp=0, gamma=5, alpha=0.65, c=0.02, exp=2.4, emp=3.1),
-        dict(task="cnndm", draft="t5-base", temp=0, gamma=5, alpha=0.73, c=0.04, exp=2.6, emp=3.0),
-        dict(task="cnndm", draft="t5-large", temp=0, gamma=3, alpha=0.74, c=0.11, exp=2.0, emp=2.2),
-        dict(task="cnndm", draft="t5-small", temp=1, gamma=5, alpha=0.53, c=0.02, exp=1.9, emp=2.3),
-        dict(task="cnndm", draft="t5-base", temp=1, gamma=3, alpha=0.55, c=0.04, exp=1.8, emp=2.2),
-        dict(task="cnndm", draft="t5-large", temp=1, gamma=3, alpha=0.56, c=0.11, exp=1.6, emp=1.7),
-    ],
+  # Table 2: empirical speedups over T5-XXL.
+  "table2": [
+    dict(task="ende", draft="t5-small", temp=0, gamma=7, alpha=0.75, speed=3.4),
+    dict(task="ende", draft="t5-base", temp=0, gamma=7, alpha=0.80, speed=2.8),
+    dict(task="ende", draft="t5-large", temp=0, gamma=7, alpha=0.82, speed=1.7),
+    dict(task="ende", draft="t5-small", temp=1, gamma=7, alpha=0.62, speed=2.6),
+    dict(task="ende", draft="t5-base", temp=1, gamma=5, alpha=0.68, speed=2.4),
+    dict(task="ende", draft="t5-large", temp=1, gamma=3, alpha=0.71, speed=1.4),
+    dict(task="cnndm", draft="t5-small", temp=0, gamma=5, alpha=0.65, speed=3.1),
+    dict(task="cnndm", draft="t5-base", temp=0, gamma=5, alpha=0.73, speed=3.0),
+    dict(task="cnndm", draft="t5-large", temp=0, gamma=3, alpha=0.74, speed=2.2),
+    dict(task="cnndm", draft="t5-small", temp=1, gamma=5, alpha=0.53, speed=2.3),
+    dict(task="cnndm", draft="t5-base", temp=1, gamma=3, alpha=0.55, speed=2.2),
+    dict(task="cnndm", draft="t5-large", temp=1, gamma=3, alpha=0.56, speed=1.7),
+  ],
+  # Table 3: empirical alpha values.
+  "table3": [
+    dict(target="GPT-like (97M)", task="lm1b", draft="unigram", temp=0, alpha=0.03),
+    dict(target="GPT-like (97M)", task="lm1b", draft="bigram", temp=0, alpha=0.05),
+    dict(target="GPT-like (97M)", task="lm1b", draft="gpt-like-6m", temp=0, alpha=0.88),
+    dict(target="GPT-like (97M)", task="lm1b", draft="unigram", temp=1, alpha=0.03),
+    dict(target="GPT-like (97M)", task="lm1b", draft="bigram", temp=1, alpha=0.05),
+    dict(target="GPT-like (97M)", task="lm1b", draft="gpt-like-6m", temp=1, alpha=0.89),
+    dict(target="T5-XXL", task="ende", draft="unigram", temp=0, alpha=0.08),
+    dict(target="T5-XXL", task="ende", draft="bigram", temp=0, alpha=0.20),
+    dict(target="T5-XXL", task="ende", draft="t5-small", temp=0, alpha=0.75),
+    dict(target="T5-XXL", task="ende", draft="t5-base", temp=0, alpha=0.80),
+    dict(target="T5-XXL", task="ende", draft="t5-large", temp=0, alpha=0.82),
+    dict(target="T5-XXL", task="ende", draft="unigram", temp=1, alpha=0.07),
+    dict(target="T5-XXL", task="ende", draft="bigram", temp=1, alpha=0.19),
+    dict(target="T5-XXL", task="ende", draft="t5-small", temp=1, alpha=0.62),
+    dict(target="T5-XXL", task="ende", draft="t5-base", temp=1, alpha=0.68),
+    dict(target="T5-XXL", task="ende", draft="t5-large", temp=1, alpha=0.71),
+    dict(target="T5-XXL", task="cnndm", draft="unigram", temp=0, alpha=0.13),
+    dict(target="T5-XXL", task="cnndm", draft="bigram", temp=0, alpha=0.23),
+    dict(target="T5-XXL", task="cnndm", draft="t5-small", temp=0, alpha=0.65),
+    dict(target="T5-XXL", task="cnndm", draft="t5-base", temp=0, alpha=0.73),
+    dict(target="T5-XXL", task="cnndm", draft="t5-large", temp=0, alpha=0.74),
+    dict(target="T5-XXL", task="cnndm", draft="unigram", temp=1, alpha=0.08),
+    dict(target="T5-XXL", task="cnndm", draft="bigram", temp=1, alpha=0.16),
+    dict(target="T5-XXL", task="cnndm", draft="t5-small", temp=1, alpha=0.53),
+    dict(target="T5-XXL", task="cnndm", draft="t5-base", temp=1, alpha=0.55),
+    dict(target="T5-XXL", task="cnndm", draft="t5-large", temp=1, alpha=0.56),
+    dict(target="LaMDA (137B)", task="dialog", draft="lamda-100m", temp=0, alpha=0.61),
+    dict(target="LaMDA (137B)", task="dialog", draft="lamda-2b", temp=0, alpha=0.71),
+    dict(target="LaMDA (137B)", task="dialog", draft="lamda-8b", temp=0, alpha=0.75),
+    dict(target="LaMDA (137B)", task="dialog", draft="lamda-100m", temp=1, alpha=0.57),
+    dict(target="LaMDA (137B)", task="dialog", draft="lamda-2b", temp=1, alpha=0.71),
+    dict(target="LaMDA (137B)", task="dialog", draft="lamda-8b", temp=1, alpha=0.74),
+  ],
+  # Table 4 (Appendix A.3): Theorem 3.8 prediction (EXP) vs. measured (EMP).
+  "table4": [
+    dict(task="ende", draft="t5-small", temp=0, gamma=7, alpha=0.75, c=0.02, exp=3.2, emp=3.4),
+    dict(task="ende", draft="t5-base", temp=0, gamma=7, alpha=0.80, c=0.04, exp=3.3, emp=2.8),
+    dict(task="ende", draft="t5-large", temp=0, gamma=7, alpha=0.82, c=0.11, exp=2.5, emp=1.7),
+    dict(task="ende", draft="t5-small", temp=1, gamma=7, alpha=0.62, c=0.02, exp=2.3, emp=2.6),
+    dict(task="ende", draft="t5-base", temp=1, gamma=5, alpha=0.68, c=0.04, exp=2.4, emp=2.4),
+    dict(task="ende", draft="t5-large", temp=1, gamma=3, alpha=0.71, c=0.11, exp=2.0, emp=1.4),
+    dict(task="cnndm", draft="t5-small", temp=0, gamma=5, alpha=0.65, c=0.02, exp=2.4, emp=3.1),
+    dict(task="cnndm", draft="t5-base", temp=0, gamma=5, alpha=0.73, c=0.04, exp=2.6, emp=3.0),
+    dict(task="cnndm", draft="t5-large", temp=0, gamma=3, alpha=0.74, c=0.11, exp=2.0, emp=2.2),
+    dict(task="cnndm", draft="t5-small", temp=1, gamma=5, alpha=0.53, c=0.02, exp=1.9, emp=2.3),
+    dict(task="cnndm", draft="t5-base", temp=1, gamma=3, alpha=0.55, c=0.04, exp=1.8, emp=2.2),
+    dict(task="cnndm", draft="t5-large", temp=1, gamma=3, alpha=0.56, c=0.11, exp=1.6, emp=1.7),
+  ],
 }
 
 PaperKey = Tuple[str, str, int]
@@ -97,212 +97,212 @@ MISSING = "-"
 # (substring, canonical name) pairs, first hit wins; names with no hit (e.g. a
 # T5-XL draft or a task the paper did not run) get no paper row.
 _TASK_ALIASES = [("cnn", "cnndm"), ("ende", "ende"), ("en_de", "ende"), ("en-de", "ende"),
-                 ("lm1b", "lm1b"), ("dialog", "dialog"), ("lamda", "dialog")]
+         ("lm1b", "lm1b"), ("dialog", "dialog"), ("lamda", "dialog")]
 _DRAFT_ALIASES = [("unigram", "unigram"), ("bigram", "bigram"), ("gpt", "gpt-like-6m"),
-                  ("small", "t5-small"), ("base", "t5-base"), ("large", "t5-large")]
+         ("small", "t5-small"), ("base", "t5-base"), ("large", "t5-large")]
 _DRAFT_ORDER = {"unigram": 0, "bigram": 1, "t5-small": 2, "t5-base": 3, "t5-large": 4}
 
 
 def _canonical(name: Any, aliases: Sequence[Tuple[str, str]]) -> Optional[str]:
-    """First alias whose substring occurs in the lowercased name, else None."""
-    lowered = str(name or "").lower()
-    return next((canon for sub, canon in aliases if sub in lowered), None)
+  """First alias whose substring occurs in the lowercased name, else None."""
+  lowered = str(name or "").lower()
+  return next((canon for sub, canon in aliases if sub in lowered), None)
 
 
 def canonical_task(task: Any) -> Optional[str]:
-    """Map a run's task name (e.g. 'wmt_ende', 'cnn_dailymail') to the paper's key."""
-    return _canonical(task, _TASK_ALIASES)
+  """Map a run's task name (e.g. 'wmt_ende', 'cnn_dailymail') to the paper's key."""
+  return _canonical(task, _TASK_ALIASES)
 
 
 def canonical_draft(draft: Any) -> Optional[str]:
-    """Map a draft model name (e.g. 't5_1_1_small') to the paper's M_q key."""
-    return _canonical(draft, _DRAFT_ALIASES)
+  """Map a draft model name (e.g. 't5_1_1_small') to the paper's M_q key."""
+  return _canonical(draft, _DRAFT_ALIASES)
 
 
 def canonical_temp(temperature: Any) -> Optional[int]:
-    """The paper only reports temperature 0 (argmax) and 1 (standard sampling)."""
-    try:
-        t = float(temperature)
-    except (TypeError, ValueError):
-        return None
-    return int(t) if t in (0.0, 1.0) else None
+  """The paper only reports temperature 0 (argmax) and 1 (standard sampling)."""
+  try:
+    t = float(temperature)
+  except (TypeError, ValueError):
+    return None
+  return int(t) if t in (0.0, 1.0) else None
 
 
 def paper_key(summary: Dict[str, Any]) -> Optional[PaperKey]:
-    """(task, draft, temperature) in the paper's vocabulary, or None if any is unknown."""
-    key = (canonical_task(summary.get("task")), canonical_draft(summary.get("draft")),
-           canonical_temp(summary.get("temperature")))
-    return None if None in key else key  # type: ignore[return-value]
+  """(task, draft, temperature) in the paper's vocabulary, or None if any is unknown."""
+  key = (canonical_task(summary.get("task")), canonical_draft(summary.get("draft")),
+      canonical_temp(summary.get("temperature")))
+  return None if None in key else key  # type: ignore[return-value]
 
 
 def paper_row(table: str, summary: Dict[str, Any]) -> Dict[str, Any]:
-    """The paper's row of ``table`` matching ``summary``, or {} when there is none."""
-    key = paper_key(summary)
-    for row in PAPER_TABLES[table]:
-        if key == (row["task"], row["draft"], row["temp"]):
-            return row
-    return {}
+  """The paper's row of ``table`` matching ``summary``, or {} when there is none."""
+  key = paper_key(summary)
+  for row in PAPER_TABLES[table]:
+    if key == (row["task"], row["draft"], row["temp"]):
+      return row
+  return {}
 
 
 def _fmt(value: Any, digits: int) -> str:
-    """Fixed-point number, or '-' when absent / not numeric."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return MISSING if value is None else str(value)
-    return f"{value:.{digits}f}"
+  """Fixed-point number, or '-' when absent / not numeric."""
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    return MISSING if value is None else str(value)
+  return f"{value:.{digits}f}"
 
 
 def _fmt_plain(value: Any) -> str:
-    if value is None:
-        return MISSING
-    return f"{value:g}" if isinstance(value, float) else str(value)
+  if value is None:
+    return MISSING
+  return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """GitHub-flavoured markdown table."""
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+  """GitHub-flavoured markdown table."""
+  lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+  lines += ["| " + " | ".join(row) + " |" for row in rows]
+  return "\n".join(lines)
 
 
 def _sort_key(s: Dict[str, Any]) -> Tuple:
-    draft = canonical_draft(s.get("draft"))
-    return (str(s.get("task")), float(s.get("temperature") or 0.0),
-            _DRAFT_ORDER.get(draft or "", 99), str(s.get("draft")),
-            s.get("gamma") or 0, str(s.get("gamma_label") or ""), str(s.get("target")))
+  draft = canonical_draft(s.get("draft"))
+  return (str(s.get("task")), float(s.get("temperature") or 0.0),
+      _DRAFT_ORDER.get(draft or "", 99), str(s.get("draft")),
+      s.get("gamma") or 0, str(s.get("gamma_label") or ""), str(s.get("target")))
 
 
 Column = Tuple[str, Callable[[Dict[str, Any], Dict[str, Any]], str]]
 
 # Columns: (header, fn(summary, paper_row) -> cell).
 TABLE2_COLUMNS: List[Column] = [
-    ("TASK", lambda s, p: _fmt_plain(s.get("task"))),
-    ("M_p", lambda s, p: _fmt_plain(s.get("target"))),
-    ("M_q", lambda s, p: _fmt_plain(s.get("draft"))),
-    ("TEMP", lambda s, p: _fmt_plain(s.get("temperature"))),
-    ("gamma", lambda s, p: _fmt_plain(s.get("gamma_label") or s.get("gamma"))),
-    ("alpha", lambda s, p: _fmt(s.get("alpha"), 2)),
-    ("SPEED", lambda s, p: _fmt(s.get("speedup"), 2)),
-    ("gamma (paper)", lambda s, p: _fmt_plain(p.get("gamma"))),
-    ("alpha (paper)", lambda s, p: _fmt(p.get("alpha"), 2)),
-    ("speed (paper)", lambda s, p: _fmt(p.get("speed"), 1)),
-    ("examples", lambda s, p: _fmt_plain(s.get("num_examples"))),
-    ("mismatches vs baseline", lambda s, p: _fmt_plain(s.get("mismatches_vs_baseline"))),
+  ("TASK", lambda s, p: _fmt_plain(s.get("task"))),
+  ("M_p", lambda s, p: _fmt_plain(s.get("target"))),
+  ("M_q", lambda s, p: _fmt_plain(s.get("draft"))),
+  ("TEMP", lambda s, p: _fmt_plain(s.get("temperature"))),
+  ("gamma", lambda s, p: _fmt_plain(s.get("gamma_label") or s.get("gamma"))),
+  ("alpha", lambda s, p: _fmt(s.get("alpha"), 2)),
+  ("SPEED", lambda s, p: _fmt(s.get("speedup"), 2)),
+  ("gamma (paper)", lambda s, p: _fmt_plain(p.get("gamma"))),
+  ("alpha (paper)", lambda s, p: _fmt(p.get("alpha"), 2)),
+  ("speed (paper)", lambda s, p: _fmt(p.get("speed"), 1)),
+  ("examples", lambda s, p: _fmt_plain(s.get("num_examples"))),
+  ("mismatches vs baseline", lambda s, p: _fmt_plain(s.get("mismatches_vs_baseline"))),
 ]
 
 TABLE3_COLUMNS: List[Column] = [
-    ("M_p", lambda s, p: _fmt_plain(s.get("target"))),
-    ("TASK", lambda s, p: _fmt_plain(s.get("task"))),
-    ("M_q", lambda s, p: _fmt_plain(s.get("draft"))),
-    ("TEMP", lambda s, p: _fmt_plain(s.get("temperature"))),
-    ("alpha", lambda s, p: _fmt(s.get("alpha_min_pq"), 2)),
-    ("tokens", lambda s, p: _fmt_plain(s.get("num_tokens"))),
-    ("M_p (paper)", lambda s, p: _fmt_plain(p.get("target"))),
-    ("alpha (paper)", lambda s, p: _fmt(p.get("alpha"), 2)),
+  ("M_p", lambda s, p: _fmt_plain(s.get("target"))),
+  ("TASK", lambda s, p: _fmt_plain(s.get("task"))),
+  ("M_q", lambda s, p: _fmt_plain(s.get("draft"))),
+  ("TEMP", lambda s, p: _fmt_plain(s.get("temperature"))),
+  ("alpha", lambda s, p: _fmt(s.get("alpha_min_pq"), 2)),
+  ("tokens", lambda s, p: _fmt_plain(s.get("num_tokens"))),
+  ("M_p (paper)", lambda s, p: _fmt_plain(p.get("target"))),
+  ("alpha (paper)", lambda s, p: _fmt(p.get("alpha"), 2)),
 ]
 
 TABLE4_COLUMNS: List[Column] = [
-    ("TASK", lambda s, p: _fmt_plain(s.get("task"))),
-    ("M_q", lambda s, p: _fmt_plain(s.get("draft"))),
-    ("TEMP", lambda s, p: _fmt_plain(s.get("temperature"))),
-    ("gamma", lambda s, p: _fmt_plain(s.get("gamma_label") or s.get("gamma"))),
-    ("mean gamma", lambda s, p: _fmt(s.get("mean_gamma"), 2)),
-    ("alpha", lambda s, p: _fmt(s.get("alpha"), 2)),
-    ("c", lambda s, p: _fmt(s.get("c"), 3)),
-    ("v", lambda s, p: _fmt(s.get("v"), 2)),
-    ("EXP", lambda s, p: _fmt(s.get("expected_speedup"), 2)),
-    ("EXP (v)", lambda s, p: _fmt(s.get("expected_speedup_v"), 2)),
-    ("EMP", lambda s, p: _fmt(s.get("speedup"), 2)),
-    ("alpha (paper)", lambda s, p: _fmt(p.get("alpha"), 2)),
-    ("c (paper)", lambda s, p: _fmt(p.get("c"), 2)),
-    ("EXP (paper)", lambda s, p: _fmt(p.get("exp"), 1)),
-    ("EMP (paper)", lambda s, p: _fmt(p.get("emp"), 1)),
+  ("TASK", lambda s, p: _fmt_plain(s.get("task"))),
+  ("M_q", lambda s, p: _fmt_plain(s.get("draft"))),
+  ("TEMP", lambda s, p: _fmt_plain(s.get("temperature"))),
+  ("gamma", lambda s, p: _fmt_plain(s.get("gamma_label") or s.get("gamma"))),
+  ("mean gamma", lambda s, p: _fmt(s.get("mean_gamma"), 2)),
+  ("alpha", lambda s, p: _fmt(s.get("alpha"), 2)),
+  ("c", lambda s, p: _fmt(s.get("c"), 3)),
+  ("v", lambda s, p: _fmt(s.get("v"), 2)),
+  ("EXP", lambda s, p: _fmt(s.get("expected_speedup"), 2)),
+  ("EXP (v)", lambda s, p: _fmt(s.get("expected_speedup_v"), 2)),
+  ("EMP", lambda s, p: _fmt(s.get("speedup"), 2)),
+  ("alpha (paper)", lambda s, p: _fmt(p.get("alpha"), 2)),
+  ("c (paper)", lambda s, p: _fmt(p.get("c"), 2)),
+  ("EXP (paper)", lambda s, p: _fmt(p.get("exp"), 1)),
+  ("EMP (paper)", lambda s, p: _fmt(p.get("emp"), 1)),
 ]
 
 
 def render_table(summaries: Sequence[Dict[str, Any]], paper_table: str,
-                 columns: Sequence[Column]) -> str:
-    """Rows sorted by task, temperature, draft size and gamma, paper row alongside."""
-    rows = []
-    for s in sorted(summaries, key=_sort_key):
-        p = paper_row(paper_table, s)
-        rows.append([fn(s, p) for _, fn in columns])
-    return markdown_table([h for h, _ in columns], rows)
+         columns: Sequence[Column]) -> str:
+  """Rows sorted by task, temperature, draft size and gamma, paper row alongside."""
+  rows = []
+  for s in sorted(summaries, key=_sort_key):
+    p = paper_row(paper_table, s)
+    rows.append([fn(s, p) for _, fn in columns])
+  return markdown_table([h for h, _ in columns], rows)
 
 
 def is_alpha_only(summary: Dict[str, Any]) -> bool:
-    return summary.get("mode") == "alpha_only"
+  return summary.get("mode") == "alpha_only"
 
 
 def build_markdown(summaries: Sequence[Dict[str, Any]]) -> str:
-    """All tables that the given summaries can fill, as one markdown document."""
-    runs = [s for s in summaries if not is_alpha_only(s)]
-    alpha_runs = [s for s in summaries if is_alpha_only(s)]
-    sections = []
-    if runs:
-        sections.append(
-            "### Table 2: walltime improvement of speculative decoding\n\n"
-            "Paper columns: M_p = T5-XXL (11B) on TPU-v4, matched by task, draft size and "
-            "temperature.\n\n" + render_table(runs, "table2", TABLE2_COLUMNS))
-        sections.append(
-            "### Table 4: expected (Theorem 3.8) vs. empirical improvement\n\n"
-            "EXP uses v = 1 as in the paper; EXP (v) uses the measured cost v of the "
-            "(gamma+1)-token target pass.\n\n" + render_table(runs, "table4", TABLE4_COLUMNS))
-    if alpha_runs:
-        sections.append(
-            "### Table 3: alpha = E[sum min(p, q)] (Corollary 3.6)\n\n"
-            + render_table(alpha_runs, "table3", TABLE3_COLUMNS))
-    return "\n\n".join(sections) + "\n"
+  """All tables that the given summaries can fill, as one markdown document."""
+  runs = [s for s in summaries if not is_alpha_only(s)]
+  alpha_runs = [s for s in summaries if is_alpha_only(s)]
+  sections = []
+  if runs:
+    sections.append(
+      "### Table 2: walltime improvement of speculative decoding\n\n"
+      "Paper columns: M_p = T5-XXL (11B) on TPU-v4, matched by task, draft size and "
+      "temperature.\n\n" + render_table(runs, "table2", TABLE2_COLUMNS))
+    sections.append(
+      "### Table 4: expected (Theorem 3.8) vs. empirical improvement\n\n"
+      "EXP uses v = 1 as in the paper; EXP (v) uses the measured cost v of the "
+      "(gamma+1)-token target pass.\n\n" + render_table(runs, "table4", TABLE4_COLUMNS))
+  if alpha_runs:
+    sections.append(
+      "### Table 3: alpha = E[sum min(p, q)] (Corollary 3.6)\n\n"
+      + render_table(alpha_runs, "table3", TABLE3_COLUMNS))
+  return "\n\n".join(sections) + "\n"
 
 
 def find_summary_files(patterns: Sequence[str]) -> List[pathlib.Path]:
-    """summary.json files named by, or found under, each path or glob.
+  """summary.json files named by, or found under, each path or glob.
 
-    A file named explicitly is always taken; files matched by a glob only when
-    named summary.json (so e.g. 'runs/*' skips a tables.md written there).
-    """
-    found = set()
-    for pattern in patterns:
-        explicit = pathlib.Path(pattern)
-        if explicit.is_file():
-            found.add(explicit)
-            continue
-        for match in map(pathlib.Path, glob.glob(pattern, recursive=True) or [pattern]):
-            if match.is_dir():
-                found.update(match.rglob("summary.json"))
-            elif match.is_file() and match.name == "summary.json":
-                found.add(match)
-    return sorted(p.resolve() for p in found)
+  A file named explicitly is always taken; files matched by a glob only when
+  named summary.json (so e.g. 'runs/*' skips a tables.md written there).
+  """
+  found = set()
+  for pattern in patterns:
+    explicit = pathlib.Path(pattern)
+    if explicit.is_file():
+      found.add(explicit)
+      continue
+    for match in map(pathlib.Path, glob.glob(pattern, recursive=True) or [pattern]):
+      if match.is_dir():
+        found.update(match.rglob("summary.json"))
+      elif match.is_file() and match.name == "summary.json":
+        found.add(match)
+  return sorted(p.resolve() for p in found)
 
 
 def load_summaries(paths: Iterable[pathlib.Path]) -> List[Dict[str, Any]]:
-    summaries = []
-    for path in paths:
-        with open(path) as f:
-            try:
-                summaries.append(json.load(f))
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"{path}: not valid JSON ({e})")
-    return summaries
+  summaries = []
+  for path in paths:
+    with open(path) as f:
+      try:
+        summaries.append(json.load(f))
+      except json.JSONDecodeError as e:
+        raise SystemExit(f"{path}: not valid JSON ({e})")
+  return summaries
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN_DIRS_OR_GLOBS",
-                        help="summary.json files, run directories, or globs of them")
-    parser.add_argument("--out", type=pathlib.Path, help="also write the markdown here")
-    args = parser.parse_args(argv)
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("runs", nargs="+", metavar="RUN_DIRS_OR_GLOBS",
+            help="summary.json files, run directories, or globs of them")
+  parser.add_argument("--out", type=pathlib.Path, help="also write the markdown here")
+  args = parser.parse_args(argv)
 
-    files = find_summary_files(args.runs)
-    if not files:
-        print(f"no summary.json found under {args.runs}", file=sys.stderr)
-        return 1
-    markdown = build_markdown(load_summaries(files))
-    print(markdown, end="")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(markdown)
-    return 0
+  files = find_summary_files(args.runs)
+  if not files:
+    print(f"no summary.json found under {args.runs}", file=sys.stderr)
+    return 1
+  markdown = build_markdown(load_summaries(files))
+  print(markdown, end="")
+  if args.out:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(markdown)
+  return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+  sys.exit(main())
