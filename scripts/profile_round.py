@@ -4,6 +4,11 @@ kernel and the rest of a round, in ms per round (``specdec_jax.profile``).
   PYTHONPATH=. python scripts/profile_round.py                  # the demo pair
   PYTHONPATH=. python scripts/profile_round.py --gammas=1,3,5 --temperatures=0,1 \
       --num_examples=8 --repeats=5
+
+``--compare_rev REV`` prints instead, for the sampling.py / speculative.py of
+git revision REV against the current ones (interleaved, one process, same
+inputs): µs per standardize p + kernel at each (T, γ) and per softmax +
+sample_any draw, and whether the kernel's outputs are identical.
 """
 
 from __future__ import annotations
@@ -18,9 +23,26 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec_jax.profile import markdown, profile_round  # noqa: E402
+from specdec_jax.profile import compare_acceptance, markdown, profile_round  # noqa: E402
 from specdec_jax.run import Experiment, prepare  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
+
+
+def compare(args, gammas: list[int], temperatures: list[float]) -> None:
+  load = os.getloadavg()
+  print(f"# {args.compare_rev} vs working tree: V={args.vocab_size}, batch 1, 64 calls per "
+        f"timed jit call, 30 interleaved repeats (medians); load average {load[0]:.2f} "
+        f"{load[1]:.2f} {load[2]:.2f}\n")
+  print(f"| piece | T | γ | {args.compare_rev} µs | now µs | change | kernel outputs identical "
+        "(n, next, accepted, min_pq) |\n|---|---|---|---|---|---|---|")
+  for r in compare_acceptance(args.compare_rev, args.vocab_size, gammas, temperatures):
+    t = "" if r["temperature"] is None else f"{r['temperature']:g}"
+    g = "" if r["gamma"] is None else r["gamma"]
+    same = "" if r["identical"] is None else ", ".join(map(str, r["identical"]))
+    print(f"| {r['what']} | {t} | {g} | {r['rev_us']:.1f} | {r['now_us']:.1f} "
+          f"| {100 * (r['now_us'] / r['rev_us'] - 1):+.0f}% | {same} |")
+  load = os.getloadavg()
+  print(f"\nload average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
 def main() -> None:
@@ -39,8 +61,14 @@ def main() -> None:
   p.add_argument("--position", type=int, default=32, help="decoder position of the pieces")
   p.add_argument("--max_input_len", type=int, default=128)
   p.add_argument("--max_decode_len", type=int, default=128)
+  p.add_argument("--compare_rev", default="", help="git revision to compare the kernel with")
+  p.add_argument("--vocab_size", type=int, default=8000, help="V for --compare_rev")
   args = p.parse_args()
   gammas = [int(g) for g in args.gammas.split(",")]
+  temperatures = [float(t) for t in args.temperatures.split(",")]
+  if args.compare_rev:
+    compare(args, gammas, temperatures)
+    return
   exp = Experiment(task=args.task, source=args.source, vocab_path=args.vocab,
                    target_checkpoint=args.target, draft_name="t5", draft_checkpoint=args.draft,
                    max_input_len=args.max_input_len, max_decode_len=args.max_decode_len,
@@ -54,7 +82,7 @@ def main() -> None:
         f"{args.repeats}; backend={jax.default_backend()} cpus={os.cpu_count()}; load average "
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
   rows = []
-  for temp in (float(t) for t in args.temperatures.split(",")):
+  for temp in temperatures:
     for gamma in gammas:
       rows.append(profile_round(setup.target, setup.target_params, setup.draft, examples, gamma,
                                 SamplingConfig(temperature=temp), args.max_decode_len,

@@ -107,8 +107,15 @@ def sample(key: Array, probs: Array, config: SamplingConfig) -> Array:
   return sample_any(key, probs)
 
 
-# Tokens per block of the two-level inverse CDF in ``sample_any``.
-_BLOCK = 128
+def _block_size(v: int) -> int:
+  """Tokens per block of ``sample_any``'s two-level inverse CDF: a divisor of
+  V near sqrt(V) (both levels short), so that the blocks are a free reshape;
+  128 with zero padding when V has no divisor in [16, 1024] (padding fuses
+  into the producer of probs as a slow loop on XLA:CPU, ~60 us at V = 8000)."""
+  divisors = [d for d in range(16, min(v, 1024) + 1) if v % d == 0]
+  if not divisors:
+    return 128
+  return min(divisors, key=lambda d: d + v // d)
 
 
 def _first(cond: Array, fallback: Array) -> Array:
@@ -126,13 +133,14 @@ def sample_any(key: Array, probs: Array) -> Array:
   """Sample from an arbitrary (unnormalized, nonnegative) distribution [..., V].
 
   Inverse CDF with one uniform per row, u ~ U[0, total): the token is the
-  first whose cumulative mass exceeds u. One random number instead of V
-  Gumbels is ~100x cheaper on a CPU (0.4 ms vs 3 us at V = 8000), which
-  matters in a draft step. The CDF is taken in two levels, over blocks of
-  ``_BLOCK`` tokens and then within the block u falls in: a full-length
-  cumulative sum is a slow reduce-window on XLA:CPU (~55 us at V = 8000,
-  against ~15 us for the two levels; docs/benchmarks.md, "Per-round
-  overhead"), and this runs once per draft step and per round at T > 0.
+  first whose cumulative mass exceeds u. One random number per row instead
+  of V Gumbels (Gumbel-max), which matters in a draft step. The CDF is taken
+  in two levels, over blocks of ``_block_size(V)`` tokens and then within
+  the block u falls in: a full-length cumulative sum is a slow reduce-window
+  on XLA:CPU (softmax + draw: 87 us with one cumulative sum vs 14 us with
+  two levels at V = 8000, 266 vs 40 us at V = 32128; docs/benchmarks.md,
+  "Per-round overhead"), and this runs at every baseline step, draft step
+  and round at T > 0.
 
   Token t is drawn with probability (its interval's length) / total =
   probs[t] / sum(probs) up to float rounding, as with one cumulative sum. A
@@ -142,9 +150,11 @@ def sample_any(key: Array, probs: Array) -> Array:
   """
   probs = probs.astype(jnp.float32)
   v = probs.shape[-1]
-  nb = -(-v // _BLOCK)
-  pad = [(0, 0)] * (probs.ndim - 1) + [(0, nb * _BLOCK - v)]
-  blocks = jnp.pad(probs, pad).reshape(probs.shape[:-1] + (nb, _BLOCK))
+  block = _block_size(v)
+  nb = -(-v // block)
+  if nb * block > v:
+    probs = jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, nb * block - v)])
+  blocks = probs.reshape(probs.shape[:-1] + (nb, block))
   mass = jnp.sum(blocks, axis=-1)                                   # [..., nb]
   cdf = jnp.cumsum(mass, axis=-1)
   u = jax.random.uniform(key, probs.shape[:-1] + (1,)) * cdf[..., -1:]
@@ -155,4 +165,4 @@ def sample_any(key: Array, probs: Array) -> Array:
       ..., 0], 0.0)
   within = jnp.cumsum(inner, axis=-1)
   m = _first((within > (u[..., 0] - below)[..., None]) & (inner > 0), _last_positive(inner))
-  return jnp.minimum(j * _BLOCK + m, v - 1).astype(jnp.int32)
+  return jnp.minimum(j * block + m, v - 1).astype(jnp.int32)

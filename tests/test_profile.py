@@ -7,7 +7,8 @@ below as the reference, on every field, for one-hot p with one-hot or
 arbitrary q; and that the sampling path is unchanged, key for key.
 ``sample_any`` now takes its inverse CDF in two levels (blocks, then within
 a block): its draws are checked against the distribution over several
-blocks, with zero-probability tokens and whole zero blocks.
+blocks, with zero-probability tokens and whole zero blocks, with and without
+padding.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import numpy as np
 import pytest
 
 from specdec_jax import drafts
-from specdec_jax.profile import RoundProfile, markdown, profile_round
-from specdec_jax.sampling import SamplingConfig, argmax, sample_any
+from specdec_jax.profile import RoundProfile, compare_acceptance, markdown, profile_round
+from specdec_jax.sampling import SamplingConfig, _block_size, argmax, sample_any
 from specdec_jax.speculative import KernelOutput, speculative_sampling
 from stat_tests import pooled_chisquare_pvalue
 
@@ -103,16 +104,19 @@ def test_sampling_kernel_unchanged_key_for_key(lenience):
                  reference_kernel(key, x, q, p, lenience))
 
 
-def test_two_level_inverse_cdf_is_the_distribution():
-  """V = 1000 (8 blocks of 128, the last one partial): half the tokens zero,
-  two whole blocks zero, a zero tail; unnormalized; batch dims kept."""
-  v, n = 1000, 200_000
+@pytest.mark.parametrize("v", [1000, 1031])
+def test_two_level_inverse_cdf_is_the_distribution(v):
+  """Several blocks (V = 1000: 40 blocks of 25; V = 1031, prime: padded to
+  blocks of 128): half the tokens zero, two whole blocks zero, a zero tail,
+  positive mass on block edges; unnormalized; batch dims kept."""
+  n, block = 200_000, _block_size(v)
   rng = np.random.default_rng(0)
   probs = rng.random(v) ** 3
   probs[rng.random(v) < 0.5] = 0
-  probs[128:384] = 0
+  probs[block:3 * block] = 0
   probs[-5:] = 0
-  probs[0] = probs[127] = probs[384] = probs[999 - 5] = 0.01  # block edges
+  for edge in (0, block - 1, 3 * block, 4 * block - 1, v - 6):
+    probs[edge] = 0.01
   draw = jax.jit(jax.vmap(lambda k: sample_any(k, jnp.asarray(7.3 * probs, jnp.float32))))
   tokens = np.asarray(draw(jax.random.split(jax.random.PRNGKey(3), n)))
   assert tokens.shape == (n,)
@@ -123,7 +127,7 @@ def test_two_level_inverse_cdf_is_the_distribution():
 
 
 def test_two_level_inverse_cdf_one_hot_and_small_vocab():
-  for v, t in ((5, 3), (128, 127), (129, 128), (8000, 0), (8000, 7999)):
+  for v, t in ((5, 3), (128, 127), (129, 128), (1031, 1030), (8000, 0), (8000, 7999)):
     p = jnp.zeros((4, v)).at[:, t].set(1.0)
     np.testing.assert_array_equal(sample_any(jax.random.PRNGKey(v), p), [t] * 4)
 
@@ -145,3 +149,14 @@ def test_profile_round_runs_and_adds_up(tiny_target, tiny_draft, temperature):
   assert r.interplay_ms + r.bookkeeping_ms == pytest.approx(r.rest_ms)
   table = markdown([r]).splitlines()
   assert len(table) == 3 and table[2].startswith(f"| {temperature:g} | 2 |")
+
+
+def test_compare_acceptance_against_a_revision():
+  """The old kernel is loaded from git with its own sampler and timed beside
+  the current one; at T = 0 their outputs must agree whatever the revision."""
+  rows = compare_acceptance("HEAD", vocab_size=64, gammas=[2], temperatures=[0.0, 1.0],
+                            inner=2, repeats=1)
+  assert [r["what"] for r in rows] == ["standardize p + kernel"] * 2 + [
+      "softmax + sample_any (one row)"]
+  assert all(r["rev_us"] > 0 and r["now_us"] > 0 for r in rows)
+  assert rows[0]["temperature"] == 0.0 and rows[0]["identical"] == [True] * 4
