@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import os
 import statistics
 import subprocess
 import sys
@@ -314,6 +315,7 @@ def modules_at(rev: str) -> tuple[ModuleType, ModuleType]:
     mod = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = mod
     spec.loader.exec_module(mod)
+    os.remove(f.name)  # the module is loaded; the source file is not needed again
     mods.append(mod)
   old_sampling, old_speculative = mods
   for fn in ("argmax", "sample_any", "sample", "standardize"):  # rebind to that revision's
