@@ -28,6 +28,7 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from specdec_jax import demo  # noqa: E402
 from specdec_jax.run import Experiment, prepare  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
 from specdec_jax.sweep import gamma_sweep, markdown_table  # noqa: E402
@@ -56,13 +57,10 @@ def bench(args) -> str:
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--target", default="checkpoints/demo/target")
-  p.add_argument("--draft", default="checkpoints/demo/draft_small")
+  demo.add_pair_arguments(p)
   p.add_argument("--draft_name", default="t5")
   p.add_argument("--ngram_corpus", default=None)
-  p.add_argument("--vocab", default="checkpoints/demo/spm.model")
-  p.add_argument("--source", default="data/bible/test.tsv")
-  p.add_argument("--task", default="bible_modernize")
+  p.add_argument("--task", default=demo.TASK)
   p.add_argument("--gammas", default="1,2,3,5,7,auto",
                  help="comma-separated γ; 'auto' adds the row of the γ chosen by "
                       "specdec_jax.autogamma (§3.5 with measured c and v)")

@@ -61,19 +61,19 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec_jax import checkpoints, data  # noqa: E402
+from specdec_jax import checkpoints, data, demo  # noqa: E402
 from specdec_jax.decoding import speculative_decode, temperature_sample  # noqa: E402
 from specdec_jax.drafts import T5Draft  # noqa: E402
 from specdec_jax.models.t5 import T5Config, T5Model  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
-from specdec_jax.timing import block, timed  # noqa: E402
+from specdec_jax.timing import timed  # noqa: E402
 
 METHODS = ("hf_greedy", "hf_assisted", "hf_default", "hf_asis", "ours_base", "ours_spec")
 LABELS = {
@@ -466,10 +466,7 @@ def machine_line() -> str:
 def main(argv: Optional[Sequence[str]] = None) -> None:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--target", default="checkpoints/demo/target")
-  p.add_argument("--draft", default="checkpoints/demo/draft_small")
-  p.add_argument("--vocab", default="checkpoints/demo/spm.model")
-  p.add_argument("--source", default="data/bible/test.tsv")
+  demo.add_pair_arguments(p)
   p.add_argument("--prefix", default="modernize: ")
   p.add_argument("--num_examples", type=int, default=20, help="timed examples")
   p.add_argument("--num_warmup", type=int, default=2, help="untimed examples first")

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from specdec_jax import demo  # noqa: E402
 from specdec_jax.profile import compare_acceptance, markdown, profile_round  # noqa: E402
 from specdec_jax.run import Experiment, prepare  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
@@ -48,11 +49,8 @@ def compare(args, gammas: list[int], temperatures: list[float]) -> None:
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--target", default="checkpoints/demo/target")
-  p.add_argument("--draft", default="checkpoints/demo/draft_small")
-  p.add_argument("--vocab", default="checkpoints/demo/spm.model")
-  p.add_argument("--source", default="data/bible/test.tsv")
-  p.add_argument("--task", default="bible_modernize")
+  demo.add_pair_arguments(p)
+  p.add_argument("--task", default=demo.TASK)
   p.add_argument("--gammas", default="1,3,5")
   p.add_argument("--temperatures", default="0,1")
   p.add_argument("--num_examples", type=int, default=8, help="examples for the full round")

@@ -290,10 +290,9 @@ def test_types_and_sizes_fail_before_loading(env, monkeypatch, binding, message)
     raise AssertionError("weights were read")
   monkeypatch.setattr(run, "_load_model", no_load)
   exp = run.parse_config([str(env / "exp.gin")], [binding])
-  t0 = time.perf_counter()
+  # no_load proves no weight was read; a huge cache would fail with another error.
   with pytest.raises(ValueError, match=message):
     run.prepare(exp)
-  assert time.perf_counter() - t0 < 5
 
 
 def test_data_errors_name_file_and_line(spec_run, env, capsys, tmp_path):
