@@ -521,10 +521,14 @@ def test_help_lists_settings_and_library_info_is_quiet():
   assert f.filter(rec(str(REPO / "specdec_jax" / "run.py"), std_logging.INFO))
 
 
-def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsys, tmp_path):
+def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsys, caplog,
+                                                                      tmp_path):
   """gamma='auto': α on the warm-up examples, c and v per γ, the argmax of the
   v-generalized Theorem 3.8 (recomputed here from the recorded numbers); a
-  resumed run keeps the γ it chose."""
+  resumed run keeps the γ it chose; too few warm-up tokens are warned about."""
+  import logging as std_logging
+  from specdec_jax import autogamma
+  caplog.set_level(std_logging.WARNING)
   w = tmp_path / "auto"
   args = [f"--config={env / 'exp.gin'}", f"--workdir={w}",
           "--gin_bindings=Experiment.gamma = 'auto'", "--gin_bindings=Experiment.gamma_max = 3",
@@ -541,6 +545,9 @@ def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsy
   best = max(auto["predicted"].values())
   assert auto["gamma"] == min(int(g) for g, x in auto["predicted"].items() if x == best)
   assert s["gamma"] == auto["gamma"]
+  assert auto["alpha_tokens"] < autogamma.MIN_ALPHA_TOKENS
+  assert any(f"only {auto['alpha_tokens']} target tokens" in r.getMessage()
+             for r in caplog.records)
   recs = _lines(w / "examples.jsonl")
   assert [r["gamma"] for r in recs] == [auto["gamma"]] * 2
   rc, _, err = _cli(capsys, *args[:-1], "--gin_bindings=Experiment.num_examples = 3", "--resume")
