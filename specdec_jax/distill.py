@@ -417,13 +417,18 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
       opt_cfg, os.path.join(job.workdir, "train"), evaluate=evaluate,
       eval_every=job.eval_every, max_minutes=job.max_minutes, name="distill", log_fn=log_fn,
       seed=job.seed)
+  # A log left by an earlier run must not describe the params written next, if
+  # this run dies between the two writes.
+  log_path = os.path.join(job.output_dir, "distill_log.json")
+  if os.path.exists(log_path):
+    os.remove(log_path)
   checkpoints.save_checkpoint(job.output_dir, result.params, draft.config, dtype="bfloat16",
                               overwrite=True)
   summary.update(steps=result.steps, wall_s=result.wall_s, log=result.log,
                  job=dataclasses.asdict(job))
   if evaluate is not None:
     summary["after"] = evaluate(result.params)
-  with open(os.path.join(job.output_dir, "distill_log.json"), "w") as f:
+  with open(log_path, "w") as f:
     json.dump(summary, f, indent=1)
   log_fn(f"distilled draft written to {job.output_dir}")
   return summary
