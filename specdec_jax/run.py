@@ -77,7 +77,7 @@ class Experiment:
 
   Models: a checkpoint path + format ('auto', 'specdec', 't5x', 't5x_orbax',
   'hf') + preset (required for T5X formats, e.g. 't5_1_1_xxl'); the draft is an
-  approximation model by name ('t5', 'unigram', 'bigram', 'prompt_lookup').
+  approximation model by name ('t5', 'unigram', 'bigram', 'prompt_lookup', 'lookup_t5').
   unigram/bigram are estimated from ``ngram_corpus`` (a source like
   ``source``; its references are the corpus).
   """

@@ -68,8 +68,33 @@ def test_prompt_lookup_copies_the_continuation_of_the_longest_match():
   np.testing.assert_array_equal(tokens, [[14, 14]])
 
 
+def test_lookup_t5_copies_on_a_match_and_falls_back_to_the_t5_draft(tiny_draft):
+  model, params = tiny_draft
+  vocab = model.config.vocab_size
+  t5 = drafts.T5Draft(params=params, model=model)
+  combo = drafts.LookupT5Draft(t5=t5, max_ngram=2, min_ngram=2)
+  inputs = jnp.array([[9, 4, 5, 6, 1, 0]], jnp.int32)  # 0 = pad
+  sampling = SamplingConfig(temperature=1.0)
+  propose = lambda d, committed: d.propose(d.init(inputs, 12), *_seq(committed), 3, sampling, KEY)
+  # "4 5" occurs in the input, followed by 6, 1 and then padding: positions 1-2
+  # copy (one-hot q), position 3 has no valid continuation and comes from T5.
+  tokens, q, _ = propose(combo, [2, 4, 5])
+  np.testing.assert_array_equal(tokens[0, :2], [6, 1])
+  np.testing.assert_array_equal(q[0, :2], jax.nn.one_hot(jnp.array([6, 1]), vocab))
+  assert float(q[0, 2].max()) < 1.0  # the T5 draft's T=1 distribution, not a copy
+  np.testing.assert_allclose(np.asarray(q).sum(-1), 1.0, rtol=1e-5)
+  assert float(np.take_along_axis(np.asarray(q), np.asarray(tokens)[..., None], -1).min()) > 0
+  # Only a 1-gram match ("5") or none at all: below min_ngram, so the
+  # proposal is exactly the T5 draft's (same keys, same q).
+  for committed in ([7, 5], [2, 3]):
+    tokens, q, _ = propose(combo, committed)
+    ref_tokens, ref_q, _ = propose(t5, committed)
+    np.testing.assert_array_equal(tokens, ref_tokens)
+    np.testing.assert_allclose(q, ref_q, rtol=1e-6)
+
+
 def test_registry():
-  assert {"t5", "unigram", "bigram", "prompt_lookup"} <= set(drafts.REGISTRY)
+  assert {"t5", "unigram", "bigram", "prompt_lookup", "lookup_t5"} <= set(drafts.REGISTRY)
   with pytest.raises(ValueError, match="unknown approximation model 'nope'"):
     drafts.build("nope")
   with pytest.raises(ValueError, match="already registered"):

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 from specdec_jax.drafts.base import (ApproximationModel, DraftInterfaceError, check_interface,
                                      gather_positions)
+from specdec_jax.drafts.lookup_t5 import LookupT5Draft
 from specdec_jax.drafts.ngram import BigramDraft, UnigramDraft
 from specdec_jax.drafts.prompt_lookup import PromptLookupDraft
 from specdec_jax.drafts.t5_draft import T5Draft
@@ -111,8 +112,17 @@ def _prompt_lookup(vocab_size, max_ngram=3) -> PromptLookupDraft:
   return PromptLookupDraft(vocab_size=vocab_size, max_ngram=max_ngram)
 
 
+@register("lookup_t5")
+def _lookup_t5(model, params, max_ngram=3, partitioner=None) -> LookupT5Draft:
+  # Copy only on a full max_ngram match: on the demo's validation chapters
+  # shorter matches lowered α below the T5 draft's own (docs/benchmarks.md).
+  return LookupT5Draft(t5=T5Draft(params=params, model=model, partitioner=partitioner),
+                       max_ngram=max_ngram, min_ngram=max_ngram)
+
+
 BUILTIN = frozenset(REGISTRY)
 
-__all__ = ["ApproximationModel", "BUILD_ARGS", "DraftInterfaceError", "BUILTIN", "BigramDraft", "PromptLookupDraft",
+__all__ = ["ApproximationModel", "BUILD_ARGS", "DraftInterfaceError", "BUILTIN", "BigramDraft",
+           "LookupT5Draft", "PromptLookupDraft",
            "REGISTRY", "T5Draft", "UnigramDraft", "build", "check_interface",
            "gather_positions", "register", "requires", "takes"]
