@@ -21,6 +21,7 @@ overhead: 1.0 means none).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -28,8 +29,8 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec_jax import demo  # noqa: E402
-from specdec_jax.run import Experiment, prepare  # noqa: E402
+from specdec_jax import demo, drafts  # noqa: E402
+from specdec_jax.run import Experiment, load_data, prepare  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
 from specdec_jax.sweep import gamma_sweep, markdown_table  # noqa: E402
 
@@ -41,17 +42,22 @@ def bench(args) -> str:
   numeric = [int(g) for g in gammas if g.isdigit()]
   exp = Experiment(task=args.task, source=args.source, vocab_path=args.vocab,
                    target_checkpoint=args.target, draft_name=args.draft_name,
-                   draft_checkpoint=args.draft if args.draft_name == "t5" else "",
+                   draft_checkpoint=args.draft if drafts.takes(args.draft_name, "model") else "",
                    max_input_len=args.max_input_len, max_decode_len=args.max_decode_len,
                    num_warmup=1, num_examples=args.num_examples, dtype=args.dtype,
                    gamma=max(numeric + [args.gamma_max]),
                    ngram_corpus=args.ngram_corpus)
   setup = prepare(exp)
+  alpha_inputs = None
+  if "auto" in gammas and args.auto_alpha_examples > 0:
+    alpha_inputs = load_data(dataclasses.replace(
+        exp, source=args.auto_alpha_source, num_warmup=0,
+        num_examples=args.auto_alpha_examples)).inputs
   rows = []
   for temp in (float(t) for t in args.temperatures.split(",")):
     rows += gamma_sweep(setup.target, setup.target_params, setup.draft, setup.inputs, gammas,
                         SamplingConfig(temperature=temp), exp.max_decode_len, args.seed,
-                        gamma_max=args.gamma_max)
+                        gamma_max=args.gamma_max, alpha_inputs=alpha_inputs)
   return markdown_table(rows)
 
 
@@ -66,6 +72,11 @@ def main() -> None:
                       "specdec_jax.autogamma (§3.5 with measured c and v)")
   p.add_argument("--gamma_max", type=int, default=8,
                  help="largest γ 'auto' considers; γ_max of the adaptive settings")
+  p.add_argument("--auto_alpha_source", default=demo.ALPHA_SOURCE,
+                 help="examples 'auto' estimates α on (held out from --source: the demo's "
+                      "validation chapters)")
+  p.add_argument("--auto_alpha_examples", type=int, default=32,
+                 help="how many of them; 0: the warm-up example alone")
   p.add_argument("--adaptive", action="store_true",
                  help="add the adaptive settings threshold:0.4, threshold:0.7 and schedule "
                       "(also selectable one by one in --gammas)")

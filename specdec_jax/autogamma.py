@@ -68,6 +68,27 @@ def min_pq_along(target: T5Model, params: Any, draft: Any, inputs: Array, tokens
   return jnp.sum(jnp.where(mask, jnp.sum(jnp.minimum(p, q), -1), 0.0), 1)
 
 
+def alpha_standard_error(sums: np.ndarray, tokens: np.ndarray) -> float:
+  """Standard error of α = Σ sums / Σ tokens, with sequences as clusters.
+
+  Tokens of one sequence are correlated (a hard verse is hard throughout), so
+  the binomial sqrt(α(1-α)/n) understates the error; this is the usual
+  linearized variance of a ratio estimator over m sequences,
+  m/(m-1) Σ_i (s_i - α n_i)² / (Σ n_i)², and never below the binomial one.
+  """
+  sums, tokens = np.asarray(sums, float), np.asarray(tokens, float)
+  n = tokens.sum()
+  if n <= 0:
+    return 0.0
+  alpha = sums.sum() / n
+  binomial = float(np.sqrt(max(alpha * (1 - alpha), 0.0) / n))
+  m = len(sums)
+  if m < 2:
+    return binomial
+  cluster = float(np.sqrt(m / (m - 1) * np.sum((sums - alpha * tokens) ** 2)) / n)
+  return max(cluster, binomial)
+
+
 @dataclasses.dataclass(frozen=True)
 class GammaChoice:
   """The outcome of ``choose_gamma``: what was measured and what it implies."""
@@ -75,9 +96,12 @@ class GammaChoice:
   gamma: int
   alpha: float                       # Σmin(p, q) / tokens on the warm-up outputs
   tokens: int                        # tokens α was estimated on
+  alpha_se: float                    # its standard error (``alpha_standard_error``)
   c: dict[int, float]
   v: dict[int, float]
   predicted: dict[int, float]        # v-generalized Theorem 3.8 per γ
+  gap_se: dict[int, float]           # s.e. of predicted[best] - predicted[γ]
+  argmax: int                        # the curve's argmax (gamma is within gap_se of it)
 
   @property
   def costs(self) -> dict[int, float]:
@@ -87,24 +111,28 @@ class GammaChoice:
     """JSON-ready (string keys), for examples.jsonl and summary.json."""
     per = lambda d: {str(g): float(x) for g, x in sorted(d.items())}
     return {"gamma": self.gamma, "alpha_warmup": self.alpha, "alpha_tokens": self.tokens,
-            "c": per(self.c), "v": per(self.v), "predicted": per(self.predicted)}
+            "alpha_se": self.alpha_se, "c": per(self.c), "v": per(self.v),
+            "predicted": per(self.predicted), "argmax": self.argmax,
+            "gap_se": per(self.gap_se)}
 
 
 def estimate_alpha(target: T5Model, params: Any, draft: Any,
                    batches: Sequence[tuple[Array, int]], key: Array, sampling: SamplingConfig,
-                   max_decode_len: int, partitioner: Any = None) -> tuple[float, int]:
-  """(α, tokens) from the target's own outputs for ``batches`` of
-  (inputs [B, S], number of real rows: the rest is padding and not counted)."""
-  total, tokens = 0.0, 0
+                   max_decode_len: int, partitioner: Any = None) -> tuple[float, int, float]:
+  """(α, tokens, standard error) from the target's own outputs for ``batches``
+  of (inputs [B, S], number of real rows: the rest is padding and not counted)."""
+  sums, lengths = [], []
   for i, (inputs, n) in enumerate(batches):
     k = jax.random.fold_in(key, i)
     out = temperature_sample(target, params, inputs, k, max_decode_len=max_decode_len,
                              sampling=sampling, eos_id=target.config.eos_id,
                              partitioner=partitioner)
-    sums = min_pq_along(target, params, draft, inputs, out.tokens, out.length, sampling)
-    total += float(np.sum(np.asarray(sums)[:n]))
-    tokens += int(np.sum(np.asarray(out.length)[:n]))
-  return total / max(tokens, 1), tokens
+    row_sums = min_pq_along(target, params, draft, inputs, out.tokens, out.length, sampling)
+    sums += np.asarray(row_sums)[:n].tolist()
+    lengths += np.asarray(out.length)[:n].tolist()
+  tokens = int(np.sum(lengths))
+  return (float(np.sum(sums)) / max(tokens, 1), tokens,
+          alpha_standard_error(np.asarray(sums), np.asarray(lengths)))
 
 
 def choose_gamma(target: T5Model, params: Any, draft: Any,
@@ -113,15 +141,17 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
                  costs: Optional[dict[int, Costs]] = None) -> GammaChoice:
   """α on ``batches`` (the warm-up examples, see ``estimate_alpha``), c(γ) and
   v(γ) for γ = 1..γ_max (timed on the first batch), and the γ that maximizes
-  the v-generalized Theorem 3.8 (``theory.best_gamma_measured``).
+  the v-generalized Theorem 3.8 (``theory.best_gamma_measured``) — the
+  smallest γ within one standard error of the maximum, the errors being α's
+  (over warm-up sequences) and the timings' (over repeats).
 
   ``costs`` reuses measurements already made (e.g. by a sweep); missing γ
   are measured here, each at the loop's cache length max_decode_len + γ + 1.
   """
   if gamma_max < 1:
     raise ValueError(f"gamma_max must be >= 1, got {gamma_max}")
-  alpha, tokens = estimate_alpha(target, params, draft, batches, key, sampling,
-                                 max_decode_len, partitioner)
+  alpha, tokens, alpha_se = estimate_alpha(target, params, draft, batches, key, sampling,
+                                           max_decode_len, partitioner)
   costs = dict(costs or {})
   for g in range(1, gamma_max + 1):
     if g not in costs:
@@ -129,18 +159,24 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
                                cache_len=max_decode_len + g + 1)
   c = {g: costs[g].c for g in range(1, gamma_max + 1)}
   v = {g: costs[g].v for g in range(1, gamma_max + 1)}
-  gamma, curve = theory.best_gamma_measured(alpha, c, v)
+  c_se = {g: costs[g].c_se for g in c}
+  v_se = {g: costs[g].v_se for g in v}
+  gamma, curve = theory.best_gamma_measured(alpha, c, v, alpha_se, c_se, v_se)
+  argmax = theory.best_gamma_measured(alpha, c, v)[0]
+  gap_se = theory.prediction_gap_se(min(alpha, 1 - 1e-12), c, v, argmax, alpha_se, c_se, v_se)
   if tokens < MIN_ALPHA_TOKENS:
     # Tokens of one sequence are correlated, so the true error is larger still.
     logging.warning("gamma='auto': alpha estimated on only %d target tokens (standard error "
                     "at least %.3f); the choice may be off on a flat curve. Raise "
                     "Experiment.num_warmup (>= %d tokens recommended)", tokens,
                     float(np.sqrt(alpha * (1 - alpha) / max(tokens, 1))), MIN_ALPHA_TOKENS)
-  logging.info("gamma='auto': alpha %.3f on %d warm-up tokens; predicted improvement by "
-               "gamma: %s -> gamma %d", alpha, tokens,
-               ", ".join(f"{g}: {s:.2f}x" for g, s in curve.items()), gamma)
+  logging.info("gamma='auto': alpha %.3f +- %.3f on %d warm-up tokens; predicted "
+               "improvement by gamma (+- s.e. of its gap to the best): %s -> argmax %d, "
+               "chosen %d (the smallest within one s.e.)", alpha, alpha_se, tokens,
+               ", ".join(f"{g}: {s:.2f}x +- {gap_se[g]:.2f}" for g, s in curve.items()),
+               argmax, gamma)
   if curve[gamma] <= 1.0:
     logging.warning("gamma='auto': no gamma in 1..%d is predicted to beat plain decoding "
                     "(best %.2fx at gamma %d; alpha %.3f, c %.3f, v %.2f)", gamma_max,
                     curve[gamma], gamma, alpha, c[gamma], v[gamma])
-  return GammaChoice(gamma, alpha, tokens, c, v, curve)
+  return GammaChoice(gamma, alpha, tokens, alpha_se, c, v, curve, gap_se, argmax)

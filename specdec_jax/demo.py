@@ -7,6 +7,7 @@ TARGET = "checkpoints/demo/target"
 DRAFT = "checkpoints/demo/draft_small"
 VOCAB = "checkpoints/demo/spm.model"
 SOURCE = "data/bible/test.tsv"
+ALPHA_SOURCE = "data/bible/validation.tsv"   # held out too; for tuning (γ), never for results
 TASK = "bible_modernize"
 
 

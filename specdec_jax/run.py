@@ -107,6 +107,11 @@ class Experiment:
   topp: float = 0.0
   gamma: Union[int, str] = 5                 # draft tokens per round, or 'auto' (§3.5)
   gamma_max: int = 8                         # the largest γ 'auto' considers
+  # Where 'auto' estimates α: '' = the warm-up examples; else a held-out source
+  # (a validation split: tuning γ on it keeps the timed examples untouched),
+  # its first auto_alpha_examples examples.
+  auto_alpha_source: str = ""
+  auto_alpha_examples: int = 32
   # Adaptive draft length per round and row (decoding.AdaptiveConfig); gamma is
   # then γ_max. 'threshold': the draft stops when its top probability is at or
   # below adaptive_threshold; 'schedule': +2 after a fully accepted round, -1 else.
@@ -169,6 +174,10 @@ class Experiment:
       raise ValueError(f"Experiment.gamma must be >= 1, got {self.gamma}")
     if self.gamma_max < 1:
       raise ValueError(f"Experiment.gamma_max must be >= 1, got {self.gamma_max}")
+    if self.auto_alpha_source and self.auto_alpha_examples < 1:
+      raise ValueError("Experiment.auto_alpha_examples must be >= 1 with "
+                       f"auto_alpha_source={self.auto_alpha_source!r}, got "
+                       f"{self.auto_alpha_examples}")
     if self.adaptive is not None:
       if self.gamma == "auto":
         raise ValueError("Experiment.adaptive chooses γ per round up to Experiment.gamma "
@@ -778,8 +787,14 @@ def _auto_gamma(setup: Setup, workdir: Workdir, root) -> tuple[int, Optional[dic
     logging.info("gamma='auto': resuming with the gamma chosen before, %d", choice["gamma"])
     return choice["gamma"], choice
   place = setup.partitioner.shard_batch if setup.partitioner else (lambda x: x)
-  batches = [(place(_pad_batch(setup.inputs, idx, exp.batch_size)), len(idx))
-             for idx in (list(_batches(exp.num_warmup, 0, exp.batch_size)) or [[0]])]
+  inputs, n = setup.inputs, exp.num_warmup
+  if exp.auto_alpha_source:
+    held_out = dataclasses.replace(exp, source=exp.auto_alpha_source, split="validation",
+                                   num_warmup=0, num_examples=exp.auto_alpha_examples)
+    inputs = load_data(held_out).inputs
+    n = len(inputs)
+  batches = [(place(_pad_batch(inputs, idx, exp.batch_size)), len(idx))
+             for idx in (list(_batches(n, 0, exp.batch_size)) or [[0]])]
   choice = autogamma.choose_gamma(setup.target, setup.target_params, setup.draft, batches, root,
                                   exp.sampling(), exp.max_decode_len, exp.gamma_max,
                                   setup.partitioner)

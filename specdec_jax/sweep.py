@@ -12,6 +12,7 @@ import statistics
 from typing import Any, Optional, Sequence, Union
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import autogamma, theory
@@ -44,15 +45,19 @@ def parse_setting(text: Union[int, str], gamma_max: int) -> tuple[str, int, Opti
 
 def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
                 gammas: Sequence[Union[int, str]], sampling: SamplingConfig,
-                max_decode_len: int, seed: int = 0, gamma_max: int = 8) -> list[dict]:
+                max_decode_len: int, seed: int = 0, gamma_max: int = 8,
+                alpha_inputs: Optional[np.ndarray] = None,
+                alpha_batch: int = 8) -> list[dict]:
   """One row per γ setting: measured tokens/s, α, c, v and Theorem 3.8's prediction.
 
   inputs [N, S]: row 0 is the warm-up example (untimed), rows 1.. are timed.
   Speedup = speculative tokens/s over baseline tokens/s on the same examples
   (equal to the time ratio at temperature 0, where outputs are identical).
   Settings (``parse_setting``): a fixed γ; 'auto', the γ that
-  ``autogamma.choose_gamma`` picks from the warm-up example (α) and timed
-  pieces (c, v for 1..gamma_max), labelled 'auto→γ' and timed like the others;
+  ``autogamma.choose_gamma`` picks from α on ``alpha_inputs`` (e.g. held-out
+  validation examples, in batches of ``alpha_batch``; default: the warm-up
+  example alone, a noisy estimate) and timed pieces (c, v for 1..gamma_max),
+  labelled 'auto→γ' and timed like the others;
   'threshold[:t]' / 'schedule' (``decoding.AdaptiveConfig``, γ_max =
   ``gamma_max``), whose rows report the mean γ used and no prediction
   (Theorem 3.8 is for a fixed γ). All settings run back to back per example.
@@ -70,7 +75,14 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
                                cache_len=max_decode_len + g + 1)
   choice = None
   if any(label == "auto" for label, _, _ in settings):
-    choice = autogamma.choose_gamma(target, target_params, draft, [(x0, 1)],
+    batches = [(x0, 1)]
+    if alpha_inputs is not None and len(alpha_inputs):
+      batches = []
+      for i in range(0, len(alpha_inputs), alpha_batch):
+        chunk = np.asarray(alpha_inputs[i:i + alpha_batch])
+        pad = np.zeros((alpha_batch - len(chunk),) + chunk.shape[1:], chunk.dtype)
+        batches.append((jnp.asarray(np.concatenate([chunk, pad])), len(chunk)))
+    choice = autogamma.choose_gamma(target, target_params, draft, batches,
                                     jax.random.PRNGKey(seed), sampling, max_decode_len,
                                     gamma_max, costs=costs)
     costs.setdefault(choice.gamma, measure_costs(target, target_params, draft, x0,

@@ -12,7 +12,7 @@ Only numpy is used so that the analysis is importable without JAX.
 
 from __future__ import annotations
 
-from typing import Mapping, Union
+from typing import Mapping, Optional, Union
 
 import numpy as np
 
@@ -164,8 +164,10 @@ def optimal_gamma(
   return _to_output(result)
 
 
-def best_gamma_measured(alpha: float, c: Mapping[int, float],
-                        v: Mapping[int, float]) -> tuple[int, dict[int, float]]:
+def best_gamma_measured(alpha: float, c: Mapping[int, float], v: Mapping[int, float],
+                        alpha_se: float = 0.0, c_se: Optional[Mapping[int, float]] = None,
+                        v_se: Optional[Mapping[int, float]] = None
+                        ) -> tuple[int, dict[int, float]]:
   """γ maximizing the v-generalized Theorem 3.8 over measured per-γ costs (§3.5).
 
   ``c[γ]`` (draft cost per token / target step) and ``v[γ]`` (one target pass
@@ -174,14 +176,59 @@ def best_gamma_measured(alpha: float, c: Mapping[int, float],
   improvement}). Ties within ``_TIE_RTOL`` go to the smaller γ (fewer wasted
   operations, Theorem 3.11). Unlike ``optimal_gamma`` this never returns 0:
   the caller asked for speculation, and the curve says how much it helps.
+
+  With standard errors of the measurements (``alpha_se``; ``c_se``/``v_se`` per
+  γ) the choice is the smallest γ whose predicted improvement is within one
+  standard error of the difference to the argmax's (the one-standard-error
+  rule; ``prediction_gap_se``): where the curve is flat within what α and the
+  timings can tell apart, a shorter γ wastes fewer operations (Theorem 3.11)
+  and is less exposed to an overestimated α, whose error grows with γ.
   """
   if not c or set(c) != set(v):
     raise ValueError(f"c and v must be measured for the same gammas, got {sorted(c)} and "
                      f"{sorted(v)}")
   if min(c) < 1:
     raise ValueError(f"gammas must be >= 1, got {sorted(c)}")
+  if not alpha_se >= 0.0:
+    raise ValueError(f"alpha_se must be >= 0, got {alpha_se!r}")
   a = min(float(_check_alpha(alpha)), 1.0 - 1e-12)  # α = 1: the limit, not 0/0
   curve = {g: float(walltime_improvement(a, g, c[g], v[g])) for g in sorted(c)}
   best = max(curve.values())
   gamma = min(g for g, s in curve.items() if s >= best * (1.0 - _TIE_RTOL))
-  return gamma, curve
+  gap_se = prediction_gap_se(a, c, v, gamma, alpha_se, c_se, v_se)
+  return min(g for g in curve if curve[gamma] - curve[g] <= gap_se[g]), curve
+
+
+def prediction_gap_se(alpha: float, c: Mapping[int, float], v: Mapping[int, float],
+                      best: int, alpha_se: float = 0.0,
+                      c_se: Optional[Mapping[int, float]] = None,
+                      v_se: Optional[Mapping[int, float]] = None) -> dict[int, float]:
+  """Standard error of S(best) - S(γ) for every γ, S the v-generalized Theorem
+  3.8 (``walltime_improvement``), by first-order error propagation.
+
+  α is one estimate shared by every γ, so its error enters through the
+  derivative of the difference; the per-γ timings (c, v) are independent
+  measurements, so their variances add. All zero without standard errors.
+  """
+  c_se, v_se = c_se or {}, v_se or {}
+  h = 1e-5
+  lo, hi = max(alpha - h, 0.0), min(alpha + h, 1.0 - 1e-12)
+
+  def dS_dalpha(g):
+    return (walltime_improvement(hi, g, c[g], v[g])
+            - walltime_improvement(lo, g, c[g], v[g])) / (hi - lo)
+
+  def timing_var(g):
+    # S = E / (γ c + v): dS/dc = -S γ / (γ c + v), dS/dv = -S / (γ c + v).
+    denom = g * c[g] + v[g]
+    s = walltime_improvement(alpha, g, c[g], v[g])
+    return ((s * g / denom * c_se.get(g, 0.0)) ** 2 + (s / denom * v_se.get(g, 0.0)) ** 2)
+
+  out = {}
+  for g in sorted(c):
+    if g == best:
+      out[g] = 0.0
+      continue
+    var = ((dS_dalpha(best) - dS_dalpha(g)) * alpha_se) ** 2 + timing_var(best) + timing_var(g)
+    out[g] = float(np.sqrt(var))
+  return out

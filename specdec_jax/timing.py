@@ -62,6 +62,19 @@ class Costs(NamedTuple):
   draft_token_s: float   # draft propose(γ) / γ
   c: float
   v: float
+  c_se: float = 0.0      # standard errors of c and v over the interleaved repeats
+  v_se: float = 0.0      # (``median_se`` of the per-repeat ratios)
+
+
+def median_se(xs: list[float]) -> float:
+  """Standard error of a median, robustly: 1.2533 σ / sqrt(n) (the median's
+  asymptotic efficiency under normal noise) with σ = 1.4826 · MAD, so that a
+  few load spikes among the repeats do not inflate it. 0 for n < 2."""
+  if len(xs) < 2:
+    return 0.0
+  m = statistics.median(xs)
+  mad = statistics.median([abs(x - m) for x in xs])
+  return 1.2533 * 1.4826 * mad / len(xs) ** 0.5
 
 
 # Each piece runs `n` times inside one jitted fori_loop, so the per-call
@@ -142,4 +155,9 @@ def measure_costs(target: T5Model, target_params: Any, draft: ApproximationModel
   t_step = median(times["step"]) / n
   t_verify = median(times["verify"]) / n
   t_draft = median(times["draft"]) / n / gamma
-  return Costs(t_step, t_verify, t_draft, t_draft / t_step, t_verify / t_step)
+  # Repeats are interleaved, so each repeat's ratio pairs pieces timed under
+  # the same load: their spread is the noise of c and v.
+  c_reps = [d / gamma / s for d, s in zip(times["draft"], times["step"])]
+  v_reps = [vf / s for vf, s in zip(times["verify"], times["step"])]
+  return Costs(t_step, t_verify, t_draft, t_draft / t_step, t_verify / t_step,
+               median_se(c_reps), median_se(v_reps))

@@ -279,6 +279,8 @@ def test_failed_run_leaves_no_files_and_a_stale_config_is_replaced(spec_run, env
     ("Experiment.gamma = 2.5", r"Experiment.gamma must be int or str, got 2.5 \(float\)"),
     ("Experiment.gamma = '3'", r"Experiment.gamma must be an int >= 1 or 'auto', got '3'"),
     ("Experiment.gamma_max = 0", r"Experiment.gamma_max must be >= 1, got 0"),
+    ("Experiment.auto_alpha_source = 'x.tsv'\nExperiment.auto_alpha_examples = 0",
+     r"Experiment.auto_alpha_examples must be >= 1 with auto_alpha_source='x.tsv', got 0"),
     ("Experiment.mesh_shape = (1, 1, 1)", r"mesh_shape must be None or two positive ints"),
     ("Experiment.partition_fallback = 'pad'", r"partition_fallback must be one of"),
     ("Experiment.dtype = 'float8'", r"Experiment.dtype must be one of .*got 'float8'"),
@@ -524,7 +526,8 @@ def test_help_lists_settings_and_library_info_is_quiet():
 def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsys, caplog,
                                                                       tmp_path):
   """gamma='auto': α on the warm-up examples, c and v per γ, the argmax of the
-  v-generalized Theorem 3.8 (recomputed here from the recorded numbers); a
+  v-generalized Theorem 3.8 and the smallest γ within one standard error of
+  it (recomputed here from the recorded numbers); a
   resumed run keeps the γ it chose; too few warm-up tokens are warned about."""
   import logging as std_logging
   from specdec_jax import autogamma
@@ -543,7 +546,11 @@ def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsy
     assert auto["predicted"][g] == pytest.approx(theory.walltime_improvement(
         min(auto["alpha_warmup"], 1 - 1e-12), int(g), auto["c"][g], auto["v"][g]))
   best = max(auto["predicted"].values())
-  assert auto["gamma"] == min(int(g) for g, x in auto["predicted"].items() if x == best)
+  assert auto["argmax"] == min(int(g) for g, x in auto["predicted"].items() if x == best)
+  # The choice: the smallest γ within one standard error of the argmax's prediction.
+  assert auto["alpha_se"] >= 0 and auto["gap_se"][str(auto["argmax"])] == 0
+  assert auto["gamma"] == min(int(g) for g, x in auto["predicted"].items()
+                              if best - x <= auto["gap_se"][g])
   assert s["gamma"] == auto["gamma"]
   assert auto["alpha_tokens"] < autogamma.MIN_ALPHA_TOKENS
   assert any(f"only {auto['alpha_tokens']} target tokens" in r.getMessage()
@@ -555,6 +562,14 @@ def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsy
   recs = _lines(w / "examples.jsonl")
   assert len(recs) == 3 and {r["gamma"] for r in recs} == {auto["gamma"]}
   assert all(r["gamma_auto"] == auto for r in recs)
+  # A held-out source for α: its first auto_alpha_examples examples, not the warm-up.
+  w2 = tmp_path / "auto_held_out"
+  rc, _, err = _cli(capsys, args[0], f"--workdir={w2}", *args[2:],
+                    f"--gin_bindings=Experiment.auto_alpha_source = '{env / 'data.tsv'}'",
+                    "--gin_bindings=Experiment.auto_alpha_examples = 6")
+  assert rc == 0, err
+  held = json.loads((w2 / "summary.json").read_text())["gamma_auto"]
+  assert held["alpha_tokens"] > auto["alpha_tokens"]
 
 
 def test_gamma_auto_is_refused_with_alpha_only(env, monkeypatch):
