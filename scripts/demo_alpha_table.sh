@@ -5,7 +5,9 @@
 # overrides; add unigram there) and the T5 drafts, at T=0 and T=1. (The Table 4-style table comes from scripts/bench_speculative.py.)
 # Usage: bash scripts/demo_alpha_table.sh [OUT_DIR]   (default runs/demo_alpha)
 # DRAFTS="dir ..." overrides the T5 drafts measured (e.g. to add undistilled
-# ones: their label is "<parent>/<name>").
+# ones: their label is "<parent>/<name>"). COMBO_DRAFTS="dir ..." (default
+# draft_small; " " for none) adds lookup_t5 rows: prompt lookup on a full
+# max-n-gram match, that T5 draft elsewhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/demo_alpha}
@@ -28,6 +30,15 @@ for t in 0 1; do
   for path in ${DRAFTS:-checkpoints/demo/draft_small checkpoints/demo/draft_tiny}; do
     label="$(basename "$(dirname "$path")")/$(basename "$path")"
     run --alpha_only --workdir="$OUT/alpha/${label//\//_}_t$t" \
+      --gin_bindings="Experiment.draft_checkpoint = '$path'" \
+      --gin_bindings="Experiment.draft_label = '$label'" \
+      --gin_bindings="Experiment.temperature = $t.0" \
+      --gin_bindings="Experiment.num_examples = 500"
+  done
+  for path in ${COMBO_DRAFTS:-checkpoints/demo/draft_small}; do
+    label="lookup_t5+$(basename "$path")"
+    run --alpha_only --workdir="$OUT/alpha/${label//+/_}_t$t" \
+      --gin_bindings="Experiment.draft_name = 'lookup_t5'" \
       --gin_bindings="Experiment.draft_checkpoint = '$path'" \
       --gin_bindings="Experiment.draft_label = '$label'" \
       --gin_bindings="Experiment.temperature = $t.0" \

@@ -138,6 +138,16 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
         c=c.c, v=c.v,
         expected=float(theory.walltime_improvement(a_cap, g, c.c)) if fixed else None,
         expected_v=float(theory.walltime_improvement(a_cap, g, c.c, c.v)) if fixed else None,
+        # measured / EXP(v) = tokens_factor * round_factor * baseline_factor
+        # (exactly): where the prediction's error sits. tokens: tokens per
+        # target call vs Eq. (1) at the measured α; round: (γc + v) target
+        # steps vs the measured time per round (> 1 if rounds cost less);
+        # baseline: the baseline's time per token vs the timed target step.
+        tokens_factor=(a["tok"] / max(a["calls"], 1) / float(theory.expected_tokens(a_cap, g))
+                       if fixed else None),
+        round_factor=((g * c.c + c.v) * c.target_step_s / (a["s"] / max(a["calls"], 1))
+                      if fixed else None),
+        baseline_factor=(b_s / b_tok) / c.target_step_s,
         acceptance_at=(a["acc_at"] / np.maximum(a["ev_at"], 1)).tolist(),
         mismatches=a["mism"] if sampling.greedy else None, examples=len(inputs) - 1,
         **({"auto": choice.as_record()} if label.startswith("auto") else {})))
@@ -156,13 +166,21 @@ COLUMNS = [("temp", "temperature", "{:g}"), ("γ", "gamma", "{}"),
            ("EXP (with v)", "expected_v", "{:.2f}x")]
 
 
+FACTORS = [("= tokens/call ÷ Eq. 1", "tokens_factor"),
+           ("× (γc+v) steps ÷ round", "round_factor"),
+           ("× baseline/token ÷ step", "baseline_factor")]
+
+
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-  """The sweep as a markdown table, plus measured / EXP(with v)."""
-  head = [c[0] for c in COLUMNS] + ["measured / EXP(v)", "mismatches"]
+  """The sweep as a markdown table, plus measured / EXP(with v) and its three
+  factors (see ``gamma_sweep``)."""
+  head = ([c[0] for c in COLUMNS] + ["measured / EXP(v)"] + [f[0] for f in FACTORS]
+          + ["mismatches"])
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in rows:
     cells = ["-" if r[key] is None else fmt.format(r[key]) for _, key, fmt in COLUMNS]
     cells.append("-" if r["expected_v"] is None else f"{r['speedup'] / r['expected_v']:.2f}")
+    cells += ["-" if r.get(key) is None else f"{r[key]:.2f}" for _, key in FACTORS]
     cells.append("-" if r["mismatches"] is None else str(r["mismatches"]))
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
