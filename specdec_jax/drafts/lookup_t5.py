@@ -22,8 +22,6 @@ vector ops over [B, S + T] per round.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -68,29 +66,16 @@ class LookupT5Draft:
 
   def propose(self, state: LookupT5State, seq: Array, length: Array, gamma: int,
               sampling: SamplingConfig, key: Array) -> tuple[Array, Array, LookupT5State]:
-    cont, copy = self.copy_plan(state, seq, length, gamma)
-    keys = jax.random.split(key, gamma)
+    cont, copy_at = self.copy_plan(state, seq, length, gamma)
 
-    def choose(i, q, x):
+    def copy(i, q, x):
       """Position i's token and q: the copy (one-hot) or the T5 draft's own."""
       one_hot = jax.nn.one_hot(cont[:, i], q.shape[-1], dtype=q.dtype)
-      return (jnp.where(copy[:, i], cont[:, i], x),
-              jnp.where(copy[:, i, None], one_hot, q))
+      return (jnp.where(copy_at[:, i], cont[:, i], x),
+              jnp.where(copy_at[:, i, None], one_hot, q))
 
-    _, q1, x1, cache = self.t5._first_step(state.cache, seq, length, sampling, keys[0])
-    x1, q1 = choose(0, q1, x1)
-
-    def step(carry, inp):
-      cache, x = carry
-      i, k = inp
-      _, q, nxt, cache = self.t5._step(cache, x, length + i, sampling, k)
-      nxt, q = choose(i, q, nxt)
-      return (cache, nxt), (nxt, q)
-
-    (cache, _), (xs, qs) = jax.lax.scan(step, (cache, x1),
-                                        (jnp.arange(1, gamma, dtype=jnp.int32), keys[1:]))
-    tokens = jnp.concatenate([x1[:, None], jnp.moveaxis(xs, 0, 1)], axis=1)
-    q = jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
+    tokens, q, cache = self.t5.propose(state.cache, seq, length, gamma, sampling, key,
+                                       override=copy)
     return tokens, q, state.replace(cache=cache)
 
   def commit(self, state: LookupT5State, seq: Array, length: Array) -> LookupT5State:

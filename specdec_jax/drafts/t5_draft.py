@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -64,14 +64,23 @@ class T5Draft:
     return logits[:, 0], q, sample(key, q, sampling), cache
 
   def propose(self, state: DecoderCache, seq: Array, length: Array, gamma: int,
-              sampling: SamplingConfig, key: Array) -> tuple[Array, Array, DecoderCache]:
+              sampling: SamplingConfig, key: Array,
+              override: Callable[[int | Array, Array, Array], tuple[Array, Array]] | None = None
+              ) -> tuple[Array, Array, DecoderCache]:
+    """γ draft steps. ``override(i, q_i, x_i) -> (x_i, q_i)`` (i 0-based) may
+    replace each position's token and distribution before the next step is
+    fed it (``LookupT5Draft`` copies there); it must return the distribution
+    the returned token was drawn from, decided without the target."""
     keys = jax.random.split(key, gamma)
+    override = override or (lambda i, q, x: (x, q))
     _, q1, x1, cache = self._first_step(state, seq, length, sampling, keys[0])
+    x1, q1 = override(0, q1, x1)
 
     def step(carry, inp):
       cache, x = carry
       i, k = inp
       _, q, nxt, cache = self._step(cache, x, length + i, sampling, k)
+      nxt, q = override(i, q, nxt)
       return (cache, nxt), (nxt, q)
 
     (cache, _), (xs, qs) = jax.lax.scan(step, (cache, x1),
