@@ -58,7 +58,15 @@ def bench(args) -> str:
     rows += gamma_sweep(setup.target, setup.target_params, setup.draft, setup.inputs, gammas,
                         SamplingConfig(temperature=temp), exp.max_decode_len, args.seed,
                         gamma_max=args.gamma_max, alpha_inputs=alpha_inputs)
-  return markdown_table(rows)
+  lines = [markdown_table(rows)]
+  for r in rows:
+    if "auto" in r:  # what 'auto' saw and why it chose its γ (autogamma.GammaChoice)
+      a = r["auto"]
+      curve = ", ".join(f"{g}: {x:.2f}x ± {a['gap_se'][g]:.2f}" for g, x in a["predicted"].items())
+      lines.append(f"\nT={r['temperature']:g} auto: α {a['alpha_warmup']:.3f} ± {a['alpha_se']:.3f} "
+                   f"on {a['alpha_tokens']} tokens; predicted (± s.e. of the gap to the best) "
+                   f"{curve}; argmax {a['argmax']}, chosen {a['gamma']}")
+  return "\n".join(lines)
 
 
 def main() -> None:
