@@ -28,7 +28,7 @@ from specdec_jax import theory
 from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
-from specdec_jax.timing import Costs, measure_costs
+from specdec_jax.timing import Costs, measure_costs_many
 
 Array = jax.Array
 
@@ -145,18 +145,19 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
   smallest γ within one standard error of the maximum, the errors being α's
   (over warm-up sequences) and the timings' (over repeats).
 
-  ``costs`` reuses measurements already made (e.g. by a sweep); missing γ
-  are measured here, each at the loop's cache length max_decode_len + γ + 1.
+  ``costs`` reuses measurements already made (e.g. by a sweep; pass all of
+  1..γ_max from one ``measure_costs_many`` so they are comparable); missing γ
+  are measured here together, in one interleaved measurement.
   """
   if gamma_max < 1:
     raise ValueError(f"gamma_max must be >= 1, got {gamma_max}")
   alpha, tokens, alpha_se = estimate_alpha(target, params, draft, batches, key, sampling,
                                            max_decode_len, partitioner)
   costs = dict(costs or {})
-  for g in range(1, gamma_max + 1):
-    if g not in costs:
-      costs[g] = measure_costs(target, params, draft, batches[0][0], g, sampling,
-                               cache_len=max_decode_len + g + 1)
+  missing = [g for g in range(1, gamma_max + 1) if g not in costs]
+  if missing:
+    costs.update(measure_costs_many(target, params, draft, batches[0][0], missing, sampling,
+                                    cache_len=max_decode_len + gamma_max + 1))
   c = {g: costs[g].c for g in range(1, gamma_max + 1)}
   v = {g: costs[g].v for g in range(1, gamma_max + 1)}
   c_se = {g: costs[g].c_se for g in c}

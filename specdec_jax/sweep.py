@@ -18,7 +18,7 @@ import numpy as np
 from specdec_jax import autogamma, theory
 from specdec_jax.decoding import AdaptiveConfig, speculative_decode, temperature_sample
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.timing import block, measure_costs, timed
+from specdec_jax.timing import block, measure_costs_many, timed
 
 
 
@@ -68,13 +68,14 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
   base = lambda x, k: temperature_sample(target, target_params, x, k, **kw)
   x0 = inputs[:1]
   block(base(x0, jax.random.PRNGKey(0)))
-  costs = {}
-  for _, g, _ in settings:
-    if g and g not in costs:
-      costs[g] = measure_costs(target, target_params, draft, x0, g, sampling,
-                               cache_len=max_decode_len + g + 1)
+  auto = any(label == "auto" for label, _, _ in settings)
+  # Every γ's c and v in one interleaved measurement, so they are comparable
+  # across rows and 'auto' sees the very costs its row is predicted with.
+  needed = {g for _, g, _ in settings if g} | (set(range(1, gamma_max + 1)) if auto else set())
+  costs = measure_costs_many(target, target_params, draft, x0, sorted(needed), sampling,
+                             cache_len=max_decode_len + max(needed) + 1) if needed else {}
   choice = None
-  if any(label == "auto" for label, _, _ in settings):
+  if auto:
     batches = [(x0, 1)]
     if alpha_inputs is not None and len(alpha_inputs):
       batches = []
@@ -85,9 +86,6 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
     choice = autogamma.choose_gamma(target, target_params, draft, batches,
                                     jax.random.PRNGKey(seed), sampling, max_decode_len,
                                     gamma_max, costs=costs)
-    costs.setdefault(choice.gamma, measure_costs(target, target_params, draft, x0,
-                                                 choice.gamma, sampling,
-                                                 cache_len=max_decode_len + choice.gamma + 1))
     settings = [(f"auto→{choice.gamma}", choice.gamma, None) if label == "auto"
                 else (label, g, a) for label, g, a in settings]
   spec = {label: (lambda x, k, g=g, a=a: speculative_decode(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -127,37 +127,61 @@ def measure_costs(target: T5Model, target_params: Any, draft: ApproximationModel
   Pass the decoding loop's ``cache_len`` (max_decode_len + γ + 1) so that
   attention spans what it does there.
   """
+  return measure_costs_many(target, target_params, draft, inputs, [gamma], sampling,
+                            cache_len, position, repeats, inner)[gamma]
+
+
+def measure_costs_many(target: T5Model, target_params: Any, draft: ApproximationModel,
+                       inputs: Array, gammas: Sequence[int],
+                       sampling: SamplingConfig = SamplingConfig(),
+                       cache_len: int | None = None, position: int = 16, repeats: int = 15,
+                       inner: int = 16) -> dict[int, Costs]:
+  """``measure_costs`` for several γ in ONE interleaved measurement: one
+  target-step piece shared by all, and each γ's verify and draft pieces, timed
+  round-robin in every repeat. Machine drift then hits every γ alike, so
+  v(γ) and c(γ) are comparable across γ (timed in separate calls, the same
+  v(6) on the demo pair came out 2.05 and 2.92 minutes apart, and that noise,
+  not α, decided ``gamma='auto'``). ``cache_len`` (default: position + the
+  largest γ + 3) is shared by every piece.
+  """
+  gammas = sorted(set(int(g) for g in gammas))
+  if not gammas or gammas[0] < 1:
+    raise ValueError(f"gammas must be >= 1, got {gammas}")
   b = inputs.shape[0]
-  cache_len = max(cache_len or 0, position + gamma + 3)  # +1: the steps alternate positions
+  cache_len = max(cache_len or 0, position + gammas[-1] + 3)  # +1: steps alternate positions
   cache = _target_init(target, target_params, inputs, cache_len)
   dstate = _draft_init(draft, inputs, cache_len)
   key = jax.random.PRNGKey(0)
-  tok1 = jnp.full((b, 1), 3, jnp.int32)
-  pos1 = jnp.full((b, 1), position, jnp.int32)
-  tokv = jnp.full((b, gamma + 1), 3, jnp.int32)
-  posv = position + jnp.broadcast_to(jnp.arange(gamma + 1, dtype=jnp.int32), (b, gamma + 1))
   seq = jnp.full((b, cache_len + 1), 3, jnp.int32)
   length = jnp.full((b,), position, jnp.int32)
   n = inner
-  pieces = {
-      "step": lambda: _target_steps(target, target_params, cache, tok1, pos1, key, sampling, n),
-      "verify": lambda: _target_steps(target, target_params, cache, tokv, posv, key, sampling,
-                                      n),
-      "draft": lambda: _proposes(draft, dstate, seq, length, key, gamma, sampling, n),
-  }
+
+  def target_piece(k):
+    tok = jnp.full((b, k), 3, jnp.int32)
+    pos = position + jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
+    return lambda: _target_steps(target, target_params, cache, tok, pos, key, sampling, n)
+
+  pieces = {"step": target_piece(1)}
+  for g in gammas:
+    pieces[("verify", g)] = target_piece(g + 1)
+    pieces[("draft", g)] = (lambda g=g: _proposes(draft, dstate, seq, length, key, g,
+                                                   sampling, n))
   for fn in pieces.values():  # compile + warm up
     block(fn())
-  # Interleaved: machine drift hits the three pieces alike.
-  times: dict[str, list[float]] = {k: [] for k in pieces}
+  # Interleaved: machine drift hits every piece alike.
+  times: dict[Any, list[float]] = {k: [] for k in pieces}
   for _ in range(repeats):
     for k, fn in pieces.items():
       times[k] += time_call(fn, repeats=1, warmup=0)
   t_step = median(times["step"]) / n
-  t_verify = median(times["verify"]) / n
-  t_draft = median(times["draft"]) / n / gamma
-  # Repeats are interleaved, so each repeat's ratio pairs pieces timed under
-  # the same load: their spread is the noise of c and v.
-  c_reps = [d / gamma / s for d, s in zip(times["draft"], times["step"])]
-  v_reps = [vf / s for vf, s in zip(times["verify"], times["step"])]
-  return Costs(t_step, t_verify, t_draft, t_draft / t_step, t_verify / t_step,
-               median_se(c_reps), median_se(v_reps))
+  out = {}
+  for g in gammas:
+    t_verify = median(times[("verify", g)]) / n
+    t_draft = median(times[("draft", g)]) / n / g
+    # Each repeat's ratio pairs pieces timed under the same load: their
+    # spread is the noise of c and v.
+    c_reps = [d / g / s for d, s in zip(times[("draft", g)], times["step"])]
+    v_reps = [vf / s for vf, s in zip(times[("verify", g)], times["step"])]
+    out[g] = Costs(t_step, t_verify, t_draft, t_draft / t_step, t_verify / t_step,
+                   median_se(c_reps), median_se(v_reps))
+  return out

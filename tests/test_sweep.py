@@ -27,3 +27,22 @@ def test_sweep_rows_and_the_factors_of_measured_over_predicted(tiny_target, tiny
   assert product == pytest.approx(r["speedup"] / r["expected_v"], rel=1e-9)
   table = markdown_table(rows)
   assert "× (γc+v) ÷ round in baseline tokens" in table and table.count("\n") == 2
+
+
+def test_costs_for_several_gammas_share_one_interleaved_step(tiny_target, tiny_draft):
+  from specdec_jax.timing import measure_costs_many
+  model, params = tiny_target
+  dm, dp = tiny_draft
+  draft = drafts.T5Draft(params=dp, model=dm)
+  x = jax.random.randint(jax.random.PRNGKey(2), (1, 10), 2, 64)
+  costs = measure_costs_many(model, params, draft, x, [3, 1], SamplingConfig(), repeats=3,
+                             inner=2)
+  assert sorted(costs) == [1, 3]
+  # One target-step piece is the unit of every γ's c and v.
+  assert costs[1].target_step_s == costs[3].target_step_s > 0
+  for g, c in costs.items():
+    assert c.v == pytest.approx(c.verify_s / c.target_step_s)
+    assert c.c == pytest.approx(c.draft_token_s / c.target_step_s)
+    assert c.c_se >= 0 and c.v_se >= 0
+  with pytest.raises(ValueError, match="gammas must be >= 1"):
+    measure_costs_many(model, params, draft, x, [0, 2], SamplingConfig())
