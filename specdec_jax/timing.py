@@ -84,7 +84,9 @@ def median_se(xs: list[float]) -> float:
 
 
 @functools.partial(jax.jit, static_argnames=("model", "sampling", "n"))
-def _target_steps(model: T5Model, params, cache, tokens, positions, key, sampling, n):
+def target_steps(model: T5Model, params, cache, tokens, positions, key, sampling, n):
+  """n decode calls (+ standardize + sample) in one jitted loop; returns a
+  value that depends on every output, so none of the work can be dropped."""
   def body(i, carry):
     cache, acc = carry
     # Alternate between two positions: with a loop-invariant position XLA hoists
@@ -159,7 +161,7 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
   def target_piece(k):
     tok = jnp.full((b, k), 3, jnp.int32)
     pos = position + jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
-    return lambda: _target_steps(target, target_params, cache, tok, pos, key, sampling, n)
+    return lambda: target_steps(target, target_params, cache, tok, pos, key, sampling, n)
 
   pieces = {"step": target_piece(1)}
   for g in gammas:
