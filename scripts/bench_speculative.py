@@ -21,7 +21,6 @@ overhead: 1.0 means none).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specdec_jax import demo, drafts  # noqa: E402
-from specdec_jax.run import Experiment, load_data, prepare  # noqa: E402
+from specdec_jax.run import Experiment, held_out_inputs, prepare  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
 from specdec_jax.sweep import gamma_sweep, markdown_table  # noqa: E402
 
@@ -50,9 +49,7 @@ def bench(args) -> str:
   setup = prepare(exp)
   alpha_inputs = None
   if "auto" in gammas and args.auto_alpha_examples > 0:
-    alpha_inputs = load_data(dataclasses.replace(
-        exp, source=args.auto_alpha_source, num_warmup=0,
-        num_examples=args.auto_alpha_examples)).inputs
+    alpha_inputs = held_out_inputs(exp, args.auto_alpha_source, args.auto_alpha_examples)
   rows = []
   for temp in (float(t) for t in args.temperatures.split(",")):
     rows += gamma_sweep(setup.target, setup.target_params, setup.draft, setup.inputs, gammas,

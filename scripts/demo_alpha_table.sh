@@ -17,32 +17,27 @@ run() { "$PY" -m specdec_jax.run --config=configs/demo.gin "$@" \
   --gin_bindings="Experiment.batch_size = ${BATCH:-32}" \
   --gin_bindings="Experiment.alpha_only_tokens = ${TOKENS:-5000}"; }
 
+# One alpha-only row: draft name, checkpoint ('' for none), label, temperature,
+# extra bindings.
+row() {
+  local name=$1 path=$2 label=$3 t=$4; shift 4
+  run --alpha_only --workdir="$OUT/alpha/${label//[\/+]/_}_t$t" \
+    --gin_bindings="Experiment.draft_name = '$name'" \
+    --gin_bindings="Experiment.draft_checkpoint = '$path'" \
+    --gin_bindings="Experiment.draft_label = '$label'" \
+    --gin_bindings="Experiment.temperature = $t.0" \
+    --gin_bindings="Experiment.num_examples = 500" "$@"
+}
+
 for t in 0 1; do
   for d in ${NGRAM_DRAFTS:-bigram prompt_lookup}; do
-    run --alpha_only --workdir="$OUT/alpha/${d}_t$t" \
-      --gin_bindings="Experiment.draft_name = '$d'" \
-      --gin_bindings="Experiment.draft_label = '$d'" \
-      --gin_bindings="Experiment.draft_checkpoint = ''" \
-      --gin_bindings="Experiment.ngram_corpus = 'data/bible/train.tsv'" \
-      --gin_bindings="Experiment.temperature = $t.0" \
-      --gin_bindings="Experiment.num_examples = 500"
+    row "$d" "" "$d" "$t" --gin_bindings="Experiment.ngram_corpus = 'data/bible/train.tsv'"
   done
   for path in ${DRAFTS:-checkpoints/demo/draft_small checkpoints/demo/draft_tiny}; do
-    label="$(basename "$(dirname "$path")")/$(basename "$path")"
-    run --alpha_only --workdir="$OUT/alpha/${label//\//_}_t$t" \
-      --gin_bindings="Experiment.draft_checkpoint = '$path'" \
-      --gin_bindings="Experiment.draft_label = '$label'" \
-      --gin_bindings="Experiment.temperature = $t.0" \
-      --gin_bindings="Experiment.num_examples = 500"
+    row t5 "$path" "$(basename "$(dirname "$path")")/$(basename "$path")" "$t"
   done
   for path in ${COMBO_DRAFTS:-checkpoints/demo/draft_small}; do
-    label="lookup_t5+$(basename "$path")"
-    run --alpha_only --workdir="$OUT/alpha/${label//+/_}_t$t" \
-      --gin_bindings="Experiment.draft_name = 'lookup_t5'" \
-      --gin_bindings="Experiment.draft_checkpoint = '$path'" \
-      --gin_bindings="Experiment.draft_label = '$label'" \
-      --gin_bindings="Experiment.temperature = $t.0" \
-      --gin_bindings="Experiment.num_examples = 500"
+    row lookup_t5 "$path" "lookup_t5+$(basename "$path")" "$t"
   done
 done
 

@@ -53,6 +53,18 @@ def _draft_q_along(draft: Any, inputs: Array, tokens: Array, sampling: SamplingC
   return jnp.moveaxis(qs, 0, 1)
 
 
+def alpha_batches(inputs: np.ndarray, n: int, batch_size: int) -> list[tuple[Array, int]]:
+  """The first ``n`` rows of ``inputs`` (at least one) as ``estimate_alpha``'s
+  (inputs [batch_size, S], real rows) batches; a short last batch repeats its
+  last row, which is not counted."""
+  out = []
+  for start in range(0, max(n, 1), batch_size):
+    rows = list(range(start, min(start + batch_size, max(n, 1))))
+    padded = rows + [rows[-1]] * (batch_size - len(rows))
+    out.append((jnp.asarray(np.asarray(inputs)[padded]), len(rows)))
+  return out
+
+
 @functools.partial(jax.jit, static_argnames=("target", "sampling"))
 def min_pq_along(target: T5Model, params: Any, draft: Any, inputs: Array, tokens: Array,
                  lengths: Array, sampling: SamplingConfig) -> Array:
@@ -162,9 +174,7 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
   v = {g: costs[g].v for g in range(1, gamma_max + 1)}
   c_se = {g: costs[g].c_se for g in c}
   v_se = {g: costs[g].v_se for g in v}
-  gamma, curve = theory.best_gamma_measured(alpha, c, v, alpha_se, c_se, v_se)
-  argmax = theory.best_gamma_measured(alpha, c, v)[0]
-  gap_se = theory.prediction_gap_se(min(alpha, 1 - 1e-12), c, v, argmax, alpha_se, c_se, v_se)
+  gamma, argmax, curve, gap_se = theory.gamma_curve(alpha, c, v, alpha_se, c_se, v_se)
   if tokens < MIN_ALPHA_TOKENS:
     # Tokens of one sequence are correlated, so the true error is larger still.
     logging.warning("gamma='auto': alpha estimated on only %d target tokens (standard error "

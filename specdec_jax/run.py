@@ -35,7 +35,6 @@ the repository root.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import importlib.util
 import json
@@ -489,6 +488,13 @@ def load_data(exp: Experiment) -> Data:
   return Data(vocab, examples, inputs, set(truncated))
 
 
+def held_out_inputs(exp: Experiment, source: str, num_examples: int) -> np.ndarray:
+  """The first ``num_examples`` inputs of another source (e.g. a validation
+  split to tune γ on), tokenized exactly like the experiment's own."""
+  return load_data(dataclasses.replace(exp, source=source, split="validation", num_warmup=0,
+                                       num_examples=num_examples)).inputs
+
+
 def load_models(exp: Experiment, d: Data) -> Setup:
   """Target, draft (built by name) and a one-time check of the draft's interface."""
   target_part, draft_part = partitioners(exp)
@@ -789,12 +795,9 @@ def _auto_gamma(setup: Setup, workdir: Workdir, root) -> tuple[int, Optional[dic
   place = setup.partitioner.shard_batch if setup.partitioner else (lambda x: x)
   inputs, n = setup.inputs, exp.num_warmup
   if exp.auto_alpha_source:
-    held_out = dataclasses.replace(exp, source=exp.auto_alpha_source, split="validation",
-                                   num_warmup=0, num_examples=exp.auto_alpha_examples)
-    inputs = load_data(held_out).inputs
+    inputs = held_out_inputs(exp, exp.auto_alpha_source, exp.auto_alpha_examples)
     n = len(inputs)
-  batches = [(place(_pad_batch(inputs, idx, exp.batch_size)), len(idx))
-             for idx in (list(_batches(n, 0, exp.batch_size)) or [[0]])]
+  batches = [(place(x), rows) for x, rows in autogamma.alpha_batches(inputs, n, exp.batch_size)]
   choice = autogamma.choose_gamma(setup.target, setup.target_params, setup.draft, batches, root,
                                   exp.sampling(), exp.max_decode_len, exp.gamma_max,
                                   setup.partitioner)

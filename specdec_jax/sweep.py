@@ -12,7 +12,6 @@ import statistics
 from typing import Any, Optional, Sequence, Union
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import autogamma, theory
@@ -78,11 +77,7 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
   if auto:
     batches = [(x0, 1)]
     if alpha_inputs is not None and len(alpha_inputs):
-      batches = []
-      for i in range(0, len(alpha_inputs), alpha_batch):
-        chunk = np.asarray(alpha_inputs[i:i + alpha_batch])
-        pad = np.zeros((alpha_batch - len(chunk),) + chunk.shape[1:], chunk.dtype)
-        batches.append((jnp.asarray(np.concatenate([chunk, pad])), len(chunk)))
+      batches = autogamma.alpha_batches(alpha_inputs, len(alpha_inputs), alpha_batch)
     choice = autogamma.choose_gamma(target, target_params, draft, batches,
                                     jax.random.PRNGKey(seed), sampling, max_decode_len,
                                     gamma_max, costs=costs)

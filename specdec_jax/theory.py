@@ -12,7 +12,7 @@ Only numpy is used so that the analysis is importable without JAX.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Union
+from typing import Mapping, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -184,6 +184,24 @@ def best_gamma_measured(alpha: float, c: Mapping[int, float], v: Mapping[int, fl
   timings can tell apart, a shorter γ wastes fewer operations (Theorem 3.11)
   and is less exposed to an overestimated α, whose error grows with γ.
   """
+  choice = gamma_curve(alpha, c, v, alpha_se, c_se, v_se)
+  return choice.gamma, choice.curve
+
+
+class GammaCurve(NamedTuple):
+  """``gamma_curve``'s result: the choice, the curve's argmax, the predicted
+  improvement per γ and the standard error of each γ's gap to the argmax."""
+
+  gamma: int
+  argmax: int
+  curve: dict[int, float]
+  gap_se: dict[int, float]
+
+
+def gamma_curve(alpha: float, c: Mapping[int, float], v: Mapping[int, float],
+                alpha_se: float = 0.0, c_se: Optional[Mapping[int, float]] = None,
+                v_se: Optional[Mapping[int, float]] = None) -> GammaCurve:
+  """``best_gamma_measured`` with everything it computed on the way."""
   if not c or set(c) != set(v):
     raise ValueError(f"c and v must be measured for the same gammas, got {sorted(c)} and "
                      f"{sorted(v)}")
@@ -194,9 +212,10 @@ def best_gamma_measured(alpha: float, c: Mapping[int, float], v: Mapping[int, fl
   a = min(float(_check_alpha(alpha)), 1.0 - 1e-12)  # α = 1: the limit, not 0/0
   curve = {g: float(walltime_improvement(a, g, c[g], v[g])) for g in sorted(c)}
   best = max(curve.values())
-  gamma = min(g for g, s in curve.items() if s >= best * (1.0 - _TIE_RTOL))
-  gap_se = prediction_gap_se(a, c, v, gamma, alpha_se, c_se, v_se)
-  return min(g for g in curve if curve[gamma] - curve[g] <= gap_se[g]), curve
+  argmax = min(g for g, s in curve.items() if s >= best * (1.0 - _TIE_RTOL))
+  gap_se = prediction_gap_se(a, c, v, argmax, alpha_se, c_se, v_se)
+  gamma = min(g for g in curve if curve[argmax] - curve[g] <= gap_se[g])
+  return GammaCurve(gamma, argmax, curve, gap_se)
 
 
 def prediction_gap_se(alpha: float, c: Mapping[int, float], v: Mapping[int, float],
