@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from typing import Any, Optional
 
@@ -181,6 +182,33 @@ def report(args, names: list[str], sp: spm.SentencePieceProcessor) -> dict:
 # ---------------------------------------------------------------- main
 
 
+def _copy_vocabulary(src: str, export_dir: str) -> None:
+  """Copy ``src`` (and its .vocab, if present) to ``export_dir``/spm.*."""
+  if not os.path.exists(src):
+    raise FileNotFoundError(f"--spm {src}: no such SentencePiece model")
+  dst = os.path.join(export_dir, "spm.model")
+  if os.path.abspath(src) != os.path.abspath(dst):
+    shutil.copyfile(src, dst)
+    vocab = src[:-len(".model")] + ".vocab" if src.endswith(".model") else None
+    if vocab and os.path.exists(vocab):
+      shutil.copyfile(vocab, os.path.join(export_dir, "spm.vocab"))
+
+
+def _refuse_new_vocabulary(args: argparse.Namespace, names: list[str], spm_path: str) -> None:
+  """A model that resumes or warm-starts was trained with some vocabulary: a
+  fresh one would silently re-map every token id, so that is an error."""
+  if args.report:
+    raise FileNotFoundError(f"{spm_path} is missing: --report needs the "
+                            "vocabulary the exports were trained with")
+  for n in names:
+    ckpt = os.path.join(args.workdir, n, "ckpt")
+    if n in args.init_from or (os.path.isdir(ckpt) and os.listdir(ckpt)):
+      raise FileNotFoundError(
+          f"{spm_path} is missing, but model {n!r} continues earlier training "
+          f"({args.init_from.get(n) or ckpt}): pass --spm=<the spm.model it was trained "
+          "with> instead of training a new vocabulary")
+
+
 def parse_per_model(spec: str, kind) -> dict:
   """'name=v,...' -> {name: v}; a bare 'v' applies to every model."""
   if "=" not in spec:
@@ -207,6 +235,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   ap.add_argument("--eval_every", type=int, default=250)
   ap.add_argument("--ckpt_minutes", type=float, default=3.0)
   ap.add_argument("--vocab_size", type=int, default=8000)
+  ap.add_argument("--spm", default=None,
+                  help="an existing SentencePiece model to use (copied into --export_dir); "
+                       "default: <export_dir>/spm.model, trained there if missing")
   ap.add_argument("--max_len", type=int, default=MAX_LEN,
                   help="drop pairs with more tokens than this on either side")
   ap.add_argument("--smoke", action="store_true")
@@ -250,7 +281,10 @@ def main(argv: list[str]) -> None:
   os.makedirs(spm_dir, exist_ok=True)
   spm_path = os.path.join(spm_dir, "spm.model")
   limit = 600 if args.smoke else None
-  if not os.path.exists(spm_path):
+  if args.spm:
+    _copy_vocabulary(args.spm, spm_dir)
+  elif not os.path.exists(spm_path):
+    _refuse_new_vocabulary(args, names, spm_path)
     train_spm(os.path.join(args.data_dir, "train.tsv"), spm_path[:-len(".model")],
               args.vocab_size, limit)
   sp = spm.SentencePieceProcessor(model_file=spm_path)

@@ -62,3 +62,26 @@ def test_export_reloads(smoke_dir, name):
   logits = T5Model(config)(params, inputs, np.zeros((1, 3), np.int32))
   assert logits.shape == (1, 3, config.vocab_size)
   assert bool(jax.numpy.isfinite(logits).all())
+
+
+def _script():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("train_demo_models", SCRIPT)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_continuing_without_the_vocabulary_is_an_error(tmp_path):
+  # A resumed run whose export dir lacks spm.model must not train a new
+  # vocabulary (it would re-map every token id of the saved model).
+  workdir, export = tmp_path / "work", tmp_path / "export"
+  (workdir / "target" / "ckpt" / "824").mkdir(parents=True)
+  with pytest.raises(FileNotFoundError, match="--spm"):
+    _script().main(["--models=target", f"--workdir={workdir}", f"--export_dir={export}"])
+  assert not (export / "spm.model").exists()
+  with pytest.raises(FileNotFoundError, match="no such SentencePiece model"):
+    _script().main(["--models=target", f"--workdir={workdir}", f"--export_dir={export}",
+                    f"--spm={tmp_path / 'missing.model'}"])
+  with pytest.raises(FileNotFoundError, match="--report needs"):
+    _script().main(["--models=target", "--report", f"--export_dir={export}"])
