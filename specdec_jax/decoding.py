@@ -198,7 +198,12 @@ class AdaptiveConfig:
     is one-hot) is > ``threshold``. threshold 0 never stops early; threshold
     1 always stops after x_1. Deciding after x_i from x_i's own distribution
     (as Hugging Face's assistant confidence does) needs no draft step whose
-    result is thrown away.
+    result is thrown away. With ``skip_below`` a row also proposes nothing
+    in a round whose q_1 has top probability <= ``skip_below``: the round is
+    then a plain target step (width 0: the target scores one position and
+    y ~ p_1). That pays where scoring two positions costs well over one
+    (v(2) > 1, e.g. ~1.5 on a 2-core CPU) and the draft knows when it is
+    likely wrong; q_1 is computed anyway, so deciding costs nothing.
   rule 'schedule' (Hugging Face's 'heuristic'): row b proposes γ_b tokens;
     after a round where all γ_b were accepted γ_b += 2, else γ_b -= 1,
     within [1, γ_max]. Starts at ``initial_gamma`` (default γ_max).
@@ -215,7 +220,8 @@ class AdaptiveConfig:
   Either the row stopped after its count c = i - 1 proposals, all accepted:
   then y_t is drawn from p_{c+1} = p(. | y_<t) directly (Algorithm 1's bonus
   token, now taken at c + 1 <= γ_max); or x_i was proposed: both rules decide
-  that from H_t alone (the threshold rule from q_{i-1}, the schedule from
+  that from H_t alone (the threshold rule from q_{i-1}, or for x_1 with
+  ``skip_below`` from q_1, computed on y_<t alone; the schedule from
   earlier rounds' verdicts), before x_i is drawn, so given H_t still
   x_i ~ q_i with a fresh uniform r_i, and accept-or-residual yields y_t ~ p_i
   (App. A.1). Summing over H_t, P(y_<=t) = P(y_<t) p(y_t | y_<t); by
@@ -229,6 +235,7 @@ class AdaptiveConfig:
   threshold: Optional[float] = None
   initial_gamma: Optional[int] = None
   widths: tuple[int, ...] = ()
+  skip_below: Optional[float] = None
 
   def __post_init__(self):
     if self.rule not in ADAPTIVE_RULES:
@@ -246,15 +253,26 @@ class AdaptiveConfig:
                          "not 'schedule'")
       if self.initial_gamma is not None and self.initial_gamma < 1:
         raise ValueError(f"initial_gamma must be >= 1, got {self.initial_gamma}")
-    if any(w < 1 for w in self.widths):
-      raise ValueError(f"verification widths must be >= 1, got {self.widths}")
+    if self.skip_below is not None:
+      if self.rule != "threshold":
+        raise ValueError(f"skip_below ({self.skip_below}) applies to rule 'threshold' only, "
+                         f"not {self.rule!r}")
+      if not 0.0 <= self.skip_below <= 1.0:  # also rejects NaN
+        raise ValueError(f"skip_below must be in [0, 1], got {self.skip_below!r}")
+    least = 0 if self.skip_below is not None else 1
+    if any(w < least for w in self.widths):
+      raise ValueError(f"verification widths must be >= {least}"
+                       f"{'' if least == 0 else ' (0 only with skip_below)'}, got {self.widths}")
 
   def verify_widths(self, gamma_max: int) -> tuple[int, ...]:
-    """The sorted compiled widths for γ_max (γ_max always among them)."""
+    """The sorted compiled widths for γ_max (γ_max always among them; 0, a
+    plain target step, too when rows may skip a round)."""
     too_big = [w for w in self.widths if w > gamma_max]
     if too_big:
       raise ValueError(f"verification widths {too_big} exceed gamma (γ_max) = {gamma_max}")
     ws = set(self.widths) or {1 << j for j in range(gamma_max.bit_length()) if 1 << j < gamma_max}
+    if self.skip_below is not None:
+      ws.add(0)
     return tuple(sorted(ws | {gamma_max}))
 
   def start_gamma(self, gamma_max: int) -> int:
@@ -365,6 +383,11 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
     pos = n[:, None] + offsets[:, :k + 1]
     logits, cache = target.decode(target_params, gather_positions(seq, pos), pos, cache)
     p = standardize(logits, sampling)
+    if k == 0:  # every live row skipped: a plain target step, y ~ p_1
+      zeros = jnp.zeros((b, gamma))
+      return KernelOutput(num_accepted=jnp.zeros((b,), jnp.int32),
+                          next_token=sample(key, p[:, 0], sampling),
+                          accepted=zeros.astype(bool), min_pq=zeros), cache
     p_raw = jax.nn.softmax(logits[:, :k]) if (sampling.greedy and lenience < 1) else None
     out = speculative_sampling(key, xs[:, :k], q[:, :k], p, lenience, sampling.greedy, p_raw)
     if proposed is None:
@@ -385,7 +408,8 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
       limit = jnp.where(live, gamma if s.gamma_row is None else s.gamma_row, 0)
       threshold = adaptive.threshold if adaptive.rule == "threshold" else 0.0
       xs, q, proposed, steps, draft_state = adaptive_proposal(
-          draft, s.draft_state, s.seq, n, gamma, sampling, k_draft, limit, threshold)
+          draft, s.draft_state, s.seq, n, gamma, sampling, k_draft, limit, threshold,
+          adaptive.skip_below)
       proposed = jnp.clip(proposed, 0, limit)  # done rows: 0; never past the row's limit
     # Candidates go to seq[n+1 .. n+γ]; for live rows those slots are past the
     # committed prefix, and done rows are never read again.

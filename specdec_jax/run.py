@@ -116,6 +116,9 @@ class Experiment:
   # below adaptive_threshold; 'schedule': +2 after a fully accepted round, -1 else.
   adaptive: Optional[str] = None
   adaptive_threshold: float = 0.4
+  # 'threshold' only: a row whose first draft distribution has top probability
+  # <= this proposes nothing that round (a plain target step); None: never.
+  adaptive_skip_below: Optional[float] = None
   adaptive_initial_gamma: Optional[int] = None
   lenience: float = 1.0
   batch_size: int = 1
@@ -255,9 +258,12 @@ class Experiment:
     """The engine's adaptive setting (None: a fixed γ every round)."""
     if self.adaptive is None:
       return None
+    skip = None if self.adaptive_skip_below is None else float(self.adaptive_skip_below)
     if self.adaptive == "threshold":
-      return AdaptiveConfig("threshold", threshold=float(self.adaptive_threshold))
-    return AdaptiveConfig(self.adaptive, initial_gamma=self.adaptive_initial_gamma)
+      return AdaptiveConfig("threshold", threshold=float(self.adaptive_threshold),
+                            skip_below=skip)
+    return AdaptiveConfig(self.adaptive, initial_gamma=self.adaptive_initial_gamma,
+                          skip_below=skip)
 
   @property
   def gamma_bound(self) -> int:
@@ -755,11 +761,14 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
     hist = np.sum([r["gamma_hist"] for r in records], 0) if records else np.zeros(1)
     summary["adaptive"] = exp.adaptive
     summary["adaptive_threshold"] = exp.adaptive_threshold if exp.adaptive == "threshold" else None
+    summary["adaptive_skip_below"] = exp.adaptive_skip_below
     summary["gamma_hist"] = hist.tolist()       # rounds that proposed j tokens, at j
     summary["mean_gamma"] = float(np.dot(np.arange(len(hist)), hist) / max(hist.sum(), 1))
     summary["gamma_label"] = (f"≤{exp.gamma} {exp.adaptive}"
                               + (f" {exp.adaptive_threshold:g}"
-                                 if exp.adaptive == "threshold" else ""))
+                                 if exp.adaptive == "threshold" else "")
+                              + (f" skip {exp.adaptive_skip_below:g}"
+                                 if exp.adaptive_skip_below is not None else ""))
   # Theorem 3.8 is for a fixed γ: an adaptive run has no such prediction.
   ok = records and not math.isnan(alpha) and exp.adaptive is None
   summary["expected_speedup"] = (float(theory.walltime_improvement(min(alpha, 1.0), exp.gamma,

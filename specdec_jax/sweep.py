@@ -22,9 +22,11 @@ from specdec_jax.timing import block, measure_costs_many, timed
 
 
 def parse_setting(text: Union[int, str], gamma_max: int) -> tuple[str, int, Optional[AdaptiveConfig]]:
-  """'3' | 'auto' | 'threshold[:t]' | 'schedule[:initial γ]' -> (label, γ, adaptive).
+  """'3' | 'auto' | 'threshold[:t[:s]]' | 'schedule[:initial γ]' -> (label, γ, adaptive).
 
   Adaptive settings run with γ_max = ``gamma_max``; 'auto' is resolved later.
+  'threshold:t:s' also skips a round when q_1's confidence is <= s
+  (``AdaptiveConfig.skip_below``: the round is a plain target step).
   """
   text = str(text).strip()
   if text.isdigit():
@@ -33,12 +35,15 @@ def parse_setting(text: Union[int, str], gamma_max: int) -> tuple[str, int, Opti
     return text, 0, None
   rule, _, arg = text.partition(":")
   if rule == "threshold":
-    cfg = AdaptiveConfig("threshold", threshold=float(arg or 0.4))
-    return f"≤{gamma_max} thr {cfg.threshold:g}", gamma_max, cfg
+    t, _, skip = arg.partition(":")
+    cfg = AdaptiveConfig("threshold", threshold=float(t or 0.4),
+                         skip_below=float(skip) if skip else None)
+    label = f"≤{gamma_max} thr {cfg.threshold:g}"
+    return label + (f" skip {cfg.skip_below:g}" if skip else ""), gamma_max, cfg
   if rule == "schedule":
     cfg = AdaptiveConfig("schedule", initial_gamma=int(arg) if arg else None)
     return f"≤{gamma_max} sched" + (f" from {arg}" if arg else ""), gamma_max, cfg
-  raise ValueError(f"unknown γ setting {text!r}: a number, 'auto', 'threshold[:t]' or "
+  raise ValueError(f"unknown γ setting {text!r}: a number, 'auto', 'threshold[:t[:s]]' or "
                    "'schedule[:initial γ]'")
 
 

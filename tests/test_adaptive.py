@@ -22,7 +22,7 @@ from flax import struct
 from specdec_jax import drafts
 from specdec_jax.decoding import (AdaptiveConfig, alpha_estimates, cap_proposals,
                                   speculative_decode)
-from specdec_jax.drafts.base import stop_count, top_probability
+from specdec_jax.drafts.base import adaptive_proposal, stop_count, top_probability
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.speculative import speculative_sampling
@@ -67,6 +67,7 @@ GREEDY = {
     "threshold1_g4": (4, AdaptiveConfig("threshold", 1.0)),
     "threshold0.9_g7": (7, AdaptiveConfig("threshold", 0.9)),
     "schedule_g7_from1": (7, AdaptiveConfig("schedule", initial_gamma=1)),
+    "threshold0.9_skip0.8_g4": (4, AdaptiveConfig("threshold", 0.9, skip_below=0.8)),
 }
 
 
@@ -80,7 +81,10 @@ def test_greedy_identical_to_baseline(tiny_target, near_draft, greedy_case, case
   st = jax.tree_util.tree_map(np.asarray, out.stats)
   hist, calls = st.gamma_hist, st.target_calls
   np.testing.assert_array_equal(hist.sum(1), calls)
-  assert np.all(hist[:, 0] == 0)  # a live row always proposes x_1
+  if adaptive.skip_below is None:
+    assert np.all(hist[:, 0] == 0)  # a live row always proposes x_1
+  else:  # some rounds proposed nothing: each a plain target step (1 position)
+    assert hist[:, 0].sum() > calls.sum() // 20, hist
   assert np.all(st.accepted_at.sum(1) == st.accepted)
   # Evaluated positions never exceed proposals; acceptance is partial.
   assert np.all(st.accepted + st.rejected <= hist @ np.arange(gamma_max + 1))
@@ -112,25 +116,29 @@ def test_threshold_one_costs_one_draft_step_and_the_narrowest_verification(
   np.testing.assert_array_equal(st.gamma_hist[:, 1], st.target_calls)
 
 
+@pytest.mark.parametrize("case,widths", [("threshold0.9_g7", [1, 2, 4, 7]),
+                                          ("threshold0.9_skip0.8_g4", [0, 1, 2, 4])])
 def test_each_round_verifies_at_the_narrowest_covering_width(tiny_target, near_draft,
-                                                             greedy_case):
+                                                             greedy_case, case, widths):
   """Rows run alone (batch 1): the draft runs exactly the row's proposals
-  (early exit) and each round's target pass has the smallest compiled width
-  k >= γ_row (k + 1 positions); tokens equal the row's in the batch."""
+  (early exit; a skipped round still ran the step that gave q_1) and each
+  round's target pass has the smallest compiled width k >= γ_row (k + 1
+  positions; a skipped round scores one); tokens equal the row's in the batch."""
   eos, _ = greedy_case
-  gamma_max, adaptive = GREEDY["threshold0.9_g7"]
-  widths = np.array(_widths(gamma_max))
-  assert widths.tolist() == [1, 2, 4, 7]
-  cover = np.array([0] + [widths[widths >= j].min() + 1 for j in range(1, gamma_max + 1)])
+  gamma_max, adaptive = GREEDY[case]
+  assert list(adaptive.verify_widths(gamma_max)) == widths
+  widths = np.array(widths)
+  cover = np.array([widths[widths >= j].min() + 1 for j in range(gamma_max + 1)])
   batch = _greedy(tiny_target, near_draft, eos, gamma_max, adaptive)
   narrow = 0
   for i in range(INPUTS.shape[0]):
     one = _greedy(tiny_target, near_draft, eos, gamma_max, adaptive, INPUTS[i:i + 1])
     np.testing.assert_array_equal(one.tokens[0], batch.tokens[i])
     hist = np.asarray(one.stats.gamma_hist[0])
-    assert int(one.stats.draft_calls[0]) == hist @ np.arange(gamma_max + 1)
+    steps = np.maximum(np.arange(gamma_max + 1), 1)
+    assert int(one.stats.draft_calls[0]) == hist @ steps
     assert int(one.stats.target_positions[0]) == hist @ cover
-    narrow += hist[1:5].sum()
+    narrow += hist[:gamma_max].sum()
   assert narrow > 0  # some rounds really ran a width below γ_max
 
 
@@ -153,17 +161,65 @@ def test_schedule_grows_by_two_after_full_acceptance(tiny_target, greedy_case):
     np.testing.assert_array_equal(out.stats.gamma_hist[row], want, err_msg=f"row {row}")
 
 
+@struct.dataclass
+class _ProposeOnly:
+  """A draft with init/propose/commit only (no propose_adaptive)."""
+  inner: Any
+  vocab_size: int = struct.field(pytree_node=False, default=64)
+
+  def init(self, inputs, cache_len):
+    return self.inner.init(inputs, cache_len)
+
+  def propose(self, *args):
+    return self.inner.propose(*args)
+
+  def commit(self, state, seq, length):
+    return self.inner.commit(state, seq, length)
+
+
 def test_drafts_without_propose_adaptive_fall_back(tiny_target, greedy_case):
-  """Prompt lookup has no propose_adaptive: the fallback proposes γ_max and
-  keeps γ_row of them (exact, no early exit: γ_max draft steps a round)."""
+  """A draft without propose_adaptive: the fallback proposes γ_max and keeps
+  γ_row of them (exact, no early exit: γ_max draft steps a round)."""
   eos, base = greedy_case
-  draft = drafts.build("prompt_lookup", vocab_size=64)
+  draft = _ProposeOnly(drafts.build("prompt_lookup", vocab_size=64))
   assert not hasattr(draft, "propose_adaptive")
   out = _greedy(tiny_target, draft, eos, 4, AdaptiveConfig("schedule"))
   np.testing.assert_array_equal(out.tokens, base.tokens)
   st = out.stats
   np.testing.assert_array_equal(st.draft_calls, 4 * st.target_calls)
   assert np.asarray(st.gamma_hist)[:, :4].sum() > 0  # the schedule moved off γ_max
+
+
+def test_prompt_lookup_skips_rounds_without_a_match(tiny_target, greedy_case):
+  """Prompt lookup's own rule (its copied run; with skip_below nothing when
+  x_1 would be filler): token for token the baseline, with plain target
+  steps where the context has no match."""
+  eos, base = greedy_case
+  draft = drafts.build("prompt_lookup", vocab_size=64)
+  out = _greedy(tiny_target, draft, eos, 4, AdaptiveConfig("threshold", 0.4, skip_below=0.5))
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  st = jax.tree_util.tree_map(np.asarray, out.stats)
+  np.testing.assert_array_equal(st.gamma_hist.sum(1), st.target_calls)
+  assert st.gamma_hist[:, 0].sum() > 0 and st.gamma_hist[:, 1:].sum() > 0, st.gamma_hist
+
+
+def test_skip_below_needs_a_propose_adaptive_that_takes_it(near_draft):
+  @struct.dataclass
+  class Old:  # propose_adaptive written before skip_below existed
+    inner: drafts.T5Draft
+    vocab_size: int = struct.field(pytree_node=False, default=64)
+
+    def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold):
+      return self.inner.propose_adaptive(state, seq, length, gamma, sampling, key, limit,
+                                         threshold)
+
+  old = Old(near_draft)
+  state = near_draft.init(INPUTS, 30)
+  seq, length = jnp.zeros((INPUTS.shape[0], 30), jnp.int32), jnp.zeros(INPUTS.shape[0], jnp.int32)
+  args = (old, state, seq, length, 2, SamplingConfig(), KEY, length + 2, 0.5)
+  assert adaptive_proposal(*args)[2].shape == (INPUTS.shape[0],)  # without skip_below: fine
+  with pytest.raises(drafts.DraftInterfaceError, match="skip_below"):
+    adaptive_proposal(*args, skip_below=0.3)
 
 
 # ------------------------------------------------------------- the kernel
@@ -237,6 +293,22 @@ def test_sequence_distribution_is_exact(seq_models, setting, rule):
   assert (hist[1:] > hist.sum() // 20).sum() >= 2, hist  # γ really varies
   a = float(alpha_estimates(out.stats)["alpha"].mean())
   assert 0.1 < a < 0.95, a
+  dist = exact_sequence_distribution(model, target, sampling)
+  assert sequence_pvalue(np.asarray(out.tokens), dist) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_sequence_distribution_is_exact_with_skipped_rounds(seq_models, setting):
+  """skip_below: rows whose q_1 is unsure propose nothing (a plain target
+  step, width 0) while others in the batch verify their proposals."""
+  model, target, draft_params = seq_models
+  sampling = SETTINGS[setting]
+  adaptive = AdaptiveConfig("threshold", SEQ_THRESHOLD[setting],
+                            skip_below=SEQ_THRESHOLD[setting])
+  out = _seq_decode(seq_models, drafts.T5Draft(params=draft_params, model=model), sampling,
+                    adaptive)
+  hist = np.asarray(out.stats.gamma_hist).sum(0)
+  assert hist[0] > hist.sum() // 20 and (hist[1:] > hist.sum() // 20).sum() >= 2, hist
   dist = exact_sequence_distribution(model, target, sampling)
   assert sequence_pvalue(np.asarray(out.tokens), dist) > SIGNIFICANCE
 
@@ -317,6 +389,10 @@ def test_stop_count_and_confidence():
   np.testing.assert_array_equal(stop_count(conf, limit, 1.0), [1, 1, 1, 0])
   np.testing.assert_array_equal(stop_count(conf[:, :1], jnp.array([1, 1, 1, 0]), 0.5),
                                 [1, 1, 1, 0])
+  # skip_below: a row unsure of x_1 proposes nothing; the rest is unchanged.
+  np.testing.assert_array_equal(stop_count(conf, limit, 0.5, skip_below=0.5), [2, 2, 0, 0])
+  np.testing.assert_array_equal(stop_count(conf, limit, 0.0, skip_below=0.95), [0, 0, 0, 0])
+  np.testing.assert_array_equal(stop_count(conf, limit, 0.0, skip_below=0.0), [4, 2, 4, 0])
   logits = jnp.log(jnp.array([[0.7, 0.2, 0.1]]))
   greedy, t1 = SamplingConfig(), SamplingConfig(temperature=1.0)
   q0 = standardize(logits, greedy)
@@ -362,6 +438,10 @@ def test_check_interface_checks_propose_adaptive(near_draft):
     (dict(rule="threshold", threshold=0.5, initial_gamma=2), "initial_gamma"),
     (dict(rule="schedule", initial_gamma=0), "initial_gamma must be >= 1, got 0"),
     (dict(rule="schedule", widths=(0, 2)), r"\(0, 2\)"),
+    (dict(rule="threshold", threshold=0.5, widths=(0, 2)), "0 only with skip_below"),
+    (dict(rule="threshold", threshold=0.5, skip_below=1.5), "skip_below must be in"),
+    (dict(rule="threshold", threshold=0.5, skip_below=float("nan")), "nan"),
+    (dict(rule="schedule", skip_below=0.2), "skip_below .* 'threshold' only"),
 ])
 def test_bad_config(kwargs, match):
   with pytest.raises(ValueError, match=match):

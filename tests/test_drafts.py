@@ -68,6 +68,32 @@ def test_prompt_lookup_copies_the_continuation_of_the_longest_match():
   np.testing.assert_array_equal(tokens, [[14, 14]])
 
 
+def test_prompt_lookup_adaptive_proposes_its_copied_run():
+  """propose_adaptive: the leading copied tokens (filler excluded); at least
+  x_1 unless skip_below is set and x_1 is filler; threshold 1: one token."""
+  pl = drafts.build("prompt_lookup", vocab_size=V, max_ngram=3)
+  inputs = jnp.array([[9, 4, 5, 6, 0, 0]], jnp.int32)  # "4 5" is followed by 6, then pad
+  cases = [([2, 4], 2, [5, 6]), ([2, 4, 5], 1, [6]), ([13, 14], 0, [])]
+  for committed, run, copied in cases:
+    seq, length = _seq(committed)
+    state = pl.init(inputs, 8)
+    tokens, q, _ = pl.propose(state, seq, length, 4, SamplingConfig(), KEY)
+
+    def count(limit, threshold, skip_below=None):
+      out = pl.propose_adaptive(state, seq, length, 4, SamplingConfig(), KEY,
+                                jnp.array([limit]), threshold, skip_below)
+      np.testing.assert_array_equal(out[0], tokens)  # same proposal as propose
+      np.testing.assert_array_equal(out[1], q)
+      return int(out[2][0])
+
+    np.testing.assert_array_equal(np.asarray(tokens)[0, :run], copied)
+    assert count(4, 0.4) == max(run, 1)
+    assert count(1, 0.4) == 1 and count(0, 0.4) == 0
+    assert count(4, 1.0) == 1
+    assert count(4, 0.4, skip_below=0.5) == run
+    assert count(4, 0.4, skip_below=1.0) == 0  # a confidence of 1 is not > 1
+
+
 def test_lookup_t5_copies_on_a_match_and_falls_back_to_the_t5_draft(tiny_draft):
   model, params = tiny_draft
   vocab = model.config.vocab_size

@@ -21,11 +21,13 @@ leaves, configuration as static fields) with three pure methods:
 Optionally, for adaptive draft lengths (``decoding.AdaptiveConfig``):
 
 * ``propose_adaptive(state, seq, length, gamma, sampling, key, limit,
-  threshold) -> (tokens, q, count, steps, state)``: like ``propose`` with γ =
-  γ_max, but row b proposes only ``count[b]`` tokens: x_1 always (if
-  ``limit[b] >= 1``), then x_{i+1} while i < ``limit[b]`` and the confidence
-  ``top_probability`` of the distribution x_i was drawn from is > ``threshold``
-  (``stop_count`` is the rule). ``limit`` [B] int32 in 0..γ (0: the row is
+  threshold, skip_below=None) -> (tokens, q, count, steps, state)``: like
+  ``propose`` with γ = γ_max, but row b proposes only ``count[b]`` tokens:
+  x_1 (if ``limit[b] >= 1``, and, when ``skip_below`` is a float, the
+  confidence of q_1 is > ``skip_below``), then x_{i+1} while i < ``limit[b]``
+  and the confidence ``top_probability`` of the distribution x_i was drawn
+  from is > ``threshold`` (``stop_count`` is the rule; a draft may define its
+  confidence otherwise, from its own computation, as prompt lookup does). ``limit`` [B] int32 in 0..γ (0: the row is
   done, propose nothing); ``threshold`` a Python float in [0, 1]. tokens [B, γ]
   and q [B, γ, V] as in ``propose``, but entries past ``count`` are arbitrary
   (the engine treats them as not proposed); ``count`` [B] int32; ``steps`` a
@@ -44,6 +46,7 @@ model"). The runner calls ``check_interface`` once before compiling anything.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Protocol
 
 import jax
@@ -89,21 +92,27 @@ def top_probability(q: Array, logits: Array | None, sampling: SamplingConfig) ->
   return jnp.max(q, axis=-1)
 
 
-def stop_count(confidence: Array, limit: Array, threshold: float) -> Array:
+def stop_count(confidence: Array, limit: Array, threshold: float,
+               skip_below: float | None = None) -> Array:
   """How many tokens a row proposes under the adaptive rule (``propose_adaptive``).
 
   confidence [B, γ]: ``top_probability`` of each position's q; limit [B] in
-  0..γ. x_1 is proposed when limit >= 1; x_{i+1} when x_i was, i < limit and
-  confidence_i > threshold. So threshold 0 never stops early (a distribution's
-  maximum is >= 1/V > 0) and threshold 1 always stops after x_1.
+  0..γ. x_1 is proposed when limit >= 1 (and confidence_1 > ``skip_below``,
+  if given); x_{i+1} when x_i was, i < limit and confidence_i > threshold.
+  So threshold 0 never stops early (a distribution's maximum is >= 1/V > 0)
+  and threshold 1 always stops after x_1.
   """
   going = jnp.cumprod((confidence[:, :-1] > threshold).astype(jnp.int32), axis=-1)
-  return jnp.minimum(limit, 1 + jnp.sum(going, axis=-1)).astype(jnp.int32)
+  count = jnp.minimum(limit, 1 + jnp.sum(going, axis=-1))
+  if skip_below is not None:
+    count = jnp.where(confidence[:, 0] > skip_below, count, 0)
+  return count.astype(jnp.int32)
 
 
 def adaptive_proposal(draft: Any, state: Any, seq: Array, length: Array, gamma: int,
-                      sampling: SamplingConfig, key: Array, limit: Array,
-                      threshold: float) -> tuple[Array, Array, Array, Array, Any]:
+                      sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
+                      skip_below: float | None = None
+                      ) -> tuple[Array, Array, Array, Array, Any]:
   """``draft.propose_adaptive`` if the draft has it, else the generic fallback.
 
   The fallback runs ``propose(γ)`` (all γ steps: ``steps`` = γ) and derives
@@ -113,9 +122,16 @@ def adaptive_proposal(draft: Any, state: Any, seq: Array, length: Array, gamma: 
   """
   method = getattr(draft, "propose_adaptive", None)
   if method is not None:
-    return method(state, seq, length, gamma, sampling, key, limit, threshold)
+    if skip_below is None:  # drafts written before skip_below keep working
+      return method(state, seq, length, gamma, sampling, key, limit, threshold)
+    if "skip_below" not in inspect.signature(method).parameters:
+      raise DraftInterfaceError(
+          f"{type(draft).__qualname__}.propose_adaptive takes no skip_below argument, so it "
+          "cannot run with AdaptiveConfig.skip_below (see drafts/base.py)")
+    return method(state, seq, length, gamma, sampling, key, limit, threshold,
+                  skip_below=skip_below)
   tokens, q, state = draft.propose(state, seq, length, gamma, sampling, key)
-  count = stop_count(top_probability(q, None, sampling), limit, threshold)
+  count = stop_count(top_probability(q, None, sampling), limit, threshold, skip_below)
   return tokens, q, count, jnp.asarray(gamma, jnp.int32), state
 
 

@@ -76,13 +76,34 @@ class PromptLookupDraft:
   def init(self, inputs: Array, cache_len: int) -> Any:
     return inputs
 
-  def propose(self, state, seq, length, gamma, sampling, key):
-    del key, sampling  # deterministic; q is one-hot whatever the sampling
+  def _proposal(self, state, seq, length, gamma):
     cont, _, cont_ok = lookup_continuation(state, seq, length, gamma, self.max_ngram)
     last_tok = jnp.take_along_axis(seq, length[:, None], axis=1)[:, 0]
     tokens = jnp.where(cont_ok, cont, last_tok[:, None]).astype(jnp.int32)
-    q = jax.nn.one_hot(tokens, self.vocab_size, dtype=jnp.float32)
+    return tokens, jax.nn.one_hot(tokens, self.vocab_size, dtype=jnp.float32), cont_ok
+
+  def propose(self, state, seq, length, gamma, sampling, key):
+    del key, sampling  # deterministic; q is one-hot whatever the sampling
+    tokens, q, _ = self._proposal(state, seq, length, gamma)
     return tokens, q, state
+
+  def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold,
+                       skip_below=None):
+    """Adaptive rounds (``drafts.base``): a row proposes its copied run, the
+    leading tokens that come from a match, not the last-token filler. Its
+    confidence is 1 for a copied token and 0 for a filler (every q is
+    one-hot, so ``top_probability`` would say 1 for both): x_1 is proposed
+    unless ``skip_below`` is set and x_1 is a filler (then the round is a
+    plain target step), and at most one token when ``threshold`` is 1.
+    Depends only on the context, so the engine stays exact."""
+    del key, sampling
+    tokens, q, copied = self._proposal(state, seq, length, gamma)
+    run = jnp.sum(jnp.cumprod(copied.astype(jnp.int32), axis=-1), axis=-1)
+    count = jnp.maximum(run, 1) if threshold < 1.0 else jnp.ones_like(run)
+    if skip_below is not None:
+      count = jnp.where(copied[:, 0].astype(jnp.float32) > skip_below, count, 0)
+    count = jnp.minimum(count, limit).astype(jnp.int32)
+    return tokens, q, count, jnp.asarray(gamma, jnp.int32), state
 
   def commit(self, state, seq, length):
     return state

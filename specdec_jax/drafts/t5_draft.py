@@ -90,7 +90,8 @@ class T5Draft:
     return tokens, q, cache
 
   def propose_adaptive(self, state: DecoderCache, seq: Array, length: Array, gamma: int,
-                       sampling: SamplingConfig, key: Array, limit: Array, threshold: float
+                       sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
+                       skip_below: float | None = None
                        ) -> tuple[Array, Array, Array, Array, DecoderCache]:
     """Up to γ proposals per row with real early exit (``base``, propose_adaptive).
 
@@ -108,8 +109,11 @@ class T5Draft:
     logits, q1, x1, cache = self._first_step(state, seq, length, sampling, keys[0])
     tokens = jnp.zeros((b, gamma), jnp.int32).at[:, 0].set(x1)
     qs = jnp.zeros((b, gamma) + q1.shape[-1:], q1.dtype).at[:, 0].set(q1)
+    confidence = top_probability(q1, logits, sampling)
     count = jnp.minimum(limit, 1).astype(jnp.int32)
-    going = (limit > 1) & (top_probability(q1, logits, sampling) > threshold)
+    if skip_below is not None:  # a row unsure of x_1 proposes nothing this round
+      count = jnp.where(confidence > skip_below, count, 0)
+    going = (count > 0) & (limit > 1) & (confidence > threshold)
 
     def cond(c):
       i, going = c[0], c[-1]
