@@ -632,6 +632,10 @@ def test_adaptive_runs_record_the_gammas_they_used(env, capsys, tmp_path, rule, 
     ("Experiment.adaptive = 'threshold'\nExperiment.adaptive_threshold = 1.5",
      r"threshold in \[0, 1\]"),
     ("Experiment.adaptive = 'schedule'\nExperiment.gamma = 'auto'", "not 'auto'"),
+    ("Experiment.adaptive = 'threshold'\nExperiment.adaptive_skip_below = 1.5",
+     r"skip_below must be in \[0, 1\]"),
+    ("Experiment.adaptive = 'schedule'\nExperiment.adaptive_skip_below = 0.3",
+     "skip_below .* 'threshold' only"),
 ])
 def test_adaptive_bad_input_fails_before_work(env, monkeypatch, binding, message):
   monkeypatch.setattr(run, "_load_model", lambda *a, **k: pytest.fail("weights were read"))

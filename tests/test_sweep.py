@@ -46,3 +46,15 @@ def test_costs_for_several_gammas_share_one_interleaved_step(tiny_target, tiny_d
     assert c.c_se >= 0 and c.v_se >= 0
   with pytest.raises(ValueError, match="gammas must be >= 1"):
     measure_costs_many(model, params, draft, x, [0, 2], SamplingConfig())
+
+
+def test_parse_setting():
+  from specdec_jax.sweep import parse_setting
+  assert parse_setting("3", 7) == ("3", 3, None)
+  label, g, cfg = parse_setting("threshold:0.4:0.3", 7)
+  assert (label, g, cfg.threshold, cfg.skip_below) == ("≤7 thr 0.4 skip 0.3", 7, 0.4, 0.3)
+  assert cfg.verify_widths(7) == (0, 1, 2, 4, 7)
+  label, _, cfg = parse_setting("threshold", 7)
+  assert (label, cfg.threshold, cfg.skip_below) == ("≤7 thr 0.4", 0.4, None)
+  with pytest.raises(ValueError, match="threshold:t:s|unknown γ setting"):
+    parse_setting("sometimes", 7)
