@@ -142,8 +142,12 @@ def test_profile_round_runs_and_adds_up(tiny_target, tiny_draft, temperature):
   r = profile_round(model, params, draft, examples, 2, SamplingConfig(temperature=temperature),
                     max_decode_len=12, position=3, inner=2, repeats=1)
   assert isinstance(r, RoundProfile) and r.gamma == 2 and r.temperature == temperature
-  for v in (r.draft_ms, r.standardize_q_ms, r.target_ms, r.kernel_ms, r.chained_ms, r.round_ms):
-    assert v > 0
+  for v in (r.draft_ms, r.standardize_q_ms, r.target_ms, r.kernel_ms, r.chained_ms):
+    assert v > 0  # timed directly
+  # round_ms is (decode - prefill) per round, a difference of two timings: on
+  # these micro models under load it can come out <= 0 (seen in CI), so only
+  # its arithmetic is checked.
+  assert np.isfinite(r.round_ms)
   assert r.rounds >= 2 and r.tokens >= r.rounds
   assert r.pieces_ms + r.rest_ms == pytest.approx(r.round_ms)
   assert r.interplay_ms + r.bookkeeping_ms == pytest.approx(r.rest_ms)
