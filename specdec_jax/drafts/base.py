@@ -104,8 +104,14 @@ def stop_count(confidence: Array, limit: Array, threshold: float,
   """
   going = jnp.cumprod((confidence[:, :-1] > threshold).astype(jnp.int32), axis=-1)
   count = jnp.minimum(limit, 1 + jnp.sum(going, axis=-1))
+  return skip_unsure(count, confidence[:, 0], skip_below)
+
+
+def skip_unsure(count: Array, first_confidence: Array, skip_below: float | None) -> Array:
+  """``AdaptiveConfig.skip_below``: rows whose q_1 has confidence <= skip_below
+  propose nothing this round (count 0); None leaves ``count`` as it is."""
   if skip_below is not None:
-    count = jnp.where(confidence[:, 0] > skip_below, count, 0)
+    count = jnp.where(first_confidence > skip_below, count, 0)
   return count.astype(jnp.int32)
 
 

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specdec_jax.drafts.base import skip_unsure
+
 Array = jax.Array
 
 
@@ -100,9 +102,7 @@ class PromptLookupDraft:
     tokens, q, copied = self._proposal(state, seq, length, gamma)
     run = jnp.sum(jnp.cumprod(copied.astype(jnp.int32), axis=-1), axis=-1)
     count = jnp.maximum(run, 1) if threshold < 1.0 else jnp.ones_like(run)
-    if skip_below is not None:
-      count = jnp.where(copied[:, 0].astype(jnp.float32) > skip_below, count, 0)
-    count = jnp.minimum(count, limit).astype(jnp.int32)
+    count = skip_unsure(jnp.minimum(count, limit), copied[:, 0].astype(jnp.float32), skip_below)
     return tokens, q, count, jnp.asarray(gamma, jnp.int32), state
 
   def commit(self, state, seq, length):

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec_jax.drafts.base import gather_positions, top_probability
+from specdec_jax.drafts.base import gather_positions, skip_unsure, top_probability
 from specdec_jax.models.t5 import DecoderCache, T5Model
 from specdec_jax.partitioning import Partitioner, constrain_cache
 from specdec_jax.sampling import SamplingConfig, sample, standardize
@@ -110,9 +110,7 @@ class T5Draft:
     tokens = jnp.zeros((b, gamma), jnp.int32).at[:, 0].set(x1)
     qs = jnp.zeros((b, gamma) + q1.shape[-1:], q1.dtype).at[:, 0].set(q1)
     confidence = top_probability(q1, logits, sampling)
-    count = jnp.minimum(limit, 1).astype(jnp.int32)
-    if skip_below is not None:  # a row unsure of x_1 proposes nothing this round
-      count = jnp.where(confidence > skip_below, count, 0)
+    count = skip_unsure(jnp.minimum(limit, 1), confidence, skip_below)
     going = (count > 0) & (limit > 1) & (confidence > threshold)
 
     def cond(c):
