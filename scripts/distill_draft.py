@@ -29,7 +29,8 @@ for _name in ("target_checkpoint", "draft_checkpoint", "output_dir", "workdir", 
 for _name in ("prefix", "target_preset", "draft_preset", "tfds_data_dir", "eval_source"):
   flags.DEFINE_string(_name, None, f"DistillJob.{_name}")
 for _name in ("vocab_extra_ids", "max_input_len", "max_decode_len", "generate_batch_size",
-              "steps", "batch_tokens", "eval_every", "seed"):
+              "steps", "batch_tokens", "eval_every", "seed", "grow_encoder_layers",
+              "grow_decoder_layers"):
   flags.DEFINE_integer(_name, getattr(_DEFAULTS, _name), f"DistillJob.{_name}")
 flags.DEFINE_integer("max_examples", None, "training inputs to use (default: all)")
 flags.DEFINE_integer("eval_max_examples", 500, "held-out pairs for the agreement log")

@@ -138,6 +138,54 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
   return done
 
 
+# ---------------------------------------------------------------- deepening a draft
+
+
+# Projections that write into the residual stream: zero them and a T5 1.1 layer
+# (pre-norm, x + f(norm(x)) for each sublayer) is exactly the identity.
+_RESIDUAL_OUTPUTS = ("out", "wo")
+
+
+def grow_layers(params: Any, config: Any, *, encoder_layers: int = 0,
+                decoder_layers: int = 0, seed: int = 0) -> tuple[Any, Any]:
+  """Append layers to a T5 draft without changing what it computes.
+
+  The new layers are freshly initialized except their residual output
+  projections (attention ``out``, MLP ``wo``), which are zero, so the grown
+  model's logits equal the original's exactly; distillation then trains the
+  extra capacity from the draft it had (zero-initialized residual branches, as
+  in ReZero / Fixup). Useful when a draft's agreement with the target has
+  flattened while its training loss still falls: a deeper decoder costs little
+  per step next to the logits projection over the vocabulary, and encoder layers
+  run once per example. Returns (params, config).
+  """
+  if encoder_layers < 0 or decoder_layers < 0:
+    raise ValueError(f"grow_layers: layer counts must be >= 0, got encoder={encoder_layers}, "
+                     f"decoder={decoder_layers}")
+  new_cfg = config.replace(num_encoder_layers=config.num_encoder_layers + encoder_layers,
+                           num_decoder_layers=config.num_decoder_layers + decoder_layers)
+  fresh = T5Model(new_cfg).init(jax.random.PRNGKey(seed))
+  grown = dict(params)
+  for stack, old_n, new_n in (
+      ("encoder", config.num_encoder_layers, new_cfg.num_encoder_layers),
+      ("decoder", config.num_decoder_layers, new_cfg.num_decoder_layers)):
+    grown[stack] = dict(params[stack])  # old layers, norms, position bias, logits
+    for i in range(old_n, new_n):
+      grown[stack][f"layers_{i}"] = _zero_residual_outputs(fresh[stack][f"layers_{i}"])
+  return grown, new_cfg
+
+
+def _zero_residual_outputs(layer: dict) -> dict:
+  out = {}
+  for name, value in layer.items():
+    if isinstance(value, dict):
+      out[name] = (jax.tree_util.tree_map(jnp.zeros_like, value) if name in _RESIDUAL_OUTPUTS
+                   else _zero_residual_outputs(value))
+    else:
+      out[name] = value
+  return out
+
+
 # ---------------------------------------------------------------- the loss
 
 
@@ -291,6 +339,8 @@ class DistillJob:
   divergence: str = "fkl"
   ce_weight: float = 1.0
   on_policy_fraction: float = 0.0
+  grow_encoder_layers: int = 0            # deepen the draft first (``grow_layers``)
+  grow_decoder_layers: int = 0
   optimizer: str = "adafactor"
   learning_rate: float = 3e-3
   steps: int = 2000
@@ -310,6 +360,9 @@ class DistillJob:
                  "generate_batch_size"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    for name in ("grow_encoder_layers", "grow_decoder_layers"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
     for name in ("target_checkpoint", "draft_checkpoint", "vocab_path", "source"):
       value = getattr(self, name)
       if not value:
@@ -365,6 +418,13 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   target, target_params = load(job.target_checkpoint, job.target_format, job.target_preset,
                                "target")
   draft, draft_params = load(job.draft_checkpoint, job.draft_format, job.draft_preset, "draft")
+  if job.grow_encoder_layers or job.grow_decoder_layers:
+    draft_params, grown_cfg = grow_layers(
+        draft_params, draft.config, encoder_layers=job.grow_encoder_layers,
+        decoder_layers=job.grow_decoder_layers, seed=job.seed)
+    draft = T5Model(grown_cfg)
+    log_fn(f"draft grown to {grown_cfg.num_encoder_layers} encoder / "
+           f"{grown_cfg.num_decoder_layers} decoder layers (new layers start as the identity)")
   data.check_vocab_compatible(target.config.vocab_size, draft.config.vocab_size,
                               target_pad_id=target.config.pad_id,
                               draft_pad_id=draft.config.pad_id,

@@ -182,3 +182,33 @@ def test_evaluate_report_scores_and_agreement(tiny_target, tiny_draft):
   assert 0.0 <= rep["d"]["greedy_agreement"] < 1.0 and 0.0 < rep["d"]["t1_acceptance"] < 1.0
   assert 0.0 <= rep["t"]["hit_max_decode_len"] <= 1.0
   assert rep["t"]["target_step_over_this"] == pytest.approx(1.0)
+
+
+def test_grow_layers_preserves_the_function_and_trains(tiny_draft):
+  """grow_layers appends encoder/decoder layers whose residual outputs are zero:
+  the grown draft's logits equal the original's exactly (teacher-forced and one
+  cached decode step), its tree is the deeper config's, and the new layers get
+  a nonzero gradient on their output projections (they can learn)."""
+  model, params = tiny_draft
+  grown, cfg = distill.grow_layers(params, model.config, encoder_layers=1, decoder_layers=2)
+  big = T5Model(cfg)
+  assert (cfg.num_encoder_layers, cfg.num_decoder_layers) == (
+      model.config.num_encoder_layers + 1, model.config.num_decoder_layers + 2)
+  assert (jax.tree_util.tree_structure(grown)
+          == jax.tree_util.tree_structure(big.init(jax.random.PRNGKey(0))))
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.integers(3, TINY.vocab_size, size=(3, 7)), jnp.int32)
+  y = jnp.asarray(rng.integers(3, TINY.vocab_size, size=(3, 5)), jnp.int32)
+  np.testing.assert_array_equal(model(params, x, y), big(grown, x, y))
+  enc_a, enc_b = model.encode(params, x), big.encode(grown, x)
+  np.testing.assert_array_equal(enc_a, enc_b)
+  tok = y[:, :1]
+  pos = jnp.zeros((3, 1), jnp.int32)
+  la, _ = model.decode(params, tok, pos, model.init_cache(params, enc_a, x, 8))
+  lb, _ = big.decode(grown, tok, pos, big.init_cache(grown, enc_b, x, 8))
+  np.testing.assert_array_equal(la, lb)
+  grad = jax.grad(lambda p: jnp.sum(jax.nn.log_softmax(big(p, x, y))[..., 3]))(grown)
+  new = grad["decoder"][f"layers_{cfg.num_decoder_layers - 1}"]
+  assert float(jnp.abs(new["mlp"]["wo"]["kernel"]).max()) > 0
+  with pytest.raises(ValueError, match="decoder=-1"):
+    distill.grow_layers(params, model.config, decoder_layers=-1)
