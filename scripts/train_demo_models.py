@@ -46,10 +46,12 @@ MODELS: dict[str, dict[str, Any]] = {
     "target": dict(d_model=256, num_heads=4, head_dim=64, num_encoder_layers=3,
                    num_decoder_layers=5, d_ff=1024),
     # One head each: at batch 1 on CPU a decode step is mostly per-op overhead,
-    # and extra heads cost more than width.
-    "draft_small": dict(d_model=96, num_heads=1, head_dim=64, num_encoder_layers=2,
-                        num_decoder_layers=1, d_ff=256),
-    "draft_tiny": dict(d_model=64, num_heads=1, head_dim=64, num_encoder_layers=1,
+    # and extra heads cost more than width. The shipped drafts were trained at
+    # one encoder (and, for draft_small, one decoder) layer fewer and then
+    # deepened by distill_draft.py --grow_*_layers; these are their final shapes.
+    "draft_small": dict(d_model=96, num_heads=1, head_dim=64, num_encoder_layers=3,
+                        num_decoder_layers=2, d_ff=256),
+    "draft_tiny": dict(d_model=64, num_heads=1, head_dim=64, num_encoder_layers=2,
                        num_decoder_layers=1, d_ff=192),
 }
 SMOKE_MODELS: dict[str, dict[str, Any]] = {
