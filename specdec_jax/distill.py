@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -175,10 +175,10 @@ def grow_layers(params: Any, config: Any, *, encoder_layers: int = 0,
   return grown, new_cfg
 
 
-def _zero_residual_outputs(layer: dict) -> dict:
+def _zero_residual_outputs(layer: Mapping) -> dict:
   out = {}
   for name, value in layer.items():
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
       out[name] = (jax.tree_util.tree_map(jnp.zeros_like, value) if name in _RESIDUAL_OUTPUTS
                    else _zero_residual_outputs(value))
     else:
