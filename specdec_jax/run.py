@@ -1079,6 +1079,20 @@ def _quiet_libraries(quiet: bool) -> None:
       t.removeFilter(f)
     if quiet:
       t.addFilter(_LibraryFilter())
+  sys.unraisablehook = _quiet_unraisable if quiet else sys.__unraisablehook__
+
+
+def _quiet_unraisable(u) -> None:
+  """Drops TensorStore's 'Event loop is closed' reports, passes everything else on.
+
+  When one read of a corrupt checkpoint fails, Orbax closes its asyncio loop while
+  TensorStore's other reads are still in flight; each later completion reports the
+  closed loop from a TensorStore thread, interleaving a traceback with the one-line
+  error (and racing ``os._exit``, so it is cut mid-line).
+  """
+  if isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
+    return
+  sys.__unraisablehook__(u)
 
 
 def _message(e: BaseException) -> str:

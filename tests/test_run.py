@@ -435,6 +435,23 @@ def test_corrupt_checkpoint_ends_in_one_clear_line_from_outside_the_repo(env, tm
   assert not (tmp_path / "w").exists()
 
 
+def test_quiet_unraisable_drops_only_the_closed_loop_report(capsys, monkeypatch):
+  """TensorStore's late 'Event loop is closed' reports are dropped; others still print."""
+
+  class Boom:
+    def __init__(self, message):
+      self.message = message
+
+    def __del__(self):
+      raise RuntimeError(self.message)
+
+  monkeypatch.setattr(sys, "unraisablehook", run._quiet_unraisable)
+  Boom("Event loop is closed")  # dropped at once: __del__ raises, Python reports it unraisable
+  assert capsys.readouterr().err == ""
+  Boom("something else")
+  assert "something else" in capsys.readouterr().err
+
+
 def test_pyproject_lists_the_package_and_runtime_deps():
   import tomllib
   meta = tomllib.loads((REPO / "pyproject.toml").read_text())
