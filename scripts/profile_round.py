@@ -9,6 +9,13 @@ kernel and the rest of a round, in ms per round (``specdec_jax.profile``).
 git revision REV against the current ones (interleaved, one process, same
 inputs): µs per standardize p + kernel at each (T, γ) and per softmax +
 sample_any draw, and whether the kernel's outputs are identical.
+
+``--contention MB,...`` prints instead how much the target's k-token pass
+slows down when that much other data (a stand-in for the draft's weights) is
+read before each pass: the models' contention for the last-level cache that
+Theorem 3.8's additive cost model leaves out.
+
+  PYTHONPATH=. python scripts/profile_round.py --contention=4,8,12,16 --repeats=15
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specdec_jax import demo  # noqa: E402
-from specdec_jax.profile import compare_acceptance, markdown, profile_round  # noqa: E402
+from specdec_jax.profile import (cache_contention, compare_acceptance,  # noqa: E402
+                                 contention_markdown, decode_working_set_mb, markdown,
+                                 profile_round)
 from specdec_jax.run import Experiment, prepare  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
 
@@ -46,6 +55,26 @@ def compare(args, gammas: list[int], temperatures: list[float]) -> None:
   print(f"\nload average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
+def contention(args, setup) -> None:
+  target_cfg = setup.target.config
+  draft_cfg = getattr(getattr(setup.draft, "model", None), "config", None)
+  load = os.getloadavg()
+  print(f"# cache contention: target={args.target} (decode working set "
+        f"{decode_working_set_mb(target_cfg):.1f} MB)"
+        + (f", draft={args.draft} ({decode_working_set_mb(draft_cfg):.1f} MB)" if draft_cfg
+           else "")
+        + f"; batch 1, inner {args.inner}, repeats {args.repeats}; load average {load[0]:.2f} "
+        f"{load[1]:.2f} {load[2]:.2f}\n", flush=True)
+  rows = cache_contention(setup.target, setup.target_params, jnp.asarray(setup.inputs[:1]),
+                          [int(k) for k in args.contention_ks.split(",")],
+                          [float(m) for m in args.contention.split(",")],
+                          cache_len=args.max_decode_len + 8, position=args.position,
+                          inner=args.inner, repeats=args.repeats)
+  load = os.getloadavg()
+  print(f"{contention_markdown(rows)}\n\nload average at end {load[0]:.2f} {load[1]:.2f} "
+        f"{load[2]:.2f}")
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,6 +90,10 @@ def main() -> None:
   p.add_argument("--max_decode_len", type=int, default=128)
   p.add_argument("--compare_rev", default="", help="git revision to compare the kernel with")
   p.add_argument("--vocab_size", type=int, default=8000, help="V for --compare_rev")
+  p.add_argument("--contention", default="",
+                 help="MB list: print instead the target pass's slowdown when that much other "
+                      "data is read before each pass (the draft's footprint in a round)")
+  p.add_argument("--contention_ks", default="1,3", help="target pass widths for --contention")
   args = p.parse_args()
   gammas = [int(g) for g in args.gammas.split(",")]
   temperatures = [float(t) for t in args.temperatures.split(",")]
@@ -72,6 +105,9 @@ def main() -> None:
                    max_input_len=args.max_input_len, max_decode_len=args.max_decode_len,
                    num_warmup=1, num_examples=args.num_examples, gamma=max(gammas))
   setup = prepare(exp)
+  if args.contention:
+    contention(args, setup)
+    return
   # The warm-up example is skipped, as the runner does.
   examples = [jnp.asarray(setup.inputs[i:i + 1]) for i in range(1, len(setup.inputs))]
   load = os.getloadavg()
