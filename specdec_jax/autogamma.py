@@ -10,7 +10,8 @@ choice maximizes the v-generalized form
 over γ = 1..γ_max, with α estimated on the warm-up examples (Corollary 3.6:
 α = E[Σ_x min(p(x), q(x))] along the target's own outputs, which has lower
 variance than counting acceptances) and c(γ), v(γ) timed with the jitted
-pieces the loop runs.
+pieces the loop runs, scaled by what the two cost together when they
+alternate as in a round (``timing.Costs.interplay``).
 """
 
 from __future__ import annotations
@@ -109,8 +110,8 @@ class GammaChoice:
   alpha: float                       # Σmin(p, q) / tokens on the warm-up outputs
   tokens: int                        # tokens α was estimated on
   alpha_se: float                    # its standard error (``alpha_standard_error``)
-  c: dict[int, float]
-  v: dict[int, float]
+  c: dict[int, float]                # in context (``timing.Costs.c_in_context``)
+  v: dict[int, float]                # in context (``timing.Costs.v_in_context``)
   predicted: dict[int, float]        # v-generalized Theorem 3.8 per γ
   gap_se: dict[int, float]           # s.e. of predicted[best] - predicted[γ]
   argmax: int                        # the curve's argmax (gamma is within gap_se of it)
@@ -170,10 +171,13 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
   if missing:
     costs.update(measure_costs_many(target, params, draft, batches[0][0], missing, sampling,
                                     cache_len=max_decode_len + gamma_max + 1))
-  c = {g: costs[g].c for g in range(1, gamma_max + 1)}
-  v = {g: costs[g].v for g in range(1, gamma_max + 1)}
-  c_se = {g: costs[g].c_se for g in c}
-  v_se = {g: costs[g].v_se for g in v}
+  # In-context costs: the two models timed alternating, as a round runs them
+  # (``timing.Costs.interplay``). The interplay grows with γ where the draft's
+  # steps evict the target's weights, so ignoring it favours long γ.
+  c = {g: costs[g].c_in_context for g in range(1, gamma_max + 1)}
+  v = {g: costs[g].v_in_context for g in range(1, gamma_max + 1)}
+  c_se = {g: costs[g].c_se * costs[g].interplay for g in c}
+  v_se = {g: costs[g].v_se * costs[g].interplay for g in v}
   gamma, argmax, curve, gap_se = theory.gamma_curve(alpha, c, v, alpha_se, c_se, v_se)
   if tokens < MIN_ALPHA_TOKENS:
     # Tokens of one sequence are correlated, so the true error is larger still.

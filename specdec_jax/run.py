@@ -715,7 +715,7 @@ def _text(vocab, tokens: np.ndarray) -> str:
   return vocab.decode([int(t) for t in tokens])
 
 
-COST_KEYS = ("c", "v", "target_step_ms", "verify_ms", "draft_token_ms")
+COST_KEYS = ("c", "v", "target_step_ms", "verify_ms", "draft_token_ms", "interplay")
 
 
 def summarize(exp: Experiment, records: list[dict]) -> dict:
@@ -726,8 +726,9 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   can be recomputed from examples.jsonl alone.
   """
   tot = lambda k: float(sum(r[k] for r in records))
-  costs = {k: float(np.median([r[k] for r in records])) if records else float("nan")
-           for k in COST_KEYS}
+  # (Lines written before 'interplay' was measured count as 1: no interplay.)
+  costs = {k: float(np.median([r.get(k, 1.0 if k == "interplay" else None) for r in records]))
+           if records else float("nan") for k in COST_KEYS}
   evaluated = tot("accepted") + tot("rejected")
   alpha = tot("accepted") / evaluated if evaluated else float("nan")
   alpha_min_pq = tot("min_pq_sum") / evaluated if evaluated else float("nan")
@@ -746,7 +747,7 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
       "tokens_per_target_call": tot("tokens") / max(tot("target_calls"), 1),
       "c": costs["c"], "v": costs["v"],
       "target_step_ms": costs["target_step_ms"], "verify_ms": costs["verify_ms"],
-      "draft_token_ms": costs["draft_token_ms"],
+      "draft_token_ms": costs["draft_token_ms"], "interplay": costs["interplay"],
       "baseline_ms_per_token": 1e3 * base_s / max(tot("baseline_tokens"), 1),
       "speculative_ms_per_token": 1e3 * spec_s / max(tot("tokens"), 1),
       "baseline_s": base_s, "speculative_s": spec_s,
@@ -776,6 +777,12 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
                                  if ok else None)
   summary["expected_speedup_v"] = (float(theory.walltime_improvement(
       min(alpha, 1.0), exp.gamma, costs["c"], costs["v"])) if ok else None)
+  # The same with the round's two models timed as they alternate in a round
+  # (``timing.Costs.interplay``): what is left between this and SPEED is the
+  # engine's own per-round work and the finite length of the outputs.
+  f = costs["interplay"]
+  summary["expected_speedup_in_context"] = (float(theory.walltime_improvement(
+      min(alpha, 1.0), exp.gamma, costs["c"] * f, costs["v"] * f)) if ok else None)
   return summary
 
 
@@ -788,7 +795,13 @@ def table2_row(s: dict) -> str:
          f"{fmt(s['alpha'])} | {fmt(s['speedup'])}X | {fmt(s['expected_speedup'])}X | "
          f"{fmt(s['expected_speedup_v'])}X | "
          f"{'-' if s['mismatches_vs_baseline'] is None else s['mismatches_vs_baseline']} |")
-  return "\n".join([head, sep, row])
+  lines = [head, sep, row]
+  if s.get("expected_speedup_in_context") is not None:
+    lines.append(f"EXP in context: {fmt(s['expected_speedup_in_context'])}X (draft and target "
+                 f"timed alternating as in a round: {fmt(s['interplay'])}x their cost timed "
+                 f"apart); SPEED / EXP in context "
+                 f"{fmt(s['speedup'] / s['expected_speedup_in_context'])}")
+  return "\n".join(lines)
 
 
 def _auto_gamma(setup: Setup, workdir: Workdir, root) -> tuple[int, Optional[dict]]:
@@ -837,7 +850,8 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   c = measure_costs(target, tparams, draft, _pad_batch(setup.inputs, [0], exp.batch_size),
                     gamma, sampling, cache_len=exp.max_decode_len + gamma + 1)
   costs = {"c": c.c, "v": c.v, "target_step_ms": 1e3 * c.target_step_s,
-           "verify_ms": 1e3 * c.verify_s, "draft_token_ms": 1e3 * c.draft_token_s}
+           "verify_ms": 1e3 * c.verify_s, "draft_token_ms": 1e3 * c.draft_token_s,
+           "interplay": c.interplay}
   logging.info("Costs: %s", costs)
   extra = {"gamma": gamma} if gamma_auto is None else {"gamma": gamma, "gamma_auto": gamma_auto}
 

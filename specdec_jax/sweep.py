@@ -136,6 +136,9 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
         c=c.c, v=c.v,
         expected=float(theory.walltime_improvement(a_cap, g, c.c)) if fixed else None,
         expected_v=float(theory.walltime_improvement(a_cap, g, c.c, c.v)) if fixed else None,
+        interplay=c.interplay,
+        expected_ctx=(float(theory.walltime_improvement(a_cap, g, c.c_in_context,
+                                                        c.v_in_context)) if fixed else None),
         # measured / EXP(v) = tokens_factor * round_factor (exactly): where the
         # prediction's error sits. tokens: tokens per target call vs Eq. (1)
         # at the measured α (finite sequences: the last round is cut at EOS);
@@ -163,7 +166,8 @@ COLUMNS = [("temp", "temperature", "{:g}"), ("γ", "gamma", "{}"),
            ("tokens/target call", "tokens_per_target_call", "{:.2f}"),
            ("mean γ", "mean_gamma", "{:.2f}"), ("c", "c", "{:.3f}"),
            ("v", "v", "{:.2f}"), ("EXP (Thm 3.8)", "expected", "{:.2f}x"),
-           ("EXP (with v)", "expected_v", "{:.2f}x")]
+           ("EXP (with v)", "expected_v", "{:.2f}x"), ("interplay", "interplay", "{:.2f}"),
+           ("EXP (in context)", "expected_ctx", "{:.2f}x")]
 
 
 FACTORS = [("= tokens/call ÷ Eq. 1", "tokens_factor"),
@@ -174,12 +178,14 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
   """The sweep as a markdown table, plus measured / EXP(with v) and its two
   factors (see ``gamma_sweep``)."""
   head = ([c[0] for c in COLUMNS] + ["measured / EXP(v)"] + [f[0] for f in FACTORS]
-          + ["mismatches"])
+          + ["measured / EXP(in context)", "mismatches"])
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in rows:
     cells = ["-" if r[key] is None else fmt.format(r[key]) for _, key, fmt in COLUMNS]
     cells.append("-" if r["expected_v"] is None else f"{r['speedup'] / r['expected_v']:.2f}")
     cells += ["-" if r.get(key) is None else f"{r[key]:.2f}" for _, key in FACTORS]
+    cells.append("-" if r.get("expected_ctx") is None
+                 else f"{r['speedup'] / r['expected_ctx']:.2f}")
     cells.append("-" if r["mismatches"] is None else str(r["mismatches"]))
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)

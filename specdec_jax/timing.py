@@ -5,6 +5,12 @@ the same computation the decoding loops run:
 
   c = (draft time per proposed token) / (one-token target step)   (Def. 3.7)
   v = (target pass over γ+1 tokens) / (one-token target step)
+  interplay = (the two timed as a round runs them, alternating) / (γ c + v)
+
+Timed apart, each model keeps its own weights in the caches from one call to
+the next; in a round the draft's steps evict part of the target's and vice
+versa (``profile.cache_contention``), so the in-context costs c·interplay and
+v·interplay are what a round pays.
 
 The paper's Theorem 3.8 assumes v = 1 (γ+1 parallel positions for free); on a
 CPU or at large batch it is not, and ``theory.walltime_improvement`` takes v.
@@ -64,6 +70,19 @@ class Costs(NamedTuple):
   v: float
   c_se: float = 0.0      # standard errors of c and v over the interleaved repeats
   v_se: float = 0.0      # (``median_se`` of the per-repeat ratios)
+  # A round's two pieces run back to back (``_rounds``) over their cost timed
+  # apart, γ draft steps + one verify: > 1 where the models slow each other
+  # down, e.g. by evicting each other's weights from a shared cache.
+  interplay: float = 1.0
+
+  @property
+  def c_in_context(self) -> float:
+    """c with the round's interplay: γ c' + v' is the round measured whole."""
+    return self.c * self.interplay
+
+  @property
+  def v_in_context(self) -> float:
+    return self.v * self.interplay
 
 
 def median_se(xs: list[float]) -> float:
@@ -107,6 +126,29 @@ def _proposes(draft: ApproximationModel, state, seq, length, key, gamma, samplin
                                      jax.random.fold_in(key, i))
     return state, acc + jnp.sum(tokens) + jnp.sum(q[..., 0])
   return jax.lax.fori_loop(0, n, body, (state, 0.0))[1]
+
+
+@functools.partial(jax.jit, static_argnames=("model", "gamma", "sampling", "n"))
+def _rounds(model: T5Model, params, cache, draft: ApproximationModel, state, seq, length, key,
+            gamma, sampling, n):
+  """n rounds' model work as the loop runs it: γ draft steps, then the target's
+  pass over the γ+1 positions holding the proposal (+ standardize + sample,
+  as in the verify piece). The proposal feeds the target and the caches are
+  carried, so the two models alternate exactly as in a round; the kernel and
+  bookkeeping, which ``profile`` times, are left out."""
+  b = seq.shape[0]
+  first = jnp.full((b, 1), 3, jnp.int32)
+
+  def body(i, carry):
+    cache, state, acc = carry
+    k_draft, k_target = jax.random.split(jax.random.fold_in(key, i))
+    tokens, q, state = draft.propose(state, seq, length + i % 2, gamma, sampling, k_draft)
+    pos = length[:, None] + i % 2 + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
+    logits, cache = model.decode(params, jnp.concatenate([first, tokens], 1), pos, cache)
+    probs = standardize(logits, sampling)
+    tok = sample(k_target, probs[:, -1], sampling)
+    return cache, state, acc + jnp.sum(tok) + jnp.sum(q[..., 0]) + jnp.sum(probs[..., 0])
+  return jax.lax.fori_loop(0, n, body, (cache, state, 0.0))[2]
 
 
 @functools.partial(jax.jit, static_argnames=("model", "cache_len"))
@@ -168,6 +210,8 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
     pieces[("verify", g)] = target_piece(g + 1)
     pieces[("draft", g)] = (lambda g=g: _proposes(draft, dstate, seq, length, key, g,
                                                    sampling, n))
+    pieces[("round", g)] = (lambda g=g: _rounds(target, target_params, cache, draft, dstate,
+                                                 seq, length, key, g, sampling, n))
   for fn in pieces.values():  # compile + warm up
     block(fn())
   # Interleaved: machine drift hits every piece alike.
@@ -184,6 +228,7 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
     # spread is the noise of c and v.
     c_reps = [d / g / s for d, s in zip(times[("draft", g)], times["step"])]
     v_reps = [vf / s for vf, s in zip(times[("verify", g)], times["step"])]
+    interplay = median(times[("round", g)]) / n / (g * t_draft + t_verify)
     out[g] = Costs(t_step, t_verify, t_draft, t_draft / t_step, t_verify / t_step,
-                   median_se(c_reps), median_se(v_reps))
+                   median_se(c_reps), median_se(v_reps), interplay)
   return out

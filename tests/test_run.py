@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = {"task", "target", "draft", "temperature", "gamma", "alpha", "alpha_min_pq",
                 "tokens_per_target_call", "c", "v", "baseline_ms_per_token",
                 "speculative_ms_per_token", "speedup", "expected_speedup",
-                "expected_speedup_v", "num_examples", "mismatches_vs_baseline"}
+                "expected_speedup_v", "expected_speedup_in_context", "interplay",
+                "num_examples", "mismatches_vs_baseline"}
 WORDS = ("thou thee thy hath doth saith unto ye shall lord king house went came said "
          "people land day god man son father city behold").split()
 
@@ -97,6 +98,10 @@ def test_run_writes_results_and_resumes_after_a_kill(env):
                                        / sum(r["speculative_s"] for r in recs))
   assert s["c"] == pytest.approx(np.median([r["c"] for r in recs]))
   assert s["v"] == pytest.approx(np.median([r["v"] for r in recs]))
+  assert s["interplay"] == pytest.approx(np.median([r["interplay"] for r in recs]))
+  assert s["expected_speedup_in_context"] == pytest.approx(
+      s["expected_speedup_v"] / s["interplay"], rel=1e-9)
+  assert "EXP in context: " in res.stdout
   assert "Experiment.gamma = 3" in (w / "config.gin").read_text()
 
   # 2) Kill midway, leave a torn last line, resume: nothing lost or duplicated.

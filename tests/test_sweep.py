@@ -25,8 +25,12 @@ def test_sweep_rows_and_the_factors_of_measured_over_predicted(tiny_target, tiny
   # measured / EXP(v) is exactly the product of the two factors.
   product = r["tokens_factor"] * r["round_factor"]
   assert product == pytest.approx(r["speedup"] / r["expected_v"], rel=1e-9)
+  # The in-context prediction is EXP(with v) with γc + v scaled by the interplay.
+  assert r["interplay"] > 0
+  assert r["expected_ctx"] == pytest.approx(r["expected_v"] / r["interplay"], rel=1e-9)
   table = markdown_table(rows)
   assert "× (γc+v) ÷ round in baseline tokens" in table and table.count("\n") == 2
+  assert "| EXP (in context) |" in table and "measured / EXP(in context)" in table
 
 
 def test_costs_for_several_gammas_share_one_interleaved_step(tiny_target, tiny_draft):
@@ -44,6 +48,11 @@ def test_costs_for_several_gammas_share_one_interleaved_step(tiny_target, tiny_d
     assert c.v == pytest.approx(c.verify_s / c.target_step_s)
     assert c.c == pytest.approx(c.draft_token_s / c.target_step_s)
     assert c.c_se >= 0 and c.v_se >= 0
+    # In-context costs scale both by the round's interplay, so that γ c' + v'
+    # is the round timed whole (in target steps).
+    assert c.interplay > 0
+    assert g * c.c_in_context + c.v_in_context == pytest.approx(
+        (g * c.c + c.v) * c.interplay)
   with pytest.raises(ValueError, match="gammas must be >= 1"):
     measure_costs_many(model, params, draft, x, [0, 2], SamplingConfig())
 
