@@ -190,8 +190,8 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
                "chosen %d (the smallest within one s.e.)", alpha, alpha_se, tokens,
                ", ".join(f"{g}: {s:.2f}x +- {gap_se[g]:.2f}" for g, s in curve.items()),
                argmax, gamma)
-  if curve[gamma] <= 1.0:
+  if curve[argmax] <= 1.0:
     logging.warning("gamma='auto': no gamma in 1..%d is predicted to beat plain decoding "
-                    "(best %.2fx at gamma %d; alpha %.3f, c %.3f, v %.2f)", gamma_max,
-                    curve[gamma], gamma, alpha, c[gamma], v[gamma])
+                    "(best %.2fx at gamma %d; alpha %.3f, c %.3f, v %.2f in context)",
+                    gamma_max, curve[argmax], argmax, alpha, c[argmax], v[argmax])
   return GammaChoice(gamma, alpha, tokens, alpha_se, c, v, curve, gap_se, argmax)
