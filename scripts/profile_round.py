@@ -65,10 +65,11 @@ def contention(args, setup) -> None:
            else "")
         + f"; batch 1, inner {args.inner}, repeats {args.repeats}; load average {load[0]:.2f} "
         f"{load[1]:.2f} {load[2]:.2f}\n", flush=True)
+  ks = [int(k) for k in args.contention_ks.split(",")]
   rows = cache_contention(setup.target, setup.target_params, jnp.asarray(setup.inputs[:1]),
-                          [int(k) for k in args.contention_ks.split(",")],
-                          [float(m) for m in args.contention.split(",")],
-                          cache_len=args.max_decode_len + 8, position=args.position,
+                          ks, [float(m) for m in args.contention.split(",")],
+                          # the runner's cache length at γ = k - 1, as the other pieces
+                          cache_len=args.max_decode_len + max(ks), position=args.position,
                           inner=args.inner, repeats=args.repeats)
   load = os.getloadavg()
   print(f"{contention_markdown(rows)}\n\nload average at end {load[0]:.2f} {load[1]:.2f} "

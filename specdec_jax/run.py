@@ -1093,7 +1093,16 @@ def _quiet_libraries(quiet: bool) -> None:
       t.removeFilter(f)
     if quiet:
       t.addFilter(_LibraryFilter())
-  sys.unraisablehook = _quiet_unraisable if quiet else sys.__unraisablehook__
+  # Installed over (and later restored to) whatever hook the process had, so an
+  # in-process caller (``run_args``: tests, notebooks) keeps its own.
+  global _previous_unraisablehook
+  if quiet and sys.unraisablehook is not _quiet_unraisable:
+    _previous_unraisablehook, sys.unraisablehook = sys.unraisablehook, _quiet_unraisable
+  elif not quiet and sys.unraisablehook is _quiet_unraisable:
+    sys.unraisablehook = _previous_unraisablehook
+
+
+_previous_unraisablehook = sys.__unraisablehook__
 
 
 def _quiet_unraisable(u) -> None:
@@ -1106,7 +1115,7 @@ def _quiet_unraisable(u) -> None:
   """
   if isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
     return
-  sys.__unraisablehook__(u)
+  _previous_unraisablehook(u)
 
 
 def _message(e: BaseException) -> str:

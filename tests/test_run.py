@@ -450,6 +450,7 @@ def test_quiet_unraisable_drops_only_the_closed_loop_report(capsys, monkeypatch)
     def __del__(self):
       raise RuntimeError(self.message)
 
+  monkeypatch.setattr(run, "_previous_unraisablehook", sys.__unraisablehook__)
   monkeypatch.setattr(sys, "unraisablehook", run._quiet_unraisable)
   Boom("Event loop is closed")  # dropped at once: __del__ raises, Python reports it unraisable
   assert capsys.readouterr().err == ""
