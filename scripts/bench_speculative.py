@@ -37,7 +37,8 @@ from specdec_jax.sweep import gamma_sweep, markdown_table  # noqa: E402
 def bench(args) -> str:
   gammas = args.gammas.split(",")
   if args.adaptive:
-    gammas += ["threshold:0.4", "threshold:0.7", "threshold:0.4:0.4", "schedule"]
+    gammas += ["threshold:0.4", "threshold:0.7", "threshold:0.4:0.4", "cumulative:0.3",
+               "cumulative:0.3:0.4", "schedule"]
   numeric = [int(g) for g in gammas if g.isdigit()]
   exp = Experiment(task=args.task, source=args.source, vocab_path=args.vocab,
                    target_checkpoint=args.target, draft_name=args.draft_name,
@@ -77,7 +78,8 @@ def main() -> None:
                       "specdec_jax.autogamma (§3.5 with measured c and v); adaptive: "
                       "'threshold:t' (stop after a draft token with confidence <= t), "
                       "'threshold:t:s' (also propose nothing when q_1's confidence <= s), "
-                      "'schedule'")
+                      "'cumulative:t[:s]' (stop once the product of the round's "
+                      "confidences is <= t), 'schedule'")
   p.add_argument("--gamma_max", type=int, default=8,
                  help="largest γ 'auto' considers; γ_max of the adaptive settings")
   p.add_argument("--auto_alpha_source", default=demo.ALPHA_SOURCE,
@@ -87,7 +89,7 @@ def main() -> None:
                  help="how many of them; 0: the warm-up example alone")
   p.add_argument("--adaptive", action="store_true",
                  help="add the adaptive settings threshold:0.4, threshold:0.7, "
-                      "threshold:0.4:0.4 and schedule "
+                      "threshold:0.4:0.4, cumulative:0.3, cumulative:0.3:0.4 and schedule "
                       "(also selectable one by one in --gammas)")
   p.add_argument("--temperatures", default="0,1")
   p.add_argument("--num_examples", type=int, default=20)

@@ -181,7 +181,9 @@ def alpha_estimates(stats: SpecStats) -> dict[str, Array]:
   return {"alpha": stats.accepted / denom, "alpha_min_pq": stats.min_pq_sum / denom}
 
 
-ADAPTIVE_RULES = ("threshold", "schedule")
+ADAPTIVE_RULES = ("threshold", "cumulative", "schedule")
+# The rules that stop on the draft's confidence (``threshold``, ``skip_below``).
+CONFIDENCE_RULES = ("threshold", "cumulative")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,6 +206,14 @@ class AdaptiveConfig:
     y ~ p_1). That pays where scoring two positions costs well over one
     (v(2) > 1, e.g. ~1.5 on a 2-core CPU) and the draft knows when it is
     likely wrong; q_1 is computed anyway, so deciding costs nothing.
+  rule 'cumulative': as 'threshold', but the draft keeps going after x_i
+    while the product of the top probabilities at x_1..x_i is >
+    ``threshold``: the draft's own estimate that all i proposals will be
+    accepted (SpecDec++, Huang et al. 2024, stops when the predicted chance
+    of a rejection so far exceeds a level; here the draft's confidence
+    stands in for their trained acceptance head). Where 'threshold' drafts
+    a long run of middling tokens (0.6 each: a 5-token run survives with
+    0.08), this stops once a rejection is likely; ``skip_below`` as above.
   rule 'schedule' (Hugging Face's 'heuristic'): row b proposes γ_b tokens;
     after a round where all γ_b were accepted γ_b += 2, else γ_b -= 1,
     within [1, γ_max]. Starts at ``initial_gamma`` (default γ_max).
@@ -220,7 +230,7 @@ class AdaptiveConfig:
   Either the row stopped after its count c = i - 1 proposals, all accepted:
   then y_t is drawn from p_{c+1} = p(. | y_<t) directly (Algorithm 1's bonus
   token, now taken at c + 1 <= γ_max); or x_i was proposed: both rules decide
-  that from H_t alone (the threshold rule from q_{i-1}, or for x_1 with
+  that from H_t alone (the threshold rules from q_1..q_{i-1}, or for x_1 with
   ``skip_below`` from q_1, computed on y_<t alone; the schedule from
   earlier rounds' verdicts), before x_i is drawn, so given H_t still
   x_i ~ q_i with a fresh uniform r_i, and accept-or-residual yields y_t ~ p_i
@@ -240,23 +250,23 @@ class AdaptiveConfig:
   def __post_init__(self):
     if self.rule not in ADAPTIVE_RULES:
       raise ValueError(f"adaptive rule must be one of {ADAPTIVE_RULES}, got {self.rule!r}")
-    if self.rule == "threshold":
+    if self.rule in CONFIDENCE_RULES:
       if self.threshold is None or not 0.0 <= self.threshold <= 1.0:  # also rejects NaN
-        raise ValueError("adaptive rule 'threshold' needs a threshold in [0, 1] (0: never "
+        raise ValueError(f"adaptive rule {self.rule!r} needs a threshold in [0, 1] (0: never "
                          f"stop early, 1: one draft token per round), got {self.threshold!r}")
       if self.initial_gamma is not None:
         raise ValueError(f"initial_gamma ({self.initial_gamma}) applies to rule 'schedule' "
-                         "only, not 'threshold'")
+                         f"only, not {self.rule!r}")
     else:
       if self.threshold is not None:
-        raise ValueError(f"threshold ({self.threshold}) applies to rule 'threshold' only, "
-                         "not 'schedule'")
+        raise ValueError(f"threshold ({self.threshold}) applies to rules {CONFIDENCE_RULES} "
+                         "only, not 'schedule'")
       if self.initial_gamma is not None and self.initial_gamma < 1:
         raise ValueError(f"initial_gamma must be >= 1, got {self.initial_gamma}")
     if self.skip_below is not None:
-      if self.rule != "threshold":
-        raise ValueError(f"skip_below ({self.skip_below}) applies to rule 'threshold' only, "
-                         f"not {self.rule!r}")
+      if self.rule not in CONFIDENCE_RULES:
+        raise ValueError(f"skip_below ({self.skip_below}) applies to rules {CONFIDENCE_RULES} "
+                         f"only, not {self.rule!r}")
       if not 0.0 <= self.skip_below <= 1.0:  # also rejects NaN
         raise ValueError(f"skip_below must be in [0, 1], got {self.skip_below!r}")
     least = 0 if self.skip_below is not None else 1
@@ -406,10 +416,10 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
       xs, q, draft_state = draft.propose(s.draft_state, s.seq, n, gamma, sampling, k_draft)
     else:
       limit = jnp.where(live, gamma if s.gamma_row is None else s.gamma_row, 0)
-      threshold = adaptive.threshold if adaptive.rule == "threshold" else 0.0
+      threshold = adaptive.threshold if adaptive.rule in CONFIDENCE_RULES else 0.0
       xs, q, proposed, steps, draft_state = adaptive_proposal(
           draft, s.draft_state, s.seq, n, gamma, sampling, k_draft, limit, threshold,
-          adaptive.skip_below)
+          adaptive.skip_below, adaptive.rule == "cumulative")
       proposed = jnp.clip(proposed, 0, limit)  # done rows: 0; never past the row's limit
     # Candidates go to seq[n+1 .. n+γ]; for live rows those slots are past the
     # committed prefix, and done rows are never read again.

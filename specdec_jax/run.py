@@ -55,8 +55,8 @@ import numpy as np
 from absl import app, flags, logging
 
 from specdec_jax import autogamma, checkpoints, data, drafts, memory, partitioning, theory
-from specdec_jax.decoding import (AdaptiveConfig, alpha_estimates, speculative_decode,
-                                  temperature_sample)
+from specdec_jax.decoding import (CONFIDENCE_RULES, AdaptiveConfig, alpha_estimates,
+                                  speculative_decode, temperature_sample)
 from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.timing import block, measure_costs, timed
@@ -113,10 +113,11 @@ class Experiment:
   auto_alpha_examples: int = 32
   # Adaptive draft length per round and row (decoding.AdaptiveConfig); gamma is
   # then γ_max. 'threshold': the draft stops when its top probability is at or
-  # below adaptive_threshold; 'schedule': +2 after a fully accepted round, -1 else.
+  # below adaptive_threshold; 'cumulative': when the product of its top
+  # probabilities this round is; 'schedule': +2 after a fully accepted round, -1 else.
   adaptive: Optional[str] = None
   adaptive_threshold: float = 0.4
-  # 'threshold' only: a row whose first draft distribution has top probability
+  # 'threshold'/'cumulative' only: a row whose first draft distribution has top probability
   # <= this proposes nothing that round (a plain target step); None: never.
   adaptive_skip_below: Optional[float] = None
   adaptive_initial_gamma: Optional[int] = None
@@ -259,8 +260,8 @@ class Experiment:
     if self.adaptive is None:
       return None
     skip = None if self.adaptive_skip_below is None else float(self.adaptive_skip_below)
-    if self.adaptive == "threshold":
-      return AdaptiveConfig("threshold", threshold=float(self.adaptive_threshold),
+    if self.adaptive in CONFIDENCE_RULES:
+      return AdaptiveConfig(self.adaptive, threshold=float(self.adaptive_threshold),
                             skip_below=skip)
     return AdaptiveConfig(self.adaptive, initial_gamma=self.adaptive_initial_gamma,
                           skip_below=skip)
@@ -761,13 +762,14 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   if exp.adaptive is not None:
     hist = np.sum([r["gamma_hist"] for r in records], 0) if records else np.zeros(1)
     summary["adaptive"] = exp.adaptive
-    summary["adaptive_threshold"] = exp.adaptive_threshold if exp.adaptive == "threshold" else None
+    summary["adaptive_threshold"] = (exp.adaptive_threshold if exp.adaptive in CONFIDENCE_RULES
+                                     else None)
     summary["adaptive_skip_below"] = exp.adaptive_skip_below
     summary["gamma_hist"] = hist.tolist()       # rounds that proposed j tokens, at j
     summary["mean_gamma"] = float(np.dot(np.arange(len(hist)), hist) / max(hist.sum(), 1))
     summary["gamma_label"] = (f"≤{exp.gamma} {exp.adaptive}"
                               + (f" {exp.adaptive_threshold:g}"
-                                 if exp.adaptive == "threshold" else "")
+                                 if exp.adaptive in CONFIDENCE_RULES else "")
                               + (f" skip {exp.adaptive_skip_below:g}"
                                  if exp.adaptive_skip_below is not None else ""))
   # Theorem 3.8 is for a fixed γ: an adaptive run has no such prediction.

@@ -15,18 +15,21 @@ import jax
 import numpy as np
 
 from specdec_jax import autogamma, theory
-from specdec_jax.decoding import AdaptiveConfig, speculative_decode, temperature_sample
+from specdec_jax.decoding import (CONFIDENCE_RULES, AdaptiveConfig, speculative_decode,
+                                  temperature_sample)
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.timing import block, measure_costs_many, timed
 
 
 
 def parse_setting(text: Union[int, str], gamma_max: int) -> tuple[str, int, Optional[AdaptiveConfig]]:
-  """'3' | 'auto' | 'threshold[:t[:s]]' | 'schedule[:initial γ]' -> (label, γ, adaptive).
+  """'3' | 'auto' | 'threshold[:t[:s]]' | 'cumulative[:t[:s]]' | 'schedule[:initial γ]'
+  -> (label, γ, adaptive).
 
   Adaptive settings run with γ_max = ``gamma_max``; 'auto' is resolved later.
-  'threshold:t:s' also skips a round when q_1's confidence is <= s
-  (``AdaptiveConfig.skip_below``: the round is a plain target step).
+  'threshold:t:s' (and 'cumulative:t:s') also skips a round when q_1's
+  confidence is <= s (``AdaptiveConfig.skip_below``: the round is a plain
+  target step).
   """
   text = str(text).strip()
   if text.isdigit():
@@ -34,17 +37,17 @@ def parse_setting(text: Union[int, str], gamma_max: int) -> tuple[str, int, Opti
   if text == "auto":
     return text, 0, None
   rule, _, arg = text.partition(":")
-  if rule == "threshold":
+  if rule in CONFIDENCE_RULES:
     t, _, skip = arg.partition(":")
-    cfg = AdaptiveConfig("threshold", threshold=float(t or 0.4),
+    cfg = AdaptiveConfig(rule, threshold=float(t or 0.4),
                          skip_below=float(skip) if skip else None)
-    label = f"≤{gamma_max} thr {cfg.threshold:g}"
+    label = f"≤{gamma_max} {'thr' if rule == 'threshold' else 'cum'} {cfg.threshold:g}"
     return label + (f" skip {cfg.skip_below:g}" if skip else ""), gamma_max, cfg
   if rule == "schedule":
     cfg = AdaptiveConfig("schedule", initial_gamma=int(arg) if arg else None)
     return f"≤{gamma_max} sched" + (f" from {arg}" if arg else ""), gamma_max, cfg
-  raise ValueError(f"unknown γ setting {text!r}: a number, 'auto', 'threshold[:t[:s]]' or "
-                   "'schedule[:initial γ]'")
+  raise ValueError(f"unknown γ setting {text!r}: a number, 'auto', 'threshold[:t[:s]]', "
+                   "'cumulative[:t[:s]]' or 'schedule[:initial γ]'")
 
 
 def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
@@ -62,7 +65,7 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
   validation examples, in batches of ``alpha_batch``; default: the warm-up
   example alone, a noisy estimate) and timed pieces (c, v for 1..gamma_max),
   labelled 'auto→γ' and timed like the others;
-  'threshold[:t]' / 'schedule' (``decoding.AdaptiveConfig``, γ_max =
+  'threshold[:t]' / 'cumulative[:t]' / 'schedule' (``decoding.AdaptiveConfig``, γ_max =
   ``gamma_max``), whose rows report the mean γ used and no prediction
   (Theorem 3.8 is for a fixed γ). All settings run back to back per example.
   """

@@ -68,6 +68,7 @@ GREEDY = {
     "threshold0.9_g7": (7, AdaptiveConfig("threshold", 0.9)),
     "schedule_g7_from1": (7, AdaptiveConfig("schedule", initial_gamma=1)),
     "threshold0.9_skip0.8_g4": (4, AdaptiveConfig("threshold", 0.9, skip_below=0.8)),
+    "cumulative0.6_g7": (7, AdaptiveConfig("cumulative", 0.6)),
 }
 
 
@@ -96,7 +97,7 @@ def test_greedy_identical_to_baseline(tiny_target, near_draft, greedy_case, case
     np.testing.assert_array_equal(st.target_positions, (gamma_max + 1) * calls)
   elif adaptive.threshold == 1.0:
     assert used.tolist() == [1]
-  elif adaptive.rule == "threshold":
+  elif adaptive.rule in ("threshold", "cumulative"):
     assert len(used) >= 3, hist  # the threshold really varies γ
     assert np.all(st.draft_calls < gamma_max * calls)
   else:
@@ -203,6 +204,68 @@ def test_prompt_lookup_skips_rounds_without_a_match(tiny_target, greedy_case):
   assert st.gamma_hist[:, 0].sum() > 0 and st.gamma_hist[:, 1:].sum() > 0, st.gamma_hist
 
 
+@pytest.mark.parametrize("rule", ["threshold", "cumulative"])
+def test_lookup_t5_stops_where_its_t5_draft_is_unsure(tiny_target, near_draft, greedy_case,
+                                                      rule):
+  """LookupT5Draft's own propose_adaptive: token for token the baseline at
+  T = 0, with early exit (fewer draft steps than γ_max a round). Without it
+  the fallback saw a one-hot q at every position and never stopped."""
+  eos, base = greedy_case
+  draft = drafts.LookupT5Draft(t5=near_draft)
+  out = _greedy(tiny_target, draft, eos, 7, AdaptiveConfig(rule, 0.6))
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  st = jax.tree_util.tree_map(np.asarray, out.stats)
+  np.testing.assert_array_equal(st.gamma_hist.sum(1), st.target_calls)
+  # Steps are the batch's (the longest row's), so compare totals.
+  assert st.draft_calls.sum() < 7 * st.target_calls.sum(), st.draft_calls
+  assert (st.gamma_hist.sum(0)[1:] > 0).sum() >= 3, st.gamma_hist
+
+
+def test_lookup_t5_copies_count_as_certain(near_draft):
+  """A copied position has confidence 1, a T5 position its model's own. With
+  the T5 draft's final norm zeroed its logits are 0 (softmax 1/V, always
+  unsure), so at threshold 0.5 a row proposes exactly its copied run and one
+  T5 token after it (at T = 0, where every q is one-hot and only the
+  ``certain`` flag tells a copy from a T5 guess)."""
+  params = jax.tree_util.tree_map(lambda x: x, near_draft.params)
+  params["decoder"]["decoder_norm"]["scale"] = jnp.zeros_like(
+      params["decoder"]["decoder_norm"]["scale"])
+  draft = drafts.LookupT5Draft(t5=near_draft.replace(params=params))
+  b, gamma = INPUTS.shape[0], 4
+  seq = jnp.zeros((b, 40), jnp.int32)
+  # Row 0 ends in a bigram seen before, followed by 3 tokens: "5 6 7 8 9 5 6".
+  seq = seq.at[0, 1:8].set(jnp.array([5, 6, 7, 8, 9, 5, 6]))
+  length = jnp.full((b,), 7, jnp.int32)
+  state = draft.init(INPUTS, 40)
+  for cumulative in (False, True):
+    _, _, count, _, _ = draft.propose_adaptive(
+        state, seq, length, gamma, SamplingConfig(), KEY, jnp.full((b,), gamma), 0.5,
+        cumulative=cumulative)
+    _, copy_at = draft.copy_plan(state, seq, length, gamma)
+    run = np.asarray(jnp.sum(jnp.cumprod(copy_at.astype(jnp.int32), 1), 1))
+    assert run[0] >= 2 and run.min() < gamma - 1, run  # copies of several lengths
+    np.testing.assert_array_equal(np.asarray(count), np.minimum(run + 1, gamma))
+
+
+def test_cumulative_matches_stop_count(near_draft):
+  """T5Draft.propose_adaptive's running product stops where ``stop_count``
+  (cumulative) says, from the same proposals' confidences (T = 1, same key)."""
+  t1 = SamplingConfig(temperature=1.0)
+  b, gamma = INPUTS.shape[0], 6
+  state = near_draft.init(INPUTS, 40)
+  seq, length = jnp.zeros((b, 40), jnp.int32), jnp.zeros((b,), jnp.int32)
+  limit = jnp.full((b,), gamma, jnp.int32)
+  _, q, _ = near_draft.propose(state, seq, length, gamma, t1, KEY)
+  conf = top_probability(q, None, t1)
+  for threshold in (0.05, 0.2, 0.5):
+    _, _, count, steps, _ = near_draft.propose_adaptive(
+        state, seq, length, gamma, t1, KEY, limit, threshold, cumulative=True)
+    want = stop_count(conf, limit, threshold, cumulative=True)
+    np.testing.assert_array_equal(count, want, err_msg=str(threshold))
+    assert int(steps) == int(jnp.max(want))  # early exit after the longest row
+    assert np.all(np.asarray(want) <= np.asarray(stop_count(conf, limit, threshold)))
+
+
 def test_skip_below_needs_a_propose_adaptive_that_takes_it(near_draft):
   @struct.dataclass
   class Old:  # propose_adaptive written before skip_below existed
@@ -220,6 +283,8 @@ def test_skip_below_needs_a_propose_adaptive_that_takes_it(near_draft):
   assert adaptive_proposal(*args)[2].shape == (INPUTS.shape[0],)  # without skip_below: fine
   with pytest.raises(drafts.DraftInterfaceError, match="skip_below"):
     adaptive_proposal(*args, skip_below=0.3)
+  with pytest.raises(drafts.DraftInterfaceError, match="cumulative"):
+    adaptive_proposal(*args, cumulative=True)
 
 
 # ------------------------------------------------------------- the kernel
@@ -271,6 +336,10 @@ def test_capped_round_takes_the_bonus_from_the_right_position():
 
 SEQ_GAMMA_MAX = 3
 SEQ_THRESHOLD = {"temp1": 0.3, "temp0.7_topk3": 0.5, "temp1_topp0.8": 0.3}
+# The cumulative rule's level: a product of confidences, so lower (probed so
+# that rounds of >= 2 lengths occur, which the tests assert).
+SEQ_CUMULATIVE = {"temp1": 0.09, "temp0.7_topk3": 0.25, "temp1_topp0.8": 0.3}
+SEQ_CUMULATIVE_LOOKUP = {"temp1": 0.09, "temp1_topp0.8": 0.5}
 
 
 def _seq_decode(seq_models, draft, sampling, adaptive):
@@ -280,13 +349,14 @@ def _seq_decode(seq_models, draft, sampling, adaptive):
                             sampling=sampling, eos_id=SEQ_EOS, adaptive=adaptive)
 
 
-@pytest.mark.parametrize("rule", ["threshold", "schedule"])
+@pytest.mark.parametrize("rule", ["threshold", "cumulative", "schedule"])
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 def test_sequence_distribution_is_exact(seq_models, setting, rule):
   model, target, draft_params = seq_models
   sampling = SETTINGS[setting]
-  adaptive = (AdaptiveConfig("threshold", SEQ_THRESHOLD[setting]) if rule == "threshold"
-              else AdaptiveConfig("schedule", initial_gamma=1))
+  adaptive = (AdaptiveConfig("schedule", initial_gamma=1) if rule == "schedule"
+              else AdaptiveConfig(rule, (SEQ_CUMULATIVE if rule == "cumulative"
+                                         else SEQ_THRESHOLD)[setting]))
   out = _seq_decode(seq_models, drafts.T5Draft(params=draft_params, model=model), sampling,
                     adaptive)
   hist = np.asarray(out.stats.gamma_hist).sum(0)
@@ -309,6 +379,21 @@ def test_sequence_distribution_is_exact_with_skipped_rounds(seq_models, setting)
                     adaptive)
   hist = np.asarray(out.stats.gamma_hist).sum(0)
   assert hist[0] > hist.sum() // 20 and (hist[1:] > hist.sum() // 20).sum() >= 2, hist
+  dist = exact_sequence_distribution(model, target, sampling)
+  assert sequence_pvalue(np.asarray(out.tokens), dist) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("setting", sorted(SEQ_CUMULATIVE_LOOKUP))
+def test_lookup_t5_sequence_distribution_is_exact(seq_models, setting):
+  """LookupT5Draft's adaptive rounds (copies certain, T5 positions by their
+  confidence, cumulative rule) keep the target's distribution."""
+  model, target, draft_params = seq_models
+  sampling = SETTINGS[setting]
+  draft = drafts.LookupT5Draft(t5=drafts.T5Draft(params=draft_params, model=model))
+  out = _seq_decode(seq_models, draft, sampling,
+                    AdaptiveConfig("cumulative", SEQ_CUMULATIVE_LOOKUP[setting]))
+  hist = np.asarray(out.stats.gamma_hist).sum(0)
+  assert (hist[1:] > hist.sum() // 20).sum() >= 2, hist
   dist = exact_sequence_distribution(model, target, sampling)
   assert sequence_pvalue(np.asarray(out.tokens), dist) > SIGNIFICANCE
 
@@ -393,6 +478,11 @@ def test_stop_count_and_confidence():
   np.testing.assert_array_equal(stop_count(conf, limit, 0.5, skip_below=0.5), [2, 2, 0, 0])
   np.testing.assert_array_equal(stop_count(conf, limit, 0.0, skip_below=0.95), [0, 0, 0, 0])
   np.testing.assert_array_equal(stop_count(conf, limit, 0.0, skip_below=0.0), [4, 2, 4, 0])
+  # cumulative: the running product 0.9, 0.81, 0.729 crosses 0.75 after x_3.
+  np.testing.assert_array_equal(stop_count(conf, limit, 0.75, cumulative=True), [2, 2, 1, 0])
+  np.testing.assert_array_equal(stop_count(conf[1:2], jnp.array([4]), 0.75), [4])
+  np.testing.assert_array_equal(stop_count(conf[1:2], jnp.array([4]), 0.75, cumulative=True),
+                                [3])
   logits = jnp.log(jnp.array([[0.7, 0.2, 0.1]]))
   greedy, t1 = SamplingConfig(), SamplingConfig(temperature=1.0)
   q0 = standardize(logits, greedy)
@@ -441,7 +531,10 @@ def test_check_interface_checks_propose_adaptive(near_draft):
     (dict(rule="threshold", threshold=0.5, widths=(0, 2)), "0 only with skip_below"),
     (dict(rule="threshold", threshold=0.5, skip_below=1.5), "skip_below must be in"),
     (dict(rule="threshold", threshold=0.5, skip_below=float("nan")), "nan"),
-    (dict(rule="schedule", skip_below=0.2), "skip_below .* 'threshold' only"),
+    (dict(rule="schedule", skip_below=0.2), "skip_below .* only, not 'schedule'"),
+    (dict(rule="cumulative"), "'cumulative' needs a threshold"),
+    (dict(rule="cumulative", threshold=1.2), "1.2"),
+    (dict(rule="cumulative", threshold=0.5, initial_gamma=2), "initial_gamma"),
 ])
 def test_bad_config(kwargs, match):
   with pytest.raises(ValueError, match=match):

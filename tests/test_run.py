@@ -621,6 +621,7 @@ def test_bfloat16_weights_keep_float32_norms_and_decode(env):
 
 
 @pytest.mark.parametrize("rule,extra", [("threshold", "Experiment.adaptive_threshold = 0.3"),
+                                        ("cumulative", "Experiment.adaptive_threshold = 0.2"),
                                         ("schedule", "Experiment.adaptive_initial_gamma = 2")])
 def test_adaptive_runs_record_the_gammas_they_used(env, capsys, tmp_path, rule, extra):
   """An adaptive run (gamma = γ_max) at T=0: 0 mismatches, per-example γ
@@ -658,7 +659,9 @@ def test_adaptive_runs_record_the_gammas_they_used(env, capsys, tmp_path, rule, 
     ("Experiment.adaptive = 'threshold'\nExperiment.adaptive_skip_below = 1.5",
      r"skip_below must be in \[0, 1\]"),
     ("Experiment.adaptive = 'schedule'\nExperiment.adaptive_skip_below = 0.3",
-     "skip_below .* 'threshold' only"),
+     r"skip_below .* only, not 'schedule'"),
+    ("Experiment.adaptive = 'cumulative'\nExperiment.adaptive_threshold = -0.5",
+     r"'cumulative' needs a threshold in \[0, 1\]"),
 ])
 def test_adaptive_bad_input_fails_before_work(env, monkeypatch, binding, message):
   monkeypatch.setattr(run, "_load_model", lambda *a, **k: pytest.fail("weights were read"))

@@ -65,5 +65,8 @@ def test_parse_setting():
   assert cfg.verify_widths(7) == (0, 1, 2, 4, 7)
   label, _, cfg = parse_setting("threshold", 7)
   assert (label, cfg.threshold, cfg.skip_below) == ("≤7 thr 0.4", 0.4, None)
+  label, _, cfg = parse_setting("cumulative:0.3:0.4", 7)
+  assert (label, cfg.rule, cfg.threshold, cfg.skip_below) == (
+      "≤7 cum 0.3 skip 0.4", "cumulative", 0.3, 0.4)
   with pytest.raises(ValueError, match="threshold:t:s|unknown γ setting"):
     parse_setting("sometimes", 7)

@@ -21,22 +21,27 @@ leaves, configuration as static fields) with three pure methods:
 Optionally, for adaptive draft lengths (``decoding.AdaptiveConfig``):
 
 * ``propose_adaptive(state, seq, length, gamma, sampling, key, limit,
-  threshold, skip_below=None) -> (tokens, q, count, steps, state)``: like
-  ``propose`` with γ = γ_max, but row b proposes only ``count[b]`` tokens:
-  x_1 (if ``limit[b] >= 1``, and, when ``skip_below`` is a float, the
-  confidence of q_1 is > ``skip_below``), then x_{i+1} while i < ``limit[b]``
-  and the confidence ``top_probability`` of the distribution x_i was drawn
-  from is > ``threshold`` (``stop_count`` is the rule; a draft may define its
-  confidence otherwise, from its own computation, as prompt lookup does). ``limit`` [B] int32 in 0..γ (0: the row is
-  done, propose nothing); ``threshold`` a Python float in [0, 1]. tokens [B, γ]
-  and q [B, γ, V] as in ``propose``, but entries past ``count`` are arbitrary
-  (the engine treats them as not proposed); ``count`` [B] int32; ``steps`` a
-  scalar int32, the draft steps actually run (what the call cost). The point
-  of implementing it is early exit: stop computing once every row has stopped
-  (``T5Draft`` does). Every decision may use only the draft's own computation
-  for the current prefix — never the target — which keeps decoding exact.
-  Drafts without it get ``adaptive_proposal``'s fallback: ``propose(γ)`` and
-  the count derived from q, exact but saving no draft compute.
+  threshold, skip_below=None, cumulative=False) -> (tokens, q, count, steps,
+  state)``: like ``propose`` with γ = γ_max, but row b proposes only
+  ``count[b]`` tokens: x_1 (if ``limit[b] >= 1``, and, when ``skip_below`` is
+  a float, the confidence of q_1 is > ``skip_below``), then x_{i+1} while i <
+  ``limit[b]`` and the confidence ``top_probability`` of the distribution x_i
+  was drawn from is > ``threshold`` — with ``cumulative``, the product of the
+  confidences of x_1..x_i, an estimate of the chance that all i are accepted
+  (``stop_count`` is the rule; a draft may define its confidence otherwise,
+  from its own computation, as prompt lookup does). ``limit`` [B] int32 in
+  0..γ (0: the row is done, propose nothing); ``threshold`` a Python float in
+  [0, 1]. tokens [B, γ] and q [B, γ, V] as in ``propose``, but entries past
+  ``count`` are arbitrary (the engine treats them as not proposed); ``count``
+  [B] int32; ``steps`` a scalar int32, the draft steps actually run (what the
+  call cost). The point of implementing it is early exit: stop computing once
+  every row has stopped (``T5Draft`` does). Every decision may use only the
+  draft's own computation for the current prefix — never the target — which
+  keeps decoding exact. ``skip_below`` and ``cumulative`` are passed only
+  when set, so a draft written without them keeps working for the rules that
+  do not need them. Drafts without ``propose_adaptive`` get
+  ``adaptive_proposal``'s fallback: ``propose(γ)`` and the count derived from
+  q, exact but saving no draft compute.
 
 Nothing in the engine depends on which model it is, so a new approximation
 model needs no engine change: implement these three methods and register it
@@ -93,18 +98,31 @@ def top_probability(q: Array, logits: Array | None, sampling: SamplingConfig) ->
 
 
 def stop_count(confidence: Array, limit: Array, threshold: float,
-               skip_below: float | None = None) -> Array:
+               skip_below: float | None = None, cumulative: bool = False) -> Array:
   """How many tokens a row proposes under the adaptive rule (``propose_adaptive``).
 
   confidence [B, γ]: ``top_probability`` of each position's q; limit [B] in
   0..γ. x_1 is proposed when limit >= 1 (and confidence_1 > ``skip_below``,
-  if given); x_{i+1} when x_i was, i < limit and confidence_i > threshold.
-  So threshold 0 never stops early (a distribution's maximum is >= 1/V > 0)
+  if given); x_{i+1} when x_i was, i < limit and confidence_i > threshold
+  (``cumulative``: confidence_1 · ... · confidence_i > threshold). So
+  threshold 0 never stops early (a distribution's maximum is >= 1/V > 0)
   and threshold 1 always stops after x_1.
   """
-  going = jnp.cumprod((confidence[:, :-1] > threshold).astype(jnp.int32), axis=-1)
+  going = keeps_going(confidence[:, :-1], threshold, cumulative)
+  going = jnp.cumprod(going.astype(jnp.int32), axis=-1)
   count = jnp.minimum(limit, 1 + jnp.sum(going, axis=-1))
   return skip_unsure(count, confidence[:, 0], skip_below)
+
+
+def keeps_going(confidence: Array, threshold: float, cumulative: bool) -> Array:
+  """Whether a row may propose the token after each position, from the
+  confidences so far ([..., i] -> [..., i] bool, along the last axis): the
+  position's own confidence > threshold ('threshold' rule), or the running
+  product of them > threshold ('cumulative' rule, SpecDec++'s stopping test
+  with the draft's confidence as the acceptance estimate)."""
+  if cumulative:
+    confidence = jnp.cumprod(confidence, axis=-1)
+  return confidence > threshold
 
 
 def skip_unsure(count: Array, first_confidence: Array, skip_below: float | None) -> Array:
@@ -117,27 +135,32 @@ def skip_unsure(count: Array, first_confidence: Array, skip_below: float | None)
 
 def adaptive_proposal(draft: Any, state: Any, seq: Array, length: Array, gamma: int,
                       sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
-                      skip_below: float | None = None
+                      skip_below: float | None = None, cumulative: bool = False
                       ) -> tuple[Array, Array, Array, Array, Any]:
   """``draft.propose_adaptive`` if the draft has it, else the generic fallback.
 
   The fallback runs ``propose(γ)`` (all γ steps: ``steps`` = γ) and derives
   each row's count from max q (``stop_count``), exact but with no early exit;
   at temperature 0 a one-hot q has confidence 1, so such a draft then stops
-  early only at threshold 1.
+  early only at threshold 1. Optional arguments reach ``propose_adaptive``
+  only when set, and one its signature lacks is an interface error.
   """
   method = getattr(draft, "propose_adaptive", None)
   if method is not None:
-    if skip_below is None:  # drafts written before skip_below keep working
-      return method(state, seq, length, gamma, sampling, key, limit, threshold)
-    if "skip_below" not in inspect.signature(method).parameters:
+    extra = {name: value for name, value, unset in
+             (("skip_below", skip_below, None), ("cumulative", cumulative, False))
+             if value is not unset}
+    params = inspect.signature(method).parameters
+    missing = [name for name in extra if name not in params]
+    if missing:
       raise DraftInterfaceError(
-          f"{type(draft).__qualname__}.propose_adaptive takes no skip_below argument, so it "
-          "cannot run with AdaptiveConfig.skip_below (see drafts/base.py)")
-    return method(state, seq, length, gamma, sampling, key, limit, threshold,
-                  skip_below=skip_below)
+          f"{type(draft).__qualname__}.propose_adaptive takes no {', '.join(missing)} "
+          f"argument, so it cannot run with AdaptiveConfig's {', '.join(missing)} "
+          "(see drafts/base.py)")
+    return method(state, seq, length, gamma, sampling, key, limit, threshold, **extra)
   tokens, q, state = draft.propose(state, seq, length, gamma, sampling, key)
-  count = stop_count(top_probability(q, None, sampling), limit, threshold, skip_below)
+  count = stop_count(top_probability(q, None, sampling), limit, threshold, skip_below,
+                     cumulative)
   return tokens, q, count, jnp.asarray(gamma, jnp.int32), state
 
 

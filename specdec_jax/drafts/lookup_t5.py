@@ -64,19 +64,38 @@ class LookupT5Draft:
     # no longer follows the matched occurrence, so later positions do too.
     return cont, jnp.cumprod(copy.astype(jnp.int32), axis=1).astype(bool)
 
-  def propose(self, state: LookupT5State, seq: Array, length: Array, gamma: int,
-              sampling: SamplingConfig, key: Array) -> tuple[Array, Array, LookupT5State]:
+  def _override(self, state: LookupT5State, seq: Array, length: Array, gamma: int):
+    """``T5Draft``'s override: position i takes the copy (one-hot q, certain)
+    where ``copy_plan`` says so, else the T5 draft's own token and q."""
     cont, copy_at = self.copy_plan(state, seq, length, gamma)
 
     def copy(i, q, x):
-      """Position i's token and q: the copy (one-hot) or the T5 draft's own."""
       one_hot = jax.nn.one_hot(cont[:, i], q.shape[-1], dtype=q.dtype)
       return (jnp.where(copy_at[:, i], cont[:, i], x),
-              jnp.where(copy_at[:, i, None], one_hot, q))
+              jnp.where(copy_at[:, i, None], one_hot, q), copy_at[:, i])
+    return copy
 
+  def propose(self, state: LookupT5State, seq: Array, length: Array, gamma: int,
+              sampling: SamplingConfig, key: Array) -> tuple[Array, Array, LookupT5State]:
     tokens, q, cache = self.t5.propose(state.cache, seq, length, gamma, sampling, key,
-                                       override=copy)
+                                       override=self._override(state, seq, length, gamma))
     return tokens, q, state.replace(cache=cache)
+
+  def propose_adaptive(self, state: LookupT5State, seq: Array, length: Array, gamma: int,
+                       sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
+                       skip_below: float | None = None, cumulative: bool = False
+                       ) -> tuple[Array, Array, Array, Array, LookupT5State]:
+    """Adaptive rounds (``drafts.base``) with ``T5Draft``'s early exit: a
+    copied position has confidence 1 (its q is one-hot by construction), a T5
+    position the T5 draft's own (its softmax at T = 0, where q is one-hot
+    too but says nothing of the model's certainty). So a copied stretch runs
+    on, and the rule stops where the T5 draft grows unsure. Every decision
+    comes from the context and the draft's own computation: exact."""
+    tokens, q, count, steps, cache = self.t5.propose_adaptive(
+        state.cache, seq, length, gamma, sampling, key, limit, threshold,
+        skip_below=skip_below, cumulative=cumulative,
+        override=self._override(state, seq, length, gamma))
+    return tokens, q, count, steps, state.replace(cache=cache)
 
   def commit(self, state: LookupT5State, seq: Array, length: Array) -> LookupT5State:
     return state.replace(cache=self.t5.commit(state.cache, seq, length))

@@ -14,6 +14,13 @@ from specdec_jax.partitioning import Partitioner, constrain_cache
 from specdec_jax.sampling import SamplingConfig, sample, standardize
 
 Array = jax.Array
+# (i, q_i, x_i) -> (x_i, q_i, certain): see T5Draft.propose.
+Override = Callable[[Any, Array, Array], tuple[Array, Array, Array]]
+
+
+def _no_override(i: Any, q: Array, x: Array) -> tuple[Array, Array, Array]:
+  del i
+  return x, q, jnp.zeros(x.shape, bool)
 
 
 @struct.dataclass
@@ -65,22 +72,23 @@ class T5Draft:
 
   def propose(self, state: DecoderCache, seq: Array, length: Array, gamma: int,
               sampling: SamplingConfig, key: Array,
-              override: Callable[[int | Array, Array, Array], tuple[Array, Array]] | None = None
-              ) -> tuple[Array, Array, DecoderCache]:
-    """γ draft steps. ``override(i, q_i, x_i) -> (x_i, q_i)`` (i 0-based) may
-    replace each position's token and distribution before the next step is
-    fed it (``LookupT5Draft`` copies there); it must return the distribution
-    the returned token was drawn from, decided without the target."""
+              override: Override | None = None) -> tuple[Array, Array, DecoderCache]:
+    """γ draft steps. ``override(i, q_i, x_i) -> (x_i, q_i, certain)`` (i
+    0-based) may replace each position's token and distribution before the
+    next step is fed it (``LookupT5Draft`` copies there); it must return the
+    distribution the returned token was drawn from, decided without the
+    target, and ``certain`` [B] bool: rows whose new q_i is one-hot by
+    construction (the adaptive rules' confidence is then 1)."""
     keys = jax.random.split(key, gamma)
-    override = override or (lambda i, q, x: (x, q))
+    override = override or _no_override
     _, q1, x1, cache = self._first_step(state, seq, length, sampling, keys[0])
-    x1, q1 = override(0, q1, x1)
+    x1, q1, _ = override(0, q1, x1)
 
     def step(carry, inp):
       cache, x = carry
       i, k = inp
       _, q, nxt, cache = self._step(cache, x, length + i, sampling, k)
-      nxt, q = override(i, q, nxt)
+      nxt, q, _ = override(i, q, nxt)
       return (cache, nxt), (nxt, q)
 
     (cache, _), (xs, qs) = jax.lax.scan(step, (cache, x1),
@@ -91,44 +99,58 @@ class T5Draft:
 
   def propose_adaptive(self, state: DecoderCache, seq: Array, length: Array, gamma: int,
                        sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
-                       skip_below: float | None = None
+                       skip_below: float | None = None, cumulative: bool = False,
+                       override: Override | None = None
                        ) -> tuple[Array, Array, Array, Array, DecoderCache]:
     """Up to γ proposals per row with real early exit (``base``, propose_adaptive).
 
     A ``lax.while_loop`` over draft steps that ends as soon as no row is still
     proposing, so a round where every row stops after k tokens costs k draft
     steps, not γ. Confidence is ``top_probability`` of the model's logits
-    (its own softmax at T = 0). Row b's tokens and q match ``propose`` with
-    the same key up to count[b] (same per-step keys). Rows that stopped keep
-    being stepped while others continue (fixed shapes); what that writes to
-    their cache lies at positions > n + count >= the next round's length, so
-    it is rewritten before any query reads it (see the class docstring).
+    (its own softmax at T = 0); with ``cumulative`` the rule tests the
+    running product of the confidences (``base.keeps_going``). Row b's
+    tokens and q match ``propose`` with the same key up to count[b] (same
+    per-step keys). Rows that stopped keep being stepped while others
+    continue (fixed shapes); what that writes to their cache lies at
+    positions > n + count >= the next round's length, so it is rewritten
+    before any query reads it (see the class docstring).
+
+    ``override`` as in ``propose``; a ``certain`` row's confidence is 1.
     """
     b = length.shape[0]
     keys = jax.random.split(key, gamma)
+    override = override or _no_override
+
+    def confidence_of(q, logits, certain):
+      return jnp.where(certain, 1.0, top_probability(q, logits, sampling))
+
     logits, q1, x1, cache = self._first_step(state, seq, length, sampling, keys[0])
+    x1, q1, certain = override(0, q1, x1)
     tokens = jnp.zeros((b, gamma), jnp.int32).at[:, 0].set(x1)
     qs = jnp.zeros((b, gamma) + q1.shape[-1:], q1.dtype).at[:, 0].set(q1)
-    confidence = top_probability(q1, logits, sampling)
-    count = skip_unsure(jnp.minimum(limit, 1), confidence, skip_below)
-    going = (count > 0) & (limit > 1) & (confidence > threshold)
+    running = confidence_of(q1, logits, certain)  # the rule's statistic after x_1
+    count = skip_unsure(jnp.minimum(limit, 1), running, skip_below)
+    going = (count > 0) & (limit > 1) & (running > threshold)
 
     def cond(c):
       i, going = c[0], c[-1]
       return (i < gamma) & jnp.any(going)
 
     def body(c):
-      i, cache, x, tokens, qs, count, going = c
+      i, cache, x, tokens, qs, count, running, going = c
       # x = x_i (1-based), fed at position n + i; yields q_{i+1} and x_{i+1}.
       logits, q, nxt, cache = self._step(cache, x, length + i, sampling, keys[i])
+      nxt, q, certain = override(i, q, nxt)
       tokens = tokens.at[:, i].set(nxt)
       qs = qs.at[:, i].set(q)
       count = count + going
-      going = going & (i + 1 < limit) & (top_probability(q, logits, sampling) > threshold)
-      return i + 1, cache, nxt, tokens, qs, count, going
+      conf = confidence_of(q, logits, certain)
+      running = running * conf if cumulative else conf
+      going = going & (i + 1 < limit) & (running > threshold)
+      return i + 1, cache, nxt, tokens, qs, count, running, going
 
-    steps, cache, _, tokens, qs, count, _ = jax.lax.while_loop(
-        cond, body, (jnp.asarray(1, jnp.int32), cache, x1, tokens, qs, count, going))
+    steps, cache, _, tokens, qs, count, _, _ = jax.lax.while_loop(
+        cond, body, (jnp.asarray(1, jnp.int32), cache, x1, tokens, qs, count, running, going))
     return tokens, qs, count, steps, cache
 
   def commit(self, state: DecoderCache, seq: Array, length: Array) -> DecoderCache:
