@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from specdec_jax import demo, drafts  # noqa: E402
 from specdec_jax.run import Experiment, held_out_inputs, prepare  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
-from specdec_jax.sweep import gamma_sweep, markdown_table  # noqa: E402
+from specdec_jax.sweep import gamma_sweep, markdown_table, parse_widths  # noqa: E402
 
 
 def bench(args) -> str:
@@ -55,7 +55,8 @@ def bench(args) -> str:
   for temp in (float(t) for t in args.temperatures.split(",")):
     rows += gamma_sweep(setup.target, setup.target_params, setup.draft, setup.inputs, gammas,
                         SamplingConfig(temperature=temp), exp.max_decode_len, args.seed,
-                        gamma_max=args.gamma_max, alpha_inputs=alpha_inputs)
+                        gamma_max=args.gamma_max, alpha_inputs=alpha_inputs,
+                        adaptive_widths=parse_widths(args.adaptive_widths, args.gamma_max))
   lines = [markdown_table(rows)]
   for r in rows:
     if "auto" in r:  # what 'auto' saw and why it chose its γ (autogamma.GammaChoice)
@@ -91,6 +92,11 @@ def main() -> None:
                  help="add the adaptive settings threshold:0.4, threshold:0.7, "
                       "threshold:0.4:0.4, cumulative:0.3, cumulative:0.3:0.4 and schedule "
                       "(also selectable one by one in --gammas)")
+  p.add_argument("--adaptive_widths", default="all",
+                 help="verification widths the adaptive settings compile: 'all' (1..γ_max: "
+                      "a round verifies exactly its longest proposal, what batch 1 wants "
+                      "where v(k) grows with k, as on a CPU), 'default' (powers of two and "
+                      "γ_max: fewer compilations), or a list such as 1,2,4,7")
   p.add_argument("--temperatures", default="0,1")
   p.add_argument("--num_examples", type=int, default=20)
   p.add_argument("--max_input_len", type=int, default=128)

@@ -121,6 +121,10 @@ class Experiment:
   # <= this proposes nothing that round (a plain target step); None: never.
   adaptive_skip_below: Optional[float] = None
   adaptive_initial_gamma: Optional[int] = None
+  # The verification widths compiled for adaptive rounds (AdaptiveConfig.widths);
+  # () = powers of two below gamma, and gamma. At batch 1 where v(k) grows with
+  # k (a CPU), every width 1..gamma avoids verifying positions nobody proposed.
+  adaptive_widths: tuple = ()
   lenience: float = 1.0
   batch_size: int = 1
   max_input_len: int = 128
@@ -186,7 +190,7 @@ class Experiment:
         raise ValueError("Experiment.adaptive chooses γ per round up to Experiment.gamma "
                          "(γ_max); bind a number for gamma, not 'auto'")
       try:
-        self.adaptive_config()
+        self.adaptive_config().verify_widths(self.gamma)
       except ValueError as e:
         raise ValueError(f"Experiment.adaptive={self.adaptive!r}: {e}") from None
     if not 0 < self.lenience <= 1:
@@ -260,11 +264,12 @@ class Experiment:
     if self.adaptive is None:
       return None
     skip = None if self.adaptive_skip_below is None else float(self.adaptive_skip_below)
+    widths = tuple(int(w) for w in self.adaptive_widths)
     if self.adaptive in CONFIDENCE_RULES:
       return AdaptiveConfig(self.adaptive, threshold=float(self.adaptive_threshold),
-                            skip_below=skip)
+                            skip_below=skip, widths=widths)
     return AdaptiveConfig(self.adaptive, initial_gamma=self.adaptive_initial_gamma,
-                          skip_below=skip)
+                          skip_below=skip, widths=widths)
 
   @property
   def gamma_bound(self) -> int:

@@ -22,14 +22,16 @@ from specdec_jax.timing import block, measure_costs_many, timed
 
 
 
-def parse_setting(text: Union[int, str], gamma_max: int) -> tuple[str, int, Optional[AdaptiveConfig]]:
+def parse_setting(text: Union[int, str], gamma_max: int, widths: Sequence[int] = ()
+                  ) -> tuple[str, int, Optional[AdaptiveConfig]]:
   """'3' | 'auto' | 'threshold[:t[:s]]' | 'cumulative[:t[:s]]' | 'schedule[:initial γ]'
   -> (label, γ, adaptive).
 
   Adaptive settings run with γ_max = ``gamma_max``; 'auto' is resolved later.
   'threshold:t:s' (and 'cumulative:t:s') also skips a round when q_1's
   confidence is <= s (``AdaptiveConfig.skip_below``: the round is a plain
-  target step).
+  target step). ``widths``: the adaptive settings' compiled verification
+  widths (``AdaptiveConfig.widths``; () = its default).
   """
   text = str(text).strip()
   if text.isdigit():
@@ -40,21 +42,32 @@ def parse_setting(text: Union[int, str], gamma_max: int) -> tuple[str, int, Opti
   if rule in CONFIDENCE_RULES:
     t, _, skip = arg.partition(":")
     cfg = AdaptiveConfig(rule, threshold=float(t or 0.4),
-                         skip_below=float(skip) if skip else None)
+                         skip_below=float(skip) if skip else None, widths=tuple(widths))
     label = f"≤{gamma_max} {'thr' if rule == 'threshold' else 'cum'} {cfg.threshold:g}"
     return label + (f" skip {cfg.skip_below:g}" if skip else ""), gamma_max, cfg
   if rule == "schedule":
-    cfg = AdaptiveConfig("schedule", initial_gamma=int(arg) if arg else None)
+    cfg = AdaptiveConfig("schedule", initial_gamma=int(arg) if arg else None,
+                         widths=tuple(widths))
     return f"≤{gamma_max} sched" + (f" from {arg}" if arg else ""), gamma_max, cfg
   raise ValueError(f"unknown γ setting {text!r}: a number, 'auto', 'threshold[:t[:s]]', "
                    "'cumulative[:t[:s]]' or 'schedule[:initial γ]'")
+
+
+def parse_widths(text: str, gamma_max: int) -> tuple[int, ...]:
+  """Verification widths by name: 'all' -> 1..γ_max, 'default' -> () (the
+  engine's powers of two and γ_max), else a comma-separated list."""
+  if text == "all":
+    return tuple(range(1, gamma_max + 1))
+  if text == "default":
+    return ()
+  return tuple(int(w) for w in text.split(","))
 
 
 def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
                 gammas: Sequence[Union[int, str]], sampling: SamplingConfig,
                 max_decode_len: int, seed: int = 0, gamma_max: int = 8,
                 alpha_inputs: Optional[np.ndarray] = None,
-                alpha_batch: int = 8) -> list[dict]:
+                alpha_batch: int = 8, adaptive_widths: Sequence[int] = ()) -> list[dict]:
   """One row per γ setting: measured tokens/s, α, c, v and Theorem 3.8's prediction.
 
   inputs [N, S]: row 0 is the warm-up example (untimed), rows 1.. are timed.
@@ -67,9 +80,10 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
   labelled 'auto→γ' and timed like the others;
   'threshold[:t]' / 'cumulative[:t]' / 'schedule' (``decoding.AdaptiveConfig``, γ_max =
   ``gamma_max``), whose rows report the mean γ used and no prediction
-  (Theorem 3.8 is for a fixed γ). All settings run back to back per example.
+  (Theorem 3.8 is for a fixed γ), verifying at ``adaptive_widths`` (()
+  = ``AdaptiveConfig``'s default). All settings run back to back per example.
   """
-  settings = [parse_setting(g, gamma_max) for g in gammas]
+  settings = [parse_setting(g, gamma_max, adaptive_widths) for g in gammas]
   eos = target.config.eos_id
   kw = dict(max_decode_len=max_decode_len, sampling=sampling, eos_id=eos)
   base = lambda x, k: temperature_sample(target, target_params, x, k, **kw)

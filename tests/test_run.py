@@ -621,7 +621,8 @@ def test_bfloat16_weights_keep_float32_norms_and_decode(env):
 
 
 @pytest.mark.parametrize("rule,extra", [("threshold", "Experiment.adaptive_threshold = 0.3"),
-                                        ("cumulative", "Experiment.adaptive_threshold = 0.2"),
+                                        ("cumulative", "Experiment.adaptive_threshold = 0.2\n"
+                                         "Experiment.adaptive_widths = (1, 2, 3)"),
                                         ("schedule", "Experiment.adaptive_initial_gamma = 2")])
 def test_adaptive_runs_record_the_gammas_they_used(env, capsys, tmp_path, rule, extra):
   """An adaptive run (gamma = γ_max) at T=0: 0 mismatches, per-example γ
@@ -662,6 +663,8 @@ def test_adaptive_runs_record_the_gammas_they_used(env, capsys, tmp_path, rule, 
      r"skip_below .* only, not 'schedule'"),
     ("Experiment.adaptive = 'cumulative'\nExperiment.adaptive_threshold = -0.5",
      r"'cumulative' needs a threshold in \[0, 1\]"),
+    ("Experiment.adaptive = 'cumulative'\nExperiment.adaptive_widths = (1, 9)",
+     r"widths \[9\] exceed gamma"),
 ])
 def test_adaptive_bad_input_fails_before_work(env, monkeypatch, binding, message):
   monkeypatch.setattr(run, "_load_model", lambda *a, **k: pytest.fail("weights were read"))

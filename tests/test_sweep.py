@@ -68,5 +68,10 @@ def test_parse_setting():
   label, _, cfg = parse_setting("cumulative:0.3:0.4", 7)
   assert (label, cfg.rule, cfg.threshold, cfg.skip_below) == (
       "≤7 cum 0.3 skip 0.4", "cumulative", 0.3, 0.4)
+  from specdec_jax.sweep import parse_widths
+  assert parse_widths("all", 4) == (1, 2, 3, 4) and parse_widths("default", 4) == ()
+  assert parse_widths("1,3", 4) == (1, 3)
+  assert parse_setting("cumulative:0.3", 4, parse_widths("all", 4))[2].verify_widths(4) == (
+      1, 2, 3, 4)
   with pytest.raises(ValueError, match="threshold:t:s|unknown γ setting"):
     parse_setting("sometimes", 7)
