@@ -6,6 +6,7 @@ called with the same static arguments and shapes compile once per session.
 
 from __future__ import annotations
 
+import gc
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -17,6 +18,32 @@ from specdec_jax.models.t5 import T5Config, T5Model  # noqa: E402
 
 TINY = T5Config(vocab_size=64, d_model=32, num_heads=4, head_dim=8, num_encoder_layers=2,
                 num_decoder_layers=2, d_ff=48)
+
+
+# XLA:CPU loads each compiled kernel into its own memory mappings, and freed
+# executables give them back only when jax's caches drop them. The whole suite
+# in one process compiles enough to pass Linux's default vm.max_map_count
+# (65530), and the next compile then dies with SIGSEGV inside
+# backend_compile. Above this many mappings the caches are cleared (shared
+# jit compilations are rebuilt on next use, which is cheap at these sizes).
+MAX_MAPPINGS = 30_000
+
+
+def mapped_regions() -> int:
+  """Memory mappings of this process (0 where /proc is not available)."""
+  try:
+    with open("/proc/self/maps") as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return 0
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_code():
+  yield
+  if mapped_regions() > MAX_MAPPINGS:
+    jax.clear_caches()
+    gc.collect()
 
 
 def sharpen(params, scale: float = 8.0):
