@@ -517,6 +517,20 @@ def test_check_interface_checks_propose_adaptive(near_draft):
     drafts.check_interface("broken", Broken(near_draft), INPUTS, 64, 4, 30, SamplingConfig(),
                            concrete=False)
 
+  @struct.dataclass
+  class BrokenCumulative(Broken):
+    def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold,
+                         skip_below=None, cumulative=False):
+      out = self.inner.propose_adaptive(state, seq, length, gamma, sampling, key, limit,
+                                        threshold, skip_below=skip_below)
+      if cumulative:  # declared, but broken only on this path
+        return out[0], out[1], out[2][:, None], out[3], out[4]
+      return out
+
+  with pytest.raises(drafts.DraftInterfaceError, match="cumulative=True"):
+    drafts.check_interface("broken", BrokenCumulative(near_draft), INPUTS, 64, 4, 30,
+                           SamplingConfig(), concrete=False)
+
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(rule="threshold", threshold=1.5), "1.5"),
