@@ -4,7 +4,7 @@ defaults every benchmark script starts from, named once."""
 import argparse
 
 TARGET = "checkpoints/demo/target"
-DRAFT = "checkpoints/demo/draft_small"
+DRAFT = "checkpoints/demo/draft_tiny"   # configs/demo.gin's draft: the faster one here
 VOCAB = "checkpoints/demo/spm.model"
 SOURCE = "data/bible/test.tsv"
 ALPHA_SOURCE = "data/bible/validation.tsv"   # held out too; for tuning (γ), never for results
