@@ -256,10 +256,10 @@ def _check_adaptive_call(where: str, draft: Any, inputs: Array, seq: Array, leng
     draft.commit(state, seq, length + 1)
     return tokens, q, count, steps
 
+  extras = "".join(f", {k}={v}" for k, v in extra.items())
   try:
     tokens, q, count, steps = jax.eval_shape(call, inputs, seq, length, key, limit)
   except Exception as e:  # report which draft failed, whatever the cause
-    extras = "".join(f", {k}={v}" for k, v in extra.items())
     raise DraftInterfaceError(
         f"{where}.propose_adaptive(state, seq {tuple(seq.shape)}, length "
         f"{tuple(length.shape)}, gamma={gamma}, sampling, key, limit {tuple(limit.shape)}, "
@@ -268,9 +268,8 @@ def _check_adaptive_call(where: str, draft: Any, inputs: Array, seq: Array, leng
   want = [want_tokens, want_q, want_tokens[:1], ()]
   kinds = [jnp.integer, jnp.floating, jnp.integer, jnp.integer]
   if any(g[0] != w or not jnp.issubdtype(g[1], k) for g, w, k in zip(got, want, kinds)):
-    called = "".join(f" {k}={v}" for k, v in extra.items())
     raise DraftInterfaceError(
-        f"{where}.propose_adaptive{' (with' + called + ')' if called else ''} returned "
+        f"{where}.propose_adaptive{f' (with{extras[1:]})' if extras else ''} returned "
         "(tokens, q, count, steps) with shapes/dtypes "
         f"{[(g[0], str(g[1])) for g in got]}; expected tokens {want_tokens} int, q {want_q} "
         f"float, count {want_tokens[:1]} int and steps () int")
