@@ -4,11 +4,15 @@ r"""Speculative decoding vs the baseline at several γ, side by side in one run.
   python scripts/bench_speculative.py --target=... --draft=... --source=... \
       --gammas=1,2,3,5,7,auto --temperatures=0,1 --num_examples=20
   python scripts/bench_speculative.py --gammas=1,2,3,4,5,6,7,auto --adaptive --gamma_max=7
+  python scripts/bench_speculative.py --gammas=3,4 \
+      --drafts=t5:checkpoints/demo/draft_small,t5:checkpoints/demo/draft_tiny,prompt_lookup
 
 For every example the baseline and each γ are timed back to back (interleaved,
 so drift on a noisy machine hits all columns alike); compile time is excluded
 (one warm-up example); every call ends in ``block_until_ready``; the table
 reports totals (tokens / total seconds) and the median per-example speedup.
+``--drafts`` compares several approximation models the same way: all of
+them, every γ, interleaved per example beside one baseline.
 The measuring loop lives in ``specdec_jax.sweep``.
 
 Columns: tokens/s of each; speedup; measured α (both estimators); tokens per
@@ -29,7 +33,8 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specdec_jax import demo, drafts  # noqa: E402
-from specdec_jax.run import Experiment, held_out_inputs, prepare  # noqa: E402
+from specdec_jax.run import (Experiment, check_before_loading, held_out_inputs,  # noqa: E402
+                             load_data, load_models)
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
 from specdec_jax.sweep import gamma_sweep, markdown_table, parse_widths  # noqa: E402
 
@@ -40,20 +45,29 @@ def bench(args) -> str:
     gammas += ["threshold:0.4", "threshold:0.7", "threshold:0.4:0.4", "cumulative:0.3",
                "cumulative:0.3:0.4", "schedule"]
   numeric = [int(g) for g in gammas if g.isdigit()]
-  exp = Experiment(task=args.task, source=args.source, vocab_path=args.vocab,
-                   target_checkpoint=args.target, draft_name=args.draft_name,
-                   draft_checkpoint=args.draft if drafts.takes(args.draft_name, "model") else "",
-                   max_input_len=args.max_input_len, max_decode_len=args.max_decode_len,
-                   num_warmup=1, num_examples=args.num_examples, dtype=args.dtype,
-                   gamma=max(numeric + [args.gamma_max]),
-                   ngram_corpus=args.ngram_corpus)
-  setup = prepare(exp)
+  specs = (parse_drafts(args.drafts) if args.drafts
+           else {None: (args.draft_name, args.draft)})
+  exps = {label: Experiment(
+      task=args.task, source=args.source, vocab_path=args.vocab,
+      target_checkpoint=args.target, draft_name=name,
+      draft_checkpoint=ckpt if ckpt and drafts.takes(name, "model") else "",
+      max_input_len=args.max_input_len, max_decode_len=args.max_decode_len,
+      num_warmup=1, num_examples=args.num_examples, dtype=args.dtype,
+      gamma=max(numeric + [args.gamma_max]), ngram_corpus=args.ngram_corpus)
+      for label, (name, ckpt) in specs.items()}
+  for e in exps.values():   # every draft checked before anything is loaded
+    check_before_loading(e)
+  exp = next(iter(exps.values()))
+  data = load_data(exp)
+  setups = {label: load_models(e, data) for label, e in exps.items()}
+  setup = setups[next(iter(setups))]
+  draft = setup.draft if args.drafts is None else {l: s.draft for l, s in setups.items()}
   alpha_inputs = None
   if "auto" in gammas and args.auto_alpha_examples > 0:
     alpha_inputs = held_out_inputs(exp, args.auto_alpha_source, args.auto_alpha_examples)
   rows = []
   for temp in (float(t) for t in args.temperatures.split(",")):
-    rows += gamma_sweep(setup.target, setup.target_params, setup.draft, setup.inputs, gammas,
+    rows += gamma_sweep(setup.target, setup.target_params, draft, setup.inputs, gammas,
                         SamplingConfig(temperature=temp), exp.max_decode_len, args.seed,
                         gamma_max=args.gamma_max, alpha_inputs=alpha_inputs,
                         adaptive_widths=parse_widths(args.adaptive_widths, args.gamma_max))
@@ -62,16 +76,48 @@ def bench(args) -> str:
     if "auto" in r:  # what 'auto' saw and why it chose its γ (autogamma.GammaChoice)
       a = r["auto"]
       curve = ", ".join(f"{g}: {x:.2f}x ± {a['gap_se'][g]:.2f}" for g, x in a["predicted"].items())
-      lines.append(f"\nT={r['temperature']:g} auto: α {a['alpha_warmup']:.3f} ± {a['alpha_se']:.3f} "
+      who = f" {r['draft']}" if "draft" in r else ""
+      lines.append(f"\nT={r['temperature']:g}{who} auto: α {a['alpha_warmup']:.3f} ± {a['alpha_se']:.3f} "
                    f"on {a['alpha_tokens']} tokens; predicted (± s.e. of the gap to the best) "
                    f"{curve}; argmax {a['argmax']}, chosen {a['gamma']}")
   return "\n".join(lines)
+
+
+def parse_drafts(text: str) -> dict[str, tuple[str, str]]:
+  """'t5:ckpt_a,t5:ckpt_b,prompt_lookup' -> {row label: (draft name, checkpoint)}.
+
+  A label is the checkpoint's directory name for 't5', 'name:dir' for other
+  drafts that take a checkpoint (lookup_t5), the bare name otherwise.
+  """
+  out: dict[str, tuple[str, str]] = {}
+  for item in (t.strip() for t in text.split(",")):
+    if not item:
+      continue
+    name, _, ckpt = item.partition(":")
+    if name not in drafts.REGISTRY:
+      raise ValueError(f"--drafts: unknown draft {name!r} in {item!r}; registered: "
+                       f"{', '.join(sorted(drafts.REGISTRY))}")
+    if "model" in drafts.requires(name) and not ckpt:
+      raise ValueError(f"--drafts: {name!r} needs a checkpoint: write {name}:<path>")
+    base = Path(ckpt.rstrip("/")).name if ckpt else ""
+    label = base if name == "t5" else f"{name}:{base}" if base else name
+    if label in out:
+      raise ValueError(f"--drafts: two drafts would both be labelled {label!r}")
+    out[label] = (name, ckpt)
+  if not out:
+    raise ValueError(f"--drafts: no draft in {text!r}")
+  return out
 
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   demo.add_pair_arguments(p)
   p.add_argument("--draft_name", default="t5")
+  p.add_argument("--drafts", default=None,
+                 help="compare several drafts in one run, interleaved per example beside one "
+                      "baseline: comma-separated 'name[:checkpoint]', e.g. "
+                      "t5:checkpoints/demo/draft_small,t5:checkpoints/demo/draft_tiny,"
+                      "prompt_lookup (replaces --draft/--draft_name)")
   p.add_argument("--ngram_corpus", default=None)
   p.add_argument("--task", default=demo.TASK)
   p.add_argument("--gammas", default="1,2,3,5,7,auto",
@@ -104,7 +150,8 @@ def main() -> None:
   p.add_argument("--dtype", default="float32")
   p.add_argument("--seed", type=int, default=0)
   args = p.parse_args()
-  print(f"# bench_speculative: target={args.target} draft={args.draft_name}:{args.draft} "
+  who = f"drafts={args.drafts}" if args.drafts else f"draft={args.draft_name}:{args.draft}"
+  print(f"# bench_speculative: target={args.target} {who} "
         f"examples={args.num_examples} device={jax.devices()[0].device_kind} "
         f"backend={jax.default_backend()}")
   print(bench(args))

@@ -9,7 +9,7 @@ and is never timed; every call ends in ``block_until_ready``.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import jax
 import numpy as np
@@ -63,12 +63,19 @@ def parse_widths(text: str, gamma_max: int) -> tuple[int, ...]:
   return tuple(int(w) for w in text.split(","))
 
 
-def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
-                gammas: Sequence[Union[int, str]], sampling: SamplingConfig,
-                max_decode_len: int, seed: int = 0, gamma_max: int = 8,
-                alpha_inputs: Optional[np.ndarray] = None,
+def gamma_sweep(target, target_params, draft: Union[Any, Mapping[str, Any]],
+                inputs: np.ndarray, gammas: Sequence[Union[int, str]],
+                sampling: SamplingConfig, max_decode_len: int, seed: int = 0,
+                gamma_max: int = 8, alpha_inputs: Optional[np.ndarray] = None,
                 alpha_batch: int = 8, adaptive_widths: Sequence[int] = ()) -> list[dict]:
-  """One row per γ setting: measured tokens/s, α, c, v and Theorem 3.8's prediction.
+  """One row per (draft, γ setting): measured tokens/s, α, c, v and Theorem 3.8's
+  prediction.
+
+  ``draft``: one approximation model, or a mapping name -> model to compare
+  several in the same run: every draft's every setting runs back to back on
+  each example beside one baseline, so the drafts' speedups share their
+  baseline and the machine's drift (runs minutes apart on a noisy VM differ
+  by more than the drafts do). Rows then carry ``draft`` (the name).
 
   inputs [N, S]: row 0 is the warm-up example (untimed), rows 1.. are timed.
   Speedup = speculative tokens/s over baseline tokens/s on the same examples
@@ -83,31 +90,36 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
   (Theorem 3.8 is for a fixed γ), verifying at ``adaptive_widths`` (()
   = ``AdaptiveConfig``'s default). All settings run back to back per example.
   """
-  settings = [parse_setting(g, gamma_max, adaptive_widths) for g in gammas]
+  parsed = [parse_setting(g, gamma_max, adaptive_widths) for g in gammas]
+  named = dict(draft) if isinstance(draft, Mapping) else {None: draft}
   eos = target.config.eos_id
   kw = dict(max_decode_len=max_decode_len, sampling=sampling, eos_id=eos)
   base = lambda x, k: temperature_sample(target, target_params, x, k, **kw)
   x0 = inputs[:1]
   block(base(x0, jax.random.PRNGKey(0)))
-  auto = any(label == "auto" for label, _, _ in settings)
-  # Every γ's c and v in one interleaved measurement, so they are comparable
-  # across rows and 'auto' sees the very costs its row is predicted with.
-  needed = {g for _, g, _ in settings if g} | (set(range(1, gamma_max + 1)) if auto else set())
-  costs = measure_costs_many(target, target_params, draft, x0, sorted(needed), sampling,
-                             cache_len=max_decode_len + max(needed) + 1) if needed else {}
-  choice = None
-  if auto:
-    batches = [(x0, 1)]
-    if alpha_inputs is not None and len(alpha_inputs):
-      batches = autogamma.alpha_batches(alpha_inputs, len(alpha_inputs), alpha_batch)
-    choice = autogamma.choose_gamma(target, target_params, draft, batches,
-                                    jax.random.PRNGKey(seed), sampling, max_decode_len,
-                                    gamma_max, costs=costs)
-    settings = [(f"auto→{choice.gamma}", choice.gamma, None) if label == "auto"
-                else (label, g, a) for label, g, a in settings]
-  spec = {label: (lambda x, k, g=g, a=a: speculative_decode(
-      target, target_params, draft, x, k, gamma=g, adaptive=a, **kw))
-          for label, g, a in settings}
+  auto = any(label == "auto" for label, _, _ in parsed)
+  needed = {g for _, g, _ in parsed if g} | (set(range(1, gamma_max + 1)) if auto else set())
+  batches = [(x0, 1)]
+  if auto and alpha_inputs is not None and len(alpha_inputs):
+    batches = autogamma.alpha_batches(alpha_inputs, len(alpha_inputs), alpha_batch)
+  # settings: (draft name, row label, γ, adaptive); spec: the jitted call of each.
+  settings, spec, costs, choices = [], {}, {}, {}
+  for name, d in named.items():
+    # Every γ's c and v in one interleaved measurement, so they are comparable
+    # across rows and 'auto' sees the very costs its row is predicted with.
+    costs[name] = measure_costs_many(target, target_params, d, x0, sorted(needed), sampling,
+                                     cache_len=max_decode_len + max(needed) + 1
+                                     ) if needed else {}
+    if auto:
+      choices[name] = autogamma.choose_gamma(target, target_params, d, batches,
+                                             jax.random.PRNGKey(seed), sampling,
+                                             max_decode_len, gamma_max, costs=costs[name])
+    for label, g, a in parsed:
+      if label == "auto":
+        label, g = f"auto→{choices[name].gamma}", choices[name].gamma
+      settings.append((name, label, g, a))
+      spec[name, label] = (lambda x, k, d=d, g=g, a=a: speculative_decode(
+          target, target_params, d, x, k, gamma=g, adaptive=a, **kw))
   for fn in spec.values():
     block(fn(x0, jax.random.PRNGKey(0)))
   zero = lambda: dict(s=0.0, tok=0, acc=0, rej=0, mpq=0.0, calls=0, ratios=[], mism=0,
@@ -135,8 +147,8 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
       a["ratios"].append((int(o.length[0]) / ts) / (int(out.length[0]) / t))
       a["mism"] += int(not np.array_equal(np.asarray(o.tokens), np.asarray(out.tokens)))
   rows = []
-  for label, g, adaptive in settings:
-    a, c = acc[label], costs[g]
+  for name, label, g, adaptive in settings:
+    a, c = acc[name, label], costs[name][g]
     ev = max(a["acc"] + a["rej"], 1)
     alpha = a["acc"] / ev
     base_tps, spec_tps = b_tok / b_s, a["tok"] / a["s"]
@@ -144,6 +156,7 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
     fixed = adaptive is None
     hist = np.asarray(a["hist"])
     rows.append(dict(
+        **({} if name is None else {"draft": name}),
         temperature=sampling.temperature, baseline_tok_s=base_tps,
         gamma=g if fixed and not label.startswith("auto") else label,
         speculative_tok_s=spec_tps, speedup=spec_tps / base_tps,
@@ -170,7 +183,7 @@ def gamma_sweep(target, target_params, draft, inputs: np.ndarray,
                       if fixed else None),
         acceptance_at=(a["acc_at"] / np.maximum(a["ev_at"], 1)).tolist(),
         mismatches=a["mism"] if sampling.greedy else None, examples=len(inputs) - 1,
-        **({"auto": choice.as_record()} if label.startswith("auto") else {})))
+        **({"auto": choices[name].as_record()} if label.startswith("auto") else {})))
   return rows
 
 
@@ -194,11 +207,13 @@ FACTORS = [("= tokens/call ÷ Eq. 1", "tokens_factor"),
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
   """The sweep as a markdown table, plus measured / EXP(with v) and its two
   factors (see ``gamma_sweep``)."""
-  head = ([c[0] for c in COLUMNS] + ["measured / EXP(v)"] + [f[0] for f in FACTORS]
-          + ["measured / EXP(in context)", "mismatches"])
+  by_draft = any("draft" in r for r in rows)   # several drafts: name each row's
+  head = ((["draft"] if by_draft else []) + [c[0] for c in COLUMNS] + ["measured / EXP(v)"]
+          + [f[0] for f in FACTORS] + ["measured / EXP(in context)", "mismatches"])
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in rows:
-    cells = ["-" if r[key] is None else fmt.format(r[key]) for _, key, fmt in COLUMNS]
+    cells = [str(r.get("draft", "-"))] if by_draft else []
+    cells += ["-" if r[key] is None else fmt.format(r[key]) for _, key, fmt in COLUMNS]
     cells.append("-" if r["expected_v"] is None else f"{r['speedup'] / r['expected_v']:.2f}")
     cells += ["-" if r.get(key) is None else f"{r[key]:.2f}" for _, key in FACTORS]
     cells.append("-" if r.get("expected_ctx") is None

@@ -75,3 +75,38 @@ def test_parse_setting():
       1, 2, 3, 4)
   with pytest.raises(ValueError, match="threshold:t:s|unknown γ setting"):
     parse_setting("sometimes", 7)
+
+
+def test_several_drafts_share_one_baseline_in_one_sweep(tiny_target, tiny_draft):
+  """--drafts: every draft's rows are timed beside the same baseline, and each
+  draft keeps its own α (a T5 draft and prompt lookup cannot agree by chance
+  on every token of two examples)."""
+  model, params = tiny_target
+  dm, dp = tiny_draft
+  named = {"t5": drafts.T5Draft(params=dp, model=dm),
+           "lookup": drafts.build("prompt_lookup", vocab_size=model.config.vocab_size)}
+  inputs = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (3, 10), 2, 64), np.int32)
+  rows = gamma_sweep(model, params, named, inputs, [2], SamplingConfig(), max_decode_len=12)
+  assert [(r["draft"], r["gamma"]) for r in rows] == [("t5", 2), ("lookup", 2)]
+  assert len({r["baseline_tok_s"] for r in rows}) == 1
+  assert all(r["mismatches"] == 0 for r in rows)
+  assert rows[0]["c"] != rows[1]["c"]              # each draft's own cost measurement
+  table = markdown_table(rows)
+  assert table.splitlines()[0].startswith("| draft | temp |")
+  assert [l.split("|")[1].strip() for l in table.splitlines()[2:]] == ["t5", "lookup"]
+
+
+def test_bench_speculative_parses_its_drafts_flag():
+  import importlib.util
+  import pathlib
+  path = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench_speculative.py"
+  spec = importlib.util.spec_from_file_location("bench_speculative", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  assert mod.parse_drafts("t5:ck/draft_small,t5:ck/draft_tiny/,prompt_lookup,lookup_t5:ck/x") == {
+      "draft_small": ("t5", "ck/draft_small"), "draft_tiny": ("t5", "ck/draft_tiny/"),
+      "prompt_lookup": ("prompt_lookup", ""), "lookup_t5:x": ("lookup_t5", "ck/x")}
+  for bad, msg in [("t5", "needs a checkpoint"), ("nope", "unknown draft 'nope'"),
+                   ("t5:a/x,t5:b/x", "both be labelled 'x'"), (",", "no draft")]:
+    with pytest.raises(ValueError, match=msg):
+      mod.parse_drafts(bad)
