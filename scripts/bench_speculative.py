@@ -87,22 +87,27 @@ def parse_drafts(text: str) -> dict[str, tuple[str, str]]:
   """'t5:ckpt_a,t5:ckpt_b,prompt_lookup' -> {row label: (draft name, checkpoint)}.
 
   A label is the checkpoint's directory name for 't5', 'name:dir' for other
-  drafts that take a checkpoint (lookup_t5), the bare name otherwise.
+  drafts that take a checkpoint (lookup_t5), the bare name otherwise; or
+  given: 'old=t5:ckpt_a' (two checkpoints in directories of one name).
   """
   out: dict[str, tuple[str, str]] = {}
   for item in (t.strip() for t in text.split(",")):
     if not item:
       continue
-    name, _, ckpt = item.partition(":")
+    given, eq, rest = item.partition("=")
+    if not eq:
+      given, rest = "", item
+    name, _, ckpt = rest.partition(":")
     if name not in drafts.REGISTRY:
       raise ValueError(f"--drafts: unknown draft {name!r} in {item!r}; registered: "
                        f"{', '.join(sorted(drafts.REGISTRY))}")
     if "model" in drafts.requires(name) and not ckpt:
       raise ValueError(f"--drafts: {name!r} needs a checkpoint: write {name}:<path>")
     base = Path(ckpt.rstrip("/")).name if ckpt else ""
-    label = base if name == "t5" else f"{name}:{base}" if base else name
+    label = given or (base if name == "t5" else f"{name}:{base}" if base else name)
     if label in out:
-      raise ValueError(f"--drafts: two drafts would both be labelled {label!r}")
+      raise ValueError(f"--drafts: two drafts would both be labelled {label!r}; name them: "
+                       f"label=name:checkpoint")
     out[label] = (name, ckpt)
   if not out:
     raise ValueError(f"--drafts: no draft in {text!r}")
@@ -117,7 +122,8 @@ def main() -> None:
                  help="compare several drafts in one run, interleaved per example beside one "
                       "baseline: comma-separated 'name[:checkpoint]', e.g. "
                       "t5:checkpoints/demo/draft_small,t5:checkpoints/demo/draft_tiny,"
-                      "prompt_lookup (replaces --draft/--draft_name)")
+                      "prompt_lookup; 'label=name:checkpoint' names a row "
+                      "(replaces --draft/--draft_name)")
   p.add_argument("--ngram_corpus", default=None)
   p.add_argument("--task", default=demo.TASK)
   p.add_argument("--gammas", default="1,2,3,5,7,auto",

@@ -386,12 +386,23 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
   idx = offsets[:, :gamma] + 1                                         # 1..γ
 
   def verify(k: int, seq: Array, n: Array, xs: Array, q: Array, cache: DecoderCache,
-             key: Array, proposed: Array | None = None) -> tuple[KernelOutput, DecoderCache]:
+             key: Array, proposed: Array | None = None, write: bool = True
+             ) -> tuple[KernelOutput, Any]:
     """ONE target pass over [y_{n-1}, x_1..x_k] at positions n..n+k -> p_1..p_{k+1};
     Algorithm 1 on x_1..x_k. With ``proposed`` [B] (<= k), row b's positions
-    past proposed[b] count as not proposed; outputs are padded to γ."""
+    past proposed[b] count as not proposed; outputs are padded to γ. With
+    ``write=False``, in place of the updated cache come the new cache rows
+    padded to γ+1 with their positions (-1: padding) for
+    ``T5Model.write_rows`` after a ``lax.switch``: a branch that wrote the
+    cache would copy all of it (docs/benchmarks.md, "adaptive rounds")."""
     pos = n[:, None] + offsets[:, :k + 1]
-    logits, cache = target.decode(target_params, gather_positions(seq, pos), pos, cache)
+    if write:
+      logits, cache = target.decode(target_params, gather_positions(seq, pos), pos, cache)
+    else:
+      logits, rows = target.decode_rows(target_params, gather_positions(seq, pos), pos, cache)
+      pad_rows = lambda r: jnp.pad(r, ((0, 0), (0, gamma - k)) + ((0, 0),) * (r.ndim - 2))
+      cache = (jax.tree.map(pad_rows, rows), jnp.pad(pos, ((0, 0), (0, gamma - k)),
+                                                     constant_values=-1))
     p = standardize(logits, sampling)
     if k == 0:  # every live row skipped: a plain target step, y ~ p_1
       zeros = jnp.zeros((b, gamma))
@@ -431,9 +442,13 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
       # The narrowest compiled width covering every live row's proposal.
       widths_arr = jnp.asarray(widths, jnp.int32)
       branch = jnp.sum(widths_arr < jnp.max(proposed))
-      out, target_cache = jax.lax.switch(
-          branch, [functools.partial(verify, k) for k in widths], seq, n, xs, q,
-          s.target_cache, k_kernel, proposed)
+      if len(widths) == 1:
+        out, target_cache = verify(widths[0], seq, n, xs, q, s.target_cache, k_kernel, proposed)
+      else:
+        out, (rows, row_pos) = jax.lax.switch(
+            branch, [functools.partial(verify, k, write=False) for k in widths], seq, n, xs,
+            q, s.target_cache, k_kernel, proposed)
+        target_cache = target.write_rows(s.target_cache, rows, row_pos)
       width = widths_arr[branch]
     a = out.num_accepted
     seq = seq.at[jnp.arange(b), n + a + 1].set(out.next_token)

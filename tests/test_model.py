@@ -222,6 +222,38 @@ def test_negative_position_writes_nothing(tiny_target):
   np.testing.assert_allclose(after.self_k[0][0, n], ref.self_k[0][0, n], atol=1e-6)
 
 
+def test_decode_rows_then_write_rows_equals_decode(tiny_target):
+  """``decode_rows`` (cache only read: attention over the committed prefix and
+  the new tokens as two key blocks) + ``write_rows`` == ``decode``, with rows
+  at different positions and garbage in the cache past each row's prefix (a
+  read-only pass must not see the stale rows that ``decode`` overwrites)."""
+  model, params = tiny_target
+  dec = _dec_inputs()
+  _, cache = _prefill(model, params, dec, 7)
+  rng = np.random.RandomState(4)
+  starts = np.array([4, 6])        # row 0 re-verifies from 4: rows 4..6 are stale
+  dirty = lambda c: jnp.asarray(np.where(
+      (np.arange(c.shape[1])[None, :] < starts[:, None])[:, :, None, None], np.asarray(c),
+      rng.normal(0, 1e3, size=c.shape).astype(np.float32)))
+  cache = cache.replace(self_k=tuple(dirty(c) for c in cache.self_k),
+                        self_v=tuple(dirty(c) for c in cache.self_v))
+  k = 3
+  pos = _pos(starts, k)
+  toks = jnp.stack([dec[0, 4:4 + k], dec[1, 6:6 + k]])
+  ref_lg, ref_cache = _decode(model, params, toks, pos, cache)
+  rows_fn = jax.jit(model.decode_rows)
+  lg, rows = rows_fn(params, toks, pos, cache)
+  np.testing.assert_allclose(lg, ref_lg, atol=2e-5, rtol=1e-5)
+  # Padding positions (-1) write nothing; the real rows land where decode put them.
+  pad = lambda r: jnp.pad(r, ((0, 0), (0, 2), (0, 0), (0, 0)))
+  written = T5Model.write_rows(cache, jax.tree.map(pad, rows),
+                               jnp.pad(pos, ((0, 0), (0, 2)), constant_values=-1))
+  for a, b in zip(written.self_k + written.self_v, ref_cache.self_k + ref_cache.self_v):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
+  # The rows differ from the stale ones they replace (the check can fail).
+  assert not np.allclose(np.asarray(rows[0][0])[0], np.asarray(cache.self_k[0])[0, 4:7])
+
+
 # ------------------------------------------------------ bf16
 
 

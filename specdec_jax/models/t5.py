@@ -222,6 +222,13 @@ class Attention(nn.Module):
   def attend(self, q: Array, k: Array, v: Array, mask: Array,
              bias: Optional[Array]) -> Array:
     """q [B,Q,H,dh], k/v [B,K,H,dh], mask [B,1|H,Q,K] bool, bias [B,H,Q,K]."""
+    return self.attend_blocks(q, [(k, v, mask, bias)])
+
+  def attend_blocks(self, q: Array, blocks: Sequence[tuple]) -> Array:
+    """Attention over the union of key blocks [(k, v, mask, bias), ...]
+    (shapes as in ``attend``, K per block): one softmax across all blocks, so
+    attending over (cache, new keys) equals attending over the cache with the
+    new keys written in, without writing (``T5Model.decode_rows``)."""
     # Heads to the front explicitly ([B,H,*,dh], dh stays minor) so that the
     # two dots are plain batched matmuls over (B, H). Left to the einsums
     # below with 'bkhd' operands, XLA:CPU instead copies every K/V cache to a
@@ -229,14 +236,24 @@ class Attention(nn.Module):
     # of this row-block copy): with it the demo target's cached decode step is
     # ~10% faster at k = 1..8 (docs/benchmarks.md, "v(k)"). Same products and
     # sums; only the memory order of the operands changes.
-    q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))
-    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k,
-                        preferred_element_type=jnp.float32)
-    if bias is not None:
-      logits = logits + bias
-    logits = jnp.where(mask, logits, _MASK_VALUE)
-    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-    y = jnp.swapaxes(jnp.einsum("bhqk,bhkd->bhqd", weights, v), 1, 2)
+    q = jnp.swapaxes(q, 1, 2)
+    logits, values = [], []
+    for k, v, mask, bias in blocks:
+      l = jnp.einsum("bhqd,bhkd->bhqk", q, jnp.swapaxes(k, 1, 2),
+                     preferred_element_type=jnp.float32)
+      if bias is not None:
+        l = l + bias
+      logits.append(jnp.where(mask, l, _MASK_VALUE))
+      values.append(jnp.swapaxes(v, 1, 2))
+    # Only the small [B,H,Q,K] logits are concatenated, never the K/V blocks.
+    weights = jax.nn.softmax(jnp.concatenate(logits, -1) if len(logits) > 1 else logits[0],
+                             axis=-1).astype(self.dtype)
+    y, start = 0, 0
+    for l, v in zip(logits, values):
+      w = weights[..., start:start + l.shape[-1]] if len(logits) > 1 else weights
+      y = y + jnp.einsum("bhqk,bhkd->bhqd", w, v)
+      start += l.shape[-1]
+    y = jnp.swapaxes(y, 1, 2)
     return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
 
   def __call__(self, x: Array, mask: Array, bias: Optional[Array]) -> Array:
@@ -347,21 +364,31 @@ class DecoderLayer(nn.Module):
     return self.encoder_decoder_attention.project_kv(encoded)
 
   def __call__(self, x, positions, self_mask, bias, k_cache, v_cache, cross_k, cross_v,
-               cross_mask):
+               cross_mask, new_mask=None, new_bias=None):
     """One decoder layer over k new tokens.
 
     With k_cache None (teacher forcing) keys are the new tokens themselves;
     otherwise the new keys/values are scattered into the cache at ``positions``
-    and the queries attend over the whole cache (masked by position).
+    and the queries attend over the whole cache (masked by position). With
+    ``new_mask`` (and ``new_bias``) [B,1,k,k] the cache is only read: the
+    queries attend over the cache (``self_mask``/``bias``: committed
+    positions only) and the new keys as a second block, and the new rows
+    (k, v) [B,k,H,dh] are returned in place of the cache.
     """
     h = self.pre_self_attention_layer_norm(x)
     q = self.self_attention.project_q(h)
     k, v = self.self_attention.project_kv(h)
-    if k_cache is not None:
-      k_cache = _write(k_cache, k, positions)
-      v_cache = _write(v_cache, v, positions)
-      k, v = k_cache, v_cache
-    x = x + self.dropout(self.self_attention.attend(q, k, v, self_mask, bias))
+    if new_mask is not None:
+      attn = self.self_attention.attend_blocks(
+          q, [(k_cache, v_cache, self_mask, bias), (k, v, new_mask, new_bias)])
+      k_cache, v_cache = k, v
+    else:
+      if k_cache is not None:
+        k_cache = _write(k_cache, k, positions)
+        v_cache = _write(v_cache, v, positions)
+        k, v = k_cache, v_cache
+      attn = self.self_attention.attend(q, k, v, self_mask, bias)
+    x = x + self.dropout(attn)
     h = self.pre_cross_attention_layer_norm(x)
     q = self.encoder_decoder_attention.project_q(h)
     x = x + self.dropout(self.encoder_decoder_attention.attend(q, cross_k, cross_v, cross_mask,
@@ -403,7 +430,10 @@ class Decoder(nn.Module):
     return tuple(k for k, _ in kv), tuple(v for _, v in kv)
 
   def __call__(self, x: Array, positions: Array, cache: Optional[DecoderCache],
-               cross: Optional[tuple], embed_attend) -> tuple[Array, Optional[DecoderCache]]:
+               cross: Optional[tuple], embed_attend, write: bool = True
+               ) -> tuple[Array, Any]:
+    """-> (logits, cache); with a cache and ``write=False``, (logits, (new
+    keys, new values)) per layer, the cache only read (``T5.decode_rows``)."""
     c = self.config
     if cache is not None:
       k_pos = jnp.broadcast_to(jnp.arange(cache.cache_len, dtype=jnp.int32),
@@ -413,8 +443,15 @@ class Decoder(nn.Module):
       k_pos = positions
       cross_k, cross_v, enc_mask = cross
     # Causal over actual positions: a query at t sees keys at positions 0..t.
-    self_mask = ((k_pos[:, None, :] <= positions[:, :, None])
-                 & (k_pos[:, None, :] >= 0))[:, None]
+    causal = lambda kp: ((kp[:, None, :] <= positions[:, :, None]) & (kp[:, None, :] >= 0))
+    self_mask = causal(k_pos)
+    new_mask = new_bias = None
+    if cache is not None and not write:
+      # Cache block: only the positions before the first new token (later ones
+      # are stale rows of rejected proposals); the new tokens are block two.
+      self_mask = self_mask & (k_pos[:, None, :] < positions[:, :1, None])
+      new_mask, new_bias = causal(positions)[:, None], self.relpos_bias(positions, positions)
+    self_mask = self_mask[:, None]
     bias = self.relpos_bias(positions, k_pos)
     cross_mask = enc_mask[:, None, None, :]
     new_k, new_v = [], []
@@ -422,7 +459,7 @@ class Decoder(nn.Module):
       kc = cache.self_k[i] if cache is not None else None
       vc = cache.self_v[i] if cache is not None else None
       x, kc, vc = layer(x, positions, self_mask, bias, kc, vc, cross_k[i], cross_v[i],
-                        cross_mask)
+                        cross_mask, new_mask, new_bias)
       new_k.append(kc)
       new_v.append(vc)
     y = self.decoder_norm(x)
@@ -431,6 +468,8 @@ class Decoder(nn.Module):
     else:
       logits = self.logits_dense(y.astype(c.jnp_dtype))
     logits = logits.astype(jnp.float32)
+    if cache is not None and not write:
+      return logits, (tuple(new_k), tuple(new_v))
     if cache is not None:
       cache = cache.replace(self_k=tuple(new_k), self_v=tuple(new_v))
     return logits, cache
@@ -462,9 +501,9 @@ class T5(nn.Module):
     return DecoderCache(self_k=zeros, self_v=zeros, cross_k=cross_k, cross_v=cross_v,
                         encoder_mask=inputs != c.pad_id)
 
-  def decode(self, tokens: Array, positions: Array, cache: DecoderCache):
+  def decode(self, tokens: Array, positions: Array, cache: DecoderCache, write: bool = True):
     x = self.token_embedder(tokens)
-    return self.decoder(x, positions, cache, None, self.token_embedder.attend)
+    return self.decoder(x, positions, cache, None, self.token_embedder.attend, write)
 
   def __call__(self, inputs: Array, decoder_inputs: Array) -> Array:
     """Teacher-forced logits [B, T, V] for decoder_inputs (start token first)."""
@@ -511,6 +550,34 @@ class T5Model:
     """tokens [B, k] at positions [B, k] -> (logits [B, k, V] float32, cache)."""
     return self.module.apply({"params": params}, tokens, positions, cache,
                              method=T5.decode)
+
+  def decode_rows(self, params: dict, tokens: Array, positions: Array,
+                  cache: DecoderCache) -> tuple[Array, tuple[tuple, tuple]]:
+    """``decode`` that only reads the cache: -> (logits [B, k, V], rows), rows
+    = (new keys, new values), a [B, k, H, dh] per layer, for ``write_rows``.
+
+    The queries see the cache's rows before positions[:, 0] (the committed
+    prefix; ``positions`` must be consecutive per row) and the new tokens
+    causally: the same attention as ``decode``, which writes the rows first
+    (one softmax over both blocks; sums in another order, equal to float
+    rounding). Why: inside ``lax.switch`` a branch that writes the cache makes
+    XLA copy the whole cache each call (measured on XLA:CPU: 10 cache copies
+    per round for the demo target); a branch that returns rows does not, and
+    the write happens once after the switch (``decoding.speculative_decode``'s
+    adaptive widths).
+    """
+    return self.module.apply({"params": params}, tokens, positions, cache, False,
+                             method=T5.decode)
+
+  @staticmethod
+  def write_rows(cache: DecoderCache, rows: tuple[tuple, tuple],
+                 positions: Array) -> DecoderCache:
+    """Scatter ``decode_rows``'s rows into the cache at positions [B, k]
+    (negative positions are dropped: padding)."""
+    ks, vs = rows
+    return cache.replace(
+        self_k=tuple(_write(c, n, positions) for c, n in zip(cache.self_k, ks)),
+        self_v=tuple(_write(c, n, positions) for c, n in zip(cache.self_v, vs)))
 
   def __call__(self, params: dict, inputs: Array, decoder_inputs: Array,
                dropout_rng: Optional[Array] = None) -> Array:
