@@ -123,7 +123,10 @@ def main() -> None:
                       "baseline: comma-separated 'name[:checkpoint]', e.g. "
                       "t5:checkpoints/demo/draft_small,t5:checkpoints/demo/draft_tiny,"
                       "prompt_lookup; 'label=name:checkpoint' names a row "
-                      "(replaces --draft/--draft_name)")
+                      "(replaces --draft/--draft_name). Every draft x setting is its own "
+                      "compiled loop: on a CPU, two drafts x 12 settings (adaptive ones "
+                      "with 7 widths) x 2 temperatures exhausted LLVM's memory maps "
+                      "(vm.max_map_count 65530); compare drafts on a few settings")
   p.add_argument("--ngram_corpus", default=None)
   p.add_argument("--task", default=demo.TASK)
   p.add_argument("--gammas", default="1,2,3,5,7,auto",
