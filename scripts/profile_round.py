@@ -16,6 +16,12 @@ read before each pass: the models' contention for the last-level cache that
 Theorem 3.8's additive cost model leaves out.
 
   PYTHONPATH=. python scripts/profile_round.py --contention=4,8,12,16 --repeats=15
+
+``--adaptive_pieces K,...`` prints instead, per k, the draft's k proposals and
+the target's (k+1)-token pass as the fixed-γ loop runs them and as an
+adaptive round with γ_max = max(--gammas) runs them (``profile.adaptive_pieces``).
+
+  PYTHONPATH=. python scripts/profile_round.py --adaptive_pieces=1,2,3,4 --gammas=7
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec_jax import demo  # noqa: E402
+from specdec_jax import demo, profile  # noqa: E402
 from specdec_jax.profile import (cache_contention, compare_acceptance,  # noqa: E402
                                  contention_markdown, decode_working_set_mb, markdown,
                                  profile_round)
@@ -95,6 +101,10 @@ def main() -> None:
                  help="MB list: print instead the target pass's slowdown when that much other "
                       "data is read before each pass (the draft's footprint in a round)")
   p.add_argument("--contention_ks", default="1,3", help="target pass widths for --contention")
+  p.add_argument("--adaptive_pieces", default="",
+                 help="k list: print instead the draft's k proposals and the target's k+1-token "
+                      "pass as the fixed-γ loop and as an adaptive round (γ_max = max of "
+                      "--gammas) run them")
   args = p.parse_args()
   gammas = [int(g) for g in args.gammas.split(",")]
   temperatures = [float(t) for t in args.temperatures.split(",")]
@@ -108,6 +118,17 @@ def main() -> None:
   setup = prepare(exp)
   if args.contention:
     contention(args, setup)
+    return
+  if args.adaptive_pieces:
+    ks = [int(k) for k in args.adaptive_pieces.split(",")]
+    for temp in temperatures:
+      rows = profile.adaptive_pieces(
+          setup.target, setup.target_params, setup.draft, jnp.asarray(setup.inputs[:1]), ks,
+          max(gammas), SamplingConfig(temperature=temp),
+          args.max_decode_len + max(gammas) + 1, inner=args.inner, repeats=args.repeats)
+      load = os.getloadavg()
+      print(f"T={temp:g}, γ_max {max(gammas)}, load average {load[0]:.2f}\n"
+            f"{profile.adaptive_pieces_markdown(rows)}\n", flush=True)
     return
   # The warm-up example is skipped, as the runner does.
   examples = [jnp.asarray(setup.inputs[i:i + 1]) for i in range(1, len(setup.inputs))]

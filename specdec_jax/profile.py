@@ -364,6 +364,108 @@ def cache_contention(model: T5Model, params: Any, inputs: Array, ks: Sequence[in
   return rows
 
 
+class AdaptivePieceRow(NamedTuple):
+  """ms per call of a round's two model pieces at k proposals, as the fixed-γ
+  loop runs them and as an adaptive round (γ_max) runs them."""
+  k: int
+  draft_fixed_ms: float      # draft.propose(γ = k)
+  draft_adaptive_ms: float   # draft.propose_adaptive(γ_max, limit k, threshold 0)
+  verify_fixed_ms: float     # target.decode over k + 1 tokens (cache written inside)
+  verify_adaptive_ms: float  # lax.switch over widths 1..γ_max of decode_rows, + write_rows
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "sampling", "n", "adaptive"))
+def _propose_loop(draft, state, seq, limit, gamma: int, sampling: SamplingConfig, n: int,
+                  adaptive: bool, position: int = 32):
+  def body(i, carry):
+    state, acc = carry
+    length = jnp.full((seq.shape[0],), position, jnp.int32) + i % 2
+    key = jax.random.PRNGKey(i)
+    if adaptive:
+      xs, _, count, _, state = draft.propose_adaptive(state, seq, length, gamma, sampling, key,
+                                                      limit, 0.0)
+      return state, acc + jnp.sum(xs[:, 0]) + jnp.sum(count)
+    xs, _, state = draft.propose(state, seq, length, gamma, sampling, key)
+    return state, acc + jnp.sum(xs[:, 0])
+  return jax.lax.fori_loop(0, n, body, (state, 0))[1]
+
+
+@functools.partial(jax.jit, static_argnames=("model", "k", "widths", "n"))
+def _verify_loop(model: T5Model, params, cache, branch, k: int, widths: tuple, n: int,
+                 position: int = 32):
+  """n target passes over k + 1 tokens: direct ``decode`` (widths ()) or the
+  adaptive loop's ``lax.switch`` over ``decode_rows`` at ``widths`` (branch
+  chosen at run time, as in a round) followed by ``write_rows``."""
+  b, g = cache.self_k[0].shape[0], max(widths or (k,))
+
+  def rows_at(w, cache, start):
+    pos = start + jnp.broadcast_to(jnp.arange(w + 1, dtype=jnp.int32), (b, w + 1))
+    logits, rows = model.decode_rows(params, jnp.full((b, w + 1), 3, jnp.int32), pos, cache)
+    pad = lambda r: jnp.pad(r, ((0, 0), (0, g - w)) + ((0, 0),) * (r.ndim - 2))
+    return (jnp.sum(logits[..., :8]), jax.tree.map(pad, rows),
+            jnp.pad(pos, ((0, 0), (0, g - w)), constant_values=-1))
+
+  def body(i, carry):
+    cache, acc = carry
+    start = position + i % 2
+    if not widths:
+      pos = start + jnp.broadcast_to(jnp.arange(k + 1, dtype=jnp.int32), (b, k + 1))
+      logits, cache = model.decode(params, jnp.full((b, k + 1), 3, jnp.int32), pos, cache)
+      return cache, acc + jnp.sum(logits[..., :8])
+    x, rows, rpos = jax.lax.switch(branch, [functools.partial(rows_at, w) for w in widths],
+                                   cache, start)
+    return model.write_rows(cache, rows, rpos), acc + x
+  return jax.lax.fori_loop(0, n, body, (cache, jnp.float32(0)))[1]
+
+
+def adaptive_pieces(target: T5Model, params: Any, draft: ApproximationModel, inputs: Array,
+                    ks: Sequence[int], gamma_max: int, sampling: SamplingConfig,
+                    cache_len: int, inner: int = 16, repeats: int = 11
+                    ) -> list[AdaptivePieceRow]:
+  """What an adaptive round pays for its machinery (issue 11 items 4 and 6):
+  the draft's k proposals through ``propose`` (the fixed-γ loop) and through
+  ``propose_adaptive`` with γ_max and a limit of k (its early-exit
+  while_loop), and the target's pass over k + 1 tokens directly and as the
+  adaptive loop runs it (``lax.switch`` over widths 1..γ_max, rows written
+  after the switch). Same tokens and positions; interleaved repeats, medians,
+  compile excluded."""
+  b = inputs.shape[0]
+  cache = target.init_cache(params, target.encode(params, inputs), inputs, cache_len)
+  state = draft.init(inputs, cache_len)
+  seq = jnp.full((b, cache_len + 1), 3, jnp.int32)
+  widths = tuple(range(1, gamma_max + 1))
+  fns: dict[Any, Callable[[], Any]] = {}
+  for k in ks:
+    limit = jnp.full((b,), k, jnp.int32)
+    fns[("df", k)] = functools.partial(_propose_loop, draft, state, seq, limit, k, sampling,
+                                       inner, False)
+    fns[("da", k)] = functools.partial(_propose_loop, draft, state, seq, limit, gamma_max,
+                                       sampling, inner, True)
+    fns[("vf", k)] = functools.partial(_verify_loop, target, params, cache, jnp.int32(0), k,
+                                       (), inner)
+    fns[("va", k)] = functools.partial(_verify_loop, target, params, cache,
+                                       jnp.int32(widths.index(k)), k, widths, inner)
+  for fn in fns.values():
+    jax.block_until_ready(fn())
+  times: dict[Any, list[float]] = {key: [] for key in fns}
+  for _ in range(repeats):
+    for key, fn in fns.items():
+      times[key].append(1e3 * _seconds(fn) / inner)
+  med = {key: statistics.median(v) for key, v in times.items()}
+  return [AdaptivePieceRow(k, med[("df", k)], med[("da", k)], med[("vf", k)], med[("va", k)])
+          for k in ks]
+
+
+def adaptive_pieces_markdown(rows: Sequence[AdaptivePieceRow]) -> str:
+  lines = ["| k | draft propose ms | draft propose_adaptive ms | ratio | target decode ms "
+           "| switch branch + write ms | ratio |", "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r.k} | {r.draft_fixed_ms:.3f} | {r.draft_adaptive_ms:.3f} "
+                 f"| {r.draft_adaptive_ms / r.draft_fixed_ms:.2f} | {r.verify_fixed_ms:.3f} "
+                 f"| {r.verify_adaptive_ms:.3f} | {r.verify_adaptive_ms / r.verify_fixed_ms:.2f} |")
+  return "\n".join(lines)
+
+
 def contention_markdown(rows: Sequence[ContentionRow]) -> str:
   lines = ["| k | MB read before each pass | pass ms (read subtracted) | alone ms | slowdown "
            "| read alone ms |", "|---|---|---|---|---|---|"]

@@ -201,3 +201,20 @@ def test_compare_acceptance_against_a_revision():
       "softmax + sample_any (one row)"]
   assert all(r["rev_us"] > 0 and r["now_us"] > 0 for r in rows)
   assert rows[0]["temperature"] == 0.0 and rows[0]["identical"] == [True] * 4
+
+
+def test_adaptive_pieces_times_both_paths(tiny_target, tiny_draft):
+  """``--adaptive_pieces``: one row per k with all four pieces timed; the
+  switch branch computes what ``decode`` does (checked in test_model), so here
+  only that every piece ran and was timed."""
+  from specdec_jax.profile import adaptive_pieces, adaptive_pieces_markdown
+  model, params = tiny_target
+  dm, dp = tiny_draft
+  draft = drafts.T5Draft(params=dp, model=dm)
+  x = jax.random.randint(jax.random.PRNGKey(2), (1, 10), 2, 64)
+  rows = adaptive_pieces(model, params, draft, x, [1, 3], 3, SamplingConfig(), cache_len=48,
+                         inner=2, repeats=2)
+  assert [r.k for r in rows] == [1, 3]
+  assert all(v > 0 for r in rows for v in r[1:])
+  table = adaptive_pieces_markdown(rows)
+  assert table.count("\n") == 3 and "switch branch + write ms" in table
