@@ -302,6 +302,19 @@ def decode_working_set_mb(config: Any) -> float:
   return 4 * (config.num_decoder_layers * layer + d * config.vocab_size) / 2 ** 20
 
 
+def _interleaved_medians_ms(fns: dict[Any, Callable[[], Any]], repeats: int,
+                            inner: int) -> dict[Any, float]:
+  """Median ms per inner call of each piece: compiled first (untimed), then
+  ``repeats`` interleaved passes over all pieces, so drift hits them alike."""
+  for fn in fns.values():
+    jax.block_until_ready(fn())
+  times: dict[Any, list[float]] = {key: [] for key in fns}
+  for _ in range(repeats):
+    for key, fn in fns.items():
+      times[key].append(1e3 * _seconds(fn) / inner)
+  return {key: statistics.median(v) for key, v in times.items()}
+
+
 @functools.partial(jax.jit, static_argnames=("model", "n"))
 def _polluted_target_loop(model: T5Model, params, cache, tokens, positions, junk, n: int):
   """n k-token target passes, each after a full read of ``junk`` (a stand-in
@@ -349,13 +362,7 @@ def cache_contention(model: T5Model, params: Any, inputs: Array, ks: Sequence[in
                                       bufs[m], inner)
   for m in sizes[1:]:
     fns[("read", m)] = functools.partial(_read_loop, bufs[m], inner)
-  for fn in fns.values():
-    jax.block_until_ready(fn())
-  times: dict[Any, list[float]] = {key: [] for key in fns}
-  for _ in range(repeats):
-    for key, fn in fns.items():
-      times[key].append(1e3 * _seconds(fn) / inner)
-  med = {key: statistics.median(v) for key, v in times.items()}
+  med = _interleaved_medians_ms(fns, repeats, inner)
   rows = []
   for k in ks:
     for m in sizes:
@@ -445,13 +452,7 @@ def adaptive_pieces(target: T5Model, params: Any, draft: ApproximationModel, inp
                                        (), inner)
     fns[("va", k)] = functools.partial(_verify_loop, target, params, cache,
                                        jnp.int32(widths.index(k)), k, widths, inner)
-  for fn in fns.values():
-    jax.block_until_ready(fn())
-  times: dict[Any, list[float]] = {key: [] for key in fns}
-  for _ in range(repeats):
-    for key, fn in fns.items():
-      times[key].append(1e3 * _seconds(fn) / inner)
-  med = {key: statistics.median(v) for key, v in times.items()}
+  med = _interleaved_medians_ms(fns, repeats, inner)
   return [AdaptivePieceRow(k, med[("df", k)], med[("da", k)], med[("vf", k)], med[("va", k)])
           for k in ks]
 
