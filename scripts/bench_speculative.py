@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specdec_jax import demo, drafts  # noqa: E402
 from specdec_jax.run import (Experiment, check_before_loading, held_out_inputs,  # noqa: E402
-                             load_data, load_models)
+                             load_data, load_draft, load_models, partitioners)
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
 from specdec_jax.sweep import gamma_sweep, markdown_table, parse_widths  # noqa: E402
 
@@ -59,9 +59,11 @@ def bench(args) -> str:
     check_before_loading(e)
   exp = next(iter(exps.values()))
   data = load_data(exp)
-  setups = {label: load_models(e, data) for label, e in exps.items()}
-  setup = setups[next(iter(setups))]
-  draft = setup.draft if args.drafts is None else {l: s.draft for l, s in setups.items()}
+  setup = load_models(exp, data)   # the target once; each further draft beside it
+  _, draft_part = partitioners(exp)
+  named = {label: setup.draft if e is exp else load_draft(e, data, setup.target, draft_part)
+           for label, e in exps.items()}
+  draft = setup.draft if args.drafts is None else named
   alpha_inputs = None
   if "auto" in gammas and args.auto_alpha_examples > 0:
     alpha_inputs = held_out_inputs(exp, args.auto_alpha_source, args.auto_alpha_examples)

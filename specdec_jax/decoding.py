@@ -397,26 +397,24 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
     cache would copy all of it (docs/benchmarks.md, "adaptive rounds")."""
     pos = n[:, None] + offsets[:, :k + 1]
     if write:
-      logits, cache = target.decode(target_params, gather_positions(seq, pos), pos, cache)
+      logits, new_cache = target.decode(target_params, gather_positions(seq, pos), pos, cache)
     else:
       logits, rows = target.decode_rows(target_params, gather_positions(seq, pos), pos, cache)
-      pad_rows = lambda r: jnp.pad(r, ((0, 0), (0, gamma - k)) + ((0, 0),) * (r.ndim - 2))
-      cache = (jax.tree.map(pad_rows, rows), jnp.pad(pos, ((0, 0), (0, gamma - k)),
-                                                     constant_values=-1))
+      new_cache = T5Model.pad_rows(rows, pos, gamma + 1)
     p = standardize(logits, sampling)
     if k == 0:  # every live row skipped: a plain target step, y ~ p_1
       zeros = jnp.zeros((b, gamma))
       return KernelOutput(num_accepted=jnp.zeros((b,), jnp.int32),
                           next_token=sample(key, p[:, 0], sampling),
-                          accepted=zeros.astype(bool), min_pq=zeros), cache
+                          accepted=zeros.astype(bool), min_pq=zeros), new_cache
     p_raw = jax.nn.softmax(logits[:, :k]) if (sampling.greedy and lenience < 1) else None
     out = speculative_sampling(key, xs[:, :k], q[:, :k], p, lenience, sampling.greedy, p_raw)
     if proposed is None:
-      return out, cache
+      return out, new_cache
     out = cap_proposals(jax.random.fold_in(key, 1), out, p, proposed, sampling)
     pad = ((0, 0), (0, gamma - k))
     out = out._replace(accepted=jnp.pad(out.accepted, pad), min_pq=jnp.pad(out.min_pq, pad))
-    return out, cache
+    return out, new_cache
 
   def body(s: _SpecState) -> _SpecState:
     key, k_draft, k_kernel = jax.random.split(s.key, 3)

@@ -408,9 +408,7 @@ def _verify_loop(model: T5Model, params, cache, branch, k: int, widths: tuple, n
   def rows_at(w, cache, start):
     pos = start + jnp.broadcast_to(jnp.arange(w + 1, dtype=jnp.int32), (b, w + 1))
     logits, rows = model.decode_rows(params, jnp.full((b, w + 1), 3, jnp.int32), pos, cache)
-    pad = lambda r: jnp.pad(r, ((0, 0), (0, g - w)) + ((0, 0),) * (r.ndim - 2))
-    return (jnp.sum(logits[..., :8]), jax.tree.map(pad, rows),
-            jnp.pad(pos, ((0, 0), (0, g - w)), constant_values=-1))
+    return (jnp.sum(logits[..., :8]),) + T5Model.pad_rows(rows, pos, g + 1)
 
   def body(i, carry):
     cache, acc = carry

@@ -515,6 +515,15 @@ def load_models(exp: Experiment, d: Data) -> Setup:
   if d.vocab.vocab_size > target.config.vocab_size:
     raise ValueError(f"vocabulary {exp.vocab_path} has {d.vocab.vocab_size} ids but the target "
                      f"model's vocab_size is {target.config.vocab_size}")
+  return Setup(exp, d.vocab, d.examples, d.inputs, target, target_params,
+               load_draft(exp, d, target, draft_part), d.truncated, target_part)
+
+
+def load_draft(exp: Experiment, d: Data, target: T5Model,
+               draft_part: Optional[partitioning.Partitioner] = None) -> Any:
+  """The draft ``exp`` names, built for ``target`` (on ``draft_part``, the
+  draft's partitioner from ``partitioners``) and its interface checked once;
+  also used alone to compare several drafts beside one loaded target."""
   # Every builder is offered the same keywords and receives those it names, so
   # a newly registered approximation model is selectable with no change here.
   build_kw: dict[str, Any] = dict(vocab_size=target.config.vocab_size, vocab=d.vocab,
@@ -538,8 +547,7 @@ def load_models(exp: Experiment, d: Data) -> Setup:
       exp.batch_size, 0)), target.config.vocab_size, exp.gamma_bound,
       exp.max_decode_len + exp.gamma_bound + 1, exp.sampling(),
       concrete=exp.draft_name not in drafts.BUILTIN)
-  return Setup(exp, d.vocab, d.examples, d.inputs, target, target_params, draft, d.truncated,
-               target_part)
+  return draft
 
 
 _MULTIHOST_STARTED = False

@@ -39,7 +39,10 @@ call, ``[B, H, k, cache_len]``, never as a full ``[L, L]`` table per step.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import math
+import operator
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
@@ -246,13 +249,11 @@ class Attention(nn.Module):
       logits.append(jnp.where(mask, l, _MASK_VALUE))
       values.append(jnp.swapaxes(v, 1, 2))
     # Only the small [B,H,Q,K] logits are concatenated, never the K/V blocks.
-    weights = jax.nn.softmax(jnp.concatenate(logits, -1) if len(logits) > 1 else logits[0],
-                             axis=-1).astype(self.dtype)
-    y, start = 0, 0
-    for l, v in zip(logits, values):
-      w = weights[..., start:start + l.shape[-1]] if len(logits) > 1 else weights
-      y = y + jnp.einsum("bhqk,bhkd->bhqd", w, v)
-      start += l.shape[-1]
+    weights = jax.nn.softmax(jnp.concatenate(logits, -1), axis=-1).astype(self.dtype)
+    splits = list(itertools.accumulate(l.shape[-1] for l in logits))[:-1]
+    # reduce without a start value: one block is exactly its einsum (no "+ 0").
+    y = functools.reduce(operator.add, (jnp.einsum("bhqk,bhkd->bhqd", w, v) for w, v in
+                                        zip(jnp.split(weights, splits, axis=-1), values)))
     y = jnp.swapaxes(y, 1, 2)
     return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
 
@@ -568,6 +569,17 @@ class T5Model:
     """
     return self.module.apply({"params": params}, tokens, positions, cache, False,
                              method=T5.decode)
+
+  @staticmethod
+  def pad_rows(rows: tuple[tuple, tuple], positions: Array,
+               width: int) -> tuple[tuple[tuple, tuple], Array]:
+    """``decode_rows``'s rows [B, k, H, dh] and their positions [B, k] padded
+    to ``width`` rows (position -1: ``write_rows`` drops them), so that
+    branches of a ``lax.switch`` at different k return one shape."""
+    extra = width - positions.shape[1]
+    pad = lambda r: jnp.pad(r, ((0, 0), (0, extra)) + ((0, 0),) * (r.ndim - 2))
+    return jax.tree.map(pad, rows), jnp.pad(positions, ((0, 0), (0, extra)),
+                                            constant_values=-1)
 
   @staticmethod
   def write_rows(cache: DecoderCache, rows: tuple[tuple, tuple],
