@@ -22,6 +22,14 @@ the target's (k+1)-token pass as the fixed-γ loop runs them and as an
 adaptive round with γ_max = max(--gammas) runs them (``profile.adaptive_pieces``).
 
   PYTHONPATH=. python scripts/profile_round.py --adaptive_pieces=1,2,3,4 --gammas=7
+
+``--adaptive_replay RULE`` (a bench_speculative setting, e.g. cumulative:0.5)
+prints instead what the rule's rounds cost as the rule decides them and
+replayed as a fixed schedule of the same widths (same rounds, checked),
+shuffled, and at each constant width 1..γ_max (``profile.adaptive_replay``).
+
+  PYTHONPATH=. python scripts/profile_round.py --adaptive_replay=cumulative:0.5 --gammas=7 \
+      --temperatures=0 --num_examples=24 --repeats=4
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from specdec_jax.profile import (cache_contention, compare_acceptance,  # noqa: 
                                  profile_round)
 from specdec_jax.run import Experiment, prepare  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
+from specdec_jax.sweep import parse_setting  # noqa: E402
 
 
 def compare(args, gammas: list[int], temperatures: list[float]) -> None:
@@ -105,6 +114,10 @@ def main() -> None:
                  help="k list: print instead the draft's k proposals and the target's k+1-token "
                       "pass as the fixed-γ loop and as an adaptive round (γ_max = max of "
                       "--gammas) run them")
+  p.add_argument("--adaptive_replay", default="",
+                 help="an adaptive setting (threshold:t, cumulative:t, schedule): print instead "
+                      "its rounds' ms as decided, replayed, shuffled and at constant widths "
+                      "(γ_max = max of --gammas; --repeats passes over --num_examples - 1)")
   args = p.parse_args()
   gammas = [int(g) for g in args.gammas.split(",")]
   temperatures = [float(t) for t in args.temperatures.split(",")]
@@ -129,6 +142,22 @@ def main() -> None:
       load = os.getloadavg()
       print(f"T={temp:g}, γ_max {max(gammas)}, load average {load[0]:.2f}\n"
             f"{profile.adaptive_pieces_markdown(rows)}\n", flush=True)
+    return
+  if args.adaptive_replay:
+    _, gamma_max, adaptive = parse_setting(args.adaptive_replay, max(gammas))
+    if adaptive is None:
+      raise SystemExit(f"--adaptive_replay needs an adaptive setting, got {args.adaptive_replay!r}")
+    for temp in temperatures:
+      load = os.getloadavg()
+      result = profile.adaptive_replay(
+          setup.target, setup.target_params, setup.draft, jnp.asarray(setup.inputs[1:]),
+          jax.random.PRNGKey(0), adaptive, gamma_max, SamplingConfig(temperature=temp),
+          args.max_decode_len, repeats=args.repeats)
+      end = os.getloadavg()
+      print(f"{args.adaptive_replay}, T={temp:g}, γ_max {gamma_max}, "
+            f"{len(setup.inputs) - 1} examples × {args.repeats} passes; load average "
+            f"{load[0]:.2f} → {end[0]:.2f}\n{profile.adaptive_replay_markdown(result)}\n",
+            flush=True)
     return
   # The warm-up example is skipped, as the runner does.
   examples = [jnp.asarray(setup.inputs[i:i + 1]) for i in range(1, len(setup.inputs))]

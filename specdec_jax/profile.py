@@ -52,11 +52,13 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import struct
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import speculative as speculative_lib
-from specdec_jax.decoding import speculative_decode
-from specdec_jax.drafts.base import ApproximationModel, gather_positions
+from specdec_jax.decoding import AdaptiveConfig, speculative_decode, temperature_sample
+from specdec_jax.drafts.base import ApproximationModel, adaptive_proposal, gather_positions
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.speculative import speculative_sampling
@@ -462,6 +464,195 @@ def adaptive_pieces_markdown(rows: Sequence[AdaptivePieceRow]) -> str:
     lines.append(f"| {r.k} | {r.draft_fixed_ms:.3f} | {r.draft_adaptive_ms:.3f} "
                  f"| {r.draft_adaptive_ms / r.draft_fixed_ms:.2f} | {r.verify_fixed_ms:.3f} "
                  f"| {r.verify_adaptive_ms:.3f} | {r.verify_adaptive_ms / r.verify_fixed_ms:.2f} |")
+  return "\n".join(lines)
+
+
+# ------------------------------- an adaptive rule's rounds, replayed
+
+
+@struct.dataclass
+class WidthSchedule:
+  """A draft whose r-th round proposes exactly ``widths[r]`` tokens (capped by
+  the loop's limit): ``inner``'s ``propose_adaptive`` with that limit and
+  threshold 0, so it never stops on confidence. A data-independent adaptive
+  rule for profiling; ``widths`` [R] int32 is traced, so every schedule of
+  one length shares one compiled loop. Run it under an ``AdaptiveConfig``
+  with threshold 0 (the rule's own stopping is bypassed)."""
+
+  inner: Any
+  widths: Array
+
+  @property
+  def vocab_size(self) -> int:
+    return self.inner.vocab_size
+
+  def init(self, inputs: Array, cache_len: int) -> Any:
+    return self.inner.init(inputs, cache_len), jnp.zeros((), jnp.int32)
+
+  def propose(self, state, seq, length, gamma, sampling, key):
+    raise NotImplementedError("WidthSchedule only runs adaptive rounds")
+
+  def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold):
+    del threshold
+    inner, r = state
+    cap = jnp.minimum(limit, self.widths[jnp.minimum(r, self.widths.shape[0] - 1)])
+    tokens, q, count, steps, inner = adaptive_proposal(self.inner, inner, seq, length, gamma,
+                                                       sampling, key, cap, 0.0)
+    return tokens, q, count, steps, (inner, r + 1)
+
+  def commit(self, state, seq, length):
+    return self.inner.commit(state[0], seq, length), state[1]
+
+
+class _Sink:
+  """Host-side store for ``_RecordWidths`` (identity-hashed: a static field)."""
+
+  def __init__(self):
+    self.widths: dict[int, int] = {}
+
+  def put(self, r, count) -> None:
+    self.widths[int(r)] = int(count)
+
+
+@struct.dataclass
+class _RecordWidths:
+  """``inner`` unchanged, each round's proposal count (row 0) sent to ``sink``."""
+
+  inner: Any
+  sink: _Sink = struct.field(pytree_node=False)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.inner.vocab_size
+
+  def init(self, inputs, cache_len):
+    return self.inner.init(inputs, cache_len), jnp.zeros((), jnp.int32)
+
+  def propose(self, state, seq, length, gamma, sampling, key):
+    raise NotImplementedError("_RecordWidths only runs adaptive rounds")
+
+  def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold,
+                       skip_below=None, cumulative=False):
+    inner, r = state
+    tokens, q, count, steps, inner = adaptive_proposal(
+        self.inner, inner, seq, length, gamma, sampling, key, limit, threshold, skip_below,
+        cumulative)
+    jax.debug.callback(self.sink.put, r, jnp.clip(count[0], 0, limit[0]))
+    return tokens, q, count, steps, (inner, r + 1)
+
+  def commit(self, state, seq, length):
+    return self.inner.commit(state[0], seq, length), state[1]
+
+
+class ReplayRow(NamedTuple):
+  setting: str            # 'rule', 'replay', 'shuffled' or 'width k'
+  ms_per_round: float     # total time / target calls, summed over examples
+  tokens_per_call: float
+  speedup: float          # tokens/s over the interleaved baseline's
+
+
+class ReplayResult(NamedTuple):
+  rows: list[ReplayRow]
+  gamma_hist: list[int]   # the rule's rounds per width (Σ over examples)
+  predicted_ms: float     # Σ_w hist(w) · ms(width w) / Σ_w hist(w)
+
+
+def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inputs: Array,
+                    key: Array, adaptive: AdaptiveConfig, gamma_max: int, sampling: SamplingConfig,
+                    max_decode_len: int, eos_id: int = 1, repeats: int = 2,
+                    seed: int = 0) -> ReplayResult:
+  """What an adaptive rule's rounds cost, decided by the rule and replayed.
+
+  For each example (a row of ``inputs``, batch 1) the rule's per-round
+  proposal counts are recorded, then the same rounds are run again by
+  ``WidthSchedule`` (replay: same widths in the same order, so with the same
+  key the same proposals, verdicts and tokens, checked) and shuffled (the same
+  widths per example, permuted with ``seed``), and at each constant width
+  1..γ_max. Timed per example, interleaved with the plain baseline; the
+  order of the settings reverses every repeat. If ms per round at constant
+  widths predicts the replay but not the rule, the excess comes from the
+  rule's stopping itself, not from varying widths (docs/benchmarks.md,
+  "Per-round overhead"). Compile excluded; ``block_until_ready`` before
+  each clock read; times are sums over examples and repeats.
+  """
+  if adaptive.skip_below is not None:
+    raise ValueError("adaptive_replay cannot replay rounds that propose nothing "
+                     f"(skip_below={adaptive.skip_below}); profile the rule without it")
+  widths = tuple(range(1, gamma_max + 1))
+  plain = AdaptiveConfig("threshold", threshold=0.0, widths=widths)
+  rule_cfg = dataclasses.replace(adaptive, widths=widths)
+  kw = dict(max_decode_len=max_decode_len, sampling=sampling, eos_id=eos_id)
+  rounds = max_decode_len + 1  # each round commits >= 1 token
+  sink = _Sink()
+
+  def spec(d, cfg):
+    return lambda x, k: speculative_decode(target, params, d, x, k, gamma=gamma_max,
+                                           adaptive=cfg, **kw)
+
+  rng = np.random.default_rng(seed)
+  examples = []
+  for i in range(inputs.shape[0]):
+    x, k = inputs[i:i + 1], jax.random.fold_in(key, i)
+    sink.widths.clear()
+    ref = jax.block_until_ready(spec(_RecordWidths(draft, sink), rule_cfg)(x, k))
+    n = int(ref.stats.target_calls[0])
+    w = np.ones(rounds, np.int32)
+    w[:n] = [sink.widths[r] for r in range(n)]
+    shuffled = w.copy()
+    shuffled[:n] = rng.permutation(w[:n])
+    again = spec(WidthSchedule(draft, jnp.asarray(w)), plain)(x, k)
+    for name in ("tokens", "length"):
+      if not np.array_equal(np.asarray(getattr(again, name)), np.asarray(getattr(ref, name))):
+        raise AssertionError(f"example {i}: the replayed rounds' {name} differ from the rule's")
+    if not np.array_equal(np.asarray(again.stats.gamma_hist), np.asarray(ref.stats.gamma_hist)):
+      raise AssertionError(f"example {i}: the replayed rounds' widths differ from the rule's")
+    examples.append((x, k, jnp.asarray(w), jnp.asarray(shuffled)))
+
+  settings: dict[str, Callable[[Any], Callable]] = {
+      "baseline": lambda e: lambda x, k: temperature_sample(target, params, x, k, **kw),
+      "rule": lambda e: spec(draft, rule_cfg),
+      "replay": lambda e: spec(WidthSchedule(draft, e[2]), plain),
+      "shuffled": lambda e: spec(WidthSchedule(draft, e[3]), plain)}
+  for g in widths:
+    constant = WidthSchedule(draft, jnp.full((rounds,), g, jnp.int32))
+    settings[f"width {g}"] = (lambda d: lambda e: spec(d, plain))(constant)
+  for make in settings.values():  # compile
+    jax.block_until_ready(make(examples[0])(*examples[0][:2]))
+  total = {s: 0.0 for s in settings}
+  tokens = {s: 0 for s in settings}
+  calls = {s: 0 for s in settings}
+  hist = np.zeros(gamma_max + 1, np.int64)
+  for rep in range(repeats):
+    order = list(settings) if rep % 2 == 0 else list(settings)[::-1]
+    for e in examples:
+      for s in order:
+        fn = settings[s](e)
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(fn(*e[:2]))
+        total[s] += time.perf_counter() - t0
+        tokens[s] += int(out.length[0])
+        if s != "baseline":
+          calls[s] += int(out.stats.target_calls[0])
+        if s == "rule" and rep == 0:
+          hist += np.asarray(out.stats.gamma_hist[0])
+  base_rate = tokens["baseline"] / total["baseline"]
+  rows = [ReplayRow(s, 1e3 * total[s] / calls[s], tokens[s] / calls[s],
+                    tokens[s] / total[s] / base_rate) for s in settings if s != "baseline"]
+  ms = {r.setting: r.ms_per_round for r in rows}
+  predicted = sum(hist[g] * ms[f"width {g}"] for g in widths) / max(int(hist[1:].sum()), 1)
+  return ReplayResult(rows, hist.tolist(), float(predicted))
+
+
+def adaptive_replay_markdown(result: ReplayResult) -> str:
+  lines = ["| setting | ms per round | tokens per target call | speedup | ms per round / "
+           "predicted from constant widths |", "|---|---|---|---|---|"]
+  for r in result.rows:
+    ratio = (f"{r.ms_per_round / result.predicted_ms:.3f}"
+             if r.setting in ("rule", "replay", "shuffled") else "")
+    lines.append(f"| {r.setting} | {r.ms_per_round:.3f} | {r.tokens_per_call:.2f} "
+                 f"| {r.speedup:.3f}x | {ratio} |")
+  lines.append(f"\nrule's rounds per width (0..γ_max): {result.gamma_hist}; predicted ms "
+               f"per round from the constant widths: {result.predicted_ms:.3f}")
   return "\n".join(lines)
 
 

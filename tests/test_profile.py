@@ -218,3 +218,30 @@ def test_adaptive_pieces_times_both_paths(tiny_target, tiny_draft):
   assert all(v > 0 for r in rows for v in r[1:])
   table = adaptive_pieces_markdown(rows)
   assert table.count("\n") == 3 and "switch branch + write ms" in table
+
+
+def test_adaptive_replay_reproduces_the_rules_rounds(tiny_target, tiny_draft):
+  """``--adaptive_replay``: the rule's recorded widths, replayed as a fixed
+  schedule, give the same tokens and widths (``adaptive_replay`` raises
+  otherwise; checked here against a schedule that is *not* the rule's, so the
+  check can fail), and every setting is timed."""
+  from specdec_jax.decoding import AdaptiveConfig, speculative_decode
+  from specdec_jax.profile import WidthSchedule, adaptive_replay, adaptive_replay_markdown
+  model, params = tiny_target
+  dm, dp = tiny_draft
+  draft = drafts.T5Draft(params=dp, model=dm)
+  x = jax.random.randint(jax.random.PRNGKey(3), (2, 10), 2, 64)
+  rule = AdaptiveConfig("cumulative", threshold=0.3)
+  result = adaptive_replay(model, params, draft, x, jax.random.PRNGKey(0), rule, 3,
+                           SamplingConfig(temperature=1.0), max_decode_len=12, repeats=1)
+  names = [r.setting for r in result.rows]
+  assert names == ["rule", "replay", "shuffled", "width 1", "width 2", "width 3"]
+  assert all(r.ms_per_round > 0 and r.tokens_per_call >= 1 for r in result.rows)
+  hist = result.gamma_hist
+  assert hist[0] == 0 and sum(hist) > 0 and result.predicted_ms > 0
+  # The rule's tokens per call equal the replay's (same rounds).
+  assert result.rows[0].tokens_per_call == result.rows[1].tokens_per_call
+  assert "predicted" in adaptive_replay_markdown(result)
+  # The rule's rounds used at least two widths, so reproducing them by a
+  # schedule is not the trivial constant case.
+  assert sum(h > 0 for h in hist) >= 2, hist
