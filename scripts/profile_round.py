@@ -26,7 +26,10 @@ adaptive round with γ_max = max(--gammas) runs them (``profile.adaptive_pieces`
 ``--adaptive_replay RULE`` (a bench_speculative setting, e.g. cumulative:0.5)
 prints instead what the rule's rounds cost as the rule decides them and
 replayed as a fixed schedule of the same widths (same rounds, checked),
-shuffled, and at each constant width 1..γ_max (``profile.adaptive_replay``).
+shuffled, and at each constant width 1..γ_max (``profile.adaptive_replay``);
+at T=0 also what fixed γ, threshold and cumulative rules and a perfect
+acceptance predictor would cost at those widths' measured ms per round
+(``theory.simulate_stopping`` along the target's greedy outputs).
 
   PYTHONPATH=. python scripts/profile_round.py --adaptive_replay=cumulative:0.5 --gammas=7 \
       --temperatures=0 --num_examples=24 --repeats=4
@@ -41,10 +44,11 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec_jax import demo, profile  # noqa: E402
+from specdec_jax import demo, profile, theory  # noqa: E402
 from specdec_jax.profile import (cache_contention, compare_acceptance,  # noqa: E402
                                  contention_markdown, decode_working_set_mb, markdown,
                                  profile_round)
@@ -89,6 +93,35 @@ def contention(args, setup) -> None:
   load = os.getloadavg()
   print(f"{contention_markdown(rows)}\n\nload average at end {load[0]:.2f} {load[1]:.2f} "
         f"{load[2]:.2f}")
+
+
+def stopping_table(setup, result, gamma_max: int, args) -> None:
+  """Offline T=0 replay of stopping rules (``theory.simulate_stopping``) with
+  the constant-width ms per round just measured."""
+  round_ms = {int(r.setting.split()[1]): r.ms_per_round for r in result.rows
+              if r.setting.startswith("width ")}
+  conf, ok = profile.greedy_acceptance(setup.target, setup.target_params, setup.draft.model,
+                                       setup.draft.params, jnp.asarray(setup.inputs[1:]),
+                                       args.max_decode_len)
+  fixed = {g: theory.simulate_stopping(conf, ok, round_ms, "fixed", g) for g in round_ms}
+  best = min(fixed, key=lambda g: fixed[g].ms_per_token)
+  acc = np.concatenate(ok)
+  print(f"Stopping rules replayed offline along the target's greedy outputs (T=0, "
+        f"{len(acc)} positions, draft accepts {acc.mean():.3f}), with the ms per round of the "
+        f"constant widths above; relative to the best fixed γ ({best}):\n\n"
+        "| rule | ms per token | tokens per round | mean width | vs best fixed |\n"
+        "|---|---|---|---|---|")
+  rows = [(f"fixed {g}", r) for g, r in fixed.items()]
+  for rule in ("threshold", "cumulative"):
+    for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8):
+      rows.append((f"{rule} {t:g}", theory.simulate_stopping(conf, ok, round_ms, rule,
+                                                             gamma_max, t)))
+  rows.append(("oracle (perfect acceptance predictor)",
+               theory.simulate_stopping(conf, ok, round_ms, "oracle", gamma_max)))
+  for name, r in rows:
+    print(f"| {name} | {r.ms_per_token:.3f} | {r.tokens_per_round:.2f} | {r.mean_width:.2f} "
+          f"| {fixed[best].ms_per_token / r.ms_per_token:.3f}x |")
+  print(flush=True)
 
 
 def main() -> None:
@@ -158,6 +191,8 @@ def main() -> None:
             f"{len(setup.inputs) - 1} examples × {args.repeats} passes; load average "
             f"{load[0]:.2f} → {end[0]:.2f}\n{profile.adaptive_replay_markdown(result)}\n",
             flush=True)
+      if temp == 0 and hasattr(setup.draft, "model"):
+        stopping_table(setup, result, gamma_max, args)
     return
   # The warm-up example is skipped, as the runner does.
   examples = [jnp.asarray(setup.inputs[i:i + 1]) for i in range(1, len(setup.inputs))]

@@ -59,7 +59,7 @@ from specdec_jax import sampling as sampling_lib
 from specdec_jax import speculative as speculative_lib
 from specdec_jax.decoding import AdaptiveConfig, speculative_decode, temperature_sample
 from specdec_jax.drafts.base import ApproximationModel, adaptive_proposal, gather_positions
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.models.t5 import T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.speculative import speculative_sampling
 
@@ -546,7 +546,7 @@ class _RecordWidths:
 
 class ReplayRow(NamedTuple):
   setting: str            # 'rule', 'replay', 'shuffled' or 'width k'
-  ms_per_round: float     # total time / target calls, summed over examples
+  ms_per_round: float     # (total time - prefill) / target calls, summed over examples
   tokens_per_call: float
   speedup: float          # tokens/s over the interleaved baseline's
 
@@ -568,8 +568,10 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
   ``WidthSchedule`` (replay: same widths in the same order, so with the same
   key the same proposals, verdicts and tokens, checked) and shuffled (the same
   widths per example, permuted with ``seed``), and at each constant width
-  1..γ_max. Timed per example, interleaved with the plain baseline; the
-  order of the settings reverses every repeat. If ms per round at constant
+  1..γ_max. Timed per example, interleaved with the plain baseline and the
+  example's prefill (both encoders and caches, ``_prefill``), which is
+  subtracted before dividing by the rounds; the order of the settings
+  reverses every repeat. If ms per round at constant
   widths predicts the replay but not the rule, the excess comes from the
   rule's stopping itself, not from varying widths (docs/benchmarks.md,
   "Per-round overhead"). Compile excluded; ``block_until_ready`` before
@@ -608,8 +610,10 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
       raise AssertionError(f"example {i}: the replayed rounds' widths differ from the rule's")
     examples.append((x, k, jnp.asarray(w), jnp.asarray(shuffled)))
 
+  cache_len = max_decode_len + gamma_max + 1
   settings: dict[str, Callable[[Any], Callable]] = {
       "baseline": lambda e: lambda x, k: temperature_sample(target, params, x, k, **kw),
+      "prefill": lambda e: lambda x, k: _prefill(target, params, draft, x, cache_len),
       "rule": lambda e: spec(draft, rule_cfg),
       "replay": lambda e: spec(WidthSchedule(draft, e[2]), plain),
       "shuffled": lambda e: spec(WidthSchedule(draft, e[3]), plain)}
@@ -630,17 +634,44 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
         t0 = time.perf_counter()
         out = jax.block_until_ready(fn(*e[:2]))
         total[s] += time.perf_counter() - t0
+        if s == "prefill":
+          continue
         tokens[s] += int(out.length[0])
         if s != "baseline":
           calls[s] += int(out.stats.target_calls[0])
         if s == "rule" and rep == 0:
           hist += np.asarray(out.stats.gamma_hist[0])
   base_rate = tokens["baseline"] / total["baseline"]
-  rows = [ReplayRow(s, 1e3 * total[s] / calls[s], tokens[s] / calls[s],
-                    tokens[s] / total[s] / base_rate) for s in settings if s != "baseline"]
+  # Per round without the per-example prefill (encoders, caches): a setting
+  # with more tokens per round has fewer rounds to spread it over.
+  rows = [ReplayRow(s, 1e3 * (total[s] - total["prefill"]) / calls[s], tokens[s] / calls[s],
+                    tokens[s] / total[s] / base_rate)
+          for s in settings if s not in ("baseline", "prefill")]
   ms = {r.setting: r.ms_per_round for r in rows}
   predicted = sum(hist[g] * ms[f"width {g}"] for g in widths) / max(int(hist[1:].sum()), 1)
   return ReplayResult(rows, hist.tolist(), float(predicted))
+
+
+def greedy_acceptance(target: T5Model, params: Any, draft_model: T5Model, draft_params: Any,
+                      inputs: Array, max_decode_len: int, eos_id: int = 1
+                      ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+  """Per example (a row of ``inputs``): along the target's greedy output,
+  the draft's confidence (top probability) at each position and whether
+  its argmax is the target's token. At T = 0 these are exactly the
+  positions speculative decoding evaluates, so they drive
+  ``theory.simulate_stopping``."""
+  conf, ok = [], []
+  for i in range(inputs.shape[0]):
+    x = inputs[i:i + 1]
+    out = temperature_sample(target, params, x, jax.random.PRNGKey(0),
+                             max_decode_len=max_decode_len, sampling=SamplingConfig(),
+                             eos_id=eos_id)
+    n = int(out.length[0])
+    y = out.tokens[:, :n]
+    logits = draft_model(draft_params, x, shift_right(y, draft_model.config.decoder_start_id))[0]
+    conf.append(np.asarray(jnp.max(jax.nn.softmax(logits, -1), -1)))
+    ok.append(np.asarray(jnp.argmax(logits, -1) == y[0]))
+  return conf, ok
 
 
 def adaptive_replay_markdown(result: ReplayResult) -> str:

@@ -245,3 +245,36 @@ def test_adaptive_replay_reproduces_the_rules_rounds(tiny_target, tiny_draft):
   # The rule's rounds used at least two widths, so reproducing them by a
   # schedule is not the trivial constant case.
   assert sum(h > 0 for h in hist) >= 2, hist
+
+
+def test_greedy_acceptance_matches_the_engines_verdicts(tiny_target):
+  """At T=0 a position's verdict depends only on the target's greedy prefix:
+  with γ = 1, the engine's accepted/rejected counts equal those read off
+  ``greedy_acceptance`` at the positions a γ = 1 round evaluates (all but
+  the bonus tokens after an accepted proposal). The draft is the target with
+  noise added to its weights, so that both verdicts occur."""
+  from specdec_jax.decoding import speculative_decode
+  from specdec_jax.profile import greedy_acceptance
+  model, params = tiny_target
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(5), len(leaves))
+  dm, dp = model, jax.tree_util.tree_unflatten(treedef, [
+      a + 0.3 * jnp.std(a) * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)])
+  x = jax.random.randint(jax.random.PRNGKey(4), (2, 10), 2, 64)
+  conf, ok = greedy_acceptance(model, params, dm, dp, x, max_decode_len=12)
+  totals = []
+  for i, (c, o) in enumerate(zip(conf, ok)):
+    assert c.shape == o.shape and np.all((c > 0) & (c <= 1))
+    out = speculative_decode(model, params, drafts.T5Draft(params=dp, model=dm), x[i:i + 1],
+                             jax.random.PRNGKey(0), gamma=1, max_decode_len=12,
+                             sampling=SamplingConfig(), eos_id=1)
+    n, acc, rej = 0, 0, 0
+    while n < len(o):
+      if o[n]:
+        acc, n = acc + 1, n + 2
+      else:
+        rej, n = rej + 1, n + 1
+    assert (int(out.stats.accepted[0]), int(out.stats.rejected[0])) == (acc, rej)
+    totals.append((acc, rej))
+  # Both verdicts occur, so the walk above is exercised both ways.
+  assert sum(a for a, _ in totals) > 0 and sum(r for _, r in totals) > 0, totals

@@ -253,3 +253,29 @@ def test_alpha_standard_error_counts_sequences_as_clusters():
   # One sequence: the binomial error (a lower bound), no division by zero.
   assert alpha_standard_error(np.array([7.0]), np.array([10])) == pytest.approx(
       np.sqrt(0.7 * 0.3 / 10))
+
+
+def test_simulate_stopping_by_hand():
+  """Two examples worked by hand (γ_max 3, round costs 1, 2, 3 ms)."""
+  from specdec_jax.theory import simulate_stopping
+  ms = {1: 1.0, 2: 2.0, 3: 3.0}
+  ok = [np.array([1, 1, 0, 1, 1, 1, 1], bool)]
+  conf = [np.array([0.9, 0.8, 0.3, 0.9, 0.9, 0.2, 0.9])]
+  # fixed 3: rounds at n=0 (run 2 -> 3 tokens), n=3 (run 3 -> 4 tokens, bonus), n=7 ends.
+  r = simulate_stopping(conf, ok, ms, "fixed", 3)
+  assert r == (6.0 / 7, 3.5, 3.0)
+  # threshold 0.5: n=0: conf 0.9, 0.8 > 0.5 -> width 3; run 2 -> 3 tokens, 3 ms.
+  # n=3: conf 0.9 go, 0.9 go -> width 3, run 3 -> 4 tokens, 3 ms. Same as fixed.
+  assert simulate_stopping(conf, ok, ms, "threshold", 3, 0.5) == r
+  # cumulative 0.75: n=0: 0.9 > 0.75 go, 0.72 stop -> width 2, run 2 -> 3 tokens (bonus), 2 ms.
+  # n=3: 0.9 go, 0.81 go -> width 3, run 3 -> 4 tokens, 3 ms.
+  assert simulate_stopping(conf, ok, ms, "cumulative", 3, 0.75) == (5.0 / 7, 3.5, 2.5)
+  # oracle: n=0 width 2 (run 2), 3 tokens; n=3 width 3, 4 tokens.
+  assert simulate_stopping(conf, ok, ms, "oracle", 3) == (5.0 / 7, 3.5, 2.5)
+  # a rejection first: oracle width 1, one token.
+  assert simulate_stopping([np.array([0.5])], [np.array([False])], ms, "oracle", 3) == (
+      1.0, 1.0, 1.0)
+  with pytest.raises(ValueError, match="no cost for widths"):
+    simulate_stopping(conf, ok, {1: 1.0}, "fixed", 3)
+  with pytest.raises(ValueError, match="unknown stopping rule"):
+    simulate_stopping(conf, ok, ms, "greedy", 3)
