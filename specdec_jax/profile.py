@@ -470,8 +470,26 @@ def adaptive_pieces_markdown(rows: Sequence[AdaptivePieceRow]) -> str:
 # ------------------------------- an adaptive rule's rounds, replayed
 
 
+class _RoundCounting:
+  """A draft wrapper whose state is (inner state, round counter); only
+  adaptive rounds (``propose_adaptive``) are supported."""
+
+  @property
+  def vocab_size(self) -> int:
+    return self.inner.vocab_size
+
+  def init(self, inputs: Array, cache_len: int) -> Any:
+    return self.inner.init(inputs, cache_len), jnp.zeros((), jnp.int32)
+
+  def propose(self, state, seq, length, gamma, sampling, key):
+    raise NotImplementedError(f"{type(self).__name__} only runs adaptive rounds")
+
+  def commit(self, state, seq, length):
+    return self.inner.commit(state[0], seq, length), state[1]
+
+
 @struct.dataclass
-class WidthSchedule:
+class WidthSchedule(_RoundCounting):
   """A draft whose r-th round proposes exactly ``widths[r]`` tokens (capped by
   the loop's limit): ``inner``'s ``propose_adaptive`` with that limit and
   threshold 0, so it never stops on confidence. A data-independent adaptive
@@ -482,16 +500,6 @@ class WidthSchedule:
   inner: Any
   widths: Array
 
-  @property
-  def vocab_size(self) -> int:
-    return self.inner.vocab_size
-
-  def init(self, inputs: Array, cache_len: int) -> Any:
-    return self.inner.init(inputs, cache_len), jnp.zeros((), jnp.int32)
-
-  def propose(self, state, seq, length, gamma, sampling, key):
-    raise NotImplementedError("WidthSchedule only runs adaptive rounds")
-
   def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold):
     del threshold
     inner, r = state
@@ -499,9 +507,6 @@ class WidthSchedule:
     tokens, q, count, steps, inner = adaptive_proposal(self.inner, inner, seq, length, gamma,
                                                        sampling, key, cap, 0.0)
     return tokens, q, count, steps, (inner, r + 1)
-
-  def commit(self, state, seq, length):
-    return self.inner.commit(state[0], seq, length), state[1]
 
 
 class _Sink:
@@ -515,21 +520,11 @@ class _Sink:
 
 
 @struct.dataclass
-class _RecordWidths:
+class _RecordWidths(_RoundCounting):
   """``inner`` unchanged, each round's proposal count (row 0) sent to ``sink``."""
 
   inner: Any
   sink: _Sink = struct.field(pytree_node=False)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.inner.vocab_size
-
-  def init(self, inputs, cache_len):
-    return self.inner.init(inputs, cache_len), jnp.zeros((), jnp.int32)
-
-  def propose(self, state, seq, length, gamma, sampling, key):
-    raise NotImplementedError("_RecordWidths only runs adaptive rounds")
 
   def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold,
                        skip_below=None, cumulative=False):
@@ -539,9 +534,6 @@ class _RecordWidths:
         cumulative)
     jax.debug.callback(self.sink.put, r, jnp.clip(count[0], 0, limit[0]))
     return tokens, q, count, steps, (inner, r + 1)
-
-  def commit(self, state, seq, length):
-    return self.inner.commit(state[0], seq, length), state[1]
 
 
 class ReplayRow(NamedTuple):
