@@ -95,7 +95,7 @@ def contention(args, setup) -> None:
         f"{load[2]:.2f}")
 
 
-def stopping_table(setup, result, gamma_max: int, args) -> None:
+def stopping_table(setup, result, gamma_max: int, args, skip_below=None) -> None:
   """Offline T=0 replay of stopping rules (``theory.simulate_stopping``) with
   the constant-width ms per round just measured."""
   round_ms = {int(r.setting.split()[1]): r.ms_per_round for r in result.rows
@@ -103,7 +103,7 @@ def stopping_table(setup, result, gamma_max: int, args) -> None:
   conf, ok = profile.greedy_acceptance(setup.target, setup.target_params, setup.draft.model,
                                        setup.draft.params, jnp.asarray(setup.inputs[1:]),
                                        args.max_decode_len)
-  fixed = {g: theory.simulate_stopping(conf, ok, round_ms, "fixed", g) for g in round_ms}
+  fixed = {g: theory.simulate_stopping(conf, ok, round_ms, "fixed", g) for g in round_ms if g}
   best = min(fixed, key=lambda g: fixed[g].ms_per_token)
   acc = np.concatenate(ok)
   print(f"Stopping rules replayed offline along the target's greedy outputs (T=0, "
@@ -112,10 +112,14 @@ def stopping_table(setup, result, gamma_max: int, args) -> None:
         "| rule | ms per token | tokens per round | mean width | vs best fixed |\n"
         "|---|---|---|---|---|")
   rows = [(f"fixed {g}", r) for g, r in fixed.items()]
+  # With a measured width-0 round (the rule has skip_below), also the
+  # threshold rules with that skip_below.
+  skips = [None] + ([skip_below] if skip_below is not None and 0 in round_ms else [])
   for rule in ("threshold", "cumulative"):
-    for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8):
-      rows.append((f"{rule} {t:g}", theory.simulate_stopping(conf, ok, round_ms, rule,
-                                                             gamma_max, t)))
+    for skip in skips:
+      for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8):
+        rows.append((f"{rule} {t:g}" + ("" if skip is None else f" skip {skip:g}"),
+                     theory.simulate_stopping(conf, ok, round_ms, rule, gamma_max, t, skip)))
   rows.append(("oracle (perfect acceptance predictor)",
                theory.simulate_stopping(conf, ok, round_ms, "oracle", gamma_max)))
   for name, r in rows:
@@ -192,7 +196,7 @@ def main() -> None:
             f"{load[0]:.2f} → {end[0]:.2f}\n{profile.adaptive_replay_markdown(result)}\n",
             flush=True)
       if temp == 0 and hasattr(setup.draft, "model"):
-        stopping_table(setup, result, gamma_max, args)
+        stopping_table(setup, result, gamma_max, args, adaptive.skip_below)
     return
   # The warm-up example is skipped, as the runner does.
   examples = [jnp.asarray(setup.inputs[i:i + 1]) for i in range(1, len(setup.inputs))]

@@ -495,13 +495,16 @@ class WidthSchedule(_RoundCounting):
   threshold 0, so it never stops on confidence. A data-independent adaptive
   rule for profiling; ``widths`` [R] int32 is traced, so every schedule of
   one length shares one compiled loop. Run it under an ``AdaptiveConfig``
-  with threshold 0 (the rule's own stopping is bypassed)."""
+  with threshold 0 (the rule's own stopping is bypassed), and with
+  skip_below 0 if the schedule holds 0 (a round with no proposal: a plain
+  target step)."""
 
   inner: Any
   widths: Array
 
-  def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold):
-    del threshold
+  def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold,
+                       skip_below=None):
+    del threshold, skip_below  # width 0 in the schedule is a skipped round
     inner, r = state
     cap = jnp.minimum(limit, self.widths[jnp.minimum(r, self.widths.shape[0] - 1)])
     tokens, q, count, steps, inner = adaptive_proposal(self.inner, inner, seq, length, gamma,
@@ -560,7 +563,7 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
   ``WidthSchedule`` (replay: same widths in the same order, so with the same
   key the same proposals, verdicts and tokens, checked) and shuffled (the same
   widths per example, permuted with ``seed``), and at each constant width
-  1..γ_max. Timed per example, interleaved with the plain baseline and the
+  1..γ_max (and 0, a round without proposals, for a rule with skip_below). Timed per example, interleaved with the plain baseline and the
   example's prefill (both encoders and caches, ``_prefill``), which is
   subtracted before dividing by the rounds; the order of the settings
   reverses every repeat. If ms per round at constant
@@ -569,12 +572,15 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
   "Per-round overhead"). Compile excluded; ``block_until_ready`` before
   each clock read; times are sums over examples and repeats.
   """
-  if adaptive.skip_below is not None:
-    raise ValueError("adaptive_replay cannot replay rounds that propose nothing "
-                     f"(skip_below={adaptive.skip_below}); profile the rule without it")
   widths = tuple(range(1, gamma_max + 1))
-  plain = AdaptiveConfig("threshold", threshold=0.0, widths=widths)
+  # With skip_below the rule may propose nothing (width 0); skip_below 0
+  # compiles that branch into the replay loop without ever skipping on its own
+  # (a confidence is > 0).
+  skip = adaptive.skip_below is not None
+  plain = AdaptiveConfig("threshold", threshold=0.0, widths=widths,
+                         skip_below=0.0 if skip else None)
   rule_cfg = dataclasses.replace(adaptive, widths=widths)
+  widths = plain.verify_widths(gamma_max)
   kw = dict(max_decode_len=max_decode_len, sampling=sampling, eos_id=eos_id)
   rounds = max_decode_len + 1  # each round commits >= 1 token
   sink = _Sink()
@@ -640,7 +646,7 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
                     tokens[s] / total[s] / base_rate)
           for s in settings if s not in ("baseline", "prefill")]
   ms = {r.setting: r.ms_per_round for r in rows}
-  predicted = sum(hist[g] * ms[f"width {g}"] for g in widths) / max(int(hist[1:].sum()), 1)
+  predicted = sum(hist[g] * ms[f"width {g}"] for g in widths) / max(int(hist.sum()), 1)
   return ReplayResult(rows, hist.tolist(), float(predicted))
 
 

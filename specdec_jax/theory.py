@@ -260,7 +260,8 @@ class StoppingResult(NamedTuple):
 
 
 def simulate_stopping(confidence: list, accepted: list, round_ms: Mapping[int, float],
-                      rule: str, gamma_max: int, threshold: float = 0.0) -> StoppingResult:
+                      rule: str, gamma_max: int, threshold: float = 0.0,
+                      skip_below: Optional[float] = None) -> StoppingResult:
   """A draft-length rule's walltime at temperature 0, replayed offline.
 
   At T = 0 every position the target evaluates has the target's greedy
@@ -278,7 +279,11 @@ def simulate_stopping(confidence: list, accepted: list, round_ms: Mapping[int, f
   confidence > threshold), 'cumulative' (while the product of the round's
   confidences > threshold), 'oracle' (width = the accepted run, at least 1:
   what a perfect acceptance predictor would choose; an upper bound for any
-  rule). Approximation: a position after the round's first rejection gets
+  rule; it skips, width 0, where the first proposal would be rejected, if
+  ``round_ms`` has a cost for width 0). ``skip_below`` (threshold rules): a
+  round whose first confidence is <= it proposes nothing, commits the
+  target's one token and costs ``round_ms[0]`` (``AdaptiveConfig.skip_below``).
+  Approximation: a position after the round's first rejection gets
   the target path's confidence, not the draft's own; it changes only where a
   rule stops after a rejection (the width, i.e. the cost), never the tokens.
   """
@@ -286,7 +291,10 @@ def simulate_stopping(confidence: list, accepted: list, round_ms: Mapping[int, f
     raise ValueError(f"unknown stopping rule {rule!r}")
   if gamma_max < 1:
     raise ValueError(f"gamma_max must be >= 1, got {gamma_max}")
-  missing = [w for w in range(1, gamma_max + 1) if w not in round_ms]
+  if skip_below is not None and rule not in ("threshold", "cumulative"):
+    raise ValueError(f"skip_below applies to the threshold rules, not {rule!r}")
+  missing = [w for w in range(0 if skip_below is not None else 1, gamma_max + 1)
+             if w not in round_ms]
   if missing:
     raise ValueError(f"round_ms has no cost for widths {missing}")
   ms = tokens = rounds = width_sum = 0.0
@@ -301,9 +309,11 @@ def simulate_stopping(confidence: list, accepted: list, round_ms: Mapping[int, f
       while run < room and ok[n + run]:
         run += 1
       if rule == "oracle":
-        w = max(1, run)
+        w = run if (run or 0 in round_ms) else 1
       elif rule == "fixed":
         w = room
+      elif skip_below is not None and conf[n] <= skip_below:
+        w = 0
       else:
         w, running = 1, 1.0
         while w < room:

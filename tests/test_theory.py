@@ -275,6 +275,19 @@ def test_simulate_stopping_by_hand():
   # a rejection first: oracle width 1, one token.
   assert simulate_stopping([np.array([0.5])], [np.array([False])], ms, "oracle", 3) == (
       1.0, 1.0, 1.0)
+  # skip_below: a round whose first confidence is <= 0.2 is a plain target step
+  # (width 0, 0.5 ms, one token); then n=1: 0.9 > 0.5 twice, but only 2
+  # positions remain -> width 2, run 2 -> 3 tokens, 2 ms.
+  ms0 = {0: 0.5, **ms}
+  ok2, conf2 = [np.array([0, 1, 1], bool)], [np.array([0.1, 0.9, 0.9])]
+  assert simulate_stopping(conf2, ok2, ms0, "threshold", 3, 0.5, skip_below=0.2) == (
+      2.5 / 4, 2.0, 1.0)
+  # With a width-0 cost the oracle skips the round it knows is rejected: same here.
+  assert simulate_stopping(conf2, ok2, ms0, "oracle", 3) == (2.5 / 4, 2.0, 1.0)
+  with pytest.raises(ValueError, match="no cost for widths"):
+    simulate_stopping(conf2, ok2, ms, "threshold", 3, 0.5, skip_below=0.2)
+  with pytest.raises(ValueError, match="skip_below applies"):
+    simulate_stopping(conf2, ok2, ms0, "fixed", 3, skip_below=0.2)
   with pytest.raises(ValueError, match="no cost for widths"):
     simulate_stopping(conf, ok, {1: 1.0}, "fixed", 3)
   with pytest.raises(ValueError, match="unknown stopping rule"):
