@@ -62,6 +62,7 @@ from specdec_jax.drafts.base import ApproximationModel, adaptive_proposal, gathe
 from specdec_jax.models.t5 import T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.speculative import speculative_sampling
+from specdec_jax.timing import warm_up_widths
 
 Array = jax.Array
 
@@ -620,6 +621,12 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
     settings[f"width {g}"] = (lambda d: lambda e: spec(d, plain))(constant)
   for make in settings.values():  # compile
     jax.block_until_ready(make(examples[0])(*examples[0][:2]))
+  # Every branch of both adaptive loops run once (timing.warm_up_widths): the
+  # constant widths cover the replay loop's, the examples the rule's.
+  for g in widths:
+    jax.block_until_ready(settings[f"width {g}"](examples[0])(*examples[0][:2]))
+  warm_up_widths(lambda i: settings["rule"](examples[i])(*examples[i][:2]),
+                 range(len(examples)), widths)
   total = {s: 0.0 for s in settings}
   tokens = {s: 0 for s in settings}
   calls = {s: 0 for s in settings}

@@ -59,7 +59,7 @@ from specdec_jax.decoding import (CONFIDENCE_RULES, AdaptiveConfig, alpha_estima
                                   speculative_decode, temperature_sample)
 from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.timing import block, measure_costs, timed
+from specdec_jax.timing import block, measure_costs, timed, warm_up_widths
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}   # activation dtype -> bytes
@@ -861,6 +861,15 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
     x = _pad_batch(setup.inputs, idx, exp.batch_size)
     block(base_fn(x, root))
     block(spec_fn(x, root))
+  adaptive = exp.adaptive_config()
+  if adaptive is not None:
+    # Every verification branch run once, untimed (its code is generated on
+    # its first run: timing.warm_up_widths); over the examples, as far as needed.
+    seen = warm_up_widths(lambda x: spec_fn(x, root),
+                          (_pad_batch(setup.inputs, idx, exp.batch_size)
+                           for idx in _batches(n_total, 0, exp.batch_size)),
+                          adaptive.verify_widths(gamma))
+    logging.info("Adaptive warm-up ran verification widths %s", sorted(seen))
   logging.info("Warm-up (compilation included) took %.1f s", time.perf_counter() - t0)
   c = measure_costs(target, tparams, draft, _pad_batch(setup.inputs, [0], exp.batch_size),
                     gamma, sampling, cache_len=exp.max_decode_len + gamma + 1)

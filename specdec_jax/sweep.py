@@ -18,7 +18,7 @@ from specdec_jax import autogamma, theory
 from specdec_jax.decoding import (CONFIDENCE_RULES, AdaptiveConfig, speculative_decode,
                                   temperature_sample)
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.timing import block, measure_costs_many, timed
+from specdec_jax.timing import block, measure_costs_many, timed, warm_up_widths
 
 
 
@@ -122,6 +122,12 @@ def gamma_sweep(target, target_params, draft: Union[Any, Mapping[str, Any]],
           target, target_params, d, x, k, gamma=g, adaptive=a, **kw))
   for fn in spec.values():
     block(fn(x0, jax.random.PRNGKey(0)))
+  # Adaptive loops: every verification branch run once before timing (its
+  # code is generated on its first run; timing.warm_up_widths).
+  for (name, label, g, a) in settings:
+    if a is not None:
+      warm_up_widths(lambda x, fn=spec[name, label]: fn(x, jax.random.PRNGKey(0)),
+                     (inputs[i:i + 1] for i in range(len(inputs))), a.verify_widths(g))
   zero = lambda: dict(s=0.0, tok=0, acc=0, rej=0, mpq=0.0, calls=0, ratios=[], mism=0,
                       acc_at=0, ev_at=0, hist=0)
   acc = {label: zero() for label in spec}

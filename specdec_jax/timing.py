@@ -21,10 +21,11 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax.drafts.base import ApproximationModel
 from specdec_jax.models.t5 import T5Model
@@ -232,3 +233,30 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
     out[g] = Costs(t_step, t_verify, t_draft, t_draft / t_step, t_verify / t_step,
                    median_se(c_reps), median_se(v_reps), interplay)
   return out
+
+
+def warm_up_widths(run: Callable[[Array], Any], batches: Iterable[Array],
+                   widths: Sequence[int]) -> set[int]:
+  """Runs an adaptive ``speculative_decode`` (``run(x)``) untimed over ``batches``
+  until every compiled verification width has run once; returns the widths seen.
+
+  Why: XLA:CPU (jaxlib 0.10.2) generates a ``lax.switch`` branch's code the
+  first time that branch runs, not at compile time. On the demo pair the first
+  call that reached three new widths took 538 ms against 133 ms for the same
+  call again (docs/benchmarks.md, "Per-round overhead"), so a warm-up on one
+  example leaves that cost inside the timings. Widths are read from each row's
+  ``gamma_hist`` (the smallest compiled width covering the row's count): exact
+  at batch 1, a lower bound on what ran otherwise, so this may warm up longer
+  than needed but never stops early. A width no batch reaches never runs in
+  the timed loop either.
+  """
+  ws = sorted(widths)
+  seen: set[int] = set()
+  for x in batches:
+    out = block(run(x))
+    hist = np.asarray(out.stats.gamma_hist).reshape(-1, np.shape(out.stats.gamma_hist)[-1])
+    for j in np.nonzero(hist.sum(0))[0]:
+      seen.add(next(w for w in ws if w >= j))
+    if seen >= set(ws):
+      break
+  return seen
