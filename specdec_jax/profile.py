@@ -619,12 +619,10 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
   for g in widths:
     constant = WidthSchedule(draft, jnp.full((rounds,), g, jnp.int32))
     settings[f"width {g}"] = (lambda d: lambda e: spec(d, plain))(constant)
-  for make in settings.values():  # compile
+  # Compile. This also runs every branch of the replay loop once (each
+  # constant width); the rule's branches are run by warm_up_widths.
+  for make in settings.values():
     jax.block_until_ready(make(examples[0])(*examples[0][:2]))
-  # Every branch of both adaptive loops run once (timing.warm_up_widths): the
-  # constant widths cover the replay loop's, the examples the rule's.
-  for g in widths:
-    jax.block_until_ready(settings[f"width {g}"](examples[0])(*examples[0][:2]))
   warm_up_widths(lambda i: settings["rule"](examples[i])(*examples[i][:2]),
                  range(len(examples)), widths)
   total = {s: 0.0 for s in settings}
