@@ -61,7 +61,8 @@ def bench(args) -> str:
   data = load_data(exp)
   setup = load_models(exp, data)   # the target once; each further draft beside it
   _, draft_part = partitioners(exp)
-  named = {label: setup.draft if e is exp else load_draft(e, data, setup.target, draft_part)
+  named = {label: setup.draft if e is exp
+           else load_draft(e, data, setup.target, draft_part, setup.target_params)
            for label, e in exps.items()}
   draft = setup.draft if args.drafts is None else named
   alpha_inputs = None

@@ -34,10 +34,13 @@ for _name in ("vocab_extra_ids", "max_input_len", "max_decode_len", "generate_ba
   flags.DEFINE_integer(_name, getattr(_DEFAULTS, _name), f"DistillJob.{_name}")
 flags.DEFINE_integer("max_examples", None, "training inputs to use (default: all)")
 flags.DEFINE_integer("eval_max_examples", 500, "held-out pairs for the agreement log")
-for _name in ("sample_temperature", "ce_weight", "on_policy_fraction", "learning_rate"):
+for _name in ("sample_temperature", "ce_weight", "on_policy_fraction", "learning_rate",
+              "bridge_learning_rate"):
   flags.DEFINE_float(_name, getattr(_DEFAULTS, _name), f"DistillJob.{_name}")
 flags.DEFINE_float("max_minutes", None, "wall-clock cap on the training phase")
 flags.DEFINE_list("modes", list(_DEFAULTS.modes), "target outputs to learn: greedy,sample")
+flags.DEFINE_bool("encoder_bridge", False, "DistillJob.encoder_bridge: the draft also reads "
+                  "the target's encoder output (specdec_jax.bridge)")
 flags.DEFINE_bool("resume", False, "continue a run in an existing workdir/output_dir")
 flags.DEFINE_bool("smoke", False, "random micro models, a few steps, all under --workdir")
 
@@ -45,7 +48,8 @@ flags.DEFINE_bool("smoke", False, "random micro models, a few steps, all under -
 def main(argv) -> None:
   del argv
   if FLAGS.smoke:
-    summary = distill.smoke_job(FLAGS.workdir or "runs/distill_smoke")
+    summary = distill.smoke_job(FLAGS.workdir or "runs/distill_smoke",
+                                encoder_bridge=FLAGS.encoder_bridge)
   else:
     kw = {f: getattr(FLAGS, f) for f in distill.DistillJob.__dataclass_fields__
           if f in FLAGS and f != "modes"}

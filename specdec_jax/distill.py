@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import training
+from specdec_jax import bridge, training
 from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig
@@ -241,12 +241,32 @@ def _on_policy(draft: T5Model, params, inputs, targets, key, fraction: float):
   return targets.at[:n].set(sampled.astype(targets.dtype))
 
 
+def draft_forward(draft: T5Model, target: T5Model, target_params: Any,
+                  bridged: bool) -> Callable:
+  """forward(params, inputs, decoder_inputs) -> the draft's teacher-forced logits.
+
+  Plain: ``params`` is the draft's tree. ``bridged``: ``{'draft': tree,
+  'bridge': kernel}``, the draft reading the target's encoder output through
+  the bridge (``specdec_jax.bridge``)."""
+  if not bridged:
+    return draft
+
+  def forward(params, inputs, dec_in):
+    extra = bridge.extra(params["bridge"], target, target_params, inputs)
+    return draft(params["draft"], inputs, dec_in, encoder_extra=extra)
+  return forward
+
+
 def distill_loss(draft: T5Model, target: T5Model, target_params: Any,
-                 cfg: DistillConfig) -> Callable:
+                 cfg: DistillConfig, bridged: bool = False) -> Callable:
   """loss_fn(params, batch) for ``training.fit``: batch holds 'inputs', 'targets'
   (the target's outputs) and 'step_key' (added by ``fit``). Mean over non-pad positions
-  of ce_weight·CE + divergence(p, q)."""
+  of ce_weight·CE + divergence(p, q). ``bridged``: params as in ``draft_forward``."""
   pad, start = draft.config.pad_id, draft.config.decoder_start_id
+  if bridged and cfg.on_policy_fraction > 0:
+    raise ValueError("on_policy_fraction > 0 is not supported with an encoder bridge "
+                     "(the on-policy sampler runs the draft without it)")
+  forward = draft_forward(draft, target, target_params, bridged)
 
   def loss_fn(params, batch):
     inputs, targets = batch["inputs"], batch["targets"]
@@ -256,7 +276,7 @@ def distill_loss(draft: T5Model, target: T5Model, target_params: Any,
     dec_in = shift_right(targets, start)
     mask = (targets != pad).astype(jnp.float32)
     n = jnp.maximum(jnp.sum(mask), 1.0)
-    q_logits = draft(params, inputs, dec_in)
+    q_logits = forward(params, inputs, dec_in)
     ce = -jnp.take_along_axis(jax.nn.log_softmax(q_logits), targets[..., None], -1)[..., 0]
     metrics = {"ce": jnp.sum(ce * mask) / n}
     loss = cfg.ce_weight * metrics["ce"]
@@ -272,13 +292,14 @@ def distill_loss(draft: T5Model, target: T5Model, target_params: Any,
 # ---------------------------------------------------------------- agreement
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targets):
+@functools.partial(jax.jit, static_argnums=(0, 1, 6))
+def _agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targets,
+                    bridged: bool = False):
   """Summed greedy matches, Σ min(p, q) and non-pad count over one batch (jitted
   once per model pair and shape, so repeated evaluations during training reuse it)."""
   dec_in = shift_right(targets, draft.config.decoder_start_id)
   lp = jax.nn.log_softmax(target(tp, inputs, dec_in))
-  lq = jax.nn.log_softmax(draft(dp, inputs, dec_in))
+  lq = jax.nn.log_softmax(draft_forward(draft, target, tp, bridged)(dp, inputs, dec_in))
   mask = (targets != draft.config.pad_id).astype(jnp.float32)
   greedy = (jnp.argmax(lp, -1) == jnp.argmax(lq, -1)).astype(jnp.float32)
   overlap = jnp.sum(jnp.minimum(jnp.exp(lp), jnp.exp(lq)), -1)
@@ -286,14 +307,15 @@ def _agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targets):
 
 
 def agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params: Any,
-              batches: Sequence[training.Batch]) -> dict[str, float]:
+              batches: Sequence[training.Batch], bridged: bool = False) -> dict[str, float]:
   """Teacher-forced agreement along the batches' target sequences: greedy
   (argmax match, α at T=0 along those prefixes) and Σ_x min(p, q) at T=1
-  (α at T=1, Definition 3.1), token-weighted over non-pad positions."""
+  (α at T=1, Definition 3.1), token-weighted over non-pad positions.
+  ``bridged``: draft_params as in ``draft_forward``."""
   g = o = n = 0.0
   for b in batches:
     sg, so, sn = _agreement_sums(target, draft, target_params, draft_params, b["inputs"],
-                                 b["targets"])
+                                 b["targets"], bridged)
     g, o, n = g + float(sg), o + float(so), n + float(sn)
   n = max(n, 1.0)
   return {"greedy_agreement": g / n, "t1_acceptance": o / n}
@@ -341,6 +363,12 @@ class DistillJob:
   on_policy_fraction: float = 0.0
   grow_encoder_layers: int = 0            # deepen the draft first (``grow_layers``)
   grow_decoder_layers: int = 0
+  # Give the draft the target's encoder output (``specdec_jax.bridge``): a new
+  # bridge starts at zero (the draft unchanged) and trains with Adam at
+  # ``bridge_learning_rate`` (Adafactor's scale-relative steps cannot grow a
+  # zero tensor); a draft that already has one continues it.
+  encoder_bridge: bool = False
+  bridge_learning_rate: float = 1e-3
   optimizer: str = "adafactor"
   learning_rate: float = 3e-3
   steps: int = 2000
@@ -353,6 +381,11 @@ class DistillJob:
   def validate(self) -> None:
     """Checks that need no loading; fail before any work."""
     DistillConfig(self.divergence, self.ce_weight, 1.0, self.on_policy_fraction)
+    if self.encoder_bridge and self.on_policy_fraction > 0:
+      raise ValueError("encoder_bridge with on_policy_fraction > 0 is not supported (the "
+                       "on-policy sampler runs the draft without the bridge)")
+    if not self.bridge_learning_rate > 0:
+      raise ValueError(f"bridge_learning_rate must be > 0, got {self.bridge_learning_rate}")
     for m in self.modes:
       if m not in OUTPUT_MODES:
         raise ValueError(f"modes: unknown output mode {m!r}; known: {OUTPUT_MODES}")
@@ -418,6 +451,7 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   target, target_params = load(job.target_checkpoint, job.target_format, job.target_preset,
                                "target")
   draft, draft_params = load(job.draft_checkpoint, job.draft_format, job.draft_preset, "draft")
+  kernel = bridge.load(job.draft_checkpoint) if os.path.isdir(job.draft_checkpoint) else None
   if job.grow_encoder_layers or job.grow_decoder_layers:
     draft_params, grown_cfg = grow_layers(
         draft_params, draft.config, encoder_layers=job.grow_encoder_layers,
@@ -425,6 +459,16 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
     draft = T5Model(grown_cfg)
     log_fn(f"draft grown to {grown_cfg.num_encoder_layers} encoder / "
            f"{grown_cfg.num_decoder_layers} decoder layers (new layers start as the identity)")
+  bridged = job.encoder_bridge or kernel is not None
+  if bridged:
+    if kernel is None:
+      kernel = bridge.zeros(target, draft)
+      log_fn("encoder bridge added (zero: the draft starts unchanged)")
+    bridge.check(kernel, target, draft, job.draft_checkpoint)
+    if job.on_policy_fraction > 0:
+      raise ValueError(f"{job.draft_checkpoint} has an encoder bridge; on_policy_fraction > 0 "
+                       "is not supported with one")
+    draft_params = {"draft": draft_params, "bridge": jnp.asarray(kernel)}
   data.check_vocab_compatible(target.config.vocab_size, draft.config.vocab_size,
                               target_pad_id=target.config.pad_id,
                               draft_pad_id=draft.config.pad_id,
@@ -465,25 +509,34 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
     eval_batches = training.fixed_batches(
         [(eval_pairs[i][0], toks) for (i, _), toks in sorted(eval_out.items()) if toks],
         job.batch_tokens, buckets)
-    evaluate = lambda p: agreement(target, target_params, draft, p, eval_batches)
+    evaluate = lambda p: agreement(target, target_params, draft, p, eval_batches, bridged)
     summary["before"] = evaluate(draft_params)
     log_fn(f"before distillation: {json.dumps(summary['before'])}")
 
   cfg = DistillConfig(job.divergence, job.ce_weight, 1.0, job.on_policy_fraction)
   opt_cfg = training.OptimizerConfig(job.optimizer, job.learning_rate, job.steps)
+  optimizer = None
+  if bridged:
+    optimizer = _bridged_optimizer(opt_cfg, job.bridge_learning_rate)
   result = training.fit(
-      distill_loss(draft, target, target_params, cfg), draft_params,
+      distill_loss(draft, target, target_params, cfg, bridged), draft_params,
       lambda start: training.batch_stream(pairs, job.batch_tokens, job.seed, start, buckets),
       opt_cfg, os.path.join(job.workdir, "train"), evaluate=evaluate,
       eval_every=job.eval_every, max_minutes=job.max_minutes, name="distill", log_fn=log_fn,
-      seed=job.seed)
+      seed=job.seed, optimizer=optimizer)
   # A log left by an earlier run must not describe the params written next, if
   # this run dies between the two writes.
   log_path = os.path.join(job.output_dir, "distill_log.json")
   if os.path.exists(log_path):
     os.remove(log_path)
-  checkpoints.save_checkpoint(job.output_dir, result.params, draft.config, dtype="bfloat16",
+  out_params = result.params["draft"] if bridged else result.params
+  checkpoints.save_checkpoint(job.output_dir, out_params, draft.config, dtype="bfloat16",
                               overwrite=True)
+  stale = os.path.join(job.output_dir, bridge.FILENAME)
+  if bridged:
+    bridge.save(job.output_dir, result.params["bridge"])
+  elif os.path.exists(stale):  # left by an earlier bridged run into this directory
+    os.remove(stale)
   summary.update(steps=result.steps, wall_s=result.wall_s, log=result.log,
                  job=dataclasses.asdict(job))
   if evaluate is not None:
@@ -494,9 +547,23 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   return summary
 
 
-def smoke_job(workdir: str, log_fn: Callable[[str], None] = print) -> dict:
+def _bridged_optimizer(cfg: training.OptimizerConfig, bridge_lr: float):
+  """``cfg``'s optimizer for the draft, Adam on the bridge kernel (same warmup
+  and cosine shape, peak ``bridge_lr``): a zero-initialized tensor has no
+  scale for Adafactor's parameter-relative steps to follow."""
+  import optax
+  adam_cfg = dataclasses.replace(cfg, name="adamw", peak_lr=bridge_lr, weight_decay=0.0)
+  labels = lambda params: {"draft": jax.tree.map(lambda _: "draft", params["draft"]),
+                           "bridge": "bridge"}
+  return optax.multi_transform({"draft": training.make_optimizer(cfg),
+                                "bridge": training.make_optimizer(adam_cfg)}, labels)
+
+
+def smoke_job(workdir: str, log_fn: Callable[[str], None] = print,
+              encoder_bridge: bool = False) -> dict:
   """Every stage of ``run_job`` on random micro models and the demo vocabulary,
-  in seconds (``scripts/distill_draft.py --smoke``)."""
+  in seconds (``scripts/distill_draft.py --smoke``, with ``--encoder_bridge``
+  through the bridged path)."""
   from specdec_jax.checkpoints import save_checkpoint
   from specdec_jax.models.t5 import T5Config
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -512,5 +579,5 @@ def smoke_job(workdir: str, log_fn: Callable[[str], None] = print) -> dict:
       eval_source=os.path.join(repo, "data/bible/test.tsv"), eval_max_examples=16,
       vocab_path=os.path.join(repo, "checkpoints/demo/spm.model"), max_input_len=32,
       max_decode_len=32, modes=("greedy",), generate_batch_size=16, steps=4,
-      batch_tokens=256, eval_every=2, resume=True)
+      batch_tokens=256, eval_every=2, resume=True, encoder_bridge=encoder_bridge)
   return run_job(job, log_fn)

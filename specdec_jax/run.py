@@ -55,6 +55,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from specdec_jax import autogamma, checkpoints, data, drafts, memory, partitioning, theory
+from specdec_jax import bridge as bridge_lib
 from specdec_jax.decoding import (CONFIDENCE_RULES, AdaptiveConfig, alpha_estimates,
                                   speculative_decode, temperature_sample)
 from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes
@@ -516,14 +517,18 @@ def load_models(exp: Experiment, d: Data) -> Setup:
     raise ValueError(f"vocabulary {exp.vocab_path} has {d.vocab.vocab_size} ids but the target "
                      f"model's vocab_size is {target.config.vocab_size}")
   return Setup(exp, d.vocab, d.examples, d.inputs, target, target_params,
-               load_draft(exp, d, target, draft_part), d.truncated, target_part)
+               load_draft(exp, d, target, draft_part, target_params), d.truncated,
+               target_part)
 
 
 def load_draft(exp: Experiment, d: Data, target: T5Model,
-               draft_part: Optional[partitioning.Partitioner] = None) -> Any:
+               draft_part: Optional[partitioning.Partitioner] = None,
+               target_params: Any = None) -> Any:
   """The draft ``exp`` names, built for ``target`` (on ``draft_part``, the
   draft's partitioner from ``partitioners``) and its interface checked once;
-  also used alone to compare several drafts beside one loaded target."""
+  also used alone to compare several drafts beside one loaded target. A draft
+  checkpoint with an encoder bridge (``specdec_jax.bridge``) needs
+  ``target_params``."""
   # Every builder is offered the same keywords and receives those it names, so
   # a newly registered approximation model is selectable with no change here.
   build_kw: dict[str, Any] = dict(vocab_size=target.config.vocab_size, vocab=d.vocab,
@@ -538,7 +543,18 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
                                 draft_eos_id=dmodel.config.eos_id,
                                 target_pad_id=target.config.pad_id,
                                 draft_pad_id=dmodel.config.pad_id)
-    build_kw.update(model=dmodel, params=dparams)
+    build_kw.update(model=dmodel, params=dparams, bridge=None)
+    kernel = _load_bridge(exp.draft_checkpoint)
+    if kernel is not None:
+      if target_params is None:
+        raise ValueError(f"{exp.draft_checkpoint} has an encoder bridge "
+                         f"({bridge_lib.FILENAME}), which needs the target's params")
+      bridge_lib.check(kernel, target, dmodel, exp.draft_checkpoint)
+      if not drafts.takes(exp.draft_name, "bridge"):
+        raise ValueError(f"{exp.draft_checkpoint} has an encoder bridge, but approximation "
+                         f"model {exp.draft_name!r} takes no 'bridge' argument")
+      build_kw.update(bridge=jnp.asarray(kernel), target_model=target,
+                      target_params=target_params)
   if exp.ngram_corpus:
     build_kw["corpus"] = _corpus(exp, d.vocab)
   draft = drafts.build(exp.draft_name, **build_kw)
@@ -548,6 +564,16 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
       exp.max_decode_len + exp.gamma_bound + 1, exp.sampling(),
       concrete=exp.draft_name not in drafts.BUILTIN)
   return draft
+
+
+def _load_bridge(path: str) -> Optional[np.ndarray]:
+  """A draft checkpoint's encoder bridge kernel (local directories only)."""
+  if "://" in path:
+    return None
+  local = _resolve(path)
+  if not os.path.isdir(local):
+    return None
+  return bridge_lib.load(local)
 
 
 _MULTIHOST_STARTED = False

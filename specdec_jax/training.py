@@ -194,7 +194,8 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
         evaluate: Optional[Callable[[Any], dict]] = None, eval_every: int = 250,
         seed: int = 0,
         ckpt_minutes: float = 3.0, max_minutes: Optional[float] = None,
-        name: str = "model", log_fn: Callable[[str], None] = print) -> FitResult:
+        name: str = "model", log_fn: Callable[[str], None] = print,
+        optimizer: Optional[optax.GradientTransformation] = None) -> FitResult:
   """Train ``params`` to ``opt_cfg.total_steps`` steps of ``loss_fn``.
 
   loss_fn(params, batch) -> (scalar loss, dict of scalar metrics); it is jitted
@@ -205,10 +206,12 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
   resumed run sees the same data). A restart resumes from the newest orbax
   checkpoint under ``run_dir/ckpt``; ``max_minutes`` stops early (and saves).
   evaluate(params) -> metrics is logged every ``eval_every`` steps and at the end.
+  ``optimizer`` replaces ``make_optimizer(opt_cfg)`` (``opt_cfg.total_steps``
+  still sets the length).
   """
   run_dir = os.path.abspath(run_dir)
   os.makedirs(run_dir, exist_ok=True)
-  opt = make_optimizer(opt_cfg)
+  opt = optimizer if optimizer is not None else make_optimizer(opt_cfg)
   # The step donates its params: train on a copy, never on the caller's arrays.
   params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params)
   opt_state = opt.init(params)

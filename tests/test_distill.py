@@ -162,6 +162,21 @@ def test_smoke_job_runs_every_stage(tmp_path):
     assert sum(1 for _ in f) == 48
 
 
+def test_smoke_job_with_an_encoder_bridge(tmp_path):
+  """--encoder_bridge: a zero bridge leaves the draft as it was (agreement
+  before training equals the plain draft's, to float rounding), training moves
+  the kernel off zero, and it is written beside the draft checkpoint."""
+  from specdec_jax import bridge
+  plain = distill.smoke_job(str(tmp_path / "plain"), log_fn=lambda m: None)
+  bridged = distill.smoke_job(str(tmp_path / "bridged"), log_fn=lambda m: None,
+                              encoder_bridge=True)
+  for k in ("greedy_agreement", "t1_acceptance"):
+    assert bridged["before"][k] == pytest.approx(plain["before"][k], abs=1e-6)
+  kernel = bridge.load(str(tmp_path / "bridged" / "distilled"))
+  assert kernel.shape == (32, 16) and np.abs(kernel).max() > 0
+  assert bridge.load(str(tmp_path / "plain" / "distilled")) is None
+
+
 def test_evaluate_report_scores_and_agreement(tiny_target, tiny_draft):
   """evaluate_models: with the target's own greedy outputs as references, the
   target scores BLEU = chrF = 100 and its draft less; agreement and step-cost

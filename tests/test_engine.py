@@ -89,6 +89,35 @@ def test_rows_advance_independently(tiny_target, tiny_draft, greedy_case):
     assert int(one.stats.accepted[0]) == int(out.stats.accepted[i])
 
 
+def _bridged(draft_model, draft_params, target_model, target_params, seed=0, scale=0.5):
+  """A T5 draft whose encoder also reads the target's (``specdec_jax.bridge``),
+  with a random, clearly non-zero bridge kernel."""
+  shape = (target_model.config.d_model, draft_model.config.d_model)
+  kernel = scale * jax.random.normal(jax.random.PRNGKey(seed), shape)
+  return drafts.build("t5", model=draft_model, params=draft_params, bridge=kernel,
+                      target_model=target_model, target_params=target_params)
+
+
+def test_bridged_draft_identical_to_baseline(tiny_target, tiny_draft, greedy_case):
+  """A draft reading the target's encoder output stays exact at T=0, and the
+  bridge really changes what it proposes (or the test would prove nothing)."""
+  model, params = tiny_target
+  eos, base = greedy_case
+  dm, dp = tiny_draft
+  bridged = _bridged(dm, dp, model, params)
+  out = speculative_decode(model, params, bridged, INPUTS, KEY, gamma=3,
+                           max_decode_len=MAX_LEN, eos_id=eos)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  np.testing.assert_array_equal(out.length, base.length)
+  plain = drafts.build("t5", model=dm, params=dp)
+  seq = jnp.zeros((INPUTS.shape[0], MAX_LEN + 5), jnp.int32)
+  length = jnp.zeros((INPUTS.shape[0],), jnp.int32)
+  greedy = SamplingConfig(temperature=0.0)
+  proposals = [d.propose(d.init(INPUTS, MAX_LEN + 4), seq, length, 3, greedy, KEY)[1]
+               for d in (plain, bridged)]
+  assert float(jnp.max(jnp.abs(proposals[0] - proposals[1]))) > 0.5
+
+
 def test_draft_equal_to_target_accepts_everything(tiny_target, greedy_case):
   model, params = tiny_target
   eos, base = greedy_case
@@ -193,7 +222,9 @@ SETTINGS = {
 }
 
 
-def _seq_draft(name, model, draft_params):
+def _seq_draft(name, model, draft_params, target_params):
+  if name == "t5_bridge":
+    return _bridged(model, draft_params, model, target_params, seed=1, scale=1.0)
   t5 = drafts.T5Draft(params=draft_params, model=model)
   # With vocab 8 and a 5-token input nearly every context has a 1-gram match,
   # so most rounds mix copied (one-hot q) and T5 positions.
@@ -201,14 +232,14 @@ def _seq_draft(name, model, draft_params):
 
 
 @pytest.mark.parametrize("setting,draft_name", [(s, "t5") for s in sorted(SETTINGS)]
-                         + [("temp1", "lookup_t5")])
+                         + [("temp1", "lookup_t5"), ("temp1", "t5_bridge")])
 def test_sequence_distribution_is_exact(seq_models, setting, draft_name):
   model, target, draft_params = seq_models
   sampling = SETTINGS[setting]
   dist = exact_sequence_distribution(model, target, sampling)
   assert abs(sum(dist.values()) - 1) < 1e-5
   inputs = jnp.repeat(SEQ_INPUT, SEQ_N, 0)
-  draft = _seq_draft(draft_name, model, draft_params)
+  draft = _seq_draft(draft_name, model, draft_params, target)
   out = speculative_decode(model, target, draft, inputs, jax.random.PRNGKey(5), gamma=2,
                            max_decode_len=SEQ_LEN, sampling=sampling, eos_id=SEQ_EOS)
   # The draft must actually be rejected sometimes, or the test proves little.

@@ -671,3 +671,27 @@ def test_adaptive_bad_input_fails_before_work(env, monkeypatch, binding, message
   exp = run.parse_config([str(env / "exp.gin")], binding.splitlines())
   with pytest.raises(ValueError, match=message):
     run.prepare(exp)
+
+
+def test_runner_loads_a_draft_with_an_encoder_bridge(env, tmp_path):
+  """A draft checkpoint with ``encoder_bridge.npz`` is built reading the
+  target's encoder output; a kernel of the wrong shape or an unreadable file
+  is refused with the path and the shapes."""
+  from specdec_jax import bridge
+  shutil.copytree(env / "draft", tmp_path / "draft")
+  exp = run.Experiment(task="toy", source=str(env / "data.tsv"), prefix="",
+                       vocab_path=str(env / "spm.model"),
+                       target_checkpoint=str(env / "target"),
+                       draft_checkpoint=str(tmp_path / "draft"), gamma=3, max_input_len=24,
+                       max_decode_len=16, num_warmup=1, num_examples=4)
+  d = run.load_data(exp)
+  assert run.load_models(exp, d).draft.bridge is None
+  bridge.save(str(tmp_path / "draft"), np.full((32, 32), 0.1, np.float32))
+  setup = run.load_models(exp, d)
+  assert setup.draft.bridge.shape == (32, 32) and setup.draft.target_params is not None
+  bridge.save(str(tmp_path / "draft"), np.zeros((16, 32), np.float32))
+  with pytest.raises(ValueError, match=r"shape \(16, 32\).*need \(32, 32\)"):
+    run.load_models(exp, d)
+  (tmp_path / "draft" / bridge.FILENAME).write_bytes(b"not an npz")
+  with pytest.raises(ValueError, match="encoder_bridge.npz: not a readable encoder bridge"):
+    run.load_models(exp, d)

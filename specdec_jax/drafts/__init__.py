@@ -22,7 +22,8 @@ from specdec_jax.drafts.t5_draft import T5Draft
 REGISTRY: dict[str, Callable[..., ApproximationModel]] = {}
 
 # What the runner offers every builder; a builder declares the ones it uses.
-BUILD_ARGS = ("vocab_size", "vocab", "max_ngram", "model", "params", "corpus", "partitioner")
+BUILD_ARGS = ("vocab_size", "vocab", "max_ngram", "model", "params", "corpus", "partitioner",
+              "bridge", "target_model", "target_params")
 
 
 def register(name: str):
@@ -77,8 +78,11 @@ def build(name: str, **kwargs: Any) -> ApproximationModel:
   The runner offers ``vocab_size`` (the target's), ``vocab`` (the tokenizer),
   ``max_ngram``, ``partitioner`` (None on one device; else the mesh and
   rules the target is sharded with), and when configured ``model``/``params``
-  (a draft checkpoint, already on that mesh) and ``corpus`` (token sequences). Each builder receives only the
-  keywords its signature names (all of them if it takes ``**kwargs``).
+  (a draft checkpoint, already on that mesh), ``bridge`` (that checkpoint's
+  encoder bridge kernel, or None; ``specdec_jax.bridge``) with
+  ``target_model``/``target_params``, and ``corpus`` (token sequences). Each
+  builder receives only the keywords its signature names (all of them if it
+  takes ``**kwargs``).
   """
   if name not in REGISTRY:
     raise ValueError(f"unknown approximation model {name!r}; known: {sorted(REGISTRY)}")
@@ -92,9 +96,17 @@ def build(name: str, **kwargs: Any) -> ApproximationModel:
   return REGISTRY[name](**kw)
 
 
+def _t5_draft(model, params, partitioner, bridge, target_model, target_params) -> T5Draft:
+  if bridge is None:
+    return T5Draft(params=params, model=model, partitioner=partitioner)
+  return T5Draft(params=params, model=model, partitioner=partitioner, bridge=bridge,
+                 target_params=target_params, target_model=target_model)
+
+
 @register("t5")
-def _t5(model, params, partitioner=None) -> T5Draft:
-  return T5Draft(params=params, model=model, partitioner=partitioner)
+def _t5(model, params, partitioner=None, bridge=None, target_model=None,
+        target_params=None) -> T5Draft:
+  return _t5_draft(model, params, partitioner, bridge, target_model, target_params)
 
 
 @register("unigram")
@@ -113,10 +125,12 @@ def _prompt_lookup(vocab_size, max_ngram=3) -> PromptLookupDraft:
 
 
 @register("lookup_t5")
-def _lookup_t5(model, params, max_ngram=3, partitioner=None) -> LookupT5Draft:
+def _lookup_t5(model, params, max_ngram=3, partitioner=None, bridge=None, target_model=None,
+               target_params=None) -> LookupT5Draft:
   # Copy only on a full max_ngram match: on the demo's validation chapters
   # shorter matches lowered α below the T5 draft's own (docs/benchmarks.md).
-  return LookupT5Draft(t5=T5Draft(params=params, model=model, partitioner=partitioner),
+  return LookupT5Draft(t5=_t5_draft(model, params, partitioner, bridge, target_model,
+                                    target_params),
                        max_ngram=max_ngram, min_ngram=max_ngram)
 
 

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specdec_jax import bridge as bridge_lib
 from specdec_jax.drafts.base import gather_positions, skip_unsure, top_probability
 from specdec_jax.models.t5 import DecoderCache, T5Model
 from specdec_jax.partitioning import Partitioner, constrain_cache
@@ -37,18 +38,28 @@ class T5Draft:
 
   With a ``partitioner`` the params are expected on its mesh and the cache is
   pinned to its layout, like the target's.
+
+  With ``bridge`` (a [d_target, d_draft] kernel, ``specdec_jax.bridge``) and
+  the target's ``target_model``/``target_params``, the draft's encoder also
+  reads the target's encoder output; only ``init`` changes.
   """
 
   params: Any
   model: T5Model = struct.field(pytree_node=False)
   partitioner: Partitioner | None = struct.field(pytree_node=False, default=None)
+  bridge: Any = None
+  target_params: Any = None
+  target_model: T5Model | None = struct.field(pytree_node=False, default=None)
 
   @property
   def vocab_size(self) -> int:
     return self.model.config.vocab_size
 
   def init(self, inputs: Array, cache_len: int) -> DecoderCache:
-    encoded = self.model.encode(self.params, inputs)
+    extra = None
+    if self.bridge is not None:
+      extra = bridge_lib.extra(self.bridge, self.target_model, self.target_params, inputs)
+    encoded = self.model.encode(self.params, inputs, extra)
     return constrain_cache(self.model.init_cache(self.params, encoded, inputs, cache_len),
                            self.partitioner, "draft cache")
 

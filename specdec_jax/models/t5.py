@@ -489,9 +489,12 @@ class T5(nn.Module):
     self.encoder = Encoder(c)
     self.decoder = Decoder(c)
 
-  def encode(self, inputs: Array) -> Array:
+  def encode(self, inputs: Array, extra: Optional[Array] = None) -> Array:
     mask = inputs != self.config.pad_id
-    return self.encoder(self.token_embedder(inputs), mask)
+    x = self.token_embedder(inputs)
+    if extra is not None:  # added to the embeddings (``specdec_jax.bridge``)
+      x = x + extra.astype(x.dtype)
+    return self.encoder(x, mask)
 
   def init_cache(self, encoded: Array, inputs: Array, cache_len: int) -> DecoderCache:
     c = self.config
@@ -506,9 +509,10 @@ class T5(nn.Module):
     x = self.token_embedder(tokens)
     return self.decoder(x, positions, cache, None, self.token_embedder.attend, write)
 
-  def __call__(self, inputs: Array, decoder_inputs: Array) -> Array:
+  def __call__(self, inputs: Array, decoder_inputs: Array,
+               encoder_extra: Optional[Array] = None) -> Array:
     """Teacher-forced logits [B, T, V] for decoder_inputs (start token first)."""
-    encoded = self.encode(inputs)
+    encoded = self.encode(inputs, encoder_extra)
     cross = self.decoder.cross_kv(encoded) + (inputs != self.config.pad_id,)
     b, t = decoder_inputs.shape
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -536,9 +540,10 @@ class T5Model:
     dummy_out = jnp.ones((1, target_len), jnp.int32)
     return self.module.init(rng, dummy_in, dummy_out)["params"]
 
-  def encode(self, params: dict, inputs: Array) -> Array:
-    """inputs [B, S] int (0 = pad) -> encoded [B, S, d]."""
-    return self.module.apply({"params": params}, inputs, method=T5.encode)
+  def encode(self, params: dict, inputs: Array, extra: Optional[Array] = None) -> Array:
+    """inputs [B, S] int (0 = pad) -> encoded [B, S, d]. ``extra`` [B, S, d]
+    is added to the input embeddings (the encoder bridge, ``specdec_jax.bridge``)."""
+    return self.module.apply({"params": params}, inputs, extra, method=T5.encode)
 
   def init_cache(self, params: dict, encoded: Array, inputs: Array,
                  cache_len: int) -> DecoderCache:
@@ -592,11 +597,13 @@ class T5Model:
         self_v=tuple(_write(c, n, positions) for c, n in zip(cache.self_v, vs)))
 
   def __call__(self, params: dict, inputs: Array, decoder_inputs: Array,
-               dropout_rng: Optional[Array] = None) -> Array:
+               dropout_rng: Optional[Array] = None,
+               encoder_extra: Optional[Array] = None) -> Array:
     """Teacher-forced logits [B, T, V]; with ``dropout_rng``, dropout at
-    ``config.dropout_rate`` (training)."""
+    ``config.dropout_rate`` (training); ``encoder_extra`` as in ``encode``."""
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else {}
-    return self.module.apply({"params": params}, inputs, decoder_inputs, rngs=rngs)
+    return self.module.apply({"params": params}, inputs, decoder_inputs, encoder_extra,
+                             rngs=rngs)
 
 
 def shift_right(targets: Array, start_id: int = 0) -> Array:

@@ -1,0 +1,87 @@
+"""The encoder bridge: a T5 draft that also reads the target's encoder output.
+
+In an encoder-decoder pair the target M_p encodes every input once, before
+decoding, and the draft M_q usually encodes it again with its own, much
+smaller encoder. What α depends on is how well M_q predicts M_p's next token
+(paper §3.3, Definition 3.1), and M_p's encoder output H_p [B, S, d_p] is the
+representation M_p itself decodes from. The bridge gives the draft that
+representation: the draft's encoder input becomes
+
+    embed_q(x) + H_p W,        W [d_p, d_q] learned,
+
+so the draft's encoder and cross-attention see both its own embeddings and the
+target's encoding. It changes only the draft's once-per-example encoder pass,
+never its decoder step, so c (§3.4, the cost of one draft step) is unchanged;
+the prefill runs M_p's encoder once more (T5Draft.init), a cost paid per
+example, not per token. W = 0 is exactly the draft without the bridge, which
+is how ``zeros`` starts a distillation from an existing draft.
+
+Exactness does not depend on it: Algorithm 1 is exact for any M_q whose
+proposals are drawn from the q it reports, and a draft that conditions on the
+input through M_p's encoder still never sees M_p's verdict on a proposal.
+
+On disk the kernel sits next to the draft's own checkpoint as
+``encoder_bridge.npz`` (``save``/``load``); a draft directory without it is
+a plain draft.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.models.t5 import T5Model
+
+Array = jax.Array
+FILENAME = "encoder_bridge.npz"
+
+
+def zeros(target: T5Model, draft: T5Model) -> Array:
+  """A bridge that adds nothing: the draft computes exactly what it did before."""
+  return jnp.zeros((target.config.d_model, draft.config.d_model), jnp.float32)
+
+
+def extra(kernel: Array, target: T5Model, target_params: Any, inputs: Array) -> Array:
+  """H_p W [B, S, d_q]: the target's encoder output mapped to the draft's width.
+
+  No gradient flows into the target (it is fixed while the draft learns)."""
+  h = jax.lax.stop_gradient(target.encode(target_params, inputs))
+  return jnp.einsum("bsd,de->bse", h.astype(jnp.float32), kernel)
+
+
+def check(kernel: Any, target: T5Model, draft: T5Model, source: str) -> None:
+  """The kernel must map the target's d_model to the draft's."""
+  want = (target.config.d_model, draft.config.d_model)
+  if tuple(np.shape(kernel)) != want:
+    raise ValueError(f"{source}: encoder bridge kernel has shape {tuple(np.shape(kernel))}; "
+                     f"this target (d_model {want[0]}) and draft (d_model {want[1]}) need "
+                     f"{want}: was the draft distilled toward another target?")
+
+
+def save(directory: str, kernel: Any) -> None:
+  """Writes ``directory/encoder_bridge.npz`` (float32)."""
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, FILENAME)
+  tmp = path + ".tmp.npz"
+  np.savez(tmp, kernel=np.asarray(jax.device_get(kernel), np.float32))
+  os.replace(tmp, path)
+
+
+def load(directory: str) -> Optional[np.ndarray]:
+  """The bridge kernel stored with a draft checkpoint, or None if it has none."""
+  path = os.path.join(directory, FILENAME)
+  if not os.path.isfile(path):
+    return None
+  try:
+    with np.load(path) as f:
+      kernel = np.asarray(f["kernel"], np.float32)
+  except Exception as e:  # a torn or foreign file: say which
+    raise ValueError(f"{path}: not a readable encoder bridge ({type(e).__name__}: {e})") from e
+  if kernel.ndim != 2 or not np.all(np.isfinite(kernel)):
+    raise ValueError(f"{path}: encoder bridge kernel must be a finite 2-D array, got shape "
+                     f"{kernel.shape}")
+  return kernel
