@@ -12,8 +12,8 @@ representation: the draft's encoder input becomes
 so the draft's encoder and cross-attention see both its own embeddings and the
 target's encoding. It changes only the draft's once-per-example encoder pass,
 never its decoder step, so c (§3.4, the cost of one draft step) is unchanged;
-the prefill runs M_p's encoder once more (T5Draft.init), a cost paid per
-example, not per token. W = 0 is exactly the draft without the bridge, which
+inside the engine the draft reuses the H_p the target's prefill computed
+(``init_with_target``), so the prefill adds one [S, d_p] x [d_p, d_q] product. W = 0 is exactly the draft without the bridge, which
 is how ``zeros`` starts a distillation from an existing draft.
 
 Exactness does not depend on it: Algorithm 1 is exact for any M_q whose
@@ -45,12 +45,18 @@ def zeros(target: T5Model, draft: T5Model) -> Array:
   return jnp.zeros((target.config.d_model, draft.config.d_model), jnp.float32)
 
 
-def extra(kernel: Array, target: T5Model, target_params: Any, inputs: Array) -> Array:
-  """H_p W [B, S, d_q]: the target's encoder output mapped to the draft's width.
+def project(kernel: Array, target_encoded: Array) -> Array:
+  """H_p W [B, S, d_q]: the target's encoder output [B, S, d_p] mapped to the
+  draft's width (what ``T5Model.encode`` adds to the draft's embeddings).
 
   No gradient flows into the target (it is fixed while the draft learns)."""
-  h = jax.lax.stop_gradient(target.encode(target_params, inputs))
-  return jnp.einsum("bsd,de->bse", h.astype(jnp.float32), kernel)
+  h = jax.lax.stop_gradient(target_encoded).astype(jnp.float32)
+  return jnp.einsum("bsd,de->bse", h, kernel)
+
+
+def extra(kernel: Array, target: T5Model, target_params: Any, inputs: Array) -> Array:
+  """``project`` of the target's encoder output for ``inputs`` [B, S]."""
+  return project(kernel, target.encode(target_params, inputs))
 
 
 def check(kernel: Any, target: T5Model, draft: T5Model, source: str) -> None:

@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec_jax.drafts.base import ApproximationModel, adaptive_proposal, gather_positions
+from specdec_jax.drafts.base import (ApproximationModel, adaptive_proposal, gather_positions,
+                                     init_draft)
 from specdec_jax.models.t5 import DecoderCache, T5Model
 from specdec_jax.partitioning import Partitioner, constrain_batch, constrain_cache
 from specdec_jax.sampling import SamplingConfig, sample, standardize
@@ -380,7 +381,7 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
       seq=seq, length=length, done=done,
       target_cache=constrain_cache(target.init_cache(target_params, encoded, inputs, cache_len),
                                    partitioner, "target cache"),
-      draft_state=draft.init(inputs, cache_len), key=key,
+      draft_state=init_draft(draft, inputs, cache_len, encoded), key=key,
       stats=SpecStats.zeros(b, gamma), gamma_row=gamma_row)
   offsets = jnp.arange(gamma + 1, dtype=jnp.int32)[None]
   idx = offsets[:, :gamma] + 1                                         # 1..γ

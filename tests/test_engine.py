@@ -116,6 +116,10 @@ def test_bridged_draft_identical_to_baseline(tiny_target, tiny_draft, greedy_cas
   proposals = [d.propose(d.init(INPUTS, MAX_LEN + 4), seq, length, 3, greedy, KEY)[1]
                for d in (plain, bridged)]
   assert float(jnp.max(jnp.abs(proposals[0] - proposals[1]))) > 0.5
+  # The engine hands the draft the target's encoder output (no second encode).
+  alone = bridged.init(INPUTS, MAX_LEN + 4)
+  given = bridged.init_with_target(INPUTS, MAX_LEN + 4, model.encode(params, INPUTS))
+  np.testing.assert_allclose(alone.cross_k[0], given.cross_k[0], rtol=1e-6, atol=1e-6)
 
 
 def test_draft_equal_to_target_accepts_everything(tiny_target, greedy_case):

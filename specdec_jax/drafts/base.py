@@ -18,6 +18,13 @@ leaves, configuration as static fields) with three pure methods:
   the model's business (the T5 draft needs nothing: its cache is indexed by
   position and a query only reads positions before it).
 
+Optionally, to reuse the target's prefill:
+
+* ``init_with_target(inputs, cache_len, target_encoded) -> state``: ``init``
+  given the target's encoder output [B, S, d_target] for ``inputs``, which the
+  engine computes anyway (``init_draft``); a draft that conditions on it (the
+  encoder bridge, ``specdec_jax.bridge``) then need not encode twice.
+
 Optionally, for adaptive draft lengths (``decoding.AdaptiveConfig``):
 
 * ``propose_adaptive(state, seq, length, gamma, sampling, key, limit,
@@ -77,6 +84,14 @@ class ApproximationModel(Protocol):
 
   def commit(self, state: Any, seq: Array, length: Array) -> Any:
     ...
+
+
+def init_draft(draft: Any, inputs: Array, cache_len: int, target_encoded: Array) -> Any:
+  """``draft.init_with_target`` if the draft has it, else ``draft.init``."""
+  method = getattr(draft, "init_with_target", None)
+  if method is not None:
+    return method(inputs, cache_len, target_encoded)
+  return draft.init(inputs, cache_len)
 
 
 def gather_positions(seq: Array, positions: Array) -> Array:

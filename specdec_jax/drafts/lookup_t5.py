@@ -55,6 +55,10 @@ class LookupT5Draft:
   def init(self, inputs: Array, cache_len: int) -> LookupT5State:
     return LookupT5State(inputs, self.t5.init(inputs, cache_len))
 
+  def init_with_target(self, inputs: Array, cache_len: int,
+                       target_encoded: Array | None) -> LookupT5State:
+    return LookupT5State(inputs, self.t5.init_with_target(inputs, cache_len, target_encoded))
+
   def copy_plan(self, state: LookupT5State, seq: Array, length: Array,
                 gamma: int) -> tuple[Array, Array]:
     """(tokens [B, γ], copy [B, γ] bool): which leading positions copy, and what."""

@@ -56,9 +56,20 @@ class T5Draft:
     return self.model.config.vocab_size
 
   def init(self, inputs: Array, cache_len: int) -> DecoderCache:
+    target_encoded = None
+    if self.bridge is not None:
+      target_encoded = self.target_model.encode(self.target_params, inputs)
+    return self.init_with_target(inputs, cache_len, target_encoded)
+
+  def init_with_target(self, inputs: Array, cache_len: int,
+                       target_encoded: Array | None) -> DecoderCache:
+    """``init`` given the target's encoder output for ``inputs`` (the engine's
+    prefill has it), so a bridged draft does not encode with the target again."""
     extra = None
     if self.bridge is not None:
-      extra = bridge_lib.extra(self.bridge, self.target_model, self.target_params, inputs)
+      if target_encoded is None:
+        target_encoded = self.target_model.encode(self.target_params, inputs)
+      extra = bridge_lib.project(self.bridge, target_encoded)
     encoded = self.model.encode(self.params, inputs, extra)
     return constrain_cache(self.model.init_cache(self.params, encoded, inputs, cache_len),
                            self.partitioner, "draft cache")
