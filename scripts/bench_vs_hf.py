@@ -68,7 +68,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec_jax import checkpoints, data, demo  # noqa: E402
+from specdec_jax import bridge, checkpoints, data, demo  # noqa: E402
 from specdec_jax.decoding import speculative_decode, temperature_sample  # noqa: E402
 from specdec_jax.drafts import T5Draft  # noqa: E402
 from specdec_jax.models.t5 import T5Config, T5Model  # noqa: E402
@@ -207,6 +207,10 @@ def load_ours(target_path: str, draft_path: str) -> tuple[Ours, Any, T5Config, A
   dp, dcfg = checkpoints.load_checkpoint(draft_path)
   if tcfg.vocab_size != dcfg.vocab_size:
     raise ValueError(f"target vocab {tcfg.vocab_size} != draft vocab {dcfg.vocab_size}")
+  if os.path.isdir(draft_path) and bridge.load(draft_path) is not None:
+    raise ValueError(f"{draft_path} has an encoder bridge ({bridge.FILENAME}), which Hugging "
+                     "Face's assisted generation cannot use; compare on the same weights with "
+                     "a plain draft")
   ours = Ours(T5Model(tcfg), tp, T5Draft(params=dp, model=T5Model(dcfg)))
   return ours, tp, tcfg, dp, dcfg
 

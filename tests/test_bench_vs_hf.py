@@ -127,3 +127,17 @@ def test_bench_setting_temp0_all_identical(setup):
   assert len(rows) == len(bvh.METHODS)
   n = s.compared
   assert any(f"identical outputs: {n}/{n}" in line for line in bvh.summary_lines([s]))
+
+
+def test_refuses_a_bridged_draft(tiny_target, tiny_draft, tmp_path):
+  """A draft with an encoder bridge has no Hugging Face equivalent: comparing
+  it without the bridge would not be the same weights, so it is refused."""
+  from specdec_jax import bridge
+  from specdec_jax.checkpoints import save_checkpoint
+  (tmodel, tparams), (dmodel, dparams) = tiny_target, tiny_draft
+  save_checkpoint(str(tmp_path / "target"), tparams, tmodel.config)
+  save_checkpoint(str(tmp_path / "draft"), dparams, dmodel.config)
+  bvh.load_ours(str(tmp_path / "target"), str(tmp_path / "draft"))  # plain: fine
+  bridge.save(str(tmp_path / "draft"), np.zeros((32, 32), np.float32))
+  with pytest.raises(ValueError, match="encoder bridge"):
+    bvh.load_ours(str(tmp_path / "target"), str(tmp_path / "draft"))
