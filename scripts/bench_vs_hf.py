@@ -470,7 +470,7 @@ def machine_line() -> str:
 def main(argv: Optional[Sequence[str]] = None) -> None:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  demo.add_pair_arguments(p)
+  demo.add_pair_arguments(p, draft=demo.PLAIN_DRAFT)  # HF cannot run an encoder bridge
   p.add_argument("--prefix", default="modernize: ")
   p.add_argument("--num_examples", type=int, default=20, help="timed examples")
   p.add_argument("--num_warmup", type=int, default=2, help="untimed examples first")
