@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from specdec_jax import bridge, training
 from specdec_jax.decoding import temperature_sample
@@ -524,19 +525,21 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
       opt_cfg, os.path.join(job.workdir, "train"), evaluate=evaluate,
       eval_every=job.eval_every, max_minutes=job.max_minutes, name="distill", log_fn=log_fn,
       seed=job.seed, optimizer=optimizer)
-  # A log left by an earlier run must not describe the params written next, if
-  # this run dies between the two writes.
-  log_path = os.path.join(job.output_dir, "distill_log.json")
-  if os.path.exists(log_path):
-    os.remove(log_path)
+  # What an earlier export left must not describe the params written next if
+  # this run dies midway: its log and bridge go first, and the bridge is
+  # written before the params because ``save_checkpoint`` writes config.json
+  # last (until then the directory does not load at all, so new params never
+  # load beside an old bridge or without their own).
+  for name in ("distill_log.json", bridge.FILENAME, "config.json"):
+    path = os.path.join(job.output_dir, name)
+    if os.path.exists(path):
+      os.remove(path)
+  if bridged:
+    bridge.save(job.output_dir, result.params["bridge"])
   out_params = result.params["draft"] if bridged else result.params
   checkpoints.save_checkpoint(job.output_dir, out_params, draft.config, dtype="bfloat16",
                               overwrite=True)
-  stale = os.path.join(job.output_dir, bridge.FILENAME)
-  if bridged:
-    bridge.save(job.output_dir, result.params["bridge"])
-  elif os.path.exists(stale):  # left by an earlier bridged run into this directory
-    os.remove(stale)
+  log_path = os.path.join(job.output_dir, "distill_log.json")
   summary.update(steps=result.steps, wall_s=result.wall_s, log=result.log,
                  job=dataclasses.asdict(job))
   if evaluate is not None:
@@ -551,7 +554,6 @@ def _bridged_optimizer(cfg: training.OptimizerConfig, bridge_lr: float):
   """``cfg``'s optimizer for the draft, Adam on the bridge kernel (same warmup
   and cosine shape, peak ``bridge_lr``): a zero-initialized tensor has no
   scale for Adafactor's parameter-relative steps to follow."""
-  import optax
   adam_cfg = dataclasses.replace(cfg, name="adamw", peak_lr=bridge_lr, weight_decay=0.0)
   labels = lambda params: {"draft": jax.tree.map(lambda _: "draft", params["draft"]),
                            "bridge": "bridge"}

@@ -58,7 +58,8 @@ from flax import struct
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import speculative as speculative_lib
 from specdec_jax.decoding import AdaptiveConfig, speculative_decode, temperature_sample
-from specdec_jax.drafts.base import ApproximationModel, adaptive_proposal, gather_positions
+from specdec_jax.drafts.base import (ApproximationModel, adaptive_proposal, gather_positions,
+                                     init_draft)
 from specdec_jax.models.t5 import T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.speculative import speculative_sampling
@@ -179,8 +180,9 @@ def _chain_loop(target: T5Model, params, draft: ApproximationModel, tcache, dsta
 @functools.partial(jax.jit, static_argnames=("target", "cache_len"))
 def _prefill(target: T5Model, params, draft: ApproximationModel, inputs, cache_len: int):
   """What speculative_decode does before its loop: both encoders, caches."""
-  cache = target.init_cache(params, target.encode(params, inputs), inputs, cache_len)
-  return cache, draft.init(inputs, cache_len)
+  encoded = target.encode(params, inputs)
+  cache = target.init_cache(params, encoded, inputs, cache_len)
+  return cache, init_draft(draft, inputs, cache_len, encoded)
 
 
 @functools.partial(jax.jit, static_argnames=("target", "gamma", "sampling"))

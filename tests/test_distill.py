@@ -177,6 +177,30 @@ def test_smoke_job_with_an_encoder_bridge(tmp_path):
   assert bridge.load(str(tmp_path / "plain" / "distilled")) is None
 
 
+def test_interrupted_export_leaves_nothing_that_loads(tmp_path, monkeypatch):
+  """An export that dies while writing the params must leave neither the old
+  log nor a loadable mix of old params and new bridge: the directory then
+  does not load at all."""
+  from specdec_jax import bridge, checkpoints
+  distill.smoke_job(str(tmp_path), log_fn=lambda m: None, encoder_bridge=True)
+  out = tmp_path / "distilled"
+  assert (out / bridge.FILENAME).exists() and (out / "distill_log.json").exists()
+
+  save = checkpoints.save_checkpoint
+
+  def dies(directory, *args, **kwargs):  # only the export; smoke_job saves its models too
+    if os.path.basename(directory) == "distilled":
+      raise KeyboardInterrupt
+    return save(directory, *args, **kwargs)
+
+  monkeypatch.setattr(checkpoints, "save_checkpoint", dies)
+  with pytest.raises(KeyboardInterrupt):  # the same job again (resumed: straight to export)
+    distill.smoke_job(str(tmp_path), log_fn=lambda m: None, encoder_bridge=True)
+  assert not (out / "distill_log.json").exists()
+  with pytest.raises(checkpoints.CheckpointError, match="cannot detect"):
+    checkpoints.load_checkpoint(str(out))
+
+
 def test_evaluate_report_scores_and_agreement(tiny_target, tiny_draft):
   """evaluate_models: with the target's own greedy outputs as references, the
   target scores BLEU = chrF = 100 and its draft less; agreement and step-cost

@@ -96,17 +96,11 @@ def build(name: str, **kwargs: Any) -> ApproximationModel:
   return REGISTRY[name](**kw)
 
 
-def _t5_draft(model, params, partitioner, bridge, target_model, target_params) -> T5Draft:
-  if bridge is None:
-    return T5Draft(params=params, model=model, partitioner=partitioner)
-  return T5Draft(params=params, model=model, partitioner=partitioner, bridge=bridge,
-                 target_params=target_params, target_model=target_model)
-
-
 @register("t5")
 def _t5(model, params, partitioner=None, bridge=None, target_model=None,
         target_params=None) -> T5Draft:
-  return _t5_draft(model, params, partitioner, bridge, target_model, target_params)
+  return T5Draft(params=params, model=model, partitioner=partitioner, bridge=bridge,
+                 target_params=target_params, target_model=target_model)
 
 
 @register("unigram")
@@ -129,8 +123,7 @@ def _lookup_t5(model, params, max_ngram=3, partitioner=None, bridge=None, target
                target_params=None) -> LookupT5Draft:
   # Copy only on a full max_ngram match: on the demo's validation chapters
   # shorter matches lowered α below the T5 draft's own (docs/benchmarks.md).
-  return LookupT5Draft(t5=_t5_draft(model, params, partitioner, bridge, target_model,
-                                    target_params),
+  return LookupT5Draft(t5=_t5(model, params, partitioner, bridge, target_model, target_params),
                        max_ngram=max_ngram, min_ngram=max_ngram)
 
 

@@ -56,15 +56,13 @@ class T5Draft:
     return self.model.config.vocab_size
 
   def init(self, inputs: Array, cache_len: int) -> DecoderCache:
-    target_encoded = None
-    if self.bridge is not None:
-      target_encoded = self.target_model.encode(self.target_params, inputs)
-    return self.init_with_target(inputs, cache_len, target_encoded)
+    return self.init_with_target(inputs, cache_len, None)
 
   def init_with_target(self, inputs: Array, cache_len: int,
                        target_encoded: Array | None) -> DecoderCache:
     """``init`` given the target's encoder output for ``inputs`` (the engine's
-    prefill has it), so a bridged draft does not encode with the target again."""
+    prefill has it), so a bridged draft does not encode with the target again;
+    None: encode here if the bridge needs it."""
     extra = None
     if self.bridge is not None:
       if target_encoded is None:
