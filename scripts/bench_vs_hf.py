@@ -207,10 +207,11 @@ def load_ours(target_path: str, draft_path: str) -> tuple[Ours, Any, T5Config, A
   dp, dcfg = checkpoints.load_checkpoint(draft_path)
   if tcfg.vocab_size != dcfg.vocab_size:
     raise ValueError(f"target vocab {tcfg.vocab_size} != draft vocab {dcfg.vocab_size}")
-  if os.path.isdir(draft_path) and bridge.load(draft_path) is not None:
-    raise ValueError(f"{draft_path} has an encoder bridge ({bridge.FILENAME}), which Hugging "
-                     "Face's assisted generation cannot use; compare on the same weights with "
-                     "a plain draft")
+  found = bridge.bridges_in(draft_path) if os.path.isdir(draft_path) else []
+  if found:
+    raise ValueError(f"{draft_path} has a bridge to the target ({', '.join(found)}), which "
+                     "Hugging Face's assisted generation cannot use; compare on the same "
+                     "weights with a plain draft")
   ours = Ours(T5Model(tcfg), tp, T5Draft(params=dp, model=T5Model(dcfg)))
   return ours, tp, tcfg, dp, dcfg
 

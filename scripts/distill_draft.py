@@ -30,7 +30,7 @@ for _name in ("prefix", "target_preset", "draft_preset", "tfds_data_dir", "eval_
   flags.DEFINE_string(_name, None, f"DistillJob.{_name}")
 for _name in ("vocab_extra_ids", "max_input_len", "max_decode_len", "generate_batch_size",
               "steps", "batch_tokens", "eval_every", "seed", "grow_encoder_layers",
-              "grow_decoder_layers"):
+              "grow_decoder_layers", "feature_staleness"):
   flags.DEFINE_integer(_name, getattr(_DEFAULTS, _name), f"DistillJob.{_name}")
 flags.DEFINE_integer("max_examples", None, "training inputs to use (default: all)")
 flags.DEFINE_integer("eval_max_examples", 500, "held-out pairs for the agreement log")
@@ -41,6 +41,9 @@ flags.DEFINE_float("max_minutes", None, "wall-clock cap on the training phase")
 flags.DEFINE_list("modes", list(_DEFAULTS.modes), "target outputs to learn: greedy,sample")
 flags.DEFINE_bool("encoder_bridge", False, "DistillJob.encoder_bridge: the draft also reads "
                   "the target's encoder output (specdec_jax.bridge)")
+flags.DEFINE_bool("feature_bridge", False, "DistillJob.feature_bridge: the draft also reads "
+                  "the target's decoder states of the committed prefix "
+                  "(specdec_jax.feature_bridge)")
 flags.DEFINE_bool("resume", False, "continue a run in an existing workdir/output_dir")
 flags.DEFINE_bool("smoke", False, "random micro models, a few steps, all under --workdir")
 
@@ -49,7 +52,8 @@ def main(argv) -> None:
   del argv
   if FLAGS.smoke:
     summary = distill.smoke_job(FLAGS.workdir or "runs/distill_smoke",
-                                encoder_bridge=FLAGS.encoder_bridge)
+                                encoder_bridge=FLAGS.encoder_bridge,
+                                feature_bridge=FLAGS.feature_bridge)
   else:
     kw = {f: getattr(FLAGS, f) for f in distill.DistillJob.__dataclass_fields__
           if f in FLAGS and f != "modes"}

@@ -166,9 +166,9 @@ def report(args, names: list[str], sp: spm.SentencePieceProcessor) -> dict:
   models = {}
   from specdec_jax import bridge
   for n in names:
-    if bridge.load(os.path.join(args.export_dir, n)) is not None:
-      raise ValueError(f"{os.path.join(args.export_dir, n)} has an encoder bridge, which the "
-                       "report does not run; measure its α with scripts/demo_alpha_table.sh")
+    if bridge.bridges_in(os.path.join(args.export_dir, n)):
+      raise ValueError(f"{os.path.join(args.export_dir, n)} has a bridge to the target, which "
+                       "the report does not run; measure its α with scripts/demo_alpha_table.sh")
     params, cfg = load_checkpoint(os.path.join(args.export_dir, n))
     models[n] = (T5Model(cfg), params)
   rows = read_tsv(os.path.join(args.data_dir, "test.tsv"))

@@ -91,3 +91,11 @@ def load(directory: str) -> Optional[np.ndarray]:
     raise ValueError(f"{path}: encoder bridge kernel must be a finite 2-D array, got shape "
                      f"{kernel.shape}")
   return kernel
+
+
+def bridges_in(directory: str) -> list[str]:
+  """The bridge files a draft checkpoint directory holds (this module's and
+  ``feature_bridge``'s): a draft that has any needs the target to run."""
+  from specdec_jax import feature_bridge
+  return [name for name in (FILENAME, feature_bridge.FILENAME)
+          if os.path.isfile(os.path.join(directory, name))]

@@ -385,37 +385,48 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
       stats=SpecStats.zeros(b, gamma), gamma_row=gamma_row)
   offsets = jnp.arange(gamma + 1, dtype=jnp.int32)[None]
   idx = offsets[:, :gamma] + 1                                         # 1..γ
+  # A draft that reads the target's decoder states (``feature_bridge``) gets
+  # each pass's, padded to γ+1 positions, through ``commit_with_target``.
+  states_wanted = bool(getattr(draft, "wants_target_states", False))
 
   def verify(k: int, seq: Array, n: Array, xs: Array, q: Array, cache: DecoderCache,
              key: Array, proposed: Array | None = None, write: bool = True
-             ) -> tuple[KernelOutput, Any]:
+             ) -> tuple[KernelOutput, Any, Any]:
     """ONE target pass over [y_{n-1}, x_1..x_k] at positions n..n+k -> p_1..p_{k+1};
     Algorithm 1 on x_1..x_k. With ``proposed`` [B] (<= k), row b's positions
     past proposed[b] count as not proposed; outputs are padded to γ. With
     ``write=False``, in place of the updated cache come the new cache rows
     padded to γ+1 with their positions (-1: padding) for
     ``T5Model.write_rows`` after a ``lax.switch``: a branch that wrote the
-    cache would copy all of it (docs/benchmarks.md, "adaptive rounds")."""
+    cache would copy all of it (docs/benchmarks.md, "adaptive rounds"). The
+    third result is (the target's final decoder states [B, γ+1, d], their
+    positions [B, γ+1], -1: padding) if the draft wants them, else None."""
     pos = n[:, None] + offsets[:, :k + 1]
+    tokens = gather_positions(seq, pos)
     if write:
-      logits, new_cache = target.decode(target_params, gather_positions(seq, pos), pos, cache)
+      res = target.decode(target_params, tokens, pos, cache, return_hidden=states_wanted)
+      logits, new_cache = res[:2]
     else:
-      logits, rows = target.decode_rows(target_params, gather_positions(seq, pos), pos, cache)
-      new_cache = T5Model.pad_rows(rows, pos, gamma + 1)
+      res = target.decode_rows(target_params, tokens, pos, cache, return_hidden=states_wanted)
+      logits, new_cache = res[0], T5Model.pad_rows(res[1], pos, gamma + 1)
+    feats = None
+    if states_wanted:
+      feats = (jnp.pad(res[2], ((0, 0), (0, gamma - k), (0, 0))),
+               jnp.pad(pos, ((0, 0), (0, gamma - k)), constant_values=-1))
     p = standardize(logits, sampling)
     if k == 0:  # every live row skipped: a plain target step, y ~ p_1
       zeros = jnp.zeros((b, gamma))
       return KernelOutput(num_accepted=jnp.zeros((b,), jnp.int32),
                           next_token=sample(key, p[:, 0], sampling),
-                          accepted=zeros.astype(bool), min_pq=zeros), new_cache
+                          accepted=zeros.astype(bool), min_pq=zeros), new_cache, feats
     p_raw = jax.nn.softmax(logits[:, :k]) if (sampling.greedy and lenience < 1) else None
     out = speculative_sampling(key, xs[:, :k], q[:, :k], p, lenience, sampling.greedy, p_raw)
     if proposed is None:
-      return out, new_cache
+      return out, new_cache, feats
     out = cap_proposals(jax.random.fold_in(key, 1), out, p, proposed, sampling)
     pad = ((0, 0), (0, gamma - k))
     out = out._replace(accepted=jnp.pad(out.accepted, pad), min_pq=jnp.pad(out.min_pq, pad))
-    return out, new_cache
+    return out, new_cache, feats
 
   def body(s: _SpecState) -> _SpecState:
     key, k_draft, k_kernel = jax.random.split(s.key, 3)
@@ -435,16 +446,17 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
     # committed prefix, and done rows are never read again.
     seq = s.seq.at[rows, n[:, None] + offsets[:, 1:]].set(xs)
     if adaptive is None:
-      out, target_cache = verify(gamma, seq, n, xs, q, s.target_cache, k_kernel)
+      out, target_cache, feats = verify(gamma, seq, n, xs, q, s.target_cache, k_kernel)
       proposed, steps, width = jnp.full((b,), gamma, jnp.int32), gamma, gamma
     else:
       # The narrowest compiled width covering every live row's proposal.
       widths_arr = jnp.asarray(widths, jnp.int32)
       branch = jnp.sum(widths_arr < jnp.max(proposed))
       if len(widths) == 1:
-        out, target_cache = verify(widths[0], seq, n, xs, q, s.target_cache, k_kernel, proposed)
+        out, target_cache, feats = verify(widths[0], seq, n, xs, q, s.target_cache, k_kernel,
+                                          proposed)
       else:
-        out, (rows, row_pos) = jax.lax.switch(
+        out, (rows, row_pos), feats = jax.lax.switch(
             branch, [functools.partial(verify, k, write=False) for k in widths], seq, n, xs,
             q, s.target_cache, k_kernel, proposed)
         target_cache = target.write_rows(s.target_cache, rows, row_pos)
@@ -459,7 +471,10 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
     count = jnp.minimum(first_eos, max_decode_len - n)
     length = jnp.where(live, n + count, n)
     done = s.done | (live & (jnp.any(is_eos, 1) | (length >= max_decode_len)))
-    draft_state = draft.commit(draft_state, seq, length)
+    if states_wanted:
+      draft_state = draft.commit_with_target(draft_state, seq, length, *feats)
+    else:
+      draft_state = draft.commit(draft_state, seq, length)
 
     # Statistics over positions whose verdict produced committed tokens (a
     # position past a row's proposals was never evaluated).

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec_jax import bridge, training
+from specdec_jax import bridge, feature_bridge, training
 from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig
@@ -244,18 +244,37 @@ def _on_policy(draft: T5Model, params, inputs, targets, key, fraction: float):
 
 def draft_forward(draft: T5Model, target: T5Model, target_params: Any,
                   bridged: bool) -> Callable:
-  """forward(params, inputs, decoder_inputs) -> the draft's teacher-forced logits.
+  """forward(params, inputs, decoder_inputs, target_hidden=None, key=None) ->
+  the draft's teacher-forced logits.
 
-  Plain: ``params`` is the draft's tree. ``bridged``: ``{'draft': tree,
-  'bridge': kernel}``, the draft reading the target's encoder output through
-  the bridge (``specdec_jax.bridge``)."""
+  Plain: ``params`` is the draft's tree. ``bridged``: ``{'draft': tree}`` plus
+  ``'bridge'`` (a kernel: the draft reads the target's encoder output,
+  ``specdec_jax.bridge``) and/or ``'feature'`` (the draft reads the target's
+  decoder states ``target_hidden`` [B, T, d_p] along the same sequence, at
+  staleness drawn with ``key``, ``specdec_jax.feature_bridge``)."""
   if not bridged:
-    return draft
+    return lambda params, inputs, dec_in, target_hidden=None, key=None: draft(
+        params, inputs, dec_in)
 
-  def forward(params, inputs, dec_in):
-    extra = bridge.extra(params["bridge"], target, target_params, inputs)
-    return draft(params["draft"], inputs, dec_in, encoder_extra=extra)
+  def forward(params, inputs, dec_in, target_hidden=None, key=None):
+    enc_extra = dec_extra = None
+    if "bridge" in params:
+      enc_extra = bridge.extra(params["bridge"], target, target_params, inputs)
+    if "feature" in params:
+      dec_extra = feature_bridge.teacher_forced_extra(params["feature"], target_hidden, key)
+    return draft(params["draft"], inputs, dec_in, encoder_extra=enc_extra,
+                 decoder_extra=dec_extra)
   return forward
+
+
+def _target_pass(target: T5Model, target_params: Any, inputs: jax.Array, dec_in: jax.Array,
+                 hidden: bool) -> tuple[jax.Array, Optional[jax.Array]]:
+  """The target's teacher-forced logits and, if ``hidden``, its decoder states
+  (one pass for both; no gradient)."""
+  if hidden:
+    logits, h = target(target_params, inputs, dec_in, return_hidden=True)
+    return jax.lax.stop_gradient(logits), jax.lax.stop_gradient(h)
+  return jax.lax.stop_gradient(target(target_params, inputs, dec_in)), None
 
 
 def distill_loss(draft: T5Model, target: T5Model, target_params: Any,
@@ -265,8 +284,8 @@ def distill_loss(draft: T5Model, target: T5Model, target_params: Any,
   of ce_weight·CE + divergence(p, q). ``bridged``: params as in ``draft_forward``."""
   pad, start = draft.config.pad_id, draft.config.decoder_start_id
   if bridged and cfg.on_policy_fraction > 0:
-    raise ValueError("on_policy_fraction > 0 is not supported with an encoder bridge "
-                     "(the on-policy sampler runs the draft without it)")
+    raise ValueError("on_policy_fraction > 0 is not supported with a bridged draft "
+                     "(the on-policy sampler runs the draft without its bridges)")
   forward = draft_forward(draft, target, target_params, bridged)
 
   def loss_fn(params, batch):
@@ -277,12 +296,15 @@ def distill_loss(draft: T5Model, target: T5Model, target_params: Any,
     dec_in = shift_right(targets, start)
     mask = (targets != pad).astype(jnp.float32)
     n = jnp.maximum(jnp.sum(mask), 1.0)
-    q_logits = forward(params, inputs, dec_in)
+    features = bridged and "feature" in params
+    p_logits = hidden = None
+    if cfg.divergence != "none" or features:
+      p_logits, hidden = _target_pass(target, target_params, inputs, dec_in, features)
+    q_logits = forward(params, inputs, dec_in, hidden, jax.random.fold_in(batch["step_key"], 7))
     ce = -jnp.take_along_axis(jax.nn.log_softmax(q_logits), targets[..., None], -1)[..., 0]
     metrics = {"ce": jnp.sum(ce * mask) / n}
     loss = cfg.ce_weight * metrics["ce"]
     if cfg.divergence != "none":
-      p_logits = jax.lax.stop_gradient(target(target_params, inputs, dec_in))
       div = token_divergence(p_logits, q_logits, cfg.divergence, cfg.temperature)
       metrics[cfg.divergence] = jnp.sum(div * mask) / n
       loss = loss + metrics[cfg.divergence]
@@ -299,8 +321,12 @@ def _agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targets,
   """Summed greedy matches, Σ min(p, q) and non-pad count over one batch (jitted
   once per model pair and shape, so repeated evaluations during training reuse it)."""
   dec_in = shift_right(targets, draft.config.decoder_start_id)
-  lp = jax.nn.log_softmax(target(tp, inputs, dec_in))
-  lq = jax.nn.log_softmax(draft_forward(draft, target, tp, bridged)(dp, inputs, dec_in))
+  # A feature-bridged draft reads target states at staleness drawn from a
+  # fixed key: every evaluation sees the same mix.
+  logits, hidden = _target_pass(target, tp, inputs, dec_in, bridged and "feature" in dp)
+  lp = jax.nn.log_softmax(logits)
+  lq = jax.nn.log_softmax(draft_forward(draft, target, tp, bridged)(
+      dp, inputs, dec_in, hidden, jax.random.PRNGKey(0)))
   mask = (targets != draft.config.pad_id).astype(jnp.float32)
   greedy = (jnp.argmax(lp, -1) == jnp.argmax(lq, -1)).astype(jnp.float32)
   overlap = jnp.sum(jnp.minimum(jnp.exp(lp), jnp.exp(lq)), -1)
@@ -370,6 +396,12 @@ class DistillJob:
   # zero tensor); a draft that already has one continues it.
   encoder_bridge: bool = False
   bridge_learning_rate: float = 1e-3
+  # Give the draft the target's decoder states of the committed prefix
+  # (``specdec_jax.feature_bridge``), at staleness 0..feature_staleness-1 (set
+  # it to the γ the draft will run at); zero-initialized and trained with Adam
+  # like the encoder bridge. A draft that has one continues it.
+  feature_bridge: bool = False
+  feature_staleness: int = 4
   optimizer: str = "adafactor"
   learning_rate: float = 3e-3
   steps: int = 2000
@@ -382,9 +414,11 @@ class DistillJob:
   def validate(self) -> None:
     """Checks that need no loading; fail before any work."""
     DistillConfig(self.divergence, self.ce_weight, 1.0, self.on_policy_fraction)
-    if self.encoder_bridge and self.on_policy_fraction > 0:
-      raise ValueError("encoder_bridge with on_policy_fraction > 0 is not supported (the "
-                       "on-policy sampler runs the draft without the bridge)")
+    if (self.encoder_bridge or self.feature_bridge) and self.on_policy_fraction > 0:
+      raise ValueError("encoder_bridge or feature_bridge with on_policy_fraction > 0 is not "
+                       "supported (the on-policy sampler runs the draft without its bridges)")
+    if self.feature_staleness < 1:
+      raise ValueError(f"feature_staleness must be >= 1, got {self.feature_staleness}")
     if not self.bridge_learning_rate > 0:
       raise ValueError(f"bridge_learning_rate must be > 0, got {self.bridge_learning_rate}")
     for m in self.modes:
@@ -460,16 +494,27 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
     draft = T5Model(grown_cfg)
     log_fn(f"draft grown to {grown_cfg.num_encoder_layers} encoder / "
            f"{grown_cfg.num_decoder_layers} decoder layers (new layers start as the identity)")
-  bridged = job.encoder_bridge or kernel is not None
+  features = feature_bridge.load(job.draft_checkpoint) if os.path.isdir(
+      job.draft_checkpoint) else None
+  bridged = job.encoder_bridge or kernel is not None or job.feature_bridge or features is not None
   if bridged:
-    if kernel is None:
+    if job.on_policy_fraction > 0:
+      raise ValueError(f"{job.draft_checkpoint} has a bridge; on_policy_fraction > 0 "
+                       "is not supported with one")
+    wrapped = {"draft": draft_params}
+    if job.encoder_bridge and kernel is None:
       kernel = bridge.zeros(target, draft)
       log_fn("encoder bridge added (zero: the draft starts unchanged)")
-    bridge.check(kernel, target, draft, job.draft_checkpoint)
-    if job.on_policy_fraction > 0:
-      raise ValueError(f"{job.draft_checkpoint} has an encoder bridge; on_policy_fraction > 0 "
-                       "is not supported with one")
-    draft_params = {"draft": draft_params, "bridge": jnp.asarray(kernel)}
+    if kernel is not None:
+      bridge.check(kernel, target, draft, job.draft_checkpoint)
+      wrapped["bridge"] = jnp.asarray(kernel)
+    if job.feature_bridge and features is None:
+      features = feature_bridge.zeros(target, draft, job.feature_staleness)
+      log_fn("feature bridge added (zero: the draft starts unchanged)")
+    if features is not None:
+      feature_bridge.check(features, target, draft, job.draft_checkpoint)
+      wrapped["feature"] = jax.tree.map(jnp.asarray, features)
+    draft_params = wrapped
   data.check_vocab_compatible(target.config.vocab_size, draft.config.vocab_size,
                               target_pad_id=target.config.pad_id,
                               draft_pad_id=draft.config.pad_id,
@@ -530,12 +575,14 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   # written before the params because ``save_checkpoint`` writes config.json
   # last (until then the directory does not load at all, so new params never
   # load beside an old bridge or without their own).
-  for name in ("distill_log.json", bridge.FILENAME, "config.json"):
+  for name in ("distill_log.json", bridge.FILENAME, feature_bridge.FILENAME, "config.json"):
     path = os.path.join(job.output_dir, name)
     if os.path.exists(path):
       os.remove(path)
-  if bridged:
+  if bridged and "bridge" in result.params:
     bridge.save(job.output_dir, result.params["bridge"])
+  if bridged and "feature" in result.params:
+    feature_bridge.save(job.output_dir, result.params["feature"])
   out_params = result.params["draft"] if bridged else result.params
   checkpoints.save_checkpoint(job.output_dir, out_params, draft.config, dtype="bfloat16",
                               overwrite=True)
@@ -551,18 +598,18 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
 
 
 def _bridged_optimizer(cfg: training.OptimizerConfig, bridge_lr: float):
-  """``cfg``'s optimizer for the draft, Adam on the bridge kernel (same warmup
-  and cosine shape, peak ``bridge_lr``): a zero-initialized tensor has no
-  scale for Adafactor's parameter-relative steps to follow."""
+  """``cfg``'s optimizer for the draft, Adam on the bridges (same warmup and
+  cosine shape, peak ``bridge_lr``): a zero-initialized tensor has no scale
+  for Adafactor's parameter-relative steps to follow."""
   adam_cfg = dataclasses.replace(cfg, name="adamw", peak_lr=bridge_lr, weight_decay=0.0)
-  labels = lambda params: {"draft": jax.tree.map(lambda _: "draft", params["draft"]),
-                           "bridge": "bridge"}
+  labels = lambda params: {k: jax.tree.map(lambda _: "draft" if k == "draft" else "bridge", v)
+                           for k, v in params.items()}
   return optax.multi_transform({"draft": training.make_optimizer(cfg),
                                 "bridge": training.make_optimizer(adam_cfg)}, labels)
 
 
 def smoke_job(workdir: str, log_fn: Callable[[str], None] = print,
-              encoder_bridge: bool = False) -> dict:
+              encoder_bridge: bool = False, feature_bridge: bool = False) -> dict:
   """Every stage of ``run_job`` on random micro models and the demo vocabulary,
   in seconds (``scripts/distill_draft.py --smoke``, with ``--encoder_bridge``
   through the bridged path)."""
@@ -581,5 +628,6 @@ def smoke_job(workdir: str, log_fn: Callable[[str], None] = print,
       eval_source=os.path.join(repo, "data/bible/test.tsv"), eval_max_examples=16,
       vocab_path=os.path.join(repo, "checkpoints/demo/spm.model"), max_input_len=32,
       max_decode_len=32, modes=("greedy",), generate_batch_size=16, steps=4,
-      batch_tokens=256, eval_every=2, resume=True, encoder_bridge=encoder_bridge)
+      batch_tokens=256, eval_every=2, resume=True, encoder_bridge=encoder_bridge,
+      feature_bridge=feature_bridge)
   return run_job(job, log_fn)

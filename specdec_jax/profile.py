@@ -490,6 +490,13 @@ class _RoundCounting:
   def commit(self, state, seq, length):
     return self.inner.commit(state[0], seq, length), state[1]
 
+  @property
+  def wants_target_states(self) -> bool:
+    return bool(getattr(self.inner, "wants_target_states", False))
+
+  def commit_with_target(self, state, seq, length, hidden, positions):
+    return self.inner.commit_with_target(state[0], seq, length, hidden, positions), state[1]
+
 
 @struct.dataclass
 class WidthSchedule(_RoundCounting):

@@ -56,6 +56,7 @@ from absl import app, flags, logging
 
 from specdec_jax import autogamma, checkpoints, data, drafts, memory, partitioning, theory
 from specdec_jax import bridge as bridge_lib
+from specdec_jax import feature_bridge as feature_lib
 from specdec_jax.decoding import (CONFIDENCE_RULES, AdaptiveConfig, alpha_estimates,
                                   speculative_decode, temperature_sample)
 from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes
@@ -555,6 +556,14 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
                          f"model {exp.draft_name!r} takes no 'bridge' argument")
       build_kw.update(bridge=jnp.asarray(kernel), target_model=target,
                       target_params=target_params)
+    features = _load_bridge(exp.draft_checkpoint, feature_lib)
+    if features is not None:
+      feature_lib.check(features, target, dmodel, exp.draft_checkpoint)
+      if not drafts.takes(exp.draft_name, "feature"):
+        raise ValueError(f"{exp.draft_checkpoint} has a feature bridge "
+                         f"({feature_lib.FILENAME}), but approximation model "
+                         f"{exp.draft_name!r} takes no 'feature' argument")
+      build_kw["feature"] = jax.tree.map(jnp.asarray, features)
   if exp.ngram_corpus:
     build_kw["corpus"] = _corpus(exp, d.vocab)
   draft = drafts.build(exp.draft_name, **build_kw)
@@ -562,18 +571,20 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
   drafts.check_interface(exp.draft_name, draft, jnp.asarray(d.inputs[:1].repeat(
       exp.batch_size, 0)), target.config.vocab_size, exp.gamma_bound,
       exp.max_decode_len + exp.gamma_bound + 1, exp.sampling(),
-      concrete=exp.draft_name not in drafts.BUILTIN)
+      concrete=exp.draft_name not in drafts.BUILTIN, target_width=target.config.d_model)
   return draft
 
 
-def _load_bridge(path: str) -> Optional[np.ndarray]:
-  """A draft checkpoint's encoder bridge kernel (local directories only)."""
+def _load_bridge(path: str, lib: Any = bridge_lib) -> Any:
+  """A draft checkpoint's encoder bridge kernel, or with ``lib`` =
+  ``feature_bridge`` its feature bridge (local directories only; None if it
+  has none)."""
   if "://" in path:
     return None
   local = _resolve(path)
   if not os.path.isdir(local):
     return None
-  return bridge_lib.load(local)
+  return lib.load(local)
 
 
 _MULTIHOST_STARTED = False

@@ -8,6 +8,7 @@ with ``export_hf`` and loaded into transformers; at temperature 0 HF greedy
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -130,14 +131,19 @@ def test_bench_setting_temp0_all_identical(setup):
 
 
 def test_refuses_a_bridged_draft(tiny_target, tiny_draft, tmp_path):
-  """A draft with an encoder bridge has no Hugging Face equivalent: comparing
-  it without the bridge would not be the same weights, so it is refused."""
-  from specdec_jax import bridge
+  """A draft with a bridge to the target (encoder or feature) has no Hugging
+  Face equivalent: comparing it without the bridge would not be the same
+  weights, so it is refused, naming the file."""
+  from specdec_jax import bridge, feature_bridge
   from specdec_jax.checkpoints import save_checkpoint
   (tmodel, tparams), (dmodel, dparams) = tiny_target, tiny_draft
   save_checkpoint(str(tmp_path / "target"), tparams, tmodel.config)
   save_checkpoint(str(tmp_path / "draft"), dparams, dmodel.config)
   bvh.load_ours(str(tmp_path / "target"), str(tmp_path / "draft"))  # plain: fine
+  feature_bridge.save(str(tmp_path / "draft"), feature_bridge.zeros(tmodel, dmodel, 2))
+  with pytest.raises(ValueError, match="feature_bridge.npz"):
+    bvh.load_ours(str(tmp_path / "target"), str(tmp_path / "draft"))
+  os.remove(tmp_path / "draft" / feature_bridge.FILENAME)
   bridge.save(str(tmp_path / "draft"), np.zeros((32, 32), np.float32))
-  with pytest.raises(ValueError, match="encoder bridge"):
+  with pytest.raises(ValueError, match="encoder_bridge.npz"):
     bvh.load_ours(str(tmp_path / "target"), str(tmp_path / "draft"))

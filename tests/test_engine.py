@@ -122,6 +122,81 @@ def test_bridged_draft_identical_to_baseline(tiny_target, tiny_draft, greedy_cas
   np.testing.assert_allclose(alone.cross_k[0], given.cross_k[0], rtol=1e-6, atol=1e-6)
 
 
+def _featured(draft_model, draft_params, target_model, target_params, seed=0, scale=0.5,
+              staleness=3, name="t5"):
+  """A T5 draft whose decoder also reads the target's decoder states
+  (``specdec_jax.feature_bridge``), with random, clearly non-zero weights."""
+  k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+  d_p, d_q = target_model.config.d_model, draft_model.config.d_model
+  feature = {"kernel": scale * jax.random.normal(k1, (d_p, d_q)),
+             "staleness": scale * jax.random.normal(k2, (staleness, d_q))}
+  return drafts.build(name, model=draft_model, params=draft_params, feature=feature,
+                      target_model=target_model, target_params=target_params, max_ngram=2)
+
+
+@pytest.mark.parametrize("name", ["t5", "lookup_t5"])
+def test_feature_bridged_draft_identical_to_baseline(tiny_target, tiny_draft, greedy_case, name):
+  """A draft reading the target's decoder states stays exact at T=0 for
+  γ shorter and longer than its staleness table, alone and inside the
+  lookup combination, with fixed γ and an adaptive rule."""
+  from specdec_jax.decoding import AdaptiveConfig
+  model, params = tiny_target
+  eos, base = greedy_case
+  dm, dp = tiny_draft
+  featured = _featured(dm, dp, model, params, name=name)
+  assert featured.wants_target_states
+  for gamma, adaptive in ((2, None), (5, None), (4, AdaptiveConfig("threshold", threshold=0.4))):
+    out = speculative_decode(model, params, featured, INPUTS, KEY, gamma=gamma,
+                             max_decode_len=MAX_LEN, eos_id=eos, adaptive=adaptive)
+    np.testing.assert_array_equal(out.tokens, base.tokens, err_msg=f"{name} γ={gamma}")
+    np.testing.assert_array_equal(out.length, base.length)
+
+
+def test_feature_bridge_reads_what_distillation_trains_on(tiny_target, tiny_draft):
+  """The engine's draft step at position t reads the target state at s = t-1-j
+  with staleness j, the indexing ``feature_bridge.teacher_forced_extra``
+  trains: a round's q, after ``commit_with_target``, equals the draft run
+  teacher-forced with those extras built by hand. (If the engine read one
+  position off, or the wrong staleness, the logits would differ.)"""
+  from specdec_jax import feature_bridge
+  model, params = tiny_target
+  dm, dp = tiny_draft
+  gamma, n1 = 3, 2
+  featured = _featured(dm, dp, model, params)
+  b = INPUTS.shape[0]
+  cache_len = 16
+  seq = jnp.zeros((b, cache_len + 1), jnp.int32)
+  y = jax.random.randint(jax.random.PRNGKey(4), (b, 6), 2, 64).astype(jnp.int32)
+  seq = seq.at[:, 1:7].set(y)                       # decoder inputs 0..6: start, y_1..y_6
+  _, hidden = model(params, INPUTS, seq[:, :7], return_hidden=True)
+  t1 = SamplingConfig(temperature=1.0)
+  state = featured.init(INPUTS, cache_len)
+  _, _, state = featured.propose(state, seq, jnp.zeros((b,), jnp.int32), gamma, t1, KEY)
+  # Round 1's target pass covered positions 0..γ; n1 of its tokens committed.
+  pos = jnp.broadcast_to(jnp.arange(gamma + 1, dtype=jnp.int32), (b, gamma + 1))
+  length = jnp.full((b,), n1, jnp.int32)
+  state = featured.commit_with_target(state, seq, length, hidden[:, :gamma + 1], pos)
+  xs, q, _ = featured.propose(state, seq, length, gamma, t1, jax.random.PRNGKey(9))
+  # By hand: positions < n1-1 were computed in round 1 (no state yet: no
+  # extra), n1-1 is re-fed reading h_{n1-2} at staleness 0, and n1+i reads
+  # h_{n1-1} at staleness i.
+  dec_in = jnp.concatenate([seq[:, :n1 + 1], xs[:, :gamma - 1]], axis=1)
+  t = dec_in.shape[1]
+  src = jnp.asarray([0] * (n1 - 1) + [n1 - 2] + [n1 - 1] * gamma)[:t]
+  j = jnp.asarray([-1] * (n1 - 1) + [0] + list(range(gamma)))[:t]
+  extra = feature_bridge.project(featured.feature, hidden[:, src], jnp.broadcast_to(j, (b, t)))
+  logits = dm(dp, INPUTS, dec_in, decoder_extra=extra)
+  want = standardize(logits[:, n1:], t1)
+  np.testing.assert_allclose(q, want, rtol=1e-4, atol=1e-6)
+  # The states matter: a draft given other states proposes otherwise.
+  other = featured.commit_with_target(featured.propose(featured.init(INPUTS, cache_len), seq,
+                                                       jnp.zeros((b,), jnp.int32), gamma, t1,
+                                                       KEY)[2], seq, length,
+                                      hidden[:, :gamma + 1] * 0, pos)
+  q_other = featured.propose(other, seq, length, gamma, t1, jax.random.PRNGKey(9))[1]
+  assert float(jnp.max(jnp.abs(q_other[:, 0] - q[:, 0]))) > 1e-3
+
+
 def test_draft_equal_to_target_accepts_everything(tiny_target, greedy_case):
   model, params = tiny_target
   eos, base = greedy_case
@@ -229,6 +304,8 @@ SETTINGS = {
 def _seq_draft(name, model, draft_params, target_params):
   if name == "t5_bridge":
     return _bridged(model, draft_params, model, target_params, seed=1, scale=1.0)
+  if name == "t5_feature":
+    return _featured(model, draft_params, model, target_params, seed=1, scale=1.0)
   t5 = drafts.T5Draft(params=draft_params, model=model)
   # With vocab 8 and a 5-token input nearly every context has a 1-gram match,
   # so most rounds mix copied (one-hot q) and T5 positions.
@@ -236,7 +313,8 @@ def _seq_draft(name, model, draft_params, target_params):
 
 
 @pytest.mark.parametrize("setting,draft_name", [(s, "t5") for s in sorted(SETTINGS)]
-                         + [("temp1", "lookup_t5"), ("temp1", "t5_bridge")])
+                         + [("temp1", "lookup_t5"), ("temp1", "t5_bridge"),
+                            ("temp1", "t5_feature")])
 def test_sequence_distribution_is_exact(seq_models, setting, draft_name):
   model, target, draft_params = seq_models
   sampling = SETTINGS[setting]

@@ -695,3 +695,32 @@ def test_runner_loads_a_draft_with_an_encoder_bridge(env, tmp_path):
   (tmp_path / "draft" / bridge.FILENAME).write_bytes(b"not an npz")
   with pytest.raises(ValueError, match="encoder_bridge.npz: not a readable encoder bridge"):
     run.load_models(exp, d)
+
+
+def test_runner_loads_a_draft_with_a_feature_bridge(env, tmp_path):
+  """A draft checkpoint with ``feature_bridge.npz`` is built reading the
+  target's decoder states (its decoding is tested in test_engine); a bridge
+  of the wrong width or an unreadable file is refused with the path and the
+  shapes."""
+  from specdec_jax import feature_bridge
+  shutil.copytree(env / "draft", tmp_path / "draft")
+  exp = run.Experiment(task="toy", source=str(env / "data.tsv"), prefix="",
+                       vocab_path=str(env / "spm.model"),
+                       target_checkpoint=str(env / "target"),
+                       draft_checkpoint=str(tmp_path / "draft"), gamma=3, max_input_len=24,
+                       max_decode_len=16, num_warmup=1, num_examples=4)
+  d = run.load_data(exp)
+  rng = np.random.default_rng(0)
+  feature_bridge.save(str(tmp_path / "draft"),
+                      {"kernel": rng.normal(size=(32, 32)).astype(np.float32),
+                       "staleness": rng.normal(size=(3, 32)).astype(np.float32)})
+  setup = run.load_models(exp, d)
+  assert setup.draft.wants_target_states and setup.draft.feature["kernel"].shape == (32, 32)
+  feature_bridge.save(str(tmp_path / "draft"),
+                      {"kernel": np.zeros((16, 32), np.float32),
+                       "staleness": np.zeros((3, 32), np.float32)})
+  with pytest.raises(ValueError, match=r"kernel \(16, 32\).*need \(32, 32\)"):
+    run.load_models(exp, d)
+  (tmp_path / "draft" / feature_bridge.FILENAME).write_bytes(b"not an npz")
+  with pytest.raises(ValueError, match="feature_bridge.npz: not a readable feature bridge"):
+    run.load_models(exp, d)

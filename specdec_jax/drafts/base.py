@@ -25,6 +25,17 @@ Optionally, to reuse the target's prefill:
   engine computes anyway (``init_draft``); a draft that conditions on it (the
   encoder bridge, ``specdec_jax.bridge``) then need not encode twice.
 
+Optionally, to read the target's decoder states (``specdec_jax.feature_bridge``):
+
+* ``wants_target_states`` (a bool attribute or property) and
+  ``commit_with_target(state, seq, length, hidden, positions) -> state``:
+  when the attribute is true the engine calls this in place of ``commit``,
+  with the target's final decoder states hidden [B, γ+1, d_target] of the
+  round's verification pass at decoder positions [B, γ+1] (-1: padding).
+  States at positions >= ``length`` are of rejected proposals; reading only
+  positions < length keeps the draft off the target's verdict on anything not
+  yet committed (exactness).
+
 Optionally, for adaptive draft lengths (``decoding.AdaptiveConfig``):
 
 * ``propose_adaptive(state, seq, length, gamma, sampling, key, limit,
@@ -183,14 +194,28 @@ class DraftInterfaceError(ValueError):
   """An approximation model that does not keep the interface above."""
 
 
+def _commit(draft: Any, state: Any, seq: Array, length: Array, gamma: int,
+            target_width: int) -> Any:
+  """The round's commit as the engine makes it (``commit_with_target`` for a
+  draft that wants the target's states; zeros stand in for them here)."""
+  if getattr(draft, "wants_target_states", False):
+    b = length.shape[0]
+    positions = length[:, None] - 1 + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
+    hidden = jnp.zeros((b, gamma + 1, target_width), jnp.float32)
+    return draft.commit_with_target(state, seq, length, hidden, positions)
+  return draft.commit(state, seq, length)
+
+
 def check_interface(name: str, draft: Any, inputs: Array, vocab_size: int, gamma: int,
-                    cache_len: int, sampling: SamplingConfig, concrete: bool = True) -> None:
+                    cache_len: int, sampling: SamplingConfig, concrete: bool = True,
+                    target_width: int = 1) -> None:
   """Checks ``draft`` once, before the decoding loops are compiled.
 
   Traces init -> propose -> commit abstractly (no compilation) to check the
   shapes; with ``concrete``, also runs them once on ``inputs`` to check that
   q is a distribution that gives each proposed token positive probability.
-  Errors name the draft, the method and the shapes.
+  ``target_width``: the target's d_model (the states ``commit_with_target``
+  receives). Errors name the draft, the method and the shapes.
   """
   where = f"approximation model {name!r} ({type(draft).__module__}.{type(draft).__qualname__})"
   for method in ("init", "propose", "commit"):
@@ -207,7 +232,7 @@ def check_interface(name: str, draft: Any, inputs: Array, vocab_size: int, gamma
   def call(inputs, seq, length, key):
     state = draft.init(inputs, cache_len)
     tokens, q, state = draft.propose(state, seq, length, gamma, sampling, key)
-    draft.commit(state, seq, length + 1)
+    _commit(draft, state, seq, length + 1, gamma, target_width)
     return tokens, q
 
   key = jax.random.PRNGKey(0)
@@ -227,7 +252,7 @@ def check_interface(name: str, draft: Any, inputs: Array, vocab_size: int, gamma
         f"and q [B, gamma, V] = {want_q} (floats; V = the target's vocab_size)")
   if getattr(draft, "propose_adaptive", None) is not None:
     _check_adaptive(where, draft, inputs, seq, length, key, gamma, cache_len, sampling,
-                    want_tokens, want_q)
+                    want_tokens, want_q, target_width)
   if not concrete:
     return
   tokens, q = jax.jit(call)(inputs, seq, length, key)
@@ -248,7 +273,7 @@ def check_interface(name: str, draft: Any, inputs: Array, vocab_size: int, gamma
 
 def _check_adaptive(where: str, draft: Any, inputs: Array, seq: Array, length: Array,
                     key: Array, gamma: int, cache_len: int, sampling: SamplingConfig,
-                    want_tokens: tuple, want_q: tuple) -> None:
+                    want_tokens: tuple, want_q: tuple, target_width: int = 1) -> None:
   """The optional ``propose_adaptive``'s shapes, traced abstractly: once with
   the required arguments, and once more with every optional one it declares
   (``skip_below``, ``cumulative``) set."""
@@ -257,18 +282,18 @@ def _check_adaptive(where: str, draft: Any, inputs: Array, seq: Array, length: A
   optional = {k: v for k, v in (("skip_below", 0.3), ("cumulative", True)) if k in declared}
   for extra in ({}, optional) if optional else ({},):
     _check_adaptive_call(where, draft, inputs, seq, length, key, limit, gamma, cache_len,
-                         sampling, want_tokens, want_q, extra)
+                         sampling, want_tokens, want_q, extra, target_width)
 
 
 def _check_adaptive_call(where: str, draft: Any, inputs: Array, seq: Array, length: Array,
                          key: Array, limit: Array, gamma: int, cache_len: int,
                          sampling: SamplingConfig, want_tokens: tuple, want_q: tuple,
-                         extra: dict) -> None:
+                         extra: dict, target_width: int = 1) -> None:
   def call(inputs, seq, length, key, limit):
     state = draft.init(inputs, cache_len)
     tokens, q, count, steps, state = draft.propose_adaptive(state, seq, length, gamma,
                                                             sampling, key, limit, 0.5, **extra)
-    draft.commit(state, seq, length + 1)
+    _commit(draft, state, seq, length + 1, gamma, target_width)
     return tokens, q, count, steps
 
   extras = "".join(f", {k}={v}" for k, v in extra.items())

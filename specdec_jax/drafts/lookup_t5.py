@@ -22,13 +22,14 @@ vector ops over [B, S + T] per round.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax.drafts.prompt_lookup import lookup_continuation
 from specdec_jax.drafts.t5_draft import T5Draft
-from specdec_jax.models.t5 import DecoderCache
 from specdec_jax.sampling import SamplingConfig
 
 Array = jax.Array
@@ -36,7 +37,7 @@ Array = jax.Array
 
 class LookupT5State(struct.PyTreeNode):
   inputs: Array          # [B, S] encoder inputs, searched by the lookup
-  cache: DecoderCache    # the T5 draft's
+  cache: Any            # the T5 draft's state (its cache, or a FeatureState)
 
 
 @struct.dataclass
@@ -103,3 +104,12 @@ class LookupT5Draft:
 
   def commit(self, state: LookupT5State, seq: Array, length: Array) -> LookupT5State:
     return state.replace(cache=self.t5.commit(state.cache, seq, length))
+
+  @property
+  def wants_target_states(self) -> bool:
+    return self.t5.wants_target_states
+
+  def commit_with_target(self, state: LookupT5State, seq: Array, length: Array,
+                         hidden: Array, positions: Array) -> LookupT5State:
+    return state.replace(cache=self.t5.commit_with_target(state.cache, seq, length, hidden,
+                                                          positions))

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax import bridge as bridge_lib
+from specdec_jax import feature_bridge as feature_lib
 from specdec_jax.drafts.base import gather_positions, skip_unsure, top_probability
 from specdec_jax.models.t5 import DecoderCache, T5Model
 from specdec_jax.partitioning import Partitioner, constrain_cache
@@ -22,6 +23,14 @@ Override = Callable[[Any, Array, Array], tuple[Array, Array, Array]]
 def _no_override(i: Any, q: Array, x: Array) -> tuple[Array, Array, Array]:
   del i
   return x, q, jnp.zeros(x.shape, bool)
+
+
+class FeatureState(struct.PyTreeNode):
+  """A feature-bridged draft's state: its cache and the target's final decoder
+  states [B, cache_len, d_target] by position (valid for committed positions;
+  ``T5Draft.commit_with_target`` writes them)."""
+  cache: DecoderCache
+  target_states: Array
 
 
 @struct.dataclass
@@ -42,6 +51,14 @@ class T5Draft:
   With ``bridge`` (a [d_target, d_draft] kernel, ``specdec_jax.bridge``) and
   the target's ``target_model``/``target_params``, the draft's encoder also
   reads the target's encoder output; only ``init`` changes.
+
+  With ``feature`` (``specdec_jax.feature_bridge``: {'kernel' [d_target,
+  d_draft], 'staleness' [J, d_draft]}) the decoder also reads the target's
+  final decoder state of the last committed position: the state is a
+  ``FeatureState``, the engine hands over each verification pass's states
+  through ``commit_with_target`` (``wants_target_states``), and the step at
+  position t (the round's j-th step, j from 0) adds h_s K + e_j with s = t -
+  1 - j, the position before the round's first one (``feature_bridge``).
   """
 
   params: Any
@@ -50,10 +67,17 @@ class T5Draft:
   bridge: Any = None
   target_params: Any = None
   target_model: T5Model | None = struct.field(pytree_node=False, default=None)
+  feature: Any = None
 
   @property
   def vocab_size(self) -> int:
     return self.model.config.vocab_size
+
+  @property
+  def wants_target_states(self) -> bool:
+    """Whether the engine should pass the target's decoder states to
+    ``commit_with_target`` (only a feature-bridged draft reads them)."""
+    return self.feature is not None
 
   def init(self, inputs: Array, cache_len: int) -> DecoderCache:
     return self.init_with_target(inputs, cache_len, None)
@@ -69,23 +93,50 @@ class T5Draft:
         target_encoded = self.target_model.encode(self.target_params, inputs)
       extra = bridge_lib.project(self.bridge, target_encoded)
     encoded = self.model.encode(self.params, inputs, extra)
-    return constrain_cache(self.model.init_cache(self.params, encoded, inputs, cache_len),
-                           self.partitioner, "draft cache")
+    cache = constrain_cache(self.model.init_cache(self.params, encoded, inputs, cache_len),
+                            self.partitioner, "draft cache")
+    if self.feature is None:
+      return cache
+    d_target = self.feature["kernel"].shape[0]
+    return FeatureState(cache, jnp.zeros((inputs.shape[0], cache_len, d_target), jnp.float32))
+
+  def _split(self, state: Any) -> tuple[DecoderCache, Array | None]:
+    if self.feature is None:
+      return state, None
+    return state.cache, state.target_states
+
+  def _join(self, cache: DecoderCache, states: Array | None) -> Any:
+    return cache if states is None else FeatureState(cache, states)
+
+  def _extra(self, states: Array | None, length: Array, positions: Array) -> Array | None:
+    """The feature bridge's decoder extra [B, k, d] for draft positions [B, k]
+    of a round that starts at ``length`` (position n - 1 is the re-fed one):
+    each reads the state at s = min(t, n) - 1, at staleness t - n (0 for n - 1)."""
+    if states is None:
+      return None
+    start = jnp.minimum(positions, length[:, None])
+    s = start - 1
+    h = jnp.take_along_axis(states, jnp.clip(s, 0, states.shape[1] - 1)[..., None], axis=1)
+    j = jnp.where(s >= 0, positions - start, -1)
+    return feature_lib.project(self.feature, h, j)
 
   def _first_step(self, state: DecoderCache, seq: Array, length: Array,
-                  sampling: SamplingConfig, key: Array):
+                  sampling: SamplingConfig, key: Array, states: Array | None = None):
     """Feeds positions n-1 and n; returns (logits, q_1, x_1, cache)."""
     # Position n-1 is -1 on the first round: the model drops negative writes.
     pos = length[:, None] + jnp.arange(-1, 1, dtype=jnp.int32)[None, :]
-    logits, cache = self.model.decode(self.params, gather_positions(seq, pos), pos, state)
+    logits, cache = self.model.decode(self.params, gather_positions(seq, pos), pos, state,
+                                      self._extra(states, length, pos))
     cache = constrain_cache(cache, self.partitioner, "draft cache")
     q1 = standardize(logits[:, -1], sampling)
     return logits[:, -1], q1, sample(key, q1, sampling), cache
 
   def _step(self, cache: DecoderCache, x: Array, position: Array, sampling: SamplingConfig,
-            key: Array):
+            key: Array, states: Array | None = None, length: Array | None = None):
     """Feeds x [B] at position [B]; returns (logits, q, next token, cache)."""
-    logits, cache = self.model.decode(self.params, x[:, None], position[:, None], cache)
+    pos = position[:, None]
+    logits, cache = self.model.decode(self.params, x[:, None], pos, cache,
+                                      self._extra(states, length, pos))
     cache = constrain_cache(cache, self.partitioner, "draft cache")
     q = standardize(logits[:, 0], sampling)
     return logits[:, 0], q, sample(key, q, sampling), cache
@@ -101,13 +152,14 @@ class T5Draft:
     construction (the adaptive rules' confidence is then 1)."""
     keys = jax.random.split(key, gamma)
     override = override or _no_override
-    _, q1, x1, cache = self._first_step(state, seq, length, sampling, keys[0])
+    cache, states = self._split(state)
+    _, q1, x1, cache = self._first_step(cache, seq, length, sampling, keys[0], states)
     x1, q1, _ = override(0, q1, x1)
 
     def step(carry, inp):
       cache, x = carry
       i, k = inp
-      _, q, nxt, cache = self._step(cache, x, length + i, sampling, k)
+      _, q, nxt, cache = self._step(cache, x, length + i, sampling, k, states, length)
       nxt, q, _ = override(i, q, nxt)
       return (cache, nxt), (nxt, q)
 
@@ -115,7 +167,7 @@ class T5Draft:
                                         (jnp.arange(1, gamma, dtype=jnp.int32), keys[1:]))
     tokens = jnp.concatenate([x1[:, None], jnp.moveaxis(xs, 0, 1)], axis=1)
     q = jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
-    return tokens, q, cache
+    return tokens, q, self._join(cache, states)
 
   def propose_adaptive(self, state: DecoderCache, seq: Array, length: Array, gamma: int,
                        sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
@@ -144,7 +196,8 @@ class T5Draft:
     def confidence_of(q, logits, certain):
       return jnp.where(certain, 1.0, top_probability(q, logits, sampling))
 
-    logits, q1, x1, cache = self._first_step(state, seq, length, sampling, keys[0])
+    cache, states = self._split(state)
+    logits, q1, x1, cache = self._first_step(cache, seq, length, sampling, keys[0], states)
     x1, q1, certain = override(0, q1, x1)
     tokens = jnp.zeros((b, gamma), jnp.int32).at[:, 0].set(x1)
     qs = jnp.zeros((b, gamma) + q1.shape[-1:], q1.dtype).at[:, 0].set(q1)
@@ -159,7 +212,8 @@ class T5Draft:
     def body(c):
       i, cache, x, tokens, qs, count, running, going = c
       # x = x_i (1-based), fed at position n + i; yields q_{i+1} and x_{i+1}.
-      logits, q, nxt, cache = self._step(cache, x, length + i, sampling, keys[i])
+      logits, q, nxt, cache = self._step(cache, x, length + i, sampling, keys[i], states,
+                                         length)
       nxt, q, certain = override(i, q, nxt)
       tokens = tokens.at[:, i].set(nxt)
       qs = qs.at[:, i].set(q)
@@ -171,8 +225,24 @@ class T5Draft:
 
     steps, cache, _, tokens, qs, count, _, _ = jax.lax.while_loop(
         cond, body, (jnp.asarray(1, jnp.int32), cache, x1, tokens, qs, count, running, going))
-    return tokens, qs, count, steps, cache
+    return tokens, qs, count, steps, self._join(cache, states)
 
-  def commit(self, state: DecoderCache, seq: Array, length: Array) -> DecoderCache:
+  def commit(self, state: Any, seq: Array, length: Array) -> Any:
     del seq, length  # position-indexed cache: rollback is implicit
     return state
+
+  def commit_with_target(self, state: Any, seq: Array, length: Array, hidden: Array,
+                         positions: Array) -> Any:
+    """``commit``, also storing the target's final decoder states hidden [B,
+    k, d_target] of the round's verification pass at decoder positions [B, k]
+    (negative: padding, dropped). States at positions >= ``length`` belong to
+    rejected proposals; they are never read (a round starting at n reads
+    positions n - 2 and n - 1 only) and the next pass overwrites them."""
+    state = self.commit(state, seq, length)
+    if self.feature is None:
+      return state
+    cache, states = self._split(state)
+    write = lambda buf, new, pos: buf.at[pos].set(new, mode="drop")
+    pos = jnp.where(positions < 0, states.shape[1], positions)  # padding: out of range
+    states = jax.vmap(write)(states, hidden.astype(states.dtype), pos)
+    return self._join(cache, states)

@@ -431,10 +431,12 @@ class Decoder(nn.Module):
     return tuple(k for k, _ in kv), tuple(v for _, v in kv)
 
   def __call__(self, x: Array, positions: Array, cache: Optional[DecoderCache],
-               cross: Optional[tuple], embed_attend, write: bool = True
-               ) -> tuple[Array, Any]:
+               cross: Optional[tuple], embed_attend, write: bool = True,
+               return_hidden: bool = False) -> tuple:
     """-> (logits, cache); with a cache and ``write=False``, (logits, (new
-    keys, new values)) per layer, the cache only read (``T5.decode_rows``)."""
+    keys, new values)) per layer, the cache only read (``T5.decode_rows``).
+    ``return_hidden``: a third element, the final normed hidden states [B, k,
+    d] the logits are computed from (``specdec_jax.feature_bridge``)."""
     c = self.config
     if cache is not None:
       k_pos = jnp.broadcast_to(jnp.arange(cache.cache_len, dtype=jnp.int32),
@@ -470,10 +472,12 @@ class Decoder(nn.Module):
       logits = self.logits_dense(y.astype(c.jnp_dtype))
     logits = logits.astype(jnp.float32)
     if cache is not None and not write:
-      return logits, (tuple(new_k), tuple(new_v))
-    if cache is not None:
-      cache = cache.replace(self_k=tuple(new_k), self_v=tuple(new_v))
-    return logits, cache
+      out = logits, (tuple(new_k), tuple(new_v))
+    else:
+      if cache is not None:
+        cache = cache.replace(self_k=tuple(new_k), self_v=tuple(new_v))
+      out = logits, cache
+    return out + (y,) if return_hidden else out
 
 
 class T5(nn.Module):
@@ -505,20 +509,29 @@ class T5(nn.Module):
     return DecoderCache(self_k=zeros, self_v=zeros, cross_k=cross_k, cross_v=cross_v,
                         encoder_mask=inputs != c.pad_id)
 
-  def decode(self, tokens: Array, positions: Array, cache: DecoderCache, write: bool = True):
+  def _embed_decoder(self, tokens: Array, extra: Optional[Array]) -> Array:
     x = self.token_embedder(tokens)
-    return self.decoder(x, positions, cache, None, self.token_embedder.attend, write)
+    if extra is not None:  # added to the embeddings (``specdec_jax.feature_bridge``)
+      x = x + extra.astype(x.dtype)
+    return x
+
+  def decode(self, tokens: Array, positions: Array, cache: DecoderCache, write: bool = True,
+             extra: Optional[Array] = None, return_hidden: bool = False):
+    return self.decoder(self._embed_decoder(tokens, extra), positions, cache, None,
+                        self.token_embedder.attend, write, return_hidden)
 
   def __call__(self, inputs: Array, decoder_inputs: Array,
-               encoder_extra: Optional[Array] = None) -> Array:
-    """Teacher-forced logits [B, T, V] for decoder_inputs (start token first)."""
+               encoder_extra: Optional[Array] = None, decoder_extra: Optional[Array] = None,
+               return_hidden: bool = False):
+    """Teacher-forced logits [B, T, V] for decoder_inputs (start token first);
+    with ``return_hidden``, (logits, final normed hidden states [B, T, d])."""
     encoded = self.encode(inputs, encoder_extra)
     cross = self.decoder.cross_kv(encoded) + (inputs != self.config.pad_id,)
     b, t = decoder_inputs.shape
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, _ = self.decoder(self.token_embedder(decoder_inputs), pos, None, cross,
-                             self.token_embedder.attend)
-    return logits
+    out = self.decoder(self._embed_decoder(decoder_inputs, decoder_extra), pos, None, cross,
+                       self.token_embedder.attend, return_hidden=return_hidden)
+    return (out[0], out[2]) if return_hidden else out[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -551,14 +564,16 @@ class T5Model:
     return self.module.apply({"params": params}, encoded, inputs, cache_len,
                              method=T5.init_cache)
 
-  def decode(self, params: dict, tokens: Array, positions: Array,
-             cache: DecoderCache) -> tuple[Array, DecoderCache]:
-    """tokens [B, k] at positions [B, k] -> (logits [B, k, V] float32, cache)."""
-    return self.module.apply({"params": params}, tokens, positions, cache,
-                             method=T5.decode)
+  def decode(self, params: dict, tokens: Array, positions: Array, cache: DecoderCache,
+             extra: Optional[Array] = None, return_hidden: bool = False) -> tuple:
+    """tokens [B, k] at positions [B, k] -> (logits [B, k, V] float32, cache).
+    ``extra`` [B, k, d] is added to the token embeddings; ``return_hidden``
+    appends the final normed hidden states [B, k, d] (``feature_bridge``)."""
+    return self.module.apply({"params": params}, tokens, positions, cache, True, extra,
+                             return_hidden, method=T5.decode)
 
   def decode_rows(self, params: dict, tokens: Array, positions: Array,
-                  cache: DecoderCache) -> tuple[Array, tuple[tuple, tuple]]:
+                  cache: DecoderCache, return_hidden: bool = False) -> tuple:
     """``decode`` that only reads the cache: -> (logits [B, k, V], rows), rows
     = (new keys, new values), a [B, k, H, dh] per layer, for ``write_rows``.
 
@@ -572,8 +587,8 @@ class T5Model:
     the write happens once after the switch (``decoding.speculative_decode``'s
     adaptive widths).
     """
-    return self.module.apply({"params": params}, tokens, positions, cache, False,
-                             method=T5.decode)
+    return self.module.apply({"params": params}, tokens, positions, cache, False, None,
+                             return_hidden, method=T5.decode)
 
   @staticmethod
   def pad_rows(rows: tuple[tuple, tuple], positions: Array,
@@ -598,12 +613,14 @@ class T5Model:
 
   def __call__(self, params: dict, inputs: Array, decoder_inputs: Array,
                dropout_rng: Optional[Array] = None,
-               encoder_extra: Optional[Array] = None) -> Array:
+               encoder_extra: Optional[Array] = None, decoder_extra: Optional[Array] = None,
+               return_hidden: bool = False):
     """Teacher-forced logits [B, T, V]; with ``dropout_rng``, dropout at
-    ``config.dropout_rate`` (training); ``encoder_extra`` as in ``encode``."""
+    ``config.dropout_rate`` (training); ``encoder_extra`` as in ``encode``,
+    ``decoder_extra`` and ``return_hidden`` as in ``decode``."""
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else {}
     return self.module.apply({"params": params}, inputs, decoder_inputs, encoder_extra,
-                             rngs=rngs)
+                             decoder_extra, return_hidden, rngs=rngs)
 
 
 def shift_right(targets: Array, start_id: int = 0) -> Array:

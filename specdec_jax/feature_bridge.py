@@ -1,0 +1,118 @@
+"""The feature bridge: a T5 draft that also reads the target's last verified decoder state.
+
+Each round of Algorithm 1 ends with the target M_p having run its decoder over
+the committed prefix, so its final hidden state h_s (the vector its logits at
+position s are computed from) is known for every committed position s. The
+draft's decoder input at position t becomes
+
+    embed_q(x_t) + h_s K + e_j,    s = t - 1 - j,
+
+where s is the last position whose target state is known when the draft
+computes position t, j = t - 1 - s the number of draft steps since (0 for the
+first draft step of a round, j for the (j+1)-th), K [d_p, d_q] and e [J, d_q]
+learned (e_j: "how stale is h_s"). Positions before the first target pass
+(s < 0) add nothing. K = 0, e = 0 is exactly the draft without the bridge.
+
+This is the feature-level drafting of EAGLE (Li et al. 2024) in the one form
+that fits Algorithm 1's round structure: only h_s of *committed* positions is
+used, so the draft at round i conditions on the prefix and on M_p's states
+for it — information available before M_p's verdict on the round's proposals.
+Algorithm 1 is exact for any M_q whose proposals are drawn from the q it
+reports (paper §2.3, Appendix A.1), whatever M_q conditions on among the
+already-decided past, so decoding stays exact.
+
+In distillation (teacher forcing) every position draws j uniformly from
+0..J-1 (``teacher_forced_extra``), the staleness mix a round of γ = J draft
+steps produces.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.models.t5 import T5Model
+
+Array = jax.Array
+FILENAME = "feature_bridge.npz"
+
+
+def zeros(target: T5Model, draft: T5Model, max_staleness: int) -> dict:
+  """A bridge that adds nothing: {'kernel': [d_p, d_q], 'staleness': [J, d_q]}."""
+  d_p, d_q = target.config.d_model, draft.config.d_model
+  return {"kernel": jnp.zeros((d_p, d_q), jnp.float32),
+          "staleness": jnp.zeros((max_staleness, d_q), jnp.float32)}
+
+
+def project(bridge: dict, hidden: Array, staleness: Array) -> Array:
+  """h K + e_j [..., d_q] for target states hidden [..., d_p] at staleness j
+  [...] int (clipped to the table; j < 0 means no state: zeros)."""
+  h = jax.lax.stop_gradient(hidden).astype(jnp.float32)
+  table = bridge["staleness"]
+  e = table[jnp.clip(staleness, 0, table.shape[0] - 1)]
+  out = jnp.einsum("...d,de->...e", h, bridge["kernel"]) + e
+  return jnp.where((staleness >= 0)[..., None], out, 0.0)
+
+
+def teacher_forced_extra(bridge: dict, target_hidden: Array, key: Array) -> Array:
+  """The decoder extra [B, T, d_q] for teacher forcing along a sequence whose
+  target states are target_hidden [B, T, d_p] (position t's state predicts
+  token t + 1): each position t reads h_{t-1-j}, j ~ U{0..J-1}."""
+  b, t = target_hidden.shape[:2]
+  j = jax.random.randint(key, (b, t), 0, bridge["staleness"].shape[0])
+  s = jnp.arange(t)[None, :] - 1 - j
+  h = jnp.take_along_axis(target_hidden, jnp.clip(s, 0, t - 1)[..., None], axis=1)
+  return project(bridge, h, jnp.where(s >= 0, j, -1))
+
+
+def fixed_staleness_extra(bridge: dict, target_hidden: Array, j: int) -> Array:
+  """As ``teacher_forced_extra`` with the same j at every position (evaluation)."""
+  b, t = target_hidden.shape[:2]
+  s = jnp.arange(t)[None, :] - 1 - j
+  h = jnp.take_along_axis(target_hidden, jnp.broadcast_to(jnp.clip(s, 0, t - 1), (b, t))[..., None],
+                          axis=1)
+  return project(bridge, h, jnp.broadcast_to(jnp.where(s >= 0, j, -1), (b, t)))
+
+
+def check(bridge: Any, target: T5Model, draft: T5Model, source: str) -> None:
+  """The kernel must map the target's d_model to the draft's; the staleness
+  table must have the draft's width."""
+  d_p, d_q = target.config.d_model, draft.config.d_model
+  kernel, table = np.shape(bridge["kernel"]), np.shape(bridge["staleness"])
+  if tuple(kernel) != (d_p, d_q) or len(table) != 2 or table[1] != d_q or table[0] < 1:
+    raise ValueError(f"{source}: feature bridge has kernel {tuple(kernel)} and staleness table "
+                     f"{tuple(table)}; this target (d_model {d_p}) and draft (d_model {d_q}) "
+                     f"need ({d_p}, {d_q}) and (J >= 1, {d_q}): was the draft distilled toward "
+                     "another target?")
+
+
+def save(directory: str, bridge: Any) -> None:
+  """Writes ``directory/feature_bridge.npz`` (float32)."""
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, FILENAME)
+  tmp = path + ".tmp.npz"
+  host = jax.device_get(bridge)
+  np.savez(tmp, kernel=np.asarray(host["kernel"], np.float32),
+           staleness=np.asarray(host["staleness"], np.float32))
+  os.replace(tmp, path)
+
+
+def load(directory: str) -> Optional[dict]:
+  """The feature bridge stored with a draft checkpoint, or None if it has none."""
+  path = os.path.join(directory, FILENAME)
+  if not os.path.isfile(path):
+    return None
+  try:
+    with np.load(path) as f:
+      out = {k: np.asarray(f[k], np.float32) for k in ("kernel", "staleness")}
+  except Exception as e:  # a torn or foreign file: say which
+    raise ValueError(f"{path}: not a readable feature bridge ({type(e).__name__}: {e})") from e
+  if out["kernel"].ndim != 2 or out["staleness"].ndim != 2 or not all(
+      np.all(np.isfinite(v)) for v in out.values()):
+    raise ValueError(f"{path}: feature bridge arrays must be finite and 2-D, got kernel "
+                     f"{out['kernel'].shape}, staleness {out['staleness'].shape}")
+  return out
