@@ -33,7 +33,7 @@ for t in 0 1; do
   for d in ${NGRAM_DRAFTS:-bigram prompt_lookup}; do
     row "$d" "" "$d" "$t" --gin_bindings="Experiment.ngram_corpus = 'data/bible/train.tsv'"
   done
-  for path in ${DRAFTS:-checkpoints/demo/draft_small checkpoints/demo/draft_tiny checkpoints/demo/draft_tiny_bridge}; do
+  for path in ${DRAFTS:-checkpoints/demo/draft_small checkpoints/demo/draft_tiny checkpoints/demo/draft_tiny_feat}; do
     row t5 "$path" "$(basename "$(dirname "$path")")/$(basename "$path")" "$t"
   done
   for path in ${COMBO_DRAFTS:-checkpoints/demo/draft_small}; do

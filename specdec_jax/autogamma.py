@@ -75,6 +75,10 @@ def min_pq_along(target: T5Model, params: Any, draft: Any, inputs: Array, tokens
   prefix; both standardized as in decoding (§2.2). Divided by the token count
   this is the α estimate of Corollary 3.6 (paper §4.2's method).
   """
+  if getattr(draft, "wants_target_states", False):
+    raise ValueError("this draft reads the target's decoder states (feature bridge), so its "
+                     "α depends on γ and cannot be estimated along fixed outputs; set "
+                     "Experiment.gamma to a number")
   p = standardize(target(params, inputs, shift_right(tokens)), sampling)
   q = _draft_q_along(draft, inputs, tokens, sampling)
   mask = jnp.arange(tokens.shape[1])[None] < lengths[:, None]

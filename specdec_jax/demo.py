@@ -4,11 +4,12 @@ defaults every benchmark script starts from, named once."""
 import argparse
 
 TARGET = "checkpoints/demo/target"
-# configs/demo.gin's draft, the fastest here: draft_tiny distilled further with
-# an encoder bridge (it also reads the target's encoder output, specdec_jax.bridge).
-DRAFT = "checkpoints/demo/draft_tiny_bridge"
-# The same draft before the bridge: a plain T5, for comparisons that need
-# identical weights elsewhere (Hugging Face cannot run the bridge).
+# configs/demo.gin's draft: draft_tiny distilled further with an encoder bridge
+# (it also reads the target's encoder output, specdec_jax.bridge) and a feature
+# bridge (its decoder reads the target's decoder states, specdec_jax.feature_bridge).
+DRAFT = "checkpoints/demo/draft_tiny_feat"
+# The same draft before the bridges: a plain T5, for comparisons that need
+# identical weights elsewhere (Hugging Face cannot run the bridges).
 PLAIN_DRAFT = "checkpoints/demo/draft_tiny"
 VOCAB = "checkpoints/demo/spm.model"
 SOURCE = "data/bible/test.tsv"

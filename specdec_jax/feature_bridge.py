@@ -48,14 +48,26 @@ def zeros(target: T5Model, draft: T5Model, max_staleness: int) -> dict:
           "staleness": jnp.zeros((max_staleness, d_q), jnp.float32)}
 
 
+def project_states(bridge: dict, hidden: Array) -> Array:
+  """h K [..., d_q] for target states hidden [..., d_p] (no gradient into the
+  target). The engine's draft projects each pass's states once, when they
+  are committed, so a draft step only gathers a d_q row."""
+  h = jax.lax.stop_gradient(hidden).astype(jnp.float32)
+  return jnp.einsum("...d,de->...e", h, bridge["kernel"])
+
+
+def add_staleness(bridge: dict, projected: Array, staleness: Array) -> Array:
+  """h K + e_j for projected states [..., d_q] at staleness j [...] int
+  (clipped to the table; j < 0 means no state: zeros)."""
+  table = bridge["staleness"]
+  e = table[jnp.clip(staleness, 0, table.shape[0] - 1)]
+  return jnp.where((staleness >= 0)[..., None], projected + e, 0.0)
+
+
 def project(bridge: dict, hidden: Array, staleness: Array) -> Array:
   """h K + e_j [..., d_q] for target states hidden [..., d_p] at staleness j
   [...] int (clipped to the table; j < 0 means no state: zeros)."""
-  h = jax.lax.stop_gradient(hidden).astype(jnp.float32)
-  table = bridge["staleness"]
-  e = table[jnp.clip(staleness, 0, table.shape[0] - 1)]
-  out = jnp.einsum("...d,de->...e", h, bridge["kernel"]) + e
-  return jnp.where((staleness >= 0)[..., None], out, 0.0)
+  return add_staleness(bridge, project_states(bridge, hidden), staleness)
 
 
 def teacher_forced_extra(bridge: dict, target_hidden: Array, key: Array) -> Array:

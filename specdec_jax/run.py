@@ -976,7 +976,8 @@ def summarize_alpha(exp: Experiment, records: list[dict], available: int) -> dic
           "alpha_only_tokens": exp.alpha_only_tokens,
           "budget_reached": tokens >= exp.alpha_only_tokens,
           "examples_available": available,
-          "alpha_min_pq": sum(r["min_pq_sum"] for r in records) / max(tokens, 1)}
+          "alpha_min_pq": sum(r["min_pq_sum"] for r in records) / max(
+              sum(r.get("evaluated", r["tokens"]) for r in records), 1)}
 
 
 def pending(exp: Experiment, n_examples: int, workdir: Workdir, alpha_only: bool) -> list[int]:
@@ -1006,16 +1007,26 @@ def run_alpha_only(setup: Setup, workdir: Workdir) -> dict:
     if setup.partitioner is not None:
       x = setup.partitioner.shard_batch(x)
     key = jax.random.fold_in(root, rows[0])
-    out = temperature_sample(target, tparams, x, key, max_decode_len=exp.max_decode_len,
-                             sampling=sampling, eos_id=target.config.eos_id,
-                             partitioner=setup.partitioner)
-    sums = np.asarray(autogamma.min_pq_along(target, tparams, setup.draft, x, out.tokens,
-                                              out.length, sampling))
+    kw = dict(max_decode_len=exp.max_decode_len, sampling=sampling,
+              eos_id=target.config.eos_id, partitioner=setup.partitioner)
+    if getattr(setup.draft, "wants_target_states", False):
+      # Its q depends on where rounds start (the staleness of the target state
+      # it reads), so α is measured in the engine's own rounds at γ: Σ min(p, q)
+      # over the positions the target evaluated (SpecStats), per position.
+      out = speculative_decode(target, tparams, setup.draft, x, key, gamma=exp.gamma_bound,
+                               **kw)
+      sums = np.asarray(out.stats.min_pq_sum)
+      evaluated = np.asarray(out.stats.evaluated_at).sum(1)
+    else:
+      out = temperature_sample(target, tparams, x, key, **kw)
+      sums = np.asarray(autogamma.min_pq_along(target, tparams, setup.draft, x, out.tokens,
+                                                out.length, sampling))
+      evaluated = np.asarray(out.length)
     for j, i in enumerate(rows):
-      n = int(out.length[j])
+      n, m = int(out.length[j]), int(evaluated[j])
       workdir.append({"index": i, "id": setup.examples[i].id, "mode": "alpha_only",
-                      "tokens": n, "min_pq_sum": float(sums[j]),
-                      "alpha_min_pq": float(sums[j]) / max(n, 1),
+                      "tokens": n, "evaluated": m, "min_pq_sum": float(sums[j]),
+                      "alpha_min_pq": float(sums[j]) / max(m, 1),
                       "input_truncated": i in setup.truncated})
     tokens = sum(r["tokens"] for r in workdir.records)
     logging.info("[alpha-only] %d / %d tokens, alpha %.3f", tokens, exp.alpha_only_tokens,

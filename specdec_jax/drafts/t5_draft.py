@@ -27,7 +27,8 @@ def _no_override(i: Any, q: Array, x: Array) -> tuple[Array, Array, Array]:
 
 class FeatureState(struct.PyTreeNode):
   """A feature-bridged draft's state: its cache and the target's final decoder
-  states [B, cache_len, d_target] by position (valid for committed positions;
+  states by position, already projected by the bridge's kernel, h_s K [B,
+  cache_len, d_draft] (valid for committed positions;
   ``T5Draft.commit_with_target`` writes them)."""
   cache: DecoderCache
   target_states: Array
@@ -97,8 +98,8 @@ class T5Draft:
                             self.partitioner, "draft cache")
     if self.feature is None:
       return cache
-    d_target = self.feature["kernel"].shape[0]
-    return FeatureState(cache, jnp.zeros((inputs.shape[0], cache_len, d_target), jnp.float32))
+    d_draft = self.feature["kernel"].shape[1]
+    return FeatureState(cache, jnp.zeros((inputs.shape[0], cache_len, d_draft), jnp.float32))
 
   def _split(self, state: Any) -> tuple[DecoderCache, Array | None]:
     if self.feature is None:
@@ -118,7 +119,7 @@ class T5Draft:
     s = start - 1
     h = jnp.take_along_axis(states, jnp.clip(s, 0, states.shape[1] - 1)[..., None], axis=1)
     j = jnp.where(s >= 0, positions - start, -1)
-    return feature_lib.project(self.feature, h, j)
+    return feature_lib.add_staleness(self.feature, h, j)
 
   def _first_step(self, state: DecoderCache, seq: Array, length: Array,
                   sampling: SamplingConfig, key: Array, states: Array | None = None):
@@ -244,5 +245,5 @@ class T5Draft:
     cache, states = self._split(state)
     write = lambda buf, new, pos: buf.at[pos].set(new, mode="drop")
     pos = jnp.where(positions < 0, states.shape[1], positions)  # padding: out of range
-    states = jax.vmap(write)(states, hidden.astype(states.dtype), pos)
+    states = jax.vmap(write)(states, feature_lib.project_states(self.feature, hidden), pos)
     return self._join(cache, states)
