@@ -26,7 +26,7 @@ import numpy as np
 from absl import logging
 
 from specdec_jax import theory
-from specdec_jax.decoding import temperature_sample
+from specdec_jax.decoding import speculative_decode, temperature_sample
 from specdec_jax.models.t5 import T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.timing import Costs, measure_costs_many
@@ -76,13 +76,29 @@ def min_pq_along(target: T5Model, params: Any, draft: Any, inputs: Array, tokens
   this is the α estimate of Corollary 3.6 (paper §4.2's method).
   """
   if getattr(draft, "wants_target_states", False):
-    raise ValueError("this draft reads the target's decoder states (feature bridge), so its "
-                     "α depends on γ and cannot be estimated along fixed outputs; set "
-                     "Experiment.gamma to a number")
+    raise ValueError("this draft reads the target's decoder states (feature bridge): its q "
+                     "depends on where a round starts, so α is measured in the engine's "
+                     "rounds (min_pq_in_rounds), not along fixed outputs")
   p = standardize(target(params, inputs, shift_right(tokens)), sampling)
   q = _draft_q_along(draft, inputs, tokens, sampling)
   mask = jnp.arange(tokens.shape[1])[None] < lengths[:, None]
   return jnp.sum(jnp.where(mask, jnp.sum(jnp.minimum(p, q), -1), 0.0), 1)
+
+
+def min_pq_in_rounds(target: T5Model, params: Any, draft: Any, inputs: Array, key: Array,
+                     gamma: int, max_decode_len: int, sampling: SamplingConfig,
+                     partitioner: Any = None) -> tuple[Any, np.ndarray, np.ndarray]:
+  """(outputs, Σ min(p, q) per row, evaluated positions per row) of the
+  engine's own rounds at ``gamma``: α for a draft whose q depends on where a
+  round starts (one that reads the target's decoder states,
+  ``feature_bridge``), for which ``min_pq_along`` is undefined. The sums run
+  over the positions the target evaluated (``SpecStats``), so sum / evaluated
+  is Corollary 3.6's estimate in the rounds decoding actually runs."""
+  out = speculative_decode(target, params, draft, inputs, key, gamma=gamma,
+                           max_decode_len=max_decode_len, sampling=sampling,
+                           eos_id=target.config.eos_id, partitioner=partitioner)
+  return (out, np.asarray(out.stats.min_pq_sum),
+          np.asarray(out.stats.evaluated_at).sum(1))
 
 
 def alpha_standard_error(sums: np.ndarray, tokens: np.ndarray) -> float:
@@ -135,18 +151,28 @@ class GammaChoice:
 
 def estimate_alpha(target: T5Model, params: Any, draft: Any,
                    batches: Sequence[tuple[Array, int]], key: Array, sampling: SamplingConfig,
-                   max_decode_len: int, partitioner: Any = None) -> tuple[float, int, float]:
+                   max_decode_len: int, partitioner: Any = None,
+                   rounds_gamma: int = 4) -> tuple[float, int, float]:
   """(α, tokens, standard error) from the target's own outputs for ``batches``
-  of (inputs [B, S], number of real rows: the rest is padding and not counted)."""
+  of (inputs [B, S], number of real rows: the rest is padding and not counted).
+  A draft that reads the target's decoder states is measured in the engine's
+  rounds at ``rounds_gamma`` instead (``min_pq_in_rounds``; tokens are then
+  the evaluated positions)."""
   sums, lengths = [], []
+  in_rounds = bool(getattr(draft, "wants_target_states", False))
   for i, (inputs, n) in enumerate(batches):
     k = jax.random.fold_in(key, i)
-    out = temperature_sample(target, params, inputs, k, max_decode_len=max_decode_len,
-                             sampling=sampling, eos_id=target.config.eos_id,
-                             partitioner=partitioner)
-    row_sums = min_pq_along(target, params, draft, inputs, out.tokens, out.length, sampling)
+    if in_rounds:
+      _, row_sums, counts = min_pq_in_rounds(target, params, draft, inputs, k, rounds_gamma,
+                                             max_decode_len, sampling, partitioner)
+    else:
+      out = temperature_sample(target, params, inputs, k, max_decode_len=max_decode_len,
+                               sampling=sampling, eos_id=target.config.eos_id,
+                               partitioner=partitioner)
+      row_sums = min_pq_along(target, params, draft, inputs, out.tokens, out.length, sampling)
+      counts = out.length
     sums += np.asarray(row_sums)[:n].tolist()
-    lengths += np.asarray(out.length)[:n].tolist()
+    lengths += np.asarray(counts)[:n].tolist()
   tokens = int(np.sum(lengths))
   return (float(np.sum(sums)) / max(tokens, 1), tokens,
           alpha_standard_error(np.asarray(sums), np.asarray(lengths)))
@@ -168,8 +194,10 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
   """
   if gamma_max < 1:
     raise ValueError(f"gamma_max must be >= 1, got {gamma_max}")
+  # A state-reading draft's α depends a little on γ (the staleness of what it
+  # reads); it is measured in rounds at γ_max, the longest rounds considered.
   alpha, tokens, alpha_se = estimate_alpha(target, params, draft, batches, key, sampling,
-                                           max_decode_len, partitioner)
+                                           max_decode_len, partitioner, rounds_gamma=gamma_max)
   costs = dict(costs or {})
   missing = [g for g in range(1, gamma_max + 1) if g not in costs]
   if missing:

@@ -1007,18 +1007,16 @@ def run_alpha_only(setup: Setup, workdir: Workdir) -> dict:
     if setup.partitioner is not None:
       x = setup.partitioner.shard_batch(x)
     key = jax.random.fold_in(root, rows[0])
-    kw = dict(max_decode_len=exp.max_decode_len, sampling=sampling,
-              eos_id=target.config.eos_id, partitioner=setup.partitioner)
     if getattr(setup.draft, "wants_target_states", False):
       # Its q depends on where rounds start (the staleness of the target state
-      # it reads), so α is measured in the engine's own rounds at γ: Σ min(p, q)
-      # over the positions the target evaluated (SpecStats), per position.
-      out = speculative_decode(target, tparams, setup.draft, x, key, gamma=exp.gamma_bound,
-                               **kw)
-      sums = np.asarray(out.stats.min_pq_sum)
-      evaluated = np.asarray(out.stats.evaluated_at).sum(1)
+      # it reads), so α is measured in the engine's own rounds at γ.
+      out, sums, evaluated = autogamma.min_pq_in_rounds(
+          target, tparams, setup.draft, x, key, exp.gamma_bound, exp.max_decode_len, sampling,
+          setup.partitioner)
     else:
-      out = temperature_sample(target, tparams, x, key, **kw)
+      out = temperature_sample(target, tparams, x, key, max_decode_len=exp.max_decode_len,
+                               sampling=sampling, eos_id=target.config.eos_id,
+                               partitioner=setup.partitioner)
       sums = np.asarray(autogamma.min_pq_along(target, tparams, setup.draft, x, out.tokens,
                                                 out.length, sampling))
       evaluated = np.asarray(out.length)

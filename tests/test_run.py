@@ -673,18 +673,24 @@ def test_adaptive_bad_input_fails_before_work(env, monkeypatch, binding, message
     run.prepare(exp)
 
 
-def test_runner_loads_a_draft_with_an_encoder_bridge(env, tmp_path):
-  """A draft checkpoint with ``encoder_bridge.npz`` is built reading the
-  target's encoder output; a kernel of the wrong shape or an unreadable file
-  is refused with the path and the shapes."""
-  from specdec_jax import bridge
+def _copied_draft_experiment(env, tmp_path):
+  """The toy experiment with its draft checkpoint copied to tmp_path/draft
+  (for tests that add files beside it), and its data."""
   shutil.copytree(env / "draft", tmp_path / "draft")
   exp = run.Experiment(task="toy", source=str(env / "data.tsv"), prefix="",
                        vocab_path=str(env / "spm.model"),
                        target_checkpoint=str(env / "target"),
                        draft_checkpoint=str(tmp_path / "draft"), gamma=3, max_input_len=24,
                        max_decode_len=16, num_warmup=1, num_examples=4)
-  d = run.load_data(exp)
+  return exp, run.load_data(exp)
+
+
+def test_runner_loads_a_draft_with_an_encoder_bridge(env, tmp_path):
+  """A draft checkpoint with ``encoder_bridge.npz`` is built reading the
+  target's encoder output; a kernel of the wrong shape or an unreadable file
+  is refused with the path and the shapes."""
+  from specdec_jax import bridge
+  exp, d = _copied_draft_experiment(env, tmp_path)
   assert run.load_models(exp, d).draft.bridge is None
   bridge.save(str(tmp_path / "draft"), np.full((32, 32), 0.1, np.float32))
   setup = run.load_models(exp, d)
@@ -703,13 +709,7 @@ def test_runner_loads_a_draft_with_a_feature_bridge(env, tmp_path):
   of the wrong width or an unreadable file is refused with the path and the
   shapes."""
   from specdec_jax import feature_bridge
-  shutil.copytree(env / "draft", tmp_path / "draft")
-  exp = run.Experiment(task="toy", source=str(env / "data.tsv"), prefix="",
-                       vocab_path=str(env / "spm.model"),
-                       target_checkpoint=str(env / "target"),
-                       draft_checkpoint=str(tmp_path / "draft"), gamma=3, max_input_len=24,
-                       max_decode_len=16, num_warmup=1, num_examples=4)
-  d = run.load_data(exp)
+  exp, d = _copied_draft_experiment(env, tmp_path)
   rng = np.random.default_rng(0)
   feature_bridge.save(str(tmp_path / "draft"),
                       {"kernel": rng.normal(size=(32, 32)).astype(np.float32),

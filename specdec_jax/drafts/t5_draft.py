@@ -80,11 +80,11 @@ class T5Draft:
     ``commit_with_target`` (only a feature-bridged draft reads them)."""
     return self.feature is not None
 
-  def init(self, inputs: Array, cache_len: int) -> DecoderCache:
+  def init(self, inputs: Array, cache_len: int) -> Any:
     return self.init_with_target(inputs, cache_len, None)
 
   def init_with_target(self, inputs: Array, cache_len: int,
-                       target_encoded: Array | None) -> DecoderCache:
+                       target_encoded: Array | None) -> Any:
     """``init`` given the target's encoder output for ``inputs`` (the engine's
     prefill has it), so a bridged draft does not encode with the target again;
     None: encode here if the bridge needs it."""
@@ -121,12 +121,12 @@ class T5Draft:
     j = jnp.where(s >= 0, positions - start, -1)
     return feature_lib.add_staleness(self.feature, h, j)
 
-  def _first_step(self, state: DecoderCache, seq: Array, length: Array,
+  def _first_step(self, cache: DecoderCache, seq: Array, length: Array,
                   sampling: SamplingConfig, key: Array, states: Array | None = None):
     """Feeds positions n-1 and n; returns (logits, q_1, x_1, cache)."""
     # Position n-1 is -1 on the first round: the model drops negative writes.
     pos = length[:, None] + jnp.arange(-1, 1, dtype=jnp.int32)[None, :]
-    logits, cache = self.model.decode(self.params, gather_positions(seq, pos), pos, state,
+    logits, cache = self.model.decode(self.params, gather_positions(seq, pos), pos, cache,
                                       self._extra(states, length, pos))
     cache = constrain_cache(cache, self.partitioner, "draft cache")
     q1 = standardize(logits[:, -1], sampling)
@@ -142,9 +142,9 @@ class T5Draft:
     q = standardize(logits[:, 0], sampling)
     return logits[:, 0], q, sample(key, q, sampling), cache
 
-  def propose(self, state: DecoderCache, seq: Array, length: Array, gamma: int,
+  def propose(self, state: Any, seq: Array, length: Array, gamma: int,
               sampling: SamplingConfig, key: Array,
-              override: Override | None = None) -> tuple[Array, Array, DecoderCache]:
+              override: Override | None = None) -> tuple[Array, Array, Any]:
     """γ draft steps. ``override(i, q_i, x_i) -> (x_i, q_i, certain)`` (i
     0-based) may replace each position's token and distribution before the
     next step is fed it (``LookupT5Draft`` copies there); it must return the
@@ -170,11 +170,11 @@ class T5Draft:
     q = jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
     return tokens, q, self._join(cache, states)
 
-  def propose_adaptive(self, state: DecoderCache, seq: Array, length: Array, gamma: int,
+  def propose_adaptive(self, state: Any, seq: Array, length: Array, gamma: int,
                        sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
                        skip_below: float | None = None, cumulative: bool = False,
                        override: Override | None = None
-                       ) -> tuple[Array, Array, Array, Array, DecoderCache]:
+                       ) -> tuple[Array, Array, Array, Array, Any]:
     """Up to γ proposals per row with real early exit (``base``, propose_adaptive).
 
     A ``lax.while_loop`` over draft steps that ends as soon as no row is still
