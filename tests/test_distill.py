@@ -163,28 +163,23 @@ def test_smoke_job_runs_every_stage(tmp_path):
 
 
 def test_smoke_job_with_bridges(tmp_path):
-  """--encoder_bridge and --feature_bridge: a zero bridge leaves the draft as
-  it was (agreement before training equals the plain draft's, to float
-  rounding), training moves it off zero, and it is written beside the draft
-  checkpoint (and only there)."""
+  """--encoder_bridge and --feature_bridge: zero bridges leave the draft as it
+  was (agreement before training equals the plain draft's, to float
+  rounding), training moves them off zero, and they are written beside the
+  draft checkpoint (and only there)."""
   from specdec_jax import bridge, feature_bridge
   plain = distill.smoke_job(str(tmp_path / "plain"), log_fn=lambda m: None)
   bridged = distill.smoke_job(str(tmp_path / "bridged"), log_fn=lambda m: None,
-                              encoder_bridge=True)
-  featured = distill.smoke_job(str(tmp_path / "featured"), log_fn=lambda m: None,
-                               feature_bridge=True)
+                              encoder_bridge=True, feature_bridge=True)
   for k in ("greedy_agreement", "t1_acceptance"):
     assert bridged["before"][k] == pytest.approx(plain["before"][k], abs=1e-6)
-    assert featured["before"][k] == pytest.approx(plain["before"][k], abs=1e-6)
   kernel = bridge.load(str(tmp_path / "bridged" / "distilled"))
   assert kernel.shape == (32, 16) and np.abs(kernel).max() > 0
-  features = feature_bridge.load(str(tmp_path / "featured" / "distilled"))
+  features = feature_bridge.load(str(tmp_path / "bridged" / "distilled"))
   assert features["kernel"].shape == (32, 16) and np.abs(features["kernel"]).max() > 0
   assert features["staleness"].shape == (4, 16) and np.abs(features["staleness"]).max() > 0
-  assert bridge.load(str(tmp_path / "featured" / "distilled")) is None
-  for name in ("plain", "bridged"):
-    assert feature_bridge.load(str(tmp_path / name / "distilled")) is None
   assert bridge.load(str(tmp_path / "plain" / "distilled")) is None
+  assert feature_bridge.load(str(tmp_path / "plain" / "distilled")) is None
 
 
 def test_interrupted_export_leaves_nothing_that_loads(tmp_path, monkeypatch):

@@ -170,13 +170,14 @@ def test_feature_bridge_reads_what_distillation_trains_on(tiny_target, tiny_draf
   seq = seq.at[:, 1:7].set(y)                       # decoder inputs 0..6: start, y_1..y_6
   _, hidden = model(params, INPUTS, seq[:, :7], return_hidden=True)
   t1 = SamplingConfig(temperature=1.0)
+  propose = jax.jit(lambda d, *a: d.propose(*a, gamma, t1, KEY))  # one compile, three calls
   state = featured.init(INPUTS, cache_len)
-  _, _, state = featured.propose(state, seq, jnp.zeros((b,), jnp.int32), gamma, t1, KEY)
+  _, _, state = propose(featured, state, seq, jnp.zeros((b,), jnp.int32))
   # Round 1's target pass covered positions 0..γ; n1 of its tokens committed.
   pos = jnp.broadcast_to(jnp.arange(gamma + 1, dtype=jnp.int32), (b, gamma + 1))
   length = jnp.full((b,), n1, jnp.int32)
   state = featured.commit_with_target(state, seq, length, hidden[:, :gamma + 1], pos)
-  xs, q, _ = featured.propose(state, seq, length, gamma, t1, jax.random.PRNGKey(9))
+  xs, q, _ = propose(featured, state, seq, length)
   # By hand: positions < n1-1 were computed in round 1 (no state yet: no
   # extra), n1-1 is re-fed reading h_{n1-2} at staleness 0, and n1+i reads
   # h_{n1-1} at staleness i.
@@ -189,11 +190,10 @@ def test_feature_bridge_reads_what_distillation_trains_on(tiny_target, tiny_draf
   want = standardize(logits[:, n1:], t1)
   np.testing.assert_allclose(q, want, rtol=1e-4, atol=1e-6)
   # The states matter: a draft given other states proposes otherwise.
-  other = featured.commit_with_target(featured.propose(featured.init(INPUTS, cache_len), seq,
-                                                       jnp.zeros((b,), jnp.int32), gamma, t1,
-                                                       KEY)[2], seq, length,
-                                      hidden[:, :gamma + 1] * 0, pos)
-  q_other = featured.propose(other, seq, length, gamma, t1, jax.random.PRNGKey(9))[1]
+  other = featured.commit_with_target(
+      propose(featured, featured.init(INPUTS, cache_len), seq, jnp.zeros((b,), jnp.int32))[2],
+      seq, length, hidden[:, :gamma + 1] * 0, pos)
+  q_other = propose(featured, other, seq, length)[1]
   assert float(jnp.max(jnp.abs(q_other[:, 0] - q[:, 0]))) > 1e-3
 
 
