@@ -68,29 +68,44 @@ def check(kernel: Any, target: T5Model, draft: T5Model, source: str) -> None:
                      f"{want}: was the draft distilled toward another target?")
 
 
-def save(directory: str, kernel: Any) -> None:
-  """Writes ``directory/encoder_bridge.npz`` (float32)."""
+def save_arrays(directory: str, filename: str, arrays: dict) -> None:
+  """Writes ``directory/filename`` (.npz, float32) whole or not at all (a
+  temporary file renamed into place): a bridge file never holds half a write."""
   os.makedirs(directory, exist_ok=True)
-  path = os.path.join(directory, FILENAME)
+  path = os.path.join(directory, filename)
   tmp = path + ".tmp.npz"
-  np.savez(tmp, kernel=np.asarray(jax.device_get(kernel), np.float32))
+  np.savez(tmp, **{k: np.asarray(jax.device_get(v), np.float32) for k, v in arrays.items()})
   os.replace(tmp, path)
 
 
-def load(directory: str) -> Optional[np.ndarray]:
-  """The bridge kernel stored with a draft checkpoint, or None if it has none."""
-  path = os.path.join(directory, FILENAME)
+def load_arrays(directory: str, filename: str, keys: tuple[str, ...],
+                what: str) -> Optional[dict]:
+  """``keys`` of ``directory/filename`` as finite 2-D float32 arrays, or None
+  if there is no such file; a torn, foreign or malformed file is an error
+  naming the path and ``what`` it should be."""
+  path = os.path.join(directory, filename)
   if not os.path.isfile(path):
     return None
   try:
     with np.load(path) as f:
-      kernel = np.asarray(f["kernel"], np.float32)
+      out = {k: np.asarray(f[k], np.float32) for k in keys}
   except Exception as e:  # a torn or foreign file: say which
-    raise ValueError(f"{path}: not a readable encoder bridge ({type(e).__name__}: {e})") from e
-  if kernel.ndim != 2 or not np.all(np.isfinite(kernel)):
-    raise ValueError(f"{path}: encoder bridge kernel must be a finite 2-D array, got shape "
-                     f"{kernel.shape}")
-  return kernel
+    raise ValueError(f"{path}: not a readable {what} ({type(e).__name__}: {e})") from e
+  if any(v.ndim != 2 or not np.all(np.isfinite(v)) for v in out.values()):
+    raise ValueError(f"{path}: {what} arrays must be finite and 2-D, got shapes "
+                     f"{ {k: v.shape for k, v in out.items()} }")
+  return out
+
+
+def save(directory: str, kernel: Any) -> None:
+  """Writes ``directory/encoder_bridge.npz`` (float32)."""
+  save_arrays(directory, FILENAME, {"kernel": kernel})
+
+
+def load(directory: str) -> Optional[np.ndarray]:
+  """The bridge kernel stored with a draft checkpoint, or None if it has none."""
+  out = load_arrays(directory, FILENAME, ("kernel",), "encoder bridge")
+  return None if out is None else out["kernel"]
 
 
 def bridges_in(directory: str) -> list[str]:

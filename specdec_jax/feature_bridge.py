@@ -28,13 +28,13 @@ steps produces.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import bridge as bridge_lib
 from specdec_jax.models.t5 import T5Model
 
 Array = jax.Array
@@ -81,15 +81,6 @@ def teacher_forced_extra(bridge: dict, target_hidden: Array, key: Array) -> Arra
   return project(bridge, h, jnp.where(s >= 0, j, -1))
 
 
-def fixed_staleness_extra(bridge: dict, target_hidden: Array, j: int) -> Array:
-  """As ``teacher_forced_extra`` with the same j at every position (evaluation)."""
-  b, t = target_hidden.shape[:2]
-  s = jnp.arange(t)[None, :] - 1 - j
-  h = jnp.take_along_axis(target_hidden, jnp.broadcast_to(jnp.clip(s, 0, t - 1), (b, t))[..., None],
-                          axis=1)
-  return project(bridge, h, jnp.broadcast_to(jnp.where(s >= 0, j, -1), (b, t)))
-
-
 def check(bridge: Any, target: T5Model, draft: T5Model, source: str) -> None:
   """The kernel must map the target's d_model to the draft's; the staleness
   table must have the draft's width."""
@@ -104,27 +95,9 @@ def check(bridge: Any, target: T5Model, draft: T5Model, source: str) -> None:
 
 def save(directory: str, bridge: Any) -> None:
   """Writes ``directory/feature_bridge.npz`` (float32)."""
-  os.makedirs(directory, exist_ok=True)
-  path = os.path.join(directory, FILENAME)
-  tmp = path + ".tmp.npz"
-  host = jax.device_get(bridge)
-  np.savez(tmp, kernel=np.asarray(host["kernel"], np.float32),
-           staleness=np.asarray(host["staleness"], np.float32))
-  os.replace(tmp, path)
+  bridge_lib.save_arrays(directory, FILENAME, bridge)
 
 
 def load(directory: str) -> Optional[dict]:
   """The feature bridge stored with a draft checkpoint, or None if it has none."""
-  path = os.path.join(directory, FILENAME)
-  if not os.path.isfile(path):
-    return None
-  try:
-    with np.load(path) as f:
-      out = {k: np.asarray(f[k], np.float32) for k in ("kernel", "staleness")}
-  except Exception as e:  # a torn or foreign file: say which
-    raise ValueError(f"{path}: not a readable feature bridge ({type(e).__name__}: {e})") from e
-  if out["kernel"].ndim != 2 or out["staleness"].ndim != 2 or not all(
-      np.all(np.isfinite(v)) for v in out.values()):
-    raise ValueError(f"{path}: feature bridge arrays must be finite and 2-D, got kernel "
-                     f"{out['kernel'].shape}, staleness {out['staleness'].shape}")
-  return out
+  return bridge_lib.load_arrays(directory, FILENAME, ("kernel", "staleness"), "feature bridge")

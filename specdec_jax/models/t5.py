@@ -495,10 +495,7 @@ class T5(nn.Module):
 
   def encode(self, inputs: Array, extra: Optional[Array] = None) -> Array:
     mask = inputs != self.config.pad_id
-    x = self.token_embedder(inputs)
-    if extra is not None:  # added to the embeddings (``specdec_jax.bridge``)
-      x = x + extra.astype(x.dtype)
-    return self.encoder(x, mask)
+    return self.encoder(self._embed(inputs, extra), mask)
 
   def init_cache(self, encoded: Array, inputs: Array, cache_len: int) -> DecoderCache:
     c = self.config
@@ -509,15 +506,15 @@ class T5(nn.Module):
     return DecoderCache(self_k=zeros, self_v=zeros, cross_k=cross_k, cross_v=cross_v,
                         encoder_mask=inputs != c.pad_id)
 
-  def _embed_decoder(self, tokens: Array, extra: Optional[Array]) -> Array:
+  def _embed(self, tokens: Array, extra: Optional[Array]) -> Array:
+    """Token embeddings plus ``extra`` if given: the encoder's input from
+    ``specdec_jax.bridge``, the decoder's from ``specdec_jax.feature_bridge``."""
     x = self.token_embedder(tokens)
-    if extra is not None:  # added to the embeddings (``specdec_jax.feature_bridge``)
-      x = x + extra.astype(x.dtype)
-    return x
+    return x if extra is None else x + extra.astype(x.dtype)
 
   def decode(self, tokens: Array, positions: Array, cache: DecoderCache, write: bool = True,
              extra: Optional[Array] = None, return_hidden: bool = False):
-    return self.decoder(self._embed_decoder(tokens, extra), positions, cache, None,
+    return self.decoder(self._embed(tokens, extra), positions, cache, None,
                         self.token_embedder.attend, write, return_hidden)
 
   def __call__(self, inputs: Array, decoder_inputs: Array,
@@ -529,7 +526,7 @@ class T5(nn.Module):
     cross = self.decoder.cross_kv(encoded) + (inputs != self.config.pad_id,)
     b, t = decoder_inputs.shape
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    out = self.decoder(self._embed_decoder(decoder_inputs, decoder_extra), pos, None, cross,
+    out = self.decoder(self._embed(decoder_inputs, decoder_extra), pos, None, cross,
                        self.token_embedder.attend, return_hidden=return_hidden)
     return (out[0], out[2]) if return_hidden else out[0]
 
