@@ -33,6 +33,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specdec_jax import demo, drafts  # noqa: E402
+from specdec_jax.data import parse_input_buckets  # noqa: E402
 from specdec_jax.run import (Experiment, check_before_loading, held_out_inputs,  # noqa: E402
                              load_data, load_draft, load_models, partitioners)
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
@@ -68,12 +69,14 @@ def bench(args) -> str:
   alpha_inputs = None
   if "auto" in gammas and args.auto_alpha_examples > 0:
     alpha_inputs = held_out_inputs(exp, args.auto_alpha_source, args.auto_alpha_examples)
+  buckets = parse_input_buckets(args.input_buckets, args.max_input_len)
   rows = []
   for temp in (float(t) for t in args.temperatures.split(",")):
     rows += gamma_sweep(setup.target, setup.target_params, draft, setup.inputs, gammas,
                         SamplingConfig(temperature=temp), exp.max_decode_len, args.seed,
                         gamma_max=args.gamma_max, alpha_inputs=alpha_inputs,
-                        adaptive_widths=parse_widths(args.adaptive_widths, args.gamma_max))
+                        adaptive_widths=parse_widths(args.adaptive_widths, args.gamma_max),
+                        input_buckets=buckets)
   lines = [markdown_table(rows)]
   for r in rows:
     if "auto" in r:  # what 'auto' saw and why it chose its γ (autogamma.GammaChoice)
@@ -159,6 +162,10 @@ def main() -> None:
   p.add_argument("--num_examples", type=int, default=20)
   p.add_argument("--max_input_len", type=int, default=128)
   p.add_argument("--max_decode_len", type=int, default=128)
+  p.add_argument("--input_buckets", default="32,48,64,96",
+                 help="input lengths each example is padded to, the smallest that holds it "
+                      "(Experiment.input_buckets, as in configs/demo.gin); 'none': always "
+                      "max_input_len")
   p.add_argument("--dtype", default="float32")
   p.add_argument("--seed", type=int, default=0)
   args = p.parse_args()

@@ -25,8 +25,9 @@ machine hits them alike):
 HF runs in torch float32 with ``torch.set_num_threads(--torch_threads)``,
 ``model.eval()`` and ``torch.inference_mode()``; ours are jitted (compiled in
 the warm-up examples, which are not timed) and timed to ``block_until_ready``.
-HF gets the unpadded input ids (what a HF user passes); ours are padded to
---max_input_len so that shapes, and hence the compiled programs, are fixed.
+HF gets the unpadded input ids (what a HF user passes); ours are padded to the
+smallest of --input_buckets that holds them (or to --max_input_len), so that
+shapes, and hence the compiled programs, are few and fixed.
 
 Workaround for transformers 5.23 with an encoder-decoder assistant: unless
 ``generate`` gets a ``decoder_attention_mask``, the assistant's prefill in
@@ -73,7 +74,7 @@ from specdec_jax.decoding import speculative_decode, temperature_sample  # noqa:
 from specdec_jax.drafts import T5Draft  # noqa: E402
 from specdec_jax.models.t5 import T5Config, T5Model  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
-from specdec_jax.timing import timed  # noqa: E402
+from specdec_jax.timing import block, timed  # noqa: E402
 
 METHODS = ("hf_greedy", "hf_assisted", "hf_default", "hf_asis", "ours_base", "ours_spec")
 LABELS = {
@@ -339,16 +340,24 @@ class Setting:
 
 def bench_setting(ours: Ours, hf_target, hf_draft, inputs: np.ndarray, ids: list,
                   *, temperature: float, gamma: int, max_decode_len: int, num_warmup: int,
-                  seed: int, methods: Sequence[str], log=print) -> Setting:
+                  seed: int, methods: Sequence[str], log=print,
+                  input_buckets: Sequence[int] = ()) -> Setting:
   eos = ours.config.eos_id
   fns, counter = make_runners(ours, hf_target, hf_draft, gamma=gamma,
                               max_decode_len=max_decode_len, temperature=temperature,
                               seed=seed, methods=methods)
   accs = {m: Acc() for m in fns}
   mismatches, compared = [], 0
+  # Ours: each input padded to its bucket (data.fit_to_bucket), one program
+  # per width, each compiled and run once here, untimed.
+  padded_all = [data.fit_to_bucket(inputs[i:i + 1], input_buckets) for i in range(len(inputs))]
+  for i in {x.shape[1]: i for i, x in reversed(list(enumerate(padded_all)))}.values():
+    for m, fn in fns.items():
+      if m.startswith("ours"):
+        block(fn(i, unpad(inputs[i], ours.config.pad_id), padded_all[i]))
   try:
     for i in range(inputs.shape[0]):
-      padded = inputs[i:i + 1]
+      padded = padded_all[i]
       row = unpad(inputs[i], ours.config.pad_id)
       warm = i < num_warmup
       toks = {}
@@ -480,6 +489,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                       "fastest for ours with the demo pair in a bench_speculative sweep)")
   p.add_argument("--max_decode_len", type=int, default=128)
   p.add_argument("--max_input_len", type=int, default=128)
+  p.add_argument("--input_buckets", default="32,48,64,96",
+                 help="ours: each input padded to the smallest of these that holds it "
+                      "(Experiment.input_buckets, as in configs/demo.gin); 'none': always "
+                      "--max_input_len")
   p.add_argument("--temperatures", default="0,1")
   p.add_argument("--hf_default", type=int, default=1,
                  help="1: also time HF assisted generation with HF's default schedule")
@@ -525,10 +538,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         f"{args.max_decode_len} examples={args.num_examples} (+{args.num_warmup} warm-up) "
         f"truncated inputs={truncated}")
   settings = []
+  buckets = data.parse_input_buckets(args.input_buckets, args.max_input_len)
   for temp in [float(t) for t in args.temperatures.split(",")]:
     settings.append(bench_setting(ours, hf_target, hf_draft, inputs, ids, temperature=temp,
                                   gamma=args.gamma, max_decode_len=args.max_decode_len,
-                                  num_warmup=args.num_warmup, seed=args.seed, methods=methods))
+                                  num_warmup=args.num_warmup, seed=args.seed, methods=methods,
+                                  input_buckets=buckets))
   lines = [TABLE_HEAD, "|" + "---|" * (TABLE_HEAD.count("|") - 1)]
   for s in settings:
     lines += setting_table(s)

@@ -424,6 +424,48 @@ def encode_batch(
   return out, truncated
 
 
+def check_input_buckets(buckets: Sequence[int], max_len: int, what: str = "input_buckets"
+                        ) -> None:
+  """Buckets must be strictly increasing ints in [1, max_len] (``max_len`` is
+  always the last bucket, whether listed or not)."""
+  if any(not isinstance(n, (int, np.integer)) or isinstance(n, bool) or not 1 <= n <= max_len
+         for n in buckets) or list(buckets) != sorted(set(buckets)):
+    raise ValueError(f"{what} must be strictly increasing ints in [1, max_input_len={max_len}], "
+                     f"got {tuple(buckets)!r}")
+
+
+def parse_input_buckets(text: str, max_len: int, what: str = "--input_buckets"
+                        ) -> tuple[int, ...]:
+  """'32,48,64' -> (32, 48, 64), checked; '' or 'none' -> () (no bucketing)."""
+  if text.strip() in ("", "none"):
+    return ()
+  try:
+    buckets = tuple(int(n) for n in text.split(","))
+  except ValueError:
+    raise ValueError(f"{what} must be a comma-separated list of ints or 'none', "
+                     f"got {text!r}") from None
+  check_input_buckets(buckets, max_len, what)
+  return buckets
+
+
+def fit_to_bucket(inputs: np.ndarray, buckets: Sequence[int]) -> np.ndarray:
+  """inputs [B, S] (right-padded with 0, as ``encode_batch`` makes them) cut to
+  [B, L], L the smallest of ``buckets`` (then S) that holds every row's tokens.
+
+  Only padding is removed, and padded positions are masked everywhere (encoder
+  self-attention, cross-attention), so the models compute the same function of
+  the tokens; what shrinks is the work: the encoder's S rows and every decode
+  step's cross-attention over S positions. One compiled program per bucket
+  used. () -> ``inputs`` unchanged (T5X's fixed feature length).
+  """
+  if not len(buckets):
+    return inputs
+  nonzero = np.nonzero(np.any(np.asarray(inputs) != 0, axis=0))[0]
+  used = int(nonzero[-1]) + 1 if len(nonzero) else 1
+  length = next((n for n in buckets if n >= used), inputs.shape[1])
+  return inputs[:, :min(length, inputs.shape[1])]
+
+
 # --------------------------------------------------------------------------- #
 # seqio tasks (lazy TF/seqio imports)
 # --------------------------------------------------------------------------- #

@@ -130,6 +130,10 @@ class Experiment:
   lenience: float = 1.0
   batch_size: int = 1
   max_input_len: int = 128
+  # Input lengths to pad each batch to: the smallest that holds its longest
+  # input (data.fit_to_bucket), one compiled program each, all compiled in the
+  # warm-up. () pads to max_input_len always (T5X's fixed feature length).
+  input_buckets: tuple = ()
   max_decode_len: int = 128
   on_too_long: str = "truncate"              # or 'error'
   dtype: str = "float32"                     # activation dtype
@@ -205,6 +209,7 @@ class Experiment:
                  "alpha_only_tokens"):
       if getattr(self, name) < 1:
         raise ValueError(f"Experiment.{name} must be >= 1, got {getattr(self, name)}")
+    data.check_input_buckets(self.input_buckets, self.max_input_len, "Experiment.input_buckets")
     if self.num_warmup < 0:
       raise ValueError(f"Experiment.num_warmup must be >= 0, got {self.num_warmup}")
     if self.on_too_long not in ("truncate", "error"):
@@ -756,10 +761,19 @@ def _batches(n: int, start: int, batch: int):
     yield list(range(i, min(i + batch, n)))
 
 
-def _pad_batch(inputs: np.ndarray, idx: list[int], batch: int) -> jnp.ndarray:
+def _pad_batch(inputs: np.ndarray, idx: list[int], batch: int,
+               buckets: tuple = ()) -> jnp.ndarray:
   rows = idx + [idx[-1]] * (batch - len(idx))  # repeat the last row; ignored
-  return jnp.asarray(inputs[rows])
+  return jnp.asarray(data.fit_to_bucket(inputs[rows], buckets))
 
+
+def _by_bucket(exp: Experiment, inputs: np.ndarray, indices: list[int]) -> dict[int, list]:
+  """The batches of ``indices`` grouped by the input length they are padded to."""
+  groups: dict[int, list] = {}
+  for idx in _batches(len(indices), 0, exp.batch_size):
+    x = _pad_batch(inputs, [indices[i] for i in idx], exp.batch_size, exp.input_buckets)
+    groups.setdefault(x.shape[1], []).append(x)
+  return groups
 
 
 def _text(vocab, tokens: np.ndarray) -> str:
@@ -895,20 +909,29 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   # Warm-up: compile both loops on the warm-up examples (or the first batch).
   t0 = time.perf_counter()
   for idx in (list(_batches(exp.num_warmup, 0, exp.batch_size)) or [[0]]):
-    x = _pad_batch(setup.inputs, idx, exp.batch_size)
+    x = _pad_batch(setup.inputs, idx, exp.batch_size, exp.input_buckets)
     block(base_fn(x, root))
     block(spec_fn(x, root))
+  # Each input bucket is its own program: every one the timed examples use is
+  # compiled and run once here (buckets () -> one group, run above already).
+  groups = _by_bucket(exp, setup.inputs, list(range(n_total)))
+  if exp.input_buckets:
+    for xs in groups.values():
+      block(base_fn(xs[0], root))
+      block(spec_fn(xs[0], root))
+    logging.info("Input buckets used: %s", sorted(groups))
   adaptive = exp.adaptive_config()
   if adaptive is not None:
     # Every verification branch run once, untimed (its code is generated on
-    # its first run: timing.warm_up_widths); over the examples, as far as needed.
-    seen = warm_up_widths(lambda x: spec_fn(x, root),
-                          (_pad_batch(setup.inputs, idx, exp.batch_size)
-                           for idx in _batches(n_total, 0, exp.batch_size)),
-                          adaptive.verify_widths(gamma))
-    logging.info("Adaptive warm-up ran verification widths %s", sorted(seen))
+    # its first run, per program: timing.warm_up_widths); over the examples of
+    # each input bucket, as far as needed.
+    for length, xs in sorted(groups.items()):
+      seen = warm_up_widths(lambda x: spec_fn(x, root), xs, adaptive.verify_widths(gamma))
+      logging.info("Adaptive warm-up ran verification widths %s (inputs of length %d)",
+                   sorted(seen), length)
   logging.info("Warm-up (compilation included) took %.1f s", time.perf_counter() - t0)
-  c = measure_costs(target, tparams, draft, _pad_batch(setup.inputs, [0], exp.batch_size),
+  c = measure_costs(target, tparams, draft,
+                    _pad_batch(setup.inputs, [0], exp.batch_size, exp.input_buckets),
                     gamma, sampling, cache_len=exp.max_decode_len + gamma + 1)
   costs = {"c": c.c, "v": c.v, "target_step_ms": 1e3 * c.target_step_s,
            "verify_ms": 1e3 * c.verify_s, "draft_token_ms": 1e3 * c.draft_token_s,
@@ -923,7 +946,7 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   processed = 0
   for idx in _batches(len(todo), 0, exp.batch_size):
     rows = [todo[i] for i in idx]
-    x = _pad_batch(setup.inputs, rows, exp.batch_size)
+    x = _pad_batch(setup.inputs, rows, exp.batch_size, exp.input_buckets)
     key = jax.random.fold_in(root, rows[0])
     base, base_s = timed(lambda: base_fn(x, key))
     spec, spec_s = timed(lambda: spec_fn(x, key))
@@ -1003,7 +1026,7 @@ def run_alpha_only(setup: Setup, workdir: Workdir) -> dict:
     if sum(r["tokens"] for r in workdir.records) >= exp.alpha_only_tokens:
       break
     rows = [todo[k] for k in idx]
-    x = _pad_batch(setup.inputs, rows, exp.batch_size)
+    x = _pad_batch(setup.inputs, rows, exp.batch_size, exp.input_buckets)
     if setup.partitioner is not None:
       x = setup.partitioner.shard_batch(x)
     key = jax.random.fold_in(root, rows[0])

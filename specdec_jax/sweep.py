@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import jax
 import numpy as np
 
-from specdec_jax import autogamma, theory
+from specdec_jax import autogamma, data, theory
 from specdec_jax.decoding import (CONFIDENCE_RULES, AdaptiveConfig, speculative_decode,
                                   temperature_sample)
 from specdec_jax.sampling import SamplingConfig
@@ -67,7 +67,8 @@ def gamma_sweep(target, target_params, draft: Union[Any, Mapping[str, Any]],
                 inputs: np.ndarray, gammas: Sequence[Union[int, str]],
                 sampling: SamplingConfig, max_decode_len: int, seed: int = 0,
                 gamma_max: int = 8, alpha_inputs: Optional[np.ndarray] = None,
-                alpha_batch: int = 8, adaptive_widths: Sequence[int] = ()) -> list[dict]:
+                alpha_batch: int = 8, adaptive_widths: Sequence[int] = (),
+                input_buckets: Sequence[int] = ()) -> list[dict]:
   """One row per (draft, γ setting): measured tokens/s, α, c, v and Theorem 3.8's
   prediction.
 
@@ -89,13 +90,19 @@ def gamma_sweep(target, target_params, draft: Union[Any, Mapping[str, Any]],
   ``gamma_max``), whose rows report the mean γ used and no prediction
   (Theorem 3.8 is for a fixed γ), verifying at ``adaptive_widths`` (()
   = ``AdaptiveConfig``'s default). All settings run back to back per example.
+  ``input_buckets``: each example's inputs are cut to the smallest bucket that
+  holds them (``data.fit_to_bucket``; the runner's ``Experiment.input_buckets``),
+  every bucket used compiled before timing; () keeps the full width S.
   """
+  examples = [data.fit_to_bucket(inputs[i:i + 1], input_buckets) for i in range(len(inputs))]
+  # One program per input width: the first example of each width warms them up.
+  firsts = list({x.shape[1]: x for x in reversed(examples)}.values())
   parsed = [parse_setting(g, gamma_max, adaptive_widths) for g in gammas]
   named = dict(draft) if isinstance(draft, Mapping) else {None: draft}
   eos = target.config.eos_id
   kw = dict(max_decode_len=max_decode_len, sampling=sampling, eos_id=eos)
   base = lambda x, k: temperature_sample(target, target_params, x, k, **kw)
-  x0 = inputs[:1]
+  x0 = examples[0]
   block(base(x0, jax.random.PRNGKey(0)))
   auto = any(label == "auto" for label, _, _ in parsed)
   needed = {g for _, g, _ in parsed if g} | (set(range(1, gamma_max + 1)) if auto else set())
@@ -120,20 +127,23 @@ def gamma_sweep(target, target_params, draft: Union[Any, Mapping[str, Any]],
       settings.append((name, label, g, a))
       spec[name, label] = (lambda x, k, d=d, g=g, a=a: speculative_decode(
           target, target_params, d, x, k, gamma=g, adaptive=a, **kw))
-  for fn in spec.values():
-    block(fn(x0, jax.random.PRNGKey(0)))
+  for x in firsts:
+    block(base(x, jax.random.PRNGKey(0)))
+    for fn in spec.values():
+      block(fn(x, jax.random.PRNGKey(0)))
   # Adaptive loops: every verification branch run once before timing (its
-  # code is generated on its first run; timing.warm_up_widths).
+  # code is generated on its first run, per program; timing.warm_up_widths).
   for (name, label, g, a) in settings:
     if a is not None:
-      warm_up_widths(lambda x, fn=spec[name, label]: fn(x, jax.random.PRNGKey(0)),
-                     (inputs[i:i + 1] for i in range(len(inputs))), a.verify_widths(g))
+      for width in {x.shape[1] for x in examples}:
+        warm_up_widths(lambda x, fn=spec[name, label]: fn(x, jax.random.PRNGKey(0)),
+                       (x for x in examples if x.shape[1] == width), a.verify_widths(g))
   zero = lambda: dict(s=0.0, tok=0, acc=0, rej=0, mpq=0.0, calls=0, ratios=[], mism=0,
                       acc_at=0, ev_at=0, hist=0)
   acc = {label: zero() for label in spec}
   b_s, b_tok = 0.0, 0
   for i in range(1, len(inputs)):
-    x = inputs[i:i + 1]
+    x = examples[i]
     key = jax.random.fold_in(jax.random.PRNGKey(seed), i)
     out, t = timed(lambda: base(x, key))
     b_s += t

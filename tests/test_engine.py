@@ -218,6 +218,40 @@ def test_alpha_of_a_state_reading_draft_is_measured_in_rounds(tiny_target):
     autogamma.min_pq_along(model, params, featured, INPUTS, out.tokens, out.length, greedy)
 
 
+def test_input_buckets_cut_only_padding(tiny_target, tiny_draft):
+  """data.fit_to_bucket: inputs cut from width 24 to their bucket (16) give the
+  same tokens and log-probabilities (padding is masked everywhere), baseline
+  and speculative alike; one row longer than a bucket keeps the full width."""
+  from specdec_jax import data
+  model, params = tiny_target
+  wide = np.zeros((2, 24), np.int32)
+  wide[:, :12] = np.asarray(INPUTS[:2])
+  wide[1, 9:12] = 0                             # rows of different lengths
+  cut = data.fit_to_bucket(wide, (8, 16))
+  assert cut.shape == (2, 16) and np.array_equal(cut, wide[:, :16])
+  assert data.fit_to_bucket(wide, ()) is wide
+  full = wide.copy()
+  full[0, -1] = 5                               # a row using every position
+  assert data.fit_to_bucket(full, (8, 16)).shape == (2, 24)
+  kw = dict(max_decode_len=MAX_LEN, eos_id=-1)
+  a = temperature_sample(model, params, jnp.asarray(wide), KEY, **kw)
+  b = temperature_sample(model, params, jnp.asarray(cut), KEY, **kw)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_allclose(a.log_prob, b.log_prob, rtol=1e-5)
+  draft = drafts.build("t5", model=tiny_draft[0], params=tiny_draft[1])
+  spec = speculative_decode(model, params, draft, jnp.asarray(cut), KEY, gamma=3, **kw)
+  np.testing.assert_array_equal(spec.tokens, a.tokens)
+  with pytest.raises(ValueError, match=r"input_buckets must be strictly increasing ints in "
+                                       r"\[1, max_input_len=16\], got \(8, 32\)"):
+    data.check_input_buckets((8, 32), 16)
+  with pytest.raises(ValueError, match="strictly increasing"):
+    data.check_input_buckets((16, 8), 16)
+  assert data.parse_input_buckets("8,16", 16) == (8, 16) and data.parse_input_buckets("none", 16) == ()
+  with pytest.raises(ValueError, match=r"--input_buckets must be a comma-separated list of ints "
+                                       r"or 'none', got '8,x'"):
+    data.parse_input_buckets("8,x", 16)
+
+
 def test_draft_equal_to_target_accepts_everything(tiny_target, greedy_case):
   model, params = tiny_target
   eos, base = greedy_case

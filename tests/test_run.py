@@ -289,6 +289,8 @@ def test_failed_run_leaves_no_files_and_a_stale_config_is_replaced(spec_run, env
     ("Experiment.mesh_shape = (1, 1, 1)", r"mesh_shape must be None or two positive ints"),
     ("Experiment.partition_fallback = 'pad'", r"partition_fallback must be one of"),
     ("Experiment.dtype = 'float8'", r"Experiment.dtype must be one of .*got 'float8'"),
+    ("Experiment.input_buckets = (32, 16)",
+     r"Experiment.input_buckets must be strictly increasing ints in \[1, max_input_len="),
     ("Experiment.max_decode_len = 1000000000",
      r"Experiment.max_decode_len=1000000000 .* needs about \d+\.\d GiB .*target KV cache"),
 ])
