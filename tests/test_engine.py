@@ -246,7 +246,8 @@ def test_input_buckets_cut_only_padding(tiny_target, tiny_draft):
     data.check_input_buckets((8, 32), 16)
   with pytest.raises(ValueError, match="strictly increasing"):
     data.check_input_buckets((16, 8), 16)
-  assert data.parse_input_buckets("8,16", 16) == (8, 16) and data.parse_input_buckets("none", 16) == ()
+  assert data.parse_input_buckets("8,16", 16) == (8, 16)
+  assert data.parse_input_buckets("none", 16) == ()
   with pytest.raises(ValueError, match=r"--input_buckets must be a comma-separated list of ints "
                                        r"or 'none', got '8,x'"):
     data.parse_input_buckets("8,x", 16)
