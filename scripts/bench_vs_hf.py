@@ -535,7 +535,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   machine = machine_line()  # load average at the start of the run
   print(f"# {machine}")
   print(f"# target={args.target} draft={args.draft} γ={args.gamma} max_decode_len="
-        f"{args.max_decode_len} examples={args.num_examples} (+{args.num_warmup} warm-up) "
+        f"{args.max_decode_len} input_buckets={args.input_buckets} examples={args.num_examples} "
+        f"(+{args.num_warmup} warm-up) "
         f"truncated inputs={truncated}")
   settings = []
   buckets = data.parse_input_buckets(args.input_buckets, args.max_input_len)
