@@ -181,7 +181,9 @@ def test_runner_on_a_mesh_gives_the_single_device_outputs(tmp_path):
   4 CPU devices (the demo target's 4 heads divide 4, not 8): 0 mismatches and
   the same outputs, baseline and speculative, as the run on one device."""
   bindings = ["Experiment.num_warmup = 1", "Experiment.num_examples = 3",
-              "Experiment.max_decode_len = 48", "Experiment.gamma = 3"]
+              "Experiment.max_decode_len = 48", "Experiment.gamma = 3",
+              # One input bucket for these three verses: bucketed, one program.
+              "Experiment.input_buckets = (48,)"]
   records = {}
   for name, extra, devices in (("single", [], 1), ("mesh", ["Experiment.mesh_shape = (1, 4)"], 4)):
     cmd = [sys.executable, "-m", "specdec_jax.run", "--config=configs/demo.gin",
