@@ -351,7 +351,7 @@ def bench_setting(ours: Ours, hf_target, hf_draft, inputs: np.ndarray, ids: list
   # Ours: each input padded to its bucket (data.fit_to_bucket), one program
   # per width, each compiled and run once here, untimed.
   padded_all = [data.fit_to_bucket(inputs[i:i + 1], input_buckets) for i in range(len(inputs))]
-  for i in {x.shape[1]: i for i, x in reversed(list(enumerate(padded_all)))}.values():
+  for i in (group[0] for group in data.by_width(padded_all).values()):
     for m, fn in fns.items():
       if m.startswith("ours"):
         block(fn(i, unpad(inputs[i], ours.config.pad_id), padded_all[i]))

@@ -448,6 +448,15 @@ def parse_input_buckets(text: str, max_len: int, what: str = "--input_buckets"
   return buckets
 
 
+def by_width(arrays: Sequence[Any]) -> dict[int, list[int]]:
+  """Indices of ``arrays`` ([B, L] each) grouped by their width L, in order:
+  each width is its own compiled program, warmed up through its group."""
+  groups: dict[int, list[int]] = {}
+  for i, x in enumerate(arrays):
+    groups.setdefault(int(np.shape(x)[-1]), []).append(i)
+  return groups
+
+
 def fit_to_bucket(inputs: np.ndarray, buckets: Sequence[int]) -> np.ndarray:
   """inputs [B, S] (right-padded with 0, as ``encode_batch`` makes them) cut to
   [B, L], L the smallest of ``buckets`` (then S) that holds every row's tokens.

@@ -767,13 +767,6 @@ def _pad_batch(inputs: np.ndarray, idx: list[int], batch: int,
   return jnp.asarray(data.fit_to_bucket(inputs[rows], buckets))
 
 
-def _by_bucket(exp: Experiment, inputs: np.ndarray, indices: list[int]) -> dict[int, list]:
-  """The batches of ``indices`` grouped by the input length they are padded to."""
-  groups: dict[int, list] = {}
-  for idx in _batches(len(indices), 0, exp.batch_size):
-    x = _pad_batch(inputs, [indices[i] for i in idx], exp.batch_size, exp.input_buckets)
-    groups.setdefault(x.shape[1], []).append(x)
-  return groups
 
 
 def _text(vocab, tokens: np.ndarray) -> str:
@@ -912,21 +905,24 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
     x = _pad_batch(setup.inputs, idx, exp.batch_size, exp.input_buckets)
     block(base_fn(x, root))
     block(spec_fn(x, root))
-  # Each input bucket is its own program: every one the timed examples use is
-  # compiled and run once here (buckets () -> one group, run above already).
-  groups = _by_bucket(exp, setup.inputs, list(range(n_total)))
-  if exp.input_buckets:
-    for xs in groups.values():
-      block(base_fn(xs[0], root))
-      block(spec_fn(xs[0], root))
-    logging.info("Input buckets used: %s", sorted(groups))
   adaptive = exp.adaptive_config()
+  if exp.input_buckets or adaptive is not None:
+    batches = [_pad_batch(setup.inputs, idx, exp.batch_size, exp.input_buckets)
+               for idx in _batches(n_total, 0, exp.batch_size)]
+    groups = data.by_width(batches)  # one program per input bucket
+  if exp.input_buckets:
+    # Every bucket the examples use compiled and run once here, untimed.
+    for group in groups.values():
+      block(base_fn(batches[group[0]], root))
+      block(spec_fn(batches[group[0]], root))
+    logging.info("Input buckets used: %s", sorted(groups))
   if adaptive is not None:
     # Every verification branch run once, untimed (its code is generated on
     # its first run, per program: timing.warm_up_widths); over the examples of
     # each input bucket, as far as needed.
-    for length, xs in sorted(groups.items()):
-      seen = warm_up_widths(lambda x: spec_fn(x, root), xs, adaptive.verify_widths(gamma))
+    for length, group in sorted(groups.items()):
+      seen = warm_up_widths(lambda x: spec_fn(x, root), (batches[i] for i in group),
+                            adaptive.verify_widths(gamma))
       logging.info("Adaptive warm-up ran verification widths %s (inputs of length %d)",
                    sorted(seen), length)
   logging.info("Warm-up (compilation included) took %.1f s", time.perf_counter() - t0)

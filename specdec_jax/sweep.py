@@ -95,8 +95,7 @@ def gamma_sweep(target, target_params, draft: Union[Any, Mapping[str, Any]],
   every bucket used compiled before timing; () keeps the full width S.
   """
   examples = [data.fit_to_bucket(inputs[i:i + 1], input_buckets) for i in range(len(inputs))]
-  # One program per input width: the first example of each width warms them up.
-  firsts = list({x.shape[1]: x for x in reversed(examples)}.values())
+  widths = data.by_width(examples)  # one program per input width
   parsed = [parse_setting(g, gamma_max, adaptive_widths) for g in gammas]
   named = dict(draft) if isinstance(draft, Mapping) else {None: draft}
   eos = target.config.eos_id
@@ -127,17 +126,17 @@ def gamma_sweep(target, target_params, draft: Union[Any, Mapping[str, Any]],
       settings.append((name, label, g, a))
       spec[name, label] = (lambda x, k, d=d, g=g, a=a: speculative_decode(
           target, target_params, d, x, k, gamma=g, adaptive=a, **kw))
-  for x in firsts:
-    block(base(x, jax.random.PRNGKey(0)))
+  for group in widths.values():
+    block(base(examples[group[0]], jax.random.PRNGKey(0)))
     for fn in spec.values():
-      block(fn(x, jax.random.PRNGKey(0)))
+      block(fn(examples[group[0]], jax.random.PRNGKey(0)))
   # Adaptive loops: every verification branch run once before timing (its
   # code is generated on its first run, per program; timing.warm_up_widths).
   for (name, label, g, a) in settings:
     if a is not None:
-      for width in {x.shape[1] for x in examples}:
+      for group in widths.values():
         warm_up_widths(lambda x, fn=spec[name, label]: fn(x, jax.random.PRNGKey(0)),
-                       (x for x in examples if x.shape[1] == width), a.verify_widths(g))
+                       (examples[i] for i in group), a.verify_widths(g))
   zero = lambda: dict(s=0.0, tok=0, acc=0, rej=0, mpq=0.0, calls=0, ratios=[], mism=0,
                       acc_at=0, ev_at=0, hist=0)
   acc = {label: zero() for label in spec}

@@ -63,3 +63,13 @@ def tiny_target():
 def tiny_draft():
   model = T5Model(TINY.replace(num_encoder_layers=1, num_decoder_layers=1))
   return model, sharpen(model.init(jax.random.PRNGKey(7)))
+
+
+@pytest.fixture(autouse=True)
+def _no_gin_bindings_leak():
+  """gin bindings are process-global: one test's (e.g. a runner config binding
+  Experiment.adaptive) must not change the defaults another test's
+  ``Experiment(...)`` is built with."""
+  yield
+  import gin  # pylint: disable=g-import-not-at-top
+  gin.clear_config()

@@ -230,6 +230,7 @@ def test_input_buckets_cut_only_padding(tiny_target, tiny_draft):
   cut = data.fit_to_bucket(wide, (8, 16))
   assert cut.shape == (2, 16) and np.array_equal(cut, wide[:, :16])
   assert data.fit_to_bucket(wide, ()) is wide
+  assert data.by_width([cut, wide, cut]) == {16: [0, 2], 24: [1]}
   full = wide.copy()
   full[0, -1] = 5                               # a row using every position
   assert data.fit_to_bucket(full, (8, 16)).shape == (2, 24)
