@@ -540,11 +540,11 @@ class _RecordWidths(_RoundCounting):
   sink: _Sink = struct.field(pytree_node=False)
 
   def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold,
-                       skip_below=None, cumulative=False):
+                       skip_below=None, cumulative=False, drawn=False):
     inner, r = state
     tokens, q, count, steps, inner = adaptive_proposal(
         self.inner, inner, seq, length, gamma, sampling, key, limit, threshold, skip_below,
-        cumulative)
+        cumulative, drawn)
     jax.debug.callback(self.sink.put, r, jnp.clip(count[0], 0, limit[0]))
     return tokens, q, count, steps, (inner, r + 1)
 

@@ -122,6 +122,9 @@ class Experiment:
   # 'threshold'/'cumulative' only: a row whose first draft distribution has top probability
   # <= this proposes nothing that round (a plain target step); None: never.
   adaptive_skip_below: Optional[float] = None
+  # 'threshold'/'cumulative' only: what they read after each draft token: 'top'
+  # (max_x q(x)) or 'drawn' (q of the token drawn; the same at T = 0).
+  adaptive_confidence: str = "top"
   adaptive_initial_gamma: Optional[int] = None
   # The verification widths compiled for adaptive rounds (AdaptiveConfig.widths);
   # () = powers of two below gamma, and gamma. At batch 1 where v(k) grows with
@@ -274,9 +277,10 @@ class Experiment:
     widths = tuple(int(w) for w in self.adaptive_widths)
     if self.adaptive in CONFIDENCE_RULES:
       return AdaptiveConfig(self.adaptive, threshold=float(self.adaptive_threshold),
-                            skip_below=skip, widths=widths)
+                            skip_below=skip, widths=widths,
+                            confidence=self.adaptive_confidence)
     return AdaptiveConfig(self.adaptive, initial_gamma=self.adaptive_initial_gamma,
-                          skip_below=skip, widths=widths)
+                          skip_below=skip, widths=widths, confidence=self.adaptive_confidence)
 
   @property
   def gamma_bound(self) -> int:
@@ -822,13 +826,15 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
     summary["adaptive_threshold"] = (exp.adaptive_threshold if exp.adaptive in CONFIDENCE_RULES
                                      else None)
     summary["adaptive_skip_below"] = exp.adaptive_skip_below
+    summary["adaptive_confidence"] = exp.adaptive_confidence
     summary["gamma_hist"] = hist.tolist()       # rounds that proposed j tokens, at j
     summary["mean_gamma"] = float(np.dot(np.arange(len(hist)), hist) / max(hist.sum(), 1))
     summary["gamma_label"] = (f"≤{exp.gamma} {exp.adaptive}"
                               + (f" {exp.adaptive_threshold:g}"
                                  if exp.adaptive in CONFIDENCE_RULES else "")
                               + (f" skip {exp.adaptive_skip_below:g}"
-                                 if exp.adaptive_skip_below is not None else ""))
+                                 if exp.adaptive_skip_below is not None else "")
+                              + (" drawn" if exp.adaptive_confidence == "drawn" else ""))
   # Theorem 3.8 is for a fixed γ: an adaptive run has no such prediction.
   ok = records and not math.isnan(alpha) and exp.adaptive is None
   summary["expected_speedup"] = (float(theory.walltime_improvement(min(alpha, 1.0), exp.gamma,

@@ -24,14 +24,16 @@ from specdec_jax.timing import block, measure_costs_many, timed, warm_up_widths
 
 def parse_setting(text: Union[int, str], gamma_max: int, widths: Sequence[int] = ()
                   ) -> tuple[str, int, Optional[AdaptiveConfig]]:
-  """'3' | 'auto' | 'threshold[:t[:s]]' | 'cumulative[:t[:s]]' | 'schedule[:initial γ]'
-  -> (label, γ, adaptive).
+  """'3' | 'auto' | 'threshold[:t[:s[:drawn]]]' | 'cumulative[:t[:s[:drawn]]]' |
+  'schedule[:initial γ]' -> (label, γ, adaptive).
 
   Adaptive settings run with γ_max = ``gamma_max``; 'auto' is resolved later.
   'threshold:t:s' (and 'cumulative:t:s') also skips a round when q_1's
   confidence is <= s (``AdaptiveConfig.skip_below``: the round is a plain
-  target step). ``widths``: the adaptive settings' compiled verification
-  widths (``AdaptiveConfig.widths``; () = its default).
+  target step); s may be empty ('cumulative:0.25::drawn'). A last field
+  'drawn' reads the drawn token's probability instead of the top one
+  (``AdaptiveConfig.confidence``). ``widths``: the adaptive settings'
+  compiled verification widths (``AdaptiveConfig.widths``; () = its default).
   """
   text = str(text).strip()
   if text.isdigit():
@@ -40,11 +42,14 @@ def parse_setting(text: Union[int, str], gamma_max: int, widths: Sequence[int] =
     return text, 0, None
   rule, _, arg = text.partition(":")
   if rule in CONFIDENCE_RULES:
-    t, _, skip = arg.partition(":")
+    t, _, rest = arg.partition(":")
+    skip, _, confidence = rest.partition(":")
     cfg = AdaptiveConfig(rule, threshold=float(t or 0.4),
-                         skip_below=float(skip) if skip else None, widths=tuple(widths))
+                         skip_below=float(skip) if skip else None, widths=tuple(widths),
+                         confidence=confidence or "top")
     label = f"≤{gamma_max} {'thr' if rule == 'threshold' else 'cum'} {cfg.threshold:g}"
-    return label + (f" skip {cfg.skip_below:g}" if skip else ""), gamma_max, cfg
+    return (label + (f" skip {cfg.skip_below:g}" if skip else "")
+            + (" drawn" if cfg.confidence == "drawn" else "")), gamma_max, cfg
   if rule == "schedule":
     cfg = AdaptiveConfig("schedule", initial_gamma=int(arg) if arg else None,
                          widths=tuple(widths))

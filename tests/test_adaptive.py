@@ -22,7 +22,8 @@ from flax import struct
 from specdec_jax import drafts
 from specdec_jax.decoding import (AdaptiveConfig, alpha_estimates, cap_proposals,
                                   speculative_decode)
-from specdec_jax.drafts.base import adaptive_proposal, stop_count, top_probability
+from specdec_jax.drafts.base import (adaptive_proposal, drawn_probability, stop_count,
+                                     top_probability)
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.speculative import speculative_sampling
@@ -266,6 +267,37 @@ def test_cumulative_matches_stop_count(near_draft):
     assert np.all(np.asarray(want) <= np.asarray(stop_count(conf, limit, threshold)))
 
 
+def test_drawn_confidence_matches_stop_count(near_draft):
+  """confidence='drawn': T5Draft.propose_adaptive stops where ``stop_count``
+  says from q_i(x_i) of the same proposals (T = 1, same key), which is not
+  where max q_i would stop it, and the generic fallback agrees; skip_below
+  still reads q_1's top probability."""
+  t1 = SamplingConfig(temperature=1.0)
+  b, gamma = INPUTS.shape[0], 6
+  state = near_draft.init(INPUTS, 40)
+  seq, length = jnp.zeros((b, 40), jnp.int32), jnp.zeros((b,), jnp.int32)
+  limit = jnp.full((b,), gamma, jnp.int32)
+  tokens, q, _ = near_draft.propose(state, seq, length, gamma, t1, KEY)
+  drawn, top = drawn_probability(q, None, tokens, t1), top_probability(q, None, t1)
+  assert np.all(np.asarray(drawn) <= np.asarray(top) + 1e-6)
+  # One compilation per (draft, skip, cumulative); the threshold is traced.
+  counts = jax.jit(lambda d, threshold, skip, cumulative: adaptive_proposal(
+      d, state, seq, length, gamma, t1, KEY, limit, threshold, skip, cumulative,
+      drawn=True)[2], static_argnums=(2, 3))
+  differ = 0
+  for cumulative, skip in ((False, None), (True, 0.3)):
+    for threshold in (0.05, 0.2, 0.5):
+      want = stop_count(drawn, limit, threshold, skip, cumulative, first_top=top[:, 0])
+      msg = f"{cumulative} {threshold} {skip}"
+      np.testing.assert_array_equal(counts(near_draft, threshold, skip, cumulative), want,
+                                    err_msg=msg)
+      np.testing.assert_array_equal(counts(_ProposeOnly(near_draft), threshold, skip,
+                                           cumulative), want, err_msg=msg)
+      differ += int(np.any(np.asarray(want) != np.asarray(
+          stop_count(top, limit, threshold, skip, cumulative))))
+  assert differ >= 3, differ  # the two confidences really stop rows differently
+
+
 def test_skip_below_needs_a_propose_adaptive_that_takes_it(near_draft):
   @struct.dataclass
   class Old:  # propose_adaptive written before skip_below existed
@@ -396,6 +428,68 @@ def test_lookup_t5_sequence_distribution_is_exact(seq_models, setting):
   assert (hist[1:] > hist.sum() // 20).sum() >= 2, hist
   dist = exact_sequence_distribution(model, target, sampling)
   assert sequence_pvalue(np.asarray(out.tokens), dist) > SIGNIFICANCE
+
+
+SEQ_DRAWN = {"temp1": 0.05, "temp1_topp0.8": 0.2}
+
+
+@pytest.mark.parametrize("setting", sorted(SEQ_DRAWN))
+def test_sequence_distribution_is_exact_with_drawn_confidence(seq_models, setting):
+  """confidence='drawn' (the cumulative rule on q_i(x_i)) with skipped rounds
+  (skip_below on q_1's top probability) keeps the target's distribution."""
+  model, target, draft_params = seq_models
+  sampling = SETTINGS[setting]
+  adaptive = AdaptiveConfig("cumulative", SEQ_DRAWN[setting], skip_below=0.3,
+                            confidence="drawn")
+  out = _seq_decode(seq_models, drafts.T5Draft(params=draft_params, model=model), sampling,
+                    adaptive)
+  hist = np.asarray(out.stats.gamma_hist).sum(0)
+  assert hist[0] > hist.sum() // 20 and (hist[1:] > hist.sum() // 20).sum() >= 2, hist
+  dist = exact_sequence_distribution(model, target, sampling)
+  assert sequence_pvalue(np.asarray(out.tokens), dist) > SIGNIFICANCE
+
+
+@struct.dataclass
+class SkipByDrawnDraft:
+  """A deliberately wrong rule: it skips the round when x_1 is improbable
+  under q_1 (q_1(x_1) <= 0.3), i.e. decides on x_1 from x_1 itself, so a
+  proposed x_1 is not ~ q_1 (``drafts.base.skip_unsure``)."""
+
+  inner: drafts.T5Draft
+
+  @property
+  def vocab_size(self) -> int:
+    return self.inner.vocab_size
+
+  def init(self, inputs, cache_len):
+    return self.inner.init(inputs, cache_len)
+
+  def propose(self, state, seq, length, gamma, sampling, key):
+    return self.inner.propose(state, seq, length, gamma, sampling, key)
+
+  def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold,
+                       skip_below=None):
+    tokens, q, count, steps, state = self.inner.propose_adaptive(
+        state, seq, length, gamma, sampling, key, limit, threshold, skip_below=skip_below)
+    first = drawn_probability(q[:, 0], None, tokens[:, 0], sampling)
+    return tokens, q, jnp.where(first > 0.3, count, 0), steps, state
+
+  def commit(self, state, seq, length):
+    return state
+
+
+def test_a_skip_on_the_drawn_token_is_caught(seq_models):
+  """Power: the enumeration test rejects skipping by q_1(x_1) (why skip_below
+  reads q_1's top probability even with confidence='drawn')."""
+  model, target, draft_params = seq_models
+  sampling = SETTINGS["temp1"]
+  draft = SkipByDrawnDraft(drafts.T5Draft(params=draft_params, model=model))
+  out = _seq_decode(seq_models, draft, sampling,
+                    AdaptiveConfig("threshold", 0.0, skip_below=0.0))
+  hist = np.asarray(out.stats.gamma_hist).sum(0)
+  assert hist[0] > hist.sum() // 20, hist  # rounds really were skipped
+  dist = exact_sequence_distribution(model, target, sampling)
+  assert sequence_pvalue(np.asarray(out.tokens), dist) < SIGNIFICANCE
 
 
 def test_threshold_zero_is_the_fixed_gamma_loop_at_t1(seq_models):
@@ -549,6 +643,8 @@ def test_check_interface_checks_propose_adaptive(near_draft):
     (dict(rule="cumulative"), "'cumulative' needs a threshold"),
     (dict(rule="cumulative", threshold=1.2), "1.2"),
     (dict(rule="cumulative", threshold=0.5, initial_gamma=2), "initial_gamma"),
+    (dict(rule="cumulative", threshold=0.5, confidence="sampled"), "'sampled'"),
+    (dict(rule="schedule", confidence="drawn"), "'drawn' applies to rules .* not 'schedule'"),
 ])
 def test_bad_config(kwargs, match):
   with pytest.raises(ValueError, match=match):

@@ -73,6 +73,12 @@ def test_parse_setting():
   assert parse_widths("1,3", 4) == (1, 3)
   assert parse_setting("cumulative:0.3", 4, parse_widths("all", 4))[2].verify_widths(4) == (
       1, 2, 3, 4)
+  label, _, cfg = parse_setting("cumulative:0.25::drawn", 7)
+  assert (label, cfg.threshold, cfg.skip_below, cfg.confidence) == (
+      "≤7 cum 0.25 drawn", 0.25, None, "drawn")
+  assert parse_setting("threshold:0.4:0.3:drawn", 7)[0] == "≤7 thr 0.4 skip 0.3 drawn"
+  with pytest.raises(ValueError, match="'top', 'drawn'"):
+    parse_setting("cumulative:0.25::drwan", 7)
   with pytest.raises(ValueError, match="threshold:t:s|unknown γ setting"):
     parse_setting("sometimes", 7)
 

@@ -123,21 +123,39 @@ def top_probability(q: Array, logits: Array | None, sampling: SamplingConfig) ->
   return jnp.max(q, axis=-1)
 
 
+def drawn_probability(q: Array, logits: Array | None, tokens: Array,
+                      sampling: SamplingConfig) -> Array:
+  """The probability the draft gave the token it drew, q [..., V], tokens
+  [...] -> q(x) [...] (``AdaptiveConfig.confidence='drawn'``).
+
+  At T > 0 this predicts x's acceptance, min(1, p(x)/q(x)) in expectation,
+  better than max q: a confident draft that drew a tail token is often
+  rejected (docs/benchmarks.md, "Adaptive rules"). At temperature 0 the
+  drawn token is the argmax, so this is ``top_probability``.
+  """
+  if sampling.greedy:
+    return top_probability(q, logits, sampling)
+  return jnp.take_along_axis(q, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
 def stop_count(confidence: Array, limit: Array, threshold: float,
-               skip_below: float | None = None, cumulative: bool = False) -> Array:
+               skip_below: float | None = None, cumulative: bool = False,
+               first_top: Array | None = None) -> Array:
   """How many tokens a row proposes under the adaptive rule (``propose_adaptive``).
 
-  confidence [B, γ]: ``top_probability`` of each position's q; limit [B] in
-  0..γ. x_1 is proposed when limit >= 1 (and confidence_1 > ``skip_below``,
-  if given); x_{i+1} when x_i was, i < limit and confidence_i > threshold
-  (``cumulative``: confidence_1 · ... · confidence_i > threshold). So
-  threshold 0 never stops early (a distribution's maximum is >= 1/V > 0)
+  confidence [B, γ]: each position's confidence (``top_probability`` of its
+  q, or ``drawn_probability``); limit [B] in 0..γ. x_1 is proposed when
+  limit >= 1 (and, with ``skip_below``, q_1's top probability ``first_top``
+  [B], default confidence_1, is > skip_below); x_{i+1} when x_i was, i <
+  limit and confidence_i > threshold (``cumulative``: confidence_1 · ... ·
+  confidence_i > threshold). So threshold 0 never stops early (a
+  distribution's maximum is >= 1/V > 0, a drawn token's probability > 0)
   and threshold 1 always stops after x_1.
   """
   going = keeps_going(confidence[:, :-1], threshold, cumulative)
   going = jnp.cumprod(going.astype(jnp.int32), axis=-1)
   count = jnp.minimum(limit, 1 + jnp.sum(going, axis=-1))
-  return skip_unsure(count, confidence[:, 0], skip_below)
+  return skip_unsure(count, confidence[:, 0] if first_top is None else first_top, skip_below)
 
 
 def keeps_going(confidence: Array, threshold: float, cumulative: bool) -> Array:
@@ -153,7 +171,12 @@ def keeps_going(confidence: Array, threshold: float, cumulative: bool) -> Array:
 
 def skip_unsure(count: Array, first_confidence: Array, skip_below: float | None) -> Array:
   """``AdaptiveConfig.skip_below``: rows whose q_1 has confidence <= skip_below
-  propose nothing this round (count 0); None leaves ``count`` as it is."""
+  propose nothing this round (count 0); None leaves ``count`` as it is.
+
+  The confidence must be a property of q_1 alone (its top probability), never
+  of the drawn x_1: skipping by x_1's own probability would make x_1, given
+  that it is proposed, no longer ~ q_1 (``tests/test_adaptive.py`` shows the
+  enumeration test catching that)."""
   if skip_below is not None:
     count = jnp.where(first_confidence > skip_below, count, 0)
   return count.astype(jnp.int32)
@@ -161,20 +184,22 @@ def skip_unsure(count: Array, first_confidence: Array, skip_below: float | None)
 
 def adaptive_proposal(draft: Any, state: Any, seq: Array, length: Array, gamma: int,
                       sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
-                      skip_below: float | None = None, cumulative: bool = False
-                      ) -> tuple[Array, Array, Array, Array, Any]:
+                      skip_below: float | None = None, cumulative: bool = False,
+                      drawn: bool = False) -> tuple[Array, Array, Array, Array, Any]:
   """``draft.propose_adaptive`` if the draft has it, else the generic fallback.
 
   The fallback runs ``propose(γ)`` (all γ steps: ``steps`` = γ) and derives
-  each row's count from max q (``stop_count``), exact but with no early exit;
-  at temperature 0 a one-hot q has confidence 1, so such a draft then stops
-  early only at threshold 1. Optional arguments reach ``propose_adaptive``
-  only when set, and one its signature lacks is an interface error.
+  each row's count from max q, or with ``drawn`` from q(x) of the drawn
+  tokens (``stop_count``), exact but with no early exit; at temperature 0 a
+  one-hot q has confidence 1, so such a draft then stops early only at
+  threshold 1. Optional arguments reach ``propose_adaptive`` only when set,
+  and one its signature lacks is an interface error.
   """
   method = getattr(draft, "propose_adaptive", None)
   if method is not None:
     extra = {name: value for name, value, unset in
-             (("skip_below", skip_below, None), ("cumulative", cumulative, False))
+             (("skip_below", skip_below, None), ("cumulative", cumulative, False),
+              ("drawn", drawn, False))
              if value is not unset}
     params = inspect.signature(method).parameters
     missing = [name for name in extra if name not in params]
@@ -185,8 +210,9 @@ def adaptive_proposal(draft: Any, state: Any, seq: Array, length: Array, gamma: 
           "(see drafts/base.py)")
     return method(state, seq, length, gamma, sampling, key, limit, threshold, **extra)
   tokens, q, state = draft.propose(state, seq, length, gamma, sampling, key)
-  count = stop_count(top_probability(q, None, sampling), limit, threshold, skip_below,
-                     cumulative)
+  top = top_probability(q, None, sampling)
+  conf = drawn_probability(q, None, tokens, sampling) if drawn else top
+  count = stop_count(conf, limit, threshold, skip_below, cumulative, first_top=top[:, 0])
   return tokens, q, count, jnp.asarray(gamma, jnp.int32), state
 
 

@@ -88,7 +88,8 @@ class LookupT5Draft:
 
   def propose_adaptive(self, state: LookupT5State, seq: Array, length: Array, gamma: int,
                        sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
-                       skip_below: float | None = None, cumulative: bool = False
+                       skip_below: float | None = None, cumulative: bool = False,
+                       drawn: bool = False
                        ) -> tuple[Array, Array, Array, Array, LookupT5State]:
     """Adaptive rounds (``drafts.base``) with ``T5Draft``'s early exit: a
     copied position has confidence 1 (its q is one-hot by construction), a T5
@@ -98,7 +99,7 @@ class LookupT5Draft:
     comes from the context and the draft's own computation: exact."""
     tokens, q, count, steps, cache = self.t5.propose_adaptive(
         state.cache, seq, length, gamma, sampling, key, limit, threshold,
-        skip_below=skip_below, cumulative=cumulative,
+        skip_below=skip_below, cumulative=cumulative, drawn=drawn,
         override=self._override(state, seq, length, gamma))
     return tokens, q, count, steps, state.replace(cache=cache)
 

@@ -90,16 +90,17 @@ class PromptLookupDraft:
     return tokens, q, state
 
   def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold,
-                       skip_below=None, cumulative=False):
+                       skip_below=None, cumulative=False, drawn=False):
     """Adaptive rounds (``drafts.base``): a row proposes its copied run, the
     leading tokens that come from a match, not the last-token filler. Its
     confidence is 1 for a copied token and 0 for a filler (every q is
     one-hot, so ``top_probability`` would say 1 for both): x_1 is proposed
     unless ``skip_below`` is set and x_1 is a filler (then the round is a
     plain target step), and at most one token when ``threshold`` is 1. The
-    run's confidences are all 1, so ``cumulative`` (their product) changes
-    nothing. Depends only on the context, so the engine stays exact."""
-    del key, sampling, cumulative
+    run's confidences are all 1, so ``cumulative`` (their product) and
+    ``drawn`` (a copy's q is one-hot at it) change nothing. Depends only on
+    the context, so the engine stays exact."""
+    del key, sampling, cumulative, drawn
     tokens, q, copied = self._proposal(state, seq, length, gamma)
     run = jnp.sum(jnp.cumprod(copied.astype(jnp.int32), axis=-1), axis=-1)
     count = jnp.maximum(run, 1) if threshold < 1.0 else jnp.ones_like(run)

@@ -10,7 +10,8 @@ from flax import struct
 
 from specdec_jax import bridge as bridge_lib
 from specdec_jax import feature_bridge as feature_lib
-from specdec_jax.drafts.base import gather_positions, skip_unsure, top_probability
+from specdec_jax.drafts.base import (drawn_probability, gather_positions, skip_unsure,
+                                     top_probability)
 from specdec_jax.models.t5 import DecoderCache, T5Model
 from specdec_jax.partitioning import Partitioner, constrain_cache
 from specdec_jax.sampling import SamplingConfig, sample, standardize
@@ -173,15 +174,17 @@ class T5Draft:
   def propose_adaptive(self, state: Any, seq: Array, length: Array, gamma: int,
                        sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
                        skip_below: float | None = None, cumulative: bool = False,
-                       override: Override | None = None
+                       override: Override | None = None, drawn: bool = False
                        ) -> tuple[Array, Array, Array, Array, Any]:
     """Up to γ proposals per row with real early exit (``base``, propose_adaptive).
 
     A ``lax.while_loop`` over draft steps that ends as soon as no row is still
     proposing, so a round where every row stops after k tokens costs k draft
     steps, not γ. Confidence is ``top_probability`` of the model's logits
-    (its own softmax at T = 0); with ``cumulative`` the rule tests the
-    running product of the confidences (``base.keeps_going``). Row b's
+    (its own softmax at T = 0), or with ``drawn`` the probability of the
+    token drawn (``base.drawn_probability``; ``skip_below`` still tests q_1's
+    top probability); with ``cumulative`` the rule tests the running product
+    of the confidences (``base.keeps_going``). Row b's
     tokens and q match ``propose`` with the same key up to count[b] (same
     per-step keys). Rows that stopped keep being stepped while others
     continue (fixed shapes); what that writes to their cache lies at
@@ -194,16 +197,21 @@ class T5Draft:
     keys = jax.random.split(key, gamma)
     override = override or _no_override
 
-    def confidence_of(q, logits, certain):
-      return jnp.where(certain, 1.0, top_probability(q, logits, sampling))
+    def confidence_of(q, logits, x, certain):
+      conf = (drawn_probability(q, logits, x, sampling) if drawn
+              else top_probability(q, logits, sampling))
+      return jnp.where(certain, 1.0, conf)
 
     cache, states = self._split(state)
     logits, q1, x1, cache = self._first_step(cache, seq, length, sampling, keys[0], states)
     x1, q1, certain = override(0, q1, x1)
     tokens = jnp.zeros((b, gamma), jnp.int32).at[:, 0].set(x1)
     qs = jnp.zeros((b, gamma) + q1.shape[-1:], q1.dtype).at[:, 0].set(q1)
-    running = confidence_of(q1, logits, certain)  # the rule's statistic after x_1
-    count = skip_unsure(jnp.minimum(limit, 1), running, skip_below)
+    running = confidence_of(q1, logits, x1, certain)  # the rule's statistic after x_1
+    # Skipping x_1 may depend on q_1 only, never on x_1 itself (base.skip_unsure).
+    first_top = (jnp.where(certain, 1.0, top_probability(q1, logits, sampling)) if drawn
+                 else running)
+    count = skip_unsure(jnp.minimum(limit, 1), first_top, skip_below)
     going = (count > 0) & (limit > 1) & (running > threshold)
 
     def cond(c):
@@ -219,7 +227,7 @@ class T5Draft:
       tokens = tokens.at[:, i].set(nxt)
       qs = qs.at[:, i].set(q)
       count = count + going
-      conf = confidence_of(q, logits, certain)
+      conf = confidence_of(q, logits, nxt, certain)
       running = running * conf if cumulative else conf
       going = going & (i + 1 < limit) & (running > threshold)
       return i + 1, cache, nxt, tokens, qs, count, running, going
