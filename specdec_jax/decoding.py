@@ -312,29 +312,6 @@ class AdaptiveConfig:
     return g
 
 
-def cap_proposals(key: Array, out: KernelOutput, p: Array, proposed: Array,
-                  sampling: SamplingConfig) -> KernelOutput:
-  """Algorithm 1's outcome for rows that proposed only c = proposed[b] <= k of
-  the k drafts the kernel tested (``out``; p [B, k+1, V] the target's p).
-
-  Positions past c were not proposed. If the kernel's first rejection is at
-  a position <= c, its correction stands. If all c passed, the next token is
-  Algorithm 1's bonus for a round of c drafts: drawn from p_{c+1} itself
-  (for c = k the kernel's own next token is exactly that; keeping it keeps
-  the random stream of a round that used every position). Verdicts on
-  positions past c are discarded, so nothing depends on them.
-  """
-  k = out.accepted.shape[1]
-  passed = out.num_accepted >= proposed
-  p_next = jnp.take_along_axis(p, proposed[:, None, None], axis=1)[:, 0]
-  bonus = sample(key, p_next, sampling)
-  return KernelOutput(
-      num_accepted=jnp.minimum(out.num_accepted, proposed),
-      next_token=jnp.where(passed & (proposed < k), bonus, out.next_token),
-      accepted=out.accepted & (jnp.arange(1, k + 1)[None] <= proposed[:, None]),
-      min_pq=out.min_pq)
-
-
 @struct.dataclass
 class _SpecState:
   seq: Array
@@ -416,7 +393,7 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
     ``write=False``, in place of the updated cache come the new cache rows
     padded to γ+1 with their positions (-1: padding) for
     ``T5Model.write_rows`` after a ``lax.switch``: a branch that wrote the
-    cache would copy all of it (docs/benchmarks.md, "adaptive rounds"). The
+    cache would copy all of it (docs/benchmarks_history.md, "adaptive rounds"). The
     third result is (the target's final decoder states [B, γ+1, d], their
     positions [B, γ+1], -1: padding) if the draft wants them, else None."""
     pos = n[:, None] + offsets[:, :k + 1]
@@ -438,10 +415,13 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
                           next_token=sample(key, p[:, 0], sampling),
                           accepted=zeros.astype(bool), min_pq=zeros), new_cache, feats
     p_raw = jax.nn.softmax(logits[:, :k]) if (sampling.greedy and lenience < 1) else None
-    out = speculative_sampling(key, xs[:, :k], q[:, :k], p, lenience, sampling.greedy, p_raw)
+    # Rows that proposed c < k: Algorithm 1 for γ = c inside the kernel (one
+    # draw: the correction, or the bonus from p_{c+1}).
+    capped = None if proposed is None else jnp.minimum(proposed, k)
+    out = speculative_sampling(key, xs[:, :k], q[:, :k], p, lenience, sampling.greedy, p_raw,
+                               capped)
     if proposed is None:
       return out, new_cache, feats
-    out = cap_proposals(jax.random.fold_in(key, 1), out, p, proposed, sampling)
     pad = ((0, 0), (0, gamma - k))
     out = out._replace(accepted=jnp.pad(out.accepted, pad), min_pq=jnp.pad(out.min_pq, pad))
     return out, new_cache, feats

@@ -32,7 +32,8 @@ class KernelOutput(NamedTuple):
 
 def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
                          lenience: float = 1.0, greedy: bool = False,
-                         p_raw: Array | None = None) -> KernelOutput:
+                         p_raw: Array | None = None,
+                         proposed: Array | None = None) -> KernelOutput:
   """Algorithm 1's acceptance and correction, batched.
 
   Args:
@@ -48,6 +49,12 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
       p_raw(x) >= l * max p_raw.
     p_raw: [B, γ, V] the target's unstandardized softmax, needed only for
       greedy with l < 1.
+    proposed: [B] int32 c_b <= γ, or None (= γ): row b proposed only x_1..x_c
+      (adaptive rounds, ``decoding.AdaptiveConfig``). Positions past c are
+      not tested (accepted is False there), n <= c, and when all c pass the
+      next token is the bonus drawn from p_{c+1}: Algorithm 1 for γ = c,
+      with the same uniforms as the full round on positions 1..c, and the
+      same draws as without ``proposed`` where c = γ.
 
   Sampling case: r_i ~ U(0, 1]; x_i is accepted when r_i * l * q_i(x_i) <=
   p_i(x_i) (i.e. r_i <= p_i(x_i) / (l q_i(x_i))) and p_i(x_i) > 0; n is the
@@ -72,6 +79,8 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
     # r in (0, 1]: a token with p(x) = 0 can never pass, even at r's extreme.
     r = 1.0 - jax.random.uniform(k_accept, (b, gamma))
     accept = (r * (lenience * qx) <= px) & (px > 0)
+  if proposed is not None:
+    accept = accept & (jnp.arange(gamma)[None] < proposed[:, None])
   accepted = jnp.cumprod(accept.astype(jnp.int32), axis=-1).astype(bool)
   n = jnp.sum(accepted, axis=-1).astype(jnp.int32)
 
@@ -83,11 +92,12 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
     # skips the residual's three passes over the vocabulary.
     next_token = argmax(p_n)
   else:
-    # p' without a branch: q_{γ+1} := 0, so n = γ gives p' = p_{γ+1} (the
-    # bonus). Gathered at min(n, γ-1) and zeroed, instead of concatenating a
-    # zero row to q (a copy of all of q every round).
+    # p' without a branch: q_{c+1} := 0, so n = c (all proposals passed;
+    # c = γ without ``proposed``) gives p' = p_{c+1} (the bonus). Gathered at
+    # min(n, γ-1) and zeroed, instead of concatenating a zero row to q (a
+    # copy of all of q every round).
     q_n = jnp.take_along_axis(q, jnp.minimum(n, gamma - 1)[:, None, None], axis=1)[:, 0]
-    q_n = jnp.where((n < gamma)[:, None], q_n, 0.0)
+    q_n = jnp.where((n < (gamma if proposed is None else proposed))[:, None], q_n, 0.0)
     residual = jnp.maximum(p_n - lenience * q_n, 0.0)
     mass = jnp.sum(residual, axis=-1, keepdims=True)
     # Rejection when p == q up to rounding leaves no mass: fall back to p itself.

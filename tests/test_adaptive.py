@@ -20,8 +20,7 @@ import pytest
 from flax import struct
 
 from specdec_jax import drafts
-from specdec_jax.decoding import (AdaptiveConfig, alpha_estimates, cap_proposals,
-                                  speculative_decode)
+from specdec_jax.decoding import AdaptiveConfig, alpha_estimates, speculative_decode
 from specdec_jax.drafts.base import (adaptive_proposal, drawn_probability, stop_count,
                                      top_probability)
 from specdec_jax.models.t5 import T5Model
@@ -333,24 +332,29 @@ KQ = 0.5 * KP[:KK] + 0.5 * np.stack([_rng.dirichlet(np.ones(KV)) for _ in range(
 @jax.jit
 def _capped_round(key):
   """One round of k = 3 drafts ~ KQ against KP, row b proposing only c_b = b % 4."""
-  k_x, k_kernel, k_bonus = jax.random.split(key, 3)
+  k_x, k_kernel = jax.random.split(key)
   q = jnp.broadcast_to(jnp.asarray(KQ, jnp.float32), (KN, KK, KV))
   p = jnp.broadcast_to(jnp.asarray(KP, jnp.float32), (KN, KK + 1, KV))
   x = jax.random.categorical(k_x, jnp.log(q)).astype(jnp.int32)
   proposed = jnp.arange(KN, dtype=jnp.int32) % (KK + 1)
-  out = speculative_sampling(k_kernel, x, q, p)
-  return x, proposed, cap_proposals(k_bonus, out, p, proposed, SamplingConfig(temperature=1.0))
+  full = speculative_sampling(k_kernel, x, q, p)
+  return x, proposed, speculative_sampling(k_kernel, x, q, p, proposed=proposed), full
 
 
 def test_capped_round_takes_the_bonus_from_the_right_position():
   """Rows that proposed c of the k tested drafts: the first token is ~ p_1
   (bonus from p_1 when c = 0, Algorithm 1 otherwise), a row whose c drafts
   all passed takes its next token from p_{c+1}, and nothing past c counts."""
-  x, proposed, out = _capped_round(jax.random.PRNGKey(2))
+  x, proposed, out, full = _capped_round(jax.random.PRNGKey(2))
   x, proposed = np.asarray(x), np.asarray(proposed)
   n, nxt = np.asarray(out.num_accepted), np.asarray(out.next_token)
   assert np.all(n <= proposed)
   assert not np.asarray(out.accepted)[np.arange(1, KK + 1)[None] > proposed[:, None]].any()
+  # Same uniforms: verdicts on the proposed positions are the full round's,
+  # and rows that proposed all k drafts get the full round's next token.
+  np.testing.assert_array_equal(n, np.minimum(np.asarray(full.num_accepted), proposed))
+  every = proposed == KK
+  np.testing.assert_array_equal(nxt[every], np.asarray(full.next_token)[every])
   for c in range(KK + 1):
     rows = proposed == c
     first = np.where(n[rows] >= 1, x[rows, 0], nxt[rows])

@@ -624,7 +624,8 @@ def test_bfloat16_weights_keep_float32_norms_and_decode(env):
 
 @pytest.mark.parametrize("rule,extra", [("threshold", "Experiment.adaptive_threshold = 0.3"),
                                         ("cumulative", "Experiment.adaptive_threshold = 0.2\n"
-                                         "Experiment.adaptive_widths = (1, 2, 3)"),
+                                         "Experiment.adaptive_widths = (1, 2, 3)\n"
+                                         "Experiment.adaptive_confidence = 'drawn'"),
                                         ("schedule", "Experiment.adaptive_initial_gamma = 2")])
 def test_adaptive_runs_record_the_gammas_they_used(env, capsys, tmp_path, rule, extra):
   """An adaptive run (gamma = γ_max) at T=0: 0 mismatches, per-example γ
@@ -652,6 +653,9 @@ def test_adaptive_runs_record_the_gammas_they_used(env, capsys, tmp_path, rule, 
   import make_tables
   md = make_tables.build_markdown([s])
   assert s["gamma_label"] in md and s["gamma_label"].startswith(f"≤3 {rule}")
+  drawn = "adaptive_confidence = 'drawn'" in extra
+  assert s["adaptive_confidence"] == ("drawn" if drawn else "top")
+  assert s["gamma_label"].endswith(" drawn") == drawn
 
 
 @pytest.mark.parametrize("binding,message", [
@@ -667,6 +671,10 @@ def test_adaptive_runs_record_the_gammas_they_used(env, capsys, tmp_path, rule, 
      r"'cumulative' needs a threshold in \[0, 1\]"),
     ("Experiment.adaptive = 'cumulative'\nExperiment.adaptive_widths = (1, 9)",
      r"widths \[9\] exceed gamma"),
+    ("Experiment.adaptive = 'cumulative'\nExperiment.adaptive_confidence = 'sampled'",
+     "adaptive confidence must be one of .*'sampled'"),
+    ("Experiment.adaptive = 'schedule'\nExperiment.adaptive_confidence = 'drawn'",
+     "'drawn' applies to rules .* not 'schedule'"),
 ])
 def test_adaptive_bad_input_fails_before_work(env, monkeypatch, binding, message):
   monkeypatch.setattr(run, "_load_model", lambda *a, **k: pytest.fail("weights were read"))
