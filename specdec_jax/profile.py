@@ -578,7 +578,7 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
   subtracted before dividing by the rounds; the order of the settings
   reverses every repeat. If ms per round at constant
   widths predicts the replay but not the rule, the excess comes from the
-  rule's stopping itself, not from varying widths (docs/benchmarks.md,
+  rule's stopping itself, not from varying widths (docs/benchmarks_history.md,
   "Per-round overhead"). Compile excluded; ``block_until_ready`` before
   each clock read; times are sums over examples and repeats.
   """

@@ -243,7 +243,7 @@ def warm_up_widths(run: Callable[[Array], Any], batches: Iterable[Array],
   Why: XLA:CPU (jaxlib 0.10.2) generates a ``lax.switch`` branch's code the
   first time that branch runs, not at compile time. On the demo pair the first
   call that reached three new widths took 538 ms against 133 ms for the same
-  call again (docs/benchmarks.md, "Per-round overhead"), so a warm-up on one
+  call again (docs/benchmarks_history.md, "Per-round overhead"), so a warm-up on one
   example leaves that cost inside the timings. Widths are read from each row's
   ``gamma_hist`` (the smallest compiled width covering the row's count): exact
   at batch 1, a lower bound on what ran otherwise, so this may warm up longer
