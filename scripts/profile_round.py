@@ -23,6 +23,14 @@ adaptive round with γ_max = max(--gammas) runs them (``profile.adaptive_pieces`
 
   PYTHONPATH=. python scripts/profile_round.py --adaptive_pieces=1,2,3,4 --gammas=7
 
+``--confidence_auc`` prints instead, in the engine's fixed-γ rounds at T > 0,
+how well each confidence an adaptive rule can read after x_i (max q_i, or
+q_i(x_i) of the token drawn: ``AdaptiveConfig.confidence``) predicts x_i's
+acceptance (``profile.confidence_auc``; no timing).
+
+  PYTHONPATH=. python scripts/profile_round.py --confidence_auc --temperatures=1 --gammas=5 \
+      --source=data/bible/validation.tsv --num_examples=150
+
 ``--adaptive_replay RULE`` (a bench_speculative setting, e.g. cumulative:0.5)
 prints instead what the rule's rounds cost as the rule decides them and
 replayed as a fixed schedule of the same widths (same rounds, checked),
@@ -155,6 +163,9 @@ def main() -> None:
                  help="an adaptive setting (threshold:t, cumulative:t, schedule): print instead "
                       "its rounds' ms as decided, replayed, shuffled and at constant widths "
                       "(γ_max = max of --gammas; --repeats passes over --num_examples - 1)")
+  p.add_argument("--confidence_auc", action="store_true",
+                 help="print instead, in fixed-γ rounds at each T > 0 of --temperatures, how "
+                      "well max q_i and q_i(x_i) predict x_i's acceptance (AUC; no timing)")
   args = p.parse_args()
   gammas = [int(g) for g in args.gammas.split(",")]
   temperatures = [float(t) for t in args.temperatures.split(",")]
@@ -179,6 +190,18 @@ def main() -> None:
       load = os.getloadavg()
       print(f"T={temp:g}, γ_max {max(gammas)}, load average {load[0]:.2f}\n"
             f"{profile.adaptive_pieces_markdown(rows)}\n", flush=True)
+    return
+  if args.confidence_auc:
+    print("| T | γ | rounds | acceptance of x_i given evaluated, i = 1..γ | AUC max q_i "
+          "('top') | AUC q_i(x_i) ('drawn') |\n|---|---|---|---|---|---|")
+    for temp in temperatures:
+      for gamma in gammas:
+        r = profile.confidence_auc(setup.target, setup.target_params, setup.draft,
+                                   jnp.asarray(setup.inputs), jax.random.PRNGKey(0), gamma,
+                                   SamplingConfig(temperature=temp), args.max_decode_len)
+        print(f"| {temp:g} | {gamma} | {r.rounds} | "
+              f"{' / '.join(f'{a:.3f}' for a in r.acceptance)} | {r.auc['top']:.3f} | "
+              f"{r.auc['drawn']:.3f} |", flush=True)
     return
   if args.adaptive_replay:
     _, gamma_max, adaptive = parse_setting(args.adaptive_replay, max(gammas))

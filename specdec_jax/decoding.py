@@ -222,8 +222,9 @@ class AdaptiveConfig:
     (``drafts.base.drawn_probability``). At T = 0 the two are the same; at
     T > 0 a draft that is sure of its distribution but drew one of its tail
     tokens is often rejected, which 'top' cannot see (docs/benchmarks.md,
-    "Adaptive rules": AUC for the acceptance of x_i 0.85 against 0.81 on
-    the demo pair). ``skip_below`` always reads q_1's top probability.
+    "Per-round overhead", "The drawn token's probability": AUC for the
+    acceptance of x_i 0.84 against 0.80 on the demo pair at T = 1).
+    ``skip_below`` always reads q_1's top probability.
   rule 'schedule' (Hugging Face's 'heuristic'): row b proposes γ_b tokens;
     after a round where all γ_b were accepted γ_b += 2, else γ_b -= 1,
     within [1, γ_max]. Starts at ``initial_gamma`` (default γ_max).

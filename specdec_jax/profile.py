@@ -58,8 +58,8 @@ from flax import struct
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import speculative as speculative_lib
 from specdec_jax.decoding import AdaptiveConfig, speculative_decode, temperature_sample
-from specdec_jax.drafts.base import (ApproximationModel, adaptive_proposal, gather_positions,
-                                     init_draft)
+from specdec_jax.drafts.base import (ApproximationModel, adaptive_proposal, drawn_probability,
+                                     gather_positions, init_draft, top_probability)
 from specdec_jax.models.t5 import T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.speculative import speculative_sampling
@@ -684,6 +684,114 @@ def greedy_acceptance(target: T5Model, params: Any, draft_model: T5Model, draft_
     conf.append(np.asarray(jnp.max(jax.nn.softmax(logits, -1), -1)))
     ok.append(np.asarray(jnp.argmax(logits, -1) == y[0]))
   return conf, ok
+
+
+# ------------------------- which confidence predicts a draft's acceptance
+
+
+def auc(score: np.ndarray, label: np.ndarray) -> float:
+  """Area under the ROC curve of ``score`` for the boolean ``label``: the
+  chance that a random positive scores above a random negative (ties count
+  half; Mann-Whitney with mid-ranks). NaN if either class is empty."""
+  score, label = np.asarray(score, float).ravel(), np.asarray(label, bool).ravel()
+  pos, neg = int(label.sum()), int((~label).sum())
+  if not pos or not neg:
+    return float("nan")
+  values, counts = np.unique(score, return_counts=True)
+  mid = np.cumsum(counts) - (counts - 1) / 2  # 1-based mean rank of each distinct value
+  ranks = mid[np.searchsorted(values, score)]
+  return float((ranks[label].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+class _ProposalSink:
+  """Host-side store of each round's (length, top, drawn) for one example."""
+
+  def __init__(self):
+    self.rounds: list[tuple[int, np.ndarray, np.ndarray]] = []
+
+  def put(self, length, top, drawn) -> None:
+    self.rounds.append((int(length[0]), np.asarray(top[0]), np.asarray(drawn[0])))
+
+
+@struct.dataclass
+class _RecordConfidence:
+  """``inner`` unchanged in fixed-γ rounds; each round's max_x q_i(x) and
+  q_i(x_i) (row 0) go to ``sink``."""
+
+  inner: Any
+  sink: _ProposalSink = struct.field(pytree_node=False)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.inner.vocab_size
+
+  def init(self, inputs: Array, cache_len: int) -> Any:
+    return self.inner.init(inputs, cache_len)
+
+  def init_with_target(self, inputs: Array, cache_len: int, target_encoded: Array) -> Any:
+    return init_draft(self.inner, inputs, cache_len, target_encoded)
+
+  def propose(self, state, seq, length, gamma, sampling, key):
+    tokens, q, state = self.inner.propose(state, seq, length, gamma, sampling, key)
+    jax.debug.callback(self.sink.put, length, top_probability(q, None, sampling),
+                       drawn_probability(q, None, tokens, sampling))
+    return tokens, q, state
+
+  def commit(self, state, seq, length):
+    return self.inner.commit(state, seq, length)
+
+  @property
+  def wants_target_states(self) -> bool:
+    return bool(getattr(self.inner, "wants_target_states", False))
+
+  def commit_with_target(self, state, seq, length, hidden, positions):
+    return self.inner.commit_with_target(state, seq, length, hidden, positions)
+
+
+class ConfidenceAUC(NamedTuple):
+  rounds: int                 # rounds used (each output's last one left out)
+  acceptance: list[float]     # P(x_i accepted | x_i evaluated), i = 1..γ
+  auc: dict[str, float]       # 'top' / 'drawn' -> AUC for x_i's acceptance
+
+
+def confidence_auc(target: T5Model, params: Any, draft: ApproximationModel, inputs: Array,
+                   key: Array, gamma: int, sampling: SamplingConfig, max_decode_len: int,
+                   eos_id: int = 1) -> ConfidenceAUC:
+  """How well each confidence an adaptive rule can read after x_i
+  (``AdaptiveConfig.confidence``: 'top' = max_x q_i(x), 'drawn' = q_i(x_i))
+  predicts whether the target accepts x_i, in the engine's own fixed-γ
+  rounds at T > 0 (batch 1, one row of ``inputs`` at a time).
+
+  A round's accepted count n comes from the next round's start: the round
+  commits n + 1 tokens. Each output's last round is left out (its count is
+  cut at EOS or max_decode_len). Position i (1-based) was evaluated when
+  i <= n + 1 and accepted when i <= n. No timing: load does not matter.
+  """
+  if sampling.greedy:
+    raise ValueError("confidence_auc compares confidences at T > 0; at T = 0 q is one-hot "
+                     "and 'top' and 'drawn' are the same")
+  sink = _ProposalSink()
+  wrapped = _RecordConfidence(draft, sink)
+  top, drawn, n = [], [], []
+  for i in range(inputs.shape[0]):
+    sink.rounds.clear()
+    jax.block_until_ready(speculative_decode(
+        target, params, wrapped, inputs[i:i + 1], jax.random.fold_in(key, i), gamma=gamma,
+        max_decode_len=max_decode_len, sampling=sampling, eos_id=eos_id).tokens)
+    for (start, t, d), (nxt, _, _) in zip(sink.rounds, sink.rounds[1:]):
+      top.append(t)
+      drawn.append(d)
+      n.append(nxt - start - 1)
+  if not n:
+    raise ValueError("no output took two rounds: nothing to measure")
+  top, drawn, n = np.stack(top), np.stack(drawn), np.asarray(n)
+  i = np.arange(gamma)[None]
+  evaluated, accepted = i <= n[:, None], i < n[:, None]
+  return ConfidenceAUC(
+      rounds=len(n),
+      acceptance=[float(accepted[evaluated[:, j], j].mean()) for j in range(gamma)],
+      auc={"top": auc(top[evaluated], accepted[evaluated]),
+           "drawn": auc(drawn[evaluated], accepted[evaluated])})
 
 
 def adaptive_replay_markdown(result: ReplayResult) -> str:

@@ -279,3 +279,37 @@ def test_greedy_acceptance_matches_the_engines_verdicts(tiny_target):
     totals.append((acc, rej))
   # Both verdicts occur, so the walk above is exercised both ways.
   assert sum(a for a, _ in totals) > 0 and sum(r for _, r in totals) > 0, totals
+
+
+def test_auc_counts_ties_half():
+  from specdec_jax.profile import auc
+  assert auc([1, 2, 3, 4], [0, 0, 1, 1]) == 1.0 and auc([1, 2, 3, 4], [1, 1, 0, 0]) == 0.0
+  assert auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == 0.75
+  assert auc([1, 1, 1, 1], [0, 1, 0, 1]) == 0.5 and auc([2, 2, 1], [1, 0, 0]) == 0.75
+  assert np.isnan(auc([1, 2], [1, 1]))
+
+
+def test_confidence_auc_reads_the_rounds_verdicts(tiny_target, tiny_draft):
+  """``--confidence_auc``: a draft equal to the target has every evaluated
+  proposal accepted (q = p passes Algorithm 1's test surely), so the counts
+  read off successive rounds' starts are right; the target with noise on
+  its weights is rejected at times, and both confidences are scored."""
+  from specdec_jax.profile import confidence_auc
+  model, params = tiny_target
+  dm, dp = tiny_draft
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(5), len(leaves))
+  noisy = jax.tree_util.tree_unflatten(treedef, [
+      a + 0.3 * jnp.std(a) * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)])
+  x = jax.random.randint(jax.random.PRNGKey(3), (4, 10), 2, 64)
+  t1 = SamplingConfig(temperature=1.0)
+  same = confidence_auc(model, params, drafts.T5Draft(params=params, model=model), x,
+                        jax.random.PRNGKey(0), 3, t1, max_decode_len=16)
+  assert same.rounds > 0 and same.acceptance == [1.0, 1.0, 1.0]
+  other = confidence_auc(model, params, drafts.T5Draft(params=noisy, model=model), x,
+                         jax.random.PRNGKey(0), 3, t1, max_decode_len=16)
+  assert other.rounds > same.rounds and 0.05 < other.acceptance[0] < 0.95, other
+  assert all(0 <= other.auc[k] <= 1 for k in ("top", "drawn")), other.auc
+  with pytest.raises(ValueError, match="T > 0"):
+    confidence_auc(model, params, drafts.T5Draft(params=dp, model=dm), x,
+                   jax.random.PRNGKey(0), 3, SamplingConfig(), max_decode_len=16)

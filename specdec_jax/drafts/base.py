@@ -130,7 +130,7 @@ def drawn_probability(q: Array, logits: Array | None, tokens: Array,
 
   At T > 0 this predicts x's acceptance, min(1, p(x)/q(x)) in expectation,
   better than max q: a confident draft that drew a tail token is often
-  rejected (docs/benchmarks.md, "Adaptive rules"). At temperature 0 the
+  rejected (docs/benchmarks.md, "The drawn token's probability"). At temperature 0 the
   drawn token is the argmax, so this is ``top_probability``.
   """
   if sampling.greedy:
