@@ -77,6 +77,10 @@ def bench(args) -> str:
                         gamma_max=args.gamma_max, alpha_inputs=alpha_inputs,
                         adaptive_widths=parse_widths(args.adaptive_widths, args.gamma_max),
                         input_buckets=buckets)
+    # A temperature's programs are not run again: dropping them keeps the
+    # compiled code (one program per draft x setting x bucket) within the
+    # process's memory maps (--drafts help).
+    jax.clear_caches()
   lines = [markdown_table(rows)]
   for r in rows:
     if "auto" in r:  # what 'auto' saw and why it chose its γ (autogamma.GammaChoice)
@@ -129,10 +133,13 @@ def main() -> None:
                       "baseline: comma-separated 'name[:checkpoint]', e.g. "
                       "t5:checkpoints/demo/draft_small,t5:checkpoints/demo/draft_tiny,"
                       "prompt_lookup; 'label=name:checkpoint' names a row "
-                      "(replaces --draft/--draft_name). Every draft x setting is its own "
-                      "compiled loop: on a CPU, two drafts x 12 settings (adaptive ones "
-                      "with 7 widths) x 2 temperatures exhausted LLVM's memory maps "
-                      "(vm.max_map_count 65530); compare drafts on a few settings")
+                      "(replaces --draft/--draft_name). Every draft x setting x input "
+                      "bucket is its own compiled loop: on a CPU, two drafts x 12 settings "
+                      "(adaptive ones with 7 widths) x 2 temperatures exhausted LLVM's "
+                      "memory maps (vm.max_map_count 65530), and so did two drafts x 13 "
+                      "settings x 4 buckets (compiled code is now dropped after each "
+                      "temperature); compare drafts on a few settings, or with "
+                      "--input_buckets=none")
   p.add_argument("--ngram_corpus", default=None)
   p.add_argument("--task", default=demo.TASK)
   p.add_argument("--gammas", default="1,2,3,5,7,auto",
