@@ -101,7 +101,8 @@ def temperature_sample(model: T5Model, params: Any, inputs: Array, key: Array, *
       cache=constrain_cache(cache, partitioner, "target cache"), key=key)
 
   def body(s: _BaselineState) -> _BaselineState:
-    key, k_step = jax.random.split(s.key)
+    # Argmax draws nothing: no key split per step at temperature 0.
+    key, k_step = (s.key, s.key) if sampling.greedy else jax.random.split(s.key)
     pos = s.length[:, None]
     logits, cache = model.decode(params, gather_positions(s.seq, pos), pos, s.cache)
     logits = logits[:, 0]
@@ -428,7 +429,12 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
     return out, new_cache, feats
 
   def body(s: _SpecState) -> _SpecState:
-    key, k_draft, k_kernel = jax.random.split(s.key, 3)
+    # At temperature 0 the output is the target's argmax whatever the draft
+    # proposes, and the kernel draws nothing: no key split per round.
+    if sampling.greedy:
+      key = k_draft = k_kernel = s.key
+    else:
+      key, k_draft, k_kernel = jax.random.split(s.key, 3)
     n = s.length
     live = ~s.done
     rows = jnp.arange(b)[:, None]

@@ -107,6 +107,20 @@ def sample(key: Array, probs: Array, config: SamplingConfig) -> Array:
   return sample_any(key, probs)
 
 
+def sample_with(u: Array | None, probs: Array, config: SamplingConfig) -> Array:
+  """``sample`` with the row's uniform u [...] in [0, 1) given (``inverse_cdf``);
+  at temperature 0 u is not used (may be None).
+
+  For loops that draw several tokens in a row (a draft's γ steps): their
+  uniforms come from one ``jax.random.uniform`` call. A threefry draw is a
+  rolled loop of small ops on XLA:CPU, and one per draft step cost ~22 us of
+  a ~128 us step on the demo draft (docs/benchmarks.md, "Fewer random draws").
+  """
+  if config.greedy:
+    return argmax(probs)
+  return inverse_cdf(probs, u)
+
+
 def _block_size(v: int) -> int:
   """Tokens per block of ``sample_any``'s two-level inverse CDF: a divisor of
   V near sqrt(V) (both levels short), so that the blocks are a free reshape;
@@ -148,6 +162,12 @@ def sample_any(key: Array, probs: Array) -> Array:
   drawn: the first-exceeding search skips zero entries, and where rounding
   leaves u past the last boundary the last positive entry is taken.
   """
+  return inverse_cdf(probs, jax.random.uniform(key, probs.shape[:-1]))
+
+
+def inverse_cdf(probs: Array, u: Array) -> Array:
+  """``sample_any``'s draw for given uniforms u [...] in [0, 1): the first
+  token whose cumulative mass exceeds u · sum(probs) (two-level, as there)."""
   probs = probs.astype(jnp.float32)
   v = probs.shape[-1]
   block = _block_size(v)
@@ -157,7 +177,7 @@ def sample_any(key: Array, probs: Array) -> Array:
   blocks = probs.reshape(probs.shape[:-1] + (nb, block))
   mass = jnp.sum(blocks, axis=-1)                                   # [..., nb]
   cdf = jnp.cumsum(mass, axis=-1)
-  u = jax.random.uniform(key, probs.shape[:-1] + (1,)) * cdf[..., -1:]
+  u = u.astype(jnp.float32)[..., None] * cdf[..., -1:]
   j = _first((cdf > u) & (mass > 0), _last_positive(mass))         # the block u is in
   inner = jnp.take_along_axis(blocks, j[..., None, None], axis=-2)[..., 0, :]
   # Mass before block j: the boundary the block search compared u against.

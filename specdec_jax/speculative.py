@@ -10,7 +10,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.sampling import argmax, sample_any
+from specdec_jax.sampling import argmax, inverse_cdf
 
 Array = jax.Array
 
@@ -74,10 +74,12 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
     else:
       accept = px > 0
   else:
-    k_accept, k_next = jax.random.split(key)
+    # One draw for the round: r_1..r_γ and the uniform of the next token's
+    # inverse CDF (a threefry draw is a loop of small ops on XLA:CPU).
+    u = jax.random.uniform(key, (b, gamma + 1))
     qx = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]
     # r in (0, 1]: a token with p(x) = 0 can never pass, even at r's extreme.
-    r = 1.0 - jax.random.uniform(k_accept, (b, gamma))
+    r = 1.0 - u[:, :gamma]
     accept = (r * (lenience * qx) <= px) & (px > 0)
   if proposed is not None:
     accept = accept & (jnp.arange(gamma)[None] < proposed[:, None])
@@ -102,6 +104,6 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
     mass = jnp.sum(residual, axis=-1, keepdims=True)
     # Rejection when p == q up to rounding leaves no mass: fall back to p itself.
     residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_n)
-    next_token = sample_any(k_next, residual)
+    next_token = inverse_cdf(residual, u[:, gamma])
   min_pq = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
   return KernelOutput(n, next_token, accepted, min_pq)

@@ -14,7 +14,7 @@ from specdec_jax.drafts.base import (drawn_probability, gather_positions, skip_u
                                      top_probability)
 from specdec_jax.models.t5 import DecoderCache, T5Model
 from specdec_jax.partitioning import Partitioner, constrain_cache
-from specdec_jax.sampling import SamplingConfig, sample, standardize
+from specdec_jax.sampling import SamplingConfig, sample_with, standardize
 
 Array = jax.Array
 # (i, q_i, x_i) -> (x_i, q_i, certain): see T5Draft.propose.
@@ -122,26 +122,34 @@ class T5Draft:
     j = jnp.where(s >= 0, positions - start, -1)
     return feature_lib.add_staleness(self.feature, h, j)
 
+  def _uniforms(self, key: Array, gamma: int, length: Array, sampling: SamplingConfig):
+    """The γ steps' uniforms [γ, B], drawn at once (``sampling.sample_with``);
+    at temperature 0 none are needed: zeros, never read."""
+    if sampling.greedy:
+      return jnp.zeros((gamma,) + length.shape, jnp.float32)
+    return jax.random.uniform(key, (gamma,) + length.shape)
+
   def _first_step(self, cache: DecoderCache, seq: Array, length: Array,
-                  sampling: SamplingConfig, key: Array, states: Array | None = None):
-    """Feeds positions n-1 and n; returns (logits, q_1, x_1, cache)."""
+                  sampling: SamplingConfig, u: Array, states: Array | None = None):
+    """Feeds positions n-1 and n; returns (logits, q_1, x_1, cache); u [B]
+    is x_1's uniform."""
     # Position n-1 is -1 on the first round: the model drops negative writes.
     pos = length[:, None] + jnp.arange(-1, 1, dtype=jnp.int32)[None, :]
     logits, cache = self.model.decode(self.params, gather_positions(seq, pos), pos, cache,
                                       self._extra(states, length, pos))
     cache = constrain_cache(cache, self.partitioner, "draft cache")
     q1 = standardize(logits[:, -1], sampling)
-    return logits[:, -1], q1, sample(key, q1, sampling), cache
+    return logits[:, -1], q1, sample_with(u, q1, sampling), cache
 
   def _step(self, cache: DecoderCache, x: Array, position: Array, sampling: SamplingConfig,
-            key: Array, states: Array | None = None, length: Array | None = None):
+            u: Array, states: Array | None = None, length: Array | None = None):
     """Feeds x [B] at position [B]; returns (logits, q, next token, cache)."""
     pos = position[:, None]
     logits, cache = self.model.decode(self.params, x[:, None], pos, cache,
                                       self._extra(states, length, pos))
     cache = constrain_cache(cache, self.partitioner, "draft cache")
     q = standardize(logits[:, 0], sampling)
-    return logits[:, 0], q, sample(key, q, sampling), cache
+    return logits[:, 0], q, sample_with(u, q, sampling), cache
 
   def propose(self, state: Any, seq: Array, length: Array, gamma: int,
               sampling: SamplingConfig, key: Array,
@@ -152,21 +160,21 @@ class T5Draft:
     distribution the returned token was drawn from, decided without the
     target, and ``certain`` [B] bool: rows whose new q_i is one-hot by
     construction (the adaptive rules' confidence is then 1)."""
-    keys = jax.random.split(key, gamma)
+    us = self._uniforms(key, gamma, length, sampling)
     override = override or _no_override
     cache, states = self._split(state)
-    _, q1, x1, cache = self._first_step(cache, seq, length, sampling, keys[0], states)
+    _, q1, x1, cache = self._first_step(cache, seq, length, sampling, us[0], states)
     x1, q1, _ = override(0, q1, x1)
 
     def step(carry, inp):
       cache, x = carry
-      i, k = inp
-      _, q, nxt, cache = self._step(cache, x, length + i, sampling, k, states, length)
+      i, u = inp
+      _, q, nxt, cache = self._step(cache, x, length + i, sampling, u, states, length)
       nxt, q, _ = override(i, q, nxt)
       return (cache, nxt), (nxt, q)
 
     (cache, _), (xs, qs) = jax.lax.scan(step, (cache, x1),
-                                        (jnp.arange(1, gamma, dtype=jnp.int32), keys[1:]))
+                                        (jnp.arange(1, gamma, dtype=jnp.int32), us[1:]))
     tokens = jnp.concatenate([x1[:, None], jnp.moveaxis(xs, 0, 1)], axis=1)
     q = jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
     return tokens, q, self._join(cache, states)
@@ -186,7 +194,7 @@ class T5Draft:
     top probability); with ``cumulative`` the rule tests the running product
     of the confidences (``base.keeps_going``). Row b's
     tokens and q match ``propose`` with the same key up to count[b] (same
-    per-step keys). Rows that stopped keep being stepped while others
+    per-step uniforms). Rows that stopped keep being stepped while others
     continue (fixed shapes); what that writes to their cache lies at
     positions > n + count >= the next round's length, so it is rewritten
     before any query reads it (see the class docstring).
@@ -194,7 +202,7 @@ class T5Draft:
     ``override`` as in ``propose``; a ``certain`` row's confidence is 1.
     """
     b = length.shape[0]
-    keys = jax.random.split(key, gamma)
+    us = self._uniforms(key, gamma, length, sampling)
     override = override or _no_override
 
     def confidence_of(q, logits, x, certain):
@@ -203,7 +211,7 @@ class T5Draft:
       return jnp.where(certain, 1.0, conf)
 
     cache, states = self._split(state)
-    logits, q1, x1, cache = self._first_step(cache, seq, length, sampling, keys[0], states)
+    logits, q1, x1, cache = self._first_step(cache, seq, length, sampling, us[0], states)
     x1, q1, certain = override(0, q1, x1)
     tokens = jnp.zeros((b, gamma), jnp.int32).at[:, 0].set(x1)
     qs = jnp.zeros((b, gamma) + q1.shape[-1:], q1.dtype).at[:, 0].set(q1)
@@ -221,7 +229,7 @@ class T5Draft:
     def body(c):
       i, cache, x, tokens, qs, count, running, going = c
       # x = x_i (1-based), fed at position n + i; yields q_{i+1} and x_{i+1}.
-      logits, q, nxt, cache = self._step(cache, x, length + i, sampling, keys[i], states,
+      logits, q, nxt, cache = self._step(cache, x, length + i, sampling, us[i], states,
                                          length)
       nxt, q, certain = override(i, q, nxt)
       tokens = tokens.at[:, i].set(nxt)
