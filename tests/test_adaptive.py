@@ -247,14 +247,19 @@ def test_lookup_t5_copies_count_as_certain(near_draft):
     np.testing.assert_array_equal(np.asarray(count), np.minimum(run + 1, gamma))
 
 
+def _t1_start(draft, gamma=6):
+  """A T = 1 round's inputs at length 0 for ``draft``: (sampling, γ, state,
+  seq, length, limit = γ)."""
+  b = INPUTS.shape[0]
+  seq, length = jnp.zeros((b, 40), jnp.int32), jnp.zeros((b,), jnp.int32)
+  return (SamplingConfig(temperature=1.0), gamma, draft.init(INPUTS, 40), seq, length,
+          jnp.full((b,), gamma, jnp.int32))
+
+
 def test_cumulative_matches_stop_count(near_draft):
   """T5Draft.propose_adaptive's running product stops where ``stop_count``
   (cumulative) says, from the same proposals' confidences (T = 1, same key)."""
-  t1 = SamplingConfig(temperature=1.0)
-  b, gamma = INPUTS.shape[0], 6
-  state = near_draft.init(INPUTS, 40)
-  seq, length = jnp.zeros((b, 40), jnp.int32), jnp.zeros((b,), jnp.int32)
-  limit = jnp.full((b,), gamma, jnp.int32)
+  t1, gamma, state, seq, length, limit = _t1_start(near_draft)
   _, q, _ = near_draft.propose(state, seq, length, gamma, t1, KEY)
   conf = top_probability(q, None, t1)
   for threshold in (0.05, 0.2, 0.5):
@@ -271,11 +276,7 @@ def test_drawn_confidence_matches_stop_count(near_draft):
   says from q_i(x_i) of the same proposals (T = 1, same key), which is not
   where max q_i would stop it, and the generic fallback agrees; skip_below
   still reads q_1's top probability."""
-  t1 = SamplingConfig(temperature=1.0)
-  b, gamma = INPUTS.shape[0], 6
-  state = near_draft.init(INPUTS, 40)
-  seq, length = jnp.zeros((b, 40), jnp.int32), jnp.zeros((b,), jnp.int32)
-  limit = jnp.full((b,), gamma, jnp.int32)
+  t1, gamma, state, seq, length, limit = _t1_start(near_draft)
   tokens, q, _ = near_draft.propose(state, seq, length, gamma, t1, KEY)
   drawn, top = drawn_probability(q, None, tokens, t1), top_probability(q, None, t1)
   assert np.all(np.asarray(drawn) <= np.asarray(top) + 1e-6)
@@ -403,14 +404,25 @@ def test_sequence_distribution_is_exact(seq_models, setting, rule):
   assert sequence_pvalue(np.asarray(out.tokens), dist) > SIGNIFICANCE
 
 
-@pytest.mark.parametrize("setting", sorted(SETTINGS))
-def test_sequence_distribution_is_exact_with_skipped_rounds(seq_models, setting):
+# confidence='drawn': the cumulative rule on q_i(x_i); skip_below still on
+# q_1's top probability.
+SEQ_DRAWN = {"temp1": 0.05, "temp1_topp0.8": 0.2}
+SEQ_SKIPPING = {
+    **{f"threshold_{k}": (k, AdaptiveConfig("threshold", t, skip_below=t))
+       for k, t in SEQ_THRESHOLD.items()},
+    **{f"cumulative_drawn_{k}": (k, AdaptiveConfig("cumulative", t, skip_below=0.3,
+                                                   confidence="drawn"))
+       for k, t in SEQ_DRAWN.items()}}
+
+
+@pytest.mark.parametrize("case", sorted(SEQ_SKIPPING))
+def test_sequence_distribution_is_exact_with_skipped_rounds(seq_models, case):
   """skip_below: rows whose q_1 is unsure propose nothing (a plain target
-  step, width 0) while others in the batch verify their proposals."""
+  step, width 0) while others in the batch verify their proposals; with
+  either confidence the rule reads after each draft token."""
   model, target, draft_params = seq_models
+  setting, adaptive = SEQ_SKIPPING[case]
   sampling = SETTINGS[setting]
-  adaptive = AdaptiveConfig("threshold", SEQ_THRESHOLD[setting],
-                            skip_below=SEQ_THRESHOLD[setting])
   out = _seq_decode(seq_models, drafts.T5Draft(params=draft_params, model=model), sampling,
                     adaptive)
   hist = np.asarray(out.stats.gamma_hist).sum(0)
@@ -430,25 +442,6 @@ def test_lookup_t5_sequence_distribution_is_exact(seq_models, setting):
                     AdaptiveConfig("cumulative", SEQ_CUMULATIVE_LOOKUP[setting]))
   hist = np.asarray(out.stats.gamma_hist).sum(0)
   assert (hist[1:] > hist.sum() // 20).sum() >= 2, hist
-  dist = exact_sequence_distribution(model, target, sampling)
-  assert sequence_pvalue(np.asarray(out.tokens), dist) > SIGNIFICANCE
-
-
-SEQ_DRAWN = {"temp1": 0.05, "temp1_topp0.8": 0.2}
-
-
-@pytest.mark.parametrize("setting", sorted(SEQ_DRAWN))
-def test_sequence_distribution_is_exact_with_drawn_confidence(seq_models, setting):
-  """confidence='drawn' (the cumulative rule on q_i(x_i)) with skipped rounds
-  (skip_below on q_1's top probability) keeps the target's distribution."""
-  model, target, draft_params = seq_models
-  sampling = SETTINGS[setting]
-  adaptive = AdaptiveConfig("cumulative", SEQ_DRAWN[setting], skip_below=0.3,
-                            confidence="drawn")
-  out = _seq_decode(seq_models, drafts.T5Draft(params=draft_params, model=model), sampling,
-                    adaptive)
-  hist = np.asarray(out.stats.gamma_hist).sum(0)
-  assert hist[0] > hist.sum() // 20 and (hist[1:] > hist.sum() // 20).sum() >= 2, hist
   dist = exact_sequence_distribution(model, target, sampling)
   assert sequence_pvalue(np.asarray(out.tokens), dist) > SIGNIFICANCE
 
