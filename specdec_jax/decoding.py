@@ -26,8 +26,8 @@ from specdec_jax.drafts.base import (ApproximationModel, adaptive_proposal, gath
                                      init_draft)
 from specdec_jax.models.t5 import DecoderCache, T5Model
 from specdec_jax.partitioning import Partitioner, constrain_batch, constrain_cache
-from specdec_jax.sampling import SamplingConfig, sample, standardize
-from specdec_jax.speculative import KernelOutput, speculative_sampling
+from specdec_jax.sampling import SamplingConfig, argmax, sample, standardize
+from specdec_jax.speculative import KernelOutput, greedy_kernel, speculative_sampling
 
 Array = jax.Array
 
@@ -314,6 +314,13 @@ class AdaptiveConfig:
     return g
 
 
+def _skipped_round(b: int, gamma: int, next_token: Array) -> KernelOutput:
+  """A round where every live row proposed nothing: y ~ p_1, nothing tested."""
+  zeros = jnp.zeros((b, gamma))
+  return KernelOutput(num_accepted=jnp.zeros((b,), jnp.int32), next_token=next_token,
+                      accepted=zeros.astype(bool), min_pq=zeros)
+
+
 @struct.dataclass
 class _SpecState:
   seq: Array
@@ -410,18 +417,22 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
     if states_wanted:
       feats = (jnp.pad(res[2], ((0, 0), (0, gamma - k), (0, 0))),
                jnp.pad(pos, ((0, 0), (0, gamma - k)), constant_values=-1))
-    p = standardize(logits, sampling)
-    if k == 0:  # every live row skipped: a plain target step, y ~ p_1
-      zeros = jnp.zeros((b, gamma))
-      return KernelOutput(num_accepted=jnp.zeros((b,), jnp.int32),
-                          next_token=sample(key, p[:, 0], sampling),
-                          accepted=zeros.astype(bool), min_pq=zeros), new_cache, feats
-    p_raw = jax.nn.softmax(logits[:, :k]) if (sampling.greedy and lenience < 1) else None
     # Rows that proposed c < k: Algorithm 1 for γ = c inside the kernel (one
     # draw: the correction, or the bonus from p_{c+1}).
     capped = None if proposed is None else jnp.minimum(proposed, k)
-    out = speculative_sampling(key, xs[:, :k], q[:, :k], p, lenience, sampling.greedy, p_raw,
-                               capped)
+    if sampling.greedy and lenience == 1.0:
+      # p is the one-hot of the target's argmax: the kernel needs the argmax only.
+      best = argmax(logits.astype(jnp.float32))                        # [B, k+1]
+      if k == 0:
+        return _skipped_round(b, gamma, best[:, 0]), new_cache, feats
+      out = greedy_kernel(xs[:, :k], q[:, :k], best, capped)
+    else:
+      p = standardize(logits, sampling)
+      if k == 0:  # every live row skipped: a plain target step, y ~ p_1
+        return _skipped_round(b, gamma, sample(key, p[:, 0], sampling)), new_cache, feats
+      p_raw = jax.nn.softmax(logits[:, :k]) if (sampling.greedy and lenience < 1) else None
+      out = speculative_sampling(key, xs[:, :k], q[:, :k], p, lenience, sampling.greedy, p_raw,
+                                 capped)
     if proposed is None:
       return out, new_cache, feats
     pad = ((0, 0), (0, gamma - k))

@@ -107,3 +107,26 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
     next_token = inverse_cdf(residual, u[:, gamma])
   min_pq = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
   return KernelOutput(n, next_token, accepted, min_pq)
+
+
+def greedy_kernel(draft_tokens: Array, q: Array, target_tokens: Array,
+                  proposed: Array | None = None) -> KernelOutput:
+  """``speculative_sampling`` at temperature 0 and lenience 1 from the target's
+  argmax tokens alone, field for field the same (``tests/test_profile.py``).
+
+  target_tokens [B, γ+1]: ``sampling.argmax`` of the target's logits at each
+  position, i.e. where ``standardize``'s one-hot p_i has its 1. Then x_i
+  passes iff x_i = t_i, the next token is t_{n+1}, and Σ_x min(p_i, q_i) =
+  q_i(t_i). No [B, γ+1, V] one-hot is built and nothing else is read over
+  the vocabulary (issue 11: no full-vocabulary work at temperature 0).
+  ``proposed`` as in ``speculative_sampling``.
+  """
+  gamma = draft_tokens.shape[1]
+  accept = draft_tokens == target_tokens[:, :gamma]
+  if proposed is not None:
+    accept = accept & (jnp.arange(gamma)[None] < proposed[:, None])
+  accepted = jnp.cumprod(accept.astype(jnp.int32), axis=-1).astype(bool)
+  n = jnp.sum(accepted, axis=-1).astype(jnp.int32)
+  next_token = jnp.take_along_axis(target_tokens, n[:, None], axis=1)[:, 0]
+  min_pq = jnp.take_along_axis(q, target_tokens[:, :gamma, None], axis=-1)[..., 0]
+  return KernelOutput(n, next_token, accepted, min_pq.astype(jnp.float32))

@@ -314,3 +314,19 @@ def test_confidence_auc_reads_the_rounds_verdicts(tiny_target, tiny_draft):
   with pytest.raises(ValueError, match="T > 0"):
     confidence_auc(model, params, drafts.T5Draft(params=dp, model=dm), x,
                    jax.random.PRNGKey(0), 3, SamplingConfig(), max_decode_len=16)
+
+
+@pytest.mark.parametrize("one_hot_q", [True, False])
+def test_greedy_kernel_from_argmax_equals_the_kernel(one_hot_q):
+  """The engine's T=0 path (``greedy_kernel``, from the target's argmax
+  tokens alone) gives the general kernel's outputs on the one-hot p, field
+  for field, with and without per-row proposal counts."""
+  from specdec_jax.speculative import greedy_kernel
+  for seed in range(3):
+    x, q, p, _ = _greedy_case(seed, one_hot_q)
+    best = argmax(p)
+    for proposed in (None, jnp.asarray(np.arange(B) % (GAMMA + 1), jnp.int32)):
+      want = speculative_sampling(jax.random.PRNGKey(seed), x, q, p, 1.0, True,
+                                  proposed=proposed)
+      _assert_same(greedy_kernel(x, q, best, proposed), want)
+      assert len(set(np.asarray(want.num_accepted).tolist())) == GAMMA + 1
