@@ -30,6 +30,16 @@ class KernelOutput(NamedTuple):
   min_pq: Array
 
 
+def _leading(accept: Array, proposed: Array | None) -> tuple[Array, Array]:
+  """Per-position verdicts [B, γ] -> (accepted: the leading run of passes,
+  prefix-closed [B, γ]; n: its length [B]). Positions past a row's
+  ``proposed`` count (if given) never pass."""
+  if proposed is not None:
+    accept = accept & (jnp.arange(accept.shape[1])[None] < proposed[:, None])
+  accepted = jnp.cumprod(accept.astype(jnp.int32), axis=-1).astype(bool)
+  return accepted, jnp.sum(accepted, axis=-1).astype(jnp.int32)
+
+
 def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
                          lenience: float = 1.0, greedy: bool = False,
                          p_raw: Array | None = None,
@@ -81,10 +91,7 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
     # r in (0, 1]: a token with p(x) = 0 can never pass, even at r's extreme.
     r = 1.0 - u[:, :gamma]
     accept = (r * (lenience * qx) <= px) & (px > 0)
-  if proposed is not None:
-    accept = accept & (jnp.arange(gamma)[None] < proposed[:, None])
-  accepted = jnp.cumprod(accept.astype(jnp.int32), axis=-1).astype(bool)
-  n = jnp.sum(accepted, axis=-1).astype(jnp.int32)
+  accepted, n = _leading(accept, proposed)
 
   p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]
   if greedy:
@@ -122,11 +129,7 @@ def greedy_kernel(draft_tokens: Array, q: Array, target_tokens: Array,
   ``proposed`` as in ``speculative_sampling``.
   """
   gamma = draft_tokens.shape[1]
-  accept = draft_tokens == target_tokens[:, :gamma]
-  if proposed is not None:
-    accept = accept & (jnp.arange(gamma)[None] < proposed[:, None])
-  accepted = jnp.cumprod(accept.astype(jnp.int32), axis=-1).astype(bool)
-  n = jnp.sum(accepted, axis=-1).astype(jnp.int32)
+  accepted, n = _leading(draft_tokens == target_tokens[:, :gamma], proposed)
   next_token = jnp.take_along_axis(target_tokens, n[:, None], axis=1)[:, 0]
   min_pq = jnp.take_along_axis(q, target_tokens[:, :gamma, None], axis=-1)[..., 0]
   return KernelOutput(n, next_token, accepted, min_pq.astype(jnp.float32))
