@@ -258,6 +258,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                   help="'name=CHECKPOINT,...': start from these weights instead of random")
   ap.add_argument("--schedule_start", default=None,
                   help="'name=STEP,...': restart the LR schedule at STEP (continue a run)")
+  ap.add_argument("--oversample_long", default=None,
+                  help="'MIN_TOKENS:TIMES': repeat training pairs whose longer side has "
+                       ">= MIN_TOKENS tokens TIMES times in all (training.oversample_long)")
   args = ap.parse_args(argv)
   if args.smoke:
     args.models = ",".join(SMOKE_MODELS)
@@ -322,6 +325,12 @@ def main(argv: list[str]) -> None:
                       300 if args.smoke else None)
   train_pairs, dropped = encode_pairs(sp, train_rows, args.max_len)
   val_pairs, val_dropped = encode_pairs(sp, val_rows, args.max_len)
+  if args.oversample_long:
+    min_tokens, times = (int(v) for v in args.oversample_long.split(":"))
+    n = len(train_pairs)
+    train_pairs = training.oversample_long(train_pairs, min_tokens, times)
+    print(f"oversampled pairs of >= {min_tokens} tokens x{times}: {n} -> {len(train_pairs)}",
+          flush=True)
   print(f"vocab={vocab} train pairs={len(train_pairs)} (dropped {dropped} > {args.max_len} "
         f"tokens) validation pairs={len(val_pairs)} (dropped {val_dropped})", flush=True)
   meta = {"seed": args.seed, "batch_tokens": args.batch_tokens, "workdir": args.workdir,

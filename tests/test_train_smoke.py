@@ -85,3 +85,14 @@ def test_continuing_without_the_vocabulary_is_an_error(tmp_path):
                     f"--spm={tmp_path / 'missing.model'}"])
   with pytest.raises(FileNotFoundError, match="--report needs"):
     _script().main(["--models=target", "--report", f"--export_dir={export}"])
+
+
+def test_oversample_long_repeats_only_long_pairs():
+  from specdec_jax import training
+  short, long_in, long_out = ([1] * 5, [2] * 5), ([3] * 9, [4]), ([5], [6] * 12)
+  out = training.oversample_long([short, long_in, long_out], min_tokens=9, times=3)
+  assert out.count(short) == 1
+  assert out.count(long_in) == 3 and out.count(long_out) == 3
+  assert out[:3] == [short, long_in, long_out]  # the original order first
+  with pytest.raises(ValueError, match="times=0"):
+    training.oversample_long([short], min_tokens=9, times=0)
