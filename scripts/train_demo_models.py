@@ -326,7 +326,11 @@ def main(argv: list[str]) -> None:
   train_pairs, dropped = encode_pairs(sp, train_rows, args.max_len)
   val_pairs, val_dropped = encode_pairs(sp, val_rows, args.max_len)
   if args.oversample_long:
-    min_tokens, times = (int(v) for v in args.oversample_long.split(":"))
+    try:
+      min_tokens, times = (int(v) for v in args.oversample_long.split(":"))
+    except ValueError:
+      raise SystemExit(f"--oversample_long={args.oversample_long!r}: expected "
+                       "MIN_TOKENS:TIMES, two integers, e.g. 60:8")
     n = len(train_pairs)
     train_pairs = training.oversample_long(train_pairs, min_tokens, times)
     print(f"oversampled pairs of >= {min_tokens} tokens x{times}: {n} -> {len(train_pairs)}",
