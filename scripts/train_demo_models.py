@@ -279,6 +279,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     if args.init_from else {})
   args.schedule_start = (parse_per_model(args.schedule_start, int)
                          if args.schedule_start else {})
+  if args.oversample_long:  # checked here, before any file is read or written
+    raw = args.oversample_long
+    try:
+      args.oversample_long = tuple(int(v) for v in raw.split(":"))
+      if len(args.oversample_long) != 2 or min(args.oversample_long) < 1:
+        raise ValueError
+    except ValueError:
+      ap.error(f"--oversample_long={raw!r}: expected MIN_TOKENS:TIMES, two integers >= 1, "
+               "e.g. 60:8")
   return args
 
 
@@ -326,11 +335,7 @@ def main(argv: list[str]) -> None:
   train_pairs, dropped = encode_pairs(sp, train_rows, args.max_len)
   val_pairs, val_dropped = encode_pairs(sp, val_rows, args.max_len)
   if args.oversample_long:
-    try:
-      min_tokens, times = (int(v) for v in args.oversample_long.split(":"))
-    except ValueError:
-      raise SystemExit(f"--oversample_long={args.oversample_long!r}: expected "
-                       "MIN_TOKENS:TIMES, two integers, e.g. 60:8")
+    min_tokens, times = args.oversample_long
     n = len(train_pairs)
     train_pairs = training.oversample_long(train_pairs, min_tokens, times)
     print(f"oversampled pairs of >= {min_tokens} tokens x{times}: {n} -> {len(train_pairs)}",
