@@ -6,6 +6,8 @@ r"""Speculative decoding vs the baseline at several γ, side by side in one run.
   python scripts/bench_speculative.py --gammas=1,2,3,4,5,6,7,auto --adaptive --gamma_max=7
   python scripts/bench_speculative.py --gammas=3,4 \
       --drafts=t5:checkpoints/demo/draft_small,t5:checkpoints/demo/draft_tiny,prompt_lookup
+  python scripts/bench_speculative.py --gammas=3 --drafts=full=t5:checkpoints/demo/draft_tiny_feat,\
+sl=t5:checkpoints/demo/draft_tiny_feat@checkpoints/demo/draft_shortlist.json
 
 For every example the baseline and each γ are timed back to back (interleaved,
 so drift on a noisy machine hits all columns alike); compile time is excluded
@@ -47,15 +49,16 @@ def bench(args) -> str:
                "cumulative:0.3:0.4", "schedule"]
   numeric = [int(g) for g in gammas if g.isdigit()]
   specs = (parse_drafts(args.drafts) if args.drafts
-           else {None: (args.draft_name, args.draft)})
+           else {None: (args.draft_name, args.draft, args.draft_shortlist)})
   exps = {label: Experiment(
       task=args.task, source=args.source, vocab_path=args.vocab,
       target_checkpoint=args.target, draft_name=name,
       draft_checkpoint=ckpt if ckpt and drafts.takes(name, "model") else "",
+      draft_shortlist=shortlist,
       max_input_len=args.max_input_len, max_decode_len=args.max_decode_len,
       num_warmup=1, num_examples=args.num_examples, dtype=args.dtype,
       gamma=max(numeric + [args.gamma_max]), ngram_corpus=args.ngram_corpus)
-      for label, (name, ckpt) in specs.items()}
+      for label, (name, ckpt, shortlist) in specs.items()}
   for e in exps.values():   # every draft checked before anything is loaded
     check_before_loading(e)
   exp = next(iter(exps.values()))
@@ -93,14 +96,17 @@ def bench(args) -> str:
   return "\n".join(lines)
 
 
-def parse_drafts(text: str) -> dict[str, tuple[str, str]]:
-  """'t5:ckpt_a,t5:ckpt_b,prompt_lookup' -> {row label: (draft name, checkpoint)}.
+def parse_drafts(text: str) -> dict[str, tuple[str, str, str]]:
+  """'t5:ckpt_a,t5:ckpt_b,prompt_lookup' -> {row label: (draft name,
+  checkpoint, shortlist)}; 't5:ckpt@list.json' gives the draft a vocabulary
+  shortlist (Experiment.draft_shortlist).
 
-  A label is the checkpoint's directory name for 't5', 'name:dir' for other
-  drafts that take a checkpoint (lookup_t5), the bare name otherwise; or
-  given: 'old=t5:ckpt_a' (two checkpoints in directories of one name).
+  A label is the checkpoint's directory name for 't5' ('+shortlist' added
+  with one), 'name:dir' for other drafts that take a checkpoint (lookup_t5),
+  the bare name otherwise; or given: 'old=t5:ckpt_a' (two checkpoints in
+  directories of one name).
   """
-  out: dict[str, tuple[str, str]] = {}
+  out: dict[str, tuple[str, str, str]] = {}
   for item in (t.strip() for t in text.split(",")):
     if not item:
       continue
@@ -108,17 +114,19 @@ def parse_drafts(text: str) -> dict[str, tuple[str, str]]:
     if not eq:
       given, rest = "", item
     name, _, ckpt = rest.partition(":")
+    ckpt, _, shortlist = ckpt.partition("@")
     if name not in drafts.REGISTRY:
       raise ValueError(f"--drafts: unknown draft {name!r} in {item!r}; registered: "
                        f"{', '.join(sorted(drafts.REGISTRY))}")
     if "model" in drafts.requires(name) and not ckpt:
       raise ValueError(f"--drafts: {name!r} needs a checkpoint: write {name}:<path>")
     base = Path(ckpt.rstrip("/")).name if ckpt else ""
-    label = given or (base if name == "t5" else f"{name}:{base}" if base else name)
+    label = given or ((base if name == "t5" else f"{name}:{base}" if base else name)
+                      + ("+shortlist" if shortlist else ""))
     if label in out:
       raise ValueError(f"--drafts: two drafts would both be labelled {label!r}; name them: "
                        f"label=name:checkpoint")
-    out[label] = (name, ckpt)
+    out[label] = (name, ckpt, shortlist)
   if not out:
     raise ValueError(f"--drafts: no draft in {text!r}")
   return out
@@ -128,6 +136,8 @@ def main() -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   demo.add_pair_arguments(p)
   p.add_argument("--draft_name", default="t5")
+  p.add_argument("--draft_shortlist", default="",
+                 help="the draft's vocabulary shortlist (Experiment.draft_shortlist)")
   p.add_argument("--drafts", default=None,
                  help="compare several drafts in one run, interleaved per example beside one "
                       "baseline: comma-separated 'name[:checkpoint]', e.g. "

@@ -55,6 +55,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from specdec_jax import autogamma, checkpoints, data, drafts, memory, partitioning, theory
+from specdec_jax import shortlist as shortlist_lib
 from specdec_jax import bridge as bridge_lib
 from specdec_jax import feature_bridge as feature_lib
 from specdec_jax.decoding import (CONFIDENCE_RULES, AdaptiveConfig, alpha_estimates,
@@ -67,7 +68,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}   # activation dtype -> bytes
 MODES = ("speculative", "alpha_only")
 # Experiment fields that hold paths, and the macros the paper configs bind them to.
-_PATH_FIELDS = ("vocab_path", "target_checkpoint", "draft_checkpoint", "source", "ngram_corpus")
+_PATH_FIELDS = ("vocab_path", "target_checkpoint", "draft_checkpoint", "source", "ngram_corpus",
+                "draft_shortlist")
 _CONFIG_DIRS: list[Path] = []  # directories of the parsed --config files, last first
 
 
@@ -99,6 +101,11 @@ class Experiment:
   draft_format: str = "auto"
   draft_preset: Optional[str] = None
   draft_label: Optional[str] = None
+  # A T5 draft's vocabulary shortlist (specdec_jax.shortlist; scripts/make_shortlist.py):
+  # q only over these tokens, plus each input's own with draft_shortlist_inputs.
+  # Exact for any shortlist; it trades a little α for a much cheaper draft step.
+  draft_shortlist: str = ""
+  draft_shortlist_inputs: bool = True
   ngram_corpus: Optional[str] = None
   ngram_corpus_split: str = "train"
   ngram_corpus_max_examples: Optional[int] = None
@@ -225,6 +232,10 @@ class Experiment:
                        f"approximation model {self.draft_name!r} takes no checkpoint (its "
                        "builder has no model/params argument); bind "
                        "Experiment.draft_checkpoint = '' for it")
+    if self.draft_shortlist and not drafts.takes(self.draft_name, "shortlist"):
+      raise ValueError(f"Experiment.draft_shortlist={self.draft_shortlist!r} is set but "
+                       f"approximation model {self.draft_name!r} takes no 'shortlist' "
+                       "argument (the T5 drafts 't5' and 'lookup_t5' do)")
     needs = set(drafts.requires(self.draft_name))
     unset = [(f, "") for f in ("target_checkpoint", "vocab_path", "source")
              if not getattr(self, f)]
@@ -294,6 +305,8 @@ class Experiment:
       draft = self.draft_label or Path(self.draft_checkpoint.rstrip("/")).name
     else:
       draft = self.draft_label or self.draft_name
+    if self.draft_shortlist and not self.draft_label:
+      draft += "+shortlist"
     return target, draft
 
 
@@ -573,6 +586,10 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
                          f"({feature_lib.FILENAME}), but approximation model "
                          f"{exp.draft_name!r} takes no 'feature' argument")
       build_kw["feature"] = jax.tree.map(jnp.asarray, features)
+    if exp.draft_shortlist:
+      ids = shortlist_lib.load(_resolve(exp.draft_shortlist), target.config.vocab_size)
+      build_kw["shortlist"] = shortlist_lib.Shortlist.for_draft(
+          dmodel, dparams, ids, with_inputs=exp.draft_shortlist_inputs)
   if exp.ngram_corpus:
     build_kw["corpus"] = _corpus(exp, d.vocab)
   draft = drafts.build(exp.draft_name, **build_kw)
@@ -805,6 +822,7 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
       "gamma": exp.gamma, "lenience": exp.lenience, "batch_size": exp.batch_size,
       "mesh_shape": list(exp.mesh_shape) if exp.mesh_shape else None,
       "param_dtype": exp.param_dtype, "dtype": exp.dtype,
+      "draft_shortlist": exp.draft_shortlist or None,
       "alpha": alpha, "alpha_min_pq": alpha_min_pq,
       "tokens_per_target_call": tot("tokens") / max(tot("target_calls"), 1),
       "c": costs["c"], "v": costs["v"],

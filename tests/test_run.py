@@ -734,3 +734,43 @@ def test_runner_loads_a_draft_with_a_feature_bridge(env, tmp_path):
   (tmp_path / "draft" / feature_bridge.FILENAME).write_bytes(b"not an npz")
   with pytest.raises(ValueError, match="feature_bridge.npz: not a readable feature bridge"):
     run.load_models(exp, d)
+
+
+def test_runner_decodes_exactly_with_a_draft_shortlist(env, tmp_path):
+  """``Experiment.draft_shortlist``: scripts/make_shortlist.py writes it from
+  the training references; the runner builds the draft with it and decodes
+  with 0 mismatches at T=0; bad shortlists and drafts that take none are
+  refused with the path or the setting named."""
+  import dataclasses
+  import importlib.util
+  from specdec_jax import shortlist
+  spec = importlib.util.spec_from_file_location("make_shortlist",
+                                                REPO / "scripts" / "make_shortlist.py")
+  mk = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mk)
+  path = tmp_path / "shortlist.json"
+  args = [f"--source={env / 'data.tsv'}", f"--vocab={env / 'spm.model'}", "--size=12",
+          f"--output={path}"]
+  mk.main(args)
+  ids = shortlist.load(str(path), 64)
+  assert len(ids) == 12 and 1 in ids  # EOS always kept
+  with pytest.raises(SystemExit):  # an existing output is not overwritten without --overwrite
+    mk.main(args)
+  exp, d = _copied_draft_experiment(env, tmp_path)
+  exp = dataclasses.replace(exp, draft_shortlist=str(path))
+  draft = run.load_models(exp, d).draft
+  np.testing.assert_array_equal(draft.shortlist.ids, ids)
+  assert draft.shortlist.with_inputs and exp.labels[1] == "draft+shortlist"
+  with pytest.raises(ValueError, match="approximation model 'prompt_lookup' takes no 'shortlist'"):
+    run.check_before_loading(dataclasses.replace(exp, draft_name="prompt_lookup",
+                                                 draft_checkpoint=""))
+  with pytest.raises(FileNotFoundError, match="Experiment.draft_shortlist: .*nope.json"):
+    run.check_before_loading(dataclasses.replace(exp, draft_shortlist=str(tmp_path / "nope.json")))
+  shortlist.save(str(tmp_path / "big.json"), np.array([1, 70]), 80)
+  with pytest.raises(ValueError, match=r"big.json: token ids outside \[0, 64\): \[70\]"):
+    run.load_models(dataclasses.replace(exp, draft_shortlist=str(tmp_path / "big.json")), d)
+  w = tmp_path / "w"
+  _run(env, f"--workdir={w}", f"--gin_bindings=Experiment.draft_shortlist = '{path}'")
+  s = json.loads((w / "summary.json").read_text())
+  assert s["mismatches_vs_baseline"] == 0 and s["num_examples"] == 4
+  assert s["draft_shortlist"] == str(path) and s["draft"] == "draft+shortlist"

@@ -110,9 +110,12 @@ def test_bench_speculative_parses_its_drafts_flag():
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   assert mod.parse_drafts("t5:ck/draft_small,t5:ck/draft_tiny/,prompt_lookup,lookup_t5:ck/x") == {
-      "draft_small": ("t5", "ck/draft_small"), "draft_tiny": ("t5", "ck/draft_tiny/"),
-      "prompt_lookup": ("prompt_lookup", ""), "lookup_t5:x": ("lookup_t5", "ck/x")}
-  assert mod.parse_drafts("old=t5:a/x,new=t5:b/x") == {"old": ("t5", "a/x"), "new": ("t5", "b/x")}
+      "draft_small": ("t5", "ck/draft_small", ""), "draft_tiny": ("t5", "ck/draft_tiny/", ""),
+      "prompt_lookup": ("prompt_lookup", "", ""), "lookup_t5:x": ("lookup_t5", "ck/x", "")}
+  assert mod.parse_drafts("old=t5:a/x,new=t5:b/x") == {"old": ("t5", "a/x", ""),
+                                                       "new": ("t5", "b/x", "")}
+  assert mod.parse_drafts("t5:a/x,t5:a/x@s.json") == {"x": ("t5", "a/x", ""),
+                                                       "x+shortlist": ("t5", "a/x", "s.json")}
   for bad, msg in [("t5", "needs a checkpoint"), ("nope", "unknown draft 'nope'"),
                    ("t5:a/x,t5:b/x", "both be labelled 'x'"), (",", "no draft")]:
     with pytest.raises(ValueError, match=msg):

@@ -23,7 +23,7 @@ REGISTRY: dict[str, Callable[..., ApproximationModel]] = {}
 
 # What the runner offers every builder; a builder declares the ones it uses.
 BUILD_ARGS = ("vocab_size", "vocab", "max_ngram", "model", "params", "corpus", "partitioner",
-              "bridge", "feature", "target_model", "target_params")
+              "bridge", "feature", "target_model", "target_params", "shortlist")
 
 
 def register(name: str):
@@ -81,7 +81,9 @@ def build(name: str, **kwargs: Any) -> ApproximationModel:
   (a draft checkpoint, already on that mesh), ``bridge`` (that checkpoint's
   encoder bridge kernel, or None; ``specdec_jax.bridge``) and ``feature``
   (its feature bridge, or None; ``specdec_jax.feature_bridge``) with
-  ``target_model``/``target_params``, and ``corpus`` (token sequences). Each
+  ``target_model``/``target_params``, ``shortlist`` (with
+  Experiment.draft_shortlist: a ``specdec_jax.shortlist.Shortlist`` for that
+  checkpoint) and ``corpus`` (token sequences). Each
   builder receives only the keywords its signature names (all of them if it
   takes ``**kwargs``).
   """
@@ -99,9 +101,10 @@ def build(name: str, **kwargs: Any) -> ApproximationModel:
 
 @register("t5")
 def _t5(model, params, partitioner=None, bridge=None, target_model=None,
-        target_params=None, feature=None) -> T5Draft:
+        target_params=None, feature=None, shortlist=None) -> T5Draft:
   return T5Draft(params=params, model=model, partitioner=partitioner, bridge=bridge,
-                 target_params=target_params, target_model=target_model, feature=feature)
+                 target_params=target_params, target_model=target_model, feature=feature,
+                 shortlist=shortlist)
 
 
 @register("unigram")
@@ -121,11 +124,11 @@ def _prompt_lookup(vocab_size, max_ngram=3) -> PromptLookupDraft:
 
 @register("lookup_t5")
 def _lookup_t5(model, params, max_ngram=3, partitioner=None, bridge=None, target_model=None,
-               target_params=None, feature=None) -> LookupT5Draft:
+               target_params=None, feature=None, shortlist=None) -> LookupT5Draft:
   # Copy only on a full max_ngram match: on the demo's validation chapters
   # shorter matches lowered α below the T5 draft's own (docs/benchmarks.md).
   return LookupT5Draft(t5=_t5(model, params, partitioner, bridge, target_model, target_params,
-                              feature),
+                              feature, shortlist),
                        max_ngram=max_ngram, min_ngram=max_ngram)
 
 

@@ -10,6 +10,7 @@ from flax import struct
 
 from specdec_jax import bridge as bridge_lib
 from specdec_jax import feature_bridge as feature_lib
+from specdec_jax import shortlist as shortlist_lib
 from specdec_jax.drafts.base import (drawn_probability, gather_positions, skip_unsure,
                                      top_probability)
 from specdec_jax.models.t5 import DecoderCache, T5Model
@@ -33,6 +34,13 @@ class FeatureState(struct.PyTreeNode):
   ``T5Draft.commit_with_target`` writes them)."""
   cache: DecoderCache
   target_states: Array
+
+
+class ShortlistState(struct.PyTreeNode):
+  """A draft's state when its shortlist includes the input's tokens: the
+  state without it (cache or ``FeatureState``) and S's per-example part."""
+  inner: Any
+  part: shortlist_lib.InputPart
 
 
 @struct.dataclass
@@ -61,6 +69,11 @@ class T5Draft:
   through ``commit_with_target`` (``wants_target_states``), and the step at
   position t (the round's j-th step, j from 0) adds h_s K + e_j with s = t -
   1 - j, the position before the round's first one (``feature_bridge``).
+
+  With ``shortlist`` (``specdec_jax.shortlist.Shortlist``) q is the model's
+  softmax over the shortlisted tokens (and the input's, with its
+  ``with_inputs``), 0 elsewhere: the output layer multiplies by the
+  shortlist's columns only, which is most of a small draft's step.
   """
 
   params: Any
@@ -70,6 +83,7 @@ class T5Draft:
   target_params: Any = None
   target_model: T5Model | None = struct.field(pytree_node=False, default=None)
   feature: Any = None
+  shortlist: Any = None
 
   @property
   def vocab_size(self) -> int:
@@ -97,18 +111,41 @@ class T5Draft:
     encoded = self.model.encode(self.params, inputs, extra)
     cache = constrain_cache(self.model.init_cache(self.params, encoded, inputs, cache_len),
                             self.partitioner, "draft cache")
-    if self.feature is None:
-      return cache
-    d_draft = self.feature["kernel"].shape[1]
-    return FeatureState(cache, jnp.zeros((inputs.shape[0], cache_len, d_draft), jnp.float32))
+    states = None
+    if self.feature is not None:
+      d_draft = self.feature["kernel"].shape[1]
+      states = jnp.zeros((inputs.shape[0], cache_len, d_draft), jnp.float32)
+    part = (shortlist_lib.for_inputs(self.model, self.params, inputs)
+            if self._with_inputs else None)
+    return self._join(cache, states, part)
 
-  def _split(self, state: Any) -> tuple[DecoderCache, Array | None]:
-    if self.feature is None:
-      return state, None
-    return state.cache, state.target_states
+  @property
+  def _with_inputs(self) -> bool:
+    return self.shortlist is not None and self.shortlist.with_inputs
 
-  def _join(self, cache: DecoderCache, states: Array | None) -> Any:
-    return cache if states is None else FeatureState(cache, states)
+  def _split(self, state: Any) -> tuple[DecoderCache, Array | None, Any]:
+    """state -> (cache, the target's projected states or None, S's input part
+    or None)."""
+    part = None
+    if self._with_inputs:
+      state, part = state.inner, state.part
+    if self.feature is None:
+      return state, None, part
+    return state.cache, state.target_states, part
+
+  def _join(self, cache: DecoderCache, states: Array | None, part: Any = None) -> Any:
+    state = cache if states is None else FeatureState(cache, states)
+    return state if part is None else ShortlistState(state, part)
+
+  def _decode(self, tokens: Array, positions: Array, cache: DecoderCache, extra: Array | None,
+              part: Any) -> tuple[Array, DecoderCache]:
+    """The model's decode; with a shortlist, its logits over S only (the full
+    output layer is then never computed: XLA drops the unused product)."""
+    if self.shortlist is None:
+      return self.model.decode(self.params, tokens, positions, cache, extra)
+    _, cache, hidden = self.model.decode(self.params, tokens, positions, cache, extra,
+                                         return_hidden=True)
+    return shortlist_lib.logits(self.shortlist, part, hidden, self.vocab_size), cache
 
   def _extra(self, states: Array | None, length: Array, positions: Array) -> Array | None:
     """The feature bridge's decoder extra [B, k, d] for draft positions [B, k]
@@ -130,23 +167,25 @@ class T5Draft:
     return jax.random.uniform(key, (gamma,) + length.shape)
 
   def _first_step(self, cache: DecoderCache, seq: Array, length: Array,
-                  sampling: SamplingConfig, u: Array, states: Array | None = None):
+                  sampling: SamplingConfig, u: Array, states: Array | None = None,
+                  part: Any = None):
     """Feeds positions n-1 and n; returns (logits, q_1, x_1, cache); u [B]
     is x_1's uniform."""
     # Position n-1 is -1 on the first round: the model drops negative writes.
     pos = length[:, None] + jnp.arange(-1, 1, dtype=jnp.int32)[None, :]
-    logits, cache = self.model.decode(self.params, gather_positions(seq, pos), pos, cache,
-                                      self._extra(states, length, pos))
+    logits, cache = self._decode(gather_positions(seq, pos), pos, cache,
+                                 self._extra(states, length, pos), part)
     cache = constrain_cache(cache, self.partitioner, "draft cache")
     q1 = standardize(logits[:, -1], sampling)
     return logits[:, -1], q1, sample_with(u, q1, sampling), cache
 
   def _step(self, cache: DecoderCache, x: Array, position: Array, sampling: SamplingConfig,
-            u: Array, states: Array | None = None, length: Array | None = None):
+            u: Array, states: Array | None = None, length: Array | None = None,
+            part: Any = None):
     """Feeds x [B] at position [B]; returns (logits, q, next token, cache)."""
     pos = position[:, None]
-    logits, cache = self.model.decode(self.params, x[:, None], pos, cache,
-                                      self._extra(states, length, pos))
+    logits, cache = self._decode(x[:, None], pos, cache, self._extra(states, length, pos),
+                                 part)
     cache = constrain_cache(cache, self.partitioner, "draft cache")
     q = standardize(logits[:, 0], sampling)
     return logits[:, 0], q, sample_with(u, q, sampling), cache
@@ -162,14 +201,14 @@ class T5Draft:
     construction (the adaptive rules' confidence is then 1)."""
     us = self._uniforms(key, gamma, length, sampling)
     override = override or _no_override
-    cache, states = self._split(state)
-    _, q1, x1, cache = self._first_step(cache, seq, length, sampling, us[0], states)
+    cache, states, part = self._split(state)
+    _, q1, x1, cache = self._first_step(cache, seq, length, sampling, us[0], states, part)
     x1, q1, _ = override(0, q1, x1)
 
     def step(carry, inp):
       cache, x = carry
       i, u = inp
-      _, q, nxt, cache = self._step(cache, x, length + i, sampling, u, states, length)
+      _, q, nxt, cache = self._step(cache, x, length + i, sampling, u, states, length, part)
       nxt, q, _ = override(i, q, nxt)
       return (cache, nxt), (nxt, q)
 
@@ -177,7 +216,7 @@ class T5Draft:
                                         (jnp.arange(1, gamma, dtype=jnp.int32), us[1:]))
     tokens = jnp.concatenate([x1[:, None], jnp.moveaxis(xs, 0, 1)], axis=1)
     q = jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
-    return tokens, q, self._join(cache, states)
+    return tokens, q, self._join(cache, states, part)
 
   def propose_adaptive(self, state: Any, seq: Array, length: Array, gamma: int,
                        sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
@@ -210,8 +249,8 @@ class T5Draft:
               else top_probability(q, logits, sampling))
       return jnp.where(certain, 1.0, conf)
 
-    cache, states = self._split(state)
-    logits, q1, x1, cache = self._first_step(cache, seq, length, sampling, us[0], states)
+    cache, states, part = self._split(state)
+    logits, q1, x1, cache = self._first_step(cache, seq, length, sampling, us[0], states, part)
     x1, q1, certain = override(0, q1, x1)
     tokens = jnp.zeros((b, gamma), jnp.int32).at[:, 0].set(x1)
     qs = jnp.zeros((b, gamma) + q1.shape[-1:], q1.dtype).at[:, 0].set(q1)
@@ -230,7 +269,7 @@ class T5Draft:
       i, cache, x, tokens, qs, count, running, going = c
       # x = x_i (1-based), fed at position n + i; yields q_{i+1} and x_{i+1}.
       logits, q, nxt, cache = self._step(cache, x, length + i, sampling, us[i], states,
-                                         length)
+                                         length, part)
       nxt, q, certain = override(i, q, nxt)
       tokens = tokens.at[:, i].set(nxt)
       qs = qs.at[:, i].set(q)
@@ -242,7 +281,7 @@ class T5Draft:
 
     steps, cache, _, tokens, qs, count, _, _ = jax.lax.while_loop(
         cond, body, (jnp.asarray(1, jnp.int32), cache, x1, tokens, qs, count, running, going))
-    return tokens, qs, count, steps, self._join(cache, states)
+    return tokens, qs, count, steps, self._join(cache, states, part)
 
   def commit(self, state: Any, seq: Array, length: Array) -> Any:
     del seq, length  # position-indexed cache: rollback is implicit
@@ -258,8 +297,8 @@ class T5Draft:
     state = self.commit(state, seq, length)
     if self.feature is None:
       return state
-    cache, states = self._split(state)
+    cache, states, part = self._split(state)
     write = lambda buf, new, pos: buf.at[pos].set(new, mode="drop")
     pos = jnp.where(positions < 0, states.shape[1], positions)  # padding: out of range
     states = jax.vmap(write)(states, feature_lib.project_states(self.feature, hidden), pos)
-    return self._join(cache, states)
+    return self._join(cache, states, part)

@@ -1,0 +1,52 @@
+"""Write a draft vocabulary shortlist (thin wrapper over specdec_jax.shortlist).
+
+  python scripts/make_shortlist.py --source=data/bible/train.tsv \\
+      --vocab=checkpoints/demo/spm.model --size=2000 --output=checkpoints/demo/draft_shortlist.json
+
+--source: training data only (never the split you will measure on): a TSV/JSONL
+of examples (their references are counted) or a distillation's
+target_outputs.jsonl (the target's own outputs). Use it with
+``Experiment.draft_shortlist``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specdec_jax import data, shortlist  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--source", required=True, help="TSV/JSONL of examples, or target outputs")
+  p.add_argument("--vocab", required=True, help="the target's SentencePiece model")
+  p.add_argument("--size", type=int, required=True, help="tokens in the shortlist (EOS included)")
+  p.add_argument("--output", required=True, help="JSON file to write")
+  p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+  args = p.parse_args(argv)
+  if args.size < 1:
+    p.error(f"--size must be >= 1, got {args.size}")
+  if os.path.exists(args.output) and not args.overwrite:
+    p.error(f"--output {args.output} exists; pass --overwrite to replace it")
+  if not os.path.isfile(args.source):
+    p.error(f"--source {args.source} not found")
+  vocab = data.get_vocabulary(args.vocab)
+  seqs = list(shortlist.sequences_from(args.source, vocab))
+  ids = shortlist.frequent(seqs, args.size, vocab.vocab_size, always=(vocab.eos_id,))
+  counted = sum(len(s) for s in seqs)
+  kept = set(ids.tolist())
+  covered = sum(t in kept for s in seqs for t in s) / max(counted, 1)
+  shortlist.save(args.output, ids, vocab.vocab_size, source=args.source, vocab=args.vocab,
+                 sequences=len(seqs), tokens_counted=counted, coverage_of_source=covered)
+  print(f"wrote {args.output}: {ids.size} tokens covering {covered:.4f} of the {counted} "
+        f"tokens in {len(seqs)} sequences of {args.source}")
+
+
+if __name__ == "__main__":
+  main()

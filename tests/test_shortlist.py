@@ -1,0 +1,157 @@
+"""Draft vocabulary shortlists (``specdec_jax.shortlist``).
+
+Exactness is tested as for every draft (test_engine.py's standards): at
+temperature 0 the engine's output equals the baseline token for token with a
+shortlist that leaves out tokens the target emits; at T > 0 the whole-sequence
+distribution (vocab 8, 3 tokens, 20k samples, fixed seed 5) passes the
+chi-square test at 1e-3 against the enumerated target while the shortlist
+leaves out most of the vocabulary, so the target's tokens outside it can come
+only from the rejection's residual. The same enumeration rejects a lenient
+(inexact) engine and a rule that peeks at the target (test_engine.py,
+test_adaptive.py): it has the power to see a wrong distribution.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import drafts, shortlist
+from specdec_jax.decoding import AdaptiveConfig, alpha_estimates, speculative_decode
+from specdec_jax.models.t5 import T5Config, T5Model
+from specdec_jax.sampling import SamplingConfig
+from test_engine import (INPUTS, KEY, MAX_LEN, SEQ_EOS, SEQ_INPUT, SEQ_LEN, SEQ_N, SETTINGS,
+                         exact_sequence_distribution, greedy_case, seq_models,  # noqa: F401
+                         sequence_pvalue)
+
+
+def test_frequent_keeps_the_most_common_and_always_eos():
+  seqs = [[5, 5, 5, 7, 1], [7, 9, 5], [9, 4]]
+  # counts: 5:4, 7:2, 9:2, 1:1, 4:1; ties broken by the lower id
+  np.testing.assert_array_equal(shortlist.frequent(seqs, 3, 16), [5, 7, 9])
+  np.testing.assert_array_equal(shortlist.frequent(seqs, 3, 16, always=(1,)), [1, 5, 7])
+  np.testing.assert_array_equal(shortlist.frequent(seqs, 50, 16), [1, 4, 5, 7, 9])
+  with pytest.raises(ValueError, match="size must be >= 1"):
+    shortlist.frequent(seqs, 0, 16)
+  with pytest.raises(ValueError, match=r"outside \[0, 8\): \[9\]"):
+    shortlist.frequent(seqs, 3, 8)
+
+
+def test_save_load_round_trip_and_bad_files(tmp_path):
+  path = str(tmp_path / "s.json")
+  shortlist.save(path, np.array([9, 1, 4]), 16, source="x.tsv")
+  np.testing.assert_array_equal(shortlist.load(path, 16), [1, 4, 9])
+  assert json.loads(open(path).read())["source"] == "x.tsv"
+  with pytest.raises(ValueError, match=r"s.json: token ids outside \[0, 8\): \[9\]"):
+    shortlist.load(path, 8)
+  with pytest.raises(FileNotFoundError, match="draft shortlist not found: .*nope.json"):
+    shortlist.load(str(tmp_path / "nope.json"), 16)
+  (tmp_path / "bad.json").write_text("{not json")
+  with pytest.raises(ValueError, match="bad.json is not readable JSON"):
+    shortlist.load(str(tmp_path / "bad.json"), 16)
+  (tmp_path / "other.json").write_text('{"token_ids": [1]}')
+  with pytest.raises(ValueError, match="other.json: expected a JSON object with format"):
+    shortlist.load(str(tmp_path / "other.json"), 16)
+  with pytest.raises(ValueError, match="repeated token ids"):
+    shortlist.save(path, np.array([1, 1]), 16)
+  with pytest.raises(ValueError, match="non-empty"):
+    shortlist.save(path, np.array([], np.int32), 16)
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+def test_a_full_shortlist_is_the_draft_itself(version):
+  """Every token shortlisted: the same tokens and q as without one, for the
+  untied output layer (1.1) and the tied, 1/sqrt(d)-scaled embedding (1.0)."""
+  cfg = T5Config(vocab_size=64, d_model=16, num_heads=2, head_dim=8, num_encoder_layers=1,
+                 num_decoder_layers=1, d_ff=16, version=version)
+  model = T5Model(cfg)
+  params = model.init(jax.random.PRNGKey(0))
+  full = drafts.T5Draft(params=params, model=model)
+  every = drafts.T5Draft(params=params, model=model, shortlist=shortlist.Shortlist.for_draft(
+      model, params, np.arange(64), with_inputs=False))
+  inputs = jnp.array([[5, 9, 7, 0, 0]], jnp.int32)
+  seq, length = jnp.zeros((1, 20), jnp.int32), jnp.array([0], jnp.int32)
+  sampling = SamplingConfig(temperature=1.0)
+  a = full.propose(full.init(inputs, 16), seq, length, 3, sampling, KEY)
+  b = every.propose(every.init(inputs, 16), seq, length, 3, sampling, KEY)
+  np.testing.assert_array_equal(a[0], b[0])
+  np.testing.assert_allclose(a[1], b[1], atol=1e-6)
+
+
+def test_q_lives_on_the_shortlist_and_the_inputs_tokens(tiny_draft):
+  model, params = tiny_draft
+  fixed = np.array([1, 2, 3])
+  inputs = jnp.array([[40, 41, 41, 0], [50, 0, 0, 0]], jnp.int32)  # 0: padding
+  seq, length = jnp.zeros((2, 20), jnp.int32), jnp.array([0, 0], jnp.int32)
+  for with_inputs, allowed in ((False, [{1, 2, 3}] * 2), (True, [{1, 2, 3, 40, 41},
+                                                                  {1, 2, 3, 50}])):
+    d = drafts.T5Draft(params=params, model=model,
+                       shortlist=shortlist.Shortlist.for_draft(model, params, fixed, with_inputs))
+    for temp in (0.0, 1.0):
+      tokens, q, _ = d.propose(d.init(inputs, 16), seq, length, 4,
+                               SamplingConfig(temperature=temp), KEY)
+      np.testing.assert_allclose(np.asarray(q).sum(-1), 1.0, atol=1e-5)
+      for row in range(2):
+        support = set(np.nonzero(np.asarray(q[row]).sum(0))[0].tolist())
+        assert support <= allowed[row], (with_inputs, temp, support)
+        assert set(np.asarray(tokens[row]).tolist()) <= allowed[row]
+      if temp == 1.0:  # sampling reaches beyond the fixed part when it may
+        assert support == allowed[1] or len(support) > 1
+
+
+def _shortlisted(tiny_draft, ids, with_inputs=True):
+  model, params = tiny_draft
+  return drafts.T5Draft(params=params, model=model,
+                        shortlist=shortlist.Shortlist.for_draft(model, params, ids, with_inputs))
+
+
+@pytest.mark.parametrize("case", ["fixed_g3", "adaptive_threshold_g4", "lookup_t5_g3"])
+def test_greedy_identical_to_baseline(tiny_target, tiny_draft, greedy_case, case):
+  """Half the vocabulary shortlisted (plus the inputs' tokens): tokens the
+  target emits outside it come from the rejection, and the output is the
+  baseline's, token for token."""
+  model, params = tiny_target
+  eos, base = greedy_case
+  ids = np.arange(0, 64, 2)  # the even ids, and the eos the case picked
+  ids = np.union1d(ids, [eos])
+  draft = _shortlisted(tiny_draft, ids)
+  outside = ~np.isin(np.asarray(base.tokens), np.union1d(ids, np.asarray(INPUTS)))
+  assert outside.sum() >= 5, "the shortlist must leave out tokens the target emits"
+  adaptive = None
+  gamma = 3
+  if case.startswith("adaptive"):
+    adaptive, gamma = AdaptiveConfig("threshold", 0.5), 4
+  if case.startswith("lookup"):
+    draft = drafts.LookupT5Draft(t5=draft, max_ngram=2, min_ngram=1)
+  out = speculative_decode(model, params, draft, INPUTS, KEY, gamma=gamma,
+                           max_decode_len=MAX_LEN, eos_id=eos, adaptive=adaptive)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  np.testing.assert_array_equal(out.length, base.length)
+
+
+@pytest.mark.parametrize("setting,with_inputs", [("temp1", False), ("temp1", True),
+                                                  ("temp0.7_topk3", True),
+                                                  ("temp1_topp0.8", True)])
+def test_sequence_distribution_is_exact(seq_models, setting, with_inputs):
+  """Vocab 8, shortlist {EOS, 3}: without the inputs' tokens, 6 of the 8
+  tokens are never proposed; with them (input 3 5 2 7 4), 0 and 6 are not."""
+  model, target, draft_params = seq_models
+  sampling = SETTINGS[setting]
+  draft = drafts.T5Draft(params=draft_params, model=model,
+                         shortlist=shortlist.Shortlist.for_draft(
+                             model, draft_params, np.array([SEQ_EOS, 3]), with_inputs))
+  out = speculative_decode(model, target, draft, jnp.repeat(SEQ_INPUT, SEQ_N, 0),
+                           jax.random.PRNGKey(5), gamma=2, max_decode_len=SEQ_LEN,
+                           sampling=sampling, eos_id=SEQ_EOS)
+  a = float(alpha_estimates(out.stats)["alpha"].mean())
+  assert 0.05 < a < 0.95, a
+  tokens = np.asarray(out.tokens)
+  never = [0, 6] if with_inputs else [0, 2, 4, 5, 6, 7]
+  # The target's tokens outside the shortlist do occur: only the residual can give them.
+  assert np.isin(tokens, never).mean() > 0.05
+  dist = exact_sequence_distribution(model, target, sampling)
+  assert sequence_pvalue(tokens, dist) > 1e-3
