@@ -7,13 +7,16 @@
 # DRAFTS="dir ..." overrides the T5 drafts measured (e.g. to add undistilled
 # ones: their label is "<parent>/<name>"). COMBO_DRAFTS="dir ..." (default
 # draft_small; " " for none) adds lookup_t5 rows: prompt lookup on a full
-# max-n-gram match, that T5 draft elsewhere.
+# max-n-gram match, that T5 draft elsewhere. Every row runs without
+# demo.gin's vocabulary shortlist, and one more row with it: demo.gin's draft
+# as the main command runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/demo_alpha}
 PY=${PYTHON:-python}
 # alpha-only times nothing, so examples are decoded 32 at a time.
-run() { "$PY" -m specdec_jax.run --config=configs/demo.gin "$@" \
+run() { "$PY" -m specdec_jax.run --config=configs/demo.gin \
+  --gin_bindings="Experiment.draft_shortlist = ''" "$@" \
   --gin_bindings="Experiment.batch_size = ${BATCH:-32}" \
   --gin_bindings="Experiment.alpha_only_tokens = ${TOKENS:-5000}"; }
 
@@ -39,6 +42,10 @@ for t in 0 1; do
   for path in ${COMBO_DRAFTS:-checkpoints/demo/draft_small}; do
     row lookup_t5 "$path" "lookup_t5+$(basename "$path")" "$t"
   done
+  if [ -z "${NO_SHORTLIST:-}" ]; then
+    row t5 checkpoints/demo/draft_tiny_feat "demo/draft_tiny_feat+shortlist" "$t" \
+      --gin_bindings="Experiment.draft_shortlist = 'checkpoints/demo/draft_shortlist.json'"
+  fi
 done
 
 "$PY" scripts/make_tables.py "$OUT"/alpha/*/summary.json \

@@ -11,6 +11,9 @@ DRAFT = "checkpoints/demo/draft_tiny_feat"
 # The same draft before the bridges: a plain T5, for comparisons that need
 # identical weights elsewhere (Hugging Face cannot run the bridges).
 PLAIN_DRAFT = "checkpoints/demo/draft_tiny"
+# configs/demo.gin's draft vocabulary shortlist (specdec_jax.shortlist): the
+# 1000 most frequent tokens of the training references.
+SHORTLIST = "checkpoints/demo/draft_shortlist.json"
 VOCAB = "checkpoints/demo/spm.model"
 SOURCE = "data/bible/test.tsv"
 ALPHA_SOURCE = "data/bible/validation.tsv"   # held out too; for tuning (γ), never for results
