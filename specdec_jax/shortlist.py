@@ -51,7 +51,8 @@ FORMAT = "specdec_jax.shortlist/1"
 def frequent(sequences: Iterable[Sequence[int]], size: int, vocab_size: int,
              always: Sequence[int] = ()) -> np.ndarray:
   """The ``size`` most frequent token ids of ``sequences`` (ties: lower id
-  first), with every id of ``always`` (e.g. EOS) included, sorted. Ids outside
+  first; fewer if fewer occur), with every id of ``always`` (e.g. EOS)
+  included, sorted. Ids outside
   [0, vocab_size) are an error."""
   if size < 1:
     raise ValueError(f"shortlist size must be >= 1, got {size}")
@@ -70,17 +71,21 @@ def frequent(sequences: Iterable[Sequence[int]], size: int, vocab_size: int,
   return np.array(sorted(keep), np.int32)
 
 
-def sequences_from(path: str, vocab: Any) -> Iterator[list[int]]:
+def sequences_from(path: str, vocab: Any, split: str = "train",
+                   max_examples: int | None = None) -> Iterator[list[int]]:
   """Token sequences to count for ``frequent``: a JSONL whose records carry
   ``tokens`` (the target's own outputs, as ``specdec_jax.distill`` writes them
-  to target_outputs.jsonl), or a local TSV/JSONL of examples, whose
-  references are encoded with ``vocab`` (EOS appended)."""
-  if path.endswith(".jsonl"):
+  to target_outputs.jsonl), or examples from ``seqio:<task>`` (its ``split``)
+  or a local TSV/JSONL, whose references are encoded with ``vocab`` (EOS
+  appended). At most ``max_examples`` examples (None: all)."""
+  if path.endswith(".jsonl") and os.path.isfile(path):
     with open(path) as f:
       first = f.readline()
     if first.strip() and "tokens" in json.loads(first):
       with open(path) as f:
         for n, line in enumerate(f, 1):
+          if max_examples is not None and n > max_examples:
+            return
           if line.strip():
             record = json.loads(line)
             if not isinstance(record.get("tokens"), list):
@@ -88,7 +93,7 @@ def sequences_from(path: str, vocab: Any) -> Iterator[list[int]]:
             yield record["tokens"]
       return
   from specdec_jax import data  # only here: data pulls in the seqio stack
-  examples = data.load_local(path)
+  examples = data.load_examples(path, split=split, max_examples=max_examples)
   if not any(e.reference for e in examples):
     raise ValueError(f"{path}: no references to count (and no 'tokens' records)")
   for e in examples:

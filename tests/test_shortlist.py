@@ -62,6 +62,29 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
     shortlist.save(path, np.array([], np.int32), 16)
 
 
+def test_sequences_from_target_outputs_and_references(tmp_path):
+  """A distillation's target outputs are counted as they are; examples by
+  their references, encoded, with EOS; ``max_examples`` caps both."""
+  outs = tmp_path / "target_outputs.jsonl"
+  outs.write_text("".join(json.dumps({"i": i, "mode": "greedy", "tokens": [i, 7, 1]}) + "\n"
+                          for i in range(5)))
+  assert list(shortlist.sequences_from(str(outs), None)) == [[i, 7, 1] for i in range(5)]
+  assert len(list(shortlist.sequences_from(str(outs), None, max_examples=2))) == 2
+
+  class Vocab:
+    eos_id = 1
+
+    def encode(self, text):
+      return [len(w) + 2 for w in text.split()]
+
+  tsv = tmp_path / "pairs.tsv"
+  tsv.write_text("id\tinput\treference\na\tx\tno yes\nb\ty\tmaybe\n")
+  assert list(shortlist.sequences_from(str(tsv), Vocab())) == [[4, 5, 1], [7, 1]]
+  (tmp_path / "noref.tsv").write_text("id\tinput\na\tx\n")
+  with pytest.raises(ValueError, match="noref.tsv: no references to count"):
+    list(shortlist.sequences_from(str(tmp_path / "noref.tsv"), Vocab()))
+
+
 @pytest.mark.parametrize("version", ["1.1", "1.0"])
 def test_a_full_shortlist_is_the_draft_itself(version):
   """Every token shortlisted: the same tokens and q as without one, for the
