@@ -70,6 +70,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specdec_jax import bridge, checkpoints, data, demo  # noqa: E402
+from specdec_jax import shortlist as shortlist_lib  # noqa: E402
 from specdec_jax.decoding import speculative_decode, temperature_sample  # noqa: E402
 from specdec_jax.drafts import T5Draft  # noqa: E402
 from specdec_jax.models.t5 import T5Config, T5Model  # noqa: E402
@@ -203,7 +204,11 @@ class Ours:
     return self.target.config
 
 
-def load_ours(target_path: str, draft_path: str) -> tuple[Ours, Any, T5Config, Any, T5Config]:
+def load_ours(target_path: str, draft_path: str, shortlist_path: str = ""
+              ) -> tuple[Ours, Any, T5Config, Any, T5Config]:
+  """Our pair; with ``shortlist_path``, our draft's q over that vocabulary
+  shortlist (``specdec_jax.shortlist``; the same weights: Hugging Face's
+  assisted generation has no such option and keeps the full vocabulary)."""
   tp, tcfg = checkpoints.load_checkpoint(target_path)
   dp, dcfg = checkpoints.load_checkpoint(draft_path)
   if tcfg.vocab_size != dcfg.vocab_size:
@@ -213,7 +218,12 @@ def load_ours(target_path: str, draft_path: str) -> tuple[Ours, Any, T5Config, A
     raise ValueError(f"{draft_path} has a bridge to the target ({', '.join(found)}), which "
                      "Hugging Face's assisted generation cannot use; compare on the same "
                      "weights with a plain draft")
-  ours = Ours(T5Model(tcfg), tp, T5Draft(params=dp, model=T5Model(dcfg)))
+  dmodel = T5Model(dcfg)
+  short = None
+  if shortlist_path:
+    short = shortlist_lib.Shortlist.for_draft(
+        dmodel, dp, shortlist_lib.load(shortlist_path, tcfg.vocab_size))
+  ours = Ours(T5Model(tcfg), tp, T5Draft(params=dp, model=dmodel, shortlist=short))
   return ours, tp, tcfg, dp, dcfg
 
 
@@ -503,9 +513,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                  help="where to export the HF copies (default: a temporary directory)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--markdown_out", default=None, help="also write the table here")
+  p.add_argument("--draft_shortlist", default="",
+                 help="our draft's vocabulary shortlist (e.g. " + demo.SHORTLIST + "); Hugging "
+                      "Face's draft keeps the full vocabulary")
   args = p.parse_args(argv)
 
-  ours, tp, tcfg, dp, dcfg = load_ours(args.target, args.draft)
+  ours, tp, tcfg, dp, dcfg = load_ours(args.target, args.draft, args.draft_shortlist)
   vocab = data.SentencePieceVocab(args.vocab)
   examples = data.load_local(args.source)[:args.num_warmup + args.num_examples]
   if len(examples) <= args.num_warmup:
@@ -534,7 +547,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   print(f"# {cmd}")
   machine = machine_line()  # load average at the start of the run
   print(f"# {machine}")
-  print(f"# target={args.target} draft={args.draft} γ={args.gamma} max_decode_len="
+  print(f"# target={args.target} draft={args.draft} shortlist={args.draft_shortlist or 'none'} "
+        f"γ={args.gamma} max_decode_len="
         f"{args.max_decode_len} input_buckets={args.input_buckets} examples={args.num_examples} "
         f"(+{args.num_warmup} warm-up) "
         f"truncated inputs={truncated}")

@@ -140,6 +140,11 @@ def test_refuses_a_bridged_draft(tiny_target, tiny_draft, tmp_path):
   save_checkpoint(str(tmp_path / "target"), tparams, tmodel.config)
   save_checkpoint(str(tmp_path / "draft"), dparams, dmodel.config)
   bvh.load_ours(str(tmp_path / "target"), str(tmp_path / "draft"))  # plain: fine
+  from specdec_jax import shortlist
+  shortlist.save(str(tmp_path / "s.json"), np.array([1, 5, 9]), 64)
+  ours = bvh.load_ours(str(tmp_path / "target"), str(tmp_path / "draft"),
+                       str(tmp_path / "s.json"))[0]
+  np.testing.assert_array_equal(ours.draft.shortlist.ids, [1, 5, 9])  # ours only; HF keeps all
   feature_bridge.save(str(tmp_path / "draft"), feature_bridge.zeros(tmodel, dmodel, 2))
   with pytest.raises(ValueError, match="feature_bridge.npz"):
     bvh.load_ours(str(tmp_path / "target"), str(tmp_path / "draft"))
