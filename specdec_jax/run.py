@@ -55,9 +55,9 @@ import numpy as np
 from absl import app, flags, logging
 
 from specdec_jax import autogamma, checkpoints, data, drafts, memory, partitioning, theory
-from specdec_jax import shortlist as shortlist_lib
 from specdec_jax import bridge as bridge_lib
 from specdec_jax import feature_bridge as feature_lib
+from specdec_jax import shortlist as shortlist_lib
 from specdec_jax.decoding import (CONFIDENCE_RULES, AdaptiveConfig, alpha_estimates,
                                   speculative_decode, temperature_sample)
 from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes

@@ -12,9 +12,11 @@ output distribution is the target's as before. What S costs is α (Definition
 What S buys: a small draft's step is dominated by its output layer. The
 demo draft (d_model 64, one decoder layer, V = 8000) multiplies its state by a
 64 × 8000 logits matrix, 2 MB in float32, eight times the rest of its
-decoder; a step took 90 µs with it and 34 µs with a 2000-token shortlist plus
-the input's tokens (2026-11-25, runs/-only micro-timing on the 2-core Intel
-Xeon). A 2 MB matrix read every draft step also evicts the target's weights
+decoder. Its decode step took 76 µs with that matrix and 19 µs with a
+1000-token shortlist plus the input's tokens (standardizing and sampling
+excluded); the runner's draft time per proposed token went from 135–146 µs
+to 66 µs (2026-11-25, 2-core Intel Xeon, L3 480 MiB, nothing else running;
+docs/benchmarks.md). A 2 MB matrix read every draft step also evicts the target's weights
 from the core's cache between verification passes (docs/benchmarks.md,
 "Per-round overhead"). The same idea for large-vocabulary decoder-only models
 is FR-Spec (Zhao et al., 2025: frequency-ranked draft vocabulary).
@@ -52,8 +54,7 @@ def frequent(sequences: Iterable[Sequence[int]], size: int, vocab_size: int,
              always: Sequence[int] = ()) -> np.ndarray:
   """The ``size`` most frequent token ids of ``sequences`` (ties: lower id
   first; fewer if fewer occur), with every id of ``always`` (e.g. EOS)
-  included, sorted. Ids outside
-  [0, vocab_size) are an error."""
+  included, sorted. Ids outside [0, vocab_size) are an error."""
   if size < 1:
     raise ValueError(f"shortlist size must be >= 1, got {size}")
   counts: collections.Counter = collections.Counter()

@@ -139,13 +139,17 @@ class T5Draft:
 
   def _decode(self, tokens: Array, positions: Array, cache: DecoderCache, extra: Array | None,
               part: Any) -> tuple[Array, DecoderCache]:
-    """The model's decode; with a shortlist, its logits over S only (the full
-    output layer is then never computed: XLA drops the unused product)."""
+    """The model's decode of tokens [B, k] -> (logits [B, V] of the last fed
+    position, cache); with a shortlist, logits over S only, for that position
+    only (the full output layer is then never computed: XLA drops the unused
+    product)."""
     if self.shortlist is None:
-      return self.model.decode(self.params, tokens, positions, cache, extra)
+      logits, cache = self.model.decode(self.params, tokens, positions, cache, extra)
+      return logits[:, -1], cache
     _, cache, hidden = self.model.decode(self.params, tokens, positions, cache, extra,
                                          return_hidden=True)
-    return shortlist_lib.logits(self.shortlist, part, hidden, self.vocab_size), cache
+    logits = shortlist_lib.logits(self.shortlist, part, hidden[:, -1:], self.vocab_size)
+    return logits[:, 0], cache
 
   def _extra(self, states: Array | None, length: Array, positions: Array) -> Array | None:
     """The feature bridge's decoder extra [B, k, d] for draft positions [B, k]
@@ -176,8 +180,8 @@ class T5Draft:
     logits, cache = self._decode(gather_positions(seq, pos), pos, cache,
                                  self._extra(states, length, pos), part)
     cache = constrain_cache(cache, self.partitioner, "draft cache")
-    q1 = standardize(logits[:, -1], sampling)
-    return logits[:, -1], q1, sample_with(u, q1, sampling), cache
+    q1 = standardize(logits, sampling)
+    return logits, q1, sample_with(u, q1, sampling), cache
 
   def _step(self, cache: DecoderCache, x: Array, position: Array, sampling: SamplingConfig,
             u: Array, states: Array | None = None, length: Array | None = None,
@@ -187,8 +191,8 @@ class T5Draft:
     logits, cache = self._decode(x[:, None], pos, cache, self._extra(states, length, pos),
                                  part)
     cache = constrain_cache(cache, self.partitioner, "draft cache")
-    q = standardize(logits[:, 0], sampling)
-    return logits[:, 0], q, sample_with(u, q, sampling), cache
+    q = standardize(logits, sampling)
+    return logits, q, sample_with(u, q, sampling), cache
 
   def propose(self, state: Any, seq: Array, length: Array, gamma: int,
               sampling: SamplingConfig, key: Array,
