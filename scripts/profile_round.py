@@ -41,6 +41,14 @@ acceptance predictor would cost at those widths' measured ms per round
 
   PYTHONPATH=. python scripts/profile_round.py --adaptive_replay=cumulative:0.5 --gammas=7 \
       --temperatures=0 --num_examples=24 --repeats=4
+
+``--whole_run WORKDIR`` prints instead, for a finished fixed-γ batch-1 runner
+workdir, how its SPEED falls short of EXP (with v) step by step: the round's
+interplay, the measured tokens per target call, and each example's prefill
+(timed here per input width), then what is left (``specdec_jax.accounting``).
+
+  python -m specdec_jax.run --config=configs/demo.gin --workdir=runs/demo
+  PYTHONPATH=. python scripts/profile_round.py --whole_run=runs/demo
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec_jax import demo, profile, theory  # noqa: E402
+from specdec_jax import accounting, demo, profile, theory  # noqa: E402
 from specdec_jax.profile import (cache_contention, compare_acceptance,  # noqa: E402
                                  contention_markdown, decode_working_set_mb, markdown,
                                  profile_round)
@@ -166,7 +174,15 @@ def main() -> None:
   p.add_argument("--confidence_auc", action="store_true",
                  help="print instead, in fixed-γ rounds at each T > 0 of --temperatures, how "
                       "well max q_i and q_i(x_i) predict x_i's acceptance (AUC; no timing)")
+  p.add_argument("--whole_run", default="",
+                 help="a finished runner workdir: print instead how its SPEED falls short of "
+                      "EXP (with v), step by step (--repeats passes for the prefill times)")
   args = p.parse_args()
+  if args.whole_run:
+    a = accounting.attribute_run(args.whole_run, repeats=max(args.repeats, 9))
+    load = os.getloadavg()
+    print(f"# {args.whole_run}: load average {load[0]:.2f}\n{accounting.markdown(a)}", flush=True)
+    return
   gammas = [int(g) for g in args.gammas.split(",")]
   temperatures = [float(t) for t in args.temperatures.split(",")]
   if args.compare_rev:

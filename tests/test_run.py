@@ -241,6 +241,21 @@ def test_truncated_inputs_are_logged_and_marked(spec_run, env):
     run.prepare(exp)
 
 
+def test_whole_run_account_reads_a_finished_workdir(spec_run, tmp_path):
+  from specdec_jax import accounting
+  cfg, w = spec_run
+  a = accounting.attribute_run(str(w), repeats=2)
+  s = json.loads((w / "summary.json").read_text())
+  assert a.speed == pytest.approx(s["speedup"])
+  assert a.alpha == pytest.approx(s["alpha"])
+  assert a.tokens_per_call == pytest.approx(s["tokens_per_target_call"])
+  assert a.expected_v == pytest.approx(s["expected_speedup_v"])
+  assert a.expected_in_context == pytest.approx(s["expected_speedup_in_context"])
+  assert a.prefill_baseline_ms > 0 and a.prefill_speculative_ms > 0
+  with pytest.raises(FileNotFoundError, match="config.gin not found"):
+    accounting.attribute_run(str(tmp_path))
+
+
 def test_workdir_mode_is_recorded_and_the_other_mode_refused(spec_run, env, capsys, tmp_path):
   cfg, w = spec_run
   before = _snapshot(w)

@@ -1,0 +1,216 @@
+"""Where a run's speedup goes between Theorem 3.8 and the clock (paper §3.4,
+Theorem 3.8 generalized by the measured verification cost v).
+
+The runner reports SPEED (the baseline's walltime over speculative decoding's,
+whole examples) next to EXP (with v) = E[tokens per round] / (γ c + v), the
+theorem's prediction per generated token. The two measure different things,
+and this module accounts for the difference step by step, each step replacing
+one of the theorem's assumptions by what was measured on the same run:
+
+  EXP (with v)      Eq. (1) tokens per round over γ c + v, c and v timed apart.
+  x interplay       the round's two models timed back to back, alternating, cost
+                    ``timing.Costs.interplay`` times their pieces timed apart
+                    (the runner's "EXP in context").
+  x tokens/call     the run's measured tokens per target call instead of Eq. (1)'s
+                    (1 - α^(γ+1)) / (1 - α): acceptances are not i.i.d., and a
+                    sequence's last round is cut at EOS.
+  + prefill         both loops start each example with the target's encoder and
+                    cache; speculative decoding adds the draft's. The theorem
+                    leaves this fixed cost out ("long generations"); it dilutes
+                    the per-token gain of short outputs.
+
+The last prediction models each example's walltime as prefill + rounds x round
+cost (speculative) and prefill + tokens x step cost (baseline), with every
+quantity measured; SPEED over it is what no cost in the model explains
+(per-round bookkeeping, dispatch, noise). ``attribute`` also reports each
+loop's measured walltime over its own model, which says which side that rest
+lies on.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from specdec_jax import theory
+from specdec_jax.drafts.base import ApproximationModel, init_draft
+from specdec_jax.models.t5 import T5Model
+from specdec_jax.timing import block, median
+
+Array = jax.Array
+
+
+@functools.partial(jax.jit, static_argnames=("model", "cache_len"))
+def _baseline_prefill(model: T5Model, params, inputs, cache_len):
+  """What ``decoding.temperature_sample`` does before its first step."""
+  return model.init_cache(params, model.encode(params, inputs), inputs, cache_len)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "cache_len"))
+def _speculative_prefill(model: T5Model, params, draft: ApproximationModel, inputs, cache_len):
+  """What ``decoding.speculative_decode`` does before its first round."""
+  encoded = model.encode(params, inputs)
+  return (model.init_cache(params, encoded, inputs, cache_len),
+          init_draft(draft, inputs, cache_len, encoded))
+
+
+def prefill_ms(target: T5Model, params: Any, draft: ApproximationModel,
+               inputs: Mapping[int, Array], max_decode_len: int, gamma: int,
+               repeats: int = 15) -> dict[int, tuple[float, float]]:
+  """{width: (baseline prefill ms, speculative prefill ms)} for one input batch
+  per padded width (each width is its own compiled program in the runner);
+  medians over ``repeats`` passes that interleave every width and both loops,
+  compile excluded. Cache lengths are the loops' own (``max_decode_len`` for
+  the baseline, + γ + 1 for speculative decoding)."""
+  fns = {}
+  for w, x in inputs.items():
+    fns[(w, 0)] = functools.partial(_baseline_prefill, target, params, x, max_decode_len)
+    fns[(w, 1)] = functools.partial(_speculative_prefill, target, params, draft, x,
+                                    max_decode_len + gamma + 1)
+  for fn in fns.values():
+    block(fn())
+  times: dict[Any, list[float]] = {k: [] for k in fns}
+  for _ in range(repeats):
+    for k, fn in fns.items():
+      t0 = time.perf_counter()
+      block(fn())
+      times[k].append(1e3 * (time.perf_counter() - t0))
+  return {w: (median(times[(w, 0)]), median(times[(w, 1)])) for w in inputs}
+
+
+class Attribution(NamedTuple):
+  gamma: int
+  alpha: float
+  tokens_per_call_theory: float     # Eq. (1) at the run's α
+  tokens_per_call: float            # measured: Σ tokens / Σ target calls
+  prefill_baseline_ms: float        # mean per example
+  prefill_speculative_ms: float
+  expected_v: float                 # Theorem 3.8 with c, v timed apart
+  expected_in_context: float        # x interplay
+  expected_measured_tau: float      # x measured tokens per call / Eq. (1)'s
+  expected_whole_run: float         # + prefill: whole examples
+  speed: float                      # measured
+  baseline_vs_model: float          # measured baseline walltime / its model
+  speculative_vs_model: float       # measured speculative walltime / its model
+
+  @property
+  def unexplained(self) -> float:
+    """SPEED over the whole-run prediction."""
+    return self.speed / self.expected_whole_run
+
+
+def attribute(records: Sequence[Mapping[str, Any]], prefill: Mapping[int, tuple[float, float]],
+              widths: Sequence[int]) -> Attribution:
+  """The account above for a fixed-γ run's ``examples.jsonl`` records (batch
+  1; each with the run's costs, as the runner writes them) and the prefill
+  times of ``prefill_ms``; ``widths[i]`` is record i's padded input width."""
+  if not records:
+    raise ValueError("no records to attribute")
+  if len(widths) != len(records):
+    raise ValueError(f"{len(widths)} widths for {len(records)} records")
+  for key in ("gamma", "c", "v", "interplay", "target_step_ms", "baseline_s", "speculative_s",
+              "baseline_tokens", "tokens", "target_calls", "accepted", "rejected"):
+    if any(key not in r for r in records):
+      raise ValueError(f"records lack {key!r}: a speculative run's examples.jsonl is needed")
+  if any(r.get("batch_size", 1) != 1 for r in records):
+    raise ValueError("attribute models batch-1 runs; these records have batch_size > 1")
+  gammas = {int(r["gamma"]) for r in records}
+  hists = [r.get("gamma_hist") for r in records]
+  if len(gammas) != 1 or any(h and any(h[:-1]) for h in hists):
+    raise ValueError("attribute models a fixed-γ run; these records have per-round γ "
+                     f"(gammas {sorted(gammas)} or an adaptive gamma_hist)")
+  gamma = gammas.pop()
+  missing = sorted({int(w) for w in widths} - set(prefill))
+  if missing:
+    raise ValueError(f"no prefill time for input widths {missing}")
+  # The run's costs are one measurement, written on every record.
+  cost = {k: float(np.median([r[k] for r in records]))
+          for k in ("c", "v", "interplay", "target_step_ms")}
+  # α as the runner's summary counts it (accepted over accepted + rejected).
+  accepted = sum(r["accepted"] for r in records)
+  alpha = min(accepted / max(accepted + sum(r["rejected"] for r in records), 1), 1.0)
+  tokens = np.array([r["tokens"] for r in records], float)
+  base_tokens = np.array([r["baseline_tokens"] for r in records], float)
+  calls = np.array([r["target_calls"] for r in records], float)
+  tau_theory = float(theory.expected_tokens(alpha, gamma))
+  tau = float(tokens.sum() / max(calls.sum(), 1.0))
+  per_round = gamma * cost["c"] + cost["v"]                   # in target steps
+  exp_v = tau_theory / per_round
+  exp_ctx = exp_v / cost["interplay"]
+  exp_tau = exp_ctx * tau / tau_theory
+  s = cost["target_step_ms"]
+  round_ms = per_round * cost["interplay"] * s
+  pb = np.array([prefill[int(w)][0] for w in widths])
+  ps = np.array([prefill[int(w)][1] for w in widths])
+  model_base = pb + base_tokens * s
+  model_spec = ps + calls * round_ms
+  base_ms = 1e3 * np.array([r["baseline_s"] for r in records])
+  spec_ms = 1e3 * np.array([r["speculative_s"] for r in records])
+  return Attribution(
+      gamma=gamma, alpha=alpha, tokens_per_call_theory=tau_theory, tokens_per_call=tau,
+      prefill_baseline_ms=float(pb.mean()), prefill_speculative_ms=float(ps.mean()),
+      expected_v=exp_v, expected_in_context=exp_ctx, expected_measured_tau=exp_tau,
+      expected_whole_run=float(model_base.sum() / model_spec.sum()),
+      speed=float(base_ms.sum() / spec_ms.sum()),
+      baseline_vs_model=float(base_ms.sum() / model_base.sum()),
+      speculative_vs_model=float(spec_ms.sum() / model_spec.sum()))
+
+
+def markdown(a: Attribution) -> str:
+  """The account as a table: each row's prediction and its factor on the row above."""
+  rows = [
+      ("EXP (with v): Eq. (1) over γ c + v, c and v timed apart", a.expected_v, None),
+      ("× the round timed whole (interplay): EXP in context", a.expected_in_context,
+       a.expected_in_context / a.expected_v),
+      (f"× measured tokens per target call ({a.tokens_per_call:.2f} against Eq. (1)'s "
+       f"{a.tokens_per_call_theory:.2f} at α {a.alpha:.3f}, γ {a.gamma})",
+       a.expected_measured_tau, a.expected_measured_tau / a.expected_in_context),
+      (f"+ prefill per example (baseline {a.prefill_baseline_ms:.2f} ms, speculative "
+       f"{a.prefill_speculative_ms:.2f} ms): whole examples", a.expected_whole_run,
+       a.expected_whole_run / a.expected_measured_tau),
+      ("SPEED, measured", a.speed, a.unexplained),
+  ]
+  lines = ["| step | speedup | factor |", "|---|---|---|"]
+  for name, value, factor in rows:
+    lines.append(f"| {name} | {value:.3f}x | {'' if factor is None else f'{factor:.3f}'} |")
+  lines.append("")
+  lines.append(f"Measured walltime over its model: baseline {a.baseline_vs_model:.3f}, "
+               f"speculative {a.speculative_vs_model:.3f} (1 = every ms accounted for).")
+  return "\n".join(lines)
+
+
+def attribute_run(workdir: str, repeats: int = 15) -> Attribution:
+  """``attribute`` for a finished runner workdir (its config.gin and
+  examples.jsonl): loads the run's models and data again, times the prefill of
+  each input width the run used, and accounts for its SPEED."""
+  import json
+  from pathlib import Path
+
+  from specdec_jax import run  # the runner imports much; only this entry point needs it
+  root = Path(workdir)
+  for name in ("config.gin", "examples.jsonl"):
+    if not (root / name).is_file():
+      raise FileNotFoundError(f"{root / name} not found: --whole_run needs a finished "
+                              "runner workdir")
+  exp = run.parse_config([str(root / "config.gin")], [])
+  if exp.adaptive is not None or exp.batch_size != 1:
+    raise ValueError(f"{root}: attribute models fixed-γ batch-1 runs (adaptive "
+                     f"{exp.adaptive!r}, batch_size {exp.batch_size})")
+  records = [json.loads(line) for line in (root / "examples.jsonl").read_text().splitlines()
+             if line.strip()]
+  records = [r for r in records if r.get("mode") == "speculative"]
+  setup = run.prepare(exp)
+  batches = {r["index"]: run._pad_batch(setup.inputs, [r["index"]], 1, exp.input_buckets)
+             for r in records}
+  widths = [int(batches[r["index"]].shape[1]) for r in records]
+  first = {}
+  for r, w in zip(records, widths):
+    first.setdefault(w, batches[r["index"]])
+  gamma = int(records[0]["gamma"]) if records else 1
+  prefill = prefill_ms(setup.target, setup.target_params, setup.draft, first,
+                       exp.max_decode_len, gamma, repeats)
+  return attribute(records, prefill, widths)
