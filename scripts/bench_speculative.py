@@ -136,10 +136,7 @@ def main() -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   demo.add_pair_arguments(p)
   p.add_argument("--draft_name", default="t5")
-  p.add_argument("--draft_shortlist", default=None,
-                 help="the draft's vocabulary shortlist (Experiment.draft_shortlist); default: "
-                      f"{demo.SHORTLIST} for the default --draft (as configs/demo.gin), "
-                      "none for any other; '' for none")
+  demo.add_shortlist_argument(p)
   p.add_argument("--drafts", default=None,
                  help="compare several drafts in one run, interleaved per example beside one "
                       "baseline: comma-separated 'name[:checkpoint]', e.g. "
@@ -188,8 +185,7 @@ def main() -> None:
   p.add_argument("--dtype", default="float32")
   p.add_argument("--seed", type=int, default=0)
   args = p.parse_args()
-  if args.draft_shortlist is None:
-    args.draft_shortlist = demo.SHORTLIST if args.draft == demo.DRAFT else ""
+  args.draft_shortlist = demo.shortlist_for(args)
   who = f"drafts={args.drafts}" if args.drafts else f"draft={args.draft_name}:{args.draft}"
   print(f"# bench_speculative: target={args.target} {who} "
         f"examples={args.num_examples} device={jax.devices()[0].device_kind} "

@@ -148,6 +148,7 @@ def main() -> None:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   demo.add_pair_arguments(p)
+  demo.add_shortlist_argument(p)
   p.add_argument("--task", default=demo.TASK)
   p.add_argument("--gammas", default="1,3,5")
   p.add_argument("--temperatures", default="0,1")
@@ -190,7 +191,7 @@ def main() -> None:
     return
   exp = Experiment(task=args.task, source=args.source, vocab_path=args.vocab,
                    target_checkpoint=args.target, draft_name="t5", draft_checkpoint=args.draft,
-                   max_input_len=args.max_input_len, max_decode_len=args.max_decode_len,
+                   draft_shortlist=demo.shortlist_for(args), max_input_len=args.max_input_len, max_decode_len=args.max_decode_len,
                    num_warmup=1, num_examples=args.num_examples, gamma=max(gammas))
   setup = prepare(exp)
   if args.contention:
@@ -240,7 +241,8 @@ def main() -> None:
   # The warm-up example is skipped, as the runner does.
   examples = [jnp.asarray(setup.inputs[i:i + 1]) for i in range(1, len(setup.inputs))]
   load = os.getloadavg()
-  print(f"# profile_round: target={args.target} draft={args.draft} examples={len(examples)} "
+  print(f"# profile_round: target={args.target} draft={args.draft} "
+        f"shortlist={exp.draft_shortlist or 'none'} examples={len(examples)} "
         f"batch 1, max_decode_len {args.max_decode_len}, inner {args.inner}, repeats "
         f"{args.repeats}; backend={jax.default_backend()} cpus={os.cpu_count()}; load average "
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)

@@ -27,3 +27,19 @@ def add_pair_arguments(parser: argparse.ArgumentParser, draft: str = DRAFT) -> N
   parser.add_argument("--draft", default=draft, help="draft (M_q) checkpoint")
   parser.add_argument("--vocab", default=VOCAB, help="SentencePiece model")
   parser.add_argument("--source", default=SOURCE, help="TSV/JSONL of inputs")
+
+
+def add_shortlist_argument(parser: argparse.ArgumentParser) -> None:
+  """--draft_shortlist; resolve it with ``shortlist_for`` after parsing."""
+  parser.add_argument("--draft_shortlist", default=None,
+                      help="the draft's vocabulary shortlist (Experiment.draft_shortlist); "
+                           f"default: {SHORTLIST} for the default --draft (as configs/demo.gin), "
+                           "none for any other; '' for none")
+
+
+def shortlist_for(args: argparse.Namespace) -> str:
+  """The --draft_shortlist to use: as given, or the demo's for the demo draft."""
+  if args.draft_shortlist is not None:
+    return args.draft_shortlist
+  return SHORTLIST if args.draft == DRAFT else ""
+

@@ -866,6 +866,12 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   f = costs["interplay"]
   summary["expected_speedup_in_context"] = (float(theory.walltime_improvement(
       min(alpha, 1.0), exp.gamma, costs["c"] * f, costs["v"] * f)) if ok else None)
+  # Eq. (1)'s tokens per target call at the run's α: the measured count falls
+  # short where acceptances are not independent or rounds stop at EOS
+  # (``specdec_jax.accounting`` has the whole account).
+  summary["tokens_per_target_call_eq1"] = (float(theory.expected_tokens(min(alpha, 1.0),
+                                                                        exp.gamma))
+                                           if ok else None)
   return summary
 
 
@@ -884,6 +890,10 @@ def table2_row(s: dict) -> str:
                  f"timed alternating as in a round: {fmt(s['interplay'])}x their cost timed "
                  f"apart); SPEED / EXP in context "
                  f"{fmt(s['speedup'] / s['expected_speedup_in_context'])}")
+  if s.get("tokens_per_target_call_eq1") is not None:
+    lines.append(f"Tokens per target call {fmt(s['tokens_per_target_call'])} against Eq. (1)'s "
+                 f"{fmt(s['tokens_per_target_call_eq1'])} at this α; the whole account of "
+                 f"SPEED: scripts/profile_round.py --whole_run=<workdir>")
   return "\n".join(lines)
 
 

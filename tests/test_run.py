@@ -102,6 +102,9 @@ def test_run_writes_results_and_resumes_after_a_kill(env):
   assert s["expected_speedup_in_context"] == pytest.approx(
       s["expected_speedup_v"] / s["interplay"], rel=1e-9)
   assert "EXP in context: " in res.stdout
+  assert s["tokens_per_target_call_eq1"] == pytest.approx(
+      (1 - s["alpha"] ** 4) / (1 - s["alpha"]))  # γ 3
+  assert f"Tokens per target call {s['tokens_per_target_call']:.2f} against" in res.stdout
   assert "Experiment.gamma = 3" in (w / "config.gin").read_text()
 
   # 2) Kill midway, leave a torn last line, resume: nothing lost or duplicated.
