@@ -30,32 +30,17 @@ lies on.
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
 
 from specdec_jax import theory
-from specdec_jax.drafts.base import ApproximationModel, init_draft
+from specdec_jax.drafts.base import ApproximationModel
 from specdec_jax.models.t5 import T5Model
-from specdec_jax.timing import block, median
+from specdec_jax.timing import baseline_prefill, interleaved_medians_ms, speculative_prefill
 
 Array = jax.Array
-
-
-@functools.partial(jax.jit, static_argnames=("model", "cache_len"))
-def _baseline_prefill(model: T5Model, params, inputs, cache_len):
-  """What ``decoding.temperature_sample`` does before its first step."""
-  return model.init_cache(params, model.encode(params, inputs), inputs, cache_len)
-
-
-@functools.partial(jax.jit, static_argnames=("model", "cache_len"))
-def _speculative_prefill(model: T5Model, params, draft: ApproximationModel, inputs, cache_len):
-  """What ``decoding.speculative_decode`` does before its first round."""
-  encoded = model.encode(params, inputs)
-  return (model.init_cache(params, encoded, inputs, cache_len),
-          init_draft(draft, inputs, cache_len, encoded))
 
 
 def prefill_ms(target: T5Model, params: Any, draft: ApproximationModel,
@@ -68,18 +53,11 @@ def prefill_ms(target: T5Model, params: Any, draft: ApproximationModel,
   the baseline, + γ + 1 for speculative decoding)."""
   fns = {}
   for w, x in inputs.items():
-    fns[(w, 0)] = functools.partial(_baseline_prefill, target, params, x, max_decode_len)
-    fns[(w, 1)] = functools.partial(_speculative_prefill, target, params, draft, x,
+    fns[(w, 0)] = functools.partial(baseline_prefill, target, params, x, max_decode_len)
+    fns[(w, 1)] = functools.partial(speculative_prefill, target, params, draft, x,
                                     max_decode_len + gamma + 1)
-  for fn in fns.values():
-    block(fn())
-  times: dict[Any, list[float]] = {k: [] for k in fns}
-  for _ in range(repeats):
-    for k, fn in fns.items():
-      t0 = time.perf_counter()
-      block(fn())
-      times[k].append(1e3 * (time.perf_counter() - t0))
-  return {w: (median(times[(w, 0)]), median(times[(w, 1)])) for w in inputs}
+  med = interleaved_medians_ms(fns, repeats)
+  return {w: (med[(w, 0)], med[(w, 1)]) for w in inputs}
 
 
 class Attribution(NamedTuple):

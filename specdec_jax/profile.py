@@ -63,7 +63,7 @@ from specdec_jax.drafts.base import (ApproximationModel, adaptive_proposal, draw
 from specdec_jax.models.t5 import T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.speculative import speculative_sampling
-from specdec_jax.timing import warm_up_widths
+from specdec_jax.timing import interleaved_medians_ms, speculative_prefill, warm_up_widths
 
 Array = jax.Array
 
@@ -177,14 +177,6 @@ def _chain_loop(target: T5Model, params, draft: ApproximationModel, tcache, dsta
   return jax.lax.fori_loop(0, n, body, (tcache, dstate, length, jnp.float32(0)))[3]
 
 
-@functools.partial(jax.jit, static_argnames=("target", "cache_len"))
-def _prefill(target: T5Model, params, draft: ApproximationModel, inputs, cache_len: int):
-  """What speculative_decode does before its loop: both encoders, caches."""
-  encoded = target.encode(params, inputs)
-  cache = target.init_cache(params, encoded, inputs, cache_len)
-  return cache, init_draft(draft, inputs, cache_len, encoded)
-
-
 @functools.partial(jax.jit, static_argnames=("target", "gamma", "sampling"))
 def _one_round_inputs(target: T5Model, params, draft: ApproximationModel, tcache, dstate,
                       seq, length, key, gamma: int, sampling: SamplingConfig):
@@ -210,7 +202,7 @@ def piece_fns(target: T5Model, params: Any, draft: ApproximationModel, inputs: A
   ``inputs.shape[0]``, at decoder positions ``position`` and ``position + 1``
   (alternating), over caches of length ``cache_len``."""
   b = inputs.shape[0]
-  tcache, dstate = _prefill(target, params, draft, inputs, cache_len)
+  tcache, dstate = speculative_prefill(target, params, draft, inputs, cache_len)
   # A plausible committed prefix: random tokens after the start token.
   seq = jax.random.randint(jax.random.fold_in(key, 7), (b, cache_len + 1), 2,
                            target.config.vocab_size, dtype=jnp.int32)
@@ -259,7 +251,7 @@ def profile_round(target: T5Model, params: Any, draft: ApproximationModel,
                               eos_id=target.config.eos_id)
 
   def prefill(x):
-    return _prefill(target, params, draft, x, cache_len)
+    return speculative_prefill(target, params, draft, x, cache_len)
 
   for fn in fns.values():  # compile + warm up
     jax.block_until_ready(fn())
@@ -305,19 +297,6 @@ def decode_working_set_mb(config: Any) -> float:
   mlp = (3 if config.gated else 2) * d * ff
   layer = 4 * d * inner + 2 * d * inner + mlp
   return 4 * (config.num_decoder_layers * layer + d * config.vocab_size) / 2 ** 20
-
-
-def _interleaved_medians_ms(fns: dict[Any, Callable[[], Any]], repeats: int,
-                            inner: int) -> dict[Any, float]:
-  """Median ms per inner call of each piece: compiled first (untimed), then
-  ``repeats`` interleaved passes over all pieces, so drift hits them alike."""
-  for fn in fns.values():
-    jax.block_until_ready(fn())
-  times: dict[Any, list[float]] = {key: [] for key in fns}
-  for _ in range(repeats):
-    for key, fn in fns.items():
-      times[key].append(1e3 * _seconds(fn) / inner)
-  return {key: statistics.median(v) for key, v in times.items()}
 
 
 @functools.partial(jax.jit, static_argnames=("model", "n"))
@@ -367,7 +346,7 @@ def cache_contention(model: T5Model, params: Any, inputs: Array, ks: Sequence[in
                                       bufs[m], inner)
   for m in sizes[1:]:
     fns[("read", m)] = functools.partial(_read_loop, bufs[m], inner)
-  med = _interleaved_medians_ms(fns, repeats, inner)
+  med = interleaved_medians_ms(fns, repeats, inner)
   rows = []
   for k in ks:
     for m in sizes:
@@ -455,7 +434,7 @@ def adaptive_pieces(target: T5Model, params: Any, draft: ApproximationModel, inp
                                        (), inner)
     fns[("va", k)] = functools.partial(_verify_loop, target, params, cache,
                                        jnp.int32(widths.index(k)), k, widths, inner)
-  med = _interleaved_medians_ms(fns, repeats, inner)
+  med = interleaved_medians_ms(fns, repeats, inner)
   return [AdaptivePieceRow(k, med[("df", k)], med[("da", k)], med[("vf", k)], med[("va", k)])
           for k in ks]
 
@@ -621,7 +600,7 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
   cache_len = max_decode_len + gamma_max + 1
   settings: dict[str, Callable[[Any], Callable]] = {
       "baseline": lambda e: lambda x, k: temperature_sample(target, params, x, k, **kw),
-      "prefill": lambda e: lambda x, k: _prefill(target, params, draft, x, cache_len),
+      "prefill": lambda e: lambda x, k: speculative_prefill(target, params, draft, x, cache_len),
       "rule": lambda e: spec(draft, rule_cfg),
       "replay": lambda e: spec(WidthSchedule(draft, e[2]), plain),
       "shuffled": lambda e: spec(WidthSchedule(draft, e[3]), plain)}

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.drafts.base import ApproximationModel
+from specdec_jax.drafts.base import ApproximationModel, init_draft
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig, sample, standardize
 
@@ -84,6 +84,19 @@ class Costs(NamedTuple):
   @property
   def v_in_context(self) -> float:
     return self.v * self.interplay
+
+
+def interleaved_medians_ms(fns: dict[Any, Callable[[], Any]], repeats: int,
+                           inner: int = 1) -> dict[Any, float]:
+  """Median ms per inner call of each piece: compiled first (untimed), then
+  ``repeats`` interleaved passes over all pieces, so drift hits them alike."""
+  for fn in fns.values():
+    block(fn())
+  times: dict[Any, list[float]] = {key: [] for key in fns}
+  for _ in range(repeats):
+    for key, fn in fns.items():
+      times[key].append(1e3 * timed(fn)[1] / inner)
+  return {key: median(v) for key, v in times.items()}
 
 
 def median_se(xs: list[float]) -> float:
@@ -153,8 +166,20 @@ def _rounds(model: T5Model, params, cache, draft: ApproximationModel, state, seq
 
 
 @functools.partial(jax.jit, static_argnames=("model", "cache_len"))
-def _target_init(model: T5Model, params, inputs, cache_len):
+def baseline_prefill(model: T5Model, params, inputs, cache_len):
+  """What ``decoding.temperature_sample`` does before its first step: the
+  target's encoder and its cache."""
   return model.init_cache(params, model.encode(params, inputs), inputs, cache_len)
+
+
+@functools.partial(jax.jit, static_argnames=("target", "cache_len"))
+def speculative_prefill(target: T5Model, params, draft: ApproximationModel, inputs,
+                        cache_len: int):
+  """What ``decoding.speculative_decode`` does before its first round: both
+  encoders (the draft's given the target's output) and both caches."""
+  encoded = target.encode(params, inputs)
+  cache = target.init_cache(params, encoded, inputs, cache_len)
+  return cache, init_draft(draft, inputs, cache_len, encoded)
 
 
 @functools.partial(jax.jit, static_argnames=("cache_len",))
@@ -194,7 +219,7 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
     raise ValueError(f"gammas must be >= 1, got {gammas}")
   b = inputs.shape[0]
   cache_len = max(cache_len or 0, position + gammas[-1] + 3)  # +1: steps alternate positions
-  cache = _target_init(target, target_params, inputs, cache_len)
+  cache = baseline_prefill(target, target_params, inputs, cache_len)
   dstate = _draft_init(draft, inputs, cache_len)
   key = jax.random.PRNGKey(0)
   seq = jnp.full((b, cache_len + 1), 3, jnp.int32)
