@@ -191,7 +191,8 @@ def main() -> None:
     return
   exp = Experiment(task=args.task, source=args.source, vocab_path=args.vocab,
                    target_checkpoint=args.target, draft_name="t5", draft_checkpoint=args.draft,
-                   draft_shortlist=demo.shortlist_for(args), max_input_len=args.max_input_len, max_decode_len=args.max_decode_len,
+                   draft_shortlist=demo.shortlist_for(args), max_input_len=args.max_input_len,
+                   max_decode_len=args.max_decode_len,
                    num_warmup=1, num_examples=args.num_examples, gamma=max(gammas))
   setup = prepare(exp)
   if args.contention:

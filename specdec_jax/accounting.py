@@ -30,6 +30,8 @@ lies on.
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import jax
@@ -165,9 +167,6 @@ def attribute_run(workdir: str, repeats: int = 15) -> Attribution:
   """``attribute`` for a finished runner workdir (its config.gin and
   examples.jsonl): loads the run's models and data again, times the prefill of
   each input width the run used, and accounts for its SPEED."""
-  import json
-  from pathlib import Path
-
   from specdec_jax import run  # the runner imports much; only this entry point needs it
   root = Path(workdir)
   for name in ("config.gin", "examples.jsonl"):
@@ -181,6 +180,8 @@ def attribute_run(workdir: str, repeats: int = 15) -> Attribution:
   records = [json.loads(line) for line in (root / "examples.jsonl").read_text().splitlines()
              if line.strip()]
   records = [r for r in records if r.get("mode") == "speculative"]
+  if not records:
+    raise ValueError(f"{root / 'examples.jsonl'} has no speculative run's examples")
   setup = run.prepare(exp)
   batches = {r["index"]: run._pad_batch(setup.inputs, [r["index"]], 1, exp.input_buckets)
              for r in records}
@@ -188,7 +189,6 @@ def attribute_run(workdir: str, repeats: int = 15) -> Attribution:
   first = {}
   for r, w in zip(records, widths):
     first.setdefault(w, batches[r["index"]])
-  gamma = int(records[0]["gamma"]) if records else 1
   prefill = prefill_ms(setup.target, setup.target_params, setup.draft, first,
-                       exp.max_decode_len, gamma, repeats)
+                       exp.max_decode_len, int(records[0]["gamma"]), repeats)
   return attribute(records, prefill, widths)

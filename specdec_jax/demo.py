@@ -42,4 +42,3 @@ def shortlist_for(args: argparse.Namespace) -> str:
   if args.draft_shortlist is not None:
     return args.draft_shortlist
   return SHORTLIST if args.draft == DRAFT else ""
-
