@@ -54,7 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-from specdec_jax import autogamma, checkpoints, data, drafts, memory, partitioning, theory
+from specdec_jax import (accounting, autogamma, checkpoints, data, drafts, memory,
+                         partitioning, theory)
 from specdec_jax import bridge as bridge_lib
 from specdec_jax import feature_bridge as feature_lib
 from specdec_jax import shortlist as shortlist_lib
@@ -872,6 +873,16 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   summary["tokens_per_target_call_eq1"] = (float(theory.expected_tokens(min(alpha, 1.0),
                                                                         exp.gamma))
                                            if ok else None)
+  # ... and with each example's prefill: the whole-run prediction
+  # (``specdec_jax.accounting``; batch 1, fixed γ, lines that carry prefill times).
+  whole = None
+  if ok and exp.batch_size == 1 and all("prefill_speculative_ms" in r for r in records):
+    a = accounting.attribute(records, accounting.prefill_of(records),
+                             [r["input_width"] for r in records])
+    whole = a.expected_whole_run
+    summary["prefill_baseline_ms"] = a.prefill_baseline_ms
+    summary["prefill_speculative_ms"] = a.prefill_speculative_ms
+  summary["expected_speedup_whole_run"] = whole
   return summary
 
 
@@ -890,10 +901,18 @@ def table2_row(s: dict) -> str:
                  f"timed alternating as in a round: {fmt(s['interplay'])}x their cost timed "
                  f"apart); SPEED / EXP in context "
                  f"{fmt(s['speedup'] / s['expected_speedup_in_context'])}")
-  if s.get("tokens_per_target_call_eq1") is not None:
-    lines.append(f"Tokens per target call {fmt(s['tokens_per_target_call'])} against Eq. (1)'s "
-                 f"{fmt(s['tokens_per_target_call_eq1'])} at this α; the whole account of "
-                 f"SPEED: scripts/profile_round.py --whole_run=<workdir>")
+  if s.get("expected_speedup_whole_run") is not None:
+    tokens = s["tokens_per_target_call"] / s["tokens_per_target_call_eq1"]
+    measured_tau = s["expected_speedup_in_context"] * tokens
+    lines.append(
+        f"Whole run: EXP (with v) {fmt(s['expected_speedup_v'])}X × interplay "
+        f"{fmt(1 / s['interplay'])} × tokens per target call {fmt(tokens)} "
+        f"({fmt(s['tokens_per_target_call'])} against Eq. (1)'s "
+        f"{fmt(s['tokens_per_target_call_eq1'])}) × prefill "
+        f"{fmt(s['expected_speedup_whole_run'] / measured_tau)} "
+        f"({fmt(s['prefill_baseline_ms'])} / {fmt(s['prefill_speculative_ms'])} ms per example) "
+        f"= {fmt(s['expected_speedup_whole_run'])}X; SPEED / whole run "
+        f"{fmt(s['speedup'] / s['expected_speedup_whole_run'])}")
   return "\n".join(lines)
 
 
@@ -967,11 +986,19 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
            "verify_ms": 1e3 * c.verify_s, "draft_token_ms": 1e3 * c.draft_token_s,
            "interplay": c.interplay}
   logging.info("Costs: %s", costs)
+  # Each example's fixed cost before its first step or round (the encoders and
+  # caches), timed per input width: the whole-run account (``accounting``).
+  done_ids = {r["index"] for r in workdir.records}
+  todo = [i for i in range(exp.num_warmup, n_total) if i not in done_ids]
+  first = {}
+  for idx in _batches(len(todo), 0, exp.batch_size):
+    x = _pad_batch(setup.inputs, [todo[i] for i in idx], exp.batch_size, exp.input_buckets)
+    first.setdefault(int(x.shape[1]), place(x))
+  prefill = accounting.prefill_ms(target, tparams, draft, first, exp.max_decode_len, gamma,
+                                  repeats=5)
+  logging.info("Prefill ms (baseline, speculative) by input width: %s", prefill)
   extra = {"gamma": gamma} if gamma_auto is None else {"gamma": gamma, "gamma_auto": gamma_auto}
 
-  done_ids = {r["index"] for r in workdir.records}
-  start = exp.num_warmup
-  todo = [i for i in range(start, n_total) if i not in done_ids]
   t_start = time.perf_counter()
   processed = 0
   for idx in _batches(len(todo), 0, exp.batch_size):
@@ -1003,6 +1030,8 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
           "baseline_output": _text(setup.vocab, base_tok[j]),
           "reference": ex.reference, "input_truncated": i in setup.truncated,
           "mode": "speculative",
+          "input_width": int(x.shape[1]), "prefill_baseline_ms": prefill[int(x.shape[1])][0],
+          "prefill_speculative_ms": prefill[int(x.shape[1])][1],
           **costs, **extra,
       })
     processed += len(rows)

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import run
+from specdec_jax import accounting, run
 from specdec_jax.checkpoints import save_checkpoint
 from specdec_jax.models.t5 import T5Config, T5Model
 
@@ -104,7 +104,11 @@ def test_run_writes_results_and_resumes_after_a_kill(env):
   assert "EXP in context: " in res.stdout
   assert s["tokens_per_target_call_eq1"] == pytest.approx(
       (1 - s["alpha"] ** 4) / (1 - s["alpha"]))  # γ 3
-  assert f"Tokens per target call {s['tokens_per_target_call']:.2f} against" in res.stdout
+  assert all(r["prefill_baseline_ms"] > 0 and r["prefill_speculative_ms"] > 0 for r in recs)
+  whole = accounting.attribute(recs, accounting.prefill_of(recs),
+                               [r["input_width"] for r in recs])
+  assert s["expected_speedup_whole_run"] == pytest.approx(whole.expected_whole_run)
+  assert f"= {whole.expected_whole_run:.2f}X; SPEED / whole run" in res.stdout
   assert "Experiment.gamma = 3" in (w / "config.gin").read_text()
 
   # 2) Kill midway, leave a torn last line, resume: nothing lost or duplicated.
@@ -245,10 +249,19 @@ def test_truncated_inputs_are_logged_and_marked(spec_run, env):
 
 
 def test_whole_run_account_reads_a_finished_workdir(spec_run, tmp_path):
-  from specdec_jax import accounting
   cfg, w = spec_run
-  a = accounting.attribute_run(str(w), repeats=2)
   s = json.loads((w / "summary.json").read_text())
+  assert accounting.attribute_run(str(w)).expected_whole_run == pytest.approx(
+      s["expected_speedup_whole_run"])
+  # Lines from before the runner timed the prefill: attribute_run times it.
+  old = tmp_path / "old"
+  old.mkdir()
+  shutil.copy(w / "config.gin", old / "config.gin")
+  keys = ("input_width", "prefill_baseline_ms", "prefill_speculative_ms")
+  (old / "examples.jsonl").write_text("".join(
+      json.dumps({k: v for k, v in r.items() if k not in keys}) + "\n"
+      for r in _lines(w / "examples.jsonl")))
+  a = accounting.attribute_run(str(old), repeats=2)
   assert a.speed == pytest.approx(s["speedup"])
   assert a.alpha == pytest.approx(s["alpha"])
   assert a.tokens_per_call == pytest.approx(s["tokens_per_target_call"])
@@ -256,7 +269,7 @@ def test_whole_run_account_reads_a_finished_workdir(spec_run, tmp_path):
   assert a.expected_in_context == pytest.approx(s["expected_speedup_in_context"])
   assert a.prefill_baseline_ms > 0 and a.prefill_speculative_ms > 0
   with pytest.raises(FileNotFoundError, match="config.gin not found"):
-    accounting.attribute_run(str(tmp_path))
+    accounting.attribute_run(str(tmp_path / "none"))
 
 
 def test_workdir_mode_is_recorded_and_the_other_mode_refused(spec_run, env, capsys, tmp_path):
