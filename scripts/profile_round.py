@@ -122,6 +122,16 @@ def stopping_table(setup, result, gamma_max: int, args, skip_below=None) -> None
   fixed = {g: theory.simulate_stopping(conf, ok, round_ms, "fixed", g) for g in round_ms if g}
   best = min(fixed, key=lambda g: fixed[g].ms_per_token)
   acc = np.concatenate(ok)
+  # The offline pass runs the draft's own T5 teacher-forced: without its
+  # bridges (which read the target's encoder output and decoder states in
+  # the rounds) or its shortlist, so a bridged draft accepts less here than
+  # in the engine, and the rules are ranked for that weaker draft.
+  unused = [n for n in ("bridge", "feature", "shortlist")
+            if getattr(setup.draft, n, None) is not None]
+  if unused:
+    print(f"NOTE: the offline pass below leaves out the draft's {', '.join(unused)}: its "
+          f"acceptance here ({acc.mean():.3f}) is not the engine's α; the ranking is for "
+          "the draft without them.\n")
   print(f"Stopping rules replayed offline along the target's greedy outputs (T=0, "
         f"{len(acc)} positions, draft accepts {acc.mean():.3f}), with the ms per round of the "
         f"constant widths above; relative to the best fixed γ ({best}):\n\n"
