@@ -31,13 +31,23 @@ acceptance (``profile.confidence_auc``; no timing).
   PYTHONPATH=. python scripts/profile_round.py --confidence_auc --temperatures=1 --gammas=5 \
       --source=data/bible/validation.tsv --num_examples=150
 
+``--acceptance_head`` prints instead how well an acceptance predictor
+(SpecDec++'s head as a linear probe: a logistic regression on the draft's
+softmax statistics, and on those plus its hidden state) fitted on a held-out
+split's rounds predicts x_i's acceptance in --source's (``profile.head_auc``;
+no timing).
+
+  PYTHONPATH=. python scripts/profile_round.py --acceptance_head --gammas=7 \
+      --num_examples=500 --temperatures=0,1
+
 ``--adaptive_replay RULE`` (a bench_speculative setting, e.g. cumulative:0.5)
 prints instead what the rule's rounds cost as the rule decides them and
 replayed as a fixed schedule of the same widths (same rounds, checked),
 shuffled, and at each constant width 1..γ_max (``profile.adaptive_replay``);
 at T=0 also what fixed γ, threshold and cumulative rules and a perfect
 acceptance predictor would cost at those widths' measured ms per round
-(``theory.simulate_stopping`` along the target's greedy outputs).
+(``theory.simulate_stopping`` along the target's greedy outputs, with the draft's
+confidences and verdicts from the engine's own rounds, ``profile.engine_records``).
 
   PYTHONPATH=. python scripts/profile_round.py --adaptive_replay=cumulative:0.5 --gammas=7 \
       --temperatures=0 --num_examples=24 --repeats=4
@@ -68,7 +78,7 @@ from specdec_jax import accounting, demo, profile, theory  # noqa: E402
 from specdec_jax.profile import (cache_contention, compare_acceptance,  # noqa: E402
                                  contention_markdown, decode_working_set_mb, markdown,
                                  profile_round)
-from specdec_jax.run import Experiment, prepare  # noqa: E402
+from specdec_jax.run import Experiment, held_out_inputs, prepare  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
 from specdec_jax.sweep import parse_setting  # noqa: E402
 
@@ -116,25 +126,26 @@ def stopping_table(setup, result, gamma_max: int, args, skip_below=None) -> None
   the constant-width ms per round just measured."""
   round_ms = {int(r.setting.split()[1]): r.ms_per_round for r in result.rows
               if r.setting.startswith("width ")}
-  conf, ok = profile.greedy_acceptance(setup.target, setup.target_params, setup.draft.model,
-                                       setup.draft.params, jnp.asarray(setup.inputs[1:]),
-                                       args.max_decode_len)
-  fixed = {g: theory.simulate_stopping(conf, ok, round_ms, "fixed", g) for g in round_ms if g}
+  # Fixed γ is priced by the fixed-γ loop's own rounds, the rules by the
+  # adaptive loop's constant widths: the comparison the benchmark makes.
+  fixed_ms = {int(r.setting.split()[1]): r.ms_per_round for r in result.rows
+              if r.setting.startswith("fixed ")}
+  # The engine's own fixed-γ_max rounds at T=0: the draft's confidences as
+  # the rules read them (with its bridges and shortlist) and the verdicts.
+  rec = profile.engine_records(setup.target, setup.target_params, setup.draft,
+                               jnp.asarray(setup.inputs[1:]), jax.random.PRNGKey(0), gamma_max,
+                               SamplingConfig(), args.max_decode_len)
+  conf, ok, seen = profile.along_outputs(rec)
+  bonus = sum(int((~m).sum()) for m in seen)
+  fixed = {g: theory.simulate_stopping(conf, ok, fixed_ms, "fixed", g) for g in fixed_ms}
   best = min(fixed, key=lambda g: fixed[g].ms_per_token)
   acc = np.concatenate(ok)
-  # The offline pass runs the draft's own T5 teacher-forced: without its
-  # bridges (which read the target's encoder output and decoder states in
-  # the rounds) or its shortlist, so a bridged draft accepts less here than
-  # in the engine, and the rules are ranked for that weaker draft.
-  unused = [n for n in ("bridge", "feature", "shortlist")
-            if getattr(setup.draft, n, None) is not None]
-  if unused:
-    print(f"NOTE: the offline pass below leaves out the draft's {', '.join(unused)}: its "
-          f"acceptance here ({acc.mean():.3f}) is not the engine's α; the ranking is for "
-          "the draft without them.\n")
   print(f"Stopping rules replayed offline along the target's greedy outputs (T=0, "
-        f"{len(acc)} positions, draft accepts {acc.mean():.3f}), with the ms per round of the "
-        f"constant widths above; relative to the best fixed γ ({best}):\n\n"
+        f"{len(acc)} positions, draft accepts {acc.mean():.3f}; the draft's confidences and "
+        f"verdicts from the engine's own γ={gamma_max} rounds; {bonus} bonus positions, which "
+        f"no draft step saw, count as accepted with confidence 1), with the ms per round of "
+        f"the adaptive loop's constant widths above (fixed γ: the fixed loop's); relative to "
+        f"the best fixed γ ({best}):\n\n"
         "| rule | ms per token | tokens per round | mean width | vs best fixed |\n"
         "|---|---|---|---|---|")
   rows = [(f"fixed {g}", r) for g, r in fixed.items()]
@@ -152,6 +163,26 @@ def stopping_table(setup, result, gamma_max: int, args, skip_below=None) -> None
     print(f"| {name} | {r.ms_per_token:.3f} | {r.tokens_per_round:.2f} | {r.mean_width:.2f} "
           f"| {fixed[best].ms_per_token / r.ms_per_token:.3f}x |")
   print(flush=True)
+
+
+def acceptance_head(args, exp, setup, gamma: int, temperatures) -> None:
+  """``--acceptance_head``: fit on the held-out split's rounds, score on --source's."""
+  train_inputs = held_out_inputs(exp, args.head_source, args.num_examples)
+  print(f"Acceptance of x_i predicted from what the draft knows after x_i, in the engine's "
+        f"own γ={gamma} rounds: fitted on {args.num_examples} inputs of {args.head_source}, "
+        f"AUC on {len(setup.inputs)} of {args.source} (profile.head_auc)\n\n"
+        "| T | positions fitted / scored | acceptance | AUC top probability | AUC logistic "
+        "on softmax statistics + i | AUC the same + hidden state |\n|---|---|---|---|---|---|")
+  for temp in temperatures:
+    kw = dict(key=jax.random.PRNGKey(0), gamma=gamma, sampling=SamplingConfig(temperature=temp),
+              max_decode_len=args.max_decode_len)
+    train = profile.engine_records(setup.target, setup.target_params, setup.draft,
+                                   jnp.asarray(train_inputs), **kw)
+    test = profile.engine_records(setup.target, setup.target_params, setup.draft,
+                                  jnp.asarray(setup.inputs), **kw)
+    a = profile.head_auc(train, test)
+    print(f"| {temp:g} | {len(train.top)} / {len(test.top)} | {test.accepted.mean():.3f} | "
+          f"{a['top']:.3f} | {a['scalars']:.3f} | {a['hidden']:.3f} |", flush=True)
 
 
 def main() -> None:
@@ -185,6 +216,12 @@ def main() -> None:
   p.add_argument("--confidence_auc", action="store_true",
                  help="print instead, in fixed-γ rounds at each T > 0 of --temperatures, how "
                       "well max q_i and q_i(x_i) predict x_i's acceptance (AUC; no timing)")
+  p.add_argument("--acceptance_head", action="store_true",
+                 help="print instead, per T of --temperatures at γ = max of --gammas, how well "
+                      "acceptance predictors fitted on --head_source's rounds predict x_i's "
+                      "acceptance in --source's (AUC; no timing)")
+  p.add_argument("--head_source", default=demo.ALPHA_SOURCE,
+                 help="held-out inputs the --acceptance_head predictors are fitted on")
   p.add_argument("--whole_run", default="",
                  help="a finished runner workdir: print instead how its SPEED falls short of "
                       "EXP (with v), step by step (--repeats passes for the prefill times)")
@@ -230,6 +267,9 @@ def main() -> None:
         print(f"| {temp:g} | {gamma} | {r.rounds} | "
               f"{' / '.join(f'{a:.3f}' for a in r.acceptance)} | {r.auc['top']:.3f} | "
               f"{r.auc['drawn']:.3f} |", flush=True)
+    return
+  if args.acceptance_head:
+    acceptance_head(args, exp, setup, max(gammas), temperatures)
     return
   if args.adaptive_replay:
     _, gamma_max, adaptive = parse_setting(args.adaptive_replay, max(gammas))

@@ -529,7 +529,7 @@ class _RecordWidths(_RoundCounting):
 
 
 class ReplayRow(NamedTuple):
-  setting: str            # 'rule', 'replay', 'shuffled' or 'width k'
+  setting: str            # 'rule', 'replay', 'shuffled', 'width k' or 'fixed k'
   ms_per_round: float     # (total time - prefill) / target calls, summed over examples
   tokens_per_call: float
   speedup: float          # tokens/s over the interleaved baseline's
@@ -552,7 +552,10 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
   ``WidthSchedule`` (replay: same widths in the same order, so with the same
   key the same proposals, verdicts and tokens, checked) and shuffled (the same
   widths per example, permuted with ``seed``), and at each constant width
-  1..γ_max (and 0, a round without proposals, for a rule with skip_below). Timed per example, interleaved with the plain baseline and the
+  1..γ_max (and 0, a round without proposals, for a rule with skip_below),
+  and the fixed-γ loop at each γ 1..γ_max (what the rule competes with:
+  'width k' is the adaptive loop, which pays for per-row counts, its
+  while_loop and ``lax.switch``). Timed per example, interleaved with the plain baseline and the
   example's prefill (both encoders and caches, ``_prefill``), which is
   subtracted before dividing by the rounds; the order of the settings
   reverses every repeat. If ms per round at constant
@@ -607,6 +610,11 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
   for g in widths:
     constant = WidthSchedule(draft, jnp.full((rounds,), g, jnp.int32))
     settings[f"width {g}"] = (lambda d: lambda e: spec(d, plain))(constant)
+  # The fixed-γ loop at each γ: what a rule must beat (its rounds carry no
+  # per-row counts, while_loop or lax.switch).
+  for g in range(1, gamma_max + 1):
+    settings[f"fixed {g}"] = (lambda g: lambda e: lambda x, k: speculative_decode(
+        target, params, draft, x, k, gamma=g, **kw))(g)
   # Compile. This also runs every branch of the replay loop once (each
   # constant width); the rule's branches are run by warm_up_widths.
   for make in settings.values():
@@ -641,28 +649,6 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
   ms = {r.setting: r.ms_per_round for r in rows}
   predicted = sum(hist[g] * ms[f"width {g}"] for g in widths) / max(int(hist.sum()), 1)
   return ReplayResult(rows, hist.tolist(), float(predicted))
-
-
-def greedy_acceptance(target: T5Model, params: Any, draft_model: T5Model, draft_params: Any,
-                      inputs: Array, max_decode_len: int, eos_id: int = 1
-                      ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-  """Per example (a row of ``inputs``): along the target's greedy output,
-  the draft's confidence (top probability) at each position and whether
-  its argmax is the target's token. At T = 0 these are exactly the
-  positions speculative decoding evaluates, so they drive
-  ``theory.simulate_stopping``."""
-  conf, ok = [], []
-  for i in range(inputs.shape[0]):
-    x = inputs[i:i + 1]
-    out = temperature_sample(target, params, x, jax.random.PRNGKey(0),
-                             max_decode_len=max_decode_len, sampling=SamplingConfig(),
-                             eos_id=eos_id)
-    n = int(out.length[0])
-    y = out.tokens[:, :n]
-    logits = draft_model(draft_params, x, shift_right(y, draft_model.config.decoder_start_id))[0]
-    conf.append(np.asarray(jnp.max(jax.nn.softmax(logits, -1), -1)))
-    ok.append(np.asarray(jnp.argmax(logits, -1) == y[0]))
-  return conf, ok
 
 
 # ------------------------- which confidence predicts a draft's acceptance
@@ -771,6 +757,185 @@ def confidence_auc(target: T5Model, params: Any, draft: ApproximationModel, inpu
       acceptance=[float(accepted[evaluated[:, j], j].mean()) for j in range(gamma)],
       auc={"top": auc(top[evaluated], accepted[evaluated]),
            "drawn": auc(drawn[evaluated], accepted[evaluated])})
+
+
+class EngineRecords(NamedTuple):
+  """The draft's view of every evaluated proposal in the engine's own
+  fixed-γ rounds (``engine_records``): row r is x_i of one round, i =
+  ``index[r]`` + 1, evaluated by the target (i <= accepted count + 1)."""
+  example: np.ndarray     # [N] int: the row of ``inputs``
+  round: np.ndarray       # [N] int: the round within the example
+  index: np.ndarray       # [N] int: i - 1
+  hidden: np.ndarray      # [N, d]: the draft's final hidden state that q_i comes from
+  top: np.ndarray         # [N]: max of the draft's own softmax (its T = 0 confidence)
+  second: np.ndarray      # [N]: the second largest probability of that softmax
+  entropy: np.ndarray     # [N]: its entropy (nats)
+  accepted: np.ndarray    # [N] bool
+  gamma: int
+
+
+class _StepSink:
+  """Host-side store for ``engine_records``: round starts and draft steps, in order."""
+
+  def __init__(self):
+    self.events: list[tuple] = []
+
+  def round(self, length) -> None:
+    self.events.append(("round", int(length[0])))
+
+  def step(self, hidden, logits) -> None:
+    logits = np.asarray(logits[0], np.float64)
+    z = np.exp(np.where(np.isfinite(logits), logits - logits.max(), -np.inf))
+    prob = np.sort(z / z.sum())[::-1]
+    nz = prob[prob > 0]
+    self.events.append(("step", np.asarray(hidden[0], np.float32), prob[0], prob[1],
+                        float(-(nz * np.log(nz)).sum())))
+
+
+@struct.dataclass
+class _MarkRounds:
+  """``inner`` (a ``T5Draft`` with ``observe`` set) unchanged; each fixed-γ
+  round's start length (row 0) goes to ``sink`` before its draft steps."""
+
+  inner: Any
+  sink: _StepSink = struct.field(pytree_node=False)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.inner.vocab_size
+
+  def init(self, inputs: Array, cache_len: int) -> Any:
+    return self.inner.init(inputs, cache_len)
+
+  def init_with_target(self, inputs: Array, cache_len: int, target_encoded: Array) -> Any:
+    return init_draft(self.inner, inputs, cache_len, target_encoded)
+
+  def propose(self, state, seq, length, gamma, sampling, key):
+    jax.debug.callback(self.sink.round, length, ordered=True)
+    return self.inner.propose(state, seq, length, gamma, sampling, key)
+
+  def commit(self, state, seq, length):
+    return self.inner.commit(state, seq, length)
+
+  @property
+  def wants_target_states(self) -> bool:
+    return bool(getattr(self.inner, "wants_target_states", False))
+
+  def commit_with_target(self, state, seq, length, hidden, positions):
+    return self.inner.commit_with_target(state, seq, length, hidden, positions)
+
+
+def engine_records(target: T5Model, params: Any, draft: Any, inputs: Array, key: Array,
+                   gamma: int, sampling: SamplingConfig, max_decode_len: int,
+                   eos_id: int = 1) -> EngineRecords:
+  """What a stopping rule could read, and the verdicts, in the engine's own
+  rounds: ``speculative_decode`` at fixed γ on each row of ``inputs`` (batch
+  1) with a ``T5Draft`` that reports every draft step (``observe``), so a
+  bridged or shortlisted draft is seen exactly as the engine runs it (its
+  feature bridge at the staleness a γ-round gives). A round's accepted count
+  n comes from the next round's start (it commits n + 1 tokens); each
+  example's last round is left out (cut at EOS or max_decode_len). No timing.
+  """
+  if not hasattr(draft, "observe"):
+    raise ValueError(f"engine_records needs a T5Draft (it reports its steps), got "
+                     f"{type(draft).__name__}")
+  sink = _StepSink()
+  wrapped = _MarkRounds(draft.replace(observe=sink.step), sink)
+  run = jax.jit(lambda x, k: speculative_decode(target, params, wrapped, x, k, gamma=gamma,
+                                                max_decode_len=max_decode_len,
+                                                sampling=sampling, eos_id=eos_id).length)
+  cols: dict[str, list] = {f: [] for f in EngineRecords._fields if f != "gamma"}
+  for e in range(inputs.shape[0]):
+    sink.events.clear()
+    jax.block_until_ready(run(inputs[e:e + 1], jax.random.fold_in(key, e)))
+    rounds: list[tuple[int, list]] = []
+    for ev in sink.events:
+      if ev[0] == "round":
+        rounds.append((ev[1], []))
+      else:
+        rounds[-1][1].append(ev[1:])
+    for r, ((start, steps), (nxt, _)) in enumerate(zip(rounds, rounds[1:])):
+      if len(steps) != gamma:
+        raise AssertionError(f"example {e}, round {r}: {len(steps)} draft steps, not γ {gamma}")
+      n = nxt - start - 1
+      for i, (h, top, second, ent) in enumerate(steps[:n + 1]):
+        for f, v in zip(cols, (e, r, i, h, top, second, ent, i < n)):
+          cols[f].append(v)
+  if not cols["example"]:
+    raise ValueError("no output took two rounds: nothing to record")
+  return EngineRecords(**{f: np.stack(v) if f == "hidden" else np.asarray(v)
+                          for f, v in cols.items()}, gamma=gamma)
+
+
+def along_outputs(rec: EngineRecords
+                  ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+  """At T = 0: per example, the draft's confidence (``top``) and its verdict
+  at each output position in order, for ``theory.simulate_stopping``
+  (every position is evaluated in exactly one round, as x_i with the
+  committed prefix), and whether a draft step saw the position: a bonus
+  position (after a round of γ acceptances) had no proposal; it gets
+  confidence 1 and accepted."""
+  conf, ok, seen = [], [], []
+  for e in np.unique(rec.example):
+    c, o, m = [], [], []
+    mine = np.flatnonzero(rec.example == e)
+    for r in np.unique(rec.round[mine]):
+      rows = mine[rec.round[mine] == r]
+      rows = rows[np.argsort(rec.index[rows])]
+      c.extend(rec.top[rows])
+      o.extend(rec.accepted[rows])
+      m.extend([True] * len(rows))
+      if len(rows) == rec.gamma and rec.accepted[rows].all():
+        c.append(1.0)
+        o.append(True)
+        m.append(False)
+    conf.append(np.asarray(c, float))
+    ok.append(np.asarray(o, bool))
+    seen.append(np.asarray(m, bool))
+  return conf, ok, seen
+
+
+def _head_features(rec: EngineRecords, hidden: bool) -> np.ndarray:
+  eps = 1e-9
+  cols = [rec.top, np.log(rec.top + eps), rec.top - rec.second, rec.entropy,
+          np.log(rec.second + eps)]
+  parts = [np.stack(cols, 1), np.eye(rec.gamma)[rec.index]]
+  return np.concatenate(parts + ([rec.hidden] if hidden else []), 1).astype(np.float64)
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1e-3,
+                 iterations: int = 50) -> Callable[[np.ndarray], np.ndarray]:
+  """L2-regularized logistic regression by Newton's method on standardized
+  features; returns x -> P(y = 1 | x)."""
+  mu, sd = x.mean(0), x.std(0) + 1e-6
+  z = np.concatenate([(x - mu) / sd, np.ones((len(x), 1))], 1)
+  w = np.zeros(z.shape[1])
+  reg = np.full(z.shape[1], l2 * len(x))
+  reg[-1] = 0.0  # no penalty on the bias
+  for _ in range(iterations):
+    pr = 1.0 / (1.0 + np.exp(-z @ w))
+    grad = z.T @ (pr - y) + reg * w
+    hess = (z * (pr * (1 - pr))[:, None]).T @ z + np.diag(reg)
+    step = np.linalg.solve(hess, grad)
+    w -= step
+    if np.abs(step).max() < 1e-8:
+      break
+  return lambda q: 1.0 / (1.0 + np.exp(-np.concatenate(
+      [(q - mu) / sd, np.ones((len(q), 1))], 1) @ w))
+
+
+def head_auc(train: EngineRecords, test: EngineRecords, l2: float = 1e-3) -> dict[str, float]:
+  """How well an acceptance predictor trained on ``train``'s rounds predicts
+  x_i's acceptance in ``test``'s (AUC on test): 'top' (the draft's top
+  probability alone, untrained), 'scalars' (a logistic regression on the
+  softmax's top, second, margin, entropy and i) and 'hidden' (the same plus
+  the draft's hidden state: SpecDec++'s acceptance head, Huang et al. 2024,
+  as a linear probe)."""
+  out = {"top": auc(test.top, test.accepted)}
+  for name, hidden in (("scalars", False), ("hidden", True)):
+    predict = fit_logistic(_head_features(train, hidden), train.accepted.astype(float), l2)
+    out[name] = auc(predict(_head_features(test, hidden)), test.accepted)
+  return out
 
 
 def adaptive_replay_markdown(result: ReplayResult) -> str:

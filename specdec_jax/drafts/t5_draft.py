@@ -74,6 +74,11 @@ class T5Draft:
   softmax over the shortlisted tokens (and the input's, with its
   ``with_inputs``), 0 elsewhere: the output layer multiplies by the
   shortlist's columns only, which is most of a small draft's step.
+
+  ``observe`` (profiling only, ``profile.engine_records``): a host function
+  that every draft step calls, in order, with the last fed position's final
+  hidden state [B, d] and logits [B, V] (-inf off a shortlist). None, the
+  default, compiles no callback.
   """
 
   params: Any
@@ -84,6 +89,7 @@ class T5Draft:
   target_model: T5Model | None = struct.field(pytree_node=False, default=None)
   feature: Any = None
   shortlist: Any = None
+  observe: Callable[[Array, Array], None] | None = struct.field(pytree_node=False, default=None)
 
   @property
   def vocab_size(self) -> int:
@@ -143,13 +149,18 @@ class T5Draft:
     position, cache); with a shortlist, logits over S only, for that position
     only (the full output layer is then never computed: XLA drops the unused
     product)."""
-    if self.shortlist is None:
+    if self.shortlist is None and self.observe is None:
       logits, cache = self.model.decode(self.params, tokens, positions, cache, extra)
       return logits[:, -1], cache
-    _, cache, hidden = self.model.decode(self.params, tokens, positions, cache, extra,
-                                         return_hidden=True)
-    logits = shortlist_lib.logits(self.shortlist, part, hidden[:, -1:], self.vocab_size)
-    return logits[:, 0], cache
+    logits, cache, hidden = self.model.decode(self.params, tokens, positions, cache, extra,
+                                              return_hidden=True)
+    if self.shortlist is None:
+      logits = logits[:, -1]
+    else:
+      logits = shortlist_lib.logits(self.shortlist, part, hidden[:, -1:], self.vocab_size)[:, 0]
+    if self.observe is not None:
+      jax.debug.callback(self.observe, hidden[:, -1], logits, ordered=True)
+    return logits, cache
 
   def _extra(self, states: Array | None, length: Array, positions: Array) -> Array | None:
     """The feature bridge's decoder extra [B, k, d] for draft positions [B, k]
