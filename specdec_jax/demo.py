@@ -38,7 +38,8 @@ def add_shortlist_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def shortlist_for(args: argparse.Namespace) -> str:
-  """The --draft_shortlist to use: as given, or the demo's for the demo draft."""
+  """The --draft_shortlist to use: as given, or the demo's for the demo draft
+  (a T5 draft: --draft_name 't5', where the script has that flag)."""
   if args.draft_shortlist is not None:
     return args.draft_shortlist
-  return SHORTLIST if args.draft == DRAFT else ""
+  return SHORTLIST if args.draft == DRAFT and getattr(args, "draft_name", "t5") == "t5" else ""

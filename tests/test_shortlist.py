@@ -178,3 +178,19 @@ def test_sequence_distribution_is_exact(seq_models, setting, with_inputs):
   assert np.isin(tokens, never).mean() > 0.05
   dist = exact_sequence_distribution(model, target, sampling)
   assert sequence_pvalue(tokens, dist) > 1e-3
+
+
+def test_the_demo_shortlist_defaults_only_for_the_demo_t5_draft():
+  """Scripts' --draft_shortlist default: the demo shortlist for the demo T5
+  draft; nothing for another checkpoint or a draft that is not a T5 (prompt
+  lookup takes no shortlist); an explicit value always wins."""
+  import argparse
+  from specdec_jax import demo
+  ns = argparse.Namespace
+  assert demo.shortlist_for(ns(draft_shortlist=None, draft=demo.DRAFT)) == demo.SHORTLIST
+  assert demo.shortlist_for(ns(draft_shortlist=None, draft=demo.DRAFT,
+                               draft_name="t5")) == demo.SHORTLIST
+  assert demo.shortlist_for(ns(draft_shortlist=None, draft=demo.DRAFT,
+                               draft_name="prompt_lookup")) == ""
+  assert demo.shortlist_for(ns(draft_shortlist=None, draft="other")) == ""
+  assert demo.shortlist_for(ns(draft_shortlist="x.json", draft="other")) == "x.json"
