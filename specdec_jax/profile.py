@@ -463,6 +463,11 @@ class _RoundCounting:
   def init(self, inputs: Array, cache_len: int) -> Any:
     return self.inner.init(inputs, cache_len), jnp.zeros((), jnp.int32)
 
+  def init_with_target(self, inputs: Array, cache_len: int, target_encoded: Array) -> Any:
+    # Without this the engine's prefill would call ``init``, and a bridged
+    # draft would run the target's encoder a second time (timed as rounds).
+    return init_draft(self.inner, inputs, cache_len, target_encoded), jnp.zeros((), jnp.int32)
+
   def propose(self, state, seq, length, gamma, sampling, key):
     raise NotImplementedError(f"{type(self).__name__} only runs adaptive rounds")
 

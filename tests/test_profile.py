@@ -389,3 +389,23 @@ def test_greedy_kernel_from_argmax_equals_the_kernel(one_hot_q):
                                   proposed=proposed)
       _assert_same(greedy_kernel(x, q, best, proposed), want)
       assert len(set(np.asarray(want.num_accepted).tolist())) == GAMMA + 1
+
+
+def test_round_counting_drafts_reuse_the_targets_encoding():
+  """``WidthSchedule`` (and the other round-counting wrappers) hand the
+  engine's target encoding to the inner draft: before, they had only
+  ``init``, so a bridged draft ran the target's encoder a second time in
+  every replayed example and the replay timed it as rounds."""
+  from specdec_jax.drafts.base import init_draft
+  from specdec_jax.profile import WidthSchedule
+
+  class Inner:
+    def init(self, inputs, cache_len):
+      raise AssertionError("init called: the target's encoding was dropped")
+
+    def init_with_target(self, inputs, cache_len, target_encoded):
+      return ("state", cache_len, target_encoded)
+
+  state = init_draft(WidthSchedule(Inner(), jnp.ones((3,), jnp.int32)), jnp.ones((1, 4)), 9,
+                     "encoded")
+  assert state[0] == ("state", 9, "encoded") and int(state[1]) == 0
