@@ -683,13 +683,9 @@ class _ProposalSink:
     self.rounds.append((int(length[0]), np.asarray(top[0]), np.asarray(drawn[0])))
 
 
-@struct.dataclass
-class _RecordConfidence:
-  """``inner`` unchanged in fixed-γ rounds; each round's max_x q_i(x) and
-  q_i(x_i) (row 0) go to ``sink``."""
-
-  inner: Any
-  sink: _ProposalSink = struct.field(pytree_node=False)
+class _Forwarding:
+  """A draft wrapper's methods other than ``propose``: all go to ``self.inner``
+  (its state is the inner draft's)."""
 
   @property
   def vocab_size(self) -> int:
@@ -701,12 +697,6 @@ class _RecordConfidence:
   def init_with_target(self, inputs: Array, cache_len: int, target_encoded: Array) -> Any:
     return init_draft(self.inner, inputs, cache_len, target_encoded)
 
-  def propose(self, state, seq, length, gamma, sampling, key):
-    tokens, q, state = self.inner.propose(state, seq, length, gamma, sampling, key)
-    jax.debug.callback(self.sink.put, length, top_probability(q, None, sampling),
-                       drawn_probability(q, None, tokens, sampling))
-    return tokens, q, state
-
   def commit(self, state, seq, length):
     return self.inner.commit(state, seq, length)
 
@@ -716,6 +706,21 @@ class _RecordConfidence:
 
   def commit_with_target(self, state, seq, length, hidden, positions):
     return self.inner.commit_with_target(state, seq, length, hidden, positions)
+
+
+@struct.dataclass
+class _RecordConfidence(_Forwarding):
+  """``inner`` unchanged in fixed-γ rounds; each round's max_x q_i(x) and
+  q_i(x_i) (row 0) go to ``sink``."""
+
+  inner: Any
+  sink: _ProposalSink = struct.field(pytree_node=False)
+
+  def propose(self, state, seq, length, gamma, sampling, key):
+    tokens, q, state = self.inner.propose(state, seq, length, gamma, sampling, key)
+    jax.debug.callback(self.sink.put, length, top_probability(q, None, sampling),
+                       drawn_probability(q, None, tokens, sampling))
+    return tokens, q, state
 
 
 class ConfidenceAUC(NamedTuple):
@@ -798,36 +803,16 @@ class _StepSink:
 
 
 @struct.dataclass
-class _MarkRounds:
+class _MarkRounds(_Forwarding):
   """``inner`` (a ``T5Draft`` with ``observe`` set) unchanged; each fixed-γ
   round's start length (row 0) goes to ``sink`` before its draft steps."""
 
   inner: Any
   sink: _StepSink = struct.field(pytree_node=False)
 
-  @property
-  def vocab_size(self) -> int:
-    return self.inner.vocab_size
-
-  def init(self, inputs: Array, cache_len: int) -> Any:
-    return self.inner.init(inputs, cache_len)
-
-  def init_with_target(self, inputs: Array, cache_len: int, target_encoded: Array) -> Any:
-    return init_draft(self.inner, inputs, cache_len, target_encoded)
-
   def propose(self, state, seq, length, gamma, sampling, key):
     jax.debug.callback(self.sink.round, length, ordered=True)
     return self.inner.propose(state, seq, length, gamma, sampling, key)
-
-  def commit(self, state, seq, length):
-    return self.inner.commit(state, seq, length)
-
-  @property
-  def wants_target_states(self) -> bool:
-    return bool(getattr(self.inner, "wants_target_states", False))
-
-  def commit_with_target(self, state, seq, length, hidden, positions):
-    return self.inner.commit_with_target(state, seq, length, hidden, positions)
 
 
 def engine_records(target: T5Model, params: Any, draft: Any, inputs: Array, key: Array,
