@@ -60,7 +60,7 @@ from specdec_jax import speculative as speculative_lib
 from specdec_jax.decoding import AdaptiveConfig, speculative_decode, temperature_sample
 from specdec_jax.drafts.base import (ApproximationModel, adaptive_proposal, drawn_probability,
                                      gather_positions, init_draft, top_probability)
-from specdec_jax.models.t5 import T5Model, shift_right
+from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.speculative import speculative_sampling
 from specdec_jax.timing import interleaved_medians_ms, speculative_prefill, warm_up_widths
