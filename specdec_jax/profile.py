@@ -831,9 +831,11 @@ def engine_records(target: T5Model, params: Any, draft: Any, inputs: Array, key:
                      f"{type(draft).__name__}")
   sink = _StepSink()
   wrapped = _MarkRounds(draft.replace(observe=sink.step), sink)
-  run = jax.jit(lambda x, k: speculative_decode(target, params, wrapped, x, k, gamma=gamma,
-                                                max_decode_len=max_decode_len,
-                                                sampling=sampling, eos_id=eos_id).length)
+  # speculative_decode is jitted: the parameters stay arguments (a closure
+  # would bake them into the program as constants).
+  run = lambda x, k: speculative_decode(target, params, wrapped, x, k, gamma=gamma,
+                                        max_decode_len=max_decode_len, sampling=sampling,
+                                        eos_id=eos_id).length
   cols: dict[str, list] = {f: [] for f in EngineRecords._fields if f != "gamma"}
   for e in range(inputs.shape[0]):
     sink.events.clear()
