@@ -15,7 +15,7 @@ so drift on a noisy machine hits all columns alike); compile time is excluded
 reports totals (tokens / total seconds) and the median per-example speedup.
 ``--drafts`` compares several approximation models the same way: all of
 them, every γ, interleaved per example beside one baseline.
-The measuring loop lives in ``specdec_jax.sweep``.
+The measuring loop lives in ``specdec_jax.run.sweep``.
 
 Columns: tokens/s of each; speedup; measured α (both estimators); tokens per
 target call; c (draft time per token / target step); v (target pass over γ+1
@@ -34,12 +34,13 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec_jax import demo, drafts  # noqa: E402
+from specdec_jax import drafts  # noqa: E402
+from specdec_jax.run import demo  # noqa: E402
 from specdec_jax.data import parse_input_buckets  # noqa: E402
 from specdec_jax.run import (Experiment, check_before_loading, held_out_inputs,  # noqa: E402
                              load_data, load_draft, load_models, partitioners)
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
-from specdec_jax.sweep import gamma_sweep, markdown_table, parse_widths  # noqa: E402
+from specdec_jax.run.sweep import gamma_sweep, markdown_table, parse_widths  # noqa: E402
 
 
 def bench(args) -> str:
@@ -153,7 +154,7 @@ def main() -> None:
   p.add_argument("--task", default=demo.TASK)
   p.add_argument("--gammas", default="1,2,3,5,7,auto",
                  help="comma-separated γ; 'auto' adds the row of the γ chosen by "
-                      "specdec_jax.autogamma (§3.5 with measured c and v); adaptive: "
+                      "specdec_jax.run.autogamma (§3.5 with measured c and v); adaptive: "
                       "'threshold:t' (stop after a draft token with confidence <= t), "
                       "'threshold:t:s' (also propose nothing when q_1's confidence <= s), "
                       "'cumulative:t[:s]' (stop once the product of the round's "

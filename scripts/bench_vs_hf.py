@@ -69,8 +69,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec_jax import bridge, checkpoints, data, demo  # noqa: E402
-from specdec_jax import shortlist as shortlist_lib  # noqa: E402
+from specdec_jax import checkpoints, data  # noqa: E402
+from specdec_jax.drafts import feature_bridge  # noqa: E402
+from specdec_jax.run import demo  # noqa: E402
+from specdec_jax.drafts import shortlist as shortlist_lib  # noqa: E402
 from specdec_jax.decoding import speculative_decode, temperature_sample  # noqa: E402
 from specdec_jax.drafts import T5Draft  # noqa: E402
 from specdec_jax.models.t5 import T5Config, T5Model  # noqa: E402
@@ -207,13 +209,13 @@ class Ours:
 def load_ours(target_path: str, draft_path: str, shortlist_path: str = ""
               ) -> tuple[Ours, Any, T5Config, Any, T5Config]:
   """Our pair; with ``shortlist_path``, our draft's q over that vocabulary
-  shortlist (``specdec_jax.shortlist``; the same weights: Hugging Face's
+  shortlist (``specdec_jax.drafts.shortlist``; the same weights: Hugging Face's
   assisted generation has no such option and keeps the full vocabulary)."""
   tp, tcfg = checkpoints.load_checkpoint(target_path)
   dp, dcfg = checkpoints.load_checkpoint(draft_path)
   if tcfg.vocab_size != dcfg.vocab_size:
     raise ValueError(f"target vocab {tcfg.vocab_size} != draft vocab {dcfg.vocab_size}")
-  found = bridge.bridges_in(draft_path) if os.path.isdir(draft_path) else []
+  found = feature_bridge.bridges_in(draft_path) if os.path.isdir(draft_path) else []
   if found:
     raise ValueError(f"{draft_path} has a bridge to the target ({', '.join(found)}), which "
                      "Hugging Face's assisted generation cannot use; compare on the same "

@@ -40,10 +40,10 @@ for _name in ("sample_temperature", "ce_weight", "on_policy_fraction", "learning
 flags.DEFINE_float("max_minutes", None, "wall-clock cap on the training phase")
 flags.DEFINE_list("modes", list(_DEFAULTS.modes), "target outputs to learn: greedy,sample")
 flags.DEFINE_bool("encoder_bridge", False, "DistillJob.encoder_bridge: the draft also reads "
-                  "the target's encoder output (specdec_jax.bridge)")
+                  "the target's encoder output (specdec_jax.drafts.bridge)")
 flags.DEFINE_bool("feature_bridge", False, "DistillJob.feature_bridge: the draft also reads "
                   "the target's decoder states of the committed prefix "
-                  "(specdec_jax.feature_bridge)")
+                  "(specdec_jax.drafts.feature_bridge)")
 flags.DEFINE_bool("resume", False, "continue a run in an existing workdir/output_dir")
 flags.DEFINE_bool("smoke", False, "random micro models, a few steps, all under --workdir")
 

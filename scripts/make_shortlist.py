@@ -1,4 +1,4 @@
-"""Write a draft vocabulary shortlist (thin wrapper over specdec_jax.shortlist).
+"""Write a draft vocabulary shortlist (thin wrapper over specdec_jax.drafts.shortlist).
 
   python scripts/make_shortlist.py --source=data/bible/train.tsv \\
       --vocab=checkpoints/demo/spm.model --size=2000 --output=checkpoints/demo/draft_shortlist.json
@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec_jax import data, shortlist  # noqa: E402
+from specdec_jax import data  # noqa: E402
+from specdec_jax.drafts import shortlist  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -214,7 +214,7 @@ TABLE4_COLUMNS: List[Column] = [
   ("interplay", lambda s, p: _fmt(s.get("interplay"), 2)),
   ("EXP (in context)", lambda s, p: _fmt(s.get("expected_speedup_in_context"), 2)),
   # ... with the measured tokens per target call and each example's prefill
-  # (specdec_jax.accounting): what EMP is left to explain.
+  # (specdec_jax.run.account): what EMP is left to explain.
   ("EXP (whole run)", lambda s, p: _fmt(s.get("expected_speedup_whole_run"), 2)),
   ("EMP", lambda s, p: _fmt(s.get("speedup"), 2)),
   ("alpha (paper)", lambda s, p: _fmt(p.get("alpha"), 2)),

@@ -1,5 +1,5 @@
 r"""Per-round overhead of speculative decoding: draft, target pass, standardize,
-kernel and the rest of a round, in ms per round (``specdec_jax.profile``).
+kernel and the rest of a round, in ms per round (``specdec_jax.research.profile``).
 
   PYTHONPATH=. python scripts/profile_round.py                  # the demo pair
   PYTHONPATH=. python scripts/profile_round.py --gammas=1,3,5 --temperatures=0,1 \
@@ -55,7 +55,7 @@ confidences and verdicts from the engine's own rounds, ``profile.engine_records`
 ``--whole_run WORKDIR`` prints instead, for a finished fixed-γ batch-1 runner
 workdir, how its SPEED falls short of EXP (with v) step by step: the round's
 interplay, the measured tokens per target call, and each example's prefill
-(timed here per input width), then what is left (``specdec_jax.accounting``).
+(timed here per input width), then what is left (``specdec_jax.run.account``).
 
   python -m specdec_jax.run --config=configs/demo.gin --workdir=runs/demo
   PYTHONPATH=. python scripts/profile_round.py --whole_run=runs/demo
@@ -74,13 +74,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec_jax import accounting, demo, profile, theory  # noqa: E402
-from specdec_jax.profile import (cache_contention, compare_acceptance,  # noqa: E402
+from specdec_jax import theory  # noqa: E402
+from specdec_jax.run import account as accounting, demo  # noqa: E402
+from specdec_jax.research import accounting as research_accounting, profile  # noqa: E402
+from specdec_jax.research.profile import (cache_contention, compare_acceptance,  # noqa: E402
                                  contention_markdown, decode_working_set_mb, markdown,
                                  profile_round)
 from specdec_jax.run import Experiment, held_out_inputs, prepare  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
-from specdec_jax.sweep import parse_setting  # noqa: E402
+from specdec_jax.run.sweep import parse_setting  # noqa: E402
 
 
 def compare(args, gammas: list[int], temperatures: list[float]) -> None:
@@ -227,7 +229,7 @@ def main() -> None:
                       "EXP (with v), step by step (--repeats passes for the prefill times)")
   args = p.parse_args()
   if args.whole_run:
-    a = accounting.attribute_run(args.whole_run, repeats=max(args.repeats, 9))
+    a = research_accounting.attribute_run(args.whole_run, repeats=max(args.repeats, 9))
     load = os.getloadavg()
     print(f"# {args.whole_run}: load average {load[0]:.2f}\n{accounting.markdown(a)}", flush=True)
     return

@@ -164,9 +164,9 @@ def report(args, names: list[str], sp: spm.SentencePieceProcessor) -> dict:
   from specdec_jax.checkpoints import load_checkpoint
   from specdec_jax.evaluate import evaluate_models
   models = {}
-  from specdec_jax import bridge
+  from specdec_jax.drafts import feature_bridge
   for n in names:
-    if bridge.bridges_in(os.path.join(args.export_dir, n)):
+    if feature_bridge.bridges_in(os.path.join(args.export_dir, n)):
       raise ValueError(f"{os.path.join(args.export_dir, n)} has a bridge to the target, which "
                        "the report does not run; measure its α with scripts/demo_alpha_table.sh")
     params, cfg = load_checkpoint(os.path.join(args.export_dir, n))

@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec_jax import bridge, feature_bridge, training
+from specdec_jax import training
+from specdec_jax.drafts import bridge, feature_bridge
 from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig
@@ -249,9 +250,9 @@ def draft_forward(draft: T5Model, target: T5Model, target_params: Any,
 
   Plain: ``params`` is the draft's tree. ``bridged``: ``{'draft': tree}`` plus
   ``'bridge'`` (a kernel: the draft reads the target's encoder output,
-  ``specdec_jax.bridge``) and/or ``'feature'`` (the draft reads the target's
+  ``specdec_jax.drafts.bridge``) and/or ``'feature'`` (the draft reads the target's
   decoder states ``target_hidden`` [B, T, d_p] along the same sequence, at
-  staleness drawn with ``key``, ``specdec_jax.feature_bridge``)."""
+  staleness drawn with ``key``, ``specdec_jax.drafts.feature_bridge``)."""
   if not bridged:
     return lambda params, inputs, dec_in, target_hidden=None, key=None: draft(
         params, inputs, dec_in)
@@ -390,14 +391,14 @@ class DistillJob:
   on_policy_fraction: float = 0.0
   grow_encoder_layers: int = 0            # deepen the draft first (``grow_layers``)
   grow_decoder_layers: int = 0
-  # Give the draft the target's encoder output (``specdec_jax.bridge``): a new
+  # Give the draft the target's encoder output (``specdec_jax.drafts.bridge``): a new
   # bridge starts at zero (the draft unchanged) and trains with Adam at
   # ``bridge_learning_rate`` (Adafactor's scale-relative steps cannot grow a
   # zero tensor); a draft that already has one continues it.
   encoder_bridge: bool = False
   bridge_learning_rate: float = 1e-3
   # Give the draft the target's decoder states of the committed prefix
-  # (``specdec_jax.feature_bridge``), at staleness 0..feature_staleness-1 (set
+  # (``specdec_jax.drafts.feature_bridge``), at staleness 0..feature_staleness-1 (set
   # it to the γ the draft will run at); zero-initialized and trained with Adam
   # like the encoder bridge. A draft that has one continues it.
   feature_bridge: bool = False

@@ -1,10 +1,11 @@
-"""specdec_jax.accounting: SPEED against Theorem 3.8, step by step."""
+"""specdec_jax.run.account: SPEED against Theorem 3.8, step by step."""
 
 import jax
 import numpy as np
 import pytest
 
-from specdec_jax import accounting, theory
+from specdec_jax import theory
+from specdec_jax.run import account as accounting
 from specdec_jax.drafts.t5_draft import T5Draft
 
 GAMMA, C, V, F, STEP = 3, 0.05, 1.4, 1.1, 1.3   # γ, c, v, interplay, target step ms

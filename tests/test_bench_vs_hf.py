@@ -134,13 +134,13 @@ def test_refuses_a_bridged_draft(tiny_target, tiny_draft, tmp_path):
   """A draft with a bridge to the target (encoder or feature) has no Hugging
   Face equivalent: comparing it without the bridge would not be the same
   weights, so it is refused, naming the file."""
-  from specdec_jax import bridge, feature_bridge
+  from specdec_jax.drafts import bridge, feature_bridge
   from specdec_jax.checkpoints import save_checkpoint
   (tmodel, tparams), (dmodel, dparams) = tiny_target, tiny_draft
   save_checkpoint(str(tmp_path / "target"), tparams, tmodel.config)
   save_checkpoint(str(tmp_path / "draft"), dparams, dmodel.config)
   bvh.load_ours(str(tmp_path / "target"), str(tmp_path / "draft"))  # plain: fine
-  from specdec_jax import shortlist
+  from specdec_jax.drafts import shortlist
   shortlist.save(str(tmp_path / "s.json"), np.array([1, 5, 9]), 64)
   ours = bvh.load_ours(str(tmp_path / "target"), str(tmp_path / "draft"),
                        str(tmp_path / "s.json"))[0]

@@ -167,7 +167,7 @@ def test_smoke_job_with_bridges(tmp_path):
   was (agreement before training equals the plain draft's, to float
   rounding), training moves them off zero, and they are written beside the
   draft checkpoint (and only there)."""
-  from specdec_jax import bridge, feature_bridge
+  from specdec_jax.drafts import bridge, feature_bridge
   plain = distill.smoke_job(str(tmp_path / "plain"), log_fn=lambda m: None)
   bridged = distill.smoke_job(str(tmp_path / "bridged"), log_fn=lambda m: None,
                               encoder_bridge=True, feature_bridge=True)
@@ -186,7 +186,8 @@ def test_interrupted_export_leaves_nothing_that_loads(tmp_path, monkeypatch):
   """An export that dies while writing the params must leave neither the old
   log nor a loadable mix of old params and new bridge: the directory then
   does not load at all."""
-  from specdec_jax import bridge, checkpoints
+  from specdec_jax import checkpoints
+  from specdec_jax.drafts import bridge
   distill.smoke_job(str(tmp_path), log_fn=lambda m: None, encoder_bridge=True)
   out = tmp_path / "distilled"
   assert (out / bridge.FILENAME).exists() and (out / "distill_log.json").exists()

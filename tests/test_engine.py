@@ -90,7 +90,7 @@ def test_rows_advance_independently(tiny_target, tiny_draft, greedy_case):
 
 
 def _bridged(draft_model, draft_params, target_model, target_params, seed=0, scale=0.5):
-  """A T5 draft whose encoder also reads the target's (``specdec_jax.bridge``),
+  """A T5 draft whose encoder also reads the target's (``specdec_jax.drafts.bridge``),
   with a random, clearly non-zero bridge kernel."""
   shape = (target_model.config.d_model, draft_model.config.d_model)
   kernel = scale * jax.random.normal(jax.random.PRNGKey(seed), shape)
@@ -125,7 +125,7 @@ def test_bridged_draft_identical_to_baseline(tiny_target, tiny_draft, greedy_cas
 def _featured(draft_model, draft_params, target_model, target_params, seed=0, scale=0.5,
               staleness=3, name="t5"):
   """A T5 draft whose decoder also reads the target's decoder states
-  (``specdec_jax.feature_bridge``), with random, clearly non-zero weights."""
+  (``specdec_jax.drafts.feature_bridge``), with random, clearly non-zero weights."""
   k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
   d_p, d_q = target_model.config.d_model, draft_model.config.d_model
   feature = {"kernel": scale * jax.random.normal(k1, (d_p, d_q)),
@@ -158,7 +158,7 @@ def test_feature_bridge_reads_what_distillation_trains_on(tiny_target, tiny_draf
   trains: a round's q, after ``commit_with_target``, equals the draft run
   teacher-forced with those extras built by hand. (If the engine read one
   position off, or the wrong staleness, the logits would differ.)"""
-  from specdec_jax import feature_bridge
+  from specdec_jax.drafts import feature_bridge
   model, params = tiny_target
   dm, dp = tiny_draft
   gamma, n1 = 3, 2
@@ -202,7 +202,7 @@ def test_alpha_of_a_state_reading_draft_is_measured_in_rounds(tiny_target):
   refused, and ``estimate_alpha`` (``gamma='auto'``) and ``--alpha_only``
   measure it in the engine's rounds: at T=0, Σ min(p, q) over the evaluated
   positions is exactly the accepted count of the engine's statistics."""
-  from specdec_jax import autogamma
+  from specdec_jax.run import autogamma
   model, params = tiny_target
   # The target itself plus a small feature bridge: mostly accepted, not always.
   featured = _featured(model, params, model, params, scale=0.3)

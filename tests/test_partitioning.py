@@ -93,7 +93,7 @@ def _exp(**kw) -> run.Experiment:
 
 def test_runner_refuses_bad_meshes_before_reading_weights(monkeypatch):
   read = []
-  monkeypatch.setattr(run.checkpoints, "load_checkpoint", lambda *a, **k: read.append(a))
+  monkeypatch.setattr(run.setup.checkpoints, "load_checkpoint", lambda *a, **k: read.append(a))
   with pytest.raises(ValueError, match=r"Experiment.mesh_shape: mesh_shape \(2, 4\) has 8 "
                      r"devices but there are 1"):
     run.prepare(_exp(mesh_shape=(2, 4)))
@@ -107,11 +107,11 @@ def test_runner_refuses_bad_meshes_before_reading_weights(monkeypatch):
                    Partitioner(abstract_mesh((1, 8)), partitioning.DATA_PARALLEL_RULES))
   with pytest.raises(ValueError, match=r"cannot shard the target .*relpos_bias/rel_embedding: "
                      r"dimension 'heads' of size 4"):
-    run.check_partitioning(exp, target, draft)
+    run.setup.check_partitioning(exp, target, draft)
   # Batch 1 cannot be split over a data axis of 2.
   with pytest.raises(PartitioningError, match=r"dimension 'batch' of size 1 .* 'data' of size 2"):
-    run.check_partitioning(_exp(mesh_shape=(2, 2)), Partitioner(abstract_mesh((2, 2))), draft)
-  run.check_partitioning(_exp(mesh_shape=(1, 4)), Partitioner(abstract_mesh((1, 4))),
+    run.setup.check_partitioning(_exp(mesh_shape=(2, 2)), Partitioner(abstract_mesh((2, 2))), draft)
+  run.setup.check_partitioning(_exp(mesh_shape=(1, 4)), Partitioner(abstract_mesh((1, 4))),
                          Partitioner(abstract_mesh((1, 4)), partitioning.DATA_PARALLEL_RULES))
   assert read == []
 

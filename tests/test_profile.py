@@ -1,4 +1,4 @@
-"""The per-round profile (specdec_jax.profile) and the cuts it measured.
+"""The per-round profile (specdec_jax.research.profile) and the cuts it measured.
 
 The kernel's temperature-0 path skips the random draws and the residual
 distribution (paper §2.3: with one-hot p both are determined); these tests
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import drafts
-from specdec_jax.profile import (RoundProfile, cache_contention, compare_acceptance,
+from specdec_jax.research.profile import (RoundProfile, cache_contention, compare_acceptance,
                                  contention_markdown, decode_working_set_mb, markdown,
                                  profile_round)
 from specdec_jax.sampling import SamplingConfig, _block_size, argmax, inverse_cdf, sample_any
@@ -208,7 +208,7 @@ def test_adaptive_pieces_times_both_paths(tiny_target, tiny_draft):
   """``--adaptive_pieces``: one row per k with all four pieces timed; the
   switch branch computes what ``decode`` does (checked in test_model), so here
   only that every piece ran and was timed."""
-  from specdec_jax.profile import adaptive_pieces, adaptive_pieces_markdown
+  from specdec_jax.research.profile import adaptive_pieces, adaptive_pieces_markdown
   model, params = tiny_target
   dm, dp = tiny_draft
   draft = drafts.T5Draft(params=dp, model=dm)
@@ -227,7 +227,7 @@ def test_adaptive_replay_reproduces_the_rules_rounds(tiny_target, tiny_draft):
   otherwise; checked here against a schedule that is *not* the rule's, so the
   check can fail), and every setting is timed."""
   from specdec_jax.decoding import AdaptiveConfig, speculative_decode
-  from specdec_jax.profile import WidthSchedule, adaptive_replay, adaptive_replay_markdown
+  from specdec_jax.research.profile import WidthSchedule, adaptive_replay, adaptive_replay_markdown
   model, params = tiny_target
   dm, dp = tiny_draft
   draft = drafts.T5Draft(params=dp, model=dm)
@@ -270,7 +270,7 @@ def test_engine_records_follow_the_rounds(tiny_target):
   verdicts occur."""
   from specdec_jax.decoding import speculative_decode
   from specdec_jax.models.t5 import shift_right
-  from specdec_jax.profile import along_outputs, engine_records
+  from specdec_jax.research.profile import along_outputs, engine_records
   model, params = tiny_target
   dp = _noisy(params)
   draft = drafts.T5Draft(params=dp, model=model)
@@ -321,7 +321,7 @@ def test_head_auc_finds_what_the_hidden_state_knows():
   the one on the softmax statistics, which ranks like the top probability
   alone; with no hidden signal the hidden state adds nothing (fixed seed;
   4000 positions each, where the AUC's standard error is about 0.007)."""
-  from specdec_jax.profile import EngineRecords, head_auc
+  from specdec_jax.research.profile import EngineRecords, head_auc
   rng = np.random.default_rng(0)
 
   def records(n, signal):
@@ -342,7 +342,7 @@ def test_head_auc_finds_what_the_hidden_state_knows():
 
 
 def test_auc_counts_ties_half():
-  from specdec_jax.profile import auc
+  from specdec_jax.research.profile import auc
   assert auc([1, 2, 3, 4], [0, 0, 1, 1]) == 1.0 and auc([1, 2, 3, 4], [1, 1, 0, 0]) == 0.0
   assert auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == 0.75
   assert auc([1, 1, 1, 1], [0, 1, 0, 1]) == 0.5 and auc([2, 2, 1], [1, 0, 0]) == 0.75
@@ -354,7 +354,7 @@ def test_confidence_auc_reads_the_rounds_verdicts(tiny_target, tiny_draft):
   proposal accepted (q = p passes Algorithm 1's test surely), so the counts
   read off successive rounds' starts are right; the target with noise on
   its weights is rejected at times, and both confidences are scored."""
-  from specdec_jax.profile import confidence_auc
+  from specdec_jax.research.profile import confidence_auc
   model, params = tiny_target
   dm, dp = tiny_draft
   leaves, treedef = jax.tree_util.tree_flatten(params)
@@ -397,7 +397,7 @@ def test_round_counting_drafts_reuse_the_targets_encoding():
   ``init``, so a bridged draft ran the target's encoder a second time in
   every replayed example and the replay timed it as rounds."""
   from specdec_jax.drafts.base import init_draft
-  from specdec_jax.profile import WidthSchedule
+  from specdec_jax.research.profile import WidthSchedule
 
   class Inner:
     def init(self, inputs, cache_len):

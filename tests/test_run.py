@@ -16,7 +16,9 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import accounting, run
+from specdec_jax import run
+from specdec_jax.research import accounting as research_accounting
+from specdec_jax.run import account as accounting
 from specdec_jax.checkpoints import save_checkpoint
 from specdec_jax.models.t5 import T5Config, T5Model
 
@@ -251,7 +253,7 @@ def test_truncated_inputs_are_logged_and_marked(spec_run, env):
 def test_whole_run_account_reads_a_finished_workdir(spec_run, tmp_path):
   cfg, w = spec_run
   s = json.loads((w / "summary.json").read_text())
-  assert accounting.attribute_run(str(w)).expected_whole_run == pytest.approx(
+  assert research_accounting.attribute_run(str(w)).expected_whole_run == pytest.approx(
       s["expected_speedup_whole_run"])
   # Lines from before the runner timed the prefill: attribute_run times it.
   old = tmp_path / "old"
@@ -261,7 +263,7 @@ def test_whole_run_account_reads_a_finished_workdir(spec_run, tmp_path):
   (old / "examples.jsonl").write_text("".join(
       json.dumps({k: v for k, v in r.items() if k not in keys}) + "\n"
       for r in _lines(w / "examples.jsonl")))
-  a = accounting.attribute_run(str(old), repeats=2)
+  a = research_accounting.attribute_run(str(old), repeats=2)
   assert a.speed == pytest.approx(s["speedup"])
   assert a.alpha == pytest.approx(s["alpha"])
   assert a.tokens_per_call == pytest.approx(s["tokens_per_target_call"])
@@ -269,7 +271,7 @@ def test_whole_run_account_reads_a_finished_workdir(spec_run, tmp_path):
   assert a.expected_in_context == pytest.approx(s["expected_speedup_in_context"])
   assert a.prefill_baseline_ms > 0 and a.prefill_speculative_ms > 0
   with pytest.raises(FileNotFoundError, match="config.gin not found"):
-    accounting.attribute_run(str(tmp_path / "none"))
+    research_accounting.attribute_run(str(tmp_path / "none"))
 
 
 def test_workdir_mode_is_recorded_and_the_other_mode_refused(spec_run, env, capsys, tmp_path):
@@ -298,7 +300,7 @@ def test_failed_run_leaves_no_files_and_a_stale_config_is_replaced(spec_run, env
   def interrupt(*a, **k):
     raise KeyboardInterrupt
   with monkeypatch.context() as m:
-    m.setattr(run, "block", interrupt)
+    m.setattr(run.loop, "block", interrupt)
     rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}")
   assert rc == 130 and "interrupted" in err and not w.exists()
   # A workdir holding only a stale config.gin (old runner) is reused, and its
@@ -328,7 +330,7 @@ def test_failed_run_leaves_no_files_and_a_stale_config_is_replaced(spec_run, env
 def test_types_and_sizes_fail_before_loading(env, monkeypatch, binding, message):
   def no_load(*a, **k):
     raise AssertionError("weights were read")
-  monkeypatch.setattr(run, "_load_model", no_load)
+  monkeypatch.setattr(run.setup, "_load_model", no_load)
   exp = run.parse_config([str(env / "exp.gin")], [binding])
   # no_load proves no weight was read; a huge cache would fail with another error.
   with pytest.raises(ValueError, match=message):
@@ -483,8 +485,8 @@ def test_quiet_unraisable_drops_only_the_closed_loop_report(capsys, monkeypatch)
     def __del__(self):
       raise RuntimeError(self.message)
 
-  monkeypatch.setattr(run, "_previous_unraisablehook", sys.__unraisablehook__)
-  monkeypatch.setattr(sys, "unraisablehook", run._quiet_unraisable)
+  monkeypatch.setattr(run.cli, "_previous_unraisablehook", sys.__unraisablehook__)
+  monkeypatch.setattr(sys, "unraisablehook", run.cli._quiet_unraisable)
   Boom("Event loop is closed")  # dropped at once: __del__ raises, Python reports it unraisable
   assert capsys.readouterr().err == ""
   Boom("something else")
@@ -510,7 +512,7 @@ def test_relative_paths_resolve_next_to_the_config(env, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)  # neither the config's directory nor the repo
   exp = run.parse_config([str(d / "rel.gin")], [])
   exp.validate()
-  assert Path(run._resolve(exp.source)) == d / "mydata.tsv"
+  assert Path(run.settings.resolve_path(exp.source)) == d / "mydata.tsv"
 
 
 def test_resume_prints_a_finished_run_and_extends_a_raised_num_examples(
@@ -523,7 +525,7 @@ def test_resume_prints_a_finished_run_and_extends_a_raised_num_examples(
   def no_models(*a, **k):
     raise AssertionError("models were loaded")
   with monkeypatch.context() as m:
-    m.setattr(run, "load_models", no_models)
+    m.setattr(run.cli, "load_models", no_models)
     rc, out, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}", "--resume")
   assert rc == 0, err
   assert "| TASK | M_q |" in out and "| toy | draft | 0 | 3 |" in out
@@ -570,13 +572,13 @@ def test_table2_config_lists_every_missing_macro():
 
 def test_help_lists_settings_and_library_info_is_quiet():
   import logging as std_logging
-  assert "Experiment settings" in run.__doc__ and "  gamma: Union[int, str] = 5" in run.__doc__
-  assert "  dtype: str = 'float32'" in run.__doc__
-  f = run._LibraryFilter()
+  assert "Experiment settings" in run.cli.__doc__ and "  gamma: Union[int, str] = 5" in run.cli.__doc__
+  assert "  dtype: str = 'float32'" in run.cli.__doc__
+  f = run.cli._LibraryFilter()
   rec = lambda path, level: std_logging.LogRecord("absl", level, path, 1, "m", (), None)
   assert not f.filter(rec("/site-packages/orbax/checkpoint/x.py", std_logging.INFO))
   assert f.filter(rec("/site-packages/orbax/checkpoint/x.py", std_logging.WARNING))
-  assert f.filter(rec(str(REPO / "specdec_jax" / "run.py"), std_logging.INFO))
+  assert f.filter(rec(str(REPO / "specdec_jax" / "run" / "cli.py"), std_logging.INFO))
 
 
 def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsys, caplog,
@@ -586,7 +588,7 @@ def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsy
   it (recomputed here from the recorded numbers); a
   resumed run keeps the γ it chose; too few warm-up tokens are warned about."""
   import logging as std_logging
-  from specdec_jax import autogamma
+  from specdec_jax.run import autogamma
   caplog.set_level(std_logging.WARNING)
   w = tmp_path / "auto"
   args = [f"--config={env / 'exp.gin'}", f"--workdir={w}",
@@ -629,7 +631,7 @@ def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsy
 
 
 def test_gamma_auto_is_refused_with_alpha_only(env, monkeypatch):
-  monkeypatch.setattr(run, "_load_model", lambda *a, **k: pytest.fail("weights were read"))
+  monkeypatch.setattr(run.setup, "_load_model", lambda *a, **k: pytest.fail("weights were read"))
   exp = run.parse_config([str(env / "exp.gin")], ["Experiment.gamma = 'auto'"])
   with pytest.raises(ValueError, match="gamma='auto' .* --alpha_only"):
     run.prepare(exp, alpha_only=True)
@@ -708,7 +710,7 @@ def test_adaptive_runs_record_the_gammas_they_used(env, capsys, tmp_path, rule, 
      "'drawn' applies to rules .* not 'schedule'"),
 ])
 def test_adaptive_bad_input_fails_before_work(env, monkeypatch, binding, message):
-  monkeypatch.setattr(run, "_load_model", lambda *a, **k: pytest.fail("weights were read"))
+  monkeypatch.setattr(run.setup, "_load_model", lambda *a, **k: pytest.fail("weights were read"))
   exp = run.parse_config([str(env / "exp.gin")], binding.splitlines())
   with pytest.raises(ValueError, match=message):
     run.prepare(exp)
@@ -730,7 +732,7 @@ def test_runner_loads_a_draft_with_an_encoder_bridge(env, tmp_path):
   """A draft checkpoint with ``encoder_bridge.npz`` is built reading the
   target's encoder output; a kernel of the wrong shape or an unreadable file
   is refused with the path and the shapes."""
-  from specdec_jax import bridge
+  from specdec_jax.drafts import bridge
   exp, d = _copied_draft_experiment(env, tmp_path)
   assert run.load_models(exp, d).draft.bridge is None
   bridge.save(str(tmp_path / "draft"), np.full((32, 32), 0.1, np.float32))
@@ -749,7 +751,7 @@ def test_runner_loads_a_draft_with_a_feature_bridge(env, tmp_path):
   target's decoder states (its decoding is tested in test_engine); a bridge
   of the wrong width or an unreadable file is refused with the path and the
   shapes."""
-  from specdec_jax import feature_bridge
+  from specdec_jax.drafts import feature_bridge
   exp, d = _copied_draft_experiment(env, tmp_path)
   rng = np.random.default_rng(0)
   feature_bridge.save(str(tmp_path / "draft"),
@@ -774,7 +776,7 @@ def test_runner_decodes_exactly_with_a_draft_shortlist(env, tmp_path):
   refused with the path or the setting named."""
   import dataclasses
   import importlib.util
-  from specdec_jax import shortlist
+  from specdec_jax.drafts import shortlist
   spec = importlib.util.spec_from_file_location("make_shortlist",
                                                 REPO / "scripts" / "make_shortlist.py")
   mk = importlib.util.module_from_spec(spec)

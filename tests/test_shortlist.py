@@ -1,4 +1,4 @@
-"""Draft vocabulary shortlists (``specdec_jax.shortlist``).
+"""Draft vocabulary shortlists (``specdec_jax.drafts.shortlist``).
 
 Exactness is tested as for every draft (test_engine.py's standards): at
 temperature 0 the engine's output equals the baseline token for token with a
@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import drafts, shortlist
+from specdec_jax import drafts
+from specdec_jax.drafts import shortlist
 from specdec_jax.decoding import AdaptiveConfig, alpha_estimates, speculative_decode
 from specdec_jax.models.t5 import T5Config, T5Model
 from specdec_jax.sampling import SamplingConfig
@@ -185,7 +186,7 @@ def test_the_demo_shortlist_defaults_only_for_the_demo_t5_draft():
   draft; nothing for another checkpoint or a draft that is not a T5 (prompt
   lookup takes no shortlist); an explicit value always wins."""
   import argparse
-  from specdec_jax import demo
+  from specdec_jax.run import demo
   ns = argparse.Namespace
   assert demo.shortlist_for(ns(draft_shortlist=None, draft=demo.DRAFT)) == demo.SHORTLIST
   assert demo.shortlist_for(ns(draft_shortlist=None, draft=demo.DRAFT,

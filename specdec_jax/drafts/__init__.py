@@ -79,10 +79,10 @@ def build(name: str, **kwargs: Any) -> ApproximationModel:
   ``max_ngram``, ``partitioner`` (None on one device; else the mesh and
   rules the target is sharded with), and when configured ``model``/``params``
   (a draft checkpoint, already on that mesh), ``bridge`` (that checkpoint's
-  encoder bridge kernel, or None; ``specdec_jax.bridge``) and ``feature``
-  (its feature bridge, or None; ``specdec_jax.feature_bridge``) with
+  encoder bridge kernel, or None; ``specdec_jax.drafts.bridge``) and ``feature``
+  (its feature bridge, or None; ``specdec_jax.drafts.feature_bridge``) with
   ``target_model``/``target_params``, ``shortlist`` (with
-  Experiment.draft_shortlist: a ``specdec_jax.shortlist.Shortlist`` for that
+  Experiment.draft_shortlist: a ``specdec_jax.drafts.shortlist.Shortlist`` for that
   checkpoint) and ``corpus`` (token sequences). Each
   builder receives only the keywords its signature names (all of them if it
   takes ``**kwargs``).

@@ -23,9 +23,9 @@ Optionally, to reuse the target's prefill:
 * ``init_with_target(inputs, cache_len, target_encoded) -> state``: ``init``
   given the target's encoder output [B, S, d_target] for ``inputs``, which the
   engine computes anyway (``init_draft``); a draft that conditions on it (the
-  encoder bridge, ``specdec_jax.bridge``) then need not encode twice.
+  encoder bridge, ``specdec_jax.drafts.bridge``) then need not encode twice.
 
-Optionally, to read the target's decoder states (``specdec_jax.feature_bridge``):
+Optionally, to read the target's decoder states (``specdec_jax.drafts.feature_bridge``):
 
 * ``wants_target_states`` (a bool attribute or property) and
   ``commit_with_target(state, seq, length, hidden, positions) -> state``:

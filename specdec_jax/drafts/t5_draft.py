@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec_jax import bridge as bridge_lib
-from specdec_jax import feature_bridge as feature_lib
-from specdec_jax import shortlist as shortlist_lib
+from specdec_jax.drafts import bridge as bridge_lib
+from specdec_jax.drafts import feature_bridge as feature_lib
+from specdec_jax.drafts import shortlist as shortlist_lib
 from specdec_jax.drafts.base import (drawn_probability, gather_positions, skip_unsure,
                                      top_probability)
 from specdec_jax.models.t5 import DecoderCache, T5Model
@@ -58,11 +58,11 @@ class T5Draft:
   With a ``partitioner`` the params are expected on its mesh and the cache is
   pinned to its layout, like the target's.
 
-  With ``bridge`` (a [d_target, d_draft] kernel, ``specdec_jax.bridge``) and
+  With ``bridge`` (a [d_target, d_draft] kernel, ``specdec_jax.drafts.bridge``) and
   the target's ``target_model``/``target_params``, the draft's encoder also
   reads the target's encoder output; only ``init`` changes.
 
-  With ``feature`` (``specdec_jax.feature_bridge``: {'kernel' [d_target,
+  With ``feature`` (``specdec_jax.drafts.feature_bridge``: {'kernel' [d_target,
   d_draft], 'staleness' [J, d_draft]}) the decoder also reads the target's
   final decoder state of the last committed position: the state is a
   ``FeatureState``, the engine hands over each verification pass's states
@@ -70,7 +70,7 @@ class T5Draft:
   position t (the round's j-th step, j from 0) adds h_s K + e_j with s = t -
   1 - j, the position before the round's first one (``feature_bridge``).
 
-  With ``shortlist`` (``specdec_jax.shortlist.Shortlist``) q is the model's
+  With ``shortlist`` (``specdec_jax.drafts.shortlist.Shortlist``) q is the model's
   softmax over the shortlisted tokens (and the input's, with its
   ``with_inputs``), 0 elsewhere: the output layer multiplies by the
   shortlist's columns only, which is most of a small draft's step.

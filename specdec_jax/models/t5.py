@@ -436,7 +436,7 @@ class Decoder(nn.Module):
     """-> (logits, cache); with a cache and ``write=False``, (logits, (new
     keys, new values)) per layer, the cache only read (``T5.decode_rows``).
     ``return_hidden``: a third element, the final normed hidden states [B, k,
-    d] the logits are computed from (``specdec_jax.feature_bridge``)."""
+    d] the logits are computed from (``specdec_jax.drafts.feature_bridge``)."""
     c = self.config
     if cache is not None:
       k_pos = jnp.broadcast_to(jnp.arange(cache.cache_len, dtype=jnp.int32),
@@ -508,7 +508,7 @@ class T5(nn.Module):
 
   def _embed(self, tokens: Array, extra: Optional[Array]) -> Array:
     """Token embeddings plus ``extra`` if given: the encoder's input from
-    ``specdec_jax.bridge``, the decoder's from ``specdec_jax.feature_bridge``."""
+    ``specdec_jax.drafts.bridge``, the decoder's from ``specdec_jax.drafts.feature_bridge``."""
     x = self.token_embedder(tokens)
     return x if extra is None else x + extra.astype(x.dtype)
 
@@ -552,7 +552,7 @@ class T5Model:
 
   def encode(self, params: dict, inputs: Array, extra: Optional[Array] = None) -> Array:
     """inputs [B, S] int (0 = pad) -> encoded [B, S, d]. ``extra`` [B, S, d]
-    is added to the input embeddings (the encoder bridge, ``specdec_jax.bridge``)."""
+    is added to the input embeddings (the encoder bridge, ``specdec_jax.drafts.bridge``)."""
     return self.module.apply({"params": params}, inputs, extra, method=T5.encode)
 
   def init_cache(self, params: dict, encoded: Array, inputs: Array,

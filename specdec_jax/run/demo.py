@@ -5,13 +5,13 @@ import argparse
 
 TARGET = "checkpoints/demo/target"
 # configs/demo.gin's draft: draft_tiny distilled further with an encoder bridge
-# (it also reads the target's encoder output, specdec_jax.bridge) and a feature
-# bridge (its decoder reads the target's decoder states, specdec_jax.feature_bridge).
+# (it also reads the target's encoder output, specdec_jax.drafts.bridge) and a feature
+# bridge (its decoder reads the target's decoder states, specdec_jax.drafts.feature_bridge).
 DRAFT = "checkpoints/demo/draft_tiny_feat"
 # The same draft before the bridges: a plain T5, for comparisons that need
 # identical weights elsewhere (Hugging Face cannot run the bridges).
 PLAIN_DRAFT = "checkpoints/demo/draft_tiny"
-# configs/demo.gin's draft vocabulary shortlist (specdec_jax.shortlist): the
+# configs/demo.gin's draft vocabulary shortlist (specdec_jax.drafts.shortlist): the
 # 1000 most frequent tokens of the training references.
 SHORTLIST = "checkpoints/demo/draft_shortlist.json"
 VOCAB = "checkpoints/demo/spm.model"

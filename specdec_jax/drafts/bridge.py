@@ -106,11 +106,3 @@ def load(directory: str) -> Optional[np.ndarray]:
   """The bridge kernel stored with a draft checkpoint, or None if it has none."""
   out = load_arrays(directory, FILENAME, ("kernel",), "encoder bridge")
   return None if out is None else out["kernel"]
-
-
-def bridges_in(directory: str) -> list[str]:
-  """The bridge files a draft checkpoint directory holds (this module's and
-  ``feature_bridge``'s): a draft that has any needs the target to run."""
-  from specdec_jax import feature_bridge
-  return [name for name in (FILENAME, feature_bridge.FILENAME)
-          if os.path.isfile(os.path.join(directory, name))]

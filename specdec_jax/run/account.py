@@ -30,8 +30,6 @@ lies on.
 from __future__ import annotations
 
 import functools
-import json
-from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import jax
@@ -173,37 +171,3 @@ def markdown(a: Attribution) -> str:
   lines.append(f"Measured walltime over its model: baseline {a.baseline_vs_model:.3f}, "
                f"speculative {a.speculative_vs_model:.3f} (1 = every ms accounted for).")
   return "\n".join(lines)
-
-
-def attribute_run(workdir: str, repeats: int = 15) -> Attribution:
-  """``attribute`` for a finished runner workdir (its config.gin and
-  examples.jsonl), with the prefill times its lines carry; for lines written
-  before the runner timed them, loads the run's models and data again and
-  times the prefill of each input width the run used."""
-  from specdec_jax import run  # the runner imports much; only this entry point needs it
-  root = Path(workdir)
-  for name in ("config.gin", "examples.jsonl"):
-    if not (root / name).is_file():
-      raise FileNotFoundError(f"{root / name} not found: --whole_run needs a finished "
-                              "runner workdir")
-  exp = run.parse_config([str(root / "config.gin")], [])
-  if exp.adaptive is not None or exp.batch_size != 1:
-    raise ValueError(f"{root}: attribute models fixed-γ batch-1 runs (adaptive "
-                     f"{exp.adaptive!r}, batch_size {exp.batch_size})")
-  records = [json.loads(line) for line in (root / "examples.jsonl").read_text().splitlines()
-             if line.strip()]
-  records = [r for r in records if r.get("mode") == "speculative"]
-  if not records:
-    raise ValueError(f"{root / 'examples.jsonl'} has no speculative run's examples")
-  if all("prefill_speculative_ms" in r for r in records):  # timed by the run itself
-    return attribute(records, prefill_of(records), [r["input_width"] for r in records])
-  setup = run.prepare(exp)
-  batches = {r["index"]: run._pad_batch(setup.inputs, [r["index"]], 1, exp.input_buckets)
-             for r in records}
-  widths = [int(batches[r["index"]].shape[1]) for r in records]
-  first = {}
-  for r, w in zip(records, widths):
-    first.setdefault(w, batches[r["index"]])
-  prefill = prefill_ms(setup.target, setup.target_params, setup.draft, first,
-                       exp.max_decode_len, int(records[0]["gamma"]), repeats)
-  return attribute(records, prefill, widths)

@@ -47,7 +47,7 @@ from flax import struct
 from specdec_jax.models.t5 import T5Model
 
 Array = jax.Array
-FORMAT = "specdec_jax.shortlist/1"
+FORMAT = "specdec_jax.shortlist/1"  # a file format name, kept across module moves
 
 
 def frequent(sequences: Iterable[Sequence[int]], size: int, vocab_size: int,

@@ -14,7 +14,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import jax
 import numpy as np
 
-from specdec_jax import autogamma, data, theory
+from specdec_jax import data, theory
+from specdec_jax.run import autogamma
 from specdec_jax.decoding import (CONFIDENCE_RULES, AdaptiveConfig, speculative_decode,
                                   temperature_sample)
 from specdec_jax.sampling import SamplingConfig

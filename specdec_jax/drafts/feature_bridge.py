@@ -28,13 +28,14 @@ steps produces.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import bridge as bridge_lib
+from specdec_jax.drafts import bridge as bridge_lib
 from specdec_jax.models.t5 import T5Model
 
 Array = jax.Array
@@ -101,3 +102,10 @@ def save(directory: str, bridge: Any) -> None:
 def load(directory: str) -> Optional[dict]:
   """The feature bridge stored with a draft checkpoint, or None if it has none."""
   return bridge_lib.load_arrays(directory, FILENAME, ("kernel", "staleness"), "feature bridge")
+
+
+def bridges_in(directory: str) -> list[str]:
+  """The bridge files a draft checkpoint directory holds (``bridge``'s and
+  this module's): a draft that has any needs the target to run."""
+  return [name for name in (bridge_lib.FILENAME, FILENAME)
+          if os.path.isfile(os.path.join(directory, name))]

@@ -1,0 +1,249 @@
+r"""Experiment runner: speculative decoding vs the plain baseline (paper §4).
+
+  python -m specdec_jax.run --config=configs/demo.gin [--config=more.gin] \
+      [--gin_bindings='Experiment.gamma = 5'] [--workdir=runs/x] [--resume] \
+      [--alpha_only] [--import=my_drafts] [--verbose]
+
+Everything an experiment varies is a binding of ``Experiment`` (listed below
+with its default). Measurement protocol (``specdec_jax.run.loop``):
+
+* the first ``num_warmup`` examples compile and warm both loops, untimed;
+* each timed batch is decoded by the baseline and by speculative decoding with
+  the same inputs, max length, sampling settings and key, each call ending in
+  ``block_until_ready``;
+* c and v are measured once, up front, with the same jitted pieces;
+* per example, one line of ``examples.jsonl`` (appended and flushed as it
+  completes); ``summary.json`` is recomputed from all lines, so every number
+  it holds can be recomputed from ``examples.jsonl``.
+
+``--alpha_only`` (paper §4.2, Table 3) generates with the target alone and
+averages sum_x min(p, q) along the generated tokens.
+
+Workdir integrity: nothing is written before the first result; ``config.gin``
+(the run's gin config) is written atomically with it, so a workdir's files
+always describe its results. A workdir holds one mode (speculative or
+``--alpha_only``); the other mode, a different config, or a corrupt line is
+refused before any work, with nothing changed. ``--resume`` may raise
+``Experiment.num_examples`` (the run is extended); on a finished run it prints
+the table without loading any model.
+
+Relative paths in configs (checkpoints, vocabulary, data) are looked up in the
+working directory, then next to each ``--config`` file (last first), then in
+the repository root.
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+import typing
+from pathlib import Path
+from typing import Sequence
+
+import gin
+from absl import app, flags, logging
+
+from specdec_jax import checkpoints
+from specdec_jax.run import settings
+from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
+from specdec_jax.run.report import alpha_row, summarize, summarize_alpha, table2_row
+from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
+from specdec_jax.run.setup import check_before_loading, load_data, load_models
+from specdec_jax.run.workdir import Workdir
+
+# ---------------------------------------------------------------- main
+
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("config", [], "Gin config file(s); later files override earlier.")
+flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, e.g. 'Experiment.gamma = 5'.")
+flags.DEFINE_string("workdir", None, "Output directory (default runs/<config file stem>).")
+flags.DEFINE_bool("resume", False, "Continue after the last complete line of examples.jsonl "
+                  "(Experiment.num_examples may be raised; a finished run just prints).")
+flags.DEFINE_bool("alpha_only", False, "Only measure alpha along target generations (§4.2).")
+flags.DEFINE_multi_string("import", [], "A Python module to import before the config is "
+                          "parsed, by name (found in the working directory or sys.path) or "
+                          "as path/to/file.py, e.g. one that registers an approximation "
+                          "model; may repeat.")
+flags.DEFINE_bool("verbose", False, "Show library INFO logs (Orbax, JAX) and the traceback "
+                  "of user errors.")
+
+# Bad settings, missing or malformed files: one line on stderr, no traceback.
+USER_ERRORS = (ValueError, OSError, LookupError, ImportError, checkpoints.CheckpointError)
+
+
+def import_modules(names: Sequence[str]) -> None:
+  """Imports each module (a name, or a path to a .py file) for its registrations."""
+  if os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())  # as `python -m` does; in-process callers need it too
+  for name in names:
+    if name.endswith(".py") or os.sep in name:
+      path = Path(name).resolve()
+      if not path.is_file():
+        raise FileNotFoundError(f"--import={name}: no such file ({path})")
+      spec = importlib.util.spec_from_file_location(path.stem, path)
+      module = importlib.util.module_from_spec(spec)
+      sys.modules[path.stem] = module
+      try:
+        spec.loader.exec_module(module)
+      except BaseException:
+        del sys.modules[path.stem]
+        raise
+    else:
+      try:
+        importlib.import_module(name)
+      except ModuleNotFoundError as e:
+        if e.name != name.split(".")[0] and e.name != name:
+          raise  # the module exists but one of its own imports is missing
+        raise ValueError(f"--import={name}: no module named {name!r} in the working "
+                         f"directory ({os.getcwd()}) or on sys.path") from None
+
+
+def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
+  """Parses gin files and bindings into an Experiment (unknown bindings fail here)."""
+  gin.clear_config()
+  gin.add_config_file_search_path(str(REPO_ROOT))  # so `include 'configs/...'` works anywhere
+  if os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())  # so a config's `import my_module` line finds it
+  files = [resolve_path(c) for c in configs]
+  settings.set_config_dirs(files)
+  for f in files:
+    if not Path(f).is_file():
+      raise FileNotFoundError(f"--config={f}: no such file")
+  gin.parse_config_files_and_bindings(files, bindings)
+  return Experiment()
+
+
+def _print_result(s: dict) -> None:
+  print(alpha_row(s) if s.get("mode") == "alpha_only" else table2_row(s))
+  sys.stdout.flush()
+
+
+def main(argv: Sequence[str]) -> None:
+  """The runner; raises user errors (see ``cli`` for how they are reported)."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  import_modules(FLAGS["import"].value)
+  exp = parse_config(FLAGS.config, FLAGS.gin_bindings)
+  config_str = gin.config_str()
+  alpha_only = FLAGS.alpha_only
+  check_before_loading(exp, alpha_only)  # before any data or weights are read
+  mode = "alpha_only" if alpha_only else "speculative"
+  # Every config names the run: a hardware overlay (configs/tpu_v4_8.gin) must
+  # not make two Table 2 rows share a workdir.
+  stem = "+".join(Path(c).stem for c in FLAGS.config) if FLAGS.config else "default"
+  workdir_path = FLAGS.workdir or str(Path("runs") / (stem + ("_alpha" if alpha_only else "")))
+  workdir = Workdir(workdir_path, config_str, FLAGS.resume, mode,  # checks only, no writes
+                    num_indices=exp.num_warmup + exp.num_examples)
+  d = load_data(exp)
+  if workdir.records and not pending(exp, len(d.examples), workdir, alpha_only):
+    logging.info("%s: the run is finished (%d examples); nothing to do", workdir.path,
+                 len(workdir.records))
+    _print_result(summarize_alpha(exp, workdir.records, len(d.examples) - exp.num_warmup)
+                  if alpha_only else summarize(exp, workdir.records))
+    return
+  setup = load_models(exp, d)  # all loading and checking before the workdir is touched
+  for i in sorted(d.truncated):
+    logging.warning("Example id=%r (index %d) was truncated to max_input_len=%d tokens",
+                    d.examples[i].id, i, exp.max_input_len)
+  logging.info("Workdir %s (%d examples already done)", workdir.path, len(workdir.records))
+  s = run_alpha_only(setup, workdir) if alpha_only else run_speculative(setup, workdir)
+  _print_result(s)
+
+
+class _LibraryFilter:
+  """Drops INFO records of other libraries (Orbax, JAX, ...) unless --verbose."""
+
+  def filter(self, record) -> bool:
+    return record.levelno >= 30 or f"{os.sep}specdec_jax{os.sep}" in record.pathname
+
+
+def _quiet_libraries(quiet: bool) -> None:
+  """Adds (or, for --verbose, removes) the filter on absl's handler and library loggers."""
+  import logging as std_logging
+  targets = [logging.get_absl_handler()] + [std_logging.getLogger(n)
+                                            for n in ("orbax", "jax", "absl")]
+  for t in targets:
+    for f in [f for f in t.filters if isinstance(f, _LibraryFilter)]:
+      t.removeFilter(f)
+    if quiet:
+      t.addFilter(_LibraryFilter())
+  # Installed over (and later restored to) whatever hook the process had, so an
+  # in-process caller (``run_args``: tests, notebooks) keeps its own.
+  global _previous_unraisablehook
+  if quiet and sys.unraisablehook is not _quiet_unraisable:
+    _previous_unraisablehook, sys.unraisablehook = sys.unraisablehook, _quiet_unraisable
+  elif not quiet and sys.unraisablehook is _quiet_unraisable:
+    sys.unraisablehook = _previous_unraisablehook
+
+
+_previous_unraisablehook = sys.__unraisablehook__
+
+
+def _quiet_unraisable(u) -> None:
+  """Drops TensorStore's 'Event loop is closed' reports, passes everything else on.
+
+  When one read of a corrupt checkpoint fails, Orbax closes its asyncio loop while
+  TensorStore's other reads are still in flight; each later completion reports the
+  closed loop from a TensorStore thread, interleaving a traceback with the one-line
+  error (and racing ``os._exit``, so it is cut mid-line).
+  """
+  if isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
+    return
+  _previous_unraisablehook(u)
+
+
+def _message(e: BaseException) -> str:
+  text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+  return f"{type(e).__name__}: {text}" if not isinstance(e, (ValueError, OSError)) else text
+
+
+def cli(argv: Sequence[str]) -> int:
+  """Runs ``main``; a user error ends in one line on stderr and exit status 2."""
+  _quiet_libraries(not FLAGS.verbose)
+  try:
+    main(argv)
+    return 0
+  except KeyboardInterrupt:
+    print("interrupted (the workdir holds only complete results)", file=sys.stderr)
+    return 130
+  except USER_ERRORS as e:
+    if FLAGS.verbose:
+      traceback.print_exc()
+    else:
+      print("(run with --verbose for the traceback)", file=sys.stderr)
+    print(f"error: {_message(e)}", file=sys.stderr)
+    return 2
+
+
+def run_args(args: Sequence[str]) -> int:
+  """In-process entry for tests and notebooks: parses ``args`` as flags, runs ``cli``."""
+  FLAGS.unparse_flags()
+  rest = FLAGS(["specdec_jax.run", *args])
+  return cli(rest)
+
+
+def _settings_help() -> str:
+  hints = typing.get_type_hints(Experiment)
+  lines = ["", "Experiment settings (--gin_bindings='Experiment.<name> = <value>'; defaults):"]
+  for f in dataclasses.fields(Experiment):
+    t = str(hints[f.name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    lines.append(f"  {f.name}: {t} = {f.default!r}")
+  return "\n".join(lines) + "\n"
+
+
+__doc__ += _settings_help()
+
+
+def app_main(argv: Sequence[str]) -> None:
+  code = cli(argv)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  if code:
+    os._exit(code)  # skip interpreter teardown, where Orbax's threads print noise
+

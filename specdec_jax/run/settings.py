@@ -1,0 +1,300 @@
+"""Experiment settings: one frozen dataclass bound by gin, validated before
+any data or weight is read, and how its relative paths are found.
+
+Relative paths in configs (checkpoints, vocabulary, data) are looked up in the
+working directory, then next to each ``--config`` file (last first), then in
+the repository root.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import gin
+
+from specdec_jax import data, drafts, partitioning
+from specdec_jax.decoding import CONFIDENCE_RULES, AdaptiveConfig
+from specdec_jax.sampling import SamplingConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}   # activation dtype -> bytes
+MODES = ("speculative", "alpha_only")
+# Experiment fields that hold paths, and the macros the paper configs bind them to.
+_PATH_FIELDS = ("vocab_path", "target_checkpoint", "draft_checkpoint", "source", "ngram_corpus",
+                "draft_shortlist")
+CONFIG_DIRS: list[Path] = []  # directories of the parsed --config files, last first
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """One experiment. Every field is a gin binding (``Experiment.<field>``).
+
+  Models: a checkpoint path + format ('auto', 'specdec', 't5x', 't5x_orbax',
+  'hf') + preset (required for T5X formats, e.g. 't5_1_1_xxl'); the draft is an
+  approximation model by name ('t5', 'unigram', 'bigram', 'prompt_lookup', 'lookup_t5').
+  unigram/bigram are estimated from ``ngram_corpus`` (a source like
+  ``source``; its references are the corpus).
+  """
+
+  task: str = "bible_modernize"
+  source: str = "data/bible/test.tsv"         # local .tsv/.jsonl or 'seqio:<task>'
+  split: str = "test"                        # for seqio sources
+  tfds_data_dir: Optional[str] = None
+  prefix: Optional[str] = None               # default: data.PREFIXES[task]
+  vocab_path: str = "checkpoints/demo/spm.model"
+  vocab_extra_ids: int = 0
+  target_checkpoint: str = ""
+  target_format: str = "auto"
+  target_preset: Optional[str] = None
+  target_label: Optional[str] = None         # name in tables; default: path basename
+  draft_name: str = "t5"
+  draft_checkpoint: str = ""
+  draft_format: str = "auto"
+  draft_preset: Optional[str] = None
+  draft_label: Optional[str] = None
+  # A T5 draft's vocabulary shortlist (specdec_jax.drafts.shortlist; scripts/make_shortlist.py):
+  # q only over these tokens, plus each input's own with draft_shortlist_inputs.
+  # Exact for any shortlist; it trades a little α for a much cheaper draft step.
+  draft_shortlist: str = ""
+  draft_shortlist_inputs: bool = True
+  ngram_corpus: Optional[str] = None
+  ngram_corpus_split: str = "train"
+  ngram_corpus_max_examples: Optional[int] = None
+  prompt_lookup_max_ngram: int = 3
+  temperature: float = 0.0
+  topk: int = 0
+  topp: float = 0.0
+  gamma: Union[int, str] = 5                 # draft tokens per round, or 'auto' (§3.5)
+  gamma_max: int = 8                         # the largest γ 'auto' considers
+  # Where 'auto' estimates α: '' = the warm-up examples; else a held-out source
+  # (a validation split: tuning γ on it keeps the timed examples untouched),
+  # its first auto_alpha_examples examples.
+  auto_alpha_source: str = ""
+  auto_alpha_examples: int = 32
+  # Adaptive draft length per round and row (decoding.AdaptiveConfig); gamma is
+  # then γ_max. 'threshold': the draft stops when its top probability is at or
+  # below adaptive_threshold; 'cumulative': when the product of its top
+  # probabilities this round is; 'schedule': +2 after a fully accepted round, -1 else.
+  adaptive: Optional[str] = None
+  adaptive_threshold: float = 0.4
+  # 'threshold'/'cumulative' only: a row whose first draft distribution has top probability
+  # <= this proposes nothing that round (a plain target step); None: never.
+  adaptive_skip_below: Optional[float] = None
+  # 'threshold'/'cumulative' only: what they read after each draft token: 'top'
+  # (max_x q(x)) or 'drawn' (q of the token drawn; the same at T = 0).
+  adaptive_confidence: str = "top"
+  adaptive_initial_gamma: Optional[int] = None
+  # The verification widths compiled for adaptive rounds (AdaptiveConfig.widths);
+  # () = powers of two below gamma, and gamma. At batch 1 where v(k) grows with
+  # k (a CPU), every width 1..gamma avoids verifying positions nobody proposed.
+  adaptive_widths: tuple = ()
+  lenience: float = 1.0
+  batch_size: int = 1
+  max_input_len: int = 128
+  # Input lengths to pad each batch to: the smallest that holds its longest
+  # input (data.fit_to_bucket), one compiled program each, all compiled in the
+  # warm-up. () pads to max_input_len always (T5X's fixed feature length).
+  input_buckets: tuple = ()
+  max_decode_len: int = 128
+  on_too_long: str = "truncate"              # or 'error'
+  dtype: str = "float32"                     # activation dtype
+  param_dtype: str = "float32"               # weights in device memory; norms stay float32
+  # Sharding (docs/scaling.md). None: one device, exactly the unsharded path.
+  mesh_shape: Optional[tuple] = None         # (data, model), product = device count
+  logical_axis_rules: Optional[tuple] = None     # None: partitioning.STANDARD_RULES
+  draft_logical_axis_rules: Optional[tuple] = None  # None: DATA_PARALLEL_RULES
+  partition_fallback: str = "error"          # or 'replicate' (logged) for non-divisible dims
+  multihost: bool = False                    # jax.distributed.initialize() before anything
+  coordinator_address: Optional[str] = None  # multihost off Cloud TPU VMs: 'host:port'
+  num_processes: Optional[int] = None
+  process_id: Optional[int] = None
+  num_warmup: int = 2
+  num_examples: int = 100
+  seed: int = 0
+  alpha_only_tokens: int = 10_000
+
+  def sampling(self) -> SamplingConfig:
+    return SamplingConfig(self.temperature, self.topk, self.topp)
+
+  def validate(self) -> None:
+    """Cheap checks that fail before any long work starts (types, values, paths)."""
+    self.check_types()
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in DTYPES:
+        raise ValueError(f"Experiment.{name} must be one of {sorted(DTYPES)}, "
+                         f"got {getattr(self, name)!r}")
+    if self.mesh_shape is not None and (
+        len(self.mesh_shape) != 2 or not all(isinstance(n, int) and not isinstance(n, bool)
+                                             and n >= 1 for n in self.mesh_shape)):
+      raise ValueError(f"Experiment.mesh_shape must be None or two positive ints (data, model), "
+                       f"got {self.mesh_shape!r}")
+    for name in ("logical_axis_rules", "draft_logical_axis_rules"):
+      if getattr(self, name) is not None:
+        try:
+          partitioning.validate_rules(getattr(self, name))
+        except (partitioning.PartitioningError, TypeError) as e:
+          raise ValueError(f"Experiment.{name}: {e}") from None
+    if self.partition_fallback not in partitioning.FALLBACKS:
+      raise ValueError(f"Experiment.partition_fallback must be one of "
+                       f"{partitioning.FALLBACKS}, got {self.partition_fallback!r}")
+    if self.multihost and self.coordinator_address is not None and (
+        self.num_processes is None or self.process_id is None):
+      raise ValueError("Experiment.multihost with Experiment.coordinator_address also needs "
+                       "Experiment.num_processes and Experiment.process_id")
+    self.sampling()  # temperature / topk / topp errors
+    if isinstance(self.gamma, str) and self.gamma != "auto":
+      raise ValueError(f"Experiment.gamma must be an int >= 1 or 'auto', got {self.gamma!r}")
+    if not isinstance(self.gamma, str) and self.gamma < 1:
+      raise ValueError(f"Experiment.gamma must be >= 1, got {self.gamma}")
+    if self.gamma_max < 1:
+      raise ValueError(f"Experiment.gamma_max must be >= 1, got {self.gamma_max}")
+    if self.auto_alpha_source and self.auto_alpha_examples < 1:
+      raise ValueError("Experiment.auto_alpha_examples must be >= 1 with "
+                       f"auto_alpha_source={self.auto_alpha_source!r}, got "
+                       f"{self.auto_alpha_examples}")
+    if self.adaptive is not None:
+      if self.gamma == "auto":
+        raise ValueError("Experiment.adaptive chooses γ per round up to Experiment.gamma "
+                         "(γ_max); bind a number for gamma, not 'auto'")
+      try:
+        self.adaptive_config().verify_widths(self.gamma)
+      except ValueError as e:
+        raise ValueError(f"Experiment.adaptive={self.adaptive!r}: {e}") from None
+    if not 0 < self.lenience <= 1:
+      raise ValueError(f"Experiment.lenience must be in (0, 1] (1 is exact), got {self.lenience}")
+    if self.draft_name not in drafts.REGISTRY:
+      raise ValueError(f"unknown approximation model Experiment.draft_name="
+                       f"{self.draft_name!r}; known: {sorted(drafts.REGISTRY)} (a draft "
+                       "defined outside the package needs --import=<its module>)")
+    for name in ("batch_size", "max_input_len", "max_decode_len", "num_examples",
+                 "alpha_only_tokens"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"Experiment.{name} must be >= 1, got {getattr(self, name)}")
+    data.check_input_buckets(self.input_buckets, self.max_input_len, "Experiment.input_buckets")
+    if self.num_warmup < 0:
+      raise ValueError(f"Experiment.num_warmup must be >= 0, got {self.num_warmup}")
+    if self.on_too_long not in ("truncate", "error"):
+      raise ValueError(f"Experiment.on_too_long must be 'truncate' or 'error', "
+                       f"got {self.on_too_long!r}")
+    uses_checkpoint = drafts.takes(self.draft_name, "model") or drafts.takes(self.draft_name,
+                                                                             "params")
+    if self.draft_checkpoint and not uses_checkpoint:
+      raise ValueError(f"Experiment.draft_checkpoint={self.draft_checkpoint!r} is set but "
+                       f"approximation model {self.draft_name!r} takes no checkpoint (its "
+                       "builder has no model/params argument); bind "
+                       "Experiment.draft_checkpoint = '' for it")
+    if self.draft_shortlist and not drafts.takes(self.draft_name, "shortlist"):
+      raise ValueError(f"Experiment.draft_shortlist={self.draft_shortlist!r} is set but "
+                       f"approximation model {self.draft_name!r} takes no 'shortlist' "
+                       "argument (the T5 drafts 't5' and 'lookup_t5' do)")
+    needs = set(drafts.requires(self.draft_name))
+    unset = [(f, "") for f in ("target_checkpoint", "vocab_path", "source")
+             if not getattr(self, f)]
+    if needs & {"model", "params"} and not self.draft_checkpoint:
+      unset.append(("draft_checkpoint", f"draft_name={self.draft_name!r} needs one"))
+    if "corpus" in needs and not self.ngram_corpus:
+      unset.append(("ngram_corpus", f"draft_name={self.draft_name!r} is estimated from a "
+                    "corpus"))
+    if unset:
+      items = []
+      for f, why in unset:
+        macro = _macro_for(f)
+        item = f"Experiment.{f} is not set" + (f" ({why})" if why else "")
+        items.append(f"{macro} ({item})" if macro else item)
+      example = _macro_for(unset[0][0]) or f"Experiment.{unset[0][0]}"
+      raise ValueError(f"missing settings: {'; '.join(items)}. Bind each, e.g. "
+                       f"--gin_bindings=\"{example} = '/path/...'\"")
+    for name in _PATH_FIELDS:
+      value = getattr(self, name)
+      if value and not is_remote(value) and not Path(resolve_path(value)).exists():
+        raise FileNotFoundError(f"Experiment.{name}: {value!r} does not exist (looked in: "
+                                f"{', '.join(str(c) for c in candidates(value))})")
+
+  def check_types(self) -> None:
+    """Each field has its annotated type (gin passes whatever the config says)."""
+    hints = typing.get_type_hints(Experiment)
+
+    def matches(value, t) -> bool:
+      if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+      if t is tuple:  # gin writes (1, 8); [1, 8] is as clear
+        return isinstance(value, (tuple, list))
+      return isinstance(value, t) and not (t is int and isinstance(value, bool))
+
+    for f in dataclasses.fields(self):
+      value, want = getattr(self, f.name), hints[f.name]
+      types = [a for a in typing.get_args(want) if a is not type(None)] or [want]
+      optional = type(None) in typing.get_args(want)
+      if (value is None and optional) or any(matches(value, t) for t in types):
+        continue
+      names = " or ".join(t.__name__ for t in types)
+      raise ValueError(f"Experiment.{f.name} must be {names}{' or None' if optional else ''}, "
+                       f"got {value!r} ({type(value).__name__})")
+
+  def adaptive_config(self) -> Optional[AdaptiveConfig]:
+    """The engine's adaptive setting (None: a fixed γ every round)."""
+    if self.adaptive is None:
+      return None
+    skip = None if self.adaptive_skip_below is None else float(self.adaptive_skip_below)
+    widths = tuple(int(w) for w in self.adaptive_widths)
+    if self.adaptive in CONFIDENCE_RULES:
+      return AdaptiveConfig(self.adaptive, threshold=float(self.adaptive_threshold),
+                            skip_below=skip, widths=widths,
+                            confidence=self.adaptive_confidence)
+    return AdaptiveConfig(self.adaptive, initial_gamma=self.adaptive_initial_gamma,
+                          skip_below=skip, widths=widths, confidence=self.adaptive_confidence)
+
+  @property
+  def gamma_bound(self) -> int:
+    """The largest γ any round may use: what caches and memory are sized for."""
+    return self.gamma_max if self.gamma == "auto" else self.gamma
+
+  @property
+  def labels(self) -> tuple[str, str]:
+    target = self.target_label or Path(self.target_checkpoint.rstrip("/")).name
+    if self.draft_name == "t5":
+      draft = self.draft_label or Path(self.draft_checkpoint.rstrip("/")).name
+    else:
+      draft = self.draft_label or self.draft_name
+    if self.draft_shortlist and not self.draft_label:
+      draft += "+shortlist"
+    return target, draft
+
+
+def is_remote(path: str) -> bool:
+  return path.startswith("gs://") or path.startswith("seqio:")
+
+
+def candidates(path: str) -> list[Path]:
+  """Where a relative path is looked for: cwd, each config's directory, the repo root."""
+  if is_remote(path) or os.path.isabs(path):
+    return [Path(path)]
+  return [Path(path)] + [d / path for d in CONFIG_DIRS] + [REPO_ROOT / path]
+
+
+def resolve_path(path: str) -> str:
+  """The first existing candidate (see ``_candidates``), else the repo-root one."""
+  cands = candidates(path)
+  return str(next((c for c in cands if c.exists()), cands[-1]))
+
+
+def _macro_for(field: str) -> Optional[str]:
+  """The gin macro ``Experiment.<field>`` is bound to (e.g. TARGET_CHECKPOINT), if any."""
+  try:
+    ref = gin.query_parameter(f"Experiment.{field}")
+  except (ValueError, KeyError):
+    return None
+  text = str(ref)
+  return text[1:] if isinstance(ref, gin.config.ConfigurableReference) and \
+      text.startswith("%") else None
+
+
+def set_config_dirs(files: Sequence[str]) -> None:
+  """Records the directories of the parsed ``--config`` files (last first),
+  where relative paths are looked for after the working directory."""
+  CONFIG_DIRS[:] = [Path(f).resolve().parent for f in reversed(files)]

@@ -1,0 +1,332 @@
+"""Everything a run needs before its first decoding step: the data, the
+target and the draft (built by name), each checked before any weight is read
+(settings, mesh, memory per device)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import checkpoints, data, drafts, memory, partitioning
+from specdec_jax.drafts import bridge as bridge_lib
+from specdec_jax.drafts import feature_bridge as feature_lib
+from specdec_jax.drafts import shortlist as shortlist_lib
+from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes
+from specdec_jax.run.settings import Experiment, is_remote, resolve_path
+
+
+@dataclasses.dataclass
+class Data:
+  vocab: Any
+  examples: list            # data.Example, warm-up first
+  inputs: np.ndarray        # [N, max_input_len] int32
+  truncated: set            # indices of examples whose input was truncated
+
+
+@dataclasses.dataclass
+class Setup:
+  exp: Experiment
+  vocab: Any
+  examples: list            # data.Example, warm-up first
+  inputs: np.ndarray        # [N, max_input_len] int32
+  target: T5Model
+  target_params: Any
+  draft: Any
+  truncated: set = dataclasses.field(default_factory=set)
+  partitioner: Optional[partitioning.Partitioner] = None   # the target's (None: one device)
+
+
+def _peek_config(path: str, fmt: str, preset: Optional[str], dtype: str) -> Optional[T5Config]:
+  """A checkpoint's architecture without reading its weights (None if unknown)."""
+  try:
+    if preset:
+      return get_config(preset, dtype=dtype)
+    local = resolve_path(path)
+    if is_remote(local):
+      return None
+    fmt = checkpoints.detect_format(local) if fmt == "auto" else fmt
+    fields = json.loads((Path(local) / "config.json").read_text())
+    if fmt == "specdec":
+      return checkpoints.config_from_dict(fields, local).replace(dtype=dtype)
+    if fmt == "hf":
+      return checkpoints.hf_config_to_t5(fields, dtype=dtype)
+  except Exception:  # the real load reports a bad checkpoint properly
+    return None
+  return None
+
+
+def _device_memory() -> tuple[int, str]:
+  """(bytes, what) of the memory decoding runs in: the accelerator's, else host RAM."""
+  dev = jax.devices()[0]
+  try:
+    stats = dev.memory_stats() or {}
+  except Exception:
+    stats = {}
+  if stats.get("bytes_limit"):
+    return int(stats["bytes_limit"]), f"{dev.platform} device memory"
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host RAM"
+
+
+def estimate_bytes(exp: Experiment, alpha_only: bool = False) -> dict[str, int]:
+  """Bytes per device of the weights and decoding buffers, from the configs alone.
+
+  ``memory.plan`` under the experiment's mesh and rules: weights at
+  ``param_dtype`` (norms float32), KV caches (self-attention over
+  max_decode_len + γ + 1 positions, cross-attention over max_input_len) at
+  ``dtype``; in ``--alpha_only`` also the teacher-forced p and q ([B, T, V]
+  float32, counted unsharded). A model whose checkpoint does not say its
+  architecture (no preset, remote) is left out.
+  """
+  cfgs = {role: _peek_config(path, fmt, preset, exp.dtype) if path else None
+          for role, path, fmt, preset in (
+              ("target", exp.target_checkpoint, exp.target_format, exp.target_preset),
+              ("draft", exp.draft_checkpoint, exp.draft_format, exp.draft_preset))}
+  if cfgs["target"] is None:
+    return {}
+  plan = memory.plan(cfgs["target"], cfgs["draft"], exp.mesh_shape, exp.param_dtype, exp.dtype,
+                     exp.batch_size, exp.max_input_len, exp.max_decode_len, exp.gamma_bound,
+                     exp.logical_axis_rules, exp.draft_logical_axis_rules,
+                     exp.partition_fallback)
+  out = {"target weights": plan["target_params"], "target KV cache": plan["target_caches"]}
+  if cfgs["draft"] is not None:
+    out.update({"draft weights": plan["draft_params"], "draft KV cache": plan["draft_caches"]})
+  if alpha_only:
+    out["p and q along the outputs"] = (3 * exp.batch_size * exp.max_decode_len
+                                        * cfgs["target"].vocab_size * 4)
+  return out
+
+
+def check_memory(exp: Experiment, alpha_only: bool = False) -> None:
+  """Refuses a config whose weights and decoding buffers cannot fit on a
+  device, before any weight is read."""
+  parts = estimate_bytes(exp, alpha_only)
+  need = sum(parts.values())
+  have, what = _device_memory()
+  if need > have:
+    detail = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in parts.items())
+    mesh = f"mesh_shape={tuple(exp.mesh_shape)}, " if exp.mesh_shape else ""
+    raise ValueError(f"Experiment.max_decode_len={exp.max_decode_len} with batch_size="
+                     f"{exp.batch_size} (max_input_len={exp.max_input_len}, {mesh}"
+                     f"param_dtype={exp.param_dtype}, dtype={exp.dtype}) needs about "
+                     f"{need / 2**30:.1f} GiB per device ({detail}) but the {what} is "
+                     f"{have / 2**30:.1f} GiB; lower Experiment.max_decode_len or "
+                     "Experiment.batch_size, use bfloat16 weights, or shard over more "
+                     "devices (docs/scaling.md)")
+
+
+def _load_model(path: str, fmt: str, preset: Optional[str], exp: Experiment,
+                part: Optional[partitioning.Partitioner]):
+  """A checkpoint read straight into its shards (one device without a mesh)."""
+  config = get_config(preset, dtype=exp.dtype) if preset else None
+  params, config = checkpoints.load_checkpoint(resolve_path(path), fmt=fmt, config=config,
+                                               param_dtype=exp.param_dtype, partitioner=part)
+  return T5Model(config.replace(dtype=exp.dtype)), params
+
+
+def partitioners(exp: Experiment) -> tuple[Optional[partitioning.Partitioner],
+                                          Optional[partitioning.Partitioner]]:
+  """(target's, draft's) partitioners over one mesh; (None, None) without a mesh."""
+  target = partitioning.from_settings(exp.mesh_shape, exp.logical_axis_rules,
+                                      exp.partition_fallback)
+  if target is None:
+    return None, None
+  rules = (partitioning.DATA_PARALLEL_RULES if exp.draft_logical_axis_rules is None
+           else exp.draft_logical_axis_rules)
+  return target, partitioning.from_settings(exp.mesh_shape, rules, exp.partition_fallback,
+                                            mesh=target.mesh)
+
+
+def check_partitioning(exp: Experiment, target_part, draft_part) -> None:
+  """Every parameter, cache and batch dimension the mesh must divide, from the
+  configs alone: a bad mesh is refused before any weight is read."""
+  if target_part is None:
+    return
+  b, t = exp.batch_size, exp.max_decode_len + exp.gamma_bound + 1
+  target_part.batch_sharding((b, exp.max_input_len), "Experiment.batch_size (inputs)")
+  models = [("target", exp.target_checkpoint, exp.target_format, exp.target_preset,
+             target_part)]
+  if exp.draft_checkpoint:
+    models.append(("draft", exp.draft_checkpoint, exp.draft_format, exp.draft_preset,
+                   draft_part))
+  for role, path, fmt, preset, part in models:
+    cfg = _peek_config(path, fmt, preset, exp.dtype)
+    if cfg is None:
+      continue  # the loader checks each array as it places it
+    try:
+      part.param_shardings(param_shapes(cfg))
+      for length, what in ((t, "self-attention cache"), (exp.max_input_len, "cross K/V")):
+        part.spec(partitioning.CACHE_AXES, (b, length, cfg.num_heads, cfg.head_dim),
+                  f"{role} {what}")
+    except partitioning.PartitioningError as e:
+      raise ValueError(f"Experiment.mesh_shape={tuple(exp.mesh_shape)} cannot shard the "
+                       f"{role} ({path}): {e}") from None
+
+
+def _corpus(exp: Experiment, vocab) -> list[list[int]]:
+  exs = data.load_examples(resolve_path(exp.ngram_corpus), split=exp.ngram_corpus_split,
+                           max_examples=exp.ngram_corpus_max_examples,
+                           data_dir=exp.tfds_data_dir)
+  seqs = [vocab.encode(e.reference) + [vocab.eos_id] for e in exs if e.reference]
+  if not seqs:
+    raise ValueError(f"Experiment.ngram_corpus={exp.ngram_corpus!r} has no references")
+  return seqs
+
+
+def load_data(exp: Experiment) -> Data:
+  """The vocabulary and the tokenized examples (warm-up first); no model is read."""
+  vocab = data.get_vocabulary(resolve_path(exp.vocab_path), extra_ids=exp.vocab_extra_ids)
+  need = exp.num_warmup + exp.num_examples
+  examples = data.load_examples(resolve_path(exp.source), split=exp.split, max_examples=need,
+                                data_dir=exp.tfds_data_dir)
+  if not examples:
+    raise ValueError(f"Experiment.source={exp.source!r} has no examples")
+  if len(examples) <= exp.num_warmup:
+    raise ValueError(f"Experiment.source={exp.source!r} has {len(examples)} examples, not "
+                     f"more than num_warmup={exp.num_warmup}")
+  prefix = exp.prefix if exp.prefix is not None else data.PREFIXES.get(exp.task, "")
+  for e in examples:
+    if not e.input or not e.input.strip():
+      raise ValueError(f"Experiment.source={exp.source!r}: example id={e.id!r} has an "
+                       "empty input")
+  try:
+    inputs, truncated = data.encode_batch(vocab, [e.input for e in examples], exp.max_input_len,
+                                          prefix=prefix, on_too_long=exp.on_too_long,
+                                          ids=[e.id for e in examples])
+  except ValueError as e:
+    raise ValueError(f"Experiment.source={exp.source!r}: {e} (Experiment.max_input_len="
+                     f"{exp.max_input_len}, on_too_long={exp.on_too_long!r})") from None
+  return Data(vocab, examples, inputs, set(truncated))
+
+
+def held_out_inputs(exp: Experiment, source: str, num_examples: int) -> np.ndarray:
+  """The first ``num_examples`` inputs of another source (e.g. a validation
+  split to tune γ on), tokenized exactly like the experiment's own."""
+  return load_data(dataclasses.replace(exp, source=source, split="validation", num_warmup=0,
+                                       num_examples=num_examples)).inputs
+
+
+def load_models(exp: Experiment, d: Data) -> Setup:
+  """Target, draft (built by name) and a one-time check of the draft's interface."""
+  target_part, draft_part = partitioners(exp)
+  target, target_params = _load_model(exp.target_checkpoint, exp.target_format,
+                                      exp.target_preset, exp, target_part)
+  if d.vocab.vocab_size > target.config.vocab_size:
+    raise ValueError(f"vocabulary {exp.vocab_path} has {d.vocab.vocab_size} ids but the target "
+                     f"model's vocab_size is {target.config.vocab_size}")
+  return Setup(exp, d.vocab, d.examples, d.inputs, target, target_params,
+               load_draft(exp, d, target, draft_part, target_params), d.truncated,
+               target_part)
+
+
+def load_draft(exp: Experiment, d: Data, target: T5Model,
+               draft_part: Optional[partitioning.Partitioner] = None,
+               target_params: Any = None) -> Any:
+  """The draft ``exp`` names, built for ``target`` (on ``draft_part``, the
+  draft's partitioner from ``partitioners``) and its interface checked once;
+  also used alone to compare several drafts beside one loaded target. A draft
+  checkpoint with an encoder bridge (``specdec_jax.drafts.bridge``) needs
+  ``target_params``."""
+  # Every builder is offered the same keywords and receives those it names, so
+  # a newly registered approximation model is selectable with no change here.
+  build_kw: dict[str, Any] = dict(vocab_size=target.config.vocab_size, vocab=d.vocab,
+                                  max_ngram=exp.prompt_lookup_max_ngram)
+  if draft_part is not None:
+    build_kw["partitioner"] = draft_part
+  if exp.draft_checkpoint:
+    dmodel, dparams = _load_model(exp.draft_checkpoint, exp.draft_format, exp.draft_preset,
+                                  exp, draft_part)
+    data.check_vocab_compatible(target.config.vocab_size, dmodel.config.vocab_size,
+                                target_eos_id=target.config.eos_id,
+                                draft_eos_id=dmodel.config.eos_id,
+                                target_pad_id=target.config.pad_id,
+                                draft_pad_id=dmodel.config.pad_id)
+    build_kw.update(model=dmodel, params=dparams, bridge=None)
+    kernel = _load_bridge(exp.draft_checkpoint)
+    if kernel is not None:
+      if target_params is None:
+        raise ValueError(f"{exp.draft_checkpoint} has an encoder bridge "
+                         f"({bridge_lib.FILENAME}), which needs the target's params")
+      bridge_lib.check(kernel, target, dmodel, exp.draft_checkpoint)
+      if not drafts.takes(exp.draft_name, "bridge"):
+        raise ValueError(f"{exp.draft_checkpoint} has an encoder bridge, but approximation "
+                         f"model {exp.draft_name!r} takes no 'bridge' argument")
+      build_kw.update(bridge=jnp.asarray(kernel), target_model=target,
+                      target_params=target_params)
+    features = _load_bridge(exp.draft_checkpoint, feature_lib)
+    if features is not None:
+      feature_lib.check(features, target, dmodel, exp.draft_checkpoint)
+      if not drafts.takes(exp.draft_name, "feature"):
+        raise ValueError(f"{exp.draft_checkpoint} has a feature bridge "
+                         f"({feature_lib.FILENAME}), but approximation model "
+                         f"{exp.draft_name!r} takes no 'feature' argument")
+      build_kw["feature"] = jax.tree.map(jnp.asarray, features)
+    if exp.draft_shortlist:
+      ids = shortlist_lib.load(resolve_path(exp.draft_shortlist), target.config.vocab_size)
+      build_kw["shortlist"] = shortlist_lib.Shortlist.for_draft(
+          dmodel, dparams, ids, with_inputs=exp.draft_shortlist_inputs)
+  if exp.ngram_corpus:
+    build_kw["corpus"] = _corpus(exp, d.vocab)
+  draft = drafts.build(exp.draft_name, **build_kw)
+  # Built-in drafts are tested elsewhere: trace them (free) but skip the run.
+  drafts.check_interface(exp.draft_name, draft, jnp.asarray(d.inputs[:1].repeat(
+      exp.batch_size, 0)), target.config.vocab_size, exp.gamma_bound,
+      exp.max_decode_len + exp.gamma_bound + 1, exp.sampling(),
+      concrete=exp.draft_name not in drafts.BUILTIN, target_width=target.config.d_model)
+  return draft
+
+
+def _load_bridge(path: str, lib: Any = bridge_lib) -> Any:
+  """A draft checkpoint's encoder bridge kernel, or with ``lib`` =
+  ``feature_bridge`` its feature bridge (local directories only; None if it
+  has none)."""
+  if "://" in path:
+    return None
+  local = resolve_path(path)
+  if not os.path.isdir(local):
+    return None
+  return lib.load(local)
+
+
+_MULTIHOST_STARTED = False
+
+
+def start_multihost(exp: Experiment) -> None:
+  """``jax.distributed.initialize`` once per process, before JAX touches a device."""
+  global _MULTIHOST_STARTED
+  if exp.multihost and not _MULTIHOST_STARTED:
+    try:
+      partitioning.initialize_multihost(exp.coordinator_address, exp.num_processes,
+                                        exp.process_id)
+    except partitioning.PartitioningError as e:
+      raise ValueError(f"Experiment.multihost: {e}") from None
+    _MULTIHOST_STARTED = True
+
+
+def check_before_loading(exp: Experiment, alpha_only: bool = False) -> None:
+  """Every check that needs no data or weights: settings, multi-host start,
+  mesh against devices and model dimensions, memory per device."""
+  exp.validate()
+  if alpha_only and exp.gamma == "auto":
+    raise ValueError("Experiment.gamma='auto' chooses γ from timed speculative pieces; "
+                     "--alpha_only measures α only and uses no γ: bind a number (or drop "
+                     "--alpha_only)")
+  start_multihost(exp)
+  try:
+    target_part, draft_part = partitioners(exp)
+  except partitioning.PartitioningError as e:
+    raise ValueError(f"Experiment.mesh_shape: {e}") from None
+  check_partitioning(exp, target_part, draft_part)
+  check_memory(exp, alpha_only)
+
+
+def prepare(exp: Experiment, alpha_only: bool = False) -> Setup:
+  """Loads and checks everything; raises a clear error before any decoding."""
+  check_before_loading(exp, alpha_only)
+  return load_models(exp, load_data(exp))

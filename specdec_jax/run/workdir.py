@@ -1,0 +1,143 @@
+"""A run's working directory: examples.jsonl (append-only, one line per
+example), summary.json (rewritten atomically) and config.gin.
+
+Workdir integrity: nothing is written before the first result; ``config.gin``
+(the run's gin config) is written atomically with it, so a workdir's files
+always describe its results. A workdir holds one mode (speculative or
+``--alpha_only``); the other mode, a different config, or a corrupt line is
+refused before any work, with nothing changed. ``--resume`` may raise
+``Experiment.num_examples`` (the run is extended).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Optional
+
+import jax
+from absl import logging
+
+MODES = ("speculative", "alpha_only")
+
+
+def _record_mode(record: dict) -> str:
+  """A line's mode; lines written before modes were recorded are told by their keys."""
+  return record.get("mode") or ("speculative" if "accepted" in record else "alpha_only")
+
+
+def _comparable(config_str: str) -> list[str]:
+  """Config lines that must match on --resume (num_examples may be raised)."""
+  return [l for l in config_str.splitlines()
+          if l.strip() and not re.match(r"\s*Experiment\.num_examples\s*=", l)]
+
+
+class Workdir:
+  """examples.jsonl (append-only), summary.json (atomic rewrite), config.gin.
+
+  The constructor only checks (and reads finished lines); the directory and
+  config.gin are written with the first result, so a run that fails earlier
+  leaves nothing behind.
+  """
+
+  def __init__(self, path: str, config_str: str, resume: bool, mode: str = "speculative",
+               num_indices: Optional[int] = None):
+    if mode not in MODES:
+      raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    self.path = Path(path)
+    self.examples_path = self.path / "examples.jsonl"
+    self.config_path = self.path / "config.gin"
+    self.summary_path = self.path / "summary.json"
+    self.mode, self.resume, self.config_str = mode, resume, config_str
+    self.records, self._good_end = self._read_records()
+    self._opened = False
+    # Multi-host: every process runs the same sharded loops, process 0 writes.
+    self.writer = jax.process_index() == 0
+    if not self.records:
+      return  # a workdir without results (or a stale config.gin) is simply reused
+    if not resume:
+      raise FileExistsError(f"{self.examples_path} already has results; pass --resume to "
+                            "continue that run or choose another --workdir (nothing was "
+                            "changed)")
+    old_mode = _record_mode(self.records[0])
+    if old_mode != mode:
+      flag = lambda m: "with --alpha_only" if m == "alpha_only" else "without --alpha_only"
+      raise ValueError(f"{self.path} holds a {old_mode} run ({len(self.records)} examples, "
+                       f"written {flag(old_mode)}); this run is {mode} ({flag(mode)}). "
+                       "Use another --workdir (nothing was changed)")
+    if self.config_path.exists():
+      old, new = _comparable(self.config_path.read_text()), _comparable(config_str)
+      if old != new:
+        diff = ([f"- {l}" for l in old if l not in new] + [f"+ {l}" for l in new if l not in old])
+        raise ValueError(f"--resume: the gin config differs from {self.config_path} (only "
+                         "Experiment.num_examples may change); resume with the same "
+                         f"--config/--gin_bindings (nothing was changed). Differences: "
+                         f"{'; '.join(diff[:6]) or 'order of lines'}")
+    if num_indices is not None:
+      beyond = sorted(r["index"] for r in self.records if r["index"] >= num_indices)
+      if beyond:
+        raise ValueError(f"--resume: {self.examples_path} already has example indices up to "
+                         f"{beyond[-1]}, beyond num_warmup + num_examples = {num_indices}; "
+                         "Experiment.num_examples can only be raised on resume (nothing was "
+                         "changed)")
+
+  def _read_records(self) -> tuple[list[dict], int]:
+    """Complete lines, and the byte offset where they end (a torn last line follows)."""
+    if not self.examples_path.exists():
+      return [], 0
+    raw = self.examples_path.read_bytes()
+    end = raw.rfind(b"\n") + 1
+    records = []
+    for line_no, line in enumerate(raw[:end].split(b"\n")[:-1], start=1):
+      if not line.strip():
+        continue
+      try:
+        rec = json.loads(line.decode("utf-8"))
+      except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{self.examples_path}:{line_no}: corrupt line ({e}); only a torn "
+                         "last line is repaired automatically; remove or fix that line "
+                         "(nothing was changed)") from None
+      if not isinstance(rec, dict) or not isinstance(rec.get("index"), int):
+        raise ValueError(f"{self.examples_path}:{line_no}: not a result record (no integer "
+                         "'index'); nothing was changed")
+      records.append(rec)
+    return records, end
+
+  def _open(self) -> None:
+    """Before the first write: the directory, the torn-line repair, config.gin."""
+    self.path.mkdir(parents=True, exist_ok=True)
+    if self.examples_path.exists() and self.examples_path.stat().st_size > self._good_end:
+      logging.warning("Dropping a partial last line of %s (%d bytes)", self.examples_path,
+                      self.examples_path.stat().st_size - self._good_end)
+      with open(self.examples_path, "r+b") as f:
+        f.truncate(self._good_end)
+    if not self.config_path.exists() or self.config_path.read_text() != self.config_str:
+      _atomic_write(self.config_path, self.config_str)
+    self._opened = True
+
+  def append(self, record: dict) -> None:
+    if not self.writer:
+      self.records.append(record)
+      return
+    if not self._opened:
+      self._open()
+    with open(self.examples_path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+      f.flush()
+      os.fsync(f.fileno())
+    self.records.append(record)
+
+  def write_summary(self, summary: dict) -> None:
+    if not self.writer:
+      return
+    if not self._opened:
+      self._open()
+    _atomic_write(self.summary_path, json.dumps(summary, indent=2) + "\n")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+  tmp = path.with_suffix(path.suffix + ".tmp")
+  tmp.write_text(text)
+  os.replace(tmp, path)
