@@ -84,7 +84,9 @@ def temperature_sample(model: T5Model, params: Any, inputs: Array, key: Array, *
                        eos_id: int = 1, partitioner: Partitioner | None = None) -> DecodeOutput:
   """Plain autoregressive decoding with T5X ``temperature_sample`` semantics.
 
-  One target call per token. inputs [B, S] int32 (0 = pad). The baseline every
+  One target call per token. inputs [B, S] int32 (0 = pad); key: PRNG key
+  (unused at temperature 0). Returns ``DecodeOutput``: tokens [B,
+  max_decode_len] (0 after EOS), log_prob [B], length [B]. The baseline every
   speedup is measured against: the same cached decode as the engine uses.
   With a ``partitioner`` (``specdec_jax.partitioning``), params are expected
   on its mesh and the caches and per-row state are pinned to its layout.
@@ -194,65 +196,39 @@ CONFIDENCES = ("top", "drawn")
 class AdaptiveConfig:
   """Adaptive draft length: γ chosen per row and per round, at most γ_max.
 
-  The paper fixes γ and leaves varying it to future work (§3.5, "Beyond
-  fixed γ"; §6); this picks it with one of two rules, inside the same jitted
-  loop. ``speculative_decode``'s ``gamma`` becomes γ_max.
+  The paper fixes γ (§3.5 "Choosing γ") and names varying it during inference
+  as future work (§3.5, §6). With this config ``speculative_decode``'s
+  ``gamma`` is γ_max; each round row b proposes c_b <= γ_max tokens and is
+  verified as Algorithm 1 with γ = c_b, inside the same jitted loop.
 
-  rule 'threshold': every round the draft proposes x_1, then keeps going
-    after x_i while i < γ_max and its top probability at x_i (max_x q_i(x),
-    ``drafts.base.top_probability``; at T = 0 the draft's own softmax, since q
-    is one-hot) is > ``threshold``. threshold 0 never stops early; threshold
-    1 always stops after x_1. Deciding after x_i from x_i's own distribution
-    (as Hugging Face's assistant confidence does) needs no draft step whose
-    result is thrown away. With ``skip_below`` a row also proposes nothing
-    in a round whose q_1 has top probability <= ``skip_below``: the round is
-    then a plain target step (width 0: the target scores one position and
-    y ~ p_1). That pays where scoring two positions costs well over one
-    (v(2) > 1, e.g. ~1.5 on a 2-core CPU) and the draft knows when it is
-    likely wrong; q_1 is computed anyway, so deciding costs nothing.
-  rule 'cumulative': as 'threshold', but the draft keeps going after x_i
-    while the product of the top probabilities at x_1..x_i is >
-    ``threshold``: the draft's own estimate that all i proposals will be
-    accepted (SpecDec++, Huang et al. 2024, stops when the predicted chance
-    of a rejection so far exceeds a level; here the draft's confidence
-    stands in for their trained acceptance head). Where 'threshold' drafts
-    a long run of middling tokens (0.6 each: a 5-token run survives with
-    0.08), this stops once a rejection is likely; ``skip_below`` as above.
-  confidence (threshold rules): 'top' reads max_x q_i(x) as above; 'drawn'
-    reads q_i(x_i), the probability of the token the draft drew
-    (``drafts.base.drawn_probability``). At T = 0 the two are the same; at
-    T > 0 a draft that is sure of its distribution but drew one of its tail
-    tokens is often rejected, which 'top' cannot see (docs/benchmarks.md,
-    "Per-round overhead", "The drawn token's probability": AUC for the
-    acceptance of x_i 0.84 against 0.80 on the demo pair at T = 1).
-    ``skip_below`` always reads q_1's top probability.
-  rule 'schedule' (Hugging Face's 'heuristic'): row b proposes γ_b tokens;
-    after a round where all γ_b were accepted γ_b += 2, else γ_b -= 1,
-    within [1, γ_max]. Starts at ``initial_gamma`` (default γ_max).
+  rule: 'threshold' | 'cumulative' | 'schedule'.
+    'threshold': propose x_1, then continue after x_i while i < γ_max and the
+      draft's confidence at position i is > ``threshold``.
+    'cumulative': continue while the product of the confidences at positions
+      1..i is > ``threshold`` (the draft's own estimate that all i proposals
+      will be accepted; after SpecDec++, Huang et al. 2024).
+    'schedule' (Hugging Face's 'heuristic'): row b proposes γ_b tokens;
+      γ_b += 2 after a round where all γ_b were accepted, else γ_b -= 1,
+      within [1, γ_max].
+  threshold: in [0, 1]; required by the confidence rules, refused by
+    'schedule'. 0 never stops early; 1 always stops after x_1.
+  skip_below: None, or in [0, 1] (confidence rules only): a row proposes
+    nothing in a round whose q_1 has top probability <= skip_below, making the
+    round a plain target step (width 0, y ~ p_1). Always reads q_1's top
+    probability, whatever ``confidence`` says.
+  confidence: 'top' reads max_x q_i(x) (``drafts.base.top_probability``; at
+    T = 0 the draft's own softmax, since q is one-hot); 'drawn' reads q_i(x_i)
+    (``drafts.base.drawn_probability``). Confidence rules only.
+  initial_gamma: None (= γ_max) or >= 1: the schedule's γ_b in the first
+    round ('schedule' only; must not exceed γ_max).
   widths: the verification widths k compiled (the target scores k + 1
     positions); each round runs the smallest k covering the longest live
-    proposal, through ``lax.switch``. Default: the powers of two below γ_max,
-    and γ_max.
+    proposal, through ``lax.switch``. Default: the powers of two below γ_max.
+    γ_max is always added, and 0 with ``skip_below``; each must be <= γ_max.
 
-  Exactness (Theorem 3.5 / Appendix A.1, by induction over positions). Fix a
-  row; let y_<t be its committed tokens and H_t everything the loop knows
-  when it decides position t: earlier rounds (proposals, verdicts, γ's) and
-  the draft's computation in this round on y_<t (x_1..x_{i-1}, q_1..q_i, the
-  decision whether to propose x_i). Claim: y_t | (y_<t, H_t) ~ p(. | y_<t).
-  Either the row stopped after its count c = i - 1 proposals, all accepted:
-  then y_t is drawn from p_{c+1} = p(. | y_<t) directly (Algorithm 1's bonus
-  token, now taken at c + 1 <= γ_max); or x_i was proposed: both rules decide
-  that from H_t alone (the threshold rules from q_1..q_{i-1} and, with
-  confidence 'drawn', q_{i-1}(x_{i-1}), where x_{i-1} is already part of
-  y_<t; for x_1 with ``skip_below`` from q_1, computed on y_<t alone; the
-  schedule from earlier rounds' verdicts), before x_i is drawn, so given H_t still
-  x_i ~ q_i with a fresh uniform r_i, and accept-or-residual yields y_t ~ p_i
-  (App. A.1). Summing over H_t, P(y_<=t) = P(y_<t) p(y_t | y_<t); by
-  induction every sequence has the target's probability. A rule that looks
-  at p or at this round's verdict (e.g. dropping an x_i with q_i(x_i) > p_i)
-  makes x_i | proposed differ from q_i and is not exact, and so does one that
-  decides on x_i from x_i itself (skipping x_1 when q_1(x_1) is small);
-  tests/test_adaptive.py shows the enumeration test rejects both.
+  Every rule decides whether to propose x_i before drawing it, from the past
+  and the draft alone, so the output distribution is the target's exactly;
+  proof: docs/exactness.md, section 5 (which also shows two rules that fail).
   """
 
   rule: str
@@ -354,12 +330,16 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
   cache and the per-row state are pinned to its layout (a T5 draft built with
   the same partitioner pins its own cache).
 
-  With ``adaptive`` (``AdaptiveConfig``, which holds the exactness proof),
-  ``gamma`` is γ_max and each row proposes its own count c_b <= γ_max per
-  round (``drafts.base.adaptive_proposal``); the target runs the narrowest
-  compiled width covering max_b c_b, and a row's positions past c_b count as
-  not proposed: its next token comes from p_{c_b + 1}. None is the fixed-γ
-  loop, unchanged.
+  With ``adaptive`` (``AdaptiveConfig``), ``gamma`` is γ_max and each row
+  proposes its own count c_b <= γ_max per round
+  (``drafts.base.adaptive_proposal``); the target runs the narrowest compiled
+  width covering max_b c_b, and a row's positions past c_b count as not
+  proposed: its next token comes from p_{c_b + 1}. None is the fixed-γ loop.
+
+  Returns ``SpecOutput``: tokens [B, max_decode_len] (0 after EOS), length
+  [B], stats (``SpecStats``). With lenience 1 the output distribution is the
+  baseline's (token for token at temperature 0) for any draft; proof:
+  docs/exactness.md, sections 3-5.
   """
   _validate(max_decode_len, gamma, lenience)
   if adaptive is not None:
@@ -402,8 +382,7 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
     ``write=False``, in place of the updated cache come the new cache rows
     padded to γ+1 with their positions (-1: padding) for
     ``T5Model.write_rows`` after a ``lax.switch``: a branch that wrote the
-    cache would copy all of it (docs/benchmarks_history.md, "adaptive rounds"). The
-    third result is (the target's final decoder states [B, γ+1, d], their
+    cache would copy all of it. The third result is (the target's final decoder states [B, γ+1, d], their
     positions [B, γ+1], -1: padding) if the draft wants them, else None."""
     pos = n[:, None] + offsets[:, :k + 1]
     tokens = gather_positions(seq, pos)

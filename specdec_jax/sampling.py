@@ -24,11 +24,12 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-  """Sampling settings. Hashable, so usable as a static jit argument.
+  """Sampling settings (paper §2.2). Frozen and hashable: a static jit argument.
 
   temperature: 0 means argmax; must be >= 0.
   topk: 0 means off; otherwise keep the k most probable tokens.
   topp: 0 means off; otherwise in (0, 1].
+  Setting both topk and topp raises ``ValueError``.
   """
 
   temperature: float = 0.0
@@ -52,11 +53,11 @@ class SamplingConfig:
 
 
 def argmax(x: Array) -> Array:
-  """First index of the maximum along the last axis, as ``jnp.argmax``.
+  """x [..., V] -> [...] int32: first index of the maximum, as ``jnp.argmax``.
 
-  Written as a max and a min reduction because XLA:CPU lowers ``argmax`` (a
-  variadic value/index reduce) to a scalar loop: this is ~10x faster there
-  (13 us vs 166 us at V = 8000), and argmax runs at every decoding step.
+  Written as a max and a min reduction because some backends (XLA:CPU) lower
+  ``argmax``'s variadic value/index reduce to a scalar loop, and argmax runs at
+  every decoding step. All-NaN rows give an index in range.
   """
   v = x.shape[-1]
   m = jnp.max(x, axis=-1, keepdims=True)
@@ -83,8 +84,10 @@ def _topp_mask(logits: Array, p: float) -> Array:
 def standardize(logits: Array, config: SamplingConfig) -> Array:
   """logits [..., V] -> the distribution actually sampled from, [..., V] float32.
 
-  Paper §2.2: argmax is the one-hot of the argmax; otherwise softmax of the
-  temperature-scaled logits restricted to the top-k / top-p set.
+  Paper §2.2: temperature 0 gives the one-hot of the first argmax; otherwise
+  the softmax of the temperature-scaled logits restricted to the top-k / top-p
+  set (renormalized). The baseline, the target in Algorithm 1 and the T5 drafts
+  all call this, so p has one meaning throughout (docs/exactness.md, section 1).
   """
   logits = logits.astype(jnp.float32)
   if config.greedy:
@@ -98,9 +101,10 @@ def standardize(logits: Array, config: SamplingConfig) -> Array:
 
 
 def sample(key: Array, probs: Array, config: SamplingConfig) -> Array:
-  """One token per row from a standardized distribution probs [..., V] -> [...].
+  """One token per row from a standardized distribution: probs [..., V] -> [...] int32.
 
-  Argmax needs no randomness; otherwise inverse-CDF sampling (``sample_any``).
+  Argmax needs no randomness (``key`` unused); otherwise inverse-CDF sampling
+  (``sample_any``).
   """
   if config.greedy:
     return argmax(probs)
@@ -109,12 +113,11 @@ def sample(key: Array, probs: Array, config: SamplingConfig) -> Array:
 
 def sample_with(u: Array | None, probs: Array, config: SamplingConfig) -> Array:
   """``sample`` with the row's uniform u [...] in [0, 1) given (``inverse_cdf``);
-  at temperature 0 u is not used (may be None).
+  at temperature 0 u is not used (may be None). probs [..., V] -> [...] int32.
 
-  For loops that draw several tokens in a row (a draft's γ steps): their
-  uniforms come from one ``jax.random.uniform`` call. A threefry draw is a
-  rolled loop of small ops on XLA:CPU, and one per draft step cost ~22 us of
-  a ~128 us step on the demo draft (docs/benchmarks.md, "Fewer random draws").
+  For loops that draw several tokens in a row (a draft's γ steps), so that all
+  their uniforms come from one ``jax.random.uniform`` call instead of one
+  PRNG draw per step.
   """
   if config.greedy:
     return argmax(probs)
@@ -123,9 +126,9 @@ def sample_with(u: Array | None, probs: Array, config: SamplingConfig) -> Array:
 
 def _block_size(v: int) -> int:
   """Tokens per block of ``sample_any``'s two-level inverse CDF: a divisor of
-  V near sqrt(V) (both levels short), so that the blocks are a free reshape;
-  128 with zero padding when V has no divisor in [16, 1024] (padding fuses
-  into the producer of probs as a slow loop on XLA:CPU, ~60 us at V = 8000)."""
+  V near sqrt(V) (both levels short), so that the blocks are a free reshape
+  (padding can be slow where it fuses into the producer of probs); 128 with
+  zero padding when V has no divisor in [16, 1024]."""
   divisors = [d for d in range(16, min(v, 1024) + 1) if v % d == 0]
   if not divisors:
     return 128
@@ -144,30 +147,27 @@ def _last_positive(x: Array) -> Array:
 
 
 def sample_any(key: Array, probs: Array) -> Array:
-  """Sample from an arbitrary (unnormalized, nonnegative) distribution [..., V].
+  """Sample from an arbitrary (unnormalized, nonnegative) distribution.
 
-  Inverse CDF with one uniform per row, u ~ U[0, total): the token is the
-  first whose cumulative mass exceeds u. One random number per row instead
-  of V Gumbels (Gumbel-max), which matters in a draft step. The CDF is taken
-  in two levels, over blocks of ``_block_size(V)`` tokens and then within
-  the block u falls in: a full-length cumulative sum is a slow reduce-window
-  on XLA:CPU (softmax + draw: 87 us with one cumulative sum vs 14 us with
-  two levels at V = 8000, 266 vs 40 us at V = 32128; docs/benchmarks.md,
-  "Per-round overhead"), and this runs at every baseline step, draft step
-  and round at T > 0.
+  probs [..., V] -> [...] int32. Inverse CDF with one uniform per row,
+  u ~ U[0, total): the token is the first whose cumulative mass exceeds u (one
+  random number per row instead of V Gumbels). The CDF is taken in two levels,
+  over blocks of ``_block_size(V)`` tokens and then within the block u falls
+  in, which avoids one full-length cumulative sum (a slow reduce-window on
+  some backends).
 
-  Token t is drawn with probability (its interval's length) / total =
-  probs[t] / sum(probs) up to float rounding, as with one cumulative sum. A
-  zero-probability token (or block) has an empty interval and is never
-  drawn: the first-exceeding search skips zero entries, and where rounding
-  leaves u past the last boundary the last positive entry is taken.
+  Token t is drawn with probability probs[t] / sum(probs) up to float
+  rounding. A zero-probability token (or block) is never drawn: the search
+  skips zero entries, and where rounding leaves u past the last boundary the
+  last positive entry is taken.
   """
   return inverse_cdf(probs, jax.random.uniform(key, probs.shape[:-1]))
 
 
 def inverse_cdf(probs: Array, u: Array) -> Array:
-  """``sample_any``'s draw for given uniforms u [...] in [0, 1): the first
-  token whose cumulative mass exceeds u · sum(probs) (two-level, as there)."""
+  """``sample_any``'s draw for given uniforms u [...] in [0, 1): probs [..., V]
+  -> [...] int32, the first token whose cumulative mass exceeds u · sum(probs)
+  (two-level, as there)."""
   probs = probs.astype(jnp.float32)
   v = probs.shape[-1]
   block = _block_size(v)

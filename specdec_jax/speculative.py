@@ -1,6 +1,8 @@
 """The speculative sampling kernel (paper §2.3, Algorithm 1; lenience, App. A.5).
 
-Batched over rows; every row keeps its own prefix of the γ draft tokens.
+Batched over rows; every row keeps its own prefix of the γ draft tokens. For any
+draft distributions q, the emitted tokens follow the target's p exactly (App.
+A.1); proof: docs/exactness.md, sections 2-4 (lenience l < 1: section 9).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
                          lenience: float = 1.0, greedy: bool = False,
                          p_raw: Array | None = None,
                          proposed: Array | None = None) -> KernelOutput:
-  """Algorithm 1's acceptance and correction, batched.
+  """Algorithm 1's acceptance and correction (paper §2.3), batched.
 
   Args:
     key: PRNG key.
@@ -70,6 +72,10 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
   p_i(x_i) (i.e. r_i <= p_i(x_i) / (l q_i(x_i))) and p_i(x_i) > 0; n is the
   number of leading acceptances; t ~ norm(max(0, p_{n+1} - l q_{n+1})) if
   n < γ, else t ~ p_{γ+1}. The residual with l < 1 keeps P(x) <= p(x)/l.
+
+  Returns:
+    ``KernelOutput`` (shapes there). With l = 1, next_token given the accepted
+    prefix is distributed exactly as p_{n+1} (docs/exactness.md, sections 2-3).
   """
   b, gamma = draft_tokens.shape
   px = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
@@ -84,8 +90,8 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
     else:
       accept = px > 0
   else:
-    # One draw for the round: r_1..r_γ and the uniform of the next token's
-    # inverse CDF (a threefry draw is a loop of small ops on XLA:CPU).
+    # One PRNG draw for the round: r_1..r_γ and the uniform of the next
+    # token's inverse CDF.
     u = jax.random.uniform(key, (b, gamma + 1))
     qx = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]
     # r in (0, 1]: a token with p(x) = 0 can never pass, even at r's extreme.
@@ -119,13 +125,13 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
 def greedy_kernel(draft_tokens: Array, q: Array, target_tokens: Array,
                   proposed: Array | None = None) -> KernelOutput:
   """``speculative_sampling`` at temperature 0 and lenience 1 from the target's
-  argmax tokens alone, field for field the same (``tests/test_profile.py``).
+  argmax tokens alone; returns the same ``KernelOutput``, field for field.
 
-  target_tokens [B, γ+1]: ``sampling.argmax`` of the target's logits at each
-  position, i.e. where ``standardize``'s one-hot p_i has its 1. Then x_i
-  passes iff x_i = t_i, the next token is t_{n+1}, and Σ_x min(p_i, q_i) =
-  q_i(t_i). No [B, γ+1, V] one-hot is built and nothing else is read over
-  the vocabulary (issue 11: no full-vocabulary work at temperature 0).
+  draft_tokens [B, γ]; q [B, γ, V]; target_tokens [B, γ+1]: ``sampling.argmax``
+  of the target's logits at each position, i.e. where ``standardize``'s one-hot
+  p_i has its 1. Then x_i passes iff x_i = t_i, the next token is t_{n+1}, and
+  Σ_x min(p_i, q_i) = q_i(t_i) (docs/exactness.md, section 4). No [B, γ+1, V]
+  one-hot is built, so nothing is read over the vocabulary at temperature 0.
   ``proposed`` as in ``speculative_sampling``.
   """
   gamma = draft_tokens.shape[1]
