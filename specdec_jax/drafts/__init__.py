@@ -125,8 +125,8 @@ def _prompt_lookup(vocab_size, max_ngram=3) -> PromptLookupDraft:
 @register("lookup_t5")
 def _lookup_t5(model, params, max_ngram=3, partitioner=None, bridge=None, target_model=None,
                target_params=None, feature=None, shortlist=None) -> LookupT5Draft:
-  # Copy only on a full max_ngram match: on the demo's validation chapters
-  # shorter matches lowered α below the T5 draft's own (docs/benchmarks.md).
+  # Copy only on a full max_ngram match: copies after shorter matches can be
+  # accepted less often than the T5 draft's own proposals.
   return LookupT5Draft(t5=_t5(model, params, partitioner, bridge, target_model, target_params,
                               feature, shortlist),
                        max_ngram=max_ngram, min_ngram=max_ngram)

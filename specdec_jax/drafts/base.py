@@ -7,8 +7,9 @@ leaves, configuration as static fields) with three pure methods:
   input tokens [B, S] (0 = pad). ``state`` is any pytree.
 * ``propose(state, seq, length, gamma, sampling, key) -> (tokens, q, state)``:
   γ tokens [B, γ] and the distributions q [B, γ, V] they were drawn from —
-  exactly those, after the same standardization (§2.2) as the target's p, since
-  Algorithm 1 divides by q(x). ``seq`` [B, T] holds the decoder inputs so far:
+  exactly those, since Algorithm 1 tests r·q(x) <= p(x) (one-hot for a
+  deterministic proposal). Standardizing q as the target's p (§2.2) matters
+  for α, not for exactness (§3.6). ``seq`` [B, T] holds the decoder inputs so far:
   seq[:, 0] is the start token and seq[:, i + 1] the i-th committed output
   token; ``length`` [B] is the number of committed output tokens, so the next
   token is predicted from decoder inputs seq[:, :length + 1]. Entries past
@@ -34,18 +35,19 @@ Optionally, to read the target's decoder states (``specdec_jax.drafts.feature_br
   round's verification pass at decoder positions [B, γ+1] (-1: padding).
   States at positions >= ``length`` are of rejected proposals; reading only
   positions < length keeps the draft off the target's verdict on anything not
-  yet committed (exactness).
+  yet committed (exactness; docs/exactness.md, section 7).
 
 Optionally, for adaptive draft lengths (``decoding.AdaptiveConfig``):
 
 * ``propose_adaptive(state, seq, length, gamma, sampling, key, limit,
-  threshold, skip_below=None, cumulative=False) -> (tokens, q, count, steps,
-  state)``: like ``propose`` with γ = γ_max, but row b proposes only
-  ``count[b]`` tokens: x_1 (if ``limit[b] >= 1``, and, when ``skip_below`` is
-  a float, the confidence of q_1 is > ``skip_below``), then x_{i+1} while i <
-  ``limit[b]`` and the confidence ``top_probability`` of the distribution x_i
-  was drawn from is > ``threshold`` — with ``cumulative``, the product of the
-  confidences of x_1..x_i, an estimate of the chance that all i are accepted
+  threshold, skip_below=None, cumulative=False, drawn=False) -> (tokens, q,
+  count, steps, state)``: like ``propose`` with γ = γ_max, but row b proposes
+  only ``count[b]`` tokens: x_1 (if ``limit[b] >= 1``, and, when
+  ``skip_below`` is a float, the top probability of q_1 is > ``skip_below``),
+  then x_{i+1} while i < ``limit[b]`` and the confidence at x_i
+  (``top_probability`` of q_i, or with ``drawn`` ``drawn_probability``) is >
+  ``threshold`` — with ``cumulative``, the product of the confidences of
+  x_1..x_i, an estimate of the chance that all i are accepted
   (``stop_count`` is the rule; a draft may define its confidence otherwise,
   from its own computation, as prompt lookup does). ``limit`` [B] int32 in
   0..γ (0: the row is done, propose nothing); ``threshold`` a Python float in
@@ -54,8 +56,9 @@ Optionally, for adaptive draft lengths (``decoding.AdaptiveConfig``):
   [B] int32; ``steps`` a scalar int32, the draft steps actually run (what the
   call cost). The point of implementing it is early exit: stop computing once
   every row has stopped (``T5Draft`` does). Every decision may use only the
-  draft's own computation for the current prefix — never the target — which
-  keeps decoding exact. ``skip_below`` and ``cumulative`` are passed only
+  draft's own computation for the current prefix — never the target — and
+  never the token it governs, which keeps decoding exact (docs/exactness.md,
+  section 5). ``skip_below``, ``cumulative`` and ``drawn`` are passed only
   when set, so a draft written without them keeps working for the rules that
   do not need them. Drafts without ``propose_adaptive`` get
   ``adaptive_proposal``'s fallback: ``propose(γ)`` and the count derived from
@@ -128,10 +131,10 @@ def drawn_probability(q: Array, logits: Array | None, tokens: Array,
   """The probability the draft gave the token it drew, q [..., V], tokens
   [...] -> q(x) [...] (``AdaptiveConfig.confidence='drawn'``).
 
-  At T > 0 this predicts x's acceptance, min(1, p(x)/q(x)) in expectation,
-  better than max q: a confident draft that drew a tail token is often
-  rejected (docs/benchmarks.md, "The drawn token's probability"). At temperature 0 the
-  drawn token is the argmax, so this is ``top_probability``.
+  At T > 0 this sees what max q cannot: a confident draft that drew one of
+  its tail tokens is often rejected (the acceptance probability of x is
+  min(1, p(x)/q(x)), §2.3). At temperature 0 the drawn token is the argmax, so
+  this is ``top_probability``.
   """
   if sampling.greedy:
     return top_probability(q, logits, sampling)
@@ -175,8 +178,7 @@ def skip_unsure(count: Array, first_confidence: Array, skip_below: float | None)
 
   The confidence must be a property of q_1 alone (its top probability), never
   of the drawn x_1: skipping by x_1's own probability would make x_1, given
-  that it is proposed, no longer ~ q_1 (``tests/test_adaptive.py`` shows the
-  enumeration test catching that)."""
+  that it is proposed, no longer ~ q_1 (docs/exactness.md, section 5)."""
   if skip_below is not None:
     count = jnp.where(first_confidence > skip_below, count, 0)
   return count.astype(jnp.int32)

@@ -17,9 +17,9 @@ This is the feature-level drafting of EAGLE (Li et al. 2024) in the one form
 that fits Algorithm 1's round structure: only h_s of *committed* positions is
 used, so the draft at round i conditions on the prefix and on M_p's states
 for it — information available before M_p's verdict on the round's proposals.
-Algorithm 1 is exact for any M_q whose proposals are drawn from the q it
-reports (paper §2.3, Appendix A.1), whatever M_q conditions on among the
-already-decided past, so decoding stays exact.
+Algorithm 1 is exact for any M_q that conditions only on the already-decided
+past (paper §2.3, Appendix A.1), so decoding stays exact (proof:
+docs/exactness.md, section 7).
 
 In distillation (teacher forcing) every position draws j uniformly from
 0..J-1 (``teacher_forced_extra``), the staleness mix a round of γ = J draft

@@ -8,12 +8,10 @@ combines them per position: while the committed context ends in an n-gram
 the tokens that followed it, with q = one-hot; from the first position where
 the copy has no valid continuation, it proposes from the T5 draft's q.
 
-Exactness (Algorithm 1 needs each x_i drawn from the q_i it reports): whether
-position i copies depends only on the input and the committed prefix (and, for
-i > 1, on x_1..x_{i-1}, which are the copied tokens themselves), never on the
-target; a copied x_i is drawn from its one-hot q_i with probability 1, and a
-T5 position is drawn from the T5 draft's standardized q_i as in ``T5Draft``.
-So the output distribution is the target's, whatever the mix.
+Exact whatever the mix: whether position i copies depends only on the input
+and the already-proposed context, never on the target, and each x_i is drawn
+from the q_i reported for it (one-hot for a copy, the T5 draft's q_i
+otherwise); proof: docs/exactness.md, sections 3 and 5.
 
 Cost: the T5 draft runs every step (it must see the proposed tokens to keep
 its cache, see ``T5Draft``), so c is the T5 draft's; the lookup adds a few

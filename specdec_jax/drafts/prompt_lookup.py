@@ -1,8 +1,8 @@
 """Prompt lookup (paper §3.6): copy the continuation of a matching n-gram.
 
-Parameter-free. The proposal is deterministic given the context, so the q it
-reports is the one-hot of each proposed token — exactly what it "sampled" from,
-which keeps Algorithm 1 exact.
+Parameter-free, c ≈ 0. The proposal is deterministic given the context, so
+the q it reports is the one-hot of each proposed token — exactly what it
+"sampled" from, which keeps Algorithm 1 exact (docs/exactness.md, section 3).
 """
 
 from __future__ import annotations

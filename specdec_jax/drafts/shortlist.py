@@ -1,32 +1,23 @@
 """A vocabulary shortlist for the draft's output layer: q over the tokens the
 target says most often, plus the tokens of the example's own input.
 
-Algorithm 1 (§2.3) is exact for *any* draft distribution q: Theorem 3.1's
-proof uses only that q is a distribution and that x ~ q was drawn without the
-target. So the draft may put all of q's mass on a subset S of the vocabulary.
-A token outside S is then never proposed (q(x) = 0); when the target wants one,
-the round's rejection draws it from the residual norm(max(0, p − q)), and the
-output distribution is the target's as before. What S costs is α (Definition
-3.2): β = Σ_x min(p(x), q(x)) loses the target's mass outside S.
+Exact for any S: speculative sampling (§2.3, Appendix A.1) needs only that x
+was drawn, without the target, from the q reported for it, so q may be zero
+outside S. A token outside S is never proposed; when the target wants one, a
+rejection draws it from the residual norm(max(0, p − q)) (proof:
+docs/exactness.md, section 6). What S costs is acceptance: β = Σ_x min(p(x),
+q(x)) (Theorem 3.5) loses the target's mass outside S.
 
-What S buys: a small draft's step is dominated by its output layer. The
-demo draft (d_model 64, one decoder layer, V = 8000) multiplies its state by a
-64 × 8000 logits matrix, 2 MB in float32, eight times the rest of its
-decoder. Its decode step took 76 µs with that matrix and 19 µs with a
-1000-token shortlist plus the input's tokens (standardizing and sampling
-excluded); the runner's draft time per proposed token went from 135–146 µs
-to 66 µs (2026-11-25, 2-core Intel Xeon, L3 480 MiB, nothing else running;
-docs/benchmarks.md). A 2 MB matrix read every draft step also evicts the target's weights
-from the core's cache between verification passes (docs/benchmarks.md,
-"Per-round overhead"). The same idea for large-vocabulary decoder-only models
-is FR-Spec (Zhao et al., 2025: frequency-ranked draft vocabulary).
+What S buys: a small draft's step is dominated by its output layer, a
+[d, V] product that the shortlist replaces by [d, |S|]; a smaller matrix read
+every draft step also leaves the target's weights in cache. The same idea for
+large-vocabulary decoder-only models is FR-Spec (Zhao et al., 2025:
+frequency-ranked draft vocabulary).
 
 S = a fixed set of frequent tokens (``frequent``: counted on training data,
 EOS always included) ∪ the tokens of the example's input (``with_inputs``):
 names and rare words a translation or rewrite copies from its source are
-exactly the rare tokens a frequency list drops. On the demo's training
-outputs a held-out half measured 95.0% of target tokens in the 2000 most
-frequent (counted on the other half) and 98.6% with the input's tokens.
+exactly the rare tokens a frequency list drops.
 
 The draft's logits over S are its own logits at those tokens (the columns of
 its output matrix), the rest −inf: q is its softmax renormalized over S.

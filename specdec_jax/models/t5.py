@@ -234,11 +234,10 @@ class Attention(nn.Module):
     new keys written in, without writing (``T5Model.decode_rows``)."""
     # Heads to the front explicitly ([B,H,*,dh], dh stays minor) so that the
     # two dots are plain batched matmuls over (B, H). Left to the einsums
-    # below with 'bkhd' operands, XLA:CPU instead copies every K/V cache to a
-    # [H, dh, K] layout per layer and step (a strided transpose, ~3x the cost
-    # of this row-block copy): with it the demo target's cached decode step is
-    # ~10% faster at k = 1..8 (docs/benchmarks.md, "v(k)"). Same products and
-    # sums; only the memory order of the operands changes.
+    # below with 'bkhd' operands, XLA may instead copy every K/V cache to a
+    # [H, dh, K] layout per layer and step (a strided transpose, costlier than
+    # this row-block copy). Same products and sums; only the memory order of
+    # the operands changes.
     q = jnp.swapaxes(q, 1, 2)
     logits, values = [], []
     for k, v, mask, bias in blocks:
@@ -434,7 +433,7 @@ class Decoder(nn.Module):
                cross: Optional[tuple], embed_attend, write: bool = True,
                return_hidden: bool = False) -> tuple:
     """-> (logits, cache); with a cache and ``write=False``, (logits, (new
-    keys, new values)) per layer, the cache only read (``T5.decode_rows``).
+    keys, new values)) per layer, the cache only read (``T5Model.decode_rows``).
     ``return_hidden``: a third element, the final normed hidden states [B, k,
     d] the logits are computed from (``specdec_jax.drafts.feature_bridge``)."""
     c = self.config
@@ -579,9 +578,8 @@ class T5Model:
     causally: the same attention as ``decode``, which writes the rows first
     (one softmax over both blocks; sums in another order, equal to float
     rounding). Why: inside ``lax.switch`` a branch that writes the cache makes
-    XLA copy the whole cache each call (measured on XLA:CPU: 10 cache copies
-    per round for the demo target); a branch that returns rows does not, and
-    the write happens once after the switch (``decoding.speculative_decode``'s
+    XLA copy the whole cache each call; a branch that returns rows does not,
+    and the write happens once after the switch (``decoding.speculative_decode``'s
     adaptive widths).
     """
     return self.module.apply({"params": params}, tokens, positions, cache, False, None,
