@@ -382,8 +382,9 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
     ``write=False``, in place of the updated cache come the new cache rows
     padded to γ+1 with their positions (-1: padding) for
     ``T5Model.write_rows`` after a ``lax.switch``: a branch that wrote the
-    cache would copy all of it. The third result is (the target's final decoder states [B, γ+1, d], their
-    positions [B, γ+1], -1: padding) if the draft wants them, else None."""
+    cache would copy all of it. The third result is (the target's final
+    decoder states [B, γ+1, d], their positions [B, γ+1], -1: padding) if the
+    draft wants them, else None."""
     pos = n[:, None] + offsets[:, :k + 1]
     tokens = gather_positions(seq, pos)
     if write:

@@ -1,10 +1,10 @@
 """Draft distillation: train an approximation model M_q toward a target M_p.
 
 Speculative decoding's speedup is governed by α = E[Σ_x min(p(x), q(x))]
-(paper §3.3, Definition 3.1 / Corollary 3.6): α = 1 − E[D_LK(p, q)], and D_LK is
-the total-variation distance. α is measured along the *target's* outputs, so
-a draft should learn what the target says, not the references (DistillSpec,
-Zhou et al. 2023). Two complementary ways, combinable in one loss:
+(paper §3.1-3.2, Definition 3.1, Corollary 3.6): α = 1 − E[D_LK(p, q)], and
+D_LK (Definition 3.2) is the total-variation distance. α is taken along the
+*target's* outputs, so a draft should learn what the target says, not the
+references (DistillSpec, Zhou et al. 2023). Two complementary ways, combinable in one loss:
 
 * sequence-level: the draft is trained with cross-entropy on the target's own
   outputs for the training inputs (greedy and/or T=1 samples), produced once by

@@ -5,8 +5,8 @@ Per model: teacher-forced token cross-entropy on the references, greedy outputs
 chrF against the references, and the share of outputs that hit the decode
 limit (a looping model). Per draft: agreement with the target along the
 target's own greedy outputs (greedy match = α at T=0 on those prefixes;
-Σ min(p, q) = α at T=1, paper Definition 3.1), and the one-token decode-step
-cost ratio (1/c at batch 1).
+the mean of Σ min(p, q) = α at T=1, paper Definition 3.1 and Corollary 3.6),
+and the one-token decode-step cost ratio (1/c at batch 1, Definition 3.7).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def decode_step_seconds(model: T5Model, params: Any, src_len: int = 64, cache_le
   standardize and sample), batch 1: the median over ``reps`` of ``inner``
   steps run inside one jitted loop (``timing.target_steps``), as the decoding
   loops run them. Timed as single calls from Python instead, the per-call
-  dispatch weighs most on the smallest model and made the draft/target ratio
-  swing from 8x to 12.5x between runs."""
+  dispatch would weigh most on the smallest model and make the draft/target
+  ratio noisy."""
   inputs = jnp.ones((1, src_len), jnp.int32)
   cache = model.init_cache(params, model.encode(params, inputs), inputs, cache_len)
   tokens = jnp.ones((1, 1), jnp.int32)

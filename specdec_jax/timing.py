@@ -8,12 +8,13 @@ the same computation the decoding loops run:
   interplay = (the two timed as a round runs them, alternating) / (γ c + v)
 
 Timed apart, each model keeps its own weights in the caches from one call to
-the next; in a round the draft's steps evict part of the target's and vice
-versa (``profile.cache_contention``), so the in-context costs c·interplay and
-v·interplay are what a round pays.
+the next; in a round the draft's steps may evict part of the target's and
+vice versa, so the in-context costs c·interplay and v·interplay are what a
+round pays.
 
-The paper's Theorem 3.8 assumes v = 1 (γ+1 parallel positions for free); on a
-CPU or at large batch it is not, and ``theory.walltime_improvement`` takes v.
+The paper's Theorem 3.8 assumes v = 1 (§3.3: γ+1 concurrent evaluations of
+M_p at no extra walltime); where compute is scarce (a CPU, a large batch) it
+is not, and ``theory.walltime_improvement`` takes v.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def _rounds(model: T5Model, params, cache, draft: ApproximationModel, state, seq
   pass over the γ+1 positions holding the proposal (+ standardize + sample,
   as in the verify piece). The proposal feeds the target and the caches are
   carried, so the two models alternate exactly as in a round; the kernel and
-  bookkeeping, which ``profile`` times, are left out."""
+  bookkeeping (``research.rounds`` times them) are left out."""
   b = seq.shape[0]
   first = jnp.full((b, 1), 3, jnp.int32)
 
@@ -193,6 +194,7 @@ def measure_costs(target: T5Model, target_params: Any, draft: ApproximationModel
                   inner: int = 16) -> Costs:
   """Median (over ``repeats``) times of the three pieces at a mid-sequence
   ``position``, each the mean of ``inner`` back-to-back runs in one jit call.
+  inputs [B, S] int32; returns the ``Costs`` of that γ (c as Definition 3.7).
 
   Pass the decoding loop's ``cache_len`` (max_decode_len + γ + 1) so that
   attention spans what it does there.
@@ -209,10 +211,10 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
   """``measure_costs`` for several γ in ONE interleaved measurement: one
   target-step piece shared by all, and each γ's verify and draft pieces, timed
   round-robin in every repeat. Machine drift then hits every γ alike, so
-  v(γ) and c(γ) are comparable across γ (timed in separate calls, the same
-  v(6) on the demo pair came out 2.05 and 2.92 minutes apart, and that noise,
-  not α, decided ``gamma='auto'``). ``cache_len`` (default: position + the
-  largest γ + 3) is shared by every piece.
+  v(γ) and c(γ) are comparable across γ (timed in separate calls, drift can
+  exceed the differences ``gamma='auto'`` chooses between). ``cache_len``
+  (default: position + the largest γ + 3) is shared by every piece. Returns
+  {γ: ``Costs``}.
   """
   gammas = sorted(set(int(g) for g in gammas))
   if not gammas or gammas[0] < 1:
@@ -265,11 +267,9 @@ def warm_up_widths(run: Callable[[Array], Any], batches: Iterable[Array],
   """Runs an adaptive ``speculative_decode`` (``run(x)``) untimed over ``batches``
   until every compiled verification width has run once; returns the widths seen.
 
-  Why: XLA:CPU (jaxlib 0.10.2) generates a ``lax.switch`` branch's code the
-  first time that branch runs, not at compile time. On the demo pair the first
-  call that reached three new widths took 538 ms against 133 ms for the same
-  call again (docs/benchmarks_history.md, "Per-round overhead"), so a warm-up on one
-  example leaves that cost inside the timings. Widths are read from each row's
+  Why: some backends (XLA:CPU) generate a ``lax.switch`` branch's code the
+  first time that branch runs, not at compile time, so a warm-up on one
+  example can leave that cost inside the timings. Widths are read from each row's
   ``gamma_hist`` (the smallest compiled width covering the row's count): exact
   at batch 1, a lower bound on what ran otherwise, so this may warm up longer
   than needed but never stops early. A width no batch reaches never runs in

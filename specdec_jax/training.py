@@ -54,10 +54,9 @@ def bucket_len(n: int, buckets: Sequence[int] = BUCKETS) -> int:
 
 def oversample_long(pairs: Sequence[Pair], min_tokens: int, times: int) -> list[Pair]:
   """``pairs`` with every pair whose longer side has >= ``min_tokens`` tokens
-  repeated ``times`` times in all. Long pairs are rare (3% of the demo's
-  training verses have a side of >= 60 tokens) and the demo target, trained
-  on them in proportion, looped on a quarter of long inputs; repeating them
-  gives those lengths more steps without dropping anything else."""
+  repeated ``times`` times in all. Long pairs are often rare, and a model
+  trained on them in proportion can loop on long inputs; repeating them gives
+  those lengths more steps without dropping anything else."""
   if min_tokens < 1 or times < 1:
     raise ValueError(f"oversample_long: min_tokens={min_tokens} and times={times} must be >= 1")
   out = list(pairs)
