@@ -1,5 +1,5 @@
 r"""Per-round overhead of speculative decoding: draft, target pass, standardize,
-kernel and the rest of a round, in ms per round (``specdec_jax.research.profile``).
+kernel and the rest of a round, in ms per round (``specdec_jax.research.rounds``).
 
   PYTHONPATH=. python scripts/profile_round.py                  # the demo pair
   PYTHONPATH=. python scripts/profile_round.py --gammas=1,3,5 --temperatures=0,1 \
@@ -19,14 +19,14 @@ Theorem 3.8's additive cost model leaves out.
 
 ``--adaptive_pieces K,...`` prints instead, per k, the draft's k proposals and
 the target's (k+1)-token pass as the fixed-γ loop runs them and as an
-adaptive round with γ_max = max(--gammas) runs them (``profile.adaptive_pieces``).
+adaptive round with γ_max = max(--gammas) runs them (``replay.adaptive_pieces``).
 
   PYTHONPATH=. python scripts/profile_round.py --adaptive_pieces=1,2,3,4 --gammas=7
 
 ``--confidence_auc`` prints instead, in the engine's fixed-γ rounds at T > 0,
 how well each confidence an adaptive rule can read after x_i (max q_i, or
 q_i(x_i) of the token drawn: ``AdaptiveConfig.confidence``) predicts x_i's
-acceptance (``profile.confidence_auc``; no timing).
+acceptance (``probes.confidence_auc``; no timing).
 
   PYTHONPATH=. python scripts/profile_round.py --confidence_auc --temperatures=1 --gammas=5 \
       --source=data/bible/validation.tsv --num_examples=150
@@ -34,7 +34,7 @@ acceptance (``profile.confidence_auc``; no timing).
 ``--acceptance_head`` prints instead how well an acceptance predictor
 (SpecDec++'s head as a linear probe: a logistic regression on the draft's
 softmax statistics, and on those plus its hidden state) fitted on a held-out
-split's rounds predicts x_i's acceptance in --source's (``profile.head_auc``;
+split's rounds predicts x_i's acceptance in --source's (``probes.head_auc``;
 no timing).
 
   PYTHONPATH=. python scripts/profile_round.py --acceptance_head --gammas=7 \
@@ -43,11 +43,11 @@ no timing).
 ``--adaptive_replay RULE`` (a bench_speculative setting, e.g. cumulative:0.5)
 prints instead what the rule's rounds cost as the rule decides them and
 replayed as a fixed schedule of the same widths (same rounds, checked),
-shuffled, and at each constant width 1..γ_max (``profile.adaptive_replay``);
+shuffled, and at each constant width 1..γ_max (``replay.adaptive_replay``);
 at T=0 also what fixed γ, threshold and cumulative rules and a perfect
 acceptance predictor would cost at those widths' measured ms per round
-(``theory.simulate_stopping`` along the target's greedy outputs, with the draft's
-confidences and verdicts from the engine's own rounds, ``profile.engine_records``).
+(``stopping.simulate_stopping`` along the target's greedy outputs, with the draft's
+confidences and verdicts from the engine's own rounds, ``probes.engine_records``).
 
   PYTHONPATH=. python scripts/profile_round.py --adaptive_replay=cumulative:0.5 --gammas=7 \
       --temperatures=0 --num_examples=24 --repeats=4
@@ -74,12 +74,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec_jax import theory  # noqa: E402
 from specdec_jax.run import account as accounting, demo  # noqa: E402
-from specdec_jax.research import accounting as research_accounting, profile  # noqa: E402
-from specdec_jax.research.profile import (cache_contention, compare_acceptance,  # noqa: E402
-                                 contention_markdown, decode_working_set_mb, markdown,
-                                 profile_round)
+from specdec_jax.research import accounting as research_accounting  # noqa: E402
+from specdec_jax.research import probes, replay, stopping  # noqa: E402
+from specdec_jax.research.contention import (cache_contention, contention_markdown,  # noqa: E402
+                                             decode_working_set_mb)
+from specdec_jax.research.revisions import compare_acceptance  # noqa: E402
+from specdec_jax.research.rounds import markdown, profile_round  # noqa: E402
 from specdec_jax.run import Experiment, held_out_inputs, prepare  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
 from specdec_jax.run.sweep import parse_setting  # noqa: E402
@@ -124,7 +125,7 @@ def contention(args, setup) -> None:
 
 
 def stopping_table(setup, result, gamma_max: int, args, skip_below=None) -> None:
-  """Offline T=0 replay of stopping rules (``theory.simulate_stopping``) with
+  """Offline T=0 replay of stopping rules (``stopping.simulate_stopping``) with
   the constant-width ms per round just measured."""
   round_ms = {int(r.setting.split()[1]): r.ms_per_round for r in result.rows
               if r.setting.startswith("width ")}
@@ -134,12 +135,12 @@ def stopping_table(setup, result, gamma_max: int, args, skip_below=None) -> None
               if r.setting.startswith("fixed ")}
   # The engine's own fixed-γ_max rounds at T=0: the draft's confidences as
   # the rules read them (with its bridges and shortlist) and the verdicts.
-  rec = profile.engine_records(setup.target, setup.target_params, setup.draft,
-                               jnp.asarray(setup.inputs[1:]), jax.random.PRNGKey(0), gamma_max,
-                               SamplingConfig(), args.max_decode_len)
-  conf, ok, seen = profile.along_outputs(rec)
+  rec = probes.engine_records(setup.target, setup.target_params, setup.draft,
+                              jnp.asarray(setup.inputs[1:]), jax.random.PRNGKey(0), gamma_max,
+                              SamplingConfig(), args.max_decode_len)
+  conf, ok, seen = probes.along_outputs(rec)
   bonus = sum(int((~m).sum()) for m in seen)
-  fixed = {g: theory.simulate_stopping(conf, ok, fixed_ms, "fixed", g) for g in fixed_ms}
+  fixed = {g: stopping.simulate_stopping(conf, ok, fixed_ms, "fixed", g) for g in fixed_ms}
   best = min(fixed, key=lambda g: fixed[g].ms_per_token)
   acc = np.concatenate(ok)
   print(f"Stopping rules replayed offline along the target's greedy outputs (T=0, "
@@ -158,9 +159,9 @@ def stopping_table(setup, result, gamma_max: int, args, skip_below=None) -> None
     for skip in skips:
       for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8):
         rows.append((f"{rule} {t:g}" + ("" if skip is None else f" skip {skip:g}"),
-                     theory.simulate_stopping(conf, ok, round_ms, rule, gamma_max, t, skip)))
+                     stopping.simulate_stopping(conf, ok, round_ms, rule, gamma_max, t, skip)))
   rows.append(("oracle (perfect acceptance predictor)",
-               theory.simulate_stopping(conf, ok, round_ms, "oracle", gamma_max)))
+               stopping.simulate_stopping(conf, ok, round_ms, "oracle", gamma_max)))
   for name, r in rows:
     print(f"| {name} | {r.ms_per_token:.3f} | {r.tokens_per_round:.2f} | {r.mean_width:.2f} "
           f"| {fixed[best].ms_per_token / r.ms_per_token:.3f}x |")
@@ -172,17 +173,17 @@ def acceptance_head(args, exp, setup, gamma: int, temperatures) -> None:
   train_inputs = held_out_inputs(exp, args.head_source, args.num_examples)
   print(f"Acceptance of x_i predicted from what the draft knows after x_i, in the engine's "
         f"own γ={gamma} rounds: fitted on {args.num_examples} inputs of {args.head_source}, "
-        f"AUC on {len(setup.inputs)} of {args.source} (profile.head_auc)\n\n"
+        f"AUC on {len(setup.inputs)} of {args.source} (probes.head_auc)\n\n"
         "| T | positions fitted / scored | acceptance | AUC top probability | AUC logistic "
         "on softmax statistics + i | AUC the same + hidden state |\n|---|---|---|---|---|---|")
   for temp in temperatures:
     kw = dict(key=jax.random.PRNGKey(0), gamma=gamma, sampling=SamplingConfig(temperature=temp),
               max_decode_len=args.max_decode_len)
-    train = profile.engine_records(setup.target, setup.target_params, setup.draft,
-                                   jnp.asarray(train_inputs), **kw)
-    test = profile.engine_records(setup.target, setup.target_params, setup.draft,
-                                  jnp.asarray(setup.inputs), **kw)
-    a = profile.head_auc(train, test)
+    train = probes.engine_records(setup.target, setup.target_params, setup.draft,
+                                  jnp.asarray(train_inputs), **kw)
+    test = probes.engine_records(setup.target, setup.target_params, setup.draft,
+                                 jnp.asarray(setup.inputs), **kw)
+    a = probes.head_auc(train, test)
     print(f"| {temp:g} | {len(train.top)} / {len(test.top)} | {test.accepted.mean():.3f} | "
           f"{a['top']:.3f} | {a['scalars']:.3f} | {a['hidden']:.3f} |", flush=True)
 
@@ -250,22 +251,22 @@ def main() -> None:
   if args.adaptive_pieces:
     ks = [int(k) for k in args.adaptive_pieces.split(",")]
     for temp in temperatures:
-      rows = profile.adaptive_pieces(
+      rows = replay.adaptive_pieces(
           setup.target, setup.target_params, setup.draft, jnp.asarray(setup.inputs[:1]), ks,
           max(gammas), SamplingConfig(temperature=temp),
           args.max_decode_len + max(gammas) + 1, inner=args.inner, repeats=args.repeats)
       load = os.getloadavg()
       print(f"T={temp:g}, γ_max {max(gammas)}, load average {load[0]:.2f}\n"
-            f"{profile.adaptive_pieces_markdown(rows)}\n", flush=True)
+            f"{replay.adaptive_pieces_markdown(rows)}\n", flush=True)
     return
   if args.confidence_auc:
     print("| T | γ | rounds | acceptance of x_i given evaluated, i = 1..γ | AUC max q_i "
           "('top') | AUC q_i(x_i) ('drawn') |\n|---|---|---|---|---|---|")
     for temp in temperatures:
       for gamma in gammas:
-        r = profile.confidence_auc(setup.target, setup.target_params, setup.draft,
-                                   jnp.asarray(setup.inputs), jax.random.PRNGKey(0), gamma,
-                                   SamplingConfig(temperature=temp), args.max_decode_len)
+        r = probes.confidence_auc(setup.target, setup.target_params, setup.draft,
+                                  jnp.asarray(setup.inputs), jax.random.PRNGKey(0), gamma,
+                                  SamplingConfig(temperature=temp), args.max_decode_len)
         print(f"| {temp:g} | {gamma} | {r.rounds} | "
               f"{' / '.join(f'{a:.3f}' for a in r.acceptance)} | {r.auc['top']:.3f} | "
               f"{r.auc['drawn']:.3f} |", flush=True)
@@ -279,14 +280,14 @@ def main() -> None:
       raise SystemExit(f"--adaptive_replay needs an adaptive setting, got {args.adaptive_replay!r}")
     for temp in temperatures:
       load = os.getloadavg()
-      result = profile.adaptive_replay(
+      result = replay.adaptive_replay(
           setup.target, setup.target_params, setup.draft, jnp.asarray(setup.inputs[1:]),
           jax.random.PRNGKey(0), adaptive, gamma_max, SamplingConfig(temperature=temp),
           args.max_decode_len, repeats=args.repeats)
       end = os.getloadavg()
       print(f"{args.adaptive_replay}, T={temp:g}, γ_max {gamma_max}, "
             f"{len(setup.inputs) - 1} examples × {args.repeats} passes; load average "
-            f"{load[0]:.2f} → {end[0]:.2f}\n{profile.adaptive_replay_markdown(result)}\n",
+            f"{load[0]:.2f} → {end[0]:.2f}\n{replay.adaptive_replay_markdown(result)}\n",
             flush=True)
       if temp == 0 and hasattr(setup.draft, "model"):
         stopping_table(setup, result, gamma_max, args, adaptive.skip_below)
