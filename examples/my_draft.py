@@ -1,9 +1,12 @@
 """A complete approximation model defined outside specdec_jax (README, "Adding an
-approximation model"). Copy this file next to your config and run:
+approximation model"). From the directory holding this file (or with it next
+to your config):
 
-  python -m specdec_jax.run --config=configs/demo.gin --import=my_draft \
+  python -m specdec_jax.run --config=/path/to/specdec_jax/configs/demo.gin \
+      --import=my_draft.py --workdir=runs/my_draft \
       --gin_bindings="Experiment.draft_name = 'repeat_last'" \
-      --gin_bindings="Experiment.draft_checkpoint = ''"
+      --gin_bindings="Experiment.draft_checkpoint = ''" \
+      --gin_bindings="Experiment.draft_shortlist = ''"
 
 It proposes γ copies of the last committed token. The proposal is
 deterministic, so q is the one-hot of each proposed token: that is exactly the

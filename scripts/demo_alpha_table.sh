@@ -28,7 +28,7 @@ row() {
     --gin_bindings="Experiment.draft_name = '$name'" \
     --gin_bindings="Experiment.draft_checkpoint = '$path'" \
     --gin_bindings="Experiment.draft_label = '$label'" \
-    --gin_bindings="Experiment.temperature = $t.0" \
+    --gin_bindings="SamplingConfig.temperature = $t.0" \
     --gin_bindings="Experiment.num_examples = 500" "$@"
 }
 

@@ -161,9 +161,9 @@ BAD = {
                            "target_checkpoint"),
     "vocab mismatch": ("Experiment.draft_checkpoint = '{env}/draft_v65'", "vocab_size"),
     "gamma < 1": ("Experiment.gamma = 0", "gamma must be >= 1"),
-    "temperature < 0": ("Experiment.temperature = -0.5", "temperature must be >= 0"),
-    "topp outside (0, 1]": ("Experiment.topp = 1.5", "topp must be in"),
-    "topk with topp": ("Experiment.topk = 5\nExperiment.topp = 0.9", "cannot both be set"),
+    "temperature < 0": ("SamplingConfig.temperature = -0.5", "temperature must be >= 0"),
+    "topp outside (0, 1]": ("SamplingConfig.topp = 1.5", "topp must be in"),
+    "topk with topp": ("SamplingConfig.topk = 5\nSamplingConfig.topp = 0.9", "cannot both be set"),
     "too-long input": ("Experiment.max_input_len = 3\nExperiment.on_too_long = 'error'",
                        "max_len=3"),
     "empty input": ("Experiment.source = '{env}/empty.tsv'", "empty"),
@@ -198,7 +198,7 @@ def test_paper_configs_parse_with_the_papers_gamma():
     task, draft, temp = f.stem.split("_")
     exp = run.parse_config([str(f)], [])
     assert exp.gamma == paper[(task, draft, int(temp[1:]))], f
-    assert exp.temperature == float(temp[1:]) and exp.draft_preset == f"t5_1_1_{draft}"
+    assert exp.sampling.temperature == float(temp[1:]) and exp.draft_preset == f"t5_1_1_{draft}"
     assert exp.target_preset == "t5_1_1_xxl" and exp.vocab_extra_ids == 100
     with pytest.raises(ValueError, match="target_checkpoint is not set"):
       exp.validate()
@@ -316,7 +316,7 @@ def test_failed_run_leaves_no_files_and_a_stale_config_is_replaced(spec_run, env
 @pytest.mark.parametrize("binding,message", [
     ("Experiment.gamma = 2.5", r"Experiment.gamma must be int or str, got 2.5 \(float\)"),
     ("Experiment.gamma = '3'", r"Experiment.gamma must be an int >= 1 or 'auto', got '3'"),
-    ("Experiment.gamma_max = 0", r"Experiment.gamma_max must be >= 1, got 0"),
+    ("Experiment.auto_gamma_max = 0", r"Experiment.auto_gamma_max must be >= 1, got 0"),
     ("Experiment.auto_alpha_source = 'x.tsv'\nExperiment.auto_alpha_examples = 0",
      r"Experiment.auto_alpha_examples must be >= 1 with auto_alpha_source='x.tsv', got 0"),
     ("Experiment.mesh_shape = (1, 1, 1)", r"mesh_shape must be None or two positive ints"),
@@ -572,8 +572,9 @@ def test_table2_config_lists_every_missing_macro():
 
 def test_help_lists_settings_and_library_info_is_quiet():
   import logging as std_logging
-  assert "Experiment settings" in run.cli.__doc__ and "  gamma: Union[int, str] = 5" in run.cli.__doc__
-  assert "  dtype: str = 'float32'" in run.cli.__doc__
+  doc = run.cli.__doc__
+  assert "Experiment settings" in doc and "  gamma: Union[int, str] = 5" in doc
+  assert "  dtype: str = 'float32'" in doc
   f = run.cli._LibraryFilter()
   rec = lambda path, level: std_logging.LogRecord("absl", level, path, 1, "m", (), None)
   assert not f.filter(rec("/site-packages/orbax/checkpoint/x.py", std_logging.INFO))
@@ -592,7 +593,8 @@ def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsy
   caplog.set_level(std_logging.WARNING)
   w = tmp_path / "auto"
   args = [f"--config={env / 'exp.gin'}", f"--workdir={w}",
-          "--gin_bindings=Experiment.gamma = 'auto'", "--gin_bindings=Experiment.gamma_max = 3",
+          "--gin_bindings=Experiment.gamma = 'auto'",
+          "--gin_bindings=Experiment.auto_gamma_max = 3",
           "--gin_bindings=Experiment.num_examples = 2"]
   rc, _, err = _cli(capsys, *args)
   assert rc == 0, err
@@ -655,18 +657,19 @@ def test_bfloat16_weights_keep_float32_norms_and_decode(env):
   assert int(out.length[0]) >= 1
 
 
-@pytest.mark.parametrize("rule,extra", [("threshold", "Experiment.adaptive_threshold = 0.3"),
-                                        ("cumulative", "Experiment.adaptive_threshold = 0.2\n"
-                                         "Experiment.adaptive_widths = (1, 2, 3)\n"
-                                         "Experiment.adaptive_confidence = 'drawn'"),
-                                        ("schedule", "Experiment.adaptive_initial_gamma = 2")])
+@pytest.mark.parametrize("rule,extra", [("threshold", "AdaptiveConfig.threshold = 0.3"),
+                                        ("cumulative", "AdaptiveConfig.threshold = 0.2\n"
+                                         "AdaptiveConfig.widths = (1, 2, 3)\n"
+                                         "AdaptiveConfig.confidence = 'drawn'"),
+                                        ("schedule", "AdaptiveConfig.initial_gamma = 2")])
 def test_adaptive_runs_record_the_gammas_they_used(env, capsys, tmp_path, rule, extra):
   """An adaptive run (gamma = γ_max) at T=0: 0 mismatches, per-example γ
   histograms whose rounds add up to the target calls and whose proposals add up
   to the draft calls, a mean γ in the summary, and make_tables shows the row."""
   w = tmp_path / rule
   rc, _, err = _cli(capsys, f"--config={env / 'exp.gin'}", f"--workdir={w}",
-                    f"--gin_bindings=Experiment.adaptive = '{rule}'", f"--gin_bindings={extra}",
+                    "--gin_bindings=Experiment.adaptive = @AdaptiveConfig()",
+                    f"--gin_bindings=AdaptiveConfig.rule = '{rule}'", f"--gin_bindings={extra}",
                     "--gin_bindings=Experiment.num_examples = 2")
   assert rc == 0, err
   recs = _lines(w / "examples.jsonl")
@@ -686,34 +689,39 @@ def test_adaptive_runs_record_the_gammas_they_used(env, capsys, tmp_path, rule, 
   import make_tables
   md = make_tables.build_markdown([s])
   assert s["gamma_label"] in md and s["gamma_label"].startswith(f"≤3 {rule}")
-  drawn = "adaptive_confidence = 'drawn'" in extra
+  drawn = "confidence = 'drawn'" in extra
   assert s["adaptive_confidence"] == ("drawn" if drawn else "top")
   assert s["gamma_label"].endswith(" drawn") == drawn
 
 
+ADAPTIVE = "Experiment.adaptive = @AdaptiveConfig()\nAdaptiveConfig.rule = "
+
+
 @pytest.mark.parametrize("binding,message", [
-    ("Experiment.adaptive = 'sometimes'", "adaptive rule must be one of"),
-    ("Experiment.adaptive = 'threshold'\nExperiment.adaptive_threshold = 1.5",
+    (ADAPTIVE + "'sometimes'", "adaptive rule must be one of"),
+    (ADAPTIVE + "'threshold'", r"'threshold' needs a threshold in \[0, 1\]"),
+    (ADAPTIVE + "'threshold'\nAdaptiveConfig.threshold = 1.5",
      r"threshold in \[0, 1\]"),
-    ("Experiment.adaptive = 'schedule'\nExperiment.gamma = 'auto'", "not 'auto'"),
-    ("Experiment.adaptive = 'threshold'\nExperiment.adaptive_skip_below = 1.5",
+    (ADAPTIVE + "'schedule'\nExperiment.gamma = 'auto'", "not 'auto'"),
+    (ADAPTIVE + "'threshold'\nAdaptiveConfig.threshold = 0.5\nAdaptiveConfig.skip_below = 1.5",
      r"skip_below must be in \[0, 1\]"),
-    ("Experiment.adaptive = 'schedule'\nExperiment.adaptive_skip_below = 0.3",
+    (ADAPTIVE + "'schedule'\nAdaptiveConfig.skip_below = 0.3",
      r"skip_below .* only, not 'schedule'"),
-    ("Experiment.adaptive = 'cumulative'\nExperiment.adaptive_threshold = -0.5",
+    (ADAPTIVE + "'cumulative'\nAdaptiveConfig.threshold = -0.5",
      r"'cumulative' needs a threshold in \[0, 1\]"),
-    ("Experiment.adaptive = 'cumulative'\nExperiment.adaptive_widths = (1, 9)",
+    (ADAPTIVE + "'cumulative'\nAdaptiveConfig.threshold = 0.5\nAdaptiveConfig.widths = (1, 9)",
      r"widths \[9\] exceed gamma"),
-    ("Experiment.adaptive = 'cumulative'\nExperiment.adaptive_confidence = 'sampled'",
+    (ADAPTIVE + "'cumulative'\nAdaptiveConfig.confidence = 'sampled'",
      "adaptive confidence must be one of .*'sampled'"),
-    ("Experiment.adaptive = 'schedule'\nExperiment.adaptive_confidence = 'drawn'",
+    (ADAPTIVE + "'schedule'\nAdaptiveConfig.confidence = 'drawn'",
      "'drawn' applies to rules .* not 'schedule'"),
 ])
 def test_adaptive_bad_input_fails_before_work(env, monkeypatch, binding, message):
+  """Each bad adaptive setting is refused while the config is parsed or
+  validated, before any weight is read."""
   monkeypatch.setattr(run.setup, "_load_model", lambda *a, **k: pytest.fail("weights were read"))
-  exp = run.parse_config([str(env / "exp.gin")], binding.splitlines())
   with pytest.raises(ValueError, match=message):
-    run.prepare(exp)
+    run.prepare(run.parse_config([str(env / "exp.gin")], binding.splitlines()))
 
 
 def _copied_draft_experiment(env, tmp_path):

@@ -39,6 +39,7 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import re
 import sys
 import traceback
 import typing
@@ -51,7 +52,7 @@ from absl import app, flags, logging
 from specdec_jax import checkpoints
 from specdec_jax.run import settings
 from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
-from specdec_jax.run.report import alpha_row, summarize, summarize_alpha, table2_row
+from specdec_jax.run.report import alpha_row, conclusion, summarize, summarize_alpha, table2_row
 from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
 from specdec_jax.run.setup import check_before_loading, load_data, load_models
 from specdec_jax.run.workdir import Workdir
@@ -77,31 +78,45 @@ flags.DEFINE_bool("verbose", False, "Show library INFO logs (Orbax, JAX) and the
 USER_ERRORS = (ValueError, OSError, LookupError, ImportError, checkpoints.CheckpointError)
 
 
-def import_modules(names: Sequence[str]) -> None:
-  """Imports each module (a name, or a path to a .py file) for its registrations."""
+def _load_file(path: Path) -> None:
+  spec = importlib.util.spec_from_file_location(path.stem, path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[path.stem] = module
+  try:
+    spec.loader.exec_module(module)
+  except BaseException:
+    del sys.modules[path.stem]
+    raise
+
+
+def import_modules(names: Sequence[str], config_dirs: Sequence[Path] = ()) -> None:
+  """Imports each module (a name, or a path to a .py file) for its
+  registrations; looked for in the working directory and on sys.path, then
+  next to each ``--config`` file (``config_dirs``)."""
   if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())  # as `python -m` does; in-process callers need it too
   for name in names:
-    if name.endswith(".py") or os.sep in name:
-      path = Path(name).resolve()
-      if not path.is_file():
-        raise FileNotFoundError(f"--import={name}: no such file ({path})")
-      spec = importlib.util.spec_from_file_location(path.stem, path)
-      module = importlib.util.module_from_spec(spec)
-      sys.modules[path.stem] = module
-      try:
-        spec.loader.exec_module(module)
-      except BaseException:
-        del sys.modules[path.stem]
-        raise
-    else:
-      try:
-        importlib.import_module(name)
-      except ModuleNotFoundError as e:
-        if e.name != name.split(".")[0] and e.name != name:
-          raise  # the module exists but one of its own imports is missing
+    is_file = name.endswith(".py") or os.sep in name
+    beside = [Path(d) / (name if is_file else f"{name.replace('.', os.sep)}.py")
+              for d in config_dirs]
+    if is_file:
+      found = [p for p in [Path(name)] + beside if p.is_file()]
+      if not found:
+        raise FileNotFoundError(f"--import={name}: no such file (looked for "
+                                f"{', '.join(str(p.resolve()) for p in [Path(name)] + beside)})")
+      _load_file(found[0].resolve())
+      continue
+    try:
+      importlib.import_module(name)
+    except ModuleNotFoundError as e:
+      if e.name != name.split(".")[0] and e.name != name:
+        raise  # the module exists but one of its own imports is missing
+      found = [p for p in beside if p.is_file()]
+      if not found:
         raise ValueError(f"--import={name}: no module named {name!r} in the working "
-                         f"directory ({os.getcwd()}) or on sys.path") from None
+                         f"directory ({os.getcwd()}), on sys.path or next to the --config "
+                         "files") from None
+      _load_file(found[0].resolve())
 
 
 def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
@@ -119,8 +134,9 @@ def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
   return Experiment()
 
 
-def _print_result(s: dict) -> None:
+def _print_result(s: dict, workdir: Workdir) -> None:
   print(alpha_row(s) if s.get("mode") == "alpha_only" else table2_row(s))
+  print(conclusion(s, str(workdir.path)))
   sys.stdout.flush()
 
 
@@ -128,7 +144,8 @@ def main(argv: Sequence[str]) -> None:
   """The runner; raises user errors (see ``cli`` for how they are reported)."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  import_modules(FLAGS["import"].value)
+  import_modules(FLAGS["import"].value,
+                 [Path(resolve_path(c)).resolve().parent for c in FLAGS.config])
   exp = parse_config(FLAGS.config, FLAGS.gin_bindings)
   config_str = gin.config_str()
   alpha_only = FLAGS.alpha_only
@@ -145,7 +162,7 @@ def main(argv: Sequence[str]) -> None:
     logging.info("%s: the run is finished (%d examples); nothing to do", workdir.path,
                  len(workdir.records))
     _print_result(summarize_alpha(exp, workdir.records, len(d.examples) - exp.num_warmup)
-                  if alpha_only else summarize(exp, workdir.records))
+                  if alpha_only else summarize(exp, workdir.records), workdir)
     return
   setup = load_models(exp, d)  # all loading and checking before the workdir is touched
   for i in sorted(d.truncated):
@@ -153,7 +170,7 @@ def main(argv: Sequence[str]) -> None:
                     d.examples[i].id, i, exp.max_input_len)
   logging.info("Workdir %s (%d examples already done)", workdir.path, len(workdir.records))
   s = run_alpha_only(setup, workdir) if alpha_only else run_speculative(setup, workdir)
-  _print_result(s)
+  _print_result(s, workdir)
 
 
 class _LibraryFilter:
@@ -200,6 +217,8 @@ def _quiet_unraisable(u) -> None:
 
 def _message(e: BaseException) -> str:
   text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+  # gin appends "In call to configurable ..." lines; the first line says it all.
+  text = "\n".join(l for l in str(text).splitlines() if "In call to configurable" not in l)
   return f"{type(e).__name__}: {text}" if not isinstance(e, (ValueError, OSError)) else text
 
 
@@ -230,10 +249,16 @@ def run_args(args: Sequence[str]) -> int:
 
 def _settings_help() -> str:
   hints = typing.get_type_hints(Experiment)
+  short = lambda t: re.sub(r"[\w.]+\.(\w+)", r"\1",
+                           str(t).replace("<class '", "").replace("'>", ""))
   lines = ["", "Experiment settings (--gin_bindings='Experiment.<name> = <value>'; defaults):"]
   for f in dataclasses.fields(Experiment):
-    t = str(hints[f.name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
-    lines.append(f"  {f.name}: {t} = {f.default!r}")
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    lines.append(f"  {f.name}: {short(hints[f.name])} = {default!r}")
+  lines += ["", "Sampling (§2.2): SamplingConfig.temperature (0: argmax), .topk, .topp.",
+            "Adaptive draft length: Experiment.adaptive = @AdaptiveConfig() with",
+            "  AdaptiveConfig.rule ('threshold', 'cumulative', 'schedule'), .threshold,",
+            "  .skip_below, .confidence ('top', 'drawn'), .initial_gamma, .widths."]
   return "\n".join(lines) + "\n"
 
 

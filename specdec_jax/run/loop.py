@@ -27,7 +27,7 @@ from absl import logging
 from specdec_jax import data
 from specdec_jax.decoding import alpha_estimates, speculative_decode, temperature_sample
 from specdec_jax.run import account, autogamma
-from specdec_jax.run.report import summarize, summarize_alpha
+from specdec_jax.run.report import Progress, summarize, summarize_alpha
 from specdec_jax.run.settings import Experiment
 from specdec_jax.run.setup import Setup, held_out_inputs
 from specdec_jax.run.workdir import Workdir
@@ -68,14 +68,14 @@ def _auto_gamma(setup: Setup, workdir: Workdir, root) -> tuple[int, Optional[dic
     n = len(inputs)
   batches = [(place(x), rows) for x, rows in autogamma.alpha_batches(inputs, n, exp.batch_size)]
   choice = autogamma.choose_gamma(setup.target, setup.target_params, setup.draft, batches, root,
-                                  exp.sampling(), exp.max_decode_len, exp.gamma_max,
+                                  exp.sampling, exp.max_decode_len, exp.auto_gamma_max,
                                   setup.partitioner)
   return choice.gamma, choice.as_record()
 
 
 def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   exp = setup.exp
-  sampling = exp.sampling()
+  sampling = exp.sampling
   target, tparams, draft = setup.target, setup.target_params, setup.draft
   kw = dict(max_decode_len=exp.max_decode_len, sampling=sampling, eos_id=target.config.eos_id,
             partitioner=setup.partitioner)
@@ -85,7 +85,7 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   gamma, gamma_auto = _auto_gamma(setup, workdir, root)
   spec_fn = lambda x, k: speculative_decode(target, tparams, draft, place(x), k,
                                             gamma=gamma, lenience=exp.lenience,
-                                            adaptive=exp.adaptive_config(), **kw)
+                                            adaptive=exp.adaptive, **kw)
   n_total = len(setup.examples)
   # Warm-up: compile both loops on the warm-up examples (or the first batch).
   t0 = time.perf_counter()
@@ -93,7 +93,7 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
     x = pad_batch(setup.inputs, idx, exp.batch_size, exp.input_buckets)
     block(base_fn(x, root))
     block(spec_fn(x, root))
-  adaptive = exp.adaptive_config()
+  adaptive = exp.adaptive
   if exp.input_buckets or adaptive is not None:
     batches = [pad_batch(setup.inputs, idx, exp.batch_size, exp.input_buckets)
                for idx in batch_indices(n_total, 0, exp.batch_size)]
@@ -120,7 +120,9 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   costs = {"c": c.c, "v": c.v, "target_step_ms": 1e3 * c.target_step_s,
            "verify_ms": 1e3 * c.verify_s, "draft_token_ms": 1e3 * c.draft_token_s,
            "interplay": c.interplay}
-  logging.info("Costs: %s", costs)
+  logging.info("Costs: c %.3f, v %.2f (target step %.2f ms, verification %.2f ms, draft "
+               "token %.3f ms), interplay %.2f", c.c, c.v, costs["target_step_ms"],
+               costs["verify_ms"], costs["draft_token_ms"], c.interplay)
   # Each example's fixed cost before its first step or round (the encoders and
   # caches), timed per input width: the whole-run account (``accounting``).
   done_ids = {r["index"] for r in workdir.records}
@@ -131,11 +133,13 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
     first.setdefault(int(x.shape[1]), place(x))
   prefill = account.prefill_ms(target, tparams, draft, first, exp.max_decode_len, gamma,
                                   repeats=5)
-  logging.info("Prefill ms (baseline, speculative) by input width: %s", prefill)
+  logging.info("Prefill ms (baseline, speculative) by input width: %s",
+               {w: (round(b, 2), round(p, 2)) for w, (b, p) in prefill.items()})
   extra = {"gamma": gamma} if gamma_auto is None else {"gamma": gamma, "gamma_auto": gamma_auto}
 
   t_start = time.perf_counter()
   processed = 0
+  progress = Progress(n_total - exp.num_warmup)
   for idx in batch_indices(len(todo), 0, exp.batch_size):
     rows = [todo[i] for i in idx]
     x = pad_batch(setup.inputs, rows, exp.batch_size, exp.input_buckets)
@@ -172,8 +176,8 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
     processed += len(rows)
     s = summarize(exp, workdir.records)
     eta = (time.perf_counter() - t_start) / processed * (len(todo) - processed)
-    logging.info("[%d/%d] alpha %.3f  speedup %.2fx  ETA %.0f s", len(workdir.records),
-                 n_total - exp.num_warmup, s["alpha"], s["speedup"], eta)
+    progress.update(len(workdir.records),
+                    f"α {s['alpha']:.2f}  speedup {s['speedup']:.2f}x  ETA {eta:.0f} s")
     workdir.write_summary(s)
   summary = summarize(exp, workdir.records)
   workdir.write_summary(summary)
@@ -195,10 +199,11 @@ def run_alpha_only(setup: Setup, workdir: Workdir) -> dict:
   nothing here is timed) until ``alpha_only_tokens`` tokens are generated.
   """
   exp = setup.exp
-  sampling = exp.sampling()
+  sampling = exp.sampling
   target, tparams = setup.target, setup.target_params
   root = jax.random.PRNGKey(exp.seed)
   todo = pending(exp, len(setup.examples), workdir, alpha_only=True)
+  progress = Progress(exp.alpha_only_tokens)
   for idx in batch_indices(len(todo), 0, exp.batch_size):
     if sum(r["tokens"] for r in workdir.records) >= exp.alpha_only_tokens:
       break
@@ -227,8 +232,8 @@ def run_alpha_only(setup: Setup, workdir: Workdir) -> dict:
                       "alpha_min_pq": float(sums[j]) / max(m, 1),
                       "input_truncated": i in setup.truncated})
     tokens = sum(r["tokens"] for r in workdir.records)
-    logging.info("[alpha-only] %d / %d tokens, alpha %.3f", tokens, exp.alpha_only_tokens,
-                 sum(r["min_pq_sum"] for r in workdir.records) / max(tokens, 1))
+    progress.update(min(tokens, exp.alpha_only_tokens), "tokens; α {:.2f}".format(
+        sum(r["min_pq_sum"] for r in workdir.records) / max(tokens, 1)))
   summary = summarize_alpha(exp, workdir.records, len(setup.examples) - exp.num_warmup)
   workdir.write_summary(summary)
   return summary

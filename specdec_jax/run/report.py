@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 
 import numpy as np
 
 from specdec_jax import theory
-from specdec_jax.decoding import CONFIDENCE_RULES
 from specdec_jax.run import account
 from specdec_jax.run.settings import Experiment
 
@@ -19,9 +19,12 @@ COST_KEYS = ("c", "v", "target_step_ms", "verify_ms", "draft_token_ms", "interpl
 def summarize(exp: Experiment, records: list[dict]) -> dict:
   """Aggregates examples.jsonl lines into summary.json.
 
-  Each line carries the cost measurement of its process (c, v, step times), so
-  a resumed run's summary uses the median over all lines: every number here
-  can be recomputed from examples.jsonl alone.
+  Each line carries the cost measurement (c, v, step times) of the process
+  that wrote it; a resumed run has one measurement per segment. The summary's
+  costs are the median over all lines, and ``cost_segments`` lists each
+  segment's own (with its number of examples), so a reader sees which costs
+  the predictions used. Every number here can be recomputed from
+  examples.jsonl alone.
   """
   tot = lambda k: float(sum(r[k] for r in records))
   # (Lines written before 'interplay' was measured count as 1: no interplay.)
@@ -37,7 +40,8 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   spec_s = tot("speculative_s")
   summary = {
       "mode": "speculative", "task": exp.task, "target": target_label, "draft": draft_label,
-      "temperature": exp.temperature, "topk": exp.topk, "topp": exp.topp,
+      "temperature": exp.sampling.temperature, "topk": exp.sampling.topk,
+      "topp": exp.sampling.topp,
       "gamma": exp.gamma, "lenience": exp.lenience, "batch_size": exp.batch_size,
       "mesh_shape": list(exp.mesh_shape) if exp.mesh_shape else None,
       "param_dtype": exp.param_dtype, "dtype": exp.dtype,
@@ -52,26 +56,26 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
       "baseline_s": base_s, "speculative_s": spec_s,
       "speedup": base_s / spec_s if spec_s else float("nan"),
       "num_examples": len(records),
+      "costs_from": f"median over {len(records)} examples' lines",
+      "cost_segments": cost_segments(records),
       "mismatches_vs_baseline": (int(sum(not r["matches_baseline"] for r in records))
-                                 if exp.temperature == 0 else None),
+                                 if exp.sampling.greedy else None),
   }
   if records and "gamma_auto" in records[0]:
     summary["gamma_auto"] = records[0]["gamma_auto"]
-  if exp.adaptive is not None:
+  a = exp.adaptive
+  if a is not None:
     hist = np.sum([r["gamma_hist"] for r in records], 0) if records else np.zeros(1)
-    summary["adaptive"] = exp.adaptive
-    summary["adaptive_threshold"] = (exp.adaptive_threshold if exp.adaptive in CONFIDENCE_RULES
-                                     else None)
-    summary["adaptive_skip_below"] = exp.adaptive_skip_below
-    summary["adaptive_confidence"] = exp.adaptive_confidence
+    summary["adaptive"] = a.rule
+    summary["adaptive_threshold"] = a.threshold
+    summary["adaptive_skip_below"] = a.skip_below
+    summary["adaptive_confidence"] = a.confidence
     summary["gamma_hist"] = hist.tolist()       # rounds that proposed j tokens, at j
     summary["mean_gamma"] = float(np.dot(np.arange(len(hist)), hist) / max(hist.sum(), 1))
-    summary["gamma_label"] = (f"≤{exp.gamma} {exp.adaptive}"
-                              + (f" {exp.adaptive_threshold:g}"
-                                 if exp.adaptive in CONFIDENCE_RULES else "")
-                              + (f" skip {exp.adaptive_skip_below:g}"
-                                 if exp.adaptive_skip_below is not None else "")
-                              + (" drawn" if exp.adaptive_confidence == "drawn" else ""))
+    summary["gamma_label"] = (f"≤{exp.gamma} {a.rule}"
+                              + (f" {a.threshold:g}" if a.threshold is not None else "")
+                              + (f" skip {a.skip_below:g}" if a.skip_below is not None else "")
+                              + (" drawn" if a.confidence == "drawn" else ""))
   # Theorem 3.8 is for a fixed γ: an adaptive run has no such prediction.
   ok = records and not math.isnan(alpha) and exp.adaptive is None
   summary["expected_speedup"] = (float(theory.walltime_improvement(min(alpha, 1.0), exp.gamma,
@@ -104,6 +108,19 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   return summary
 
 
+def cost_segments(records: list[dict]) -> list[dict]:
+  """Each run segment's cost measurement, in order: consecutive lines that
+  carry the same (c, v, ...) were measured by one process."""
+  out: list[dict] = []
+  for r in records:
+    costs = {k: r.get(k) for k in COST_KEYS}
+    if out and all(out[-1][k] == costs[k] for k in COST_KEYS):
+      out[-1]["examples"] += 1
+    else:
+      out.append({**costs, "examples": 1})
+  return out
+
+
 def table2_row(s: dict) -> str:
   """The paper's Table 2 layout (TASK, M_q, TEMP, γ, α, SPEED), plus EXP."""
   head = "| TASK | M_q | TEMP | γ | α | SPEED | EXP (Thm 3.8) | EXP (with v) | mismatches |"
@@ -114,6 +131,12 @@ def table2_row(s: dict) -> str:
          f"{fmt(s['expected_speedup_v'])}X | "
          f"{'-' if s['mismatches_vs_baseline'] is None else s['mismatches_vs_baseline']} |")
   lines = [head, sep, row]
+  segments = s.get("cost_segments") or []
+  if len(segments) > 1:
+    lines.append(f"c and v: {s['costs_from']} from {len(segments)} measurements (one per "
+                 "resumed segment: " + ", ".join(
+                     f"c {g['c']:.3f} v {g['v']:.2f} on {g['examples']}" for g in segments)
+                 + " examples)")
   if s.get("expected_speedup_in_context") is not None:
     lines.append(f"EXP in context: {fmt(s['expected_speedup_in_context'])}X (draft and target "
                  f"timed alternating as in a round: {fmt(s['interplay'])}x their cost timed "
@@ -139,8 +162,9 @@ def summarize_alpha(exp: Experiment, records: list[dict], available: int) -> dic
   tokens = sum(r["tokens"] for r in records)
   target_label, draft_label = exp.labels
   return {"mode": "alpha_only", "task": exp.task, "target": target_label,
-          "draft": draft_label, "temperature": exp.temperature, "topk": exp.topk,
-          "topp": exp.topp, "num_tokens": tokens, "num_examples": len(records),
+          "draft": draft_label, "temperature": exp.sampling.temperature,
+          "topk": exp.sampling.topk, "topp": exp.sampling.topp, "num_tokens": tokens,
+          "num_examples": len(records),
           "alpha_only_tokens": exp.alpha_only_tokens,
           "budget_reached": tokens >= exp.alpha_only_tokens,
           "examples_available": available,
@@ -157,3 +181,48 @@ def alpha_row(s: dict) -> str:
             f"{s['num_tokens']} tokens, before Experiment.alpha_only_tokens="
             f"{s['alpha_only_tokens']}; raise Experiment.num_examples or use a larger source")
   return row
+
+
+def conclusion(s: dict, workdir: str) -> str:
+  """The run in one plain sentence, and where its results are."""
+  where = f"Results: {workdir}/ (examples.jsonl, summary.json, config.gin)."
+  n = s["num_examples"]
+  if s.get("mode") == "alpha_only":
+    return (f"α = {s['alpha_min_pq']:.2f} (E[Σ min(p, q)], §4.2) over {s['num_tokens']} "
+            f"tokens the target generated for {n} examples.\n{where}")
+  speed = s["speedup"]
+  verdict = (f"{speed:.2f}× faster than" if speed >= 1 else f"{1 / speed:.2f}× slower than")
+  text = (f"Speculative decoding was {verdict} the baseline on {n} held-out examples "
+          f"(α {s['alpha']:.2f}, γ {s['gamma']}, T = {s['temperature']:g}); ")
+  bad = s["mismatches_vs_baseline"]
+  if bad is None:
+    text += ("at T > 0 the two loops draw their own samples, so outputs are not compared "
+             "token for token (the distribution is the target's: docs/exactness.md).")
+  elif bad == 0:
+    text += f"outputs identical to the baseline's on all {n}."
+  else:
+    text += (f"outputs differ from the baseline's on {bad} of {n}"
+             + (" (lenience < 1 is not exact)." if s.get("lenience", 1) < 1 else
+                " (matches_baseline in examples.jsonl)."))
+  return f"{text}\n{where}"
+
+
+class Progress:
+  """One progress line on stderr: rewritten in place on a terminal, else
+  printed at every tenth of the work (logs stay short)."""
+
+  def __init__(self, total: int, stream=None):
+    self.total, self.stream = max(total, 1), stream or sys.stderr
+    self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+    self.last_tenth = -1
+
+  def update(self, done: int, text: str) -> None:
+    line = f"[{done}/{self.total}] {text}"
+    if self.tty:
+      self.stream.write("\r" + line.ljust(79))
+      if done >= self.total:
+        self.stream.write("\n")
+    elif done * 10 // self.total > self.last_tenth or done >= self.total:
+      self.last_tenth = done * 10 // self.total
+      self.stream.write(line + "\n")
+    self.stream.flush()

@@ -17,7 +17,7 @@ from typing import Optional, Sequence, Union
 import gin
 
 from specdec_jax import data, drafts, partitioning
-from specdec_jax.decoding import CONFIDENCE_RULES, AdaptiveConfig
+from specdec_jax.decoding import AdaptiveConfig
 from specdec_jax.sampling import SamplingConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +27,28 @@ MODES = ("speculative", "alpha_only")
 _PATH_FIELDS = ("vocab_path", "target_checkpoint", "draft_checkpoint", "source", "ngram_corpus",
                 "draft_shortlist")
 CONFIG_DIRS: list[Path] = []  # directories of the parsed --config files, last first
+
+
+@gin.configurable("SamplingConfig")
+def sampling_config(temperature: float = 0.0, topk: int = 0, topp: float = 0.0
+                    ) -> SamplingConfig:
+  """``SamplingConfig`` as gin builds it: ``SamplingConfig.temperature = 1.0``
+  sets the experiment's sampling (``Experiment.sampling`` defaults to it)."""
+  return SamplingConfig(float(temperature), int(topk), float(topp))
+
+
+@gin.configurable("AdaptiveConfig")
+def adaptive_config(rule: str = gin.REQUIRED, threshold: Optional[float] = None,
+                    initial_gamma: Optional[int] = None, widths: Sequence[int] = (),
+                    skip_below: Optional[float] = None, confidence: str = "top"
+                    ) -> AdaptiveConfig:
+  """``AdaptiveConfig`` as gin builds it: ``Experiment.adaptive = @AdaptiveConfig()``
+  with ``AdaptiveConfig.rule = 'threshold'``, ``AdaptiveConfig.threshold = 0.6``, ...
+  (fields as ``specdec_jax.decoding.AdaptiveConfig``)."""
+  return AdaptiveConfig(rule, threshold=None if threshold is None else float(threshold),
+                        initial_gamma=initial_gamma, widths=tuple(int(w) for w in widths),
+                        skip_below=None if skip_below is None else float(skip_below),
+                        confidence=confidence)
 
 
 @gin.configurable
@@ -66,33 +88,18 @@ class Experiment:
   ngram_corpus_split: str = "train"
   ngram_corpus_max_examples: Optional[int] = None
   prompt_lookup_max_ngram: int = 3
-  temperature: float = 0.0
-  topk: int = 0
-  topp: float = 0.0
+  # Sampling (§2.2): bind ``SamplingConfig.temperature`` / ``.topk`` / ``.topp``.
+  sampling: SamplingConfig = dataclasses.field(default_factory=lambda: sampling_config())
   gamma: Union[int, str] = 5                 # draft tokens per round, or 'auto' (§3.5)
-  gamma_max: int = 8                         # the largest γ 'auto' considers
+  auto_gamma_max: int = 8                    # the largest γ that gamma='auto' considers
   # Where 'auto' estimates α: '' = the warm-up examples; else a held-out source
   # (a validation split: tuning γ on it keeps the timed examples untouched),
   # its first auto_alpha_examples examples.
   auto_alpha_source: str = ""
   auto_alpha_examples: int = 32
-  # Adaptive draft length per round and row (decoding.AdaptiveConfig); gamma is
-  # then γ_max. 'threshold': the draft stops when its top probability is at or
-  # below adaptive_threshold; 'cumulative': when the product of its top
-  # probabilities this round is; 'schedule': +2 after a fully accepted round, -1 else.
-  adaptive: Optional[str] = None
-  adaptive_threshold: float = 0.4
-  # 'threshold'/'cumulative' only: a row whose first draft distribution has top probability
-  # <= this proposes nothing that round (a plain target step); None: never.
-  adaptive_skip_below: Optional[float] = None
-  # 'threshold'/'cumulative' only: what they read after each draft token: 'top'
-  # (max_x q(x)) or 'drawn' (q of the token drawn; the same at T = 0).
-  adaptive_confidence: str = "top"
-  adaptive_initial_gamma: Optional[int] = None
-  # The verification widths compiled for adaptive rounds (AdaptiveConfig.widths);
-  # () = powers of two below gamma, and gamma. At batch 1 where v(k) grows with
-  # k (a CPU), every width 1..gamma avoids verifying positions nobody proposed.
-  adaptive_widths: tuple = ()
+  # Adaptive draft length per round and row: None (a fixed γ every round) or
+  # ``@AdaptiveConfig()`` with ``AdaptiveConfig.rule`` etc. bound; gamma is then γ_max.
+  adaptive: Optional[AdaptiveConfig] = None
   lenience: float = 1.0
   batch_size: int = 1
   max_input_len: int = 128
@@ -117,9 +124,6 @@ class Experiment:
   num_examples: int = 100
   seed: int = 0
   alpha_only_tokens: int = 10_000
-
-  def sampling(self) -> SamplingConfig:
-    return SamplingConfig(self.temperature, self.topk, self.topp)
 
   def validate(self) -> None:
     """Cheap checks that fail before any long work starts (types, values, paths)."""
@@ -146,13 +150,12 @@ class Experiment:
         self.num_processes is None or self.process_id is None):
       raise ValueError("Experiment.multihost with Experiment.coordinator_address also needs "
                        "Experiment.num_processes and Experiment.process_id")
-    self.sampling()  # temperature / topk / topp errors
     if isinstance(self.gamma, str) and self.gamma != "auto":
       raise ValueError(f"Experiment.gamma must be an int >= 1 or 'auto', got {self.gamma!r}")
     if not isinstance(self.gamma, str) and self.gamma < 1:
       raise ValueError(f"Experiment.gamma must be >= 1, got {self.gamma}")
-    if self.gamma_max < 1:
-      raise ValueError(f"Experiment.gamma_max must be >= 1, got {self.gamma_max}")
+    if self.auto_gamma_max < 1:
+      raise ValueError(f"Experiment.auto_gamma_max must be >= 1, got {self.auto_gamma_max}")
     if self.auto_alpha_source and self.auto_alpha_examples < 1:
       raise ValueError("Experiment.auto_alpha_examples must be >= 1 with "
                        f"auto_alpha_source={self.auto_alpha_source!r}, got "
@@ -162,9 +165,9 @@ class Experiment:
         raise ValueError("Experiment.adaptive chooses γ per round up to Experiment.gamma "
                          "(γ_max); bind a number for gamma, not 'auto'")
       try:
-        self.adaptive_config().verify_widths(self.gamma)
+        self.adaptive.verify_widths(self.gamma)
       except ValueError as e:
-        raise ValueError(f"Experiment.adaptive={self.adaptive!r}: {e}") from None
+        raise ValueError(f"Experiment.adaptive (rule {self.adaptive.rule!r}): {e}") from None
     if not 0 < self.lenience <= 1:
       raise ValueError(f"Experiment.lenience must be in (0, 1] (1 is exact), got {self.lenience}")
     if self.draft_name not in drafts.REGISTRY:
@@ -191,7 +194,8 @@ class Experiment:
     if self.draft_shortlist and not drafts.takes(self.draft_name, "shortlist"):
       raise ValueError(f"Experiment.draft_shortlist={self.draft_shortlist!r} is set but "
                        f"approximation model {self.draft_name!r} takes no 'shortlist' "
-                       "argument (the T5 drafts 't5' and 'lookup_t5' do)")
+                       "argument (the T5 drafts 't5' and 'lookup_t5' do); bind "
+                       "Experiment.draft_shortlist = '' for it")
     needs = set(drafts.requires(self.draft_name))
     unset = [(f, "") for f in ("target_checkpoint", "vocab_path", "source")
              if not getattr(self, f)]
@@ -236,23 +240,10 @@ class Experiment:
       raise ValueError(f"Experiment.{f.name} must be {names}{' or None' if optional else ''}, "
                        f"got {value!r} ({type(value).__name__})")
 
-  def adaptive_config(self) -> Optional[AdaptiveConfig]:
-    """The engine's adaptive setting (None: a fixed γ every round)."""
-    if self.adaptive is None:
-      return None
-    skip = None if self.adaptive_skip_below is None else float(self.adaptive_skip_below)
-    widths = tuple(int(w) for w in self.adaptive_widths)
-    if self.adaptive in CONFIDENCE_RULES:
-      return AdaptiveConfig(self.adaptive, threshold=float(self.adaptive_threshold),
-                            skip_below=skip, widths=widths,
-                            confidence=self.adaptive_confidence)
-    return AdaptiveConfig(self.adaptive, initial_gamma=self.adaptive_initial_gamma,
-                          skip_below=skip, widths=widths, confidence=self.adaptive_confidence)
-
   @property
   def gamma_bound(self) -> int:
     """The largest γ any round may use: what caches and memory are sized for."""
-    return self.gamma_max if self.gamma == "auto" else self.gamma
+    return self.auto_gamma_max if self.gamma == "auto" else self.gamma
 
   @property
   def labels(self) -> tuple[str, str]:

@@ -277,7 +277,7 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
   # Built-in drafts are tested elsewhere: trace them (free) but skip the run.
   drafts.check_interface(exp.draft_name, draft, jnp.asarray(d.inputs[:1].repeat(
       exp.batch_size, 0)), target.config.vocab_size, exp.gamma_bound,
-      exp.max_decode_len + exp.gamma_bound + 1, exp.sampling(),
+      exp.max_decode_len + exp.gamma_bound + 1, exp.sampling,
       concrete=exp.draft_name not in drafts.BUILTIN, target_width=target.config.d_model)
   return draft
 
