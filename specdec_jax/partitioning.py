@@ -181,36 +181,46 @@ class Partitioner:
            what: str) -> PartitionSpec:
     """The PartitionSpec for an array of ``shape`` with logical ``axes``.
 
-    A mesh axis is used at most once per array (later uses are replicated);
-    a dimension it does not divide raises (or, with fallback='replicate', is
+    The rules are ordered, as in T5X and Flax: each rule (logical name, mesh
+    axis) in turn gives the array's dimension of that name the mesh axis if
+    the dimension has none yet and no other dimension of the array holds that
+    axis. A name may appear in several rules, as fallbacks: T5X's 2-D rules map
+    'embed' to 'model', then to 'data'. A rule with mesh axis None settles its
+    dimension as replicated; a dimension no rule settles is replicated. A mesh
+    axis of size 1 settles its dimension as replicated too. A dimension that
+    its mesh axis does not divide raises (or, with fallback='replicate', is
     replicated with a warning).
     """
     if len(axes) != len(shape):
       raise PartitioningError(f"{what}: {len(axes)} logical axes {tuple(axes)} for an array "
                               f"of shape {tuple(shape)}")
-    rules = dict(self.rules)
+    unset = object()
+    out: list[Any] = [unset] * len(axes)
     used: set[str] = set()
-    out: list[Optional[str]] = []
-    for logical, size in zip(axes, shape):
-      mesh_axis = rules.get(logical) if logical is not None else None
-      if mesh_axis is None or mesh_axis in used or self.shape[mesh_axis] == 1:
-        out.append(None)
+    for logical, mesh_axis in self.rules:
+      if logical not in axes:
+        continue
+      i = list(axes).index(logical)
+      if out[i] is not unset or (mesh_axis is not None and mesh_axis in used):
+        continue
+      if mesh_axis is None or self.shape[mesh_axis] == 1:
+        out[i] = None
         continue
       n = self.shape[mesh_axis]
-      if size % n:
-        msg = (f"{what}: dimension '{logical}' of size {size} (shape {tuple(shape)}) is not "
-               f"divisible by mesh axis '{mesh_axis}' of size {n} (mesh {self.shape})")
+      if shape[i] % n:
+        msg = (f"{what}: dimension '{logical}' of size {shape[i]} (shape {tuple(shape)}) is "
+               f"not divisible by mesh axis '{mesh_axis}' of size {n} (mesh {self.shape})")
         if self.fallback == "error":
           raise PartitioningError(msg + "; choose a mesh that divides it, map "
                                   f"'{logical}' to None in the logical axis rules, or set "
                                   "the partitioning fallback to 'replicate'")
         logging.log_first_n(logging.WARNING, "%s; replicating it (fallback='replicate')", 20,
                             msg)
-        out.append(None)
+        out[i] = None
         continue
       used.add(mesh_axis)
-      out.append(mesh_axis)
-    return PartitionSpec(*out)
+      out[i] = mesh_axis
+    return PartitionSpec(*(None if a is unset else a for a in out))
 
   def sharding(self, axes: Sequence[Optional[str]], shape: Sequence[int],
                what: str) -> NamedSharding:

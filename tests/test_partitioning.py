@@ -55,6 +55,37 @@ def test_standard_rules_shard_xxl_on_model_and_batch_on_data():
       partitioning.PartitionSpec(None, "model")
 
 
+# T5X's rules for 2-D parameter and activation sharding
+# (standard_logical_axis_rules(activation_partitioning_dims=2,
+# parameter_partitioning_dims=2)), written out: 'embed' appears twice, an
+# ordered fallback from 'model' to 'data'.
+T5X_2D_RULES = (("batch", "data"), ("vocab", "model"), ("mlp", "model"), ("heads", "model"),
+                ("kv", None), ("joined_kv", "model"), ("embed", "model"), ("embed", "data"),
+                ("relpos_buckets", None), ("abspos_buckets", None), ("length", None),
+                ("layers", None), ("stack", None), ("mlp_activations", None))
+
+
+def test_repeated_rules_are_ordered_fallbacks_as_in_t5x():
+  part = Partitioner(abstract_mesh((2, 4)), rules=partitioning.validate_rules(T5X_2D_RULES))
+  spec = lambda axes, shape: part.spec(axes, shape, "x")
+  P = partitioning.PartitionSpec
+  # 'mlp' takes 'model' first, so 'embed' falls back to 'data' (2-D weights).
+  assert spec(("embed", "mlp"), (4096, 10240)) == P("data", "model")
+  assert spec(("mlp", "embed"), (10240, 4096)) == P("model", "data")
+  assert spec(("embed", "joined_kv"), (4096, 4096)) == P("data", "model")
+  assert spec(("vocab", "embed"), (32128, 4096)) == P("model", "data")
+  # Alone, 'embed' takes its first rule's axis; activations keep batch on 'data'.
+  assert spec(("embed",), (4096,)) == P("model")
+  assert spec(("batch", "length", "embed"), (8, 16, 4096)) == P("data", None, "model")
+  # The last of the two rules alone (the old dict lookup) would have put
+  # 'embed' on 'data' and clashed with 'batch'.
+  assert spec(("batch", "embed"), (8, 4096)) == P("data", "model")
+  # A None rule settles a dimension as replicated; later rules do not apply.
+  first_none = Partitioner(abstract_mesh((2, 4)), rules=partitioning.validate_rules(
+      (("embed", None), ("embed", "data"))))
+  assert first_none.spec(("embed",), (4096,), "x") == P(None)
+
+
 def test_non_divisible_dimension_errors_or_replicates_with_a_warning():
   part = Partitioner(abstract_mesh((1, 8)))
   with pytest.raises(PartitioningError, match=r"parameter encoder/relpos_bias/rel_embedding: "
