@@ -43,6 +43,8 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 TASK_PREFIX = "specdec_"
 WMT_TFDS_NAME = "wmt_t2t_translate/de-en:1.0.0"
 CNN_TFDS_NAME = "cnn_dailymail:3.4.0"
+# The datasets `python -m specdec_jax.prepare_data --dataset=KEY` builds.
+TFDS_DATASETS: dict[str, str] = {"wmt_ende": WMT_TFDS_NAME, "cnn_dailymail": CNN_TFDS_NAME}
 SPLITS = ("train", "validation", "test")
 DEFAULT_BIBLE_DIR = str(Path(__file__).resolve().parent.parent / "data" / "bible")
 
@@ -592,14 +594,16 @@ def _check_tfds_prepared(tfds_name: str, data_dir: str, how: str) -> None:
   version_dir = os.path.join(data_dir, *name.split("/"), version)
   if tf.io.gfile.exists(os.path.join(version_dir, "dataset_info.json")):
     return
+  ours = [k for k, v in TFDS_DATASETS.items() if v == tfds_name]
+  command = f"`tfds build {name} --data_dir={data_dir}`"
+  if ours:
+    command = (f"`python -m specdec_jax.prepare_data --dataset={ours[0]} "
+               f"--data_dir={data_dir}` (TFDS's own {command} does the same)")
   raise FileNotFoundError(
     f"TFDS dataset {name} version {version} is not prepared: looked for "
     f"{version_dir}/dataset_info.json (data dir {data_dir!r} from {how}). "
-    f"Prepare it on a machine with network access, e.g. "
-    f"`tfds build {name} --data_dir={data_dir}` or "
-    f"`python -m tensorflow_datasets.scripts.download_and_prepare "
-    f"--datasets={name} --data_dir={data_dir}`, then pass data_dir= "
-    f"or set TFDS_DATA_DIR.")
+    f"Prepare it once, where the network is reachable: {command}; then bind "
+    f"Experiment.tfds_data_dir (data_dir=) to that directory or set TFDS_DATA_DIR.")
 
 
 def _text_preprocessors(task) -> list:

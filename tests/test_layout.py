@@ -14,7 +14,7 @@ PKG = REPO / "specdec_jax"
 LAYERS = [
     ("engine", ("models", "sampling", "speculative", "decoding", "theory", "partitioning",
                 "drafts.base")),
-    ("io", ("checkpoints", "memory", "data")),
+    ("io", ("checkpoints", "memory", "data", "prepare_data")),
     ("drafts", ("drafts", "timing")),
     ("training", ("training", "distill", "evaluate")),
     ("run", ("run",)),

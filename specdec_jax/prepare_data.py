@@ -1,0 +1,93 @@
+"""Builds the TFDS datasets behind the seqio tasks (WMT EnDe, CNN/DM) into a
+chosen data directory, local or ``gs://``: one command per dataset,
+
+  python -m specdec_jax.prepare_data --dataset=wmt_ende --data_dir=gs://BUCKET/tfds
+  python -m specdec_jax.prepare_data --dataset=cnn_dailymail --data_dir=gs://BUCKET/tfds
+
+then bind ``Experiment.tfds_data_dir`` (or set ``TFDS_DATA_DIR``) to the same
+directory. The runner never downloads: ``data.load_seqio_examples`` refuses a
+dataset that is not prepared and names this command.
+
+What it does: ``tensorflow_datasets.builder(name, data_dir=...)`` for the
+exact name and version the seqio tasks read (``data.TFDS_DATASETS``), then the
+builder's ``download_and_prepare``, which downloads the sources (network
+access needed; TFDS keeps the raw downloads in ``--download_dir``, default
+``<data_dir>/downloads``) and writes the TFRecord shards and
+``dataset_info.json`` under ``<data_dir>/<name>/<version>``. A version already
+prepared there is left as it is. TensorFlow Datasets comes with the package's
+``seqio`` extra and is imported only inside ``prepare``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Optional, Sequence
+
+from specdec_jax import data
+
+INSTALL = 'pip install -e ".[seqio]"'
+
+
+def _import_tfds() -> Any:
+  """``tensorflow_datasets``, or an ImportError that says how to install it."""
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ModuleNotFoundError as e:
+    if (e.name or "").split(".")[0] not in ("tensorflow_datasets", "tensorflow"):
+      raise  # installed, but one of its own imports is missing
+    raise ImportError(f"TensorFlow Datasets is not installed: {INSTALL} "
+                      "(python -m specdec_jax.prepare_data needs it)") from None
+  return tfds
+
+
+def _local_or_remote(path: str) -> str:
+  return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
+def prepare(dataset: str, data_dir: str, download_dir: Optional[str] = None) -> str:
+  """Downloads and prepares ``dataset`` (a key of ``data.TFDS_DATASETS``:
+  'wmt_ende' or 'cnn_dailymail') into ``data_dir`` (local or gs://); returns
+  the directory of the prepared version. ``download_dir`` holds the raw
+  downloads (default: TFDS's, ``<data_dir>/downloads``). Raises ValueError for
+  an unknown dataset or an empty ``data_dir`` before importing anything, and
+  ImportError naming the install command without TensorFlow Datasets."""
+  if dataset not in data.TFDS_DATASETS:
+    raise ValueError(f"unknown dataset {dataset!r}; one of {sorted(data.TFDS_DATASETS)}")
+  if not data_dir:
+    raise ValueError("data_dir is empty: name the directory to build into (local or gs://)")
+  tfds = _import_tfds()
+  builder = tfds.builder(data.TFDS_DATASETS[dataset], data_dir=_local_or_remote(data_dir))
+  builder.download_and_prepare(
+      download_dir=_local_or_remote(download_dir) if download_dir else None)
+  return str(builder.data_dir)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """The command line; a user error is one ``error:`` line and exit status 2."""
+  parser = argparse.ArgumentParser(
+      prog="python -m specdec_jax.prepare_data",
+      description="Build WMT EnDe or CNN/DM for TFDS into a data directory (local or gs://), "
+                  "as the seqio tasks specdec_wmt_ende / specdec_cnn_dailymail read them.")
+  parser.add_argument("--dataset", required=True, choices=sorted(data.TFDS_DATASETS),
+                      help="wmt_ende: " + data.TFDS_DATASETS["wmt_ende"]
+                      + "; cnn_dailymail: " + data.TFDS_DATASETS["cnn_dailymail"])
+  parser.add_argument("--data_dir", required=True,
+                      help="TFDS data directory to build into (local or gs://); bind "
+                           "Experiment.tfds_data_dir to it")
+  parser.add_argument("--download_dir", default=None,
+                      help="where the raw downloads go (default: <data_dir>/downloads)")
+  args = parser.parse_args(argv)
+  try:
+    path = prepare(args.dataset, args.data_dir, args.download_dir)
+  except (ValueError, ImportError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(f"{args.dataset}: prepared in {path}; bind Experiment.tfds_data_dir = "
+        f"'{args.data_dir}' (or set TFDS_DATA_DIR)")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
