@@ -17,6 +17,7 @@ import argparse
 import glob
 import json
 import pathlib
+import re
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -102,6 +103,23 @@ _DRAFT_ALIASES = [("unigram", "unigram"), ("bigram", "bigram"), ("gpt", "gpt-lik
          ("small", "t5-small"), ("base", "t5-base"), ("large", "t5-large")]
 _DRAFT_ORDER = {"unigram": 0, "bigram": 1, "t5-small": 2, "t5-base": 3, "t5-large": 4}
 
+# The paper's T5 models are T5 1.1 (configs/table2/). Rows run with the public T5 1.0
+# checkpoints (configs/table2_t5_1_0/, labelled 'T5 1.0 ...') are other models: the
+# 'family' column says so, and their paper columns are a reference, not the same models.
+_T5_1_0 = re.compile(r"t5[\s_.-]*v?1[._]0(?![.\d])|(^|[^a-z0-9])t5[-_](3b|11b)\b", re.I)
+_T5_1_1 = re.compile(r"t5[\s_.-]*v?1[._]1(?![.\d])|(^|[^a-z0-9])xx?l\b", re.I)
+
+
+def model_family(summary: Dict[str, Any]) -> str:
+  """The T5 family a run's models belong to, from its target and draft labels:
+  'T5 1.0' when either names T5 1.0 ('T5 1.0 ...', 't5_1_0...', or the T5
+  1.0-only sizes t5-3b / t5-11b), else 'T5 1.1' when either names T5 1.1
+  ('t5_1_1_...', 't5-v1_1-...', or the T5 1.1-only sizes XL / XXL), else '-'."""
+  labels = [str(summary.get(k) or "") for k in ("target", "draft")]
+  if any(_T5_1_0.search(l) for l in labels):
+    return "T5 1.0"
+  return "T5 1.1" if any(_T5_1_1.search(l) for l in labels) else MISSING
+
 
 def _canonical(name: Any, aliases: Sequence[Tuple[str, str]]) -> Optional[str]:
   """First alias whose substring occurs in the lowercased name, else None."""
@@ -176,6 +194,7 @@ Column = Tuple[str, Callable[[Dict[str, Any], Dict[str, Any]], str]]
 # Columns: (header, fn(summary, paper_row) -> cell).
 TABLE2_COLUMNS: List[Column] = [
   ("TASK", lambda s, p: _fmt_plain(s.get("task"))),
+  ("family", lambda s, p: model_family(s)),
   ("M_p", lambda s, p: _fmt_plain(s.get("target"))),
   ("M_q", lambda s, p: _fmt_plain(s.get("draft"))),
   ("TEMP", lambda s, p: _fmt_plain(s.get("temperature"))),
@@ -191,6 +210,7 @@ TABLE2_COLUMNS: List[Column] = [
 
 TABLE3_COLUMNS: List[Column] = [
   ("M_p", lambda s, p: _fmt_plain(s.get("target"))),
+  ("family", lambda s, p: model_family(s)),
   ("TASK", lambda s, p: _fmt_plain(s.get("task"))),
   ("M_q", lambda s, p: _fmt_plain(s.get("draft"))),
   ("TEMP", lambda s, p: _fmt_plain(s.get("temperature"))),
@@ -202,6 +222,7 @@ TABLE3_COLUMNS: List[Column] = [
 
 TABLE4_COLUMNS: List[Column] = [
   ("TASK", lambda s, p: _fmt_plain(s.get("task"))),
+  ("family", lambda s, p: model_family(s)),
   ("M_q", lambda s, p: _fmt_plain(s.get("draft"))),
   ("TEMP", lambda s, p: _fmt_plain(s.get("temperature"))),
   ("gamma", lambda s, p: _fmt_plain(s.get("gamma_label") or s.get("gamma"))),
@@ -238,6 +259,12 @@ def is_alpha_only(summary: Dict[str, Any]) -> bool:
   return summary.get("mode") == "alpha_only"
 
 
+FAMILY_NOTE = ("family: the T5 version of a row's models. The paper's are T5 1.1; a "
+               "'T5 1.0' row ran the public T5 1.0 checkpoints (configs/table2_t5_1_0/), "
+               "other models than the paper's: its paper columns are a reference, not "
+               "the same models.\n\n")
+
+
 def build_markdown(summaries: Sequence[Dict[str, Any]]) -> str:
   """All tables that the given summaries can fill, as one markdown document."""
   runs = [s for s in summaries if not is_alpha_only(s)]
@@ -247,7 +274,7 @@ def build_markdown(summaries: Sequence[Dict[str, Any]]) -> str:
     sections.append(
       "### Table 2: walltime improvement of speculative decoding\n\n"
       "Paper columns: M_p = T5-XXL (11B) on TPU-v4, matched by task, draft size and "
-      "temperature.\n\n" + render_table(runs, "table2", TABLE2_COLUMNS))
+      "temperature.\n\n" + FAMILY_NOTE + render_table(runs, "table2", TABLE2_COLUMNS))
     sections.append(
       "### Table 4: expected (Theorem 3.8) vs. empirical improvement\n\n"
       "EXP uses v = 1 as in the paper; EXP (v) uses the measured cost v of the "
@@ -255,7 +282,7 @@ def build_markdown(summaries: Sequence[Dict[str, Any]]) -> str:
       "(the two models timed alternating as in a round over their cost timed apart).\n\n" + render_table(runs, "table4", TABLE4_COLUMNS))
   if alpha_runs:
     sections.append(
-      "### Table 3: alpha = E[sum min(p, q)] (Corollary 3.6)\n\n"
+      "### Table 3: alpha = E[sum min(p, q)] (Corollary 3.6)\n\n" + FAMILY_NOTE
       + render_table(alpha_runs, "table3", TABLE3_COLUMNS))
   return "\n\n".join(sections) + "\n"
 

@@ -133,3 +133,35 @@ def test_canonical_task(make_tables, name, expected):
 ])
 def test_canonical_draft(make_tables, name, expected):
   assert make_tables.canonical_draft(name) == expected
+
+
+def test_t5_1_0_rows_are_labelled(make_tables, tmp_path, capsys):
+  """configs/table2_t5_1_0's rows (public T5 1.0 checkpoints) say they are T5 1.0,
+  the T5 1.1 rows say T5 1.1, and the tables explain the difference."""
+  _write(tmp_path, "t5_1_0", _run_summary("wmt_ende", "T5 1.0 small", 0.0, 7, 0.6, 2.0,
+                                          target="T5 1.0 11B"))
+  _write(tmp_path, "t5_1_1", _run_summary("cnn_dailymail", "T5-small", 0.0, 5, 0.6, 2.0,
+                                          target="T5-XXL"))
+  _write(tmp_path, "demo", _run_summary("bible", "draft", 0.0, 4, 0.6, 1.2, target="target"))
+  _write(tmp_path, "alpha", dict(_alpha_summary("wmt_ende", "T5 1.0 base", 0.0, 0.7),
+                                 target="T5 1.0 11B"))
+  assert make_tables.main([str(tmp_path)]) == 0
+  md = capsys.readouterr().out
+  for title in ("Table 2", "Table 4"):
+    family = {r["TASK"]: r["family"] for r in _rows(md, title)}
+    assert family == {"wmt_ende": "T5 1.0", "cnn_dailymail": "T5 1.1", "bible": "-"}
+  t2 = {r["TASK"]: r for r in _rows(md, "Table 2")}
+  assert (t2["wmt_ende"]["M_p"], t2["wmt_ende"]["M_q"]) == ("T5 1.0 11B", "T5 1.0 small")
+  assert [r["family"] for r in _rows(md, "Table 3")] == ["T5 1.0"]
+  note = md.split("Table 2", 1)[1].split("|", 1)[0]
+  assert "'T5 1.0' row ran the public T5 1.0 checkpoints" in note and "not the same" in note
+
+
+@pytest.mark.parametrize("target,draft,family", [
+  ("T5 1.0 11B", "T5 1.0 small", "T5 1.0"), ("t5-11b", "t5-small", "T5 1.0"),
+  ("T5-XXL", "T5 1.0 base", "T5 1.0"), ("t5_1_1_xxl", "t5_1_1_small", "T5 1.1"),
+  ("T5-XXL", "T5-small", "T5 1.1"), ("google/t5-v1_1-xl", "x", "T5 1.1"),
+  ("target", "draft", "-"), ("t5_10b", "t5-1.05", "-"),
+])
+def test_model_family(make_tables, target, draft, family):
+  assert make_tables.model_family(dict(target=target, draft=draft)) == family
