@@ -74,9 +74,10 @@ def test_module_help_runs():
   assert res.returncode == 0 and "--dataset {cnn_dailymail,wmt_ende}" in res.stdout
 
 
-def test_real_builders_and_the_unprepared_error(monkeypatch, tmp_path):
-  """With TFDS installed: the builders exist under these names and versions,
-  aim at data_dir, and the error for unprepared data names this command."""
+def test_real_builders_and_the_prepared_data(monkeypatch, tmp_path):
+  """With TFDS installed: the builders exist under these names and versions and
+  aim at data_dir; the error for unprepared data names this command; prepared
+  data is read by the runner through the seqio task, with the task prefix."""
   tfds = pytest.importorskip("tensorflow_datasets")
   pytest.importorskip("seqio")
   prepared = []
@@ -94,3 +95,21 @@ def test_real_builders_and_the_unprepared_error(monkeypatch, tmp_path):
     data.load_seqio_examples("specdec_cnn_dailymail", "test", 1, data_dir=str(empty))
   assert (f"`python -m specdec_jax.prepare_data --dataset=cnn_dailymail --data_dir={empty}`"
           in str(e.value))
+
+  # Once prepared (TFDS's mock data in place of the download), the T5 1.0 CNN/DM
+  # row reads it through the seqio task and prefixes every input.
+  (empty / "cnn_dailymail" / "3.4.0").mkdir(parents=True)
+  (empty / "cnn_dailymail" / "3.4.0" / "dataset_info.json").write_text("{}")
+  from specdec_jax import run
+  exp = run.parse_config([str(REPO / "configs/table2_t5_1_0/t5_1_0_cnndm_small_t0.gin")], [
+      f"Experiment.tfds_data_dir = '{empty}'",
+      f"VOCAB_PATH = '{REPO / 'checkpoints/demo/spm.model'}'",
+      "Experiment.num_warmup = 1", "Experiment.num_examples = 2"])
+  assert exp.source == "seqio:specdec_cnn_dailymail" and exp.prefix == "summarize: "
+  with tfds.testing.mock_data(num_examples=3):
+    loaded = run.load_data(exp)
+  for ex, row in zip(loaded.examples, loaded.inputs):
+    assert not ex.input.startswith("summarize")
+    want = loaded.vocab.encode("summarize: " + ex.input)
+    n = min(len(want), exp.max_input_len - 1)  # a truncated row ends in EOS
+    assert list(row[:n]) == want[:n]
