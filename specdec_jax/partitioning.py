@@ -298,26 +298,32 @@ def initialize_multihost(coordinator_address: Optional[str] = None,
                          process_id: Optional[int] = None) -> None:
   """``jax.distributed.initialize`` for a multi-host job (TPU pod slice, GPU cluster).
 
-  On Cloud TPU VMs every argument is discovered from the environment; on GPU
-  clusters (or anywhere without such discovery) the coordinator address,
-  number of processes and process id are required.
+  Without a coordinator address, JAX detects the cluster from its environment
+  (Cloud TPU VMs, SLURM, Open MPI, Kubernetes, ...); where it finds none, this
+  says which settings to bind. With one, the number of processes and this
+  process's id are required, and the count the coordinator confirms must be
+  that number.
   """
-  on_tpu_vm = coordinator_address is None and _looks_like_tpu_vm()
-  if not on_tpu_vm and coordinator_address is None:
-    raise PartitioningError(
-        "multihost=True needs a coordinator: bind Experiment.coordinator_address "
-        "('host:port' of process 0), Experiment.num_processes and Experiment.process_id "
-        "(Cloud TPU VMs discover them; this machine does not look like one)")
   if coordinator_address is not None and (num_processes is None or process_id is None):
     raise PartitioningError(
         f"multihost with coordinator_address={coordinator_address!r} also needs "
         f"num_processes (got {num_processes}) and process_id (got {process_id})")
-  kw = {} if on_tpu_vm else dict(coordinator_address=coordinator_address,
-                                 num_processes=num_processes, process_id=process_id)
-  jax.distributed.initialize(**kw)
-
-
-def _looks_like_tpu_vm() -> bool:
-  import os
-  return bool(os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("CLOUD_TPU_TASK_ID")
-              or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0"))
+  kw = {} if coordinator_address is None else dict(
+      coordinator_address=coordinator_address, num_processes=num_processes,
+      process_id=process_id)
+  # CPU devices (tests, CPU clusters) need a collectives backend across
+  # processes; accelerators bring their own, which this leaves alone.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  try:
+    jax.distributed.initialize(**kw)
+  except (ValueError, RuntimeError) as e:
+    if coordinator_address is None:
+      raise PartitioningError(
+          f"multihost=True: JAX found no cluster to join here ({e}); bind "
+          "Experiment.coordinator_address ('host:port' of process 0), "
+          "Experiment.num_processes and Experiment.process_id") from None
+    raise PartitioningError(f"multihost: joining the coordinator at {coordinator_address} "
+                            f"failed: {e}") from None
+  if num_processes is not None and jax.process_count() != num_processes:
+    raise PartitioningError(f"multihost: the coordinator confirms {jax.process_count()} "
+                            f"processes, not num_processes={num_processes}")

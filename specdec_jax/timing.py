@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,7 @@ import numpy as np
 
 from specdec_jax.drafts.base import ApproximationModel, init_draft
 from specdec_jax.models.t5 import T5Model
+from specdec_jax.partitioning import Partitioner, constrain_cache
 from specdec_jax.sampling import SamplingConfig, sample, standardize
 
 Array = jax.Array
@@ -117,8 +118,9 @@ def median_se(xs: list[float]) -> float:
 # cannot drop any of the work.
 
 
-@functools.partial(jax.jit, static_argnames=("model", "sampling", "n"))
-def target_steps(model: T5Model, params, cache, tokens, positions, key, sampling, n):
+@functools.partial(jax.jit, static_argnames=("model", "sampling", "n", "partitioner"))
+def target_steps(model: T5Model, params, cache, tokens, positions, key, sampling, n,
+                 partitioner: Optional[Partitioner] = None):
   """n decode calls (+ standardize + sample) in one jitted loop; returns a
   value that depends on every output, so none of the work can be dropped."""
   def body(i, carry):
@@ -127,6 +129,7 @@ def target_steps(model: T5Model, params, cache, tokens, positions, key, sampling
     # the masks and the relative-position bias out of the loop, and the timing
     # would leave out work every real decoding step does.
     logits, cache = model.decode(params, tokens, positions + i % 2, cache)
+    cache = constrain_cache(cache, partitioner, "target cache")  # the loops' layout
     probs = standardize(logits, sampling)
     tok = sample(jax.random.fold_in(key, i), probs[:, -1], sampling)
     return cache, acc + jnp.sum(tok) + jnp.sum(probs[..., 0])
@@ -143,9 +146,9 @@ def _proposes(draft: ApproximationModel, state, seq, length, key, gamma, samplin
   return jax.lax.fori_loop(0, n, body, (state, 0.0))[1]
 
 
-@functools.partial(jax.jit, static_argnames=("model", "gamma", "sampling", "n"))
+@functools.partial(jax.jit, static_argnames=("model", "gamma", "sampling", "n", "partitioner"))
 def _rounds(model: T5Model, params, cache, draft: ApproximationModel, state, seq, length, key,
-            gamma, sampling, n):
+            gamma, sampling, n, partitioner: Optional[Partitioner] = None):
   """n rounds' model work as the loop runs it: γ draft steps, then the target's
   pass over the γ+1 positions holding the proposal (+ standardize + sample,
   as in the verify piece). The proposal feeds the target and the caches are
@@ -160,6 +163,7 @@ def _rounds(model: T5Model, params, cache, draft: ApproximationModel, state, seq
     tokens, q, state = draft.propose(state, seq, length + i % 2, gamma, sampling, k_draft)
     pos = length[:, None] + i % 2 + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
     logits, cache = model.decode(params, jnp.concatenate([first, tokens], 1), pos, cache)
+    cache = constrain_cache(cache, partitioner, "target cache")
     probs = standardize(logits, sampling)
     tok = sample(k_target, probs[:, -1], sampling)
     return cache, state, acc + jnp.sum(tok) + jnp.sum(q[..., 0]) + jnp.sum(probs[..., 0])
@@ -191,7 +195,7 @@ def _draft_init(draft: ApproximationModel, inputs, cache_len):
 def measure_costs(target: T5Model, target_params: Any, draft: ApproximationModel,
                   inputs: Array, gamma: int, sampling: SamplingConfig = SamplingConfig(),
                   cache_len: int | None = None, position: int = 16, repeats: int = 15,
-                  inner: int = 16) -> Costs:
+                  inner: int = 16, partitioner: Optional[Partitioner] = None) -> Costs:
   """Median (over ``repeats``) times of the three pieces at a mid-sequence
   ``position``, each the mean of ``inner`` back-to-back runs in one jit call.
   inputs [B, S] int32; returns the ``Costs`` of that γ (c as Definition 3.7).
@@ -200,14 +204,15 @@ def measure_costs(target: T5Model, target_params: Any, draft: ApproximationModel
   attention spans what it does there.
   """
   return measure_costs_many(target, target_params, draft, inputs, [gamma], sampling,
-                            cache_len, position, repeats, inner)[gamma]
+                            cache_len, position, repeats, inner, partitioner)[gamma]
 
 
 def measure_costs_many(target: T5Model, target_params: Any, draft: ApproximationModel,
                        inputs: Array, gammas: Sequence[int],
                        sampling: SamplingConfig = SamplingConfig(),
                        cache_len: int | None = None, position: int = 16, repeats: int = 15,
-                       inner: int = 16) -> dict[int, Costs]:
+                       inner: int = 16, partitioner: Optional[Partitioner] = None
+                       ) -> dict[int, Costs]:
   """``measure_costs`` for several γ in ONE interleaved measurement: one
   target-step piece shared by all, and each γ's verify and draft pieces, timed
   round-robin in every repeat. Machine drift then hits every γ alike, so
@@ -221,17 +226,25 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
     raise ValueError(f"gammas must be >= 1, got {gammas}")
   b = inputs.shape[0]
   cache_len = max(cache_len or 0, position + gammas[-1] + 3)  # +1: steps alternate positions
+  # With a partitioner, every batch-major array is placed as the loops place
+  # theirs (and the caches constrained as they are), so the pieces time the
+  # loops' own layout.
+  place = partitioner.shard_batch if partitioner is not None else jnp.asarray
+  if not isinstance(inputs, jax.Array) or partitioner is not None and \
+      inputs.sharding != partitioner.batch_sharding(inputs.shape):
+    inputs = place(np.asarray(inputs))
   cache = baseline_prefill(target, target_params, inputs, cache_len)
   dstate = _draft_init(draft, inputs, cache_len)
   key = jax.random.PRNGKey(0)
-  seq = jnp.full((b, cache_len + 1), 3, jnp.int32)
-  length = jnp.full((b,), position, jnp.int32)
+  seq = place(np.full((b, cache_len + 1), 3, np.int32))
+  length = place(np.full((b,), position, np.int32))
   n = inner
 
   def target_piece(k):
-    tok = jnp.full((b, k), 3, jnp.int32)
-    pos = position + jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
-    return lambda: target_steps(target, target_params, cache, tok, pos, key, sampling, n)
+    tok = place(np.full((b, k), 3, np.int32))
+    pos = place(position + np.broadcast_to(np.arange(k, dtype=np.int32), (b, k)))
+    return lambda: target_steps(target, target_params, cache, tok, pos, key, sampling, n,
+                                partitioner)
 
   pieces = {"step": target_piece(1)}
   for g in gammas:
@@ -239,7 +252,8 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
     pieces[("draft", g)] = (lambda g=g: _proposes(draft, dstate, seq, length, key, g,
                                                    sampling, n))
     pieces[("round", g)] = (lambda g=g: _rounds(target, target_params, cache, draft, dstate,
-                                                 seq, length, key, g, sampling, n))
+                                                 seq, length, key, g, sampling, n,
+                                                 partitioner))
   for fn in pieces.values():  # compile + warm up
     block(fn())
   # Interleaved: machine drift hits every piece alike.

@@ -19,8 +19,8 @@ import pytest
 from specdec_jax import run
 from specdec_jax.research import accounting as research_accounting
 from specdec_jax.run import account as accounting
-from specdec_jax.checkpoints import save_checkpoint
-from specdec_jax.models.t5 import T5Config, T5Model
+
+import toy_env
 
 REPO = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = {"task", "target", "draft", "temperature", "gamma", "alpha", "alpha_min_pq",
@@ -28,43 +28,12 @@ SUMMARY_KEYS = {"task", "target", "draft", "temperature", "gamma", "alpha", "alp
                 "speculative_ms_per_token", "speedup", "expected_speedup",
                 "expected_speedup_v", "expected_speedup_in_context", "interplay",
                 "num_examples", "mismatches_vs_baseline"}
-WORDS = ("thou thee thy hath doth saith unto ye shall lord king house went came said "
-         "people land day god man son father city behold").split()
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
   """A tiny vocabulary, target/draft checkpoints, a TSV and a gin file."""
-  import sentencepiece as spm
-  d = tmp_path_factory.mktemp("run")
-  rng = np.random.default_rng(0)
-  lines = [" ".join(rng.choice(WORDS, size=rng.integers(4, 12))) for _ in range(400)]
-  (d / "corpus.txt").write_text("\n".join(lines) + "\n")
-  spm.SentencePieceTrainer.train(input=str(d / "corpus.txt"), model_prefix=str(d / "spm"),
-                                 vocab_size=40, model_type="unigram", pad_id=0, eos_id=1,
-                                 unk_id=2, bos_id=-1, minloglevel=2)
-  cfg = T5Config(vocab_size=64, d_model=32, num_heads=4, head_dim=8, num_encoder_layers=2,
-                 num_decoder_layers=2, d_ff=48)
-  for name, c, seed in (("target", cfg, 0),
-                        ("draft", cfg.replace(num_encoder_layers=1, num_decoder_layers=1), 1),
-                        ("draft_v65", cfg.replace(vocab_size=65, num_decoder_layers=1), 2)):
-    save_checkpoint(str(d / name), T5Model(c).init(jax.random.PRNGKey(seed)), c)
-  rows = ["id\tinput\treference"] + [f"ex{i}\t{lines[i]}\t{lines[i + 1]}" for i in range(80)]
-  (d / "data.tsv").write_text("\n".join(rows) + "\n")
-  (d / "exp.gin").write_text(f"""
-Experiment.task = 'toy'
-Experiment.source = '{d / "data.tsv"}'
-Experiment.prefix = ''
-Experiment.vocab_path = '{d / "spm.model"}'
-Experiment.target_checkpoint = '{d / "target"}'
-Experiment.draft_checkpoint = '{d / "draft"}'
-Experiment.gamma = 3
-Experiment.max_input_len = 24
-Experiment.max_decode_len = 16
-Experiment.num_warmup = 1
-Experiment.num_examples = 4
-""")
-  return d
+  return toy_env.build(tmp_path_factory.mktemp("run"))
 
 
 def _run(env, *args, check=True, **popen):
@@ -228,7 +197,7 @@ def _cli(capsys, *args) -> tuple[int, str, str]:
 def spec_run(env):
   """One finished speculative run (2 examples; example ex1's input is truncated)."""
   rows = (env / "data.tsv").read_text().splitlines()
-  long = " ".join(WORDS * 3)
+  long = " ".join(toy_env.WORDS * 3)
   rows[2] = f"ex1\t{long}\t{long}"  # index 1: the first measured example
   (env / "data_long.tsv").write_text("\n".join(rows) + "\n")
   cfg = env / "spec.gin"

@@ -202,7 +202,8 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
   missing = [g for g in range(1, gamma_max + 1) if g not in costs]
   if missing:
     costs.update(measure_costs_many(target, params, draft, batches[0][0], missing, sampling,
-                                    cache_len=max_decode_len + gamma_max + 1))
+                                    cache_len=max_decode_len + gamma_max + 1,
+                                    partitioner=partitioner))
   # In-context costs: the two models timed alternating, as a round runs them
   # (``timing.Costs.interplay``). The interplay grows with γ where the draft's
   # steps evict the target's weights, so ignoring it favours long γ.

@@ -50,7 +50,7 @@ import gin
 from absl import app, flags, logging
 
 from specdec_jax import checkpoints
-from specdec_jax.run import settings
+from specdec_jax.run import hosts, settings
 from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
 from specdec_jax.run.report import alpha_row, conclusion, summarize, summarize_alpha, table2_row
 from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
@@ -135,6 +135,8 @@ def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
 
 
 def _print_result(s: dict, workdir: Workdir) -> None:
+  if not hosts.is_writer():
+    return
   print(alpha_row(s) if s.get("mode") == "alpha_only" else table2_row(s))
   print(conclusion(s, str(workdir.path)))
   sys.stdout.flush()
@@ -155,8 +157,11 @@ def main(argv: Sequence[str]) -> None:
   # not make two Table 2 rows share a workdir.
   stem = "+".join(Path(c).stem for c in FLAGS.config) if FLAGS.config else "default"
   workdir_path = FLAGS.workdir or str(Path("runs") / (stem + ("_alpha" if alpha_only else "")))
-  workdir = Workdir(workdir_path, config_str, FLAGS.resume, mode,  # checks only, no writes
-                    num_indices=exp.num_warmup + exp.num_examples)
+  # Checks only, no writes; on several hosts process 0's results are everyone's.
+  workdir = hosts.agreed(lambda: Workdir(workdir_path, config_str, FLAGS.resume, mode,
+                                         num_indices=exp.num_warmup + exp.num_examples),
+                         "opening the workdir")
+  workdir.records = hosts.broadcast_json(workdir.records)
   d = load_data(exp)
   if workdir.records and not pending(exp, len(d.examples), workdir, alpha_only):
     logging.info("%s: the run is finished (%d examples); nothing to do", workdir.path,

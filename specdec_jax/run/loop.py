@@ -20,13 +20,12 @@ import time
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
 from specdec_jax import data
 from specdec_jax.decoding import alpha_estimates, speculative_decode, temperature_sample
-from specdec_jax.run import account, autogamma
+from specdec_jax.run import account, autogamma, hosts
 from specdec_jax.run.report import Progress, summarize, summarize_alpha
 from specdec_jax.run.settings import Experiment
 from specdec_jax.run.setup import Setup, held_out_inputs
@@ -40,11 +39,13 @@ def batch_indices(n: int, start: int, batch: int):
 
 
 def pad_batch(inputs: np.ndarray, idx: list[int], batch: int,
-               buckets: tuple = ()) -> jnp.ndarray:
-  rows = idx + [idx[-1]] * (batch - len(idx))  # repeat the last row; ignored
-  return jnp.asarray(data.fit_to_bucket(inputs[rows], buckets))
-
-
+              buckets: tuple = ()) -> np.ndarray:
+  """Rows ``idx`` of ``inputs`` as one [batch, width] host array (the last
+  row repeated to fill the batch; ignored), padded to the smallest bucket.
+  Host arrays: every process builds the same one, and placing it makes the
+  global batch."""
+  rows = idx + [idx[-1]] * (batch - len(idx))
+  return np.asarray(data.fit_to_bucket(inputs[rows], buckets))
 
 
 def detokenize(vocab, tokens: np.ndarray) -> str:
@@ -116,7 +117,8 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   logging.info("Warm-up (compilation included) took %.1f s", time.perf_counter() - t0)
   c = measure_costs(target, tparams, draft,
                     pad_batch(setup.inputs, [0], exp.batch_size, exp.input_buckets),
-                    gamma, sampling, cache_len=exp.max_decode_len + gamma + 1)
+                    gamma, sampling, cache_len=exp.max_decode_len + gamma + 1,
+                    repeats=exp.cost_repeats, partitioner=setup.partitioner)
   costs = {"c": c.c, "v": c.v, "target_step_ms": 1e3 * c.target_step_s,
            "verify_ms": 1e3 * c.verify_s, "draft_token_ms": 1e3 * c.draft_token_s,
            "interplay": c.interplay}
@@ -132,7 +134,7 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
     x = pad_batch(setup.inputs, [todo[i] for i in idx], exp.batch_size, exp.input_buckets)
     first.setdefault(int(x.shape[1]), place(x))
   prefill = account.prefill_ms(target, tparams, draft, first, exp.max_decode_len, gamma,
-                                  repeats=5)
+                               repeats=max(1, exp.cost_repeats // 3))
   logging.info("Prefill ms (baseline, speculative) by input width: %s",
                {w: (round(b, 2), round(p, 2)) for w, (b, p) in prefill.items()})
   extra = {"gamma": gamma} if gamma_auto is None else {"gamma": gamma, "gamma_auto": gamma_auto}
@@ -146,16 +148,17 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
     key = jax.random.fold_in(root, rows[0])
     base, base_s = timed(lambda: base_fn(x, key))
     spec, spec_s = timed(lambda: spec_fn(x, key))
-    alphas = alpha_estimates(spec.stats)
-    st = jax.tree_util.tree_map(np.asarray, spec.stats)
-    base_tok, spec_tok = np.asarray(base.tokens), np.asarray(spec.tokens)
+    alphas = hosts.to_host(alpha_estimates(spec.stats))
+    st = hosts.to_host(spec.stats)
+    base_tok, spec_tok = hosts.to_host((base.tokens, spec.tokens))
+    base_len, spec_len = hosts.to_host((base.length, spec.length))
     for j, i in enumerate(rows):
       ex = setup.examples[i]
       workdir.append({
           "index": i, "id": ex.id,
           "baseline_s": base_s / len(rows), "speculative_s": spec_s / len(rows),
           "batch_baseline_s": base_s, "batch_speculative_s": spec_s, "batch_size": len(rows),
-          "baseline_tokens": int(base.length[j]), "tokens": int(spec.length[j]),
+          "baseline_tokens": int(base_len[j]), "tokens": int(spec_len[j]),
           "target_calls": int(st.target_calls[j]), "draft_calls": int(st.draft_calls[j]),
           "accepted": int(st.accepted[j]), "rejected": int(st.rejected[j]),
           "min_pq_sum": float(st.min_pq_sum[j]),
@@ -163,7 +166,7 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
           "gamma_hist": st.gamma_hist[j].tolist(),
           "target_positions": int(st.target_positions[j]),
           "alpha": float(alphas["alpha"][j]), "alpha_min_pq": float(alphas["alpha_min_pq"][j]),
-          "tokens_per_target_call": int(spec.length[j]) / max(int(st.target_calls[j]), 1),
+          "tokens_per_target_call": int(spec_len[j]) / max(int(st.target_calls[j]), 1),
           "matches_baseline": bool(np.array_equal(base_tok[j], spec_tok[j])),
           "output": detokenize(setup.vocab, spec_tok[j]),
           "baseline_output": detokenize(setup.vocab, base_tok[j]),
@@ -222,11 +225,12 @@ def run_alpha_only(setup: Setup, workdir: Workdir) -> dict:
       out = temperature_sample(target, tparams, x, key, max_decode_len=exp.max_decode_len,
                                sampling=sampling, eos_id=target.config.eos_id,
                                partitioner=setup.partitioner)
-      sums = np.asarray(autogamma.min_pq_along(target, tparams, setup.draft, x, out.tokens,
-                                                out.length, sampling))
-      evaluated = np.asarray(out.length)
+      sums = autogamma.min_pq_along(target, tparams, setup.draft, x, out.tokens, out.length,
+                                    sampling)
+      evaluated = out.length
+    lengths, sums, evaluated = hosts.to_host((out.length, sums, evaluated))
     for j, i in enumerate(rows):
-      n, m = int(out.length[j]), int(evaluated[j])
+      n, m = int(lengths[j]), int(evaluated[j])
       workdir.append({"index": i, "id": setup.examples[i].id, "mode": "alpha_only",
                       "tokens": n, "evaluated": m, "min_pq_sum": float(sums[j]),
                       "alpha_min_pq": float(sums[j]) / max(m, 1),

@@ -7,6 +7,7 @@ import dataclasses
 import math
 import sys
 
+import jax
 import numpy as np
 
 from specdec_jax import theory
@@ -217,6 +218,8 @@ class Progress:
     self.last_tenth = -1
 
   def update(self, done: int, text: str) -> None:
+    if jax.process_index() != 0:  # one line per run, not per host
+      return
     line = f"[{done}/{self.total}] {text}"
     if self.tty:
       self.stream.write("\r" + line.ljust(79))

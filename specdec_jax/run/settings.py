@@ -124,6 +124,9 @@ class Experiment:
   num_examples: int = 100
   seed: int = 0
   alpha_only_tokens: int = 10_000
+  # Interleaved repeats that time c, v (Definition 3.7) and each example's
+  # prefill before the timed examples; fewer is quicker and noisier.
+  cost_repeats: int = 15
 
   def validate(self) -> None:
     """Cheap checks that fail before any long work starts (types, values, paths)."""
@@ -175,7 +178,7 @@ class Experiment:
                        f"{self.draft_name!r}; known: {sorted(drafts.REGISTRY)} (a draft "
                        "defined outside the package needs --import=<its module>)")
     for name in ("batch_size", "max_input_len", "max_decode_len", "num_examples",
-                 "alpha_only_tokens"):
+                 "alpha_only_tokens", "cost_repeats"):
       if getattr(self, name) < 1:
         raise ValueError(f"Experiment.{name} must be >= 1, got {getattr(self, name)}")
     data.check_input_buckets(self.input_buckets, self.max_input_len, "Experiment.input_buckets")

@@ -29,9 +29,11 @@ def _record_mode(record: dict) -> str:
 
 
 def _comparable(config_str: str) -> list[str]:
-  """Config lines that must match on --resume (num_examples may be raised)."""
-  return [l for l in config_str.splitlines()
-          if l.strip() and not re.match(r"\s*Experiment\.num_examples\s*=", l)]
+  """Config lines that must match on --resume: num_examples may be raised,
+  and the multi-host identity (this process's id, the coordinator's address)
+  differs between hosts and launches without changing the experiment."""
+  free = r"\s*Experiment\.(num_examples|process_id|coordinator_address)\s*="
+  return [l for l in config_str.splitlines() if l.strip() and not re.match(free, l)]
 
 
 class Workdir:
