@@ -1,0 +1,105 @@
+"""TPU chips the dry run compiles for (``specdec_jax.run.dryrun``): their
+published figures and the abstract devices libtpu gives for a topology.
+
+The figures are Google Cloud's, per chip, from each version's "System
+architecture" page (the sources below): peak bfloat16 FLOP/s, HBM capacity
+and HBM bandwidth. The pages write the v5e, v5p and v6e capacities as "GB";
+the parts are 16, 95 and 32 GiB stacks and the runtimes report limits in GiB,
+so they are kept in GiB here (as ``docs/scaling.md`` and
+``scripts/plan_memory.py`` do).
+
+Megacore: a v4 or v5p chip has two TensorCores that JAX drives as ONE device
+(a v4-8 VM shows 4 devices of 32 GiB). libtpu's ``v4:2x2x1`` topology lists
+the 8 TensorCores unless asked for the 'megacore' chip configuration, which
+``topology_devices`` does for v4 (v5p topologies are megacore already), so a
+dry run compiles for the devices a user's VM shows: one per chip, with the
+chip's HBM and peak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import math
+import os
+import re
+from typing import Any
+
+GiB = 2 ** 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One TPU generation's published per-chip figures (a JAX device is a chip)."""
+
+  name: str                 # topology prefix: 'v5e' in 'v5e:2x4'
+  device_kind: str          # what libtpu's compile-only devices call it
+  peak_flops: float         # bfloat16 FLOP/s per chip
+  hbm_bytes: int            # HBM per chip
+  hbm_bandwidth: float      # HBM bytes/s per chip
+  tensorcores: int          # per chip (2: megacore, one JAX device per chip)
+  accelerator_type: str     # Cloud's name prefix, as in 'v5litepod-8'
+  chip_config: str          # libtpu chip configuration giving one device per chip
+  source: str
+
+  @property
+  def label(self) -> str:
+    return f"TPU {self.name}"
+
+
+CHIPS: dict[str, Chip] = {
+    "v4": Chip("v4", "TPU v4", 275e12, 32 * GiB, 1200e9, 2, "v4", "megacore",
+               "https://cloud.google.com/tpu/docs/v4"),
+    "v5e": Chip("v5e", "TPU v5 lite", 197e12, 16 * GiB, 819e9, 1, "v5litepod", "default",
+                "https://cloud.google.com/tpu/docs/v5e"),
+    "v5p": Chip("v5p", "TPU v5", 459e12, 95 * GiB, 2765e9, 2, "v5p", "default",
+                "https://cloud.google.com/tpu/docs/v5p"),
+    "v6e": Chip("v6e", "TPU v6 lite", 918e12, 32 * GiB, 1640e9, 1, "v6e", "default",
+                "https://cloud.google.com/tpu/docs/v6e"),
+}
+
+EXAMPLES = "v4:2x2x1 (v4-8), v5e:2x4 (v5e-8), v5p:2x2x1 (v5p-8), v6e:2x4 (v6e-8)"
+
+
+def parse_topology(topology: str) -> tuple[Chip, tuple[int, ...]]:
+  """'v5e:2x4' -> (the v5e ``Chip``, chip grid (2, 4)); a one-line
+  ``ValueError`` for anything else, before libtpu is loaded."""
+  name, _, grid = str(topology).partition(":")
+  if name not in CHIPS or not re.fullmatch(r"\d+(x\d+)*", grid):
+    raise ValueError(f"--dry_run={topology!r}: unknown TPU topology; expected CHIP:GRID with "
+                     f"CHIP one of {', '.join(CHIPS)}, e.g. {EXAMPLES}")
+  return CHIPS[name], tuple(int(n) for n in grid.split("x"))
+
+
+def _on_tpu_vm() -> bool:
+  return os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
+
+
+@functools.lru_cache(maxsize=None)
+def topology_devices(topology: str) -> tuple[Chip, tuple[Any, ...]]:
+  """The chip and libtpu's compile-only devices for ``topology`` (one per
+  chip: megacore where the chip has it). Needs libtpu (``pip install -e
+  '.[tpu]'``); no TPU and no JAX TPU backend: ``JAX_PLATFORMS=cpu`` is fine.
+  Every failure is one line (``ValueError``)."""
+  chip, grid = parse_topology(topology)
+  if importlib.util.find_spec("libtpu") is None:
+    raise ValueError(f"--dry_run={topology}: the TPU compiler is not installed; "
+                     "pip install -e '.[tpu]' (or jax[tpu] at this jax's version)")
+  if not _on_tpu_vm():
+    # Off a TPU VM libtpu would probe the cloud metadata server for the host's
+    # TPU and print warnings; say what it is instead.
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    chips = math.prod(grid)
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE",
+                          f"{chip.accelerator_type}-{chips * chip.tensorcores}")
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  try:
+    devices = topologies.get_topology_desc(platform="tpu", topology_name=topology,
+                                           chip_config_name=chip.chip_config).devices
+  except Exception as e:  # libtpu's own message says what is wrong with the shape
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ValueError(f"--dry_run={topology}: libtpu cannot build this topology: {first}") \
+        from None
+  return chip, tuple(devices)

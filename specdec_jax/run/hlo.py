@@ -1,0 +1,270 @@
+"""Reading a compiled (optimized, SPMD-partitioned) HLO module's text, as
+``jax.stages.Compiled.as_text()`` prints it, for the dry run
+(``specdec_jax.run.dryrun``): its parameters with their padded device bytes,
+its main loop, the collectives one iteration runs and whether any of them
+moves a weight.
+
+The text is per device: shapes are shard shapes, and each layout's tile
+(``{1,0:T(8,128)(2,1)}``) says how the device pads the array in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Callable, Iterator, Optional
+
+ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+            "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+               "ragged-all-to-all", "collective-broadcast")
+# Ops that only move, slice or relabel their first operand: what they give is
+# still (part of) that operand.
+_MOVES = {"bitcast", "copy", "reshape", "transpose", "convert", "bitcast-convert", "copy-start",
+          "copy-done", "slice-start", "slice-done", "slice", "dynamic-slice", "all-gather",
+          "all-gather-start", "all-gather-done", "collective-permute",
+          "collective-permute-start", "collective-permute-done", "all-to-all"}
+_COMPUTES = {"dot", "convolution", "reduce", "reduce-window", "scatter", "sort", "gather"}
+_ARRAY = re.compile(r"\b(" + "|".join(ITEMSIZE) + r")\[([0-9,]*)\](\{[^}]*\})?")
+_HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) \(.*\) -> .* \{$")
+_NAME = re.compile(r"%([\w.\-]+)")
+
+
+@dataclasses.dataclass
+class Instr:
+  name: str
+  shape: str        # the result shape text, layouts included
+  opcode: str
+  operands: list    # operand instruction names
+  attrs: str        # everything after the operand list
+  args: str = ""    # the operand list as written (a parameter's number)
+
+  def attr(self, key: str) -> Optional[str]:
+    m = re.search(rf"\b{key}=%([\w.\-]+)", self.attrs)
+    return m.group(1) if m else None
+
+  @property
+  def op_name(self) -> str:
+    m = re.search(r'op_name="([^"]*)"', self.attrs)
+    return m.group(1) if m else ""
+
+  @property
+  def called(self) -> list[str]:
+    """The computations this instruction runs (loop body and condition,
+    branches, fused or applied computations)."""
+    out = [c for c in (self.attr(k) for k in ("body", "condition", "calls", "to_apply",
+                                              "true_computation", "false_computation")) if c]
+    m = re.search(r"branch_computations=\{([^}]*)\}", self.attrs)
+    return out + (_NAME.findall(m.group(1)) if m else [])
+
+
+@dataclasses.dataclass
+class Module:
+  computations: dict   # name -> {instruction name: Instr}, in program order
+  entry: str
+
+  def instrs(self, computation: str) -> Iterator[Instr]:
+    return iter(self.computations[computation].values())
+
+
+def _split_instr(line: str) -> Optional[Instr]:
+  m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (.*)$", line)
+  if not m:
+    return None
+  name, rest = m.groups()
+  depth, i = 0, 0
+  while i < len(rest):  # the opcode: the first 'word(' outside the shape's brackets
+    ch = rest[i]
+    if ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      depth -= 1
+    elif depth == 0 and ch == " ":
+      op = re.match(r" ([a-z][a-z0-9\-]*)\(", rest[i:])
+      if op:
+        start = i + len(op.group(0))
+        d, j = 1, start
+        while j < len(rest) and d:
+          d += {"(": 1, ")": -1}.get(rest[j], 0)
+          j += 1
+        return Instr(name, rest[:i], op.group(1), _NAME.findall(rest[start:j - 1]),
+                     rest[j:], rest[start:j - 1])
+    i += 1
+  return None
+
+
+def parse(text: str) -> Module:
+  """The module's computations and their instructions."""
+  comps: dict = {}
+  entry, cur = "", None
+  for line in text.splitlines():
+    m = _HEADER.match(line)
+    if m:
+      cur = m.group(2)
+      comps[cur] = {}
+      entry = cur if m.group(1) else entry
+      continue
+    if line.startswith("}"):
+      cur = None
+      continue
+    if cur is not None:
+      ins = _split_instr(line)
+      if ins is not None:
+        comps[cur][ins.name] = ins
+  if not entry:
+    raise ValueError("no ENTRY computation in the HLO text")
+  return Module(comps, entry)
+
+
+def array_bytes(shape: str, padded: bool = False) -> int:
+  """Bytes of every array in a shape text; ``padded``: as laid out on the
+  device (each dimension a tile covers rounded up to the tile)."""
+  total = 0
+  for dtype, dims, layout in _ARRAY.findall(shape):
+    sizes = [int(d) for d in dims.split(",") if d]
+    if padded and layout:
+      body = layout[1:-1]
+      order = [int(x) for x in body.split(":")[0].split(",") if x]
+      tiles = re.findall(r"T\(([0-9,]+)\)", body)
+      sizes = [sizes[i] for i in reversed(order)] if order else sizes
+      if tiles:
+        tile = [int(t) for t in tiles[0].split(",")]
+        sizes = [1] * max(0, len(tile) - len(sizes)) + sizes
+        for j in range(1, len(tile) + 1):
+          sizes[-j] = -(-sizes[-j] // tile[-j]) * tile[-j]
+    total += math.prod(sizes) * ITEMSIZE[dtype]
+  return total
+
+
+def parameters(module: Module) -> list[Instr]:
+  """The entry computation's parameters (one per argument array the
+  executable takes, per device)."""
+  return [i for i in module.instrs(module.entry) if i.opcode == "parameter"]
+
+
+def main_loop(module: Module) -> Optional[tuple[str, Instr]]:
+  """(computation, instruction) of the decoding loop: the entry's
+  ``while`` whose body holds the most instructions (nested ones counted)."""
+  def size(comp: str, seen: set) -> int:
+    if comp in seen or comp not in module.computations:
+      return 0
+    seen.add(comp)
+    return sum(1 + sum(size(c, seen) for c in i.called) for i in module.instrs(comp))
+  loops = [i for i in module.instrs(module.entry) if i.opcode == "while"]
+  if not loops:
+    return None
+  return module.entry, max(loops, key=lambda i: size(i.attr("body"), set()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+  kind: str        # 'all-reduce', ...
+  shape: str       # result shape, layout dropped
+  nbytes: int      # result bytes per device
+  where: str       # '' (the loop body), 'nested loop', 'branch <j>'
+  op_name: str
+
+
+def _kind(opcode: str) -> Optional[str]:
+  base = opcode.removesuffix("-start")
+  return base if base in COLLECTIVES else None
+
+
+def loop_collectives(module: Module) -> list[Collective]:
+  """The collectives one iteration of the main loop runs, including those
+  in nested loops (once each; marked 'nested loop') and in ``lax.switch``
+  branches (marked with their branch; one branch runs per iteration)."""
+  found = main_loop(module)
+  if found is None:
+    return []
+  out: list[Collective] = []
+
+  def walk(comp: str, where: str, seen: set) -> None:
+    if comp in seen or comp not in module.computations:
+      return
+    seen.add(comp)
+    for ins in module.instrs(comp):
+      kind = _kind(ins.opcode)
+      if kind:
+        shape = re.sub(r"\{[^}]*\}", "", ins.shape)
+        out.append(Collective(kind, shape, array_bytes(ins.shape), where, ins.op_name))
+      if ins.opcode == "while":
+        for c in ins.called:
+          walk(c, where or "nested loop", seen)
+      elif ins.opcode == "conditional":
+        for j, c in enumerate(ins.called):
+          walk(c, f"branch {j}", seen)
+      else:
+        for c in ins.called:
+          walk(c, where, seen)
+
+  walk(found[1].attr("body"), "", set())
+  walk(found[1].attr("condition"), "", set())
+  return out
+
+
+def weight_collectives(module: Module,
+                       is_weight: Callable[[Instr], bool]) -> list[Collective]:
+  """Every collective in the module (loop or not) whose operand is a weight
+  or a piece of one: an entry parameter ``is_weight`` accepts, followed
+  through moves, slices, copies, dtype conversions, loop state, fusions that
+  only transform it elementwise, and tuple plumbing. Decoding should move
+  activations only, so anything listed here gathers weights at run time."""
+  callers: dict[str, list[tuple[str, Instr]]] = {}
+  for comp in module.computations:
+    for ins in module.instrs(comp):
+      for c in ins.called:
+        callers.setdefault(c, []).append((comp, ins))
+  memo: dict = {}
+
+  def fused_only_moves(comp: str) -> bool:
+    return comp in module.computations and not any(
+        i.opcode in _COMPUTES or i.opcode in ("fusion", "custom-call")
+        for i in module.instrs(comp))
+
+  def derived(comp: str, name: str, index: Optional[int] = None) -> bool:
+    key = (comp, name, index)
+    if key in memo:
+      return memo[key]
+    memo[key] = False  # cycles (loop state) resolve to False unless shown otherwise
+    ins = module.computations[comp].get(name)
+    result = False
+    if ins is None:
+      pass
+    elif index is not None:  # element `index` of a tuple-valued instruction
+      if ins.opcode == "tuple" and index < len(ins.operands):
+        result = derived(comp, ins.operands[index])
+      elif ins.opcode == "while" and ins.operands:
+        result = derived(comp, ins.operands[0], index)  # loop-invariant state
+      elif ins.opcode == "parameter" and comp != module.entry:
+        result = any(c.opcode == "while" and c.operands and derived(cc, c.operands[0], index)
+                     for cc, c in callers.get(comp, ()))
+    elif ins.opcode == "parameter":
+      if comp == module.entry:
+        result = is_weight(ins)
+      else:
+        num = int(ins.args) if ins.args.isdigit() else -1
+        result = any(c.opcode in ("fusion", "call") and num < len(c.operands)
+                     and derived(cc, c.operands[num]) for cc, c in callers.get(comp, ()))
+    elif ins.opcode == "get-tuple-element":
+      m = re.search(r"index=(\d+)", ins.attrs)
+      result = bool(m) and derived(comp, ins.operands[0], int(m.group(1)))
+    elif ins.opcode in _MOVES or (ins.opcode == "custom-call" and "ConcatBitcast" in ins.attrs):
+      result = any(derived(comp, o) for o in ins.operands[:1 if ins.opcode in _MOVES else None])
+    elif ins.opcode == "fusion":
+      size = array_bytes(ins.shape)
+      result = fused_only_moves(ins.attr("calls") or "") and any(
+          derived(comp, o) and size >= array_bytes(module.computations[comp][o].shape)
+          for o in ins.operands if o in module.computations[comp])
+    memo[key] = result
+    return result
+
+  out = []
+  for comp in module.computations:
+    for ins in module.instrs(comp):
+      kind = _kind(ins.opcode)
+      if kind and any(derived(comp, o) for o in ins.operands):
+        out.append(Collective(kind, re.sub(r"\{[^}]*\}", "", ins.shape),
+                              array_bytes(ins.shape), comp, ins.op_name))
+  return out
