@@ -12,8 +12,8 @@ PKG = REPO / "specdec_jax"
 
 # Lower layers never import higher ones (same layer is fine).
 LAYERS = [
-    ("engine", ("models", "sampling", "speculative", "decoding", "theory", "partitioning",
-                "drafts.base")),
+    ("engine", ("models", "sampling", "speculative", "tree", "decoding", "theory",
+                "partitioning", "drafts.base")),
     ("io", ("checkpoints", "memory", "data", "prepare_data")),
     ("drafts", ("drafts", "timing")),
     ("training", ("training", "distill", "evaluate")),

@@ -1,0 +1,401 @@
+"""Token trees: a static tree shape and the exact multi-candidate acceptance rule.
+
+A chain of γ proposals (``speculative.speculative_sampling``, paper §2.3) uses
+the target's verification pass only up to the first rejection. A token tree
+offers several candidates per position and lets one target pass score them
+all, each node attending to the committed prefix and its own ancestors (the
+tree attention mask of SpecInfer, Miao et al. 2023). The shape is fixed per
+run and described by parent indices, so everything compiles once (Medusa's
+static trees, Cai et al. 2024).
+
+Two pure functions verify a scored tree, batched with fixed shapes:
+
+* ``tree_speculative_sampling`` (T > 0, any standardization): walk from the
+  root; at the current node try its children in index order, accepting child c
+  with probability min(1, r(x_c) / q_c(x_c)), where r starts as the target's p
+  at the current node and becomes norm(max(0, r - q_c)) after each rejected
+  child (SpecInfer's multi-step speculative sampling); descend on acceptance;
+  when no child is accepted (or at a leaf) emit one token from r. Exact when
+  every node's token was drawn from the q_c reported for it: siblings i.i.d.
+  from the draft's distribution at their parent, or drawn in index order
+  without replacement with q_c renormalized over the tokens left
+  (``without_replacement``; recursive rejection sampling, Jeon et al. 2024).
+  Proof: docs/exactness.md, section 10.
+* ``tree_greedy_kernel`` (T = 0): the deepest path whose tokens equal the
+  target's argmax at each step, plus the target's argmax after it.
+
+Node 0 is the root: the last committed token, which the draft did not
+propose. Node i > 0 carries a proposed token; its parent precedes it, so
+index order is a topological order, and a node's children are tried in index
+order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.sampling import argmax, inverse_cdf
+
+Array = jax.Array
+
+MAX_NODES = 64
+
+
+def _frozen(x: np.ndarray) -> np.ndarray:
+  x.setflags(write=False)
+  return x
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeShape:
+  """A static token tree, given by its parent indices (hashable: a static jit
+  argument; the derived tables below are computed once and read-only).
+
+  parents: tuple of N ints. parents[0] = -1 (node 0 is the root, the last
+    committed token); for i >= 1, 0 <= parents[i] < i. 2 <= N <= ``MAX_NODES``.
+
+  Children of a node are tried in index order by the acceptance rule, so the
+  order of siblings in ``parents`` is the order of preference. Any violation
+  raises one ``ValueError`` naming the offending node.
+  """
+
+  parents: tuple[int, ...]
+
+  def __post_init__(self):
+    parents = tuple(int(x) for x in self.parents)
+    object.__setattr__(self, "parents", parents)
+    n = len(parents)
+    if n < 2:
+      raise ValueError(f"a token tree needs the root and at least one proposed node, got "
+                       f"{n} node(s) (parents={parents})")
+    if n > MAX_NODES:
+      raise ValueError(f"a token tree has at most {MAX_NODES} nodes (the root included), got {n}")
+    if parents[0] != -1:
+      raise ValueError(f"node 0 is the root and must have parent -1, got {parents[0]}")
+    for i, par in enumerate(parents[1:], start=1):
+      if not 0 <= par < i:
+        raise ValueError(f"node {i}'s parent {par} does not precede it: every parent index "
+                         f"must be in [0, {i}) (parents={parents})")
+
+  @classmethod
+  def from_branching(cls, branching: Sequence[int]) -> TreeShape:
+    """The full tree with ``branching[d]`` children under every node of depth d,
+    numbered breadth first (so siblings are contiguous). (3, 2, 2, 1) has
+    1 + 3 + 6 + 12 + 12 = 34 nodes and depth 4; (1,) * γ is the chain of γ."""
+    branching = tuple(branching)
+    if not branching:
+      raise ValueError("empty branching: give the number of children per depth, e.g. (3, 2, 1)")
+    if any(not isinstance(k, (int, np.integer)) or k < 1 for k in branching):
+      raise ValueError(f"every branching factor must be an integer >= 1, got {branching}")
+    total = 1 + sum(int(np.prod(branching[:d + 1])) for d in range(len(branching)))
+    if total > MAX_NODES:
+      raise ValueError(f"branching {branching} gives {total} nodes; a token tree has at most "
+                       f"{MAX_NODES} (the root included)")
+    parents, level = [-1], [0]
+    for k in branching:
+      nxt = []
+      for par in level:
+        for _ in range(k):
+          nxt.append(len(parents))
+          parents.append(par)
+      level = nxt
+    return cls(tuple(parents))
+
+  @classmethod
+  def chain(cls, gamma: int) -> TreeShape:
+    """The chain of γ proposals (Algorithm 1's round) as a tree."""
+    return cls.from_branching((1,) * gamma)
+
+  @property
+  def num_nodes(self) -> int:
+    """N, the root included: the width of the target's verification pass."""
+    return len(self.parents)
+
+  @functools.cached_property
+  def depths(self) -> np.ndarray:
+    """[N] int32: depth of each node (root 0)."""
+    d = np.zeros(self.num_nodes, np.int32)
+    for i in range(1, self.num_nodes):
+      d[i] = d[self.parents[i]] + 1
+    return _frozen(d)
+
+  @property
+  def max_depth(self) -> int:
+    """D: the most proposals one round can accept (it emits up to D + 1 tokens)."""
+    return int(self.depths.max())
+
+  @property
+  def position_offsets(self) -> np.ndarray:
+    """[N] int32: node i sits at position (prefix length + depth(i)), the position
+    the same token would have in a chain, so T5's relative-position buckets
+    match the chain's."""
+    return self.depths
+
+  @functools.cached_property
+  def ancestor_mask(self) -> np.ndarray:
+    """[N, N] bool: [i, j] iff j is i or an ancestor of i. Row i is what node i
+    attends to among the tree's nodes (SpecInfer's tree attention mask; the
+    committed prefix is visible to every node)."""
+    m = np.zeros((self.num_nodes, self.num_nodes), bool)
+    for i in range(self.num_nodes):
+      m[i, i] = True
+      if i:
+        m[i] |= m[self.parents[i]]
+    return _frozen(m)
+
+  @functools.cached_property
+  def ancestors_by_depth(self) -> np.ndarray:
+    """[N, D+1] int32: [i, d] = node i's ancestor at depth d (i itself at
+    d = depth(i), the root at d = 0), -1 for d > depth(i)."""
+    a = np.full((self.num_nodes, self.max_depth + 1), -1, np.int32)
+    for i in range(self.num_nodes):
+      j = i
+      while j >= 0:
+        a[i, self.depths[j]] = j
+        j = self.parents[j]
+    return _frozen(a)
+
+  @functools.cached_property
+  def sibling_groups(self) -> tuple[tuple[int, ...], ...]:
+    """The children of every node that has any, each group in index order (the
+    order in which they are tried), groups ordered by their parent."""
+    groups: dict[int, list[int]] = {}
+    for i in range(1, self.num_nodes):
+      groups.setdefault(self.parents[i], []).append(i)
+    return tuple(tuple(groups[k]) for k in sorted(groups))
+
+  @property
+  def max_branching(self) -> int:
+    """K: the most children any node has."""
+    return max(len(g) for g in self.sibling_groups)
+
+  @functools.cached_property
+  def children_table(self) -> np.ndarray:
+    """[N, K] int32: [i, k] = node i's k-th child, -1 past its last child."""
+    t = np.full((self.num_nodes, self.max_branching), -1, np.int32)
+    for g in self.sibling_groups:
+      t[self.parents[g[0]], :len(g)] = g
+    return _frozen(t)
+
+  @functools.cached_property
+  def sibling_rank(self) -> np.ndarray:
+    """[N] int32: a node's place among its siblings (0 = tried first; root 0)."""
+    r = np.zeros(self.num_nodes, np.int32)
+    for g in self.sibling_groups:
+      r[list(g)] = np.arange(len(g))
+    return _frozen(r)
+
+  @functools.cached_property
+  def earlier_siblings(self) -> np.ndarray:
+    """[N, max(K-1, 1)] int32: [i] = the siblings tried before node i, -1 padded."""
+    e = np.full((self.num_nodes, max(self.max_branching - 1, 1)), -1, np.int32)
+    for g in self.sibling_groups:
+      for k, c in enumerate(g):
+        e[c, :k] = g[:k]
+    return _frozen(e)
+
+  @functools.cached_property
+  def leaves(self) -> tuple[int, ...]:
+    """Nodes without children, in index order."""
+    has_child = set(self.parents[1:])
+    return tuple(i for i in range(self.num_nodes) if i not in has_child)
+
+  @functools.cached_property
+  def paths(self) -> tuple[tuple[int, ...], ...]:
+    """Root-to-leaf paths (node indices, each starting at 0), one per leaf."""
+    a = self.ancestors_by_depth
+    return tuple(tuple(int(j) for j in a[leaf, :self.depths[leaf] + 1]) for leaf in self.leaves)
+
+  def cache_len(self, max_decode_len: int) -> int:
+    """Self-attention cache slots per row for this tree: max_decode_len + N
+    (the chain's max_decode_len + γ + 1 with N = γ + 1): a round starting at
+    committed length L < max_decode_len writes the N nodes at slots L .. L+N-1."""
+    self.check_room(max_decode_len)
+    return max_decode_len + self.num_nodes
+
+  def check_room(self, max_decode_len: int) -> None:
+    """Raise ``ValueError`` unless ``max_decode_len`` leaves room for this tree:
+    a round commits at most D + 1 tokens, so with D > max_decode_len the
+    deepest levels could never be committed and every pass would score nodes
+    for nothing."""
+    if max_decode_len < 1:
+      raise ValueError(f"max_decode_len must be >= 1, got {max_decode_len}")
+    if self.max_depth > max_decode_len:
+      raise ValueError(f"the token tree ({self.num_nodes} nodes, depth {self.max_depth}) does "
+                       f"not fit max_decode_len {max_decode_len}: a round can commit at most "
+                       f"max_decode_len tokens, so depth must be <= {max_decode_len}")
+
+
+class TreeOutput(NamedTuple):
+  """Result of verifying one token tree per row (D = the tree's max depth).
+
+  num_accepted: [B] int32, n: the accepted depth (0..D), proposals committed.
+  path:         [B, D] int32, the accepted nodes at depths 1..n; -1 after n.
+  path_tokens:  [B, D] int32, their tokens; 0 after n.
+  next_token:   [B] int32, the one token emitted after the path (a correction
+                from the residual, or the bonus from p at a leaf).
+  last_node:    [B] int32, the path's end (0 when n = 0): next_token follows
+                p at this node (or its residual).
+  """
+
+  num_accepted: Array
+  path: Array
+  path_tokens: Array
+  next_token: Array
+  last_node: Array
+
+
+def _check_inputs(shape: TreeShape, tokens: Array, *dists: Array) -> None:
+  if tokens.ndim != 2 or tokens.shape[1] != shape.num_nodes:
+    raise ValueError(f"tokens must be [B, {shape.num_nodes}] (one per node of the tree), got "
+                     f"{tokens.shape}")
+  for d in dists:
+    if d.shape[:2] != tokens.shape or d.ndim != 3:
+      raise ValueError(f"distributions must be [B, N, V] = {tokens.shape + ('V',)}, got "
+                       f"{d.shape}")
+
+
+def _finish(tokens: Array, path: Array, n: Array, next_token: Array,
+            last: Array) -> TreeOutput:
+  rows = jnp.arange(tokens.shape[0])[:, None]
+  path_tokens = jnp.where(path >= 0, tokens[rows, jnp.maximum(path, 0)], 0)
+  return TreeOutput(n.astype(jnp.int32), path.astype(jnp.int32), path_tokens.astype(jnp.int32),
+                    next_token.astype(jnp.int32), last.astype(jnp.int32))
+
+
+def tree_speculative_sampling(key: Array, shape: TreeShape, tokens: Array, q: Array, p: Array,
+                              valid: Array | None = None) -> TreeOutput:
+  """Multi-candidate speculative sampling over a token tree, batched.
+
+  Args:
+    key: PRNG key (one uniform per node is drawn: node c's acceptance coin,
+      and node 0's slot for the emitted token).
+    shape: the static tree.
+    tokens: [B, N] int32, the token proposed at each node (node 0 unused).
+    q: [B, N, V], q[:, c] = the distribution node c's token was drawn from
+      (row 0 unused). Siblings drawn i.i.d.: the draft's (standardized)
+      distribution at c's parent, the same for all siblings. Siblings drawn
+      in index order without replacement: ``without_replacement`` of that.
+    p: [B, N, V], p[:, i] = the target's standardized distribution after the
+      committed prefix and node i's path (the tree scored in one pass).
+    valid: [B, N] bool or None (all valid): a row's invalid nodes are never
+      tested (nor anything under them). Whether node c is proposed must be
+      decided before x_c is drawn, from the prefix and earlier nodes only.
+
+  Returns ``TreeOutput``. With the contract above the emitted tokens (path
+  tokens, then next_token) follow the target exactly: each, given those
+  before it, is distributed as p at that prefix (docs/exactness.md, section 10).
+  """
+  return tree_sampling_with(jax.random.uniform(key, tokens.shape), shape, tokens, q, p, valid)
+
+
+def tree_sampling_with(u: Array, shape: TreeShape, tokens: Array, q: Array, p: Array,
+                       valid: Array | None = None) -> TreeOutput:
+  """``tree_speculative_sampling`` with its uniforms given: u [B, N] in [0, 1).
+
+  Child c is accepted when (1 - u[:, c]) * q_c(x_c) <= r(x_c) and r(x_c) > 0,
+  i.e. with probability min(1, r(x_c) / q_c(x_c)), a token the (residual)
+  target gives 0 never; the emitted token is ``inverse_cdf(r, u[:, 0])``.
+  Other arguments and the result as there.
+  """
+  _check_inputs(shape, tokens, q, p)
+  b, n_nodes = tokens.shape
+  rows = jnp.arange(b)
+  q = q.astype(jnp.float32)
+  p = p.astype(jnp.float32)
+  coin = 1.0 - u.astype(jnp.float32)  # in (0, 1]
+  valid = jnp.ones((b, n_nodes), bool) if valid is None else valid.astype(bool)
+  children = jnp.asarray(shape.children_table)
+  k_max, depth = shape.max_branching, shape.max_depth
+
+  def level(d, carry):
+    cur, live, r, path, n = carry
+    kids = children[cur]                                            # [B, K]
+
+    def sibling(k, inner):
+      found, chosen, r = inner
+      c = kids[:, k]
+      cc = jnp.maximum(c, 0)
+      test = live & ~found & (c >= 0) & valid[rows, cc]
+      x = tokens[rows, cc]
+      qc = q[rows, cc]                                              # [B, V]
+      rx = r[rows, x]
+      acc = test & (coin[rows, cc] * qc[rows, x] <= rx) & (rx > 0)
+      # After a rejected child the target's remaining mass is the residual.
+      res = jnp.maximum(r - qc, 0.0)
+      mass = jnp.sum(res, axis=-1, keepdims=True)
+      # No mass left happens only when r == q_c up to rounding, where a
+      # rejection has probability 0: keep r.
+      res = jnp.where(mass > 0, res / jnp.where(mass > 0, mass, 1.0), r)
+      r = jnp.where((test & ~acc)[:, None], res, r)
+      return found | acc, jnp.where(acc, c, chosen), r
+
+    found, chosen, r = jax.lax.fori_loop(0, k_max, sibling, (jnp.zeros((b,), bool), cur, r))
+    r = jnp.where(found[:, None], p[rows, chosen], r)
+    path = jax.lax.dynamic_update_slice(path, jnp.where(found, chosen, -1)[:, None], (0, d))
+    return chosen, found, r, path, n + found
+
+  init = (jnp.zeros((b,), jnp.int32), jnp.ones((b,), bool), p[:, 0],
+          jnp.full((b, depth), -1, jnp.int32), jnp.zeros((b,), jnp.int32))
+  last, _, r, path, n = jax.lax.fori_loop(0, depth, level, init)
+  return _finish(tokens, path, n, inverse_cdf(r, u[:, 0]), last)
+
+
+def tree_greedy_kernel(shape: TreeShape, tokens: Array, target_tokens: Array,
+                       valid: Array | None = None) -> TreeOutput:
+  """Tree verification at temperature 0 from the target's argmax tokens alone.
+
+  tokens [B, N] int32 (node 0 unused); target_tokens [B, N] int32:
+  ``sampling.argmax`` of the target's logits at each node; valid [B, N] bool
+  or None as in ``tree_speculative_sampling``. A node agrees when it and all
+  its proper ancestors carry the target's argmax at their parent; the result
+  is the deepest agreeing node (the first in index order among equally deep
+  ones), its path, and next_token = the target's argmax there: token for token
+  what the greedy baseline emits. Equal to ``tree_speculative_sampling`` on
+  one-hot p except where two siblings carry the same token (the walk takes
+  the first, this the deeper).
+  """
+  _check_inputs(shape, tokens)
+  b = tokens.shape[0]
+  rows = jnp.arange(b)
+  parents = np.maximum(np.asarray(shape.parents), 0)
+  match = tokens == target_tokens[:, parents]
+  if valid is not None:
+    match &= valid.astype(bool)
+  match = match.at[:, 0].set(True)
+  anc = jnp.asarray(shape.ancestor_mask)
+  agree = ~jnp.any(anc[None] & ~match[:, None, :], axis=-1)           # [B, N]
+  depths = jnp.asarray(shape.depths)
+  best = argmax(jnp.where(agree, depths[None], -1))
+  path = jnp.asarray(shape.ancestors_by_depth)[best][:, 1:]
+  return _finish(tokens, path, depths[best], target_tokens[rows, best], best)
+
+
+def without_replacement(shape: TreeShape, q: Array, tokens: Array) -> Array:
+  """Per-node proposal distributions for siblings drawn without replacement.
+
+  q [B, N, V]: q[:, c] = the draft's distribution at c's parent (as for i.i.d.
+  siblings); tokens [B, N]. Returns [B, N, V] float32: q[:, c] with the tokens
+  of c's earlier siblings removed and renormalized, the distribution x_c is
+  drawn from when a parent's children are drawn in index order without
+  replacement (e.g. Gumbel top-k of q). Passed to
+  ``tree_speculative_sampling`` this is recursive rejection sampling (Jeon et
+  al. 2024); Sequoia (Chen et al. 2024) verifies its trees the same way. A
+  node whose q has no mass left (all of q's support drawn before it) cannot
+  be proposed: mark it invalid. Its row here is all zeros.
+  """
+  _check_inputs(shape, tokens, q)
+  b, n_nodes, v = q.shape
+  earlier = jnp.asarray(shape.earlier_siblings)                       # [N, K-1]
+  drop = jnp.where(earlier[None] >= 0, tokens[:, jnp.maximum(earlier, 0)], v)  # [B, N, K-1]
+  rows = jnp.arange(b)[:, None, None]
+  nodes = jnp.arange(n_nodes)[None, :, None]
+  q = q.astype(jnp.float32).at[rows, nodes, drop].set(0.0, mode="drop")
+  mass = jnp.sum(q, axis=-1, keepdims=True)
+  return jnp.where(mass > 0, q / jnp.where(mass > 0, mass, 1.0), 0.0)
