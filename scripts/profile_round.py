@@ -1,8 +1,8 @@
 r"""Per-round overhead of speculative decoding: draft, target pass, standardize,
 kernel and the rest of a round, in ms per round (``specdec_jax.research.rounds``).
 
-  PYTHONPATH=. python scripts/profile_round.py                  # the demo pair
-  PYTHONPATH=. python scripts/profile_round.py --gammas=1,3,5 --temperatures=0,1 \
+  python scripts/profile_round.py                  # the demo pair
+  python scripts/profile_round.py --gammas=1,3,5 --temperatures=0,1 \
       --num_examples=8 --repeats=5
 
 ``--compare_rev REV`` prints instead, for the sampling.py / speculative.py of
@@ -15,20 +15,20 @@ slows down when that much other data (a stand-in for the draft's weights) is
 read before each pass: the models' contention for the last-level cache that
 Theorem 3.8's additive cost model leaves out.
 
-  PYTHONPATH=. python scripts/profile_round.py --contention=4,8,12,16 --repeats=15
+  python scripts/profile_round.py --contention=4,8,12,16 --repeats=15
 
 ``--adaptive_pieces K,...`` prints instead, per k, the draft's k proposals and
 the target's (k+1)-token pass as the fixed-γ loop runs them and as an
 adaptive round with γ_max = max(--gammas) runs them (``replay.adaptive_pieces``).
 
-  PYTHONPATH=. python scripts/profile_round.py --adaptive_pieces=1,2,3,4 --gammas=7
+  python scripts/profile_round.py --adaptive_pieces=1,2,3,4 --gammas=7
 
 ``--confidence_auc`` prints instead, in the engine's fixed-γ rounds at T > 0,
 how well each confidence an adaptive rule can read after x_i (max q_i, or
 q_i(x_i) of the token drawn: ``AdaptiveConfig.confidence``) predicts x_i's
 acceptance (``probes.confidence_auc``; no timing).
 
-  PYTHONPATH=. python scripts/profile_round.py --confidence_auc --temperatures=1 --gammas=5 \
+  python scripts/profile_round.py --confidence_auc --temperatures=1 --gammas=5 \
       --source=data/bible/validation.tsv --num_examples=150
 
 ``--acceptance_head`` prints instead how well an acceptance predictor
@@ -37,7 +37,7 @@ softmax statistics, and on those plus its hidden state) fitted on a held-out
 split's rounds predicts x_i's acceptance in --source's (``probes.head_auc``;
 no timing).
 
-  PYTHONPATH=. python scripts/profile_round.py --acceptance_head --gammas=7 \
+  python scripts/profile_round.py --acceptance_head --gammas=7 \
       --num_examples=500 --temperatures=0,1
 
 ``--adaptive_replay RULE`` (a bench_speculative setting, e.g. cumulative:0.5)
@@ -49,7 +49,7 @@ acceptance predictor would cost at those widths' measured ms per round
 (``stopping.simulate_stopping`` along the target's greedy outputs, with the draft's
 confidences and verdicts from the engine's own rounds, ``probes.engine_records``).
 
-  PYTHONPATH=. python scripts/profile_round.py --adaptive_replay=cumulative:0.5 --gammas=7 \
+  python scripts/profile_round.py --adaptive_replay=cumulative:0.5 --gammas=7 \
       --temperatures=0 --num_examples=24 --repeats=4
 
 ``--whole_run WORKDIR`` prints instead, for a finished fixed-γ batch-1 runner
@@ -58,70 +58,60 @@ interplay, the measured tokens per target call, and each example's prefill
 (timed here per input width), then what is left (``specdec_jax.run.account``).
 
   python -m specdec_jax.run --config=configs/demo.gin --workdir=runs/demo
-  PYTHONPATH=. python scripts/profile_round.py --whole_run=runs/demo
+  python scripts/profile_round.py --whole_run=runs/demo
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from specdec_jax.run import account as accounting, demo  # noqa: E402
-from specdec_jax.research import accounting as research_accounting  # noqa: E402
-from specdec_jax.research import probes, replay, stopping  # noqa: E402
-from specdec_jax.research.contention import (cache_contention, contention_markdown,  # noqa: E402
+from specdec_jax.research import accounting as research_accounting
+from specdec_jax.research import probes, replay, stopping
+from specdec_jax.research.contention import (cache_contention, contention_markdown,
                                              decode_working_set_mb)
-from specdec_jax.research.revisions import compare_acceptance  # noqa: E402
-from specdec_jax.research.rounds import markdown, profile_round  # noqa: E402
-from specdec_jax.run import Experiment, held_out_inputs, prepare  # noqa: E402
-from specdec_jax.sampling import SamplingConfig  # noqa: E402
-from specdec_jax.run.sweep import parse_setting  # noqa: E402
+from specdec_jax.research.revisions import compare_acceptance
+from specdec_jax.research.rounds import markdown, profile_round
+from specdec_jax.run import Experiment, held_out_inputs, prepare, script_args
+from specdec_jax.run import account as accounting
+from specdec_jax.run.script_args import comma_list, load_average, markdown_header
+from specdec_jax.run.sweep import parse_setting
+from specdec_jax.sampling import SamplingConfig
 
 
 def compare(args, gammas: list[int], temperatures: list[float]) -> None:
-  load = os.getloadavg()
   print(f"# {args.compare_rev} vs working tree: V={args.vocab_size}, batch 1, 64 calls per "
-        f"timed jit call, 30 interleaved repeats (medians); load average {load[0]:.2f} "
-        f"{load[1]:.2f} {load[2]:.2f}\n")
-  print(f"| piece | T | γ | {args.compare_rev} µs | now µs | change | kernel outputs identical "
-        "(n, next, accepted, min_pq) |\n|---|---|---|---|---|---|---|")
+        f"timed jit call, 30 interleaved repeats (medians); load average {load_average()}\n")
+  print(markdown_header(["piece", "T", "γ", f"{args.compare_rev} µs", "now µs", "change",
+                         "kernel outputs identical (n, next, accepted, min_pq)"]))
   for r in compare_acceptance(args.compare_rev, args.vocab_size, gammas, temperatures):
     t = "" if r["temperature"] is None else f"{r['temperature']:g}"
     g = "" if r["gamma"] is None else r["gamma"]
     same = "" if r["identical"] is None else ", ".join(map(str, r["identical"]))
     print(f"| {r['what']} | {t} | {g} | {r['rev_us']:.1f} | {r['now_us']:.1f} "
           f"| {100 * (r['now_us'] / r['rev_us'] - 1):+.0f}% | {same} |")
-  load = os.getloadavg()
-  print(f"\nload average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+  print(f"\nload average at end {load_average()}")
 
 
 def contention(args, setup) -> None:
   target_cfg = setup.target.config
   draft_cfg = getattr(getattr(setup.draft, "model", None), "config", None)
-  load = os.getloadavg()
   print(f"# cache contention: target={args.target} (decode working set "
         f"{decode_working_set_mb(target_cfg):.1f} MB)"
         + (f", draft={args.draft} ({decode_working_set_mb(draft_cfg):.1f} MB)" if draft_cfg
            else "")
-        + f"; batch 1, inner {args.inner}, repeats {args.repeats}; load average {load[0]:.2f} "
-        f"{load[1]:.2f} {load[2]:.2f}\n", flush=True)
-  ks = [int(k) for k in args.contention_ks.split(",")]
+        + f"; batch 1, inner {args.inner}, repeats {args.repeats}; load average "
+        f"{load_average()}\n", flush=True)
+  ks = comma_list(args.contention_ks, int)
   rows = cache_contention(setup.target, setup.target_params, jnp.asarray(setup.inputs[:1]),
-                          ks, [float(m) for m in args.contention.split(",")],
+                          ks, comma_list(args.contention, float),
                           # the runner's cache length at γ = k - 1, as the other pieces
                           cache_len=args.max_decode_len + max(ks), position=args.position,
                           inner=args.inner, repeats=args.repeats)
-  load = os.getloadavg()
-  print(f"{contention_markdown(rows)}\n\nload average at end {load[0]:.2f} {load[1]:.2f} "
-        f"{load[2]:.2f}")
+  print(f"{contention_markdown(rows)}\n\nload average at end {load_average()}")
 
 
 def stopping_table(setup, result, gamma_max: int, args, skip_below=None) -> None:
@@ -149,8 +139,8 @@ def stopping_table(setup, result, gamma_max: int, args, skip_below=None) -> None
         f"no draft step saw, count as accepted with confidence 1), with the ms per round of "
         f"the adaptive loop's constant widths above (fixed γ: the fixed loop's); relative to "
         f"the best fixed γ ({best}):\n\n"
-        "| rule | ms per token | tokens per round | mean width | vs best fixed |\n"
-        "|---|---|---|---|---|")
+        + markdown_header(["rule", "ms per token", "tokens per round", "mean width",
+                           "vs best fixed"]))
   rows = [(f"fixed {g}", r) for g, r in fixed.items()]
   # With a measured width-0 round (the rule has skip_below), also the
   # threshold rules with that skip_below.
@@ -174,8 +164,9 @@ def acceptance_head(args, exp, setup, gamma: int, temperatures) -> None:
   print(f"Acceptance of x_i predicted from what the draft knows after x_i, in the engine's "
         f"own γ={gamma} rounds: fitted on {args.num_examples} inputs of {args.head_source}, "
         f"AUC on {len(setup.inputs)} of {args.source} (probes.head_auc)\n\n"
-        "| T | positions fitted / scored | acceptance | AUC top probability | AUC logistic "
-        "on softmax statistics + i | AUC the same + hidden state |\n|---|---|---|---|---|---|")
+        + markdown_header(["T", "positions fitted / scored", "acceptance", "AUC top probability",
+                           "AUC logistic on softmax statistics + i",
+                           "AUC the same + hidden state"]))
   for temp in temperatures:
     kw = dict(key=jax.random.PRNGKey(0), gamma=gamma, sampling=SamplingConfig(temperature=temp),
               max_decode_len=args.max_decode_len)
@@ -188,20 +179,15 @@ def acceptance_head(args, exp, setup, gamma: int, temperatures) -> None:
           f"{a['top']:.3f} | {a['scalars']:.3f} | {a['hidden']:.3f} |", flush=True)
 
 
-def main() -> None:
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  demo.add_pair_arguments(p)
-  demo.add_shortlist_argument(p)
-  p.add_argument("--task", default=demo.TASK)
-  p.add_argument("--gammas", default="1,3,5")
-  p.add_argument("--temperatures", default="0,1")
+def main(argv: list[str] | None = None) -> None:
+  p = script_args.new_parser(__doc__)
+  script_args.add_pair_arguments(p)
+  script_args.add_shortlist_argument(p)
+  script_args.add_decoding_arguments(p, gammas="1,3,5", input_buckets=False, seed=False)
   p.add_argument("--num_examples", type=int, default=8, help="examples for the full round")
   p.add_argument("--repeats", type=int, default=5, help="interleaved passes (medians)")
   p.add_argument("--inner", type=int, default=8, help="runs of a piece per timed call")
   p.add_argument("--position", type=int, default=32, help="decoder position of the pieces")
-  p.add_argument("--max_input_len", type=int, default=128)
-  p.add_argument("--max_decode_len", type=int, default=128)
   p.add_argument("--compare_rev", default="", help="git revision to compare the kernel with")
   p.add_argument("--vocab_size", type=int, default=8000, help="V for --compare_rev")
   p.add_argument("--contention", default="",
@@ -223,25 +209,25 @@ def main() -> None:
                  help="print instead, per T of --temperatures at γ = max of --gammas, how well "
                       "acceptance predictors fitted on --head_source's rounds predict x_i's "
                       "acceptance in --source's (AUC; no timing)")
-  p.add_argument("--head_source", default=demo.ALPHA_SOURCE,
+  p.add_argument("--head_source", default=script_args.ALPHA_SOURCE,
                  help="held-out inputs the --acceptance_head predictors are fitted on")
   p.add_argument("--whole_run", default="",
                  help="a finished runner workdir: print instead how its SPEED falls short of "
                       "EXP (with v), step by step (--repeats passes for the prefill times)")
-  args = p.parse_args()
+  args = script_args.parse(p, argv, paths=("head_source",))
   if args.whole_run:
     a = research_accounting.attribute_run(args.whole_run, repeats=max(args.repeats, 9))
-    load = os.getloadavg()
-    print(f"# {args.whole_run}: load average {load[0]:.2f}\n{accounting.markdown(a)}", flush=True)
+    print(f"# {args.whole_run}: load average {load_average()}\n{accounting.markdown(a)}",
+          flush=True)
     return
-  gammas = [int(g) for g in args.gammas.split(",")]
-  temperatures = [float(t) for t in args.temperatures.split(",")]
+  gammas = comma_list(args.gammas, int)
+  temperatures = comma_list(args.temperatures, float)
   if args.compare_rev:
     compare(args, gammas, temperatures)
     return
   exp = Experiment(task=args.task, source=args.source, vocab_path=args.vocab,
                    target_checkpoint=args.target, draft_name="t5", draft_checkpoint=args.draft,
-                   draft_shortlist=demo.shortlist_for(args), max_input_len=args.max_input_len,
+                   draft_shortlist=args.draft_shortlist, max_input_len=args.max_input_len,
                    max_decode_len=args.max_decode_len,
                    num_warmup=1, num_examples=args.num_examples, gamma=max(gammas))
   setup = prepare(exp)
@@ -249,19 +235,18 @@ def main() -> None:
     contention(args, setup)
     return
   if args.adaptive_pieces:
-    ks = [int(k) for k in args.adaptive_pieces.split(",")]
+    ks = comma_list(args.adaptive_pieces, int)
     for temp in temperatures:
       rows = replay.adaptive_pieces(
           setup.target, setup.target_params, setup.draft, jnp.asarray(setup.inputs[:1]), ks,
           max(gammas), SamplingConfig(temperature=temp),
           args.max_decode_len + max(gammas) + 1, inner=args.inner, repeats=args.repeats)
-      load = os.getloadavg()
-      print(f"T={temp:g}, γ_max {max(gammas)}, load average {load[0]:.2f}\n"
+      print(f"T={temp:g}, γ_max {max(gammas)}, load average {load_average()}\n"
             f"{replay.adaptive_pieces_markdown(rows)}\n", flush=True)
     return
   if args.confidence_auc:
-    print("| T | γ | rounds | acceptance of x_i given evaluated, i = 1..γ | AUC max q_i "
-          "('top') | AUC q_i(x_i) ('drawn') |\n|---|---|---|---|---|---|")
+    print(markdown_header(["T", "γ", "rounds", "acceptance of x_i given evaluated, i = 1..γ",
+                           "AUC max q_i ('top')", "AUC q_i(x_i) ('drawn')"]))
     for temp in temperatures:
       for gamma in gammas:
         r = probes.confidence_auc(setup.target, setup.target_params, setup.draft,
@@ -294,12 +279,11 @@ def main() -> None:
     return
   # The warm-up example is skipped, as the runner does.
   examples = [jnp.asarray(setup.inputs[i:i + 1]) for i in range(1, len(setup.inputs))]
-  load = os.getloadavg()
   print(f"# profile_round: target={args.target} draft={args.draft} "
         f"shortlist={exp.draft_shortlist or 'none'} examples={len(examples)} "
         f"batch 1, max_decode_len {args.max_decode_len}, inner {args.inner}, repeats "
         f"{args.repeats}; backend={jax.default_backend()} cpus={os.cpu_count()}; load average "
-        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
+        f"{load_average()}", flush=True)
   rows = []
   for temp in temperatures:
     for gamma in gammas:
@@ -308,9 +292,8 @@ def main() -> None:
                                 position=args.position, inner=args.inner,
                                 repeats=args.repeats))
       print(markdown(rows[-1:]).split("\n")[-1], flush=True)
-  load = os.getloadavg()
-  print(f"\n{markdown(rows)}\n\nload average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+  print(f"\n{markdown(rows)}\n\nload average at end {load_average()}")
 
 
 if __name__ == "__main__":
-  main()
+  script_args.run_main(main)

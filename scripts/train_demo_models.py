@@ -9,8 +9,13 @@ and checkpointing with orbax so a restarted run resumes, (3) export to
 (bfloat16). The demo's drafts are then distilled from the target with
 ``scripts/distill_draft.py`` (see checkpoints/demo/README.md).
 
-  PYTHONPATH=. python scripts/train_demo_models.py --models=target \
+  python scripts/train_demo_models.py --models=target \
       --minutes=target=50 --workdir=runs/target --export_dir=runs/exp_target
+
+--data_dir (and --spm) are looked for in the working directory, then in the
+repository root, as the runner does; --workdir and --export_dir are relative to
+the working directory (from the repository root, the default --export_dir is the
+shipped checkpoints/demo).
 
 ``--smoke`` trains micro models on a few hundred pairs in well under a minute
 and writes everything (vocabulary and exports included) under ``--workdir``.
@@ -34,6 +39,7 @@ import sentencepiece as spm
 from specdec_jax import training
 from specdec_jax.checkpoints import save_checkpoint
 from specdec_jax.models.t5 import T5Config, T5Model, count_params
+from specdec_jax.run import script_args
 
 PREFIX = "modernize: "
 MAX_LEN = 128
@@ -223,7 +229,7 @@ def parse_per_model(spec: str, kind) -> dict:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = script_args.new_parser(__doc__)
   ap.add_argument("--models", default="draft_tiny,draft_small,target")
   ap.add_argument("--steps", default="target=1100,draft_small=3000,draft_tiny=3000",
                   help="name=steps,... (also sets the LR schedule length)")
@@ -232,7 +238,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                        "exports (the LR schedule is not shortened)")
   ap.add_argument("--workdir", default="runs/train_demo")
   ap.add_argument("--export_dir", default="checkpoints/demo")
-  ap.add_argument("--data_dir", default="data/bible")
+  ap.add_argument("--data_dir", default="data/bible",
+                  help="train.tsv, validation.tsv and test.tsv (scripts/prepare_bible.py)")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--optimizer", default="adafactor", choices=("adafactor", "adamw"),
                   help="adafactor: T5X's recipe (factored, parameter-scale-relative steps)")
@@ -261,7 +268,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   ap.add_argument("--oversample_long", default=None,
                   help="'MIN_TOKENS:TIMES': repeat training pairs whose longer side has "
                        ">= MIN_TOKENS tokens TIMES times in all (training.oversample_long)")
-  args = ap.parse_args(argv)
+  args = script_args.parse(ap, argv, paths=("data_dir", "spm"))
   if args.smoke:
     args.models = ",".join(SMOKE_MODELS)
     args.steps = ",".join(f"{m}=40" for m in SMOKE_MODELS)
@@ -352,4 +359,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  script_args.run_main(lambda: main(sys.argv[1:]))

@@ -454,8 +454,8 @@ def test_quiet_unraisable_drops_only_the_closed_loop_report(capsys, monkeypatch)
     def __del__(self):
       raise RuntimeError(self.message)
 
-  monkeypatch.setattr(run.cli, "_previous_unraisablehook", sys.__unraisablehook__)
-  monkeypatch.setattr(sys, "unraisablehook", run.cli._quiet_unraisable)
+  monkeypatch.setattr(run.logs, "_previous_unraisablehook", sys.__unraisablehook__)
+  monkeypatch.setattr(sys, "unraisablehook", run.logs.quiet_unraisable)
   Boom("Event loop is closed")  # dropped at once: __del__ raises, Python reports it unraisable
   assert capsys.readouterr().err == ""
   Boom("something else")
@@ -544,7 +544,7 @@ def test_help_lists_settings_and_library_info_is_quiet():
   doc = run.cli.__doc__
   assert "Experiment settings" in doc and "  gamma: Union[int, str] = 5" in doc
   assert "  dtype: str = 'float32'" in doc
-  f = run.cli._LibraryFilter()
+  f = run.logs.LibraryFilter()
   rec = lambda path, level: std_logging.LogRecord("absl", level, path, 1, "m", (), None)
   assert not f.filter(rec("/site-packages/orbax/checkpoint/x.py", std_logging.INFO))
   assert f.filter(rec("/site-packages/orbax/checkpoint/x.py", std_logging.WARNING))

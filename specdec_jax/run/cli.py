@@ -50,7 +50,7 @@ import gin
 from absl import app, flags, logging
 
 from specdec_jax import checkpoints
-from specdec_jax.run import hosts, settings
+from specdec_jax.run import hosts, logs, settings
 from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
 from specdec_jax.run.report import alpha_row, conclusion, summarize, summarize_alpha, table2_row
 from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
@@ -178,48 +178,6 @@ def main(argv: Sequence[str]) -> None:
   _print_result(s, workdir)
 
 
-class _LibraryFilter:
-  """Drops INFO records of other libraries (Orbax, JAX, ...) unless --verbose."""
-
-  def filter(self, record) -> bool:
-    return record.levelno >= 30 or f"{os.sep}specdec_jax{os.sep}" in record.pathname
-
-
-def _quiet_libraries(quiet: bool) -> None:
-  """Adds (or, for --verbose, removes) the filter on absl's handler and library loggers."""
-  import logging as std_logging
-  targets = [logging.get_absl_handler()] + [std_logging.getLogger(n)
-                                            for n in ("orbax", "jax", "absl")]
-  for t in targets:
-    for f in [f for f in t.filters if isinstance(f, _LibraryFilter)]:
-      t.removeFilter(f)
-    if quiet:
-      t.addFilter(_LibraryFilter())
-  # Installed over (and later restored to) whatever hook the process had, so an
-  # in-process caller (``run_args``: tests, notebooks) keeps its own.
-  global _previous_unraisablehook
-  if quiet and sys.unraisablehook is not _quiet_unraisable:
-    _previous_unraisablehook, sys.unraisablehook = sys.unraisablehook, _quiet_unraisable
-  elif not quiet and sys.unraisablehook is _quiet_unraisable:
-    sys.unraisablehook = _previous_unraisablehook
-
-
-_previous_unraisablehook = sys.__unraisablehook__
-
-
-def _quiet_unraisable(u) -> None:
-  """Drops TensorStore's 'Event loop is closed' reports, passes everything else on.
-
-  When one read of a corrupt checkpoint fails, Orbax closes its asyncio loop while
-  TensorStore's other reads are still in flight; each later completion reports the
-  closed loop from a TensorStore thread, interleaving a traceback with the one-line
-  error (and racing ``os._exit``, so it is cut mid-line).
-  """
-  if isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
-    return
-  _previous_unraisablehook(u)
-
-
 def _message(e: BaseException) -> str:
   text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
   # gin appends "In call to configurable ..." lines; the first line says it all.
@@ -229,7 +187,7 @@ def _message(e: BaseException) -> str:
 
 def cli(argv: Sequence[str]) -> int:
   """Runs ``main``; a user error ends in one line on stderr and exit status 2."""
-  _quiet_libraries(not FLAGS.verbose)
+  logs.quiet_libraries(not FLAGS.verbose)
   try:
     main(argv)
     return 0

@@ -1,0 +1,85 @@
+"""One logging setup for every entry point (the runner and the scripts).
+
+Under ``absl.app`` (the runner) INFO records reach stderr through absl's
+handler; ``script_logging`` gives the scripts, which parse their flags with
+argparse, the same behaviour.
+
+``quiet_libraries(True)`` hides the INFO records of other libraries (Orbax
+writes dozens per checkpoint, JAX a few per compilation) on absl's handler and
+on the ``orbax``, ``jax`` and ``absl`` loggers, keeping this package's own INFO
+records and every warning and error; it also drops the reports TensorStore
+makes from its threads after Orbax closed their event loop (see
+``quiet_unraisable``). ``quiet_libraries(False)`` (``--verbose``) undoes both.
+Calling it again with the same value changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging as std_logging
+import os
+import sys
+from typing import Any
+
+from absl import logging
+
+_LIBRARY_LOGGERS = ("orbax", "jax", "absl")
+
+
+class LibraryFilter:
+  """Passes warnings and errors, and INFO records logged from this package's
+  files; drops the INFO records of every other library."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return (record.levelno >= std_logging.WARNING
+            or f"{os.sep}specdec_jax{os.sep}" in record.pathname)
+
+
+def quiet_libraries(quiet: bool) -> None:
+  """Adds (``quiet``) or removes (``--verbose``) ``LibraryFilter`` on absl's
+  handler and the library loggers, and installs (or restores the hook it
+  replaced) ``quiet_unraisable`` as ``sys.unraisablehook``."""
+  targets = [logging.get_absl_handler()] + [std_logging.getLogger(n) for n in _LIBRARY_LOGGERS]
+  for t in targets:
+    for f in [f for f in t.filters if isinstance(f, LibraryFilter)]:
+      t.removeFilter(f)
+    if quiet:
+      t.addFilter(LibraryFilter())
+  # Installed over (and later restored to) whatever hook the process had, so an
+  # in-process caller (tests, notebooks) keeps its own.
+  global _previous_unraisablehook
+  if quiet and sys.unraisablehook is not quiet_unraisable:
+    _previous_unraisablehook, sys.unraisablehook = sys.unraisablehook, quiet_unraisable
+  elif not quiet and sys.unraisablehook is quiet_unraisable:
+    sys.unraisablehook = _previous_unraisablehook
+
+
+_previous_unraisablehook = sys.__unraisablehook__
+
+
+def script_logging(verbose: bool) -> None:
+  """The logging of an entry point outside ``absl.app``: warnings and errors
+  on stderr, as always; with ``verbose``, every library's INFO records too (a
+  stderr handler on the root logger, which otherwise has none, at INFO);
+  without, ``quiet_libraries(True)``."""
+  root = std_logging.getLogger()
+  if verbose:
+    if not root.handlers:
+      handler = std_logging.StreamHandler()
+      handler.setFormatter(std_logging.Formatter(
+          "%(levelname).1s %(asctime)s %(filename)s:%(lineno)d] %(message)s"))
+      root.addHandler(handler)
+    root.setLevel(std_logging.INFO)
+  quiet_libraries(not verbose)
+
+
+def quiet_unraisable(u: Any) -> None:
+  """Drops TensorStore's 'Event loop is closed' reports, passes everything else on.
+
+  When one read of a corrupt checkpoint fails, Orbax closes its asyncio loop while
+  TensorStore's other reads are still in flight; each later completion reports the
+  closed loop from a TensorStore thread, interleaving a traceback with the one-line
+  error (and racing ``os._exit``, so it is cut mid-line).
+  """
+  if isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
+    return
+  _previous_unraisablehook(u)

@@ -1,0 +1,230 @@
+"""What the scripts in ``scripts/`` share, named once: the demo pair and its
+data (the defaults every benchmark starts from), the flags that select a pair,
+a draft and the decoding settings, how relative paths are found, one logging
+setup, a line describing the machine, and markdown tables.
+
+Paths a script reads (checkpoints, vocabularies, data) are found as the runner
+finds them (``specdec_jax.run.settings.resolve_path``): relative to the working
+directory if they exist there, else relative to the repository root. So the
+defaults (``checkpoints/demo/...``, ``data/bible/...``) work from any
+directory. Paths a script writes stay relative to the working directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
+
+import jax
+
+from specdec_jax.run import logs
+from specdec_jax.run.cli import USER_ERRORS
+from specdec_jax.run import settings
+
+REPO_ROOT = settings.REPO_ROOT   # where relative paths are looked for after the working directory
+TARGET = "checkpoints/demo/target"
+# configs/demo.gin's draft: draft_tiny distilled further with an encoder bridge
+# (it also reads the target's encoder output, specdec_jax.drafts.bridge) and a feature
+# bridge (its decoder reads the target's decoder states, specdec_jax.drafts.feature_bridge).
+DRAFT = "checkpoints/demo/draft_tiny_feat"
+# The same draft before the bridges: a plain T5, for comparisons that need
+# identical weights elsewhere (Hugging Face cannot run the bridges).
+PLAIN_DRAFT = "checkpoints/demo/draft_tiny"
+# configs/demo.gin's draft vocabulary shortlist (specdec_jax.drafts.shortlist): the
+# 1000 most frequent tokens of the training references.
+SHORTLIST = "checkpoints/demo/draft_shortlist.json"
+VOCAB = "checkpoints/demo/spm.model"
+SOURCE = "data/bible/test.tsv"
+ALPHA_SOURCE = "data/bible/validation.tsv"   # held out too; for tuning (γ), never for results
+TASK = "bible_modernize"
+INPUT_BUCKETS = "32,48,64,96"   # as configs/demo.gin's Experiment.input_buckets
+
+# The arguments of add_pair_arguments / add_shortlist_argument that name files to read.
+PAIR_PATHS = ("target", "draft", "vocab", "source", "draft_shortlist")
+
+T = TypeVar("T")
+
+# ------------------------------------------------------------------- flags
+
+
+def new_parser(doc: str) -> argparse.ArgumentParser:
+  """An ArgumentParser whose --help prints ``doc`` as written, with --verbose
+  (library INFO logs; see ``parse``)."""
+  p = argparse.ArgumentParser(description=doc,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--verbose", action="store_true",
+                 help="show the INFO logs of other libraries (Orbax, JAX)")
+  return p
+
+
+def add_pair_arguments(parser: argparse.ArgumentParser, draft: str = DRAFT,
+                       task: bool = True) -> None:
+  """--target, --draft, --vocab and --source (and --task, with ``task``),
+  defaulting to the demo pair on the held-out test chapters (``draft``: the
+  --draft default)."""
+  where = " (relative: the working directory, else the repository root)"
+  parser.add_argument("--target", default=TARGET, help="target (M_p) checkpoint" + where)
+  parser.add_argument("--draft", default=draft, help="draft (M_q) checkpoint" + where)
+  parser.add_argument("--vocab", default=VOCAB, help="SentencePiece model" + where)
+  parser.add_argument("--source", default=SOURCE, help="TSV/JSONL of inputs" + where)
+  if task:
+    parser.add_argument("--task", default=TASK,
+                        help="task name (Experiment.task: its prefix is added to each input)")
+
+
+def add_shortlist_argument(parser: argparse.ArgumentParser, demo_default: bool = True,
+                           note: str = "") -> None:
+  """--draft_shortlist. ``demo_default``: default None, which ``parse`` turns
+  into ``shortlist_for(args)``; else default '' (none)."""
+  default = (f"default: {SHORTLIST} for the default --draft (as configs/demo.gin), none for "
+             "any other; '' for none") if demo_default else "default: none"
+  parser.add_argument("--draft_shortlist", default=None if demo_default else "",
+                      help="the draft's vocabulary shortlist (Experiment.draft_shortlist); "
+                           + default + (f"; {note}" if note else ""))
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser, gammas: Optional[str] = None,
+                           gammas_help: str = "", temperatures: str = "0,1",
+                           input_buckets: bool = True, seed: bool = True) -> None:
+  """--max_input_len, --max_decode_len and --temperatures; --gammas (default
+  ``gammas``, where given), --input_buckets and --seed where asked for."""
+  if gammas is not None:
+    parser.add_argument("--gammas", default=gammas,
+                        help="comma-separated γ (draft tokens per round)"
+                             + (f"; {gammas_help}" if gammas_help else ""))
+  parser.add_argument("--temperatures", default=temperatures,
+                      help="comma-separated sampling temperatures (0: argmax)")
+  parser.add_argument("--max_input_len", type=int, default=128,
+                      help="input tokens kept per example (longer inputs are truncated)")
+  parser.add_argument("--max_decode_len", type=int, default=128, help="most tokens generated")
+  if input_buckets:
+    parser.add_argument("--input_buckets", default=INPUT_BUCKETS,
+                        help="input lengths each example is padded to, the smallest that holds "
+                             "it (Experiment.input_buckets, as in configs/demo.gin); 'none': "
+                             "always --max_input_len")
+  if seed:
+    parser.add_argument("--seed", type=int, default=0, help="PRNG seed of the sampling keys")
+
+
+def shortlist_for(args: argparse.Namespace) -> str:
+  """The --draft_shortlist to use: as given, or the demo's for the demo draft
+  (a T5 draft: --draft_name 't5', where the script has that flag)."""
+  if args.draft_shortlist is not None:
+    return args.draft_shortlist
+  return SHORTLIST if args.draft == DRAFT and getattr(args, "draft_name", "t5") == "t5" else ""
+
+
+def resolve(path: str) -> str:
+  """A path to read, found as the runner finds it (see the module docstring):
+  the first of ``settings.candidates(path)`` that exists; as given when none
+  does (so an error names what was typed), for '' and for remote paths."""
+  if not path:
+    return path
+  return str(next((c for c in settings.candidates(path) if Path(c).exists()), path))
+
+
+def parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None,
+          paths: Sequence[str] = ()) -> argparse.Namespace:
+  """Parses ``argv`` (default: the command line), then:
+
+  * --draft_shortlist, where the parser has it, becomes ``shortlist_for(args)``;
+  * the pair's paths (``PAIR_PATHS``) and the arguments named in ``paths`` are
+    resolved (``resolve``);
+  * other libraries' INFO logs are shown only with --verbose
+    (``logs.script_logging``).
+  """
+  args = parser.parse_args(argv)
+  if hasattr(args, "draft_shortlist") and hasattr(args, "draft"):
+    args.draft_shortlist = shortlist_for(args)
+  for name in (*PAIR_PATHS, *paths):
+    if isinstance(getattr(args, name, None), str):
+      setattr(args, name, resolve(getattr(args, name)))
+  logs.script_logging(getattr(args, "verbose", False))
+  return args
+
+
+def run_main(main: Callable[[], Optional[int]]) -> None:
+  """Runs a script's ``main()`` and exits with the status it returns (None: 0).
+  A user error (``specdec_jax.run.cli.USER_ERRORS``: bad settings, a missing
+  file, checkpoint or optional package) ends, as in the runner, in one line on
+  stderr (``<script>: error: ...``) and exit status 2; with --verbose, after
+  its traceback."""
+  try:
+    code = main()
+  except USER_ERRORS as e:
+    if "--verbose" in sys.argv[1:]:
+      traceback.print_exc()
+    text = e.args[0] if isinstance(e, KeyError) and e.args else e
+    print(f"{os.path.basename(sys.argv[0])}: error: {text}", file=sys.stderr)
+    sys.exit(2)
+  sys.exit(code or 0)
+
+
+def comma_list(text: str, kind: Callable[[str], T] = str) -> list[T]:
+  """'1,2,,3' -> [kind('1'), kind('2'), kind('3')] (empty items dropped)."""
+  return [kind(x.strip()) for x in text.split(",") if x.strip()]
+
+
+# ----------------------------------------------------------------- machine
+
+
+def _cpu_model() -> str:
+  model = platform.processor() or "?"
+  try:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+  except OSError:
+    return model
+  for line in out.splitlines():
+    if line.startswith("Model name:"):
+      model = line.split(":", 1)[1].strip()
+  return model
+
+
+def _memory() -> str:
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemTotal:"):
+          return f"{int(line.split()[1]) / 2**20:.1f} GiB"
+  except OSError:
+    pass
+  return "?"
+
+
+def machine_description() -> str:
+  """One line: the CPUs this process may use (of all), their model, the RAM,
+  and JAX's version, backend and devices."""
+  usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  devices = jax.devices()
+  return (f"{usable} of {os.cpu_count()} CPUs ({_cpu_model()}), RAM {_memory()}; "
+          f"jax {jax.__version__} on {jax.default_backend()}: {len(devices)} x "
+          f"{devices[0].device_kind}")
+
+
+def load_average() -> str:
+  """The 1, 5 and 15 minute load averages, e.g. '0.52 0.40 0.33'."""
+  return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+# ----------------------------------------------------------------- markdown
+
+
+def markdown_row(cells: Iterable[Any]) -> str:
+  """'| a | b |'."""
+  return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def markdown_header(headers: Sequence[str]) -> str:
+  """A markdown table's header row and separator row (two lines)."""
+  return markdown_row(headers) + "\n|" + "---|" * len(headers)
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Iterable[Any]]) -> str:
+  """A GitHub-flavoured markdown table: the header, then one line per row."""
+  return "\n".join([markdown_header(headers)] + [markdown_row(r) for r in rows])
