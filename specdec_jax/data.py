@@ -2,7 +2,8 @@
 
 Two ways to get examples:
 
-* local files (``.tsv`` / ``.jsonl``), pure Python, used by the offline demo;
+* files (``.tsv`` / ``.jsonl``, local or ``gs://``), pure Python, used by the
+  offline demo;
 * seqio tasks (``specdec_wmt_ende``, ``specdec_cnn_dailymail``,
   ``specdec_bible_modernize``) that follow the T5 paper's preprocessing.
 
@@ -26,6 +27,8 @@ from typing import Any, Iterable, Optional, Protocol, Sequence, runtime_checkabl
 
 import numpy as np
 from absl import logging
+
+from specdec_jax import storage
 
 # Task prefixes of the T5 paper (and of our demo task).
 PREFIXES: dict[str, str] = {
@@ -82,9 +85,9 @@ def _make_example(
 
 
 def read_text(path: str) -> str:
-  """The file as UTF-8 text; a bad byte is reported with its line and column."""
-  with open(path, "rb") as f:
-    raw = f.read()
+  """The file (local or ``gs://``) as UTF-8 text; a bad byte is reported with
+  its line and column."""
+  raw = storage.read_bytes(path, "examples file")
   try:
     return raw.decode("utf-8")
   except UnicodeDecodeError as e:
@@ -169,7 +172,8 @@ def load_local(
   id_key: str = "id",
   max_examples: Optional[int] = None,
 ) -> list[Example]:
-  """Loads examples from a local ``.tsv`` (with header) or ``.jsonl`` file.
+  """Loads examples from a ``.tsv`` (with header) or ``.jsonl`` file, local or
+  ``gs://`` (read whole through ``specdec_jax.storage``).
 
   The input column/key is required; reference and id are optional. A missing
   id defaults to the example's 1-based line number in the file (the TSV
@@ -181,7 +185,7 @@ def load_local(
   if ext not in _LOCAL_READERS:
     raise ValueError(f"{path}: unknown extension {ext!r}; expected one of "
              f"{sorted(_LOCAL_READERS)}")
-  if not os.path.isfile(path):
+  if not storage.is_gcs(path) and not os.path.isfile(path):
     raise FileNotFoundError(f"examples file not found: {path}")
   return _LOCAL_READERS[ext](path, input_key, reference_key, id_key, max_examples)
 
@@ -213,8 +217,11 @@ class Vocabulary(Protocol):
 
 
 def _read_bytes(path: str) -> bytes:
+  if storage.is_gcs(path):
+    # TensorStore's gcs kvstore: no TensorFlow, bounded retries, one-line errors.
+    return storage.read_bytes(path, "SentencePiece model")
   if "://" in path:
-    # Remote (e.g. gs://) paths need TF's filesystems; local ones do not.
+    # Other remote schemes need TF's file systems; local and gs:// paths do not.
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
     if not tf.io.gfile.exists(path):
@@ -587,12 +594,12 @@ def _resolve_tfds_data_dir(data_dir: Optional[str]) -> tuple[str, str]:
 
 
 def _check_tfds_prepared(tfds_name: str, data_dir: str, how: str) -> None:
-  """Raises FileNotFoundError with preparation instructions if data is absent."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
+  """Raises FileNotFoundError with preparation instructions if data is absent
+  (``data_dir`` local or ``gs://``, checked through ``specdec_jax.storage``:
+  an unreachable bucket is its own one-line error, not a hang)."""
   name, _, version = tfds_name.partition(":")
-  version_dir = os.path.join(data_dir, *name.split("/"), version)
-  if tf.io.gfile.exists(os.path.join(version_dir, "dataset_info.json")):
+  version_dir = storage.join(data_dir, *name.split("/"), version)
+  if storage.is_file(storage.join(version_dir, "dataset_info.json")):
     return
   ours = [k for k, v in TFDS_DATASETS.items() if v == tfds_name]
   command = f"`tfds build {name} --data_dir={data_dir}`"

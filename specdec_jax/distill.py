@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec_jax import training
+from specdec_jax import storage, training
 from specdec_jax.drafts import bridge, feature_bridge
 from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import T5Model, shift_right
@@ -436,12 +436,21 @@ class DistillJob:
       value = getattr(self, name)
       if not value:
         raise ValueError(f"{name} is not set")
-      if not value.startswith(("gs://", "seqio:")) and not os.path.exists(value):
+      if storage.is_gcs(value):  # read through specdec_jax.storage: it says what is missing
+        try:
+          storage.check_path(value)
+        except ValueError as e:
+          raise ValueError(f"{name}: {e}") from None
+      elif not value.startswith("seqio:") and not os.path.exists(value):
         raise FileNotFoundError(f"{name}: {value!r} does not exist")
     for name in ("output_dir", "workdir"):
       path = getattr(self, name)
       if not path:
         raise ValueError(f"{name} is not set")
+      if storage.is_gcs(path):
+        raise ValueError(f"{name} {path!r}: distillation writes (and appends to) local files; "
+                         "give a local directory and copy the distilled draft to Cloud "
+                         "Storage afterwards")
       if not self.resume and os.path.isdir(path) and os.listdir(path):
         raise FileExistsError(f"{name} {path!r} exists and is not empty; pass --resume to "
                               "continue that run, or choose another directory")
@@ -487,7 +496,8 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   target, target_params = load(job.target_checkpoint, job.target_format, job.target_preset,
                                "target")
   draft, draft_params = load(job.draft_checkpoint, job.draft_format, job.draft_preset, "draft")
-  kernel = bridge.load(job.draft_checkpoint) if os.path.isdir(job.draft_checkpoint) else None
+  has_dir = storage.is_gcs(job.draft_checkpoint) or os.path.isdir(job.draft_checkpoint)
+  kernel = bridge.load(job.draft_checkpoint) if has_dir else None
   if job.grow_encoder_layers or job.grow_decoder_layers:
     draft_params, grown_cfg = grow_layers(
         draft_params, draft.config, encoder_layers=job.grow_encoder_layers,
@@ -495,8 +505,7 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
     draft = T5Model(grown_cfg)
     log_fn(f"draft grown to {grown_cfg.num_encoder_layers} encoder / "
            f"{grown_cfg.num_decoder_layers} decoder layers (new layers start as the identity)")
-  features = feature_bridge.load(job.draft_checkpoint) if os.path.isdir(
-      job.draft_checkpoint) else None
+  features = feature_bridge.load(job.draft_checkpoint) if has_dir else None
   bridged = job.encoder_bridge or kernel is not None or job.feature_bridge or features is not None
   if bridged:
     if job.on_policy_fraction > 0:

@@ -1,6 +1,10 @@
 """Loading and saving T5 parameters in four on-disk formats, straight into
 (sharded) device memory.
 
+Every format is read from local paths and from ``gs://`` (through
+``specdec_jax.storage``: bounded retries, one-line errors; orbax layouts in
+Cloud Storage are read by TensorStore directly, ``orbax_ts.py``).
+
 * ``specdec``: our own format, a directory holding ``config.json`` (the
   ``T5Config`` fields) and ``params/`` (an orbax-checkpoint PyTree, possibly
   stored in bfloat16). ``specdec.py``.
@@ -11,7 +15,7 @@
   orbax-checkpoint (OCDBT); only the parameter subtree is restored.
   ``t5x_orbax.py``.
 * ``hf``: a Hugging Face T5 directory (``config.json`` plus ``model.safetensors``
-  or ``pytorch_model.bin``, optionally sharded with an index file); also
+  or, local only, ``pytorch_model.bin``, optionally sharded with an index file); also
   ``export_hf``. ``hf.py``.
 
 Every loader first collects the names and shapes of the stored arrays
@@ -23,7 +27,7 @@ scales and relative-position tables float32): every device's slice is read
 from the source on its own, once however many devices replicate it
 (``placement.py``). The host never holds more than about one array, so a
 44 GB T5-XXL loads on a host with far less memory; in a multi-host job each
-host reads only the slices its own devices hold. Orbax checkpoints are
+host reads only the slices its own devices hold. Local orbax checkpoints are
 restored by orbax with the same shardings and dtypes as targets: it reads
 each device's shard itself and schedules its own reads.
 """
@@ -33,6 +37,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from specdec_jax import storage
 from specdec_jax.checkpoints.common import (FORMATS, HF_WEIGHT_FILES, SPECDEC_PARAMS_DIR,
                                             T5X_MSGPACK, T5X_ORBAX_ITEM, CheckpointError,
                                             CheckpointExistsError, CheckpointNotFoundError,
@@ -100,9 +105,10 @@ def load_checkpoint(path: str, fmt: str = "auto", config: Optional[T5Config] = N
   """Loads T5 parameters (a T5X-named tree of ``jax.Array``) and their config.
 
   Args:
-    path: a checkpoint directory; for T5X formats either a ``checkpoint_<step>``
-      directory or a model directory holding several (the largest step wins).
-      T5X paths may be ``gs://``.
+    path: a checkpoint directory, local or ``gs://`` (every format; Hugging
+      Face weights in Cloud Storage as safetensors); for T5X formats either a
+      ``checkpoint_<step>`` directory or a model directory holding several
+      (the largest step wins).
     fmt: 'auto' (detect from the directory contents), 'specdec', 't5x',
       't5x_orbax' or 'hf'.
     config: required for T5X formats (their checkpoints do not record the
@@ -116,7 +122,10 @@ def load_checkpoint(path: str, fmt: str = "auto", config: Optional[T5Config] = N
       its own slice; None places everything on the first local device.
 
   Raises:
-    CheckpointNotFoundError: a missing directory or file.
+    CheckpointNotFoundError: a missing directory or file (for ``gs://``, also
+      a missing bucket, said so).
+    StorageError: a ``gs://`` endpoint that cannot be reached, or a refused
+      request (``specdec_jax.storage``; one-line messages).
     CheckpointError: corrupt files, unknown/missing parameters, or shapes
       (including the vocabulary size) that disagree with the config.
     PartitioningError: a dimension the mesh does not divide (before any read).
@@ -124,8 +133,8 @@ def load_checkpoint(path: str, fmt: str = "auto", config: Optional[T5Config] = N
   if fmt not in FORMATS:
     raise ValueError(f"unknown checkpoint format {fmt!r}; expected one of {FORMATS}")
   path = path.rstrip("/") if is_gcs(path) else os.path.abspath(path)
-  if not is_gcs(path) and os.path.basename(path) == T5X_MSGPACK and os.path.isfile(path):
-    path, fmt = os.path.dirname(path), "t5x" if fmt == "auto" else fmt
+  if storage.basename(path) == T5X_MSGPACK and storage.is_file(path):
+    path, fmt = storage.dirname(path), "t5x" if fmt == "auto" else fmt
   require_dir(path)
   if fmt == "auto":
     fmt = detect_format(path)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import storage
 from specdec_jax.models.t5 import T5Config, param_shapes
 from specdec_jax.partitioning import flatten_names, unflatten_names
 
@@ -47,32 +48,32 @@ class CheckpointExistsError(CheckpointError, FileExistsError):
 
 
 # ------------------------------------------------------------ path helpers
+# Local and gs:// paths go through ``specdec_jax.storage`` (TensorStore's gcs
+# kvstore for gs://, with bounded retries and one-line errors).
 
 
 def is_gcs(path: str) -> bool:
-  return path.startswith("gs://")
+  return storage.is_gcs(path)
 
 
 def join(base: str, *parts: str) -> str:
-  if is_gcs(base):
-    return "/".join([base.rstrip("/")] + [p.strip("/") for p in parts])
-  return os.path.join(base, *parts)
+  return storage.join(base, *parts)
 
 
 def split_gcs(path: str) -> tuple[str, str]:
   """'gs://bucket/a/b' -> ('bucket', 'a/b')."""
-  bucket, _, rest = path[len("gs://"):].partition("/")
-  if not bucket:
-    raise CheckpointError(f"malformed GCS path {path!r}: no bucket")
-  return bucket, rest.strip("/")
+  try:
+    return storage.split(path)
+  except ValueError as e:
+    raise CheckpointError(str(e)) from None
 
 
 def kvstore_spec(path: str) -> dict:
-  """A TensorStore kvstore spec for a local or ``gs://`` path."""
+  """A TensorStore kvstore spec for a local or ``gs://`` path (open it with
+  ``context=storage.context()``)."""
   if is_gcs(path):
-    bucket, key = split_gcs(path)
-    return {"driver": "gcs", "bucket": bucket, "path": key}
-  return {"driver": "file", "path": os.path.abspath(path)}
+    split_gcs(path)
+  return storage.kvstore_spec(path)
 
 
 def kv_open(path: str):
@@ -80,11 +81,12 @@ def kv_open(path: str):
   spec = kvstore_spec(path)
   if spec["path"] and not spec["path"].endswith("/"):
     spec["path"] += "/"
-  return ts.KvStore.open(spec).result()
+  return ts.KvStore.open(spec, context=storage.context()).result()
 
 
 def kv_listdir(path: str) -> list[str]:
-  """Immediate children of a directory through a kvstore (used for gs://).
+  """Immediate children of a directory through a kvstore (the gs:// code path,
+  also usable on local paths).
 
   Object stores have no directories, so this lists keys recursively and keeps
   their first component: a model directory with many zarr checkpoints lists
@@ -102,39 +104,44 @@ def kv_read(path: str) -> Optional[bytes]:
 
 
 def listdir(path: str) -> list[str]:
-  if is_gcs(path):
-    return kv_listdir(path)
-  return sorted(os.listdir(path))
+  if not is_gcs(path):
+    return sorted(os.listdir(path))
+  try:
+    return storage.listdir(path)
+  except storage.StorageNotFoundError as e:
+    raise CheckpointNotFoundError(str(e)) from None
 
 
 def is_dir(path: str) -> bool:
-  if is_gcs(path):
-    return bool(kv_listdir(path))
-  return os.path.isdir(path)
+  return storage.is_dir(path)
 
 
 def exists(path: str) -> bool:
-  if is_gcs(path):
-    return kv_read(path) is not None or is_dir(path)
-  return os.path.exists(path)
+  return storage.exists(path)
 
 
 def read_bytes(path: str) -> bytes:
-  if is_gcs(path):
-    data = kv_read(path)
-    if data is None:
-      raise CheckpointNotFoundError(f"{path}: file not found")
-    return data
-  if not os.path.isfile(path):
-    raise CheckpointNotFoundError(f"{path}: file not found")
-  with open(path, "rb") as f:
-    return f.read()
+  """The file's bytes; a missing one is a CheckpointNotFoundError naming it
+  (for gs://, also whether the bucket exists)."""
+  try:
+    return storage.read_bytes(path, "checkpoint file")
+  except storage.StorageNotFoundError as e:
+    raise CheckpointNotFoundError(f"{path}: file not found" if not is_gcs(path)
+                                  else str(e)) from None
 
 
 def require_dir(path: str) -> None:
-  if not is_dir(path):
+  if is_dir(path):
+    return
+  if not is_gcs(path):
     what = "is not a directory" if exists(path) else "does not exist"
     raise CheckpointNotFoundError(f"checkpoint directory {path} {what}")
+  if storage.is_file(path):
+    raise CheckpointNotFoundError(f"checkpoint directory {path} is an object, not a prefix "
+                                  "with objects under it")
+  # Says whether the bucket is missing, or only the objects under the prefix.
+  raise CheckpointNotFoundError(str(storage.not_found(path, "checkpoint directory",
+                                                      prefix=True)))
 
 
 def latest_step_dir(path: str) -> Optional[str]:

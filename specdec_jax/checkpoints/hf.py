@@ -19,11 +19,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from specdec_jax import storage
 from specdec_jax.checkpoints import placement
 from specdec_jax.checkpoints.common import (HF_WEIGHT_FILES, CheckpointError,
                                             CheckpointNotFoundError, check_overwrite,
-                                            check_shapes, few, flatten, is_gcs, read_bytes,
-                                            reconcile_config)
+                                            check_shapes, few, flatten, is_gcs, join,
+                                            read_bytes, reconcile_config)
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.partitioning import Partitioner
 
@@ -230,29 +231,83 @@ class TorchBinFile:
     return read
 
 
+class RemoteSafetensorsFile:
+  """Shapes and sliced reads of one .safetensors object in Cloud Storage.
+
+  The header is read with two ranged requests; a tensor's bytes are fetched
+  once, when its array is placed (the slice reader of one array caches them
+  until that array is on its devices), so the host holds about one tensor.
+  """
+
+  DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
+            "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32, "I16": np.int16,
+            "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+  def __init__(self, path: str):
+    self.path = path
+    try:
+      n = int.from_bytes(storage.read_range(path, 0, 8), "little")
+      self._start = 8 + n
+      header = json.loads(storage.read_range(path, 8, self._start))
+    except (ValueError, TypeError) as e:  # a torn or foreign object
+      raise CheckpointError(f"{path}: cannot read safetensors header: {e}") from e
+    header.pop("__metadata__", None)
+    self._header = header
+    self.shapes = {k: tuple(v["shape"]) for k, v in header.items()}
+    unknown = sorted({v["dtype"] for v in header.values()} - set(self.DTYPES))
+    if unknown:
+      raise CheckpointError(f"{path}: unsupported safetensors dtype(s) {unknown}")
+
+  def slice_reader(self, key: str) -> placement.SliceReader:
+    """Reads slices of tensor ``key`` (in HF's layout); fetches it on the first call."""
+    entry = self._header[key]
+    begin, end = entry["data_offsets"]
+    held: list[np.ndarray] = []
+
+    def read(index: placement.Index) -> np.ndarray:
+      if not held:
+        raw = storage.read_range(self.path, self._start + begin, self._start + end)
+        dtype = np.dtype(self.DTYPES[entry["dtype"]]).newbyteorder("<")
+        held.append(np.frombuffer(raw, dtype=dtype).reshape(self.shapes[key]))
+      return np.array(held[0][index])
+    return read
+
+
 def _hf_weight_files(path: str) -> list[str]:
   """The weight files of an HF directory (one file, or the shards of an index)."""
   for single, index in (("model.safetensors", "model.safetensors.index.json"),
                         ("pytorch_model.bin", "pytorch_model.bin.index.json")):
-    if os.path.isfile(os.path.join(path, single)):
-      return [os.path.join(path, single)]
-    index_path = os.path.join(path, index)
-    if os.path.isfile(index_path):
+    if storage.is_file(join(path, single)):
+      return [join(path, single)]
+    index_path = join(path, index)
+    if storage.is_file(index_path):
       try:
         weight_map = json.loads(read_bytes(index_path))["weight_map"]
       except (json.JSONDecodeError, KeyError) as e:
         raise CheckpointError(f"{index_path}: invalid shard index: {e}") from e
-      return [os.path.join(path, f) for f in sorted(set(weight_map.values()))]
+      return [join(path, f) for f in sorted(set(weight_map.values()))]
   raise CheckpointNotFoundError(f"{path}: no Hugging Face weights ({', '.join(HF_WEIGHT_FILES)})")
+
+
+def _open_weight_file(file_path: str) -> Any:
+  """A reader of one weight file: safetensors (local or gs://) or a local .bin."""
+  if not storage.is_file(file_path):
+    raise CheckpointNotFoundError(f"{file_path}: weight shard listed in the index is missing")
+  if file_path.endswith(".safetensors"):
+    return (RemoteSafetensorsFile(file_path) if is_gcs(file_path)
+            else SafetensorsFile(file_path))
+  if is_gcs(file_path):
+    raise CheckpointError(f"{file_path}: PyTorch .bin weights cannot be read from Cloud "
+                          "Storage (torch needs a local file); convert them to safetensors or "
+                          "copy the directory to a local disk")
+  return TorchBinFile(file_path)
 
 
 def _open_hf_tensors(path: str) -> dict[str, tuple[Any, tuple[int, ...]]]:
   """{HF key: (file object with .slice_reader(key), shape)} over all weight files."""
   tensors = {}
   for file_path in _hf_weight_files(path):
-    if not os.path.isfile(file_path):
-      raise CheckpointNotFoundError(f"{file_path}: weight shard listed in the index is missing")
-    f = SafetensorsFile(file_path) if file_path.endswith(".safetensors") else TorchBinFile(file_path)
+    f = _open_weight_file(file_path)
     for key, shape in f.shapes.items():
       tensors[key] = (f, shape)
   return tensors
@@ -269,10 +324,9 @@ def _transposed_reader(f: Any, key: str) -> placement.SliceReader:
 
 def load_hf(path: str, config: Optional[T5Config], param_dtype: Any,
             partitioner: Optional[Partitioner] = None) -> tuple[dict, T5Config]:
-  """(params in their shards, config) from a local Hugging Face T5 directory."""
-  if is_gcs(path):
-    raise CheckpointError(f"{path}: Hugging Face checkpoints must be local")
-  config_path = os.path.join(path, "config.json")
+  """(params in their shards, config) from a Hugging Face T5 directory, local or
+  ``gs://`` (safetensors only there)."""
+  config_path = join(path, "config.json")
   try:
     hf_cfg = json.loads(read_bytes(config_path))
   except json.JSONDecodeError as e:

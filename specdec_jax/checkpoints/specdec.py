@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from specdec_jax.checkpoints import placement
+from specdec_jax.checkpoints import orbax_ts, placement
 from specdec_jax.checkpoints.common import (SPECDEC_PARAMS_DIR, CheckpointError, check_overwrite,
                                             check_shapes, config_from_dict, flatten, is_gcs,
                                             join, metadata_shapes, orbax_metadata_tree,
@@ -49,7 +49,8 @@ def save_checkpoint(directory: str, params: Any, config: T5Config,
 
 def load_specdec(path: str, config: Optional[T5Config], param_dtype: Any,
                  partitioner: Optional[Partitioner] = None) -> tuple[dict, T5Config]:
-  """(params in their shards, config) from a directory written by ``save_checkpoint``."""
+  """(params in their shards, config) from a directory written by ``save_checkpoint``
+  (local or ``gs://``)."""
   config_path = join(path, "config.json")
   try:
     fields = json.loads(read_bytes(config_path))
@@ -58,6 +59,9 @@ def load_specdec(path: str, config: Optional[T5Config], param_dtype: Any,
   config = reconcile_config(config_from_dict(fields, config_path), config, path)
   params_dir = join(path, SPECDEC_PARAMS_DIR)
   require_dir(params_dir)
-  tree = orbax_metadata_tree(params_dir)
+  # gs://: TensorStore reads orbax's layout itself (orbax's file layer would need TF or gcsfs).
+  tree = orbax_ts.metadata_tree(params_dir) if is_gcs(params_dir) else orbax_metadata_tree(
+      params_dir)
   check_shapes(metadata_shapes(tree), config, params_dir)
-  return placement.restore_orbax(params_dir, tree, (), param_dtype, partitioner), config
+  restore = orbax_ts.restore if is_gcs(params_dir) else placement.restore_orbax
+  return restore(params_dir, tree, (), param_dtype, partitioner), config

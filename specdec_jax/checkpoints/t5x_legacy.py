@@ -15,10 +15,11 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from specdec_jax import storage
 from specdec_jax.checkpoints import placement
 from specdec_jax.checkpoints.common import (T5X_MSGPACK, CheckpointError, check_shapes,
                                             flatten, is_gcs, join, kvstore_spec, read_bytes,
-                                            subtree_keys)
+                                            root_cause, subtree_keys)
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.partitioning import Partitioner
 
@@ -56,10 +57,11 @@ def resolve_ts_spec(spec: Mapping, step_dir: str) -> dict:
 def _ts_open(resolved: dict, name: str, step_dir: str):
   import tensorstore as ts
   try:
-    return ts.open(resolved, open=True, read=True).result()
+    return ts.open(resolved, open=True, read=True, context=storage.context()).result(
+        timeout=storage.TIMEOUT_S)
   except Exception as e:  # tensorstore raises ValueError and friends
     raise CheckpointError(f"{step_dir}: cannot open TensorStore array for {name} "
-                          f"at {resolved['kvstore']}: {e}") from e
+                          f"at {resolved['kvstore']}: {root_cause(e)}") from e
 
 
 def _ts_shape(spec: Mapping, resolved: dict, name: str, step_dir: str) -> tuple[int, ...]:

@@ -1,14 +1,15 @@
 """T5X's newer layout: ``checkpoint_<step>/state/`` written by orbax-checkpoint
-(OCDBT); only the parameter subtree is restored, straight into its shards."""
+(OCDBT); only the parameter subtree is restored, straight into its shards (by
+orbax for local paths, by ``orbax_ts`` for ``gs://``)."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from specdec_jax.checkpoints import placement
-from specdec_jax.checkpoints.common import (T5X_ORBAX_ITEM, CheckpointError, check_shapes, join,
-                                            metadata_shapes, orbax_metadata_tree, require_dir,
-                                            subtree_keys)
+from specdec_jax.checkpoints import orbax_ts, placement
+from specdec_jax.checkpoints.common import (T5X_ORBAX_ITEM, CheckpointError, check_shapes,
+                                            is_gcs, join, metadata_shapes, orbax_metadata_tree,
+                                            require_dir, subtree_keys)
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.partitioning import Partitioner
 
@@ -25,13 +26,17 @@ def find_params_subtree(tree: Mapping, directory: str) -> tuple[str, ...]:
 
 def load_t5x_orbax(step_dir: str, config: T5Config, param_dtype: Any,
                    partitioner: Optional[Partitioner] = None) -> dict:
-  """The parameters of one T5X orbax checkpoint, restored into their shards."""
+  """The parameters of one T5X orbax checkpoint (local or ``gs://``), restored
+  into their shards."""
   item_dir = join(step_dir, T5X_ORBAX_ITEM)
   require_dir(item_dir)
-  tree = orbax_metadata_tree(item_dir)
+  # gs://: TensorStore reads orbax's layout itself (orbax's file layer would need TF or gcsfs).
+  remote = is_gcs(item_dir)
+  tree = orbax_ts.metadata_tree(item_dir) if remote else orbax_metadata_tree(item_dir)
   keys = find_params_subtree(tree, item_dir)
   sub = tree
   for k in keys:
     sub = sub[k]
   check_shapes(metadata_shapes(sub), config, item_dir)
-  return placement.restore_orbax(item_dir, tree, keys, param_dtype, partitioner)
+  restore = orbax_ts.restore if remote else placement.restore_orbax
+  return restore(item_dir, tree, keys, param_dtype, partitioner)

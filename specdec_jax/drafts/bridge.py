@@ -23,12 +23,13 @@ draft never sees M_p's verdict on a proposal (proof: docs/exactness.md,
 section 7).
 
 On disk the kernel sits next to the draft's own checkpoint as
-``encoder_bridge.npz`` (``save``/``load``); a draft directory without it is
-a plain draft.
+``encoder_bridge.npz`` (``save``/``load``; ``load`` reads local and ``gs://``
+directories); a draft directory without it is a plain draft.
 """
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Any, Optional
 
@@ -36,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import storage
 from specdec_jax.models.t5 import T5Model
 
 Array = jax.Array
@@ -82,14 +84,16 @@ def save_arrays(directory: str, filename: str, arrays: dict) -> None:
 
 def load_arrays(directory: str, filename: str, keys: tuple[str, ...],
                 what: str) -> Optional[dict]:
-  """``keys`` of ``directory/filename`` as finite 2-D float32 arrays, or None
-  if there is no such file; a torn, foreign or malformed file is an error
-  naming the path and ``what`` it should be."""
-  path = os.path.join(directory, filename)
-  if not os.path.isfile(path):
+  """``keys`` of ``directory/filename`` (a local or ``gs://`` directory) as
+  finite 2-D float32 arrays, or None if there is no such file; a torn,
+  foreign or malformed file is an error naming the path and ``what`` it
+  should be."""
+  path = storage.join(directory, filename)
+  if not storage.is_file(path):
     return None
+  raw = storage.read_bytes(path, what)
   try:
-    with np.load(path) as f:
+    with np.load(io.BytesIO(raw)) as f:
       out = {k: np.asarray(f[k], np.float32) for k in keys}
   except Exception as e:  # a torn or foreign file: say which
     raise ValueError(f"{path}: not a readable {what} ({type(e).__name__}: {e})") from e

@@ -28,13 +28,13 @@ steps produces.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import storage
 from specdec_jax.drafts import bridge as bridge_lib
 from specdec_jax.models.t5 import T5Model
 
@@ -100,7 +100,8 @@ def save(directory: str, bridge: Any) -> None:
 
 
 def load(directory: str) -> Optional[dict]:
-  """The feature bridge stored with a draft checkpoint, or None if it has none."""
+  """The feature bridge stored with a draft checkpoint (local or ``gs://``), or
+  None if it has none."""
   return bridge_lib.load_arrays(directory, FILENAME, ("kernel", "staleness"), "feature bridge")
 
 
@@ -108,4 +109,4 @@ def bridges_in(directory: str) -> list[str]:
   """The bridge files a draft checkpoint directory holds (``bridge``'s and
   this module's): a draft that has any needs the target to run."""
   return [name for name in (bridge_lib.FILENAME, FILENAME)
-          if os.path.isfile(os.path.join(directory, name))]
+          if storage.is_file(storage.join(directory, name))]

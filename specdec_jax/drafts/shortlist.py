@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specdec_jax import storage
 from specdec_jax.models.t5 import T5Model
 
 Array = jax.Array
@@ -105,14 +106,15 @@ def save(path: str, ids: np.ndarray, vocab_size: int, **meta: Any) -> None:
 
 
 def load(path: str, vocab_size: int) -> np.ndarray:
-  """The sorted token ids of a shortlist written by ``save``, checked to lie
-  in [0, vocab_size) of the models; errors name the path and the problem."""
-  if not os.path.isfile(path):
+  """The sorted token ids of a shortlist written by ``save`` (a local or
+  ``gs://`` path), checked to lie in [0, vocab_size) of the models; errors
+  name the path and the problem."""
+  if not storage.is_gcs(path) and not os.path.isfile(path):
     raise FileNotFoundError(f"draft shortlist not found: {path}")
+  raw = storage.read_bytes(path, "draft shortlist")  # gs:// errors name what is missing
   try:
-    with open(path) as f:
-      record = json.load(f)
-  except (OSError, ValueError) as e:
+    record = json.loads(raw)
+  except ValueError as e:
     raise ValueError(f"draft shortlist {path} is not readable JSON: {e}") from e
   if not isinstance(record, dict) or record.get("format") != FORMAT:
     raise ValueError(f"draft shortlist {path}: expected a JSON object with format {FORMAT!r} "

@@ -16,7 +16,7 @@ from typing import Optional, Sequence, Union
 
 import gin
 
-from specdec_jax import data, drafts, partitioning
+from specdec_jax import data, drafts, partitioning, storage
 from specdec_jax.decoding import AdaptiveConfig
 from specdec_jax.sampling import SamplingConfig
 
@@ -216,11 +216,19 @@ class Experiment:
       example = _macro_for(unset[0][0]) or f"Experiment.{unset[0][0]}"
       raise ValueError(f"missing settings: {'; '.join(items)}. Bind each, e.g. "
                        f"--gin_bindings=\"{example} = '/path/...'\"")
-    for name in _PATH_FIELDS:
+    for name in _PATH_FIELDS + ("tfds_data_dir", "auto_alpha_source"):
       value = getattr(self, name)
-      if value and not is_remote(value) and not Path(resolve_path(value)).exists():
+      if not value:
+        continue
+      if storage.is_gcs(value):  # well formed; whether it exists is found when it is read
+        try:
+          storage.check_path(value)
+        except ValueError as e:
+          raise ValueError(f"Experiment.{name}: {e}") from None
+      elif name in _PATH_FIELDS and not is_remote(value) and not Path(
+          resolve_path(value)).exists():
         raise FileNotFoundError(f"Experiment.{name}: {value!r} does not exist (looked in: "
-                                f"{', '.join(str(c) for c in candidates(value))})")
+                                f"{', '.join(candidates(value))})")
 
   def check_types(self) -> None:
     """Each field has its annotated type (gin passes whatever the config says)."""
@@ -261,20 +269,26 @@ class Experiment:
 
 
 def is_remote(path: str) -> bool:
-  return path.startswith("gs://") or path.startswith("seqio:")
+  """Whether ``path`` is a ``gs://`` URL or a ``seqio:`` task: never looked up
+  on the local file system, and passed on unchanged."""
+  return storage.is_gcs(path) or path.startswith("seqio:")
 
 
-def candidates(path: str) -> list[Path]:
-  """Where a relative path is looked for: cwd, each config's directory, the repo root."""
-  if is_remote(path) or os.path.isabs(path):
-    return [Path(path)]
-  return [Path(path)] + [d / path for d in CONFIG_DIRS] + [REPO_ROOT / path]
+def candidates(path: str) -> list[str]:
+  """Where a relative path is looked for: cwd, each config's directory, the repo
+  root; a remote or absolute path is its only candidate, unchanged."""
+  if is_remote(path):
+    return [path]
+  if os.path.isabs(path):
+    return [str(Path(path))]
+  return [str(p) for p in [Path(path)] + [d / path for d in CONFIG_DIRS] + [REPO_ROOT / path]]
 
 
 def resolve_path(path: str) -> str:
-  """The first existing candidate (see ``_candidates``), else the repo-root one."""
+  """The first existing candidate (see ``candidates``), else the repo-root one;
+  ``gs://`` and ``seqio:`` paths are returned as they are."""
   cands = candidates(path)
-  return str(next((c for c in cands if c.exists()), cands[-1]))
+  return next((c for c in cands if Path(c).exists()), cands[-1]) if len(cands) > 1 else cands[0]
 
 
 def _macro_for(field: str) -> Optional[str]:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import checkpoints, data, drafts, memory, partitioning
+from specdec_jax import checkpoints, data, drafts, memory, partitioning, storage
 from specdec_jax.drafts import bridge as bridge_lib
 from specdec_jax.drafts import feature_bridge as feature_lib
 from specdec_jax.drafts import shortlist as shortlist_lib
@@ -44,19 +44,35 @@ class Setup:
 
 
 def _peek_config(path: str, fmt: str, preset: Optional[str], dtype: str) -> Optional[T5Config]:
-  """A checkpoint's architecture without reading its weights (None if unknown)."""
+  """A checkpoint's architecture without reading its weights (None if unknown).
+
+  For ``gs://`` only ``config.json`` is read (no listing): a T5X checkpoint
+  has none, and a Hugging Face one is told from ours by its keys. A ``gs://``
+  endpoint that cannot be reached, or refuses access, is raised here (one
+  line, before anything else is read); any other problem is left to the load.
+  """
   try:
     if preset:
       return get_config(preset, dtype=dtype)
-    local = resolve_path(path)
-    if is_remote(local):
+    where = resolve_path(path)
+    if storage.is_gcs(where):
+      config_path = storage.join(where, "config.json")
+      if fmt not in ("auto", "specdec", "hf") or not storage.is_file(config_path):
+        return None
+      fields = json.loads(storage.read_bytes(config_path))
+      if fmt == "auto":
+        fmt = "hf" if "d_kv" in fields or "model_type" in fields else "specdec"
+    elif is_remote(where):
       return None
-    fmt = checkpoints.detect_format(local) if fmt == "auto" else fmt
-    fields = json.loads((Path(local) / "config.json").read_text())
+    else:
+      fmt = checkpoints.detect_format(where) if fmt == "auto" else fmt
+      fields = json.loads((Path(where) / "config.json").read_text())
     if fmt == "specdec":
-      return checkpoints.config_from_dict(fields, local).replace(dtype=dtype)
+      return checkpoints.config_from_dict(fields, where).replace(dtype=dtype)
     if fmt == "hf":
       return checkpoints.hf_config_to_t5(fields, dtype=dtype)
+  except (storage.StorageUnreachableError, storage.StorageAccessError):
+    raise
   except Exception:  # the real load reports a bad checkpoint properly
     return None
   return None
@@ -82,7 +98,7 @@ def estimate_bytes(exp: Experiment, alpha_only: bool = False) -> dict[str, int]:
   max_decode_len + γ + 1 positions, cross-attention over max_input_len) at
   ``dtype``; in ``--alpha_only`` also the teacher-forced p and q ([B, T, V]
   float32, counted unsharded). A model whose checkpoint does not say its
-  architecture (no preset, remote) is left out.
+  architecture (a T5X checkpoint without a preset) is left out.
   """
   cfgs = {role: _peek_config(path, fmt, preset, exp.dtype) if path else None
           for role, path, fmt, preset in (
@@ -284,14 +300,12 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
 
 def _load_bridge(path: str, lib: Any = bridge_lib) -> Any:
   """A draft checkpoint's encoder bridge kernel, or with ``lib`` =
-  ``feature_bridge`` its feature bridge (local directories only; None if it
-  has none)."""
-  if "://" in path:
+  ``feature_bridge`` its feature bridge (a local or ``gs://`` directory;
+  None if it has none)."""
+  where = resolve_path(path)
+  if not storage.is_gcs(where) and not os.path.isdir(where):
     return None
-  local = resolve_path(path)
-  if not os.path.isdir(local):
-    return None
-  return lib.load(local)
+  return lib.load(where)
 
 
 _MULTIHOST_STARTED = False

@@ -1,5 +1,8 @@
 """A run's working directory: examples.jsonl (append-only, one line per
-example), summary.json (rewritten atomically) and config.gin.
+example), summary.json (rewritten atomically) and config.gin. A local
+directory or a ``gs://`` prefix: Cloud Storage objects cannot be appended to,
+so there examples.jsonl is rewritten whole (one atomic object write) after
+each example; resuming reads it back the same way.
 
 Workdir integrity: nothing is written before the first result; ``config.gin``
 (the run's gin config) is written atomically with it, so a workdir's files
@@ -19,6 +22,8 @@ from typing import Optional
 
 import jax
 from absl import logging
+
+from specdec_jax import storage
 
 MODES = ("speculative", "alpha_only")
 
@@ -41,18 +46,30 @@ class Workdir:
 
   The constructor only checks (and reads finished lines); the directory and
   config.gin are written with the first result, so a run that fails earlier
-  leaves nothing behind.
+  leaves nothing behind. ``path`` is a local directory or a ``gs://`` prefix
+  (a str, as are the file paths below).
   """
 
   def __init__(self, path: str, config_str: str, resume: bool, mode: str = "speculative",
                num_indices: Optional[int] = None):
     if mode not in MODES:
       raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    self.path = Path(path)
-    self.examples_path = self.path / "examples.jsonl"
-    self.config_path = self.path / "config.gin"
-    self.summary_path = self.path / "summary.json"
+    self.remote = storage.is_gcs(str(path))
+    if self.remote:
+      try:
+        storage.check_path(str(path))
+      except ValueError as e:
+        raise ValueError(f"--workdir: {e}") from None
+      if not storage.bucket_exists(str(path)):  # before any model is read
+        raise storage.StorageNotFoundError(f"--workdir {path}: the bucket "
+                                           f"gs://{storage.split(str(path))[0]} does not exist")
+    self.path = str(path).rstrip("/") if self.remote else str(Path(path))
+    self.examples_path = storage.join(self.path, "examples.jsonl")
+    self.config_path = storage.join(self.path, "config.gin")
+    self.summary_path = storage.join(self.path, "summary.json")
     self.mode, self.resume, self.config_str = mode, resume, config_str
+    self._content = b""  # the complete lines of examples.jsonl (rewritten whole on gs://)
+    self._size = 0  # examples.jsonl's size when read (a torn last line included)
     self.records, self._good_end = self._read_records()
     self._opened = False
     # Multi-host: every process runs the same sharded loops, process 0 writes.
@@ -69,8 +86,9 @@ class Workdir:
       raise ValueError(f"{self.path} holds a {old_mode} run ({len(self.records)} examples, "
                        f"written {flag(old_mode)}); this run is {mode} ({flag(mode)}). "
                        "Use another --workdir (nothing was changed)")
-    if self.config_path.exists():
-      old, new = _comparable(self.config_path.read_text()), _comparable(config_str)
+    if storage.is_file(self.config_path):
+      old = _comparable(storage.read_text(self.config_path))
+      new = _comparable(config_str)
       if old != new:
         diff = ([f"- {l}" for l in old if l not in new] + [f"+ {l}" for l in new if l not in old])
         raise ValueError(f"--resume: the gin config differs from {self.config_path} (only "
@@ -87,10 +105,12 @@ class Workdir:
 
   def _read_records(self) -> tuple[list[dict], int]:
     """Complete lines, and the byte offset where they end (a torn last line follows)."""
-    if not self.examples_path.exists():
+    if not storage.is_file(self.examples_path):
       return [], 0
-    raw = self.examples_path.read_bytes()
+    raw = storage.read_bytes(self.examples_path)
     end = raw.rfind(b"\n") + 1
+    self._content = raw[:end]
+    self._size = len(raw)
     records = []
     for line_no, line in enumerate(raw[:end].split(b"\n")[:-1], start=1):
       if not line.strip():
@@ -109,14 +129,22 @@ class Workdir:
 
   def _open(self) -> None:
     """Before the first write: the directory, the torn-line repair, config.gin."""
-    self.path.mkdir(parents=True, exist_ok=True)
-    if self.examples_path.exists() and self.examples_path.stat().st_size > self._good_end:
-      logging.warning("Dropping a partial last line of %s (%d bytes)", self.examples_path,
-                      self.examples_path.stat().st_size - self._good_end)
-      with open(self.examples_path, "r+b") as f:
-        f.truncate(self._good_end)
-    if not self.config_path.exists() or self.config_path.read_text() != self.config_str:
-      _atomic_write(self.config_path, self.config_str)
+    if self.remote:
+      if self._size > self._good_end:
+        logging.warning("Dropping a partial last line of %s (%d bytes)", self.examples_path,
+                        self._size - self._good_end)
+        storage.write_bytes(self.examples_path, self._content)
+    else:
+      os.makedirs(self.path, exist_ok=True)
+      if (os.path.exists(self.examples_path)
+          and os.path.getsize(self.examples_path) > self._good_end):
+        logging.warning("Dropping a partial last line of %s (%d bytes)", self.examples_path,
+                        os.path.getsize(self.examples_path) - self._good_end)
+        with open(self.examples_path, "r+b") as f:
+          f.truncate(self._good_end)
+    if (not storage.is_file(self.config_path)
+        or storage.read_text(self.config_path) != self.config_str):
+      storage.write_bytes(self.config_path, self.config_str.encode("utf-8"))
     self._opened = True
 
   def append(self, record: dict) -> None:
@@ -125,10 +153,16 @@ class Workdir:
       return
     if not self._opened:
       self._open()
-    with open(self.examples_path, "a") as f:
-      f.write(json.dumps(record) + "\n")
-      f.flush()
-      os.fsync(f.fileno())
+    line = json.dumps(record) + "\n"
+    if self.remote:
+      # No appends in Cloud Storage: the whole object, one atomic write per example.
+      self._content += line.encode("utf-8")
+      storage.write_bytes(self.examples_path, self._content)
+    else:
+      with open(self.examples_path, "a") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
     self.records.append(record)
 
   def write_summary(self, summary: dict) -> None:
@@ -136,10 +170,4 @@ class Workdir:
       return
     if not self._opened:
       self._open()
-    _atomic_write(self.summary_path, json.dumps(summary, indent=2) + "\n")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-  tmp = path.with_suffix(path.suffix + ".tmp")
-  tmp.write_text(text)
-  os.replace(tmp, path)
+    storage.write_bytes(self.summary_path, (json.dumps(summary, indent=2) + "\n").encode())

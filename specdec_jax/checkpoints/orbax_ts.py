@@ -1,0 +1,138 @@
+"""Orbax PyTree checkpoints read with TensorStore alone: how checkpoints in our
+own format and T5X's orbax layout are read from ``gs://``.
+
+Orbax reaches files through ``etils.epath``, whose ``gs://`` backend is
+TensorFlow's file system when TensorFlow is installed and ``gcsfs`` otherwise;
+neither belongs on the decoding path, and neither shares
+``specdec_jax.storage``'s retry bound and error lines. The arrays themselves
+are TensorStore arrays in either case, so this module reads the layout orbax
+writes directly:
+
+* ``_METADATA`` (JSON): the tree, one entry per leaf with its key path, and
+  whether the arrays are zarr or zarr3 and in an OCDBT database;
+* each array: a zarr (or zarr3) array named by its keys joined with '.',
+  inside the OCDBT database rooted at the checkpoint directory (or, without
+  OCDBT, in a subdirectory of that name).
+
+Every array is described by its shape (read from its zarr metadata) and read
+one device slice at a time by ``placement.place_arrays``, as the T5X msgpack
+loader does, so sharding, dtypes and host memory follow the same contract.
+Values equal what orbax itself restores from the same directory.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import json
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from specdec_jax import storage
+from specdec_jax.checkpoints import placement
+from specdec_jax.checkpoints.common import CheckpointError, flatten, root_cause, unflatten
+from specdec_jax.partitioning import Partitioner
+
+METADATA_FILE = "_METADATA"
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredArray:
+  """One leaf of an orbax checkpoint: its shape, dtype and TensorStore spec."""
+
+  shape: tuple[int, ...]
+  dtype: np.dtype
+  spec: dict
+
+
+def _keys(entry_key: str, entry: Mapping) -> tuple[str, ...]:
+  meta = entry.get("key_metadata")
+  if isinstance(meta, list) and all(isinstance(m, Mapping) and "key" in m for m in meta):
+    return tuple(str(m["key"]) for m in meta)
+  parsed = ast.literal_eval(entry_key)  # "('decoder', 'layers_0', ...)"
+  return tuple(str(k) for k in (parsed if isinstance(parsed, tuple) else (parsed,)))
+
+
+def _array_spec(directory: str, name: str, meta: Mapping) -> dict:
+  driver = "zarr3" if meta.get("use_zarr3") else "zarr"
+  base = storage.kvstore_spec(directory)
+  if meta.get("use_ocdbt", True):
+    base["path"] = base["path"].rstrip("/") + "/"
+    return {"driver": driver, "kvstore": {"driver": "ocdbt", "base": base}, "path": name}
+  base["path"] = storage.join(base["path"], name) if base["path"] else name
+  return {"driver": driver, "kvstore": base}
+
+
+def metadata_tree(directory: str) -> dict:
+  """The checkpoint's tree (nested dicts) with a ``StoredArray`` per array leaf.
+
+  Leaves that are not arrays (scalars, strings) are left out. Raises
+  CheckpointError for a directory without orbax ``_METADATA`` or with arrays
+  that cannot be opened (naming the directory and the array).
+  """
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  meta_path = storage.join(directory, METADATA_FILE)
+  if not storage.is_file(meta_path):
+    raise CheckpointError(f"{directory}: not a readable orbax checkpoint (no {METADATA_FILE}; "
+                          "checkpoints written by orbax before it recorded one must be read "
+                          "from a local copy)")
+  try:
+    meta = json.loads(storage.read_bytes(meta_path))
+    entries = meta["tree_metadata"]
+  except (ValueError, KeyError, TypeError) as e:
+    raise CheckpointError(f"{meta_path}: not an orbax tree metadata file: {e}") from e
+  names = {}
+  for entry_key, entry in entries.items():
+    value = entry.get("value_metadata", {}) if isinstance(entry, Mapping) else {}
+    if value.get("value_type") not in ("jax.Array", "np.ndarray") or value.get(
+        "skip_deserialize"):
+      continue
+    names["/".join(_keys(entry_key, entry))] = _array_spec(
+        directory, ".".join(_keys(entry_key, entry)), meta)
+  futures = {n: ts.open(spec, open=True, read=True, context=storage.context())
+             for n, spec in names.items()}
+  leaves = {}
+  for name, future in futures.items():
+    try:
+      store = future.result(timeout=storage.TIMEOUT_S)
+    except Exception as e:  # TensorStore raises ValueError and TimeoutError
+      raise CheckpointError(f"{directory}: cannot open the array {name}: "
+                            f"{root_cause(e)}") from e
+    leaves[name] = StoredArray(tuple(int(d) for d in store.shape),
+                               np.dtype(store.dtype.numpy_dtype), names[name])
+  if not leaves:
+    raise CheckpointError(f"{directory}: the orbax checkpoint holds no arrays")
+  return unflatten(leaves)
+
+
+def _reader(spec: dict, name: str, directory: str) -> placement.SliceReader:
+  """Opens the array once; each call reads one slice."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  try:
+    store = ts.open(spec, open=True, read=True, context=storage.context()).result(
+        timeout=storage.TIMEOUT_S)
+  except Exception as e:  # pylint: disable=broad-except
+    raise CheckpointError(f"{directory}: cannot open the array {name}: {root_cause(e)}") from e
+
+  def read(index: placement.Index) -> np.ndarray:
+    try:
+      return store[index].read().result()
+    except Exception as e:  # a missing or corrupt chunk
+      raise CheckpointError(f"{directory}: corrupt or unreadable checkpoint data for {name}: "
+                            f"{root_cause(e)}") from e
+  return read
+
+
+def restore(directory: str, meta_tree: Mapping, subtree: tuple[str, ...], param_dtype: Any,
+            partitioner: Optional[Partitioner]) -> dict:
+  """``meta_tree[subtree...]`` (from ``metadata_tree``) placed in its shards and
+  dtypes (``placement.place_arrays``); nothing outside the subtree is read."""
+  sub: Any = meta_tree
+  for key in subtree:
+    sub = sub[key]
+  sources = {name: placement.ArraySource(leaf.shape,
+                                         functools.partial(_reader, leaf.spec, name, directory))
+             for name, leaf in flatten(sub).items()}
+  return placement.place_arrays(sources, param_dtype, partitioner)

@@ -1,0 +1,437 @@
+"""Paths and bytes, local or in Cloud Storage: one place that every reader of
+checkpoints, vocabularies, data files, shortlists, bridges and workdirs goes
+through.
+
+A path is local (a file system path) or ``gs://bucket/key``. Local paths use
+the file system; ``gs://`` paths use TensorStore's ``gcs`` key-value store
+(no TensorFlow, no Google Cloud SDK). Object stores have no directories: a
+``gs://`` "directory" is the prefix ``key/`` of the objects under it.
+
+Contracts for ``gs://``:
+
+* Every request retries transient failures at most ``RETRIES['max_retries']``
+  times, with backoff from ``initial_delay`` up to ``max_delay``, and every
+  call of this module returns or raises within ``TIMEOUT_S`` seconds: an
+  unreachable endpoint fails in a few seconds, never hangs. TensorStore arrays
+  opened elsewhere get the same retry bound by opening ``kvstore_spec(path)``
+  with ``context=context()``.
+* Failures raise a ``StorageError`` (an ``OSError``) whose message is one line
+  naming the ``gs://`` path and what is missing: the object
+  (``StorageNotFoundError``, also a ``FileNotFoundError``), the bucket (the
+  same type, saying so), the endpoint (``StorageUnreachableError``, also a
+  ``ConnectionError``, naming the endpoint and whether credentials were
+  found) or the permission (``StorageAccessError``, also a
+  ``PermissionError``).
+* The standard ``STORAGE_EMULATOR_HOST`` (``host:port`` or a URL, as the
+  Google Cloud client libraries read it) points every reader at an emulator:
+  ``configure_emulator`` derives TensorStore's ``TENSORSTORE_GCS_HTTP_URL``
+  and ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` (which skips real credentials) from
+  it where they are unset, and every function here calls it before touching
+  ``gs://``.
+
+Writes: ``write_bytes`` replaces a whole file or object at once (a local file
+through a temporary file and a rename), so a reader never sees half a write.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Optional
+
+GCS_PREFIX = "gs://"
+DEFAULT_ENDPOINT = "https://storage.googleapis.com"
+# TensorStore's Context.gcs_request_retries: a bounded number of quick retries.
+RETRIES = {"max_retries": 4, "initial_delay": "100ms", "max_delay": "2s"}
+# The most seconds one call of this module waits (retries included).
+TIMEOUT_S = 120.0
+# A value for GOOGLE_AUTH_TOKEN_FOR_TESTING when an emulator is used (any token does).
+EMULATOR_TOKEN = "emulator"
+
+# The values configure_emulator derived last, so that a later change of
+# STORAGE_EMULATOR_HOST replaces them (a value set by the user never is).
+_derived: dict[str, str] = {}
+
+
+class StorageError(OSError):
+  """A local or ``gs://`` path could not be read or written (one-line message)."""
+
+
+class StorageNotFoundError(StorageError, FileNotFoundError):
+  """The object (or file), or the bucket holding it, does not exist."""
+
+
+class StorageUnreachableError(StorageError, ConnectionError):
+  """The Cloud Storage endpoint did not answer (network, emulator not running)."""
+
+
+class StorageAccessError(StorageError, PermissionError):
+  """Cloud Storage refused the request (credentials or permissions)."""
+
+
+# ------------------------------------------------------------ paths
+
+
+def is_gcs(path: str) -> bool:
+  """Whether ``path`` is a ``gs://`` URL."""
+  return str(path).startswith(GCS_PREFIX)
+
+
+def split(path: str) -> tuple[str, str]:
+  """``gs://bucket/a/b`` -> ('bucket', 'a/b'); a malformed URL is a ValueError."""
+  bucket, _, key = path[len(GCS_PREFIX):].partition("/")
+  if not bucket or not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", bucket):
+    raise ValueError(f"malformed Cloud Storage path {path!r}: expected gs://BUCKET/OBJECT "
+                     "with a valid bucket name")
+  return bucket, key.strip("/")
+
+
+def check_path(path: str) -> None:
+  """Raises ValueError for a malformed ``gs://`` path (no network); local paths pass."""
+  if is_gcs(path):
+    split(path)
+
+
+def join(base: str, *parts: str) -> str:
+  """``base/part/...``: '/'-joined for ``gs://``, ``os.path.join`` for local paths."""
+  if is_gcs(base):
+    return "/".join([base.rstrip("/")] + [p.strip("/") for p in parts if p])
+  return os.path.join(base, *parts)
+
+
+def basename(path: str) -> str:
+  """The last component of a local or ``gs://`` path (a trailing '/' ignored)."""
+  return path.rstrip("/").rsplit("/", 1)[-1] if is_gcs(path) else os.path.basename(
+      path.rstrip(os.sep))
+
+
+def dirname(path: str) -> str:
+  """The parent of a local or ``gs://`` path."""
+  if is_gcs(path):
+    return path.rstrip("/").rsplit("/", 1)[0]
+  return os.path.dirname(path)
+
+
+# ------------------------------------------------------------ emulator and TensorStore
+
+
+def emulator_url() -> Optional[str]:
+  """The URL ``STORAGE_EMULATOR_HOST`` names (``host:port`` gets ``http://``), if set."""
+  host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+  if not host:
+    return None
+  return host.rstrip("/") if "://" in host else f"http://{host.rstrip('/')}"
+
+
+def configure_emulator() -> None:
+  """Points TensorStore at ``STORAGE_EMULATOR_HOST`` if it is set.
+
+  Sets ``TENSORSTORE_GCS_HTTP_URL`` to the emulator's URL and
+  ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` (no real credentials are looked for)
+  where the user has not set them; values this function set earlier follow a
+  changed ``STORAGE_EMULATOR_HOST``, and are removed when it is unset.
+  Idempotent and cheap: called before every ``gs://`` access.
+  """
+  url = emulator_url()
+  wanted = {"TENSORSTORE_GCS_HTTP_URL": url, "GOOGLE_AUTH_TOKEN_FOR_TESTING": EMULATOR_TOKEN}
+  for name, value in wanted.items():
+    current = os.environ.get(name)
+    ours = name in _derived and current == _derived[name]
+    if url is None:
+      if ours:
+        del os.environ[name]
+        del _derived[name]
+      continue
+    if current is None or ours:
+      os.environ[name] = value
+      _derived[name] = value
+
+
+def endpoint() -> str:
+  """The Cloud Storage endpoint TensorStore talks to (an emulator, or Google's)."""
+  configure_emulator()
+  return os.environ.get("TENSORSTORE_GCS_HTTP_URL") or DEFAULT_ENDPOINT
+
+
+def kvstore_spec(path: str) -> dict:
+  """A TensorStore kvstore spec for a local or ``gs://`` path; open it with
+  ``context=context()`` for the bounded retries."""
+  if is_gcs(path):
+    configure_emulator()
+    bucket, key = split(path)
+    return {"driver": "gcs", "bucket": bucket, "path": key}
+  return {"driver": "file", "path": os.path.abspath(path)}
+
+
+_context = None
+
+
+def context():
+  """The TensorStore Context every ``gs://`` open should use: ``RETRIES`` bounds
+  the retries of its requests (shared, so its caches and connections are too)."""
+  global _context
+  if _context is None:
+    _context = _ts().Context({"gcs_request_retries": dict(RETRIES)})
+  return _context
+
+
+def _ts():
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  return ts
+
+
+def _kvstore(bucket: str, prefix: str = ""):
+  configure_emulator()
+  spec = {"driver": "gcs", "bucket": bucket, "path": prefix}
+  return _ts().KvStore.open(spec, context=context()).result(timeout=TIMEOUT_S)
+
+
+def credentials_note() -> str:
+  """Where credentials would come from, in a few words (for error messages)."""
+  if os.environ.get("GOOGLE_AUTH_TOKEN_FOR_TESTING"):
+    return "GOOGLE_AUTH_TOKEN_FOR_TESTING is set (no real credentials are used)"
+  if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+    return f"credentials from GOOGLE_APPLICATION_CREDENTIALS=" \
+           f"{os.environ['GOOGLE_APPLICATION_CREDENTIALS']}"
+  config = os.environ.get("CLOUDSDK_CONFIG") or os.path.expanduser("~/.config/gcloud")
+  if os.path.isfile(os.path.join(config, "application_default_credentials.json")):
+    return "gcloud application-default credentials found"
+  return ("no credentials found (GOOGLE_APPLICATION_CREDENTIALS is unset and there are no "
+          "gcloud application-default credentials; only a Compute Engine or TPU VM's "
+          "metadata server or public buckets work without them)")
+
+
+def _reason(e: BaseException) -> str:
+  """TensorStore's error in a few words: its first line, without the status
+  prefix of a retried failure and without bracketed payloads."""
+  text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+  text = re.sub(r"\s*\[[a-z_]+=[^\]]*\]", "", text)
+  attempts = re.search(r"All (\d+) retry attempts failed: (?:CURL error )?(.*)", text)
+  if attempts:
+    text = f"{attempts.group(2).rstrip(': ')}; {attempts.group(1)} attempts"
+  return text[:300]
+
+
+def _unreachable(path: str, reason: str) -> StorageUnreachableError:
+  url = endpoint()
+  if emulator_url() and url == emulator_url():
+    return StorageUnreachableError(
+        f"{path}: cannot reach the Cloud Storage emulator at {url} (STORAGE_EMULATOR_HOST="
+        f"{os.environ['STORAGE_EMULATOR_HOST']}): is it running? ({reason})")
+  return StorageUnreachableError(f"{path}: cannot reach Cloud Storage at {url}: no network "
+                                 f"connection? ({reason}; {credentials_note()})")
+
+
+def _classify(path: str, e: BaseException) -> StorageError:
+  """A one-line StorageError for a TensorStore failure on ``path``."""
+  if isinstance(e, TimeoutError):
+    return _unreachable(path, f"no answer within {TIMEOUT_S:.0f} s")
+  reason = _reason(e)
+  if re.search(r"CURL error|Could not (connect|resolve)|UNAVAILABLE|DEADLINE_EXCEEDED|"
+               r"Connection refused|timed out", reason):
+    return _unreachable(path, reason)
+  if re.search(r"PERMISSION_DENIED|UNAUTHENTICATED|\b40[13]\b", reason):
+    return StorageAccessError(f"{path}: Cloud Storage refused access ({reason}; "
+                              f"{credentials_note()})")
+  if "NOT_FOUND" in reason:
+    return StorageNotFoundError(f"{path}: not found in Cloud Storage ({reason})")
+  return StorageError(f"{path}: Cloud Storage request failed ({reason})")
+
+
+def _bucket_missing(bucket: str, key: str) -> bool:
+  """Whether listing at ``key`` fails for want of the bucket (True) or works (False)."""
+  ts = _ts()
+  try:
+    _kvstore(bucket).list(ts.KvStore.KeyRange(key, key + "\x00")).result(timeout=TIMEOUT_S)
+  except Exception as e:  # pylint: disable=broad-except
+    err = _classify(f"gs://{bucket}", e)
+    if isinstance(err, (StorageUnreachableError, StorageAccessError)):
+      raise err from None
+    # GCS answers 404 for a missing bucket; the emulator's empty 404 body fails to parse.
+    return True
+  return False
+
+
+def bucket_exists(path: str) -> bool:
+  """Whether the bucket of a ``gs://`` path exists (one listing request; an
+  unreachable endpoint or a refused request raises)."""
+  bucket, key = split(path)
+  return not _bucket_missing(bucket, key)
+
+
+def not_found(path: str, what: str = "", prefix: bool = False) -> StorageNotFoundError:
+  """The error for a missing local file or ``gs://`` object (``prefix``: a
+  "directory", no object under ``path/``), saying whether a ``gs://`` bucket
+  is missing too (which costs one listing request)."""
+  label = f"{what} {path}" if what else path
+  if not is_gcs(path):
+    return StorageNotFoundError(f"{label} does not exist")
+  bucket, key = split(path)
+  if _bucket_missing(bucket, key):
+    return StorageNotFoundError(f"{label}: the bucket gs://{bucket} does not exist (or "
+                                "cannot be listed)")
+  if prefix:
+    return StorageNotFoundError(f"{label} does not exist (bucket gs://{bucket} has no objects "
+                                f"under {key + '/'!r})")
+  return StorageNotFoundError(f"{label} does not exist (bucket gs://{bucket} has no object "
+                              f"{key!r})")
+
+
+# ------------------------------------------------------------ reading
+
+
+def _read_object(path: str, byte_range: Optional[slice] = None) -> Optional[bytes]:
+  """The object's bytes (``byte_range``: only those; ``slice(0, 0)`` asks for its
+  metadata alone), or None if there is no such object."""
+  bucket, key = split(path)
+  if not key:
+    return None
+  try:
+    result = _kvstore(bucket).read(key, byte_range=byte_range).result(timeout=TIMEOUT_S)
+  except Exception as e:  # TensorStore raises ValueError subclasses and TimeoutError
+    raise _classify(path, e) from None
+  return bytes(result.value) if result.state == "value" else None
+
+
+def _list_prefix(path: str) -> list[str]:
+  """Keys under the prefix ``path/``, relative to it."""
+  bucket, key = split(path)
+  prefix = f"{key}/" if key else ""
+  try:
+    keys = _kvstore(bucket, prefix).list().result(timeout=TIMEOUT_S)
+  except Exception as e:  # pylint: disable=broad-except
+    err = _classify(path, e)
+    if isinstance(err, (StorageUnreachableError, StorageAccessError)):
+      raise err from None
+    raise not_found(path, prefix=True) from None
+  return sorted(k.decode() for k in keys)
+
+
+def read_bytes(path: str, what: str = "") -> bytes:
+  """The whole content of a local file or ``gs://`` object.
+
+  Raises StorageNotFoundError (naming ``what`` and the path, and for
+  ``gs://`` whether the bucket exists) when it does not exist, and the other
+  StorageErrors for an unreachable endpoint or a refused request.
+  """
+  if is_gcs(path):
+    data = _read_object(path)
+    if data is None:
+      raise not_found(path, what)
+    return data
+  if not os.path.isfile(path):
+    raise not_found(path, what)
+  with open(path, "rb") as f:
+    return f.read()
+
+
+def read_range(path: str, start: int, stop: int) -> bytes:
+  """Bytes [start, stop) of a local file or ``gs://`` object (no more is fetched)."""
+  if not is_gcs(path):
+    with open(path, "rb") as f:
+      f.seek(start)
+      return f.read(stop - start)
+  data = _read_object(path, slice(start, stop))
+  if data is None:
+    raise not_found(path)
+  return data
+
+
+def exists(path: str) -> bool:
+  """Whether a file or directory (local), or an object or a non-empty prefix
+  (``gs://``), exists. A missing bucket is False; other failures raise."""
+  if not is_gcs(path):
+    return os.path.exists(path)
+  if _read_object(path, slice(0, 0)) is not None:
+    return True
+  return is_dir(path)
+
+
+def is_file(path: str) -> bool:
+  """Whether a local file or a ``gs://`` object exists at ``path``."""
+  if is_gcs(path):
+    return _read_object(path, slice(0, 0)) is not None
+  return os.path.isfile(path)
+
+
+def is_dir(path: str) -> bool:
+  """Whether a local directory, or a ``gs://`` prefix with objects under it, exists."""
+  if not is_gcs(path):
+    return os.path.isdir(path)
+  try:
+    return bool(_list_prefix(path))
+  except StorageNotFoundError:
+    return False
+
+
+def listdir(path: str) -> list[str]:
+  """The sorted names directly inside a directory (for ``gs://``: the first
+  component of every key under the prefix; this lists the keys recursively, so
+  it costs as much as the number of objects below ``path``)."""
+  if is_gcs(path):
+    return sorted({k.split("/", 1)[0] for k in _list_prefix(path)})
+  return sorted(os.listdir(path))
+
+
+# ------------------------------------------------------------ writing
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  """Replaces the file or object at ``path`` with ``data``, whole or not at all
+  (local: the parent directory is created; a temporary file is renamed)."""
+  if is_gcs(path):
+    bucket, key = split(path)
+    try:
+      _kvstore(bucket).write(key, data).result(timeout=TIMEOUT_S)
+    except Exception as e:  # pylint: disable=broad-except
+      err = _classify(path, e)
+      if isinstance(err, (StorageUnreachableError, StorageAccessError)):
+        raise err from None
+      if _bucket_missing(bucket, key):
+        raise StorageNotFoundError(f"cannot write {path}: the bucket gs://{bucket} does not "
+                                   "exist (or cannot be listed)") from None
+      raise err from None
+    return
+  parent = os.path.dirname(os.path.abspath(path))
+  os.makedirs(parent, exist_ok=True)
+  tmp = f"{path}.tmp"
+  with open(tmp, "wb") as f:
+    f.write(data)
+  os.replace(tmp, path)
+
+
+def remove(path: str) -> None:
+  """Deletes a file or object if it exists."""
+  if is_gcs(path):
+    bucket, key = split(path)
+    try:
+      _kvstore(bucket).delete(key).result(timeout=TIMEOUT_S)
+    except Exception as e:  # pylint: disable=broad-except
+      raise _classify(path, e) from None
+  elif os.path.exists(path):
+    os.remove(path)
+
+
+def read_text(path: str, what: str = "") -> str:
+  """``read_bytes`` decoded as UTF-8 (a bad byte is a ValueError naming the path)."""
+  raw = read_bytes(path, what)
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = raw.count(b"\n", 0, e.start) + 1
+    raise ValueError(f"{path}:{line}: not valid UTF-8 ({e.reason})") from None
+
+
+def describe(e: BaseException) -> str:
+  """One line for any exception this module raises (its message) or another's."""
+  if isinstance(e, StorageError):
+    return str(e)
+  return f"{type(e).__name__}: {e}"
+
+
+__all__ = ["GCS_PREFIX", "RETRIES", "TIMEOUT_S", "StorageAccessError", "StorageError",
+           "StorageNotFoundError", "StorageUnreachableError", "basename", "bucket_exists",
+           "check_path", "configure_emulator", "context", "credentials_note", "describe",
+           "dirname", "emulator_url", "endpoint", "exists", "is_dir", "is_file", "is_gcs",
+           "join", "kvstore_spec", "listdir", "not_found", "read_bytes", "read_range",
+           "read_text", "remove", "split", "write_bytes"]

@@ -1,0 +1,366 @@
+"""gs:// everywhere a path goes, against a real Cloud Storage API server on
+localhost (``gcp-storage-emulator``, in memory), found through the standard
+STORAGE_EMULATOR_HOST: the demo run from gs:// equals the local one token for
+token; every checkpoint format loads from gs:// exactly as from disk; a gs://
+workdir writes and resumes; a missing object, a missing bucket and an
+unreachable endpoint each end in one clear line naming the gs:// path, fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from checkpoint_fixtures import write_t5x_legacy, write_t5x_orbax
+
+from specdec_jax import data, storage
+from specdec_jax.checkpoints import export_hf, load_checkpoint, save_checkpoint
+from specdec_jax.models.t5 import T5Config, T5Model
+from specdec_jax.run import settings
+from specdec_jax.run.workdir import Workdir
+
+REPO = Path(__file__).resolve().parent.parent
+BUCKET = "specdec-test"
+CFG = T5Config(vocab_size=64, d_model=32, num_heads=2, head_dim=8, num_encoder_layers=2,
+               num_decoder_layers=2, d_ff=48)
+# The environment the storage module derives from STORAGE_EMULATOR_HOST.
+DERIVED = ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
+
+
+# ``gcp-storage-emulator start ...`` with two features of the real Cloud Storage
+# JSON API that TensorStore uses and the emulator lacks: downloads carry the
+# x-goog-generation header (OCDBT reads of orbax checkpoints need it), and
+# listings honour startOffset/endOffset (TensorStore lists key ranges that way;
+# keys outside the range crash it).
+EMULATOR = """
+import sys
+from gcp_storage_emulator.handlers import objects
+
+_download, _ls = objects.download, objects.ls
+
+
+def ls(request, response, storage, *args, **kwargs):
+  start = (request.query.get("startOffset") or [None])[0]
+  end = (request.query.get("endOffset") or [None])[0]
+  write_json = response.json
+
+  def in_range(item):
+    return (start is None or item["name"] >= start) and (end is None or item["name"] < end)
+
+  response.json = lambda obj: write_json(
+      {**obj, "items": [i for i in obj.get("items") or [] if in_range(i)]})
+  return _ls(request, response, storage, *args, **kwargs)
+
+
+def download(request, response, storage, *args, **kwargs):
+  try:
+    obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+    response["x-goog-generation"] = str(obj.get("generation") or 1)
+    response["x-goog-metageneration"] = str(obj.get("metageneration") or 1)
+  except Exception:
+    pass
+  return _download(request, response, storage, *args, **kwargs)
+
+
+objects.download, objects.ls = download, ls
+from gcp_storage_emulator.__main__ import main
+sys.argv = ["gcp-storage-emulator", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+  """``host:port`` of an in-memory Cloud Storage emulator with the bucket BUCKET."""
+  pytest.importorskip("gcp_storage_emulator")
+  port = free_port()
+  log = tmp_path_factory.mktemp("gcs") / "emulator.log"  # a file: a pipe would fill and block
+  proc = subprocess.Popen(
+      [sys.executable, "-c", EMULATOR, "start", "--host=127.0.0.1",
+       f"--port={port}", "--in-memory", f"--default-bucket={BUCKET}"],
+      stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+  deadline = time.monotonic() + 30
+  while True:
+    try:
+      with urllib.request.urlopen(f"http://127.0.0.1:{port}/storage/v1/b/{BUCKET}",
+                                  timeout=1) as r:
+        if r.status == 200:
+          break
+    except OSError:
+      pass
+    if proc.poll() is not None or time.monotonic() > deadline:
+      proc.kill()
+      pytest.fail(f"the Cloud Storage emulator did not start: {log.read_text()[-2000:]}")
+    time.sleep(0.1)
+  yield f"127.0.0.1:{port}"
+  proc.terminate()
+  try:
+    proc.wait(timeout=10)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def gcs(gcs_server, monkeypatch):
+  """STORAGE_EMULATOR_HOST set for the test (and nothing else pointing elsewhere)."""
+  for name in DERIVED:
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server)
+  return f"gs://{BUCKET}"
+
+
+def upload(local: Path, url: str) -> None:
+  """A file, or a directory tree, to ``url`` (object names relative to ``local``)."""
+  if local.is_file():
+    storage.write_bytes(url, local.read_bytes())
+    return
+  for f in sorted(p for p in local.rglob("*") if p.is_file()):
+    storage.write_bytes(storage.join(url, f.relative_to(local).as_posix()), f.read_bytes())
+
+
+def error_lines(err: str) -> list[str]:
+  return [l for l in err.splitlines() if l.startswith("error:")]
+
+
+# ------------------------------------------------------------ the demo, end to end
+
+
+# A few examples; one input width (not the demo's four buckets) compiles each program once.
+DEMO = ["--config=configs/demo.gin", "--gin_bindings=Experiment.num_examples = 3",
+        "--gin_bindings=Experiment.num_warmup = 1", "--gin_bindings=Experiment.input_buckets = ()"]
+# What decoding produced, token for token (timings differ run to run).
+SAME = ("index", "id", "output", "baseline_output", "tokens", "baseline_tokens", "accepted",
+        "rejected", "accepted_at", "evaluated_at", "target_calls", "draft_calls",
+        "matches_baseline", "min_pq_sum", "input_width")
+
+
+def test_demo_from_gcs_equals_local(gcs, tmp_path, capsys, monkeypatch):
+  from specdec_jax import run
+  monkeypatch.chdir(REPO)
+  demo = REPO / "checkpoints" / "demo"
+  root = f"{gcs}/demo"
+  for name in ("target", "draft_tiny_feat", "spm.model", "draft_shortlist.json"):
+    upload(demo / name, f"{root}/{name}")
+  upload(REPO / "data" / "bible" / "test.tsv", f"{root}/test.tsv")
+  assert storage.is_file(f"{root}/draft_tiny_feat/feature_bridge.npz")
+
+  assert run.run_args([*DEMO, f"--workdir={tmp_path / 'local'}"]) == 0
+  remote = [f"--gin_bindings=Experiment.{k} = '{root}/{v}'" for k, v in (
+      ("source", "test.tsv"), ("vocab_path", "spm.model"), ("target_checkpoint", "target"),
+      ("draft_checkpoint", "draft_tiny_feat"), ("draft_shortlist", "draft_shortlist.json"))]
+  workdir = f"{root}/runs/demo"
+  assert run.run_args([*DEMO, *remote, f"--workdir={workdir}"]) == 0, capsys.readouterr().err
+
+  local = [json.loads(l) for l in (tmp_path / "local" / "examples.jsonl").read_text()
+           .splitlines()]
+  from_gcs = [json.loads(l) for l in storage.read_text(f"{workdir}/examples.jsonl")
+              .splitlines()]
+  assert len(local) == len(from_gcs) == 3
+  for a, b in zip(local, from_gcs):
+    assert {k: a[k] for k in SAME} == {k: b[k] for k in SAME}
+  summary = json.loads(storage.read_bytes(f"{workdir}/summary.json"))
+  assert summary["num_examples"] == 3 and summary["mismatches_vs_baseline"] == 0
+  assert "Experiment.target_checkpoint = 'gs://" in storage.read_text(f"{workdir}/config.gin")
+
+  # --resume on the finished gs:// run: read back, nothing decoded, the table again.
+  capsys.readouterr()
+  assert run.run_args([*DEMO, *remote, f"--workdir={workdir}", "--resume"]) == 0
+  assert "| bible_modernize |" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------ every checkpoint format
+
+
+@pytest.fixture(scope="module")
+def params():
+  return jax.tree_util.tree_map(np.asarray, T5Model(CFG).init(jax.random.PRNGKey(3)))
+
+
+def write_format(fmt: str, params, directory: Path) -> Path:
+  """A checkpoint of ``params`` in ``fmt`` under ``directory``; the path to load."""
+  if fmt == "specdec":
+    save_checkpoint(str(directory), params, CFG, dtype="bfloat16")
+  elif fmt == "t5x":
+    write_t5x_legacy(str(directory / "checkpoint_100"), params)
+  elif fmt == "t5x_orbax":
+    write_t5x_orbax(str(directory), params)
+  else:
+    export_hf(params, CFG, str(directory))
+  return directory
+
+
+@pytest.mark.parametrize("fmt", ["specdec", "t5x", "t5x_orbax", "hf"])
+def test_checkpoint_formats_from_gcs(gcs, params, tmp_path, fmt):
+  local = write_format(fmt, params, tmp_path / fmt)
+  url = f"{gcs}/formats/{fmt}"
+  upload(local, url)
+  config = CFG if fmt.startswith("t5x") else None
+  want, want_cfg = load_checkpoint(str(local), config=config)
+  got, got_cfg = load_checkpoint(url, config=config)
+  assert got_cfg == want_cfg
+  assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+  for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got),
+                          jax.tree_util.tree_leaves(want)):
+    assert g.dtype == w.dtype, path
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=str(path))
+
+
+# ------------------------------------------------------------ files beside the checkpoints
+
+
+def test_workdir_on_gcs_writes_and_resumes(gcs):
+  url = f"{gcs}/runs/unit"
+  w = Workdir(url, "Experiment.gamma = 3\n", resume=False)
+  assert w.records == []
+  w.append({"index": 1, "mode": "speculative", "accepted": 2})
+  w.append({"index": 2, "mode": "speculative", "accepted": 3})
+  w.write_summary({"num_examples": 2})
+  assert storage.read_text(f"{url}/config.gin") == "Experiment.gamma = 3\n"
+  with pytest.raises(FileExistsError, match="pass --resume"):
+    Workdir(url, "Experiment.gamma = 3\n", resume=False)
+  with pytest.raises(ValueError, match="gin config differs"):
+    Workdir(url, "Experiment.gamma = 4\n", resume=True)
+  # A torn last line (not ours: objects are written whole) is dropped on the next write.
+  storage.write_bytes(f"{url}/examples.jsonl",
+                      storage.read_bytes(f"{url}/examples.jsonl") + b'{"index": 3, "mo')
+  w = Workdir(url, "Experiment.gamma = 3\n", resume=True)
+  assert [r["index"] for r in w.records] == [1, 2]
+  w.append({"index": 3, "mode": "speculative", "accepted": 1})
+  lines = storage.read_text(f"{url}/examples.jsonl").splitlines()
+  assert [json.loads(l)["index"] for l in lines] == [1, 2, 3]
+  with pytest.raises(FileNotFoundError, match="bucket gs://no-such-bucket-9 does not exist"):
+    Workdir("gs://no-such-bucket-9/runs/x", "", resume=False)
+
+
+def test_vocab_data_shortlist_and_tfds_dir_from_gcs(gcs, tmp_path):
+  from specdec_jax.drafts import shortlist
+  demo = REPO / "checkpoints" / "demo"
+  upload(demo / "spm.model", f"{gcs}/files/spm.model")
+  upload(REPO / "data" / "bible" / "test.tsv", f"{gcs}/files/test.tsv")
+  upload(demo / "draft_shortlist.json", f"{gcs}/files/shortlist.json")
+  vocab = data.get_vocabulary(f"{gcs}/files/spm.model")
+  assert vocab.encode("Thou art") == data.get_vocabulary(str(demo / "spm.model")).encode(
+      "Thou art")
+  assert data.load_examples(f"{gcs}/files/test.tsv", max_examples=4) == data.load_examples(
+      str(REPO / "data" / "bible" / "test.tsv"), max_examples=4)
+  np.testing.assert_array_equal(shortlist.load(f"{gcs}/files/shortlist.json", 32128),
+                                shortlist.load(str(demo / "draft_shortlist.json"), 32128))
+  # A TFDS data directory in Cloud Storage: prepared or not, told without TensorFlow.
+  name, version = "wmt_t2t_translate/de-en", "1.0.0"
+  with pytest.raises(FileNotFoundError, match="is not prepared"):
+    data._check_tfds_prepared(f"{name}:{version}", f"{gcs}/tfds", "the test")
+  storage.write_bytes(f"{gcs}/tfds/{name}/{version}/dataset_info.json", b"{}")
+  data._check_tfds_prepared(f"{name}:{version}", f"{gcs}/tfds", "the test")
+
+
+def test_paths_are_kept_and_checked():
+  assert settings.resolve_path("gs://b-1/x/spm.model") == "gs://b-1/x/spm.model"
+  assert settings.candidates("gs://b-1/x") == ["gs://b-1/x"]
+  exp = settings.Experiment(target_checkpoint="gs://b-1/t", draft_checkpoint="gs://b-1/d",
+                            vocab_path="gs://b-1/spm.model", source="gs://b-1/test.tsv")
+  exp.validate()  # no network: gs:// paths are only checked for form
+  with pytest.raises(ValueError, match="Experiment.vocab_path: malformed Cloud Storage path"):
+    settings.Experiment(target_checkpoint="gs://b-1/t", draft_checkpoint="gs://b-1/d",
+                        vocab_path="gs:///spm.model").validate()
+
+
+def test_configure_emulator(monkeypatch):
+  for name in DERIVED:
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", "localhost:4443")
+  storage.configure_emulator()
+  assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == "http://localhost:4443"
+  assert os.environ["GOOGLE_AUTH_TOKEN_FOR_TESTING"]
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9000")  # a change follows
+  storage.configure_emulator()
+  assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == "http://127.0.0.1:9000"
+  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", "http://mine:1")  # the user's own wins
+  storage.configure_emulator()
+  assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == "http://mine:1"
+  monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+  storage.configure_emulator()
+  assert "GOOGLE_AUTH_TOKEN_FOR_TESTING" not in os.environ
+
+
+# ------------------------------------------------------------ bad input: one line, fast
+
+
+def run_demo_error(capsys, monkeypatch, workdir: Path, *bindings: str) -> tuple[str, float]:
+  """The runner's one error line for the demo with ``bindings``, and its seconds."""
+  from specdec_jax import run
+  monkeypatch.chdir(REPO)
+  capsys.readouterr()
+  start = time.monotonic()
+  code = run.run_args([*DEMO, *[f"--gin_bindings={b}" for b in bindings],
+                       f"--workdir={workdir}"])
+  elapsed = time.monotonic() - start
+  err = capsys.readouterr().err
+  assert code == 2, err
+  lines = error_lines(err)
+  assert len(lines) == 1, err
+  assert not workdir.exists()
+  return lines[0], elapsed
+
+
+def test_missing_object(gcs, capsys, monkeypatch, tmp_path):
+  line, seconds = run_demo_error(capsys, monkeypatch, tmp_path / "w",
+                                 f"Experiment.vocab_path = '{gcs}/nowhere/spm.model'")
+  assert line == (f"error: SentencePiece model {gcs}/nowhere/spm.model does not exist "
+                  f"(bucket {gcs} has no object 'nowhere/spm.model')")
+  assert seconds < 30
+
+
+def test_missing_bucket(gcs, capsys, monkeypatch, tmp_path):
+  line, seconds = run_demo_error(capsys, monkeypatch, tmp_path / "w",
+                                 "Experiment.target_checkpoint = 'gs://no-such-bucket-7/target'")
+  assert line == ("error: checkpoint directory gs://no-such-bucket-7/target: the bucket "
+                  "gs://no-such-bucket-7 does not exist (or cannot be listed)")
+  assert seconds < 30
+
+
+def test_unreachable_endpoint(gcs, capsys, monkeypatch, tmp_path):
+  port = free_port()  # closed: nothing listens there
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"127.0.0.1:{port}")
+  line, seconds = run_demo_error(capsys, monkeypatch, tmp_path / "w",
+                                 f"Experiment.vocab_path = '{gcs}/unreachable/spm.model'")
+  assert line.startswith(f"error: {gcs}/unreachable/spm.model: cannot reach the Cloud Storage "
+                         f"emulator at http://127.0.0.1:{port} (STORAGE_EMULATOR_HOST="
+                         f"127.0.0.1:{port}): is it running?"), line
+  assert seconds < 15
+
+
+def test_distill_script_fails_fast_when_unreachable(tmp_path):
+  """The script that once hung for minutes on gs:// paths without a network."""
+  port = free_port()
+  env = {k: v for k, v in os.environ.items() if k not in DERIVED}
+  env.update(STORAGE_EMULATOR_HOST=f"127.0.0.1:{port}", JAX_PLATFORMS="cpu",
+             PYTHONPATH=str(REPO))
+  url = f"gs://{BUCKET}/distill"
+  start = time.monotonic()
+  res = subprocess.run(
+      [sys.executable, "scripts/distill_draft.py", f"--target_checkpoint={url}/target",
+       f"--draft_checkpoint={url}/draft", f"--vocab_path={url}/spm.model",
+       f"--source={url}/train.tsv", f"--output_dir={tmp_path / 'out'}",
+       f"--workdir={tmp_path / 'work'}"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+  elapsed = time.monotonic() - start
+  assert res.returncode != 0
+  last = res.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"distill_draft.py: error: {url}/spm.model: cannot reach the Cloud "
+                         "Storage emulator"), res.stderr[-2000:]
+  assert elapsed < 60
