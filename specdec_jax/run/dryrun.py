@@ -68,6 +68,7 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.layout import Format, Layout
 from jax.sharding import SingleDeviceSharding
 
 from specdec_jax import checkpoints, drafts, memory, partitioning, theory
@@ -156,6 +157,7 @@ class Program:
   bytes: float = 0.0             # its 'bytes accessed' (every memory level)
   collectives: list = dataclasses.field(default_factory=list)     # hlo.Collective
   weight_moves: list = dataclasses.field(default_factory=list)    # hlo.Collective
+  weight_copies: list = dataclasses.field(default_factory=list)   # hlo.WeightCopy
   error: str = ""                # the compiler's first line when it failed
 
   @property
@@ -188,6 +190,7 @@ class Roofline:
   target: dict          # k (positions scored) -> Piece
   draft: Optional[Piece]
   floor: int            # decoder + output-layer weight bytes per device
+  draft_floor: int = 0  # the same for the draft
 
   def c(self) -> float:
     """Definition 3.7: one draft step over one target step."""
@@ -418,12 +421,19 @@ def _pass(model: T5Model, part: Optional[Partitioner]) -> Callable:
 
 def _lower_pass(cfg: T5Config, part: Optional[Partitioner], device: Any, exp: Experiment,
                 k: int, cache_len: int) -> Any:
-  """One decoder pass over k positions (``T5Model.decode``), lowered alone."""
+  """One decoder pass over k positions (``T5Model.decode``), lowered alone,
+  its weights in the layout the compiler prefers (``Layout.AUTO``): the
+  loops copy a weight into another layout once per call, outside the loop
+  (``hlo.weight_copies``), so a pass in the loop reads it as stored."""
   b = exp.batch_size
+  params = abstract_params(cfg, part, exp.param_dtype, device)
   tokens = _sharded(part, device, ("batch", None), (b, k), jnp.int32, "tokens")
-  return jax.jit(_pass(T5Model(cfg), part), donate_argnums=(3,)).lower(
-      abstract_params(cfg, part, exp.param_dtype, device), tokens, tokens,
-      _cache(cfg, part, device, b, exp.max_input_len, cache_len))
+  cache = _cache(cfg, part, device, b, exp.max_input_len, cache_len)
+  shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+  formats = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), params)
+  return jax.jit(_pass(T5Model(cfg), part), donate_argnums=(3,),
+                 in_shardings=(formats, shardings(tokens), shardings(tokens), shardings(cache))
+                 ).lower(params, tokens, tokens, cache)
 
 
 # Compiled programs, by (topology, lowered program text, options): a table of
@@ -462,6 +472,7 @@ def _compile(name: str, estimate: int, topology: str, lowered: Any,
     p.weights = sum(hlo.array_bytes(i.shape) for i in params if _is_weight(i))
     p.collectives = hlo.loop_collectives(module)
     p.weight_moves = hlo.weight_collectives(module, _is_weight)
+    p.weight_copies = hlo.weight_copies(module, _is_weight)
     _COMPILED[key] = p
     return p
   return run
@@ -557,7 +568,8 @@ def dry_run(exp: Experiment, topology: str, alpha_only: bool = False,
          for k in range(1, gamma + 2)},
         _extrapolate(got, "draft", 1, ctx.draft_cfg.num_decoder_layers)
         if ctx.draft_cfg is not None else None,
-        weight_floor(ctx.target_cfg, tp, exp.param_dtype))
+        weight_floor(ctx.target_cfg, tp, exp.param_dtype),
+        weight_floor(ctx.draft_cfg, dp, exp.param_dtype) if ctx.draft_cfg is not None else 0)
   out.wall_s = time.perf_counter() - t0
   return out
 
@@ -664,6 +676,13 @@ def format_report(r: DryRun, configs: Sequence[str] = ()) -> str:
     lines.append(f"Collectives in one iteration of the {p.name} ({len(p.collectives)}, "
                  f"{_size(total)} per device)" + (":" if body else ": none"))
     lines += ["  " + l for l in body]
+    copies = [c for c in p.weight_copies if not c.in_loop], \
+        [c for c in p.weight_copies if c.in_loop]
+    for held, label in zip(copies, ("once per call, held for the loop",
+                                    "INSIDE the loop, every iteration")):
+      if held:
+        lines.append(f"  {len(held)} copies of weights in another layout or dtype, "
+                     f"{_size(sum(c.nbytes for c in held))} per device, {label}")
     if p.weight_moves:
       lines.append(f"  ERROR: {len(p.weight_moves)} collective(s) move a weight, e.g. "
                    f"{p.weight_moves[0].kind} {p.weight_moves[0].shape} "
@@ -683,9 +702,14 @@ def format_report(r: DryRun, configs: Sequence[str] = ()) -> str:
     for label, p in rows:
       lines.append(f"  {label:24s} {p.flops / 1e9:9.2f} {p.bytes / 1e9:9.3f} "
                    f"{1e6 * p.seconds(chip):9.1f}  {p.bound(chip)}")
-    one = rl.target[1].bytes
-    lines.append(f"  bytes per one-position target pass / floor (decoder + output-layer "
-                 f"weights per device, {_size(rl.floor)}): {one / rl.floor:.2f}x")
+    last = max(rl.target)
+    lines.append(f"  bytes read per target pass / floor (the decoder and output-layer weights "
+                 f"each device reads per step, {_size(rl.floor)}): "
+                 f"{rl.target[1].bytes / rl.floor:.2f}x at k=1, "
+                 f"{rl.target[last].bytes / rl.floor:.2f}x at k={last}"
+                 + (f"; draft step / its floor ({_size(rl.draft_floor)}): "
+                    f"{rl.draft.bytes / rl.draft_floor:.2f}x" if rl.draft and rl.draft_floor
+                    else ""))
     lines.append("  v(k) = " + ", ".join(f"{k}: {rl.v(k):.3f}" for k in rl.target))
     if rl.draft is not None:
       paper = r.paper

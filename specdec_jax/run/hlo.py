@@ -204,30 +204,34 @@ def loop_collectives(module: Module) -> list[Collective]:
   return out
 
 
-def weight_collectives(module: Module,
-                       is_weight: Callable[[Instr], bool]) -> list[Collective]:
-  """Every collective in the module (loop or not) whose operand is a weight
-  or a piece of one: an entry parameter ``is_weight`` accepts, followed
-  through moves, slices, copies, dtype conversions, loop state, fusions that
-  only transform it elementwise, and tuple plumbing. Decoding should move
-  activations only, so anything listed here gathers weights at run time."""
-  callers: dict[str, list[tuple[str, Instr]]] = {}
-  for comp in module.computations:
-    for ins in module.instrs(comp):
-      for c in ins.called:
-        callers.setdefault(c, []).append((comp, ins))
-  memo: dict = {}
+class WeightFlow:
+  """Which values of a module are weights or pieces of them: an entry
+  parameter ``is_weight`` accepts, followed through moves, slices, copies,
+  dtype conversions, loop state, fusions that only transform it elementwise,
+  and tuple plumbing."""
 
-  def fused_only_moves(comp: str) -> bool:
-    return comp in module.computations and not any(
+  def __init__(self, module: Module, is_weight: Callable[[Instr], bool]):
+    self.module, self.is_weight = module, is_weight
+    self.callers: dict[str, list[tuple[str, Instr]]] = {}
+    for comp in module.computations:
+      for ins in module.instrs(comp):
+        for c in ins.called:
+          self.callers.setdefault(c, []).append((comp, ins))
+    self.memo: dict = {}
+
+  def _fused_only_moves(self, comp: str) -> bool:
+    return comp in self.module.computations and not any(
         i.opcode in _COMPUTES or i.opcode in ("fusion", "custom-call")
-        for i in module.instrs(comp))
+        for i in self.module.instrs(comp))
 
-  def derived(comp: str, name: str, index: Optional[int] = None) -> bool:
+  def derived(self, comp: str, name: str, index: Optional[int] = None) -> bool:
+    """Whether instruction ``name`` of ``comp`` (its tuple element ``index``)
+    is a weight or a piece of one."""
     key = (comp, name, index)
-    if key in memo:
-      return memo[key]
-    memo[key] = False  # cycles (loop state) resolve to False unless shown otherwise
+    if key in self.memo:
+      return self.memo[key]
+    self.memo[key] = False  # cycles (loop state) resolve to False unless shown otherwise
+    module, callers, derived = self.module, self.callers, self.derived
     ins = module.computations[comp].get(name)
     result = False
     if ins is None:
@@ -242,7 +246,7 @@ def weight_collectives(module: Module,
                      for cc, c in callers.get(comp, ()))
     elif ins.opcode == "parameter":
       if comp == module.entry:
-        result = is_weight(ins)
+        result = self.is_weight(ins)
       else:
         num = int(ins.args) if ins.args.isdigit() else -1
         result = any(c.opcode in ("fusion", "call") and num < len(c.operands)
@@ -254,17 +258,67 @@ def weight_collectives(module: Module,
       result = any(derived(comp, o) for o in ins.operands[:1 if ins.opcode in _MOVES else None])
     elif ins.opcode == "fusion":
       size = array_bytes(ins.shape)
-      result = fused_only_moves(ins.attr("calls") or "") and any(
+      result = self._fused_only_moves(ins.attr("calls") or "") and any(
           derived(comp, o) and size >= array_bytes(module.computations[comp][o].shape)
           for o in ins.operands if o in module.computations[comp])
-    memo[key] = result
+    self.memo[key] = result
     return result
 
+
+def weight_collectives(module: Module,
+                       is_weight: Callable[[Instr], bool]) -> list[Collective]:
+  """Every collective in the module (loop or not) whose operand is a weight
+  or a piece of one (``WeightFlow``). Decoding should move activations only,
+  so anything listed here moves weights between devices at run time."""
+  flow = WeightFlow(module, is_weight)
   out = []
   for comp in module.computations:
     for ins in module.instrs(comp):
       kind = _kind(ins.opcode)
-      if kind and any(derived(comp, o) for o in ins.operands):
+      if kind and any(flow.derived(comp, o) for o in ins.operands):
         out.append(Collective(kind, re.sub(r"\{[^}]*\}", "", ins.shape),
                               array_bytes(ins.shape), comp, ins.op_name))
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightCopy:
+  shape: str       # result shape, layout included
+  nbytes: int
+  in_loop: bool    # inside the main loop (every iteration) or once per call
+  op_name: str
+
+
+def weight_copies(module: Module, is_weight: Callable[[Instr], bool]) -> list[WeightCopy]:
+  """Whole weights the program rewrites into device memory (HBM): layout
+  copies and dtype conversions of a weight (``WeightFlow``) whose result is
+  not in on-chip memory (layout without 'S(n)'). Inside the main loop such a
+  copy is HBM traffic every iteration; outside it, a temporary as large as
+  the weight, made once per call."""
+  flow = WeightFlow(module, is_weight)
+  found = main_loop(module)
+  loop: set = set()
+
+  def reach(comp: str) -> None:
+    if comp in loop or comp not in module.computations:
+      return
+    loop.add(comp)
+    for i in module.instrs(comp):
+      for c in i.called:
+        reach(c)
+  if found is not None:
+    reach(found[1].attr("body"))
+  fused = {i.attr("calls") for c in module.computations for i in module.instrs(c)
+           if i.opcode == "fusion"}
+  out = []
+  for comp in module.computations:
+    if comp in fused:  # a fusion's inside is never materialized
+      continue
+    for ins in module.instrs(comp):
+      if ins.opcode not in ("copy", "transpose", "convert", "fusion") or "S(" in ins.shape \
+          or not flow.derived(comp, ins.name):
+        continue
+      src = module.computations[comp].get(ins.operands[0]) if ins.operands else None
+      if src is not None and array_bytes(ins.shape) >= array_bytes(src.shape) > 0:
+        out.append(WeightCopy(ins.shape, array_bytes(ins.shape), comp in loop, ins.op_name))
   return out

@@ -1,0 +1,228 @@
+"""The TPU dry run (``specdec_jax.run.dryrun``) on libtpu's compile-only
+v5e:2x4 devices, on this CPU-only machine: a tiny target/draft pair on meshes
+(1, 8) and (2, 4), at a fixed γ and adaptive. Compiled programs are shared
+through module-scoped fixtures (and the dry run's own cache of compiles).
+
+Tolerance: ``memory.plan``'s estimate (weights and caches) must be within
+25% of the compiled program's total: the plan leaves out XLA's temporaries
+(activations, layout copies of weights, collective and scratch buffers);
+the weights themselves must match exactly.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+pytest.importorskip("libtpu", reason="the dry run compiles with libtpu (requirements-test.txt)")
+
+from specdec_jax import memory, partitioning, theory  # noqa: E402
+from specdec_jax.decoding import AdaptiveConfig  # noqa: E402
+from specdec_jax.models.t5 import T5Config  # noqa: E402
+from specdec_jax.run import chips, dryrun, hlo  # noqa: E402
+from specdec_jax.run.settings import Experiment  # noqa: E402
+
+TOPOLOGY = "v5e:2x4"
+# Small, but with weights (MiBs per device) well above XLA's fixed scratch.
+TARGET = T5Config(vocab_size=8192, d_model=512, num_heads=8, head_dim=64, num_encoder_layers=1,
+                  num_decoder_layers=2, d_ff=1024, dtype="bfloat16")
+DRAFT = TARGET.replace(d_model=256, num_heads=4, d_ff=512, num_decoder_layers=1)
+ADAPTIVE = AdaptiveConfig("threshold", threshold=0.5)
+TOLERANCE = 0.25
+GAMMA = 2
+
+
+def _checkpoint(root, name: str, cfg: T5Config) -> str:
+  """A checkpoint directory with a config.json and no weights (none are read)."""
+  path = root / name
+  (path / "params").mkdir(parents=True)
+  (path / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+  root = tmp_path_factory.mktemp("dry_run")
+  return {"target": _checkpoint(root, "target", TARGET),
+          "draft": _checkpoint(root, "draft", DRAFT),
+          "heads6": _checkpoint(root, "heads6", TARGET.replace(num_heads=6))}
+
+
+def experiment(paths, mesh=(1, 8), adaptive=None, **kw) -> Experiment:
+  fields = dict(target_checkpoint=paths["target"], draft_checkpoint=paths["draft"],
+                vocab_path="not/read/spm.model", source="not/read/test.tsv",
+                task="wmt_ende", draft_label="T5-small", mesh_shape=mesh,
+                param_dtype="bfloat16", dtype="bfloat16", batch_size=2, max_input_len=32,
+                max_decode_len=8, gamma=GAMMA, adaptive=adaptive)
+  fields.update(kw)
+  return Experiment(**fields)
+
+
+CASES = [((1, 8), None), ((2, 4), None), ((1, 8), ADAPTIVE), ((2, 4), ADAPTIVE)]
+IDS = ["1x8-fixed", "2x4-fixed", "1x8-adaptive", "2x4-adaptive"]
+
+
+@pytest.fixture(scope="module")
+def runs(paths):
+  """One dry run per case; the (1, 8) fixed-γ one also compiles the baseline
+  and the roofline pieces."""
+  def run(case):
+    mesh, adaptive = case
+    full = mesh == (1, 8) and adaptive is None
+    return dryrun.dry_run(experiment(paths, mesh, adaptive), TOPOLOGY,
+                          programs=("speculative", "baseline") if full else ("speculative",),
+                          roofline=full, workers=1)
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the compiler releases the GIL
+    return dict(zip(CASES, pool.map(run, CASES)))
+
+
+def _bytes(cfg: T5Config, mesh, rules) -> int:
+  return memory.param_bytes(cfg, memory.planning_partitioner(mesh, rules), "bfloat16")
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_compiles_and_moves_no_weight(runs, case):
+  r = runs[case]
+  assert r.chip is chips.CHIPS["v5e"] and r.num_devices == 8
+  for p in r.programs:
+    assert not p.error, p.error
+    assert p.weight_moves == [], p.weight_moves
+    # The target is split over 'model': each decoder layer all-reduces its
+    # attention and MLP outputs (activations, [B/data, k, d] or smaller).
+    assert p.collectives and all(c.kind == "all-reduce" for c in p.collectives)
+    assert max(c.nbytes for c in p.collectives) <= 2 * (GAMMA + 1) * TARGET.d_model * 2
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_argument_bytes_are_the_sharded_parameters(runs, case):
+  mesh, _ = case
+  p = next(p for p in runs[case].programs if p.name == "speculative loop")
+  # The weight arguments' shard shapes are the planned ones, byte for byte...
+  assert p.weights == (_bytes(TARGET, mesh, None)
+                       + _bytes(DRAFT, mesh, partitioning.DATA_PARALLEL_RULES))
+  # ... and the executable's argument bytes are those arrays (weights,
+  # inputs, key) as their compiled layouts pad them: nothing else is passed.
+  assert p.arguments == p.padded_arguments
+  assert p.arguments - p.weights < 16 * 1024  # inputs [B, 32] int32, the key, tile padding
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_memory_estimate_within_tolerance(runs, case):
+  for p in runs[case].programs:
+    assert abs(p.total - p.estimate) <= TOLERANCE * max(p.total, p.estimate), \
+        (p.name, p.total, p.estimate)
+    assert p.total <= chips.CHIPS["v5e"].hbm_bytes
+
+
+def test_adaptive_compiles_every_width(runs):
+  text = dryrun.format_report(runs[((1, 8), ADAPTIVE)])
+  assert f"adaptive widths {ADAPTIVE.verify_widths(GAMMA)}" in text
+
+
+def test_roofline_model(runs):
+  r = runs[((1, 8), None)]
+  rl = r.roofline
+  assert sorted(rl.target) == list(range(1, GAMMA + 2)) and rl.draft is not None
+  assert rl.v(1) == 1.0 and rl.c() > 0 and rl.floor > 0
+  assert r.paper == dryrun.PAPER_TABLE2[("ende", "small", 0)]
+  assert r.predicted() == pytest.approx(theory.walltime_improvement(0.75, GAMMA, rl.c()))
+  text = dryrun.format_report(r)
+  assert "MODEL, not a measurement" in text and "the paper measured 3.4x" in text
+  assert "Collectives in one iteration of the speculative loop" in text
+
+
+def test_depth_extrapolation_is_exact(runs, paths):
+  """The roofline's pieces are compiled at depths 1 and 2 and extrapolated:
+  a direct compile at depth 3 agrees."""
+  del runs  # its depth-1 and depth-2 pieces are cached
+  exp = experiment(paths)
+  part = partitioning.Partitioner(
+      partitioning.make_mesh((1, 8), chips.topology_devices(TOPOLOGY)[1]))
+  dev = part.mesh.devices.flat[0]
+  got = {}
+  for depth in (1, 2, 3):
+    cfg = TARGET.replace(num_decoder_layers=depth, num_encoder_layers=1)
+    got[("target", depth, 1)] = dryrun._compile(  # pylint: disable=protected-access
+        "piece", 0, TOPOLOGY, dryrun._lower_pass(cfg, part, dev, exp, 1, 8 + GAMMA + 1),  # noqa
+        dryrun.PIECE_OPTIONS)()
+  extrapolated = dryrun._extrapolate(got, "target", 1, 3)  # pylint: disable=protected-access
+  assert extrapolated.flops == pytest.approx(got[("target", 3, 1)].flops, rel=1e-6)
+  assert extrapolated.bytes == pytest.approx(got[("target", 3, 1)].bytes, rel=0.02)
+
+
+def test_a_gathered_weight_is_found():
+  """The check the dry run relies on: a weight all-gathered at run time is
+  reported, an activation's all-reduce is not."""
+  _, devices = chips.topology_devices(TOPOLOGY)
+  mesh = partitioning.make_mesh((1, 8), devices)
+  shard = lambda *spec: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+  params = {"w": jax.ShapeDtypeStruct((128, 256), "bfloat16", sharding=shard(None, "model")),
+            "v": jax.ShapeDtypeStruct((256, 128), "bfloat16", sharding=shard("model", None))}
+  x = jax.ShapeDtypeStruct((2, 128), "bfloat16", sharding=shard())
+
+  def f(params, x):
+    h = x @ params["w"]                          # stays sharded: no collective
+    y = h @ params["v"]                          # all-reduce of an activation
+    w = jax.lax.with_sharding_constraint(params["w"], shard())  # all-gather of a weight
+    return y, x @ w
+
+  module = hlo.parse(jax.jit(f).lower(params, x).compile().as_text())
+  moves = hlo.weight_collectives(module, dryrun._is_weight)  # pylint: disable=protected-access
+  assert [m.kind for m in moves] == ["all-gather"] and moves[0].shape == "bf16[128,256]"
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+  """Bad input must be refused before any compile."""
+  def refuse(*a, **k):
+    raise AssertionError("compiled before refusing bad input")
+  monkeypatch.setattr(jax.stages.Lowered, "compile", refuse)
+
+
+def _one_line(excinfo) -> str:
+  text = str(excinfo.value)
+  assert "\n" not in text
+  return text
+
+
+@pytest.mark.parametrize("topology,says", [
+    ("v9x:2x4", "unknown TPU topology"), ("v5e", "unknown TPU topology"),
+    ("v5e:3x3", "libtpu cannot build this topology")])
+def test_unknown_topology(paths, no_compile, topology, says):
+  with pytest.raises(ValueError) as e:
+    dryrun.dry_run(experiment(paths), topology)
+  assert says in _one_line(e)
+
+
+def test_mesh_does_not_match_the_topology(paths, no_compile):
+  with pytest.raises(ValueError) as e:
+    dryrun.dry_run(experiment(paths, mesh=(1, 4)), TOPOLOGY)
+  text = _one_line(e)
+  assert "mesh_shape (1, 4) has 4 devices but there are 8" in text and TOPOLOGY in text
+
+
+def test_dimension_the_mesh_does_not_divide(paths, no_compile):
+  with pytest.raises(ValueError) as e:
+    dryrun.dry_run(experiment(paths, target_checkpoint=paths["heads6"]), TOPOLOGY)
+  text = _one_line(e)
+  assert "cannot shard the target" in text and "not divisible by mesh axis 'model'" in text
+
+
+def test_row_that_does_not_fit(paths, no_compile):
+  exp = experiment(paths, target_checkpoint="", target_preset="t5_1_1_xxl", draft_name="t5",
+                   draft_checkpoint="", draft_preset="t5_1_1_small", mesh_shape=None,
+                   param_dtype="float32")
+  with pytest.raises(ValueError) as e:
+    dryrun.dry_run(exp, TOPOLOGY)
+  text = _one_line(e)
+  assert "does not fit" in text and "16 GiB of HBM" in text
