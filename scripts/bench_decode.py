@@ -68,7 +68,7 @@ import numpy as np
 
 from specdec_jax.checkpoints import load_checkpoint
 from specdec_jax.decoding import temperature_sample
-from specdec_jax.models.t5 import PRESETS, T5Config, T5Model, count_params
+from specdec_jax.models.t5 import PRESETS, T5Config, T5Model, cast_params, count_params
 from specdec_jax.run import script_args
 from specdec_jax.run.script_args import load_average, machine_description, markdown_header
 from specdec_jax.sampling import SamplingConfig
@@ -194,7 +194,8 @@ def bench_one(size: str, dtype: str, steps: int, repeats: int, input_len: int,
 
 # ------------------------------------------------------------------- v(k)
 
-VK_MODELS = {"demo": script_args.TARGET, "small": "t5_1_1_small"}
+VK_MODELS = {"demo": script_args.TARGET, "small": "t5_1_1_small", "base": "t5_1_1_base",
+             "xl": "t5_1_1_xl"}
 
 
 def load_t5_module(path: str):
@@ -286,7 +287,7 @@ def vk_rows(label: str, params: dict, config: T5Config, models: dict, ks: list[i
                                             inner)
   for k in ks:
     # Distinct rows: identical ones would let XLA compute one and copy it.
-    x0 = jax.random.normal(jax.random.PRNGKey(k), (k, config.d_model), jnp.float32)
+    x0 = jax.random.normal(jax.random.PRNGKey(k), (k, config.d_model), config.dtype)
     pieces[("matmul", k)] = functools.partial(_matmul_steps, layers, logits_w, x0,
                                               transposed, inner)
   for fn in pieces.values():  # compile + warm up
@@ -329,8 +330,10 @@ def run_vk(args) -> None:
       label = (f"demo target (d{config.d_model}, {config.num_decoder_layers} dec layers, "
                f"V={config.vocab_size}, {count_params(params) / 1e6:.1f}M)")
     else:
-      config = PRESETS[VK_MODELS[name]]
-      params = jax.jit(T5Model(config).init)(jax.random.PRNGKey(0))
+      config = PRESETS[VK_MODELS[name]].replace(dtype=args.vk_dtype)
+      # Random weights kept as the runner keeps them at param_dtype = --vk-dtype.
+      params = jax.jit(lambda k, c=config: cast_params(T5Model(c).init(k), args.vk_dtype))(
+          jax.random.PRNGKey(0))
       label = (f"{VK_MODELS[name]} random (d{config.d_model}, {config.num_decoder_layers} dec "
                f"layers, V={config.vocab_size})")
     rows = vk_rows(label, params, config, models, ks, args.vk_cache_len, args.vk_position,
@@ -363,6 +366,9 @@ def main():
                   help="self-attention cache length (runner: max_decode_len + gamma + 1)")
   ap.add_argument("--vk-position", type=int, default=64, help="first position written")
   ap.add_argument("--vk-inner", type=int, default=16, help="calls per timed jit call")
+  ap.add_argument("--vk-dtype", default="float32", choices=("float32", "bfloat16"),
+                  help="weights and activations of the random --vk-models (the demo "
+                       "target keeps its checkpoint's float32)")
   ap.add_argument("--vk-compare", default="",
                   help="another models/t5.py whose decode is timed alongside")
   args = script_args.parse(ap)
