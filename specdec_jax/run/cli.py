@@ -50,7 +50,7 @@ import gin
 from absl import app, flags, logging
 
 from specdec_jax import checkpoints
-from specdec_jax.run import hosts, logs, settings
+from specdec_jax.run import dryrun, hosts, logs, settings
 from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
 from specdec_jax.run.report import alpha_row, conclusion, summarize, summarize_alpha, table2_row
 from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
@@ -73,6 +73,9 @@ flags.DEFINE_multi_string("import", [], "A Python module to import before the co
                           "model; may repeat.")
 flags.DEFINE_bool("verbose", False, "Show library INFO logs (Orbax, JAX) and the traceback "
                   "of user errors.")
+flags.DEFINE_string("dry_run", None, "A TPU topology, e.g. v5e:2x4: compile the run's programs "
+                    "for it on this machine (needs libtpu; reads no weight or data) and report "
+                    "memory, collectives and a roofline model (specdec_jax.run.dryrun).")
 
 # Bad settings, missing or malformed files: one line on stderr, no traceback.
 USER_ERRORS = (ValueError, OSError, LookupError, ImportError, checkpoints.CheckpointError)
@@ -151,6 +154,9 @@ def main(argv: Sequence[str]) -> None:
   exp = parse_config(FLAGS.config, FLAGS.gin_bindings)
   config_str = gin.config_str()
   alpha_only = FLAGS.alpha_only
+  if FLAGS.dry_run:
+    dryrun.main(exp, FLAGS.dry_run, alpha_only, FLAGS.config)
+    return
   check_before_loading(exp, alpha_only)  # before any data or weights are read
   mode = "alpha_only" if alpha_only else "speculative"
   # Every config names the run: a hardware overlay (configs/tpu_v4_8.gin) must
