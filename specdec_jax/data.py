@@ -9,7 +9,9 @@ Two ways to get examples:
 
 Importing this module never imports TensorFlow or seqio: both are heavy and
 absent from the decoding hot path, so only the seqio functions import them,
-inside the function body.
+inside the function body. They come with the package's ``seqio`` extra
+(``pip install -e ".[seqio]"``); without it, the first seqio function called
+raises one ImportError that says so and names what needed it.
 
 Contract: ``Example.input`` is always the *raw* source text (no task prefix);
 the prefix (see ``PREFIXES``) is added at tokenization time by
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import json
 import os
 from pathlib import Path
@@ -216,13 +219,46 @@ class Vocabulary(Protocol):
   def decode(self, ids: Sequence[int]) -> str: ...
 
 
+SEQIO_INSTALL = 'pip install -e ".[seqio]"'
+_SEQIO_MODULES = ("seqio", "tensorflow", "tensorflow_datasets")
+
+
+def _import_optional(module: str, needed_by: str) -> Any:
+  """``import module`` (seqio or tensorflow, the ``seqio`` extra); if the extra
+  is missing, an ImportError naming the install command and ``needed_by``.
+  TensorFlow is kept off the accelerators (``hide_accelerators_from_tensorflow``)."""
+  try:
+    imported = importlib.import_module(module)
+  except ModuleNotFoundError as e:
+    if (e.name or "").split(".")[0] not in _SEQIO_MODULES:
+      raise  # installed, but one of its own imports is missing
+    what = "seqio" if module == "seqio" else "TensorFlow"
+    raise ImportError(f"{what} is not installed: {SEQIO_INSTALL} ({needed_by} needs "
+                      "it)") from None
+  hide_accelerators_from_tensorflow()
+  return imported
+
+
+def hide_accelerators_from_tensorflow() -> None:
+  """Makes TensorFlow (which seqio's input pipelines run on) see no GPU or
+  TPU, so that it cannot take the device memory JAX decodes in; the data
+  pipeline only needs the host. Must run before TensorFlow first touches a
+  device; later calls change nothing."""
+  tf = importlib.import_module("tensorflow")
+  for kind in ("GPU", "TPU"):
+    try:
+      tf.config.set_visible_devices([], kind)
+    except (RuntimeError, ValueError):
+      pass  # devices already initialized, or no such device type in this build
+
+
 def _read_bytes(path: str) -> bytes:
   if storage.is_gcs(path):
     # TensorStore's gcs kvstore: no TensorFlow, bounded retries, one-line errors.
     return storage.read_bytes(path, "SentencePiece model")
   if "://" in path:
     # Other remote schemes need TF's file systems; local and gs:// paths do not.
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf = _import_optional("tensorflow", f"the remote path {path!r}")
 
     if not tf.io.gfile.exists(path):
       raise FileNotFoundError(f"SentencePiece model not found: {path}")
@@ -319,7 +355,7 @@ class SeqioVocabAdapter:
   """Thin ``Vocabulary`` adapter over ``seqio.SentencePieceVocabulary``."""
 
   def __init__(self, path: str, extra_ids: int = 0):
-    import seqio  # pylint: disable=g-import-not-at-top
+    seqio = _import_optional("seqio", "the 'seqio' vocabulary backend")
 
     # Fail early and clearly; seqio would fail lazily on first use.
     _load_sp_processor(path, extra_ids)
@@ -540,7 +576,7 @@ def register_tasks(
   vocab_path defaults to the T5 vocabulary on GCS; pass a local copy when
   offline. Re-registering with different arguments replaces the tasks.
   """
-  import seqio  # pylint: disable=g-import-not-at-top
+  seqio = _import_optional("seqio", "register_tasks (the specdec seqio tasks)")
 
   vocab_path = vocab_path or T5_VOCAB_PATH
   bible_dir = bible_dir or DEFAULT_BIBLE_DIR
@@ -636,7 +672,7 @@ def load_seqio_examples(
   prefix is ``PREFIXES[...]``, added later by ``encode_batch``. Registers
   the tasks with defaults if ``task_name`` is one of ours and unregistered.
   """
-  import seqio  # pylint: disable=g-import-not-at-top
+  seqio = _import_optional("seqio", f"the source 'seqio:{task_name}'")
 
   _check_max_examples(max_examples)
   if task_name not in seqio.TaskRegistry.names():

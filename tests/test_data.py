@@ -226,3 +226,15 @@ def test_seqio_tasks(spm_path, tmp_path):
 
   with pytest.raises(KeyError, match="unknown seqio task"):
     data.load_seqio_examples("specdec_nope", "test")
+
+
+def test_the_seqio_path_hides_accelerators_from_tensorflow(monkeypatch):
+  """TensorFlow, which seqio runs on, must not claim the GPUs JAX decodes on:
+  every seqio/TensorFlow import through the data module hides them first."""
+  import tensorflow as tf
+  from specdec_jax import data
+  calls = []
+  monkeypatch.setattr(tf.config, "set_visible_devices",
+                      lambda devices, kind: calls.append((list(devices), kind)))
+  data._import_optional("seqio", "this test")
+  assert ([], "GPU") in calls and ([], "TPU") in calls

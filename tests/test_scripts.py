@@ -112,6 +112,16 @@ def test_markdown_table():
       "| a | b |\n|---|---|\n| 1 | x |\n| - | 2.5 |")
 
 
+def test_the_seqio_path_names_its_extra(monkeypatch):
+  """Without the seqio extra, the first seqio function says how to install it
+  and what needed it."""
+  from specdec_jax import data
+  monkeypatch.setitem(sys.modules, "seqio", None)  # as if not installed
+  with pytest.raises(ImportError, match=r'seqio is not installed: pip install -e "\.\[seqio\]" '
+                                        r"\(the source 'seqio:specdec_wmt_ende' needs it\)"):
+    data.load_examples("seqio:specdec_wmt_ende", split="validation")
+
+
 def test_plan_memory_prints_rows_for_a_draft_without_a_table2_row(capsys):
   """T5 1.0 11B with T5 1.0 small (no Table 2 row of its own): rows, planned
   with the γ of the small draft's rows, not an empty table."""
