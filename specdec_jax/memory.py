@@ -33,7 +33,7 @@ from jax.sharding import AbstractMesh
 from specdec_jax.models.t5 import (DecoderCache, T5Config, T5Model, get_config,
                                    param_shapes, stored_dtype)
 from specdec_jax import partitioning
-from specdec_jax.partitioning import (CACHE_AXES, DATA_PARALLEL_RULES, MESH_AXES,
+from specdec_jax.partitioning import (CACHE_AXES, DATA_PARALLEL_RULES,
                                       STANDARD_RULES, Partitioner, PartitioningError,
                                       flatten_names, param_logical_axes, validate_rules)
 

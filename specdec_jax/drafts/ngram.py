@@ -16,7 +16,7 @@ import numpy as np
 from flax import struct
 
 from specdec_jax.drafts.base import gather_positions
-from specdec_jax.sampling import SamplingConfig, sample, standardize
+from specdec_jax.sampling import sample, standardize
 
 Array = jax.Array
 

@@ -5,10 +5,14 @@ baseline on the same examples, with the same keys, in one process.
 
 Modules: ``settings`` (the ``Experiment`` gin settings and their validation),
 ``setup`` (data and models, loaded after every cheap check), ``workdir``
-(results on disk and ``--resume``), ``loop`` (the measured loops), ``report``
+(results on disk and ``--resume``), ``hosts`` (what the processes of a
+multi-host run agree on), ``loop`` (the measured loops), ``report``
 (``summary.json`` and the printed tables), ``account`` (where the speedup goes,
 step by step from Theorem 3.8), ``autogamma`` (γ = 'auto', §3.5), ``sweep`` (γ
-sweeps for benchmarks) and ``cli`` (flags, errors, logging).
+sweeps for benchmarks), ``dryrun`` with ``chips`` and ``hlo`` (the run's
+programs compiled for a TPU topology without one), ``cli`` (flags and errors),
+``logs`` (one logging setup for every entry point) and ``script_args`` (what the
+scripts in scripts/ share).
 """
 
 from specdec_jax.run.cli import main, parse_config, run_args
