@@ -1,5 +1,5 @@
 """The experiment runner (paper §4): speculative decoding against the plain
-baseline on the same examples, with the same keys, in one process.
+baseline on the same examples, with the same keys.
 
   python -m specdec_jax.run --config=configs/demo.gin
 
