@@ -4,7 +4,7 @@ markdown table written into docs/scaling.md ("Dry run on TPU topologies").
 Usage:
   python scripts/dry_run_table.py [--config_dir=configs/table2 ...]
       [--hardware=v5e-8 ...] [--rows=ende_small_t0,...] [--out=docs/scaling.md]
-      [--cache=runs/dry_run_table.json] [--workers=2]
+      [--cache=runs/dry_run_table.json] [--workers=2] [--render_only]
 
 Each cell is ``specdec_jax.run.dryrun.dry_run`` of the row's config with the
 hardware's overlay (``configs/tpu_*.gin``) for its topology: the speculative
@@ -163,6 +163,9 @@ def main() -> int:
                       help="finished cells, reused by a rerun")
   parser.add_argument("--workers", type=int, default=dryrun.default_workers(),
                       help="cells compiled at once")
+  parser.add_argument("--render_only", action="store_true",
+                      help="write the table from --cache as it is ('not run' where a cell is "
+                      "missing), compiling nothing")
   args = script_args.parse(parser, paths=("out", "cache"))
   dirs = args.config_dir or [d for d in CONFIG_DIRS if (REPO / d).is_dir()]
   hardware = args.hardware or list(HARDWARE)
@@ -180,8 +183,8 @@ def main() -> int:
   cache_path = Path(args.cache)
   cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
   cells, spent = cache.get("cells", {}), cache.get("wall_s", 0.0)
-  todo = [(r, h, experiment(r, h)) for r in rows for h in hardware
-          if f"{Path(r).stem}@{h}" not in cells]
+  todo = [] if args.render_only else [(r, h, experiment(r, h)) for r in rows for h in hardware
+                                        if f"{Path(r).stem}@{h}" not in cells]
   print(f"{len(rows)} rows x {len(hardware)} topologies; {len(todo)} cells to compile "
         f"({len(rows) * len(hardware) - len(todo)} cached in {cache_path})", flush=True)
   t0 = time.perf_counter()
