@@ -88,7 +88,10 @@ def topology_devices(topology: str) -> tuple[Chip, tuple[Any, ...]]:
                      "pip install -e '.[tpu]' (or jax[tpu] at this jax's version)")
   if not _on_tpu_vm():
     # Off a TPU VM libtpu would probe the cloud metadata server for the host's
-    # TPU and print warnings; say what it is instead.
+    # TPU and print warnings; say what it is instead. With no chip to guard,
+    # libtpu's one-process lock would only stop two dry runs (or a dry run
+    # and the tests) from compiling at the same time.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     chips = math.prod(grid)
