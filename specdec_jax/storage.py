@@ -166,7 +166,7 @@ def kvstore_spec(path: str) -> dict:
 _context = None
 
 
-def context():
+def context() -> "tensorstore.Context":  # noqa: F821 (imported lazily)
   """The TensorStore Context every ``gs://`` open should use: ``RETRIES`` bounds
   the retries of its requests (shared, so its caches and connections are too)."""
   global _context
@@ -196,9 +196,9 @@ def credentials_note() -> str:
   config = os.environ.get("CLOUDSDK_CONFIG") or os.path.expanduser("~/.config/gcloud")
   if os.path.isfile(os.path.join(config, "application_default_credentials.json")):
     return "gcloud application-default credentials found"
-  return ("no credentials found (GOOGLE_APPLICATION_CREDENTIALS is unset and there are no "
-          "gcloud application-default credentials; only a Compute Engine or TPU VM's "
-          "metadata server or public buckets work without them)")
+  return ("no credentials found: GOOGLE_APPLICATION_CREDENTIALS is unset and there are no "
+          "gcloud application-default credentials, which only public buckets and Cloud TPU or "
+          "Compute Engine VMs do without")
 
 
 def _reason(e: BaseException) -> str:
@@ -208,7 +208,10 @@ def _reason(e: BaseException) -> str:
   text = re.sub(r"\s*\[[a-z_]+=[^\]]*\]", "", text)
   attempts = re.search(r"All (\d+) retry attempts failed: (?:CURL error )?(.*)", text)
   if attempts:
-    text = f"{attempts.group(2).rstrip(': ')}; {attempts.group(1)} attempts"
+    # curl repeats itself: "Could not connect to server: Failed to connect ...: Could not ..."
+    detail = re.sub(r"^Could not (connect to server|resolve hostname): ", "", attempts.group(2))
+    detail = re.sub(r": Could not connect to server$", "", detail.rstrip(": "))
+    text = f"{detail}; {attempts.group(1)} attempts"
   return text[:300]
 
 
@@ -226,14 +229,14 @@ def _classify(path: str, e: BaseException) -> StorageError:
   """A one-line StorageError for a TensorStore failure on ``path``."""
   if isinstance(e, TimeoutError):
     return _unreachable(path, f"no answer within {TIMEOUT_S:.0f} s")
-  reason = _reason(e)
-  if re.search(r"CURL error|Could not (connect|resolve)|UNAVAILABLE|DEADLINE_EXCEEDED|"
-               r"Connection refused|timed out", reason):
+  reason, raw = _reason(e), str(e)
+  if re.search(r"CURL error|Could not (connect|resolve)|Failed to connect|UNAVAILABLE|"
+               r"DEADLINE_EXCEEDED|Connection refused|timed out", raw):
     return _unreachable(path, reason)
-  if re.search(r"PERMISSION_DENIED|UNAUTHENTICATED|\b40[13]\b", reason):
+  if re.search(r"PERMISSION_DENIED|UNAUTHENTICATED|\b40[13]\b", raw):
     return StorageAccessError(f"{path}: Cloud Storage refused access ({reason}; "
                               f"{credentials_note()})")
-  if "NOT_FOUND" in reason:
+  if "NOT_FOUND" in raw:
     return StorageNotFoundError(f"{path}: not found in Cloud Storage ({reason})")
   return StorageError(f"{path}: Cloud Storage request failed ({reason})")
 
@@ -422,16 +425,9 @@ def read_text(path: str, what: str = "") -> str:
     raise ValueError(f"{path}:{line}: not valid UTF-8 ({e.reason})") from None
 
 
-def describe(e: BaseException) -> str:
-  """One line for any exception this module raises (its message) or another's."""
-  if isinstance(e, StorageError):
-    return str(e)
-  return f"{type(e).__name__}: {e}"
-
-
 __all__ = ["GCS_PREFIX", "RETRIES", "TIMEOUT_S", "StorageAccessError", "StorageError",
            "StorageNotFoundError", "StorageUnreachableError", "basename", "bucket_exists",
-           "check_path", "configure_emulator", "context", "credentials_note", "describe",
-           "dirname", "emulator_url", "endpoint", "exists", "is_dir", "is_file", "is_gcs",
-           "join", "kvstore_spec", "listdir", "not_found", "read_bytes", "read_range",
-           "read_text", "remove", "split", "write_bytes"]
+           "check_path", "configure_emulator", "context", "credentials_note", "dirname",
+           "emulator_url", "endpoint", "exists", "is_dir", "is_file", "is_gcs", "join",
+           "kvstore_spec", "listdir", "not_found", "read_bytes", "read_range", "read_text",
+           "remove", "split", "write_bytes"]

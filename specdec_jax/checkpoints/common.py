@@ -76,7 +76,7 @@ def kvstore_spec(path: str) -> dict:
   return storage.kvstore_spec(path)
 
 
-def kv_open(path: str):
+def kv_open(path: str) -> "tensorstore.KvStore":  # noqa: F821 (imported lazily)
   import tensorstore as ts  # only needed for TensorStore-backed formats
   spec = kvstore_spec(path)
   if spec["path"] and not spec["path"].endswith("/"):
