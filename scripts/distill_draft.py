@@ -12,6 +12,13 @@ for a few steps under --workdir (a check that the pipeline runs, in well under a
 minute). Relative paths to read (checkpoints, vocabulary, sources) are looked
 for in the working directory, then in the repository root, as the runner does;
 --output_dir and --workdir are relative to the working directory.
+
+At scale, ``--mesh_shape=DATA,MODEL`` (product = the device count) shards the
+target over a device mesh (generation on the mesh; the draft replicated and
+trained data-parallel over DATA) and ``--param_dtype=bfloat16`` keeps the
+target's weights in bfloat16 (half the memory; the draft trains in float32):
+
+  python scripts/distill_draft.py ... --mesh_shape=1,4 --param_dtype=bfloat16
 """
 
 from __future__ import annotations
@@ -60,11 +67,28 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--feature_bridge", action="store_true",
                  help="DistillJob.feature_bridge: the draft also reads the target's decoder "
                       "states of the committed prefix (specdec_jax.drafts.feature_bridge)")
+  p.add_argument("--mesh_shape", type=_mesh_shape, default=None,
+                 help="DistillJob.mesh_shape: DATA,MODEL device mesh, e.g. 1,8 "
+                      "(default: one device)")
+  p.add_argument("--param_dtype", default=job.param_dtype, choices=distill.PARAM_DTYPES,
+                 help="DistillJob.param_dtype: the target's weights in device memory "
+                      "(bfloat16 halves them; the draft trains in float32)")
+  p.add_argument("--partition_fallback", default=job.partition_fallback,
+                 help="DistillJob.partition_fallback: 'error' or 'replicate' for dimensions "
+                      "the mesh does not divide")
   p.add_argument("--resume", action="store_true",
                  help="continue a run in an existing workdir/output_dir")
   p.add_argument("--smoke", action="store_true",
                  help="random micro models, a few steps, all under --workdir")
   return p
+
+
+def _mesh_shape(text: str) -> tuple[int, ...]:
+  """'1,8' -> (1, 8); DistillJob.validate checks the values."""
+  try:
+    return tuple(script_args.comma_list(text, int))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected DATA,MODEL (two ints), got {text!r}") from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -16,7 +16,11 @@ references (DistillSpec, Zhou et al. 2023). Two complementary ways, combinable i
   rejection rate directly), or reverse KL(q‖p); optionally on the draft's own
   T=1 samples (on-policy), which are generated inside the jitted step.
 
-Everything trains through ``specdec_jax.training.fit``.
+Everything trains through ``specdec_jax.training.fit``, with the target's
+weights as ``fit``'s ``frozen`` argument (a jit argument, never constants baked
+into the step). On a device mesh (``DistillJob.mesh_shape``) the target is
+loaded into its shards and generates on the mesh, and the draft, replicated,
+trains data-parallel over the 'data' axis.
 """
 
 from __future__ import annotations
@@ -32,14 +36,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec_jax import storage, training
+from specdec_jax import partitioning, storage, training
 from specdec_jax.drafts import bridge, feature_bridge
 from specdec_jax.decoding import temperature_sample
-from specdec_jax.models.t5 import T5Model, shift_right
+from specdec_jax.models.t5 import T5Config, T5Model, param_shapes, shift_right
+from specdec_jax.partitioning import Partitioner
 from specdec_jax.sampling import SamplingConfig
 
 DIVERGENCES = ("fkl", "tv", "rkl", "none")
 OUTPUT_MODES = ("greedy", "sample")
+PARAM_DTYPES = ("float32", "bfloat16")
 
 
 # ---------------------------------------------------------------- target outputs
@@ -85,7 +91,8 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
                             max_decode_len: int = 128, batch_size: int = 64,
                             temperature: float = 1.0, seed: int = 0,
                             buckets: Sequence[int] = training.BUCKETS,
-                            log_fn: Callable[[str], None] = print) -> dict:
+                            log_fn: Callable[[str], None] = print,
+                            partitioner: Optional[Partitioner] = None) -> dict:
   """The target's outputs for every input (token ids, EOS-terminated input rows),
   appended to ``path`` chunk by chunk; inputs already there are skipped.
 
@@ -93,6 +100,12 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
   bucket); 'sample' mode draws at ``temperature`` with a key folded from the
   seed and the input index, so a resumed run draws the same samples.
   Returns {(index, mode): tokens} with EOS appended when the output ended on it.
+
+  ``partitioner``: the target's (``params`` already in its shards); each chunk
+  is split over the mesh's 'data' axis (``batch_size`` must divide by it) and
+  decoded under its layout, and the outputs are gathered from every process.
+  Only process 0 writes ``path`` (every process reads it on resume, so a
+  multi-host job needs a workdir all hosts see).
   """
   for m in modes:
     if m not in OUTPUT_MODES:
@@ -111,7 +124,7 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
                        f"see {meta_path}); use another workdir")
   elif os.path.exists(path) and os.path.getsize(path):
     raise ValueError(f"{path} has records but no {meta_path}: cannot tell what made them")
-  else:
+  elif jax.process_index() == 0:
     with open(meta_path, "w", encoding="utf-8") as f:
       json.dump(meta, f)
   done = read_outputs(path)
@@ -120,16 +133,19 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
   todo = [(m, b, idx) for m in modes for b, idx in chunks
           if any((i, m) not in done for i in idx)]
   log_fn(f"target outputs: {len(done)} in {path}, {len(todo)} chunks to generate")
-  with open(path, "a", encoding="utf-8") as f:
+  primary = jax.process_index() == 0
+  with open(path if primary else os.devnull, "a", encoding="utf-8") as f:
     for n, (mode, length, idx) in enumerate(todo):
       x = np.zeros((batch_size, length), np.int32)
       for r, i in enumerate(idx):
         x[r, :len(inputs[i])] = inputs[i]
       sampling = SamplingConfig(0.0 if mode == "greedy" else temperature)
       key = jax.random.fold_in(jax.random.PRNGKey(seed), idx[0])
-      out = temperature_sample(target, params, jnp.asarray(x), key,
-                               max_decode_len=max_decode_len, sampling=sampling, eos_id=eos)
-      seqs, lens = np.asarray(out.tokens), np.asarray(out.length)
+      placed = (jnp.asarray(x) if partitioner is None
+                else partitioner.shard_batch(x, "generate_batch_size (target outputs)"))
+      out = temperature_sample(target, params, placed, key, max_decode_len=max_decode_len,
+                               sampling=sampling, eos_id=eos, partitioner=partitioner)
+      seqs, lens = _gathered(out.tokens), _gathered(out.length)
       for r, i in enumerate(idx):
         toks = seqs[r, :lens[r]].tolist()
         done[(i, mode)] = toks
@@ -138,6 +154,14 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
       if (n + 1) % 20 == 0 or n + 1 == len(todo):
         log_fn(f"target outputs: {n + 1}/{len(todo)} chunks")
   return done
+
+
+def _gathered(x: jax.Array) -> np.ndarray:
+  """The whole of a (possibly batch-sharded, possibly multi-host) array on this host."""
+  if x.is_fully_addressable:
+    return np.asarray(x)
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 # ---------------------------------------------------------------- deepening a draft
@@ -243,21 +267,22 @@ def _on_policy(draft: T5Model, params, inputs, targets, key, fraction: float):
   return targets.at[:n].set(sampled.astype(targets.dtype))
 
 
-def draft_forward(draft: T5Model, target: T5Model, target_params: Any,
-                  bridged: bool) -> Callable:
-  """forward(params, inputs, decoder_inputs, target_hidden=None, key=None) ->
-  the draft's teacher-forced logits.
+def draft_forward(draft: T5Model, target: T5Model, bridged: bool) -> Callable:
+  """forward(params, target_params, inputs, decoder_inputs, target_hidden=None,
+  key=None) -> the draft's teacher-forced logits.
 
-  Plain: ``params`` is the draft's tree. ``bridged``: ``{'draft': tree}`` plus
-  ``'bridge'`` (a kernel: the draft reads the target's encoder output,
-  ``specdec_jax.drafts.bridge``) and/or ``'feature'`` (the draft reads the target's
-  decoder states ``target_hidden`` [B, T, d_p] along the same sequence, at
-  staleness drawn with ``key``, ``specdec_jax.drafts.feature_bridge``)."""
+  Plain: ``params`` is the draft's tree (``target_params`` unused). ``bridged``:
+  ``{'draft': tree}`` plus ``'bridge'`` (a kernel: the draft reads the target's
+  encoder output, computed from ``target_params``, ``specdec_jax.drafts.bridge``)
+  and/or ``'feature'`` (the draft reads the target's decoder states
+  ``target_hidden`` [B, T, d_p] along the same sequence, at staleness drawn with
+  ``key``, ``specdec_jax.drafts.feature_bridge``). The target's params are an
+  argument, so a jitted caller passes them in rather than baking them in."""
   if not bridged:
-    return lambda params, inputs, dec_in, target_hidden=None, key=None: draft(
+    return lambda params, target_params, inputs, dec_in, target_hidden=None, key=None: draft(
         params, inputs, dec_in)
 
-  def forward(params, inputs, dec_in, target_hidden=None, key=None):
+  def forward(params, target_params, inputs, dec_in, target_hidden=None, key=None):
     enc_extra = dec_extra = None
     if "bridge" in params:
       enc_extra = bridge.extra(params["bridge"], target, target_params, inputs)
@@ -278,18 +303,22 @@ def _target_pass(target: T5Model, target_params: Any, inputs: jax.Array, dec_in:
   return jax.lax.stop_gradient(target(target_params, inputs, dec_in)), None
 
 
-def distill_loss(draft: T5Model, target: T5Model, target_params: Any,
-                 cfg: DistillConfig, bridged: bool = False) -> Callable:
-  """loss_fn(params, batch) for ``training.fit``: batch holds 'inputs', 'targets'
-  (the target's outputs) and 'step_key' (added by ``fit``). Mean over non-pad positions
-  of ce_weight·CE + divergence(p, q). ``bridged``: params as in ``draft_forward``."""
+def distill_loss(draft: T5Model, target: T5Model, cfg: DistillConfig,
+                 bridged: bool = False) -> Callable:
+  """loss_fn(params, batch, target_params) for ``training.fit`` with
+  ``frozen=target_params``: batch holds 'inputs', 'targets' (the target's
+  outputs) and 'step_key' (added by ``fit``). Mean over non-pad positions of
+  ce_weight·CE + divergence(p, q). The target's params are an argument (not
+  closed over), so the jitted step takes them as an input in their own
+  sharding and never embeds them as constants. ``bridged``: params as in
+  ``draft_forward``."""
   pad, start = draft.config.pad_id, draft.config.decoder_start_id
   if bridged and cfg.on_policy_fraction > 0:
     raise ValueError("on_policy_fraction > 0 is not supported with a bridged draft "
                      "(the on-policy sampler runs the draft without its bridges)")
-  forward = draft_forward(draft, target, target_params, bridged)
+  forward = draft_forward(draft, target, bridged)
 
-  def loss_fn(params, batch):
+  def loss_fn(params, batch, target_params):
     inputs, targets = batch["inputs"], batch["targets"]
     if cfg.on_policy_fraction > 0:
       targets = _on_policy(draft, params, inputs, targets, batch["step_key"],
@@ -301,7 +330,8 @@ def distill_loss(draft: T5Model, target: T5Model, target_params: Any,
     p_logits = hidden = None
     if cfg.divergence != "none" or features:
       p_logits, hidden = _target_pass(target, target_params, inputs, dec_in, features)
-    q_logits = forward(params, inputs, dec_in, hidden, jax.random.fold_in(batch["step_key"], 7))
+    q_logits = forward(params, target_params, inputs, dec_in, hidden,
+                       jax.random.fold_in(batch["step_key"], 7))
     ce = -jnp.take_along_axis(jax.nn.log_softmax(q_logits), targets[..., None], -1)[..., 0]
     metrics = {"ce": jnp.sum(ce * mask) / n}
     loss = cfg.ce_weight * metrics["ce"]
@@ -326,8 +356,8 @@ def _agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targets,
   # fixed key: every evaluation sees the same mix.
   logits, hidden = _target_pass(target, tp, inputs, dec_in, bridged and "feature" in dp)
   lp = jax.nn.log_softmax(logits)
-  lq = jax.nn.log_softmax(draft_forward(draft, target, tp, bridged)(
-      dp, inputs, dec_in, hidden, jax.random.PRNGKey(0)))
+  lq = jax.nn.log_softmax(draft_forward(draft, target, bridged)(
+      dp, tp, inputs, dec_in, hidden, jax.random.PRNGKey(0)))
   mask = (targets != draft.config.pad_id).astype(jnp.float32)
   greedy = (jnp.argmax(lp, -1) == jnp.argmax(lq, -1)).astype(jnp.float32)
   overlap = jnp.sum(jnp.minimum(jnp.exp(lp), jnp.exp(lq)), -1)
@@ -335,16 +365,20 @@ def _agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targets,
 
 
 def agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params: Any,
-              batches: Sequence[training.Batch], bridged: bool = False) -> dict[str, float]:
+              batches: Sequence[training.Batch], bridged: bool = False,
+              partitioner: Optional[Partitioner] = None) -> dict[str, float]:
   """Teacher-forced agreement along the batches' target sequences: greedy
   (argmax match, α at T=0 along those prefixes) and Σ_x min(p, q) at T=1
   (α at T=1, Definition 3.1), token-weighted over non-pad positions.
-  ``bridged``: draft_params as in ``draft_forward``."""
+  ``bridged``: draft_params as in ``draft_forward``. ``partitioner``: the
+  batches are split over its 'data' axis (params already on its mesh)."""
   g = o = n = 0.0
   for b in batches:
+    b = training.place_batch(b, partitioner)
     sg, so, sn = _agreement_sums(target, draft, target_params, draft_params, b["inputs"],
                                  b["targets"], bridged)
-    g, o, n = g + float(sg), o + float(so), n + float(sn)
+    sg, so, sn = (float(training.host_value(v)) for v in (sg, so, sn))
+    g, o, n = g + sg, o + so, n + sn
   n = max(n, 1.0)
   return {"greedy_agreement": g / n, "t1_acceptance": o / n}
 
@@ -360,6 +394,17 @@ class DistillJob:
   ``output_dir`` receives the distilled draft in the project's format;
   ``workdir`` holds the target outputs, optimizer checkpoints and the loss log,
   so a killed job resumes with ``resume=True``.
+
+  Scale (as ``run.Experiment``): ``mesh_shape`` (data, model), product = the
+  device count, None = one device; the target is read straight into its shards
+  under ``logical_axis_rules`` (None: ``partitioning.STANDARD_RULES``) at
+  ``param_dtype`` (its kernels and embedding in device memory; norms stay
+  float32) and generates on the mesh, ``generate_batch_size`` rows split over
+  'data'. The draft is replicated, kept and trained in float32, data-parallel:
+  each training batch's rows (a multiple of the 'data' axis, ``batch_tokens`` a
+  cap, ``training.batch_rows``) are split over 'data' and the gradients reduced
+  across it. Settings, mesh and vocabularies are checked before any weight is
+  read (``check_before_loading``).
   """
 
   target_checkpoint: str
@@ -411,6 +456,10 @@ class DistillJob:
   eval_every: int = 250
   seed: int = 0
   resume: bool = False
+  mesh_shape: Optional[tuple[int, int]] = None   # (data, model); None: one device
+  param_dtype: str = "float32"                   # the target's weights in device memory
+  logical_axis_rules: Optional[tuple] = None     # the target's; None: STANDARD_RULES
+  partition_fallback: str = "error"              # or 'replicate' non-divisible dimensions
 
   def validate(self) -> None:
     """Checks that need no loading; fail before any work."""
@@ -432,6 +481,7 @@ class DistillJob:
     for name in ("grow_encoder_layers", "grow_decoder_layers"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+    self._validate_scale()
     for name in ("target_checkpoint", "draft_checkpoint", "vocab_path", "source"):
       value = getattr(self, name)
       if not value:
@@ -454,6 +504,119 @@ class DistillJob:
       if not self.resume and os.path.isdir(path) and os.listdir(path):
         raise FileExistsError(f"{name} {path!r} exists and is not empty; pass --resume to "
                               "continue that run, or choose another directory")
+
+
+  def _validate_scale(self) -> None:
+    if self.param_dtype not in PARAM_DTYPES:
+      raise ValueError(f"param_dtype must be one of {PARAM_DTYPES}, got {self.param_dtype!r}")
+    if self.partition_fallback not in partitioning.FALLBACKS:
+      raise ValueError(f"partition_fallback must be one of {partitioning.FALLBACKS}, got "
+                       f"{self.partition_fallback!r}")
+    if self.logical_axis_rules is not None:
+      try:
+        partitioning.validate_rules(self.logical_axis_rules)
+      except (partitioning.PartitioningError, TypeError) as e:
+        raise ValueError(f"logical_axis_rules: {e}") from None
+    if self.mesh_shape is None:
+      return
+    shape = self.mesh_shape
+    if (not isinstance(shape, (tuple, list)) or len(shape) != 2
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape)):
+      raise ValueError(f"mesh_shape must be None or two positive ints (data, model), "
+                       f"got {shape!r}")
+    data_axis = shape[0]
+    if self.generate_batch_size % data_axis:
+      raise ValueError(f"generate_batch_size={self.generate_batch_size} is not divisible by "
+                       f"the 'data' axis of mesh_shape={tuple(shape)} ({data_axis}): target "
+                       f"outputs are generated in batches split over 'data'; use a multiple "
+                       f"of {data_axis}")
+
+
+def _peek_config(path: str, fmt: str, preset: Optional[str]) -> Optional[T5Config]:
+  """A checkpoint's architecture from its preset or ``config.json``, reading no
+  weights; None when the checkpoint does not say (a T5X one without a preset:
+  the loader checks it then). A ``gs://`` endpoint that cannot be reached or
+  refuses access is raised here."""
+  from specdec_jax import checkpoints
+  from specdec_jax.models.t5 import get_config
+  if preset:
+    return get_config(preset)
+  try:
+    if storage.is_gcs(path):
+      config_path = storage.join(path, "config.json")
+      if fmt not in ("auto", "specdec", "hf") or not storage.is_file(config_path):
+        return None
+      fields = json.loads(storage.read_bytes(config_path))
+      if fmt == "auto":
+        fmt = "hf" if "d_kv" in fields or "model_type" in fields else "specdec"
+    else:
+      fmt = checkpoints.detect_format(path) if fmt == "auto" else fmt
+      if fmt not in ("specdec", "hf"):
+        return None
+      with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        fields = json.load(f)
+    if fmt == "specdec":
+      return checkpoints.config_from_dict(fields, path)
+    return checkpoints.hf_config_to_t5(fields)
+  except (storage.StorageUnreachableError, storage.StorageAccessError):
+    raise
+  except Exception:  # the real load reports a bad checkpoint properly
+    return None
+
+
+def partitioners(job: DistillJob) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
+  """(target's, draft's) partitioners over one mesh of ``job.mesh_shape``, or
+  (None, None) for one device. The target's rules are ``job.logical_axis_rules``;
+  the draft's are ``partitioning.DATA_PARALLEL_RULES`` (replicated weights,
+  batches over 'data'). A mesh that does not match the devices is a ValueError."""
+  try:
+    target = partitioning.from_settings(job.mesh_shape, job.logical_axis_rules,
+                                        job.partition_fallback)
+  except partitioning.PartitioningError as e:
+    raise ValueError(str(e)) from None
+  if target is None:
+    return None, None
+  return target, partitioning.from_settings(job.mesh_shape, partitioning.DATA_PARALLEL_RULES,
+                                            job.partition_fallback, mesh=target.mesh)
+
+
+def check_vocabularies(target: T5Config, draft: T5Config, job: DistillJob) -> None:
+  """The draft must speak the target's token ids (same vocab_size, pad and EOS)."""
+  from specdec_jax import data
+  try:
+    data.check_vocab_compatible(target.vocab_size, draft.vocab_size,
+                                target_pad_id=target.pad_id, draft_pad_id=draft.pad_id,
+                                target_eos_id=target.eos_id, draft_eos_id=draft.eos_id)
+  except ValueError as e:
+    raise ValueError(f"{e} (target_checkpoint={job.target_checkpoint}, draft_checkpoint="
+                     f"{job.draft_checkpoint}); distill a draft with the target's "
+                     "vocabulary") from None
+
+
+def check_before_loading(job: DistillJob) -> tuple[Optional[Partitioner],
+                                                   Optional[Partitioner]]:
+  """Every check that reads no weight: the settings (``validate``), the mesh
+  against the devices, the target's and draft's vocabularies (from their
+  presets or config files), and every parameter dimension the mesh must
+  divide. Each failure is one ValueError line naming the setting. Returns
+  ``partitioners(job)``."""
+  job.validate()
+  target_part, draft_part = partitioners(job)
+  cfgs = {role: _peek_config(path, fmt, preset) for role, path, fmt, preset in (
+      ("target", job.target_checkpoint, job.target_format, job.target_preset),
+      ("draft", job.draft_checkpoint, job.draft_format, job.draft_preset))}
+  if cfgs["target"] is not None and cfgs["draft"] is not None:
+    check_vocabularies(cfgs["target"], cfgs["draft"], job)
+  if target_part is not None:
+    for role, part in (("target", target_part), ("draft", draft_part)):
+      if cfgs[role] is None:
+        continue  # the loader checks each array as it places it
+      try:
+        part.param_shardings(param_shapes(cfgs[role]))
+      except partitioning.PartitioningError as e:
+        raise ValueError(f"mesh_shape={tuple(job.mesh_shape)} cannot shard the {role} "
+                         f"({getattr(job, role + '_checkpoint')}): {e}") from None
+  return target_part, draft_part
 
 
 def _encode_source(vocab, source: str, split: str, prefix: str, max_examples, data_dir,
@@ -482,20 +645,32 @@ def _encode_source(vocab, source: str, split: str, prefix: str, max_examples, da
 
 def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   """Generate the target's outputs, distill the draft, export it; returns a summary
-  (losses, and teacher-forced agreement before/after on ``eval_source``)."""
+  (losses, and teacher-forced agreement before/after on ``eval_source``).
+
+  Everything ``check_before_loading`` checks fails before any weight is read.
+  Only process 0 writes the exported draft and its log (and, in ``fit``, the
+  loss log; Orbax writes the training checkpoints once across processes).
+  """
   from specdec_jax import checkpoints, data
   from specdec_jax.models.t5 import get_config
-  job.validate()
+  target_part, draft_part = check_before_loading(job)
   vocab = data.get_vocabulary(job.vocab_path, extra_ids=job.vocab_extra_ids)
+  peeked = _peek_config(job.target_checkpoint, job.target_format, job.target_preset)
+  if peeked is not None and vocab.vocab_size > peeked.vocab_size:
+    raise ValueError(f"vocabulary {job.vocab_path} has {vocab.vocab_size} ids but the target's "
+                     f"vocab_size is {peeked.vocab_size}")
 
-  def load(path, fmt, preset, role):
+  def load(path, fmt, preset, param_dtype, part):
     config = get_config(preset) if preset else None
-    params, config = checkpoints.load_checkpoint(path, fmt=fmt, config=config)
+    params, config = checkpoints.load_checkpoint(path, fmt=fmt, config=config,
+                                                 param_dtype=param_dtype, partitioner=part)
     return T5Model(config), params
 
   target, target_params = load(job.target_checkpoint, job.target_format, job.target_preset,
-                               "target")
-  draft, draft_params = load(job.draft_checkpoint, job.draft_format, job.draft_preset, "draft")
+                               job.param_dtype, target_part)
+  # The draft trains in float32 whatever the target's weights are kept in.
+  draft, draft_params = load(job.draft_checkpoint, job.draft_format, job.draft_preset,
+                             "float32", draft_part)
   has_dir = storage.is_gcs(job.draft_checkpoint) or os.path.isdir(job.draft_checkpoint)
   kernel = bridge.load(job.draft_checkpoint) if has_dir else None
   if job.grow_encoder_layers or job.grow_decoder_layers:
@@ -525,11 +700,7 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
       feature_bridge.check(features, target, draft, job.draft_checkpoint)
       wrapped["feature"] = jax.tree.map(jnp.asarray, features)
     draft_params = wrapped
-  data.check_vocab_compatible(target.config.vocab_size, draft.config.vocab_size,
-                              target_pad_id=target.config.pad_id,
-                              draft_pad_id=draft.config.pad_id,
-                              target_eos_id=target.config.eos_id,
-                              draft_eos_id=draft.config.eos_id)
+  check_vocabularies(target.config, draft.config, job)
   if vocab.vocab_size > target.config.vocab_size:
     raise ValueError(f"vocabulary {job.vocab_path} has {vocab.vocab_size} ids but the target's "
                      f"vocab_size is {target.config.vocab_size}")
@@ -544,12 +715,13 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   os.makedirs(job.workdir, exist_ok=True)
   log_fn(f"{len(inputs)} training inputs from {job.source}")
   buckets = training.buckets_upto(max(job.max_input_len, job.max_decode_len))
+  rows = 1 if job.mesh_shape is None else job.mesh_shape[0]  # batch rows split over 'data'
 
   outputs = generate_target_outputs(
       target, target_params, inputs, os.path.join(job.workdir, "target_outputs.jsonl"),
       modes=job.modes, max_decode_len=job.max_decode_len,
       batch_size=job.generate_batch_size, temperature=job.sample_temperature, seed=job.seed,
-      buckets=buckets, log_fn=log_fn)
+      buckets=buckets, log_fn=log_fn, partitioner=target_part)
   pairs = [(inputs[i], toks) for (i, _), toks in sorted(outputs.items()) if toks]
 
   summary: dict[str, Any] = {"training_inputs": len(inputs), "training_pairs": len(pairs)}
@@ -561,11 +733,12 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
         target, target_params, [x for x, _ in eval_pairs],
         os.path.join(job.workdir, "eval_target_outputs.jsonl"), modes=("greedy",),
         max_decode_len=job.max_decode_len, batch_size=job.generate_batch_size,
-        buckets=buckets, log_fn=log_fn)
+        buckets=buckets, log_fn=log_fn, partitioner=target_part)
     eval_batches = training.fixed_batches(
         [(eval_pairs[i][0], toks) for (i, _), toks in sorted(eval_out.items()) if toks],
-        job.batch_tokens, buckets)
-    evaluate = lambda p: agreement(target, target_params, draft, p, eval_batches, bridged)
+        job.batch_tokens, buckets, rows)
+    evaluate = lambda p: agreement(target, target_params, draft, p, eval_batches, bridged,
+                                   draft_part)
     summary["before"] = evaluate(draft_params)
     log_fn(f"before distillation: {json.dumps(summary['before'])}")
 
@@ -575,11 +748,27 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   if bridged:
     optimizer = _bridged_optimizer(opt_cfg, job.bridge_learning_rate)
   result = training.fit(
-      distill_loss(draft, target, target_params, cfg, bridged), draft_params,
-      lambda start: training.batch_stream(pairs, job.batch_tokens, job.seed, start, buckets),
+      distill_loss(draft, target, cfg, bridged), draft_params,
+      lambda start: training.batch_stream(pairs, job.batch_tokens, job.seed, start, buckets,
+                                          rows),
       opt_cfg, os.path.join(job.workdir, "train"), evaluate=evaluate,
       eval_every=job.eval_every, max_minutes=job.max_minutes, name="distill", log_fn=log_fn,
-      seed=job.seed, optimizer=optimizer)
+      seed=job.seed, optimizer=optimizer, frozen=target_params, partitioner=draft_part)
+  summary.update(steps=result.steps, wall_s=result.wall_s, log=result.log,
+                 job=dataclasses.asdict(job))
+  if evaluate is not None:
+    summary["after"] = evaluate(result.params)
+  if jax.process_index() == 0:
+    _export(job, draft.config, jax.tree.map(training.host_value, result.params), bridged,
+            summary)
+  log_fn(f"distilled draft written to {job.output_dir}")
+  return summary
+
+
+def _export(job: DistillJob, config: T5Config, params: Any, bridged: bool,
+            summary: dict) -> None:
+  """The distilled draft (host arrays) into ``job.output_dir``, its bridges and log."""
+  from specdec_jax import checkpoints
   # What an earlier export left must not describe the params written next if
   # this run dies midway: its log and bridge go first, and the bridge is
   # written before the params because ``save_checkpoint`` writes config.json
@@ -589,22 +778,15 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
     path = os.path.join(job.output_dir, name)
     if os.path.exists(path):
       os.remove(path)
-  if bridged and "bridge" in result.params:
-    bridge.save(job.output_dir, result.params["bridge"])
-  if bridged and "feature" in result.params:
-    feature_bridge.save(job.output_dir, result.params["feature"])
-  out_params = result.params["draft"] if bridged else result.params
-  checkpoints.save_checkpoint(job.output_dir, out_params, draft.config, dtype="bfloat16",
+  if bridged and "bridge" in params:
+    bridge.save(job.output_dir, params["bridge"])
+  if bridged and "feature" in params:
+    feature_bridge.save(job.output_dir, params["feature"])
+  out_params = params["draft"] if bridged else params
+  checkpoints.save_checkpoint(job.output_dir, out_params, config, dtype="bfloat16",
                               overwrite=True)
-  log_path = os.path.join(job.output_dir, "distill_log.json")
-  summary.update(steps=result.steps, wall_s=result.wall_s, log=result.log,
-                 job=dataclasses.asdict(job))
-  if evaluate is not None:
-    summary["after"] = evaluate(result.params)
-  with open(log_path, "w") as f:
+  with open(os.path.join(job.output_dir, "distill_log.json"), "w") as f:
     json.dump(summary, f, indent=1)
-  log_fn(f"distilled draft written to {job.output_dir}")
-  return summary
 
 
 def _bridged_optimizer(cfg: training.OptimizerConfig, bridge_lr: float):

@@ -8,9 +8,11 @@ Pieces:
 * optimizers: T5X's recipe (Adafactor with factored second moments and
   parameter-scale-relative steps, the optimizer T5's unscaled attention was
   designed for) and AdamW, each with warmup + cosine decay;
-* ``fit``: jitted steps of any ``loss_fn(params, batch) -> (loss, aux)``, resumable
-  from orbax checkpoints (same data order after a restart), a wall-clock cap, and
-  a JSONL loss log.
+* ``fit``: jitted steps of any ``loss_fn(params, batch) -> (loss, aux)`` (or
+  ``loss_fn(params, batch, frozen)`` with frozen weights such as a distillation
+  target, passed as a jit argument), resumable from orbax checkpoints (same data
+  order after a restart), a wall-clock cap, and a JSONL loss log; on a device
+  mesh, data-parallel (batches split over 'data', params replicated).
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from specdec_jax.models.t5 import T5Model, shift_right
+from specdec_jax.partitioning import Partitioner
 
 Pair = tuple[list[int], list[int]]
 Batch = dict[str, np.ndarray]
@@ -66,26 +70,38 @@ def oversample_long(pairs: Sequence[Pair], min_tokens: int, times: int) -> list[
   return out
 
 
+def batch_rows(length: int, batch_tokens: int, rows_multiple: int = 1) -> int:
+  """Rows of a batch padded to ``length``: as many as fit in ``batch_tokens``,
+  rounded down to a multiple of ``rows_multiple`` (the mesh's 'data' axis, so
+  every data shard gets the same rows), and at least ``rows_multiple`` (one row
+  per shard when a single row is already longer than the budget)."""
+  if rows_multiple < 1:
+    raise ValueError(f"rows_multiple must be >= 1, got {rows_multiple}")
+  return max(rows_multiple, batch_tokens // length // rows_multiple * rows_multiple)
+
+
 def make_batches(pairs: Sequence[Pair], batch_tokens: int, rng: np.random.Generator,
-                 buckets: Sequence[int] = BUCKETS) -> list[list[int]]:
-  """Index batches of similar length, each padded size <= batch_tokens; shuffled."""
+                 buckets: Sequence[int] = BUCKETS, rows_multiple: int = 1) -> list[list[int]]:
+  """Index batches of similar length, each padded size <= batch_tokens (rows per
+  ``batch_rows``); shuffled."""
   by_bucket: dict[int, list[int]] = {}
   for i in rng.permutation(len(pairs)):
     s, t = pairs[i]
     by_bucket.setdefault(bucket_len(max(len(s), len(t)), buckets), []).append(int(i))
   batches = []
   for length, idx in sorted(by_bucket.items()):
-    bs = max(1, batch_tokens // length)
+    bs = batch_rows(length, batch_tokens, rows_multiple)
     batches += [idx[j:j + bs] for j in range(0, len(idx), bs)]
   order = rng.permutation(len(batches))
   return [batches[k] for k in order]
 
 
 def pad_batch(pairs: Sequence[Pair], idx: Sequence[int], batch_tokens: int,
-              buckets: Sequence[int] = BUCKETS) -> Batch:
-  """{'inputs', 'targets'}: [B, L] int32, zero (pad) filled; B fixed per bucket L."""
+              buckets: Sequence[int] = BUCKETS, rows_multiple: int = 1) -> Batch:
+  """{'inputs', 'targets'}: [B, L] int32, zero (pad) filled; B fixed per bucket L
+  (``batch_rows``)."""
   length = bucket_len(max(max(len(pairs[i][0]), len(pairs[i][1])) for i in idx), buckets)
-  bs = max(1, batch_tokens // length)
+  bs = batch_rows(length, batch_tokens, rows_multiple)
   inputs = np.zeros((bs, length), np.int32)
   targets = np.zeros((bs, length), np.int32)
   for r, i in enumerate(idx):
@@ -96,23 +112,25 @@ def pad_batch(pairs: Sequence[Pair], idx: Sequence[int], batch_tokens: int,
 
 
 def batch_stream(pairs: Sequence[Pair], batch_tokens: int, seed: int, start_step: int = 0,
-                 buckets: Sequence[int] = BUCKETS) -> Iterator[Batch]:
+                 buckets: Sequence[int] = BUCKETS, rows_multiple: int = 1) -> Iterator[Batch]:
   """Infinite deterministic stream; step n is the same batch whenever resumed."""
   step, epoch = 0, 0
   while True:
-    batches = make_batches(pairs, batch_tokens, np.random.default_rng([seed, epoch]), buckets)
+    batches = make_batches(pairs, batch_tokens, np.random.default_rng([seed, epoch]), buckets,
+                           rows_multiple)
     for idx in batches:
       if step >= start_step:
-        yield pad_batch(pairs, idx, batch_tokens, buckets)
+        yield pad_batch(pairs, idx, batch_tokens, buckets, rows_multiple)
       step += 1
     epoch += 1
 
 
 def fixed_batches(pairs: Sequence[Pair], batch_tokens: int,
-                  buckets: Sequence[int] = BUCKETS) -> list[Batch]:
+                  buckets: Sequence[int] = BUCKETS, rows_multiple: int = 1) -> list[Batch]:
   """Every pair once, in a fixed order (evaluation)."""
-  return [pad_batch(pairs, idx, batch_tokens, buckets)
-          for idx in make_batches(pairs, batch_tokens, np.random.default_rng(0), buckets)]
+  return [pad_batch(pairs, idx, batch_tokens, buckets, rows_multiple)
+          for idx in make_batches(pairs, batch_tokens, np.random.default_rng(0), buckets,
+                                  rows_multiple)]
 
 
 # ---------------------------------------------------------------- losses
@@ -194,6 +212,14 @@ class FitResult:
   wall_s: float
 
 
+def host_value(x: Any) -> np.ndarray:
+  """A replicated (or one-device) array's value on this host; every process
+  holds a full copy of a replicated array, even when it spans hosts."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return np.asarray(x.addressable_data(0))
+  return np.asarray(jax.device_get(x))
+
+
 def _read_log(path: str, upto_step: int) -> list[dict]:
   """Log records up to the resumed step (later ones are redone after a restart)."""
   if not os.path.exists(path):
@@ -203,17 +229,52 @@ def _read_log(path: str, upto_step: int) -> list[dict]:
   return [r for r in recs if r["step"] <= upto_step]
 
 
+def make_train_step(loss_fn: Callable, opt: optax.GradientTransformation,
+                    partitioner: Optional[Partitioner] = None) -> Callable:
+  """The jitted step ``fit`` runs: step(params, opt_state, batch, frozen) ->
+  (params, opt_state, loss, aux).
+
+  ``loss_fn(params, batch)`` when ``frozen`` is None, else ``loss_fn(params,
+  batch, frozen)``: weights that are read but not trained (a distillation
+  target) enter as an argument, never as constants baked into the program, and
+  keep the sharding they were placed with. params and opt_state are donated,
+  ``frozen`` is not. With a ``partitioner`` every output is replicated on its
+  mesh; given batches split over its 'data' axis, each device then computes the
+  gradient of its rows and GSPMD reduces the gradients across 'data'.
+  """
+  def step(params, opt_state, batch, frozen):
+    fn = loss_fn if frozen is None else lambda p, b: loss_fn(p, b, frozen)
+    (loss, aux), grads = jax.value_and_grad(fn, has_aux=True)(params, batch)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, aux
+
+  out = None if partitioner is None else partitioner.replicated()
+  return jax.jit(step, donate_argnums=(0, 1), out_shardings=out)
+
+
+def place_batch(batch: Batch, partitioner: Optional[Partitioner]) -> dict:
+  """A host batch as the train step takes it: unchanged without a partitioner,
+  else every array split over the mesh's 'data' axis by rows."""
+  if partitioner is None:
+    return dict(batch)
+  return {k: partitioner.shard_batch(v, f"batch {k!r}") for k, v in batch.items()}
+
+
 def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Batch]],
         opt_cfg: OptimizerConfig, run_dir: str, *,
         evaluate: Optional[Callable[[Any], dict]] = None, eval_every: int = 250,
         seed: int = 0,
         ckpt_minutes: float = 3.0, max_minutes: Optional[float] = None,
         name: str = "model", log_fn: Callable[[str], None] = print,
-        optimizer: Optional[optax.GradientTransformation] = None) -> FitResult:
+        optimizer: Optional[optax.GradientTransformation] = None,
+        frozen: Any = None, partitioner: Optional[Partitioner] = None) -> FitResult:
   """Train ``params`` to ``opt_cfg.total_steps`` steps of ``loss_fn``.
 
-  loss_fn(params, batch) -> (scalar loss, dict of scalar metrics); it is jitted
-  with the optimizer update (params and optimizer state donated). ``fit`` adds
+  loss_fn(params, batch) -> (scalar loss, dict of scalar metrics), or
+  loss_fn(params, batch, frozen) when ``frozen`` (a pytree of weights read but
+  not trained, e.g. a distillation target's) is given; it is jitted with the
+  optimizer update (``make_train_step``: params and optimizer state donated,
+  ``frozen`` passed as an argument). ``fit`` adds
   ``batch['step_key']``, a PRNG key from ``seed`` and the step number (dropout,
   on-policy sampling), so a resumed run draws the same randomness.
   make_stream(start_step) yields batches from that step on (deterministic, so a
@@ -222,13 +283,27 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
   evaluate(params) -> metrics is logged every ``eval_every`` steps and at the end.
   ``optimizer`` replaces ``make_optimizer(opt_cfg)`` (``opt_cfg.total_steps``
   still sets the length).
+
+  ``partitioner``: data-parallel training on its mesh. params and optimizer
+  state are replicated, each batch is split over the 'data' axis (its rows
+  must divide by that axis: ``batch_rows``), and ``frozen`` keeps its own
+  placement. Orbax writes the checkpoints (once, across processes); only
+  process 0 writes the loss log. Without one, everything stays on the default
+  device, as on a single machine.
   """
   run_dir = os.path.abspath(run_dir)
+  primary = jax.process_index() == 0
   os.makedirs(run_dir, exist_ok=True)
   opt = optimizer if optimizer is not None else make_optimizer(opt_cfg)
   # The step donates its params: train on a copy, never on the caller's arrays.
-  params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params)
-  opt_state = opt.init(params)
+  if partitioner is None:
+    params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params)
+    opt_state = opt.init(params)
+  else:
+    repl = partitioner.replicated()
+    copy = jax.jit(lambda t: jax.tree_util.tree_map(jnp.copy, t), out_shardings=repl)
+    params = copy(jax.device_put(params, repl))
+    opt_state = jax.device_put(opt.init(params), repl)
   mngr = ocp.CheckpointManager(os.path.join(run_dir, "ckpt"),
                                options=ocp.CheckpointManagerOptions(max_to_keep=2))
   step, elapsed_before = 0, 0.0
@@ -242,15 +317,11 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
 
   log_path = os.path.join(run_dir, "log.jsonl")
   log = _read_log(log_path, step)
-  with open(log_path, "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in log)
+  if primary:
+    with open(log_path, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in log)
 
-  def train_step(params, opt_state, batch):
-    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
-    updates, opt_state = opt.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss, aux
-
-  train_step = jax.jit(train_step, donate_argnums=(0, 1))
+  train_step = make_train_step(loss_fn, opt, partitioner)
   stream = make_stream(step)
   t0 = last_save = time.time()
   window: dict[str, list[float]] = {}
@@ -262,8 +333,9 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
     mngr.wait_until_finished()
 
   while step < opt_cfg.total_steps:
-    batch = dict(next(stream), step_key=jax.random.fold_in(jax.random.PRNGKey(seed), step))
-    params, opt_state, loss, aux = train_step(params, opt_state, batch)
+    batch = place_batch(next(stream), partitioner)
+    batch["step_key"] = jax.random.fold_in(jax.random.PRNGKey(seed), step)
+    params, opt_state, loss, aux = train_step(params, opt_state, batch, frozen)
     step += 1
     # Device scalars: read back only when logged, so steps dispatch without a
     # host round trip each.
@@ -271,17 +343,23 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
       window.setdefault(k, []).append(v)
     done = step >= opt_cfg.total_steps
     over_time = max_minutes is not None and time.time() - t0 > 60 * max_minutes
+    due = time.time() - last_save > 60 * ckpt_minutes
+    if jax.process_count() > 1:  # saving and stopping are collective: process 0 decides
+      over_time, due = (bool(x) for x in multihost_utils.broadcast_one_to_all(
+          np.array([over_time, due])))
     if step % eval_every == 0 or done or over_time:
-      rec = {"step": step, **{k: float(np.mean(jax.device_get(v))) for k, v in window.items()}}
+      rec = {"step": step, **{k: float(np.mean([host_value(x) for x in v]))
+                              for k, v in window.items()}}
       if evaluate is not None:
         rec.update(evaluate(params))
       rec["wall_s"] = round(elapsed_before + time.time() - t0, 1)
       window = {}
       log.append(rec)
-      with open(log_path, "a") as f:
-        f.write(json.dumps(rec) + "\n")
+      if primary:
+        with open(log_path, "a") as f:
+          f.write(json.dumps(rec) + "\n")
       log_fn(f"[{name}] {json.dumps(rec)}")
-    if time.time() - last_save > 60 * ckpt_minutes or done or over_time:
+    if due or done or over_time:
       save(step)
       last_save = time.time()
     if over_time:

@@ -105,10 +105,10 @@ def test_distillation_raises_alpha(tiny_target, tmp_path):
   before = distill.agreement(target, target_params, draft, draft_params, held)
   cfg = distill.DistillConfig("fkl", ce_weight=1.0)
   result = training.fit(
-      distill.distill_loss(draft, target, target_params, cfg), draft_params,
+      distill.distill_loss(draft, target, cfg), draft_params,
       lambda s: training.batch_stream(pairs, 12 * 32, 0, s, buckets),
       training.OptimizerConfig("adamw", 1e-2, 150, warmup_steps=10), str(tmp_path / "fit"),
-      eval_every=50, log_fn=lambda m: None)
+      eval_every=50, log_fn=lambda m: None, frozen=target_params)
   after = distill.agreement(target, target_params, draft, result.params, held)
   assert after["greedy_agreement"] > before["greedy_agreement"] + 0.12, (before, after)
   assert after["t1_acceptance"] > before["t1_acceptance"] + 0.1, (before, after)
