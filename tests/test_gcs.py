@@ -24,7 +24,8 @@ from checkpoint_fixtures import write_t5x_legacy, write_t5x_orbax
 
 from specdec_jax import data, storage
 from specdec_jax.checkpoints import export_hf, load_checkpoint, save_checkpoint
-from specdec_jax.models.t5 import T5Config, T5Model
+from specdec_jax.checkpoints.common import flatten, unflatten
+from specdec_jax.models.t5 import T5Config, param_shapes
 from specdec_jax.run import settings
 from specdec_jax.run.workdir import Workdir
 
@@ -189,7 +190,10 @@ def test_demo_from_gcs_equals_local(gcs, tmp_path, capsys, monkeypatch):
 
 @pytest.fixture(scope="module")
 def params():
-  return jax.tree_util.tree_map(np.asarray, T5Model(CFG).init(jax.random.PRNGKey(3)))
+  """Random weights of CFG's tree, drawn with numpy (no compilation)."""
+  rng = np.random.default_rng(3)
+  return unflatten({name: rng.standard_normal(leaf.shape).astype(np.float32)
+                    for name, leaf in flatten(param_shapes(CFG)).items()})
 
 
 def write_format(fmt: str, params, directory: Path) -> Path:
