@@ -226,3 +226,31 @@ def test_row_that_does_not_fit(paths, no_compile):
     dryrun.dry_run(exp, TOPOLOGY)
   text = _one_line(e)
   assert "does not fit" in text and "16 GiB of HBM" in text
+
+
+def test_command_line_alpha_only(paths, runs, capsys):
+  """``--dry_run`` through the runner's command line, with ``--alpha_only``:
+  the target's generation and the α pass (§4.2), no roofline."""
+  del runs  # the baseline loop is compiled (and cached) there
+  from specdec_jax.run.cli import run_args  # pylint: disable=import-outside-toplevel
+  bindings = [f"Experiment.target_checkpoint = '{paths['target']}'",
+              f"Experiment.draft_checkpoint = '{paths['draft']}'",
+              "Experiment.vocab_path = 'not/read/spm.model'",
+              "Experiment.source = 'not/read/test.tsv'", "Experiment.task = 'wmt_ende'",
+              "Experiment.mesh_shape = (1, 8)", "Experiment.param_dtype = 'bfloat16'",
+              "Experiment.dtype = 'bfloat16'", "Experiment.batch_size = 2",
+              "Experiment.max_input_len = 32", "Experiment.max_decode_len = 8",
+              f"Experiment.gamma = {GAMMA}"]
+  code = run_args([f"--dry_run={TOPOLOGY}", "--alpha_only"]
+                  + [f"--gin_bindings={b}" for b in bindings])
+  out = capsys.readouterr().out
+  assert code == 0
+  assert "baseline loop" in out and "α pass (§4.2)" in out and "Roofline" not in out
+  assert "no collective moves a weight" in out
+
+
+def test_command_line_bad_topology(capsys):
+  from specdec_jax.run.cli import run_args  # pylint: disable=import-outside-toplevel
+  assert run_args(["--dry_run=tpu9:2x4"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("error: --dry_run='tpu9:2x4': unknown TPU topology")

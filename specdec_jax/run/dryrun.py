@@ -736,10 +736,11 @@ def format_report(r: DryRun, configs: Sequence[str] = ()) -> str:
 
 
 def main(exp: Experiment, topology: str, alpha_only: bool = False,
-         configs: Sequence[str] = (), out: TextIO = sys.stdout) -> DryRun:
+         configs: Sequence[str] = (), out: Optional[TextIO] = None) -> DryRun:
   """``--dry_run``: runs ``dry_run`` and prints the report; a collective that
   moves a weight is an error (``ValueError``) after the report."""
   r = dry_run(exp, topology, alpha_only)
+  out = out or sys.stdout
   print(format_report(r, [Path(c).stem for c in configs]), file=out)
   out.flush()
   moved = [p.name for p in r.programs if p.weight_moves]
