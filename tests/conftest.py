@@ -8,8 +8,17 @@ from __future__ import annotations
 
 import gc
 import os
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the session, shared with the runner and
+# scripts that tests start as subprocesses (they inherit the environment): a
+# program compiled once is loaded, not recompiled, by the next process. Fresh
+# per session, so nothing outlives the run.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      tempfile.mkdtemp(prefix="specdec_jax_tests_jit_cache_"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -34,6 +34,12 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+def _worker_env() -> dict:
+  # Two processes compiling the same programs at once: no shared compile cache.
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  return dict(env, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   env = toy_env.build(tmp_path_factory.mktemp("mh_env"))
@@ -42,7 +48,7 @@ def runs(tmp_path_factory):
   procs = [subprocess.Popen(
       [sys.executable, str(REPO / "tests" / "multihost_worker.py"), str(pid), str(port),
        str(env), str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-      text=True, env=dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"))
+      text=True, env=_worker_env())
       for pid in (0, 1)]
   logs = []
   for p in procs:
