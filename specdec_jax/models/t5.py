@@ -34,6 +34,23 @@ Incremental decoding API (what the speculative engine needs):
 
 Relative-position bias is computed for the actual (query, key) positions of a
 call, ``[B, H, k, cache_len]``, never as a full ``[L, L]`` table per step.
+
+Token trees (``specdec_jax.tree.TreeShape``; SpecInfer's tree attention, Miao
+et al. 2023) use the same decode with a per-call tree mask and explicit
+positions (``decode_tree``), and one gather afterwards (``commit_path``). Slot
+convention, for a row with committed length n (decoder inputs 0..n-1 in slots
+0..n-1, as in the chain loop; the root, node 0, is the last committed token,
+decoder input n, whose keys/values the round's pass writes, as a chain's does):
+
+* the pass writes node j at scratch slot n + j (N consecutive slots, so the
+  cache needs n + N <= cache_len: ``TreeShape.cache_len``); node j's query
+  and key sit at position n + depth(j), the position its token has in a chain;
+* node i attends to slots 0..n-1 and to the slots of its ancestors and itself;
+  every other slot (siblings, their subtrees, stale rows) is masked;
+* after verification the accepted nodes at depths 1..a move from slots n +
+  path[d - 1] to slots n + d (the root stays at slot n), so slots 0..n+a hold
+  the committed decoder inputs 0..n+a with slot = position again, and the
+  caller advances the row to length n + a + 1, as the chain loop does.
 """
 
 from __future__ import annotations
@@ -43,12 +60,16 @@ import functools
 import itertools
 import math
 import operator
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
+
+from specdec_jax.partitioning import Partitioner, constrain_cache
+from specdec_jax.tree import TreeShape
 
 Array = jax.Array
 # Large negative (not -inf) so that a fully-masked row gives a finite softmax.
@@ -397,6 +418,39 @@ class DecoderLayer(nn.Module):
     return x, k_cache, v_cache
 
 
+class TreeAttention(NamedTuple):
+  """Where one decode call's k tree nodes go in the cache and what each sees.
+
+  A row's N scratch slots start at ``start`` (its committed length n); scratch
+  slot n + j holds node j's keys/values. Slots before n are the committed
+  prefix (slot = position), visible to every node.
+
+  start:       [B] int32, the first scratch slot per row (= committed length).
+  slots:       [B, k] int32, where the call's nodes are written (n + node index).
+  key_offsets: [N] int32, scratch slot n + j holds a key at position n +
+               key_offsets[j] (the node's depth).
+  visible:     [k, N] bool, the call's node i sees scratch slot n + j iff
+               visible[i, j] (rows of ``TreeShape.ancestor_mask``).
+  """
+
+  start: Array
+  slots: Array
+  key_offsets: Array
+  visible: Array
+
+  def keys_and_mask(self, cache_len: int) -> tuple[Array, Array]:
+    """-> (key positions [B, cache_len] int32, mask [B, k, cache_len] bool):
+    every cache slot's position and whether each of the k queries sees it."""
+    slot = jnp.arange(cache_len, dtype=jnp.int32)[None]
+    rel = slot - self.start[:, None]                                   # [B, L]
+    n = self.key_offsets.shape[0]
+    in_tree = (rel >= 0) & (rel < n)
+    j = jnp.clip(rel, 0, n - 1)
+    k_pos = jnp.where(in_tree, self.start[:, None] + self.key_offsets[j], slot)
+    seen = jnp.moveaxis(self.visible[:, j], 0, 1)                      # [B, k, L]
+    return k_pos, (rel < 0)[:, None, :] | (in_tree[:, None, :] & seen)
+
+
 def _write(cache: Array, new: Array, positions: Array) -> Array:
   """cache [B, L, H, dh] <- new [B, k, H, dh] at per-row positions [B, k].
 
@@ -431,11 +485,14 @@ class Decoder(nn.Module):
 
   def __call__(self, x: Array, positions: Array, cache: Optional[DecoderCache],
                cross: Optional[tuple], embed_attend, write: bool = True,
-               return_hidden: bool = False) -> tuple:
+               return_hidden: bool = False, tree: Optional[TreeAttention] = None) -> tuple:
     """-> (logits, cache); with a cache and ``write=False``, (logits, (new
     keys, new values)) per layer, the cache only read (``T5Model.decode_rows``).
     ``return_hidden``: a third element, the final normed hidden states [B, k,
-    d] the logits are computed from (``specdec_jax.drafts.feature_bridge``)."""
+    d] the logits are computed from (``specdec_jax.drafts.feature_bridge``).
+    ``tree`` (with a cache, ``write=True``): the new tokens are tree nodes,
+    written at ``tree.slots`` instead of their positions and masked by
+    ``TreeAttention`` (``T5Model.decode_tree``); None is the chain, unchanged."""
     c = self.config
     if cache is not None:
       k_pos = jnp.broadcast_to(jnp.arange(cache.cache_len, dtype=jnp.int32),
@@ -446,7 +503,12 @@ class Decoder(nn.Module):
       cross_k, cross_v, enc_mask = cross
     # Causal over actual positions: a query at t sees keys at positions 0..t.
     causal = lambda kp: ((kp[:, None, :] <= positions[:, :, None]) & (kp[:, None, :] >= 0))
-    self_mask = causal(k_pos)
+    if tree is None:
+      self_mask, write_at = causal(k_pos), positions
+    else:
+      # Tree attention: the key positions and visibility of every cache slot.
+      k_pos, self_mask = tree.keys_and_mask(cache.cache_len)
+      write_at = tree.slots
     new_mask = new_bias = None
     if cache is not None and not write:
       # Cache block: only the positions before the first new token (later ones
@@ -460,7 +522,7 @@ class Decoder(nn.Module):
     for i, layer in enumerate(self.layers):
       kc = cache.self_k[i] if cache is not None else None
       vc = cache.self_v[i] if cache is not None else None
-      x, kc, vc = layer(x, positions, self_mask, bias, kc, vc, cross_k[i], cross_v[i],
+      x, kc, vc = layer(x, write_at, self_mask, bias, kc, vc, cross_k[i], cross_v[i],
                         cross_mask, new_mask, new_bias)
       new_k.append(kc)
       new_v.append(vc)
@@ -512,9 +574,10 @@ class T5(nn.Module):
     return x if extra is None else x + extra.astype(x.dtype)
 
   def decode(self, tokens: Array, positions: Array, cache: DecoderCache, write: bool = True,
-             extra: Optional[Array] = None, return_hidden: bool = False):
+             extra: Optional[Array] = None, return_hidden: bool = False,
+             tree: Optional[TreeAttention] = None):
     return self.decoder(self._embed(tokens, extra), positions, cache, None,
-                        self.token_embedder.attend, write, return_hidden)
+                        self.token_embedder.attend, write, return_hidden, tree)
 
   def __call__(self, inputs: Array, decoder_inputs: Array,
                encoder_extra: Optional[Array] = None, decoder_extra: Optional[Array] = None,
@@ -605,6 +668,84 @@ class T5Model:
     return cache.replace(
         self_k=tuple(_write(c, n, positions) for c, n in zip(cache.self_k, ks)),
         self_v=tuple(_write(c, n, positions) for c, n in zip(cache.self_v, vs)))
+
+  def decode_tree(self, params: dict, tokens: Array, lengths: Array, tree: TreeShape,
+                  cache: DecoderCache, nodes: Optional[Sequence[int]] = None,
+                  return_hidden: bool = False,
+                  partitioner: Optional[Partitioner] = None) -> tuple:
+    """One pass over a token tree (SpecInfer's tree attention): tokens [B, k]
+    for the tree's ``nodes`` (default all N, in index order), lengths [B]
+    int32 committed lengths -> (logits [B, k, V] float32, cache).
+
+    Node j is at position lengths + depth(j) (T5's relative-position buckets
+    see what a chain at that depth sees) and its keys/values go to slot
+    lengths + j (the module docstring's slot convention; needs lengths + N <=
+    cache_len, ``TreeShape.cache_len``). Node i attends to the committed
+    prefix (slots < lengths) and the slots of its ancestors and itself: its
+    logits equal a chain ``decode`` of its root-to-node path, to float
+    rounding (other slots, so another order of the softmax sums); for a
+    chain-shaped tree (``TreeShape.chain``) they are equal bit for bit.
+
+    ``nodes``: a subset of node indices, so that a tree can be built a depth
+    at a time (one call per depth, EAGLE-2's expansion for a T5 draft); every
+    ancestor of a node not among ``nodes`` must have been written by an
+    earlier call from the same ``lengths``. ``return_hidden`` as in
+    ``decode``. With a ``partitioner`` the returned cache is pinned to its
+    layout (``partitioning.constrain_cache``), as the loops pin a decode's.
+    """
+    n_nodes = tree.num_nodes
+    nodes = tuple(range(n_nodes)) if nodes is None else tuple(int(j) for j in nodes)
+    if not nodes or len(set(nodes)) != len(nodes) or not all(0 <= j < n_nodes for j in nodes):
+      raise ValueError(f"nodes must be distinct node indices in [0, {n_nodes}), got {nodes}")
+    if tokens.ndim != 2 or tokens.shape[1] != len(nodes):
+      raise ValueError(f"tokens must be [B, {len(nodes)}] (one per node decoded), got "
+                       f"{tokens.shape}")
+    if cache.cache_len < n_nodes:
+      raise ValueError(f"a cache of {cache.cache_len} slots cannot hold a tree of {n_nodes} "
+                       f"nodes; size it with TreeShape.cache_len(max_decode_len)")
+    idx = np.asarray(nodes, np.int32)
+    start = lengths.astype(jnp.int32)
+    positions = start[:, None] + jnp.asarray(tree.position_offsets[idx])[None]
+    att = TreeAttention(start=start, slots=start[:, None] + jnp.asarray(idx)[None],
+                        key_offsets=jnp.asarray(tree.position_offsets),
+                        visible=jnp.asarray(tree.ancestor_mask[idx]))
+    out = self.module.apply({"params": params}, tokens, positions, cache, True, None,
+                            return_hidden, att, method=T5.decode)
+    return (out[0], constrain_cache(out[1], partitioner, "tree cache")) + out[2:]
+
+  @staticmethod
+  def commit_path(cache: DecoderCache, lengths: Array, path: Array, num_accepted: Array,
+                  partitioner: Optional[Partitioner] = None) -> DecoderCache:
+    """Moves an accepted tree path's keys/values into place after ``decode_tree``.
+
+    lengths [B] int32: the committed lengths the tree pass ran at; path [B, D]
+    int32: the accepted nodes at depths 1..D (-1 past a row's accepted count;
+    ``tree.TreeOutput.path``); num_accepted [B] int32: a, 0..D. For d = 1..a,
+    slot lengths + d <- slot lengths + path[:, d - 1]; the root stays at slot
+    lengths; nothing else changes. Afterwards slots 0..lengths+a hold the
+    committed decoder inputs at slot = position, as a chain decode of the
+    path would have left them (to float rounding), and the caller advances
+    the row to length lengths + a + 1 (the emitted token is the next round's
+    root, not yet in the cache). All D rows are read before any is written
+    (a gather, then a per-row scatter of D rows; static shapes).
+
+    Any ``DecoderCache`` whose tree nodes sit at scratch slots lengths + j
+    works: the target's after ``decode_tree``, and a T5 draft's after it
+    decoded the tree with ``decode_tree`` from the same ``lengths``. Slots
+    whose source was never written (e.g. a draft's leaves, proposed but not
+    fed) move as garbage: such a draft must feed its last accepted token
+    again next round, as ``T5Draft`` does after a fully accepted chain.
+    """
+    d = path.shape[1]
+    depth = jnp.arange(1, d + 1, dtype=jnp.int32)[None]
+    lengths = lengths.astype(jnp.int32)[:, None]
+    src = lengths + jnp.maximum(path, 0)
+    dst = jnp.where(depth <= num_accepted[:, None], lengths + depth, -1)
+    take = jax.vmap(lambda c, s: jnp.take(c, s, axis=0, mode="clip"))
+    move = lambda c: _write(c, take(c, src), dst)
+    cache = cache.replace(self_k=tuple(move(c) for c in cache.self_k),
+                          self_v=tuple(move(c) for c in cache.self_v))
+    return constrain_cache(cache, partitioner, "tree cache")
 
   def __call__(self, params: dict, inputs: Array, decoder_inputs: Array,
                dropout_rng: Optional[Array] = None,
