@@ -297,8 +297,12 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
   opt = optimizer if optimizer is not None else make_optimizer(opt_cfg)
   # The step donates its params: train on a copy, never on the caller's arrays.
   if partitioner is None:
-    params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params)
-    opt_state = opt.init(params)
+    # Committed to one device like the step's outputs, so the second step
+    # reuses the first one's compiled program.
+    device = jax.local_devices()[0]
+    params = jax.device_put(jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params),
+                            device)
+    opt_state = jax.device_put(opt.init(params), device)
   else:
     repl = partitioner.replicated()
     copy = jax.jit(lambda t: jax.tree_util.tree_map(jnp.copy, t), out_shardings=repl)

@@ -1,0 +1,140 @@
+"""Run in a subprocess with 8 CPU devices by tests/test_sharded_distill.py.
+
+The same distillation job (micro models, the demo vocabulary, same seed, data
+and steps) on one device and on meshes (1, 8) and (2, 4), and on (2, 4) once
+more stopped after its first step and resumed. Records what the test asserts
+on: per-step losses, the target's outputs, the final float32 draft params
+(from the training checkpoint) and the exported draft, and where the loaded
+weights and the training batches were placed.
+Usage: python tests/sharded_distill_worker.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# LLVM's backend optimization level only changes how fast the CPU code is
+# generated and runs (it compiles several times faster at 0); every run
+# compared here is compiled with it, and XLA's own passes are unchanged.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8"
+                           + " --xla_backend_optimization_level=0")
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import json  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
+
+from specdec_jax import checkpoints, distill, partitioning, training  # noqa: E402
+from specdec_jax.models.t5 import T5Config, param_shapes  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# 8 heads, vocab 8000 (the demo SentencePiece model's ids), d_ff 64: every
+# dimension the target's rules shard divides 8.
+TARGET = T5Config(vocab_size=8000, d_model=32, num_heads=8, head_dim=4, num_encoder_layers=1,
+                  num_decoder_layers=1, d_ff=64)
+DRAFT = TARGET.replace(d_model=16, num_heads=2, head_dim=8, d_ff=32)
+STEPS = 4
+
+
+def random_params(cfg: T5Config, seed: int) -> dict:
+  """Random weights of ``cfg``'s shapes (numpy: no initializer to compile)."""
+  rng = np.random.default_rng(seed)
+  shapes = partitioning.flatten_names(param_shapes(cfg))
+  return partitioning.unflatten_names({
+      n: np.ones(s.shape, np.float32) if n.endswith("/scale")
+      else (rng.standard_normal(s.shape) / np.sqrt(s.shape[0])).astype(np.float32)
+      for n, s in shapes.items()})
+
+
+def save_models(root: str) -> None:
+  tparams = random_params(TARGET, 0)
+  # Sharpened so the target's greedy outputs have clear argmax margins (the
+  # meshes reorder its float sums).
+  tparams["decoder"]["logits_dense"]["kernel"] *= 8
+  checkpoints.save_checkpoint(os.path.join(root, "target"), tparams, TARGET, overwrite=True)
+  checkpoints.save_checkpoint(os.path.join(root, "draft"), random_params(DRAFT, 1), DRAFT,
+                              overwrite=True)
+
+
+def job(root: str, name: str, mesh, **kw) -> distill.DistillJob:
+  return distill.DistillJob(
+      os.path.join(root, "target"), os.path.join(root, "draft"),
+      os.path.join(root, name, "distilled"), os.path.join(root, name, "run"),
+      source=os.path.join(REPO, "data/bible/validation.tsv"), max_examples=16,
+      vocab_path=os.path.join(REPO, "checkpoints/demo/spm.model"), max_input_len=16,
+      max_decode_len=16, modes=("greedy",), generate_batch_size=16, steps=STEPS,
+      batch_tokens=128, eval_every=1, mesh_shape=mesh, **kw)
+
+
+def trained_params(workdir: str) -> dict:
+  """The float32 draft params of the last training checkpoint, flattened."""
+  ckpt = os.path.join(workdir, "train", "ckpt", str(STEPS), "default")
+  state = ocp.StandardCheckpointer().restore(ckpt)
+  return partitioning.flatten_names(jax.tree.map(np.asarray, state["params"]))
+
+
+def main(out_dir: str) -> None:
+  t0 = time.time()
+  # The (2, 4) job runs three times: its programs compile once (the cache is
+  # this run's own, keyed by each program's HLO).
+  jax.config.update("jax_compilation_cache_dir", os.path.join(out_dir, "jax_cache"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  root = os.path.join(out_dir, "work")
+  save_models(root)
+  placed: dict = {}
+  load, place = checkpoints.load_checkpoint, training.place_batch
+
+  def spy_load(path, *args, **kwargs):
+    params, config = load(path, *args, **kwargs)
+    emb = params["token_embedder"]["embedding"]
+    spec = getattr(emb.sharding, "spec", None)
+    placed[os.path.basename(path)] = {"spec": str(spec), "dtype": str(emb.dtype),
+                                      "devices": len(emb.sharding.device_set)}
+    return params, config
+
+  def spy_place(batch, partitioner):
+    out = place(batch, partitioner)
+    placed["batch"] = {"spec": str(getattr(getattr(out["inputs"], "sharding", None), "spec",
+                                           None)),
+                       "shard_rows": sorted({s.data.shape[0] for s in
+                                             getattr(out["inputs"], "addressable_shards", [])})}
+    return out
+
+  checkpoints.load_checkpoint, training.place_batch = spy_load, spy_place
+  report: dict = {"devices": jax.device_count(), "runs": {}}
+  arrays: dict = {}
+  quiet = lambda m: None
+  runs = [("single", None, {}), ("1x8", (1, 8), {}), ("2x4", (2, 4), {}),
+          ("2x4_stopped", (2, 4), {"max_minutes": 0.0}),
+          ("2x4_resumed", (2, 4), {"resume": True})]
+  for name, mesh, kw in runs:
+    workdir_name = "2x4_resumed" if name.startswith("2x4_") else name
+    t = time.time()
+    summary = distill.run_job(job(root, workdir_name, mesh, **kw), log_fn=quiet)
+    rec = {"steps": summary["steps"], "log": summary["log"], "placed": dict(placed),
+           "seconds": round(time.time() - t, 1)}
+    placed.clear()
+    if name != "2x4_stopped":
+      run = os.path.join(root, workdir_name)
+      with open(os.path.join(run, "run", "target_outputs.jsonl")) as f:
+        rec["target_outputs"] = sorted(f.read().splitlines())
+      for k, v in trained_params(os.path.join(run, "run")).items():
+        arrays[f"{name}/trained/{k}"] = v
+      exported, _ = load(os.path.join(run, "distilled"))
+      for k, v in partitioning.flatten_names(exported).items():
+        arrays[f"{name}/exported/{k}"] = np.asarray(v)
+    report["runs"][name] = rec
+  report["seconds"] = round(time.time() - t0, 1)
+  np.savez(os.path.join(out_dir, "params.npz"), **arrays)
+  with open(os.path.join(out_dir, "report.json"), "w") as f:
+    json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])
