@@ -80,9 +80,10 @@ def trained_params(workdir: str) -> dict:
 
 def main(out_dir: str) -> None:
   t0 = time.time()
-  # The (2, 4) job runs three times: its programs compile once (the cache is
-  # this run's own, keyed by each program's HLO).
-  jax.config.update("jax_compilation_cache_dir", os.path.join(out_dir, "jax_cache"))
+  # The (2, 4) job runs three times: its programs compile once (a persistent
+  # cache keyed by each program's HLO: the test session's, else this run's own).
+  if not jax.config.jax_compilation_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", os.path.join(out_dir, "jax_cache"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   root = os.path.join(out_dir, "work")
