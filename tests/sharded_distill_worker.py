@@ -4,8 +4,9 @@ The same distillation job (micro models, the demo vocabulary, same seed, data
 and steps) on one device and on meshes (1, 8) and (2, 4), and on (2, 4) once
 more stopped after its first step and resumed. Records what the test asserts
 on: per-step losses, the target's outputs, the final float32 draft params
-(from the training checkpoint) and the exported draft, and where the loaded
-weights and the training batches were placed.
+(from the training checkpoint) and the exported draft, where the loaded
+weights and the training batches were placed, and the line that refuses a
+target the mesh cannot shard.
 Usage: python tests/sharded_distill_worker.py OUT_DIR
 """
 
@@ -22,6 +23,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_backend_optimization_level=0")
 os.environ["JAX_PLATFORMS"] = "cpu"
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 
@@ -62,13 +64,15 @@ def save_models(root: str) -> None:
 
 
 def job(root: str, name: str, mesh, **kw) -> distill.DistillJob:
-  return distill.DistillJob(
-      os.path.join(root, "target"), os.path.join(root, "draft"),
-      os.path.join(root, name, "distilled"), os.path.join(root, name, "run"),
+  settings = dict(
+      target_checkpoint=os.path.join(root, "target"),
+      draft_checkpoint=os.path.join(root, "draft"),
+      output_dir=os.path.join(root, name, "distilled"), workdir=os.path.join(root, name, "run"),
       source=os.path.join(REPO, "data/bible/validation.tsv"), max_examples=16,
       vocab_path=os.path.join(REPO, "checkpoints/demo/spm.model"), max_input_len=16,
       max_decode_len=16, modes=("greedy",), generate_batch_size=16, steps=STEPS,
-      batch_tokens=128, eval_every=1, mesh_shape=mesh, **kw)
+      batch_tokens=128, eval_every=1, mesh_shape=mesh)
+  return distill.DistillJob(**{**settings, **kw})
 
 
 def trained_params(workdir: str) -> dict:
@@ -131,6 +135,16 @@ def main(out_dir: str) -> None:
       for k, v in partitioning.flatten_names(exported).items():
         arrays[f"{name}/exported/{k}"] = np.asarray(v)
     report["runs"][name] = rec
+  # A target with 6 heads on (1, 8): refused from its config alone (the
+  # checkpoint below has no weights to read).
+  odd = os.path.join(root, "target_6_heads")
+  os.makedirs(os.path.join(odd, "params"))
+  with open(os.path.join(odd, "config.json"), "w") as f:
+    json.dump(dataclasses.asdict(TARGET.replace(num_heads=6)), f)
+  try:
+    distill.check_before_loading(job(root, "odd", (1, 8), target_checkpoint=odd))
+  except ValueError as e:
+    report["bad_dims"] = str(e)
   report["seconds"] = round(time.time() - t0, 1)
   np.savez(os.path.join(out_dir, "params.npz"), **arrays)
   with open(os.path.join(out_dir, "report.json"), "w") as f:

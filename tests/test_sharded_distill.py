@@ -94,6 +94,13 @@ def test_weights_and_batches_are_placed_on_the_mesh(sharded):
     assert placed["batch"] == {"spec": batch_spec, "shard_rows": rows}
 
 
+def test_a_target_the_mesh_cannot_shard_is_one_line(sharded):
+  """6 heads on (1, 8): refused from the config, naming the setting and the array."""
+  message = sharded[0]["bad_dims"]
+  assert message.startswith("mesh_shape=(1, 8) cannot shard the target (")
+  assert "dimension 'heads' of size 6" in message and "\n" not in message
+
+
 def test_resumed_sharded_run_equals_an_uninterrupted_one(sharded):
   """(2, 4) stopped after its first step (max_minutes=0) and resumed: the same
   losses and bitwise the same trained and exported draft."""
