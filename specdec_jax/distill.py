@@ -533,35 +533,9 @@ class DistillJob:
 
 
 def _peek_config(path: str, fmt: str, preset: Optional[str]) -> Optional[T5Config]:
-  """A checkpoint's architecture from its preset or ``config.json``, reading no
-  weights; None when the checkpoint does not say (a T5X one without a preset:
-  the loader checks it then). A ``gs://`` endpoint that cannot be reached or
-  refuses access is raised here."""
+  """``checkpoints.peek_config`` (activations float32, as distillation trains)."""
   from specdec_jax import checkpoints
-  from specdec_jax.models.t5 import get_config
-  if preset:
-    return get_config(preset)
-  try:
-    if storage.is_gcs(path):
-      config_path = storage.join(path, "config.json")
-      if fmt not in ("auto", "specdec", "hf") or not storage.is_file(config_path):
-        return None
-      fields = json.loads(storage.read_bytes(config_path))
-      if fmt == "auto":
-        fmt = "hf" if "d_kv" in fields or "model_type" in fields else "specdec"
-    else:
-      fmt = checkpoints.detect_format(path) if fmt == "auto" else fmt
-      if fmt not in ("specdec", "hf"):
-        return None
-      with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-        fields = json.load(f)
-    if fmt == "specdec":
-      return checkpoints.config_from_dict(fields, path)
-    return checkpoints.hf_config_to_t5(fields)
-  except (storage.StorageUnreachableError, storage.StorageAccessError):
-    raise
-  except Exception:  # the real load reports a bad checkpoint properly
-    return None
+  return checkpoints.peek_config(path, fmt, preset)
 
 
 def partitioners(job: DistillJob) -> tuple[Optional[Partitioner], Optional[Partitioner]]:

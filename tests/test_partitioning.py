@@ -129,7 +129,7 @@ def test_runner_refuses_bad_meshes_before_reading_weights(monkeypatch):
   with pytest.raises(ValueError, match=r"Experiment.mesh_shape: mesh_shape \(2, 4\) has 8 "
                      r"devices but there are 1"):
     run.prepare(_exp(mesh_shape=(2, 4)))
-  with pytest.raises(ValueError, match="needs a coordinator"):
+  with pytest.raises(ValueError, match="found no cluster to join"):
     run.prepare(_exp(multihost=True))
   with pytest.raises(ValueError, match="mesh_shape must be None or two positive ints"):
     _exp(mesh_shape=(8,)).validate()

@@ -34,6 +34,7 @@ each device's shard itself and schedules its own reads.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Optional
 
@@ -50,14 +51,14 @@ from specdec_jax.checkpoints.placement import ReadStats, count_reads
 from specdec_jax.checkpoints.specdec import load_specdec, save_checkpoint
 from specdec_jax.checkpoints.t5x_legacy import load_t5x
 from specdec_jax.checkpoints.t5x_orbax import load_t5x_orbax
-from specdec_jax.models.t5 import T5Config
+from specdec_jax.models.t5 import T5Config, get_config
 from specdec_jax.partitioning import Partitioner
 
 __all__ = [
     "FORMATS", "CheckpointError", "CheckpointExistsError", "CheckpointNotFoundError",
     "Reader", "ReadStats", "check_shapes", "config_from_dict", "count_reads",
     "detect_format", "expected_shapes", "export_hf", "hf_config_to_t5", "hf_name_map",
-    "load_checkpoint", "save_checkpoint", "t5_to_hf_config",
+    "load_checkpoint", "peek_config", "save_checkpoint", "t5_to_hf_config",
 ]
 
 
@@ -97,6 +98,44 @@ def detect_format(path: str) -> str:
                           f"orbax '{T5X_ORBAX_ITEM}' directory; contents: {few(inner, 10)}")
   raise CheckpointError(f"{path}: cannot detect the checkpoint format; contents: "
                         f"{few(names, 10)}")
+
+
+def peek_config(path: str, fmt: str = "auto", preset: Optional[str] = None,
+                dtype: str = "float32") -> Optional[T5Config]:
+  """A checkpoint's architecture from its preset or ``config.json``, reading
+  no weights (activations at ``dtype``); None when the checkpoint does not
+  say (a T5X one without a preset: the loader checks its shapes then).
+
+  For ``gs://`` only ``config.json`` is read (no listing): a T5X checkpoint
+  has none, and a Hugging Face one is told from ours by its keys. A ``gs://``
+  endpoint that cannot be reached, or refuses access, is raised here (one
+  line, before anything else is read); any other problem is left to the load.
+  """
+  if preset:
+    return get_config(preset, dtype=dtype)
+  try:
+    if storage.is_gcs(path):
+      config_path = storage.join(path, "config.json")
+      if fmt not in ("auto", "specdec", "hf") or not storage.is_file(config_path):
+        return None
+      fields = json.loads(storage.read_bytes(config_path))
+      if fmt == "auto":
+        fmt = "hf" if "d_kv" in fields or "model_type" in fields else "specdec"
+    elif "://" in path:
+      return None
+    else:
+      fmt = detect_format(path) if fmt == "auto" else fmt
+      if fmt not in ("specdec", "hf"):
+        return None
+      with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        fields = json.load(f)
+    if fmt == "specdec":
+      return config_from_dict(fields, path).replace(dtype=dtype)
+    return hf_config_to_t5(fields, dtype=dtype)
+  except (storage.StorageUnreachableError, storage.StorageAccessError):
+    raise
+  except Exception:  # pylint: disable=broad-except  (the real load reports a bad checkpoint)
+    return None
 
 
 def load_checkpoint(path: str, fmt: str = "auto", config: Optional[T5Config] = None,

@@ -5,9 +5,7 @@ target and the draft (built by name), each checked before any weight is read
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-from pathlib import Path
 from typing import Any, Optional
 
 import jax
@@ -44,38 +42,12 @@ class Setup:
 
 
 def _peek_config(path: str, fmt: str, preset: Optional[str], dtype: str) -> Optional[T5Config]:
-  """A checkpoint's architecture without reading its weights (None if unknown).
-
-  For ``gs://`` only ``config.json`` is read (no listing): a T5X checkpoint
-  has none, and a Hugging Face one is told from ours by its keys. A ``gs://``
-  endpoint that cannot be reached, or refuses access, is raised here (one
-  line, before anything else is read); any other problem is left to the load.
-  """
-  try:
-    if preset:
-      return get_config(preset, dtype=dtype)
-    where = resolve_path(path)
-    if storage.is_gcs(where):
-      config_path = storage.join(where, "config.json")
-      if fmt not in ("auto", "specdec", "hf") or not storage.is_file(config_path):
-        return None
-      fields = json.loads(storage.read_bytes(config_path))
-      if fmt == "auto":
-        fmt = "hf" if "d_kv" in fields or "model_type" in fields else "specdec"
-    elif is_remote(where):
-      return None
-    else:
-      fmt = checkpoints.detect_format(where) if fmt == "auto" else fmt
-      fields = json.loads((Path(where) / "config.json").read_text())
-    if fmt == "specdec":
-      return checkpoints.config_from_dict(fields, where).replace(dtype=dtype)
-    if fmt == "hf":
-      return checkpoints.hf_config_to_t5(fields, dtype=dtype)
-  except (storage.StorageUnreachableError, storage.StorageAccessError):
-    raise
-  except Exception:  # the real load reports a bad checkpoint properly
+  """``checkpoints.peek_config`` of a path as the run resolves it (None for a
+  remote kind it cannot peek at, such as 'seqio:')."""
+  where = resolve_path(path)
+  if is_remote(where) and not storage.is_gcs(where):
     return None
-  return None
+  return checkpoints.peek_config(where, fmt, preset, dtype)
 
 
 def _device_memory() -> tuple[int, str]:
