@@ -52,7 +52,10 @@ def paths(tmp_path_factory):
   root = tmp_path_factory.mktemp("dry_run")
   return {"target": _checkpoint(root, "target", TARGET),
           "draft": _checkpoint(root, "draft", DRAFT),
-          "heads6": _checkpoint(root, "heads6", TARGET.replace(num_heads=6))}
+          "heads6": _checkpoint(root, "heads6", TARGET.replace(num_heads=6)),
+          # float32 weights: a 1M x 4096 embedding and output layer alone are 31 GiB.
+          "huge": _checkpoint(root, "huge", TARGET.replace(vocab_size=1 << 20, d_model=4096,
+                                                           num_decoder_layers=1))}
 
 
 def experiment(paths, mesh=(1, 8), adaptive=None, **kw) -> Experiment:
@@ -219,9 +222,8 @@ def test_dimension_the_mesh_does_not_divide(paths, no_compile):
 
 
 def test_row_that_does_not_fit(paths, no_compile):
-  exp = experiment(paths, target_checkpoint="", target_preset="t5_1_1_xxl", draft_name="t5",
-                   draft_checkpoint="", draft_preset="t5_1_1_small", mesh_shape=None,
-                   param_dtype="float32")
+  exp = experiment(paths, target_checkpoint=paths["huge"], draft_name="prompt_lookup",
+                   draft_checkpoint="", mesh_shape=None, param_dtype="float32")
   with pytest.raises(ValueError) as e:
     dryrun.dry_run(exp, TOPOLOGY)
   text = _one_line(e)

@@ -71,7 +71,7 @@ import jax.numpy as jnp
 from jax.experimental.layout import Format, Layout
 from jax.sharding import SingleDeviceSharding
 
-from specdec_jax import checkpoints, drafts, memory, partitioning, theory
+from specdec_jax import checkpoints, data, drafts, memory, partitioning, theory
 from specdec_jax.decoding import speculative_decode, temperature_sample
 from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes, stored_dtype
 from specdec_jax.partitioning import CACHE_AXES, Partitioner, flatten_names, unflatten_names
@@ -299,7 +299,7 @@ class _Context:
 def check(exp: Experiment, topology: str, alpha_only: bool = False) -> _Context:
   """Every check before a compile, each failure one line (``ValueError``):
   the topology, the settings (paths the dry run does not read excepted), the
-  architectures, the mesh against the topology's devices, every dimension
+  architectures and their vocabularies, the mesh against the topology's devices, every dimension
   the mesh must divide, and the plan's bytes against the chip's HBM."""
   chip, devices = topology_devices(topology)
   exp_c, unread = _checkable(exp)
@@ -323,6 +323,9 @@ def check(exp: Experiment, topology: str, alpha_only: bool = False) -> _Context:
   if needs & {"model", "params"}:
     draft_cfg = architecture("draft", exp_c.draft_checkpoint, exp.draft_format,
                              exp.draft_preset, dtype)
+    data.check_vocab_compatible(target_cfg.vocab_size, draft_cfg.vocab_size,
+                                target_pad_id=target_cfg.pad_id, draft_pad_id=draft_cfg.pad_id,
+                                target_eos_id=target_cfg.eos_id, draft_eos_id=draft_cfg.eos_id)
   where = f"--dry_run={topology} ({len(devices)} devices, one per {chip.device_kind} chip)"
   if exp.mesh_shape is None:
     target_part = draft_part = None
