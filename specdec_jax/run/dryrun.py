@@ -299,8 +299,9 @@ class _Context:
 def check(exp: Experiment, topology: str, alpha_only: bool = False) -> _Context:
   """Every check before a compile, each failure one line (``ValueError``):
   the topology, the settings (paths the dry run does not read excepted), the
-  architectures and their vocabularies, the mesh against the topology's devices, every dimension
-  the mesh must divide, and the plan's bytes against the chip's HBM."""
+  architectures and their vocabularies, the mesh against the topology's
+  devices, every dimension the mesh must divide, and the plan's bytes against
+  the chip's HBM."""
   chip, devices = topology_devices(topology)
   exp_c, unread = _checkable(exp)
   exp_c.validate()
