@@ -58,7 +58,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import hashlib
-import json
 import math
 import os
 import sys
@@ -264,20 +263,18 @@ def _checkable(exp: Experiment) -> tuple[Experiment, list]:
 def architecture(role: str, path: str, fmt: str, preset: Optional[str],
                  dtype: str) -> T5Config:
   """A model's architecture without reading weights: its preset, else a
-  local checkpoint's config.json ('specdec' or 'hf' format)."""
-  if preset:
-    return get_config(preset, dtype=dtype)
+  local checkpoint's config.json (``checkpoints.peek_config``; remote ones
+  are not read)."""
   local = resolve_path(path) if path and not path.startswith(PLACEHOLDER) else ""
-  if local and not is_remote(local) and Path(local, "config.json").is_file():
-    fmt = checkpoints.detect_format(local) if fmt == "auto" else fmt
-    fields = json.loads(Path(local, "config.json").read_text())
-    if fmt == "specdec":
-      return checkpoints.config_from_dict(fields, local).replace(dtype=dtype)
-    if fmt == "hf":
-      return checkpoints.hf_config_to_t5(fields, dtype=dtype)
-  raise ValueError(f"the dry run reads no checkpoint, so it needs the {role}'s architecture: "
-                   f"bind Experiment.{role}_preset (e.g. 't5_1_1_xxl'), or point "
-                   f"Experiment.{role}_checkpoint at a local checkpoint with a config.json")
+  cfg = None
+  if preset or (local and not is_remote(local) and Path(local).is_dir()):
+    cfg = checkpoints.peek_config(local, fmt, preset, dtype)
+  if cfg is None:
+    raise ValueError(f"the dry run reads no checkpoint, so it needs the {role}'s "
+                     f"architecture: bind Experiment.{role}_preset (e.g. 't5_1_1_xxl'), or "
+                     f"point Experiment.{role}_checkpoint at a local checkpoint with a "
+                     "config.json")
+  return cfg
 
 
 @dataclasses.dataclass
