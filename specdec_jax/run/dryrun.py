@@ -667,8 +667,10 @@ def format_report(r: DryRun, configs: Sequence[str] = ()) -> str:
     lines.append(f"  {p.name:27s} {p.compile_s:7.0f}s {_gib(p.arguments):>11s} "
                  f"{_gib(p.temporaries):>12s} {_gib(p.outputs):>10s} {_gib(p.total):>10s} "
                  f"{_gib(p.estimate):>10s}  {fits} ({100 * p.total / chip.hbm_bytes:.0f}%)")
+  code = max((p.code for p in r.programs if not p.error), default=0)
   lines += ["  (estimate: memory.plan's weights and caches, which leaves out XLA "
-            "temporaries; arguments include the inputs and the key)", ""]
+            "temporaries; arguments include the inputs and the key; the programs' code, "
+            f"up to {_gib(code)}, is not in the totals)", ""]
   for p in r.programs:
     if p.error:
       continue
