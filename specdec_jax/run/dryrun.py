@@ -72,7 +72,7 @@ from jax.sharding import SingleDeviceSharding
 
 from specdec_jax import checkpoints, data, drafts, memory, partitioning, theory
 from specdec_jax.decoding import speculative_decode, temperature_sample
-from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes, stored_dtype
+from specdec_jax.models.t5 import T5Config, T5Model, param_shapes, stored_dtype
 from specdec_jax.partitioning import CACHE_AXES, Partitioner, flatten_names, unflatten_names
 from specdec_jax.run import hlo
 from specdec_jax.run.autogamma import min_pq_along
