@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import multiprocessing
 import os
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
 
 from specdec_jax.run import dryrun, script_args  # noqa: E402
 from specdec_jax.run.cli import parse_config  # noqa: E402
@@ -74,19 +77,18 @@ attention layout makes the compiler prefer them for multi-position passes.
 """
 
 
-def experiment(row: str, hardware: str) -> Any:
-  """The row's Experiment with the hardware's overlay (gin is global: parse
-  in one thread)."""
-  return parse_config([row, str(REPO / HARDWARE[hardware][0])], [])
-
-
-def cell(exp: Any, hardware: str) -> dict:
-  """One row on one hardware: the dry run's figures as JSON-ready values."""
+def cell(row: str, hardware: str) -> dict:
+  """One row on one hardware: the dry run's figures as JSON-ready values.
+  Runs in a worker process (gin's settings and JAX's caches are per process;
+  the caches are cleared after each cell, or the traced XXL programs pile up)."""
   topology = HARDWARE[hardware][1]
   try:
+    exp = parse_config([row, str(REPO / HARDWARE[hardware][0])], [])
     r = dryrun.dry_run(exp, topology, programs=("speculative",), workers=1)
   except ValueError as e:
     return {"error": str(e)}
+  finally:
+    jax.clear_caches()
   p = r.programs[0]
   out: dict[str, Any] = {"memory": p.total, "estimate": p.estimate, "fits": r.fits,
                          "hbm": r.chip.hbm_bytes, "compile_s": p.compile_s,
@@ -180,7 +182,7 @@ def main() -> int:
   parser.add_argument("--cache", default="runs/dry_run_table.json",
                       help="finished cells, reused by a rerun")
   parser.add_argument("--workers", type=int, default=dryrun.default_workers(),
-                      help="cells compiled at once")
+                      help="cells compiled at once (one process each)")
   parser.add_argument("--render_only", action="store_true",
                       help="write the table from --cache as it is ('not run' where a cell is "
                       "missing), compiling nothing")
@@ -201,14 +203,18 @@ def main() -> int:
   cache_path = Path(args.cache)
   cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
   cells, spent = cache.get("cells", {}), cache.get("wall_s", 0.0)
-  todo = [] if args.render_only else [(r, h, experiment(r, h)) for r in rows for h in hardware
+  todo = [] if args.render_only else [(r, h) for r in rows for h in hardware
                                         if f"{Path(r).stem}@{h}" not in cells]
   done = sum(f"{Path(r).stem}@{h}" in cells for r in rows for h in hardware)
   print(f"{len(rows)} rows x {len(hardware)} topologies: {done} cells in {cache_path}, "
         f"{len(todo)} to compile", flush=True)
   t0 = time.perf_counter()
-  with concurrent.futures.ThreadPoolExecutor(max(1, args.workers)) as pool:
-    futures = [(row, hw, pool.submit(cell, exp, hw)) for row, hw, exp in todo]
+  # Worker processes, each given a few cells before a fresh one replaces it
+  # (the TPU compiler's memory is returned to the system only at exit).
+  context = multiprocessing.get_context("spawn")
+  with concurrent.futures.ProcessPoolExecutor(max(1, args.workers), mp_context=context,
+                                              max_tasks_per_child=4) as pool:
+    futures = [(row, hw, pool.submit(cell, row, hw)) for row, hw in todo]
     for row, hw, future in futures:
       c = future.result()
       cells[f"{Path(row).stem}@{hw}"] = c
