@@ -200,7 +200,7 @@ def _one_line(excinfo) -> str:
 
 @pytest.mark.parametrize("topology,says", [
     ("v9x:2x4", "unknown TPU topology"), ("v5e", "unknown TPU topology"),
-    ("v5e:3x3", "libtpu cannot build this topology")])
+    ("v5e:3x3", "libtpu cannot build this topology: INVALID_ARGUMENT")])
 def test_unknown_topology(paths, no_compile, topology, says):
   with pytest.raises(ValueError) as e:
     dryrun.dry_run(experiment(paths), topology)

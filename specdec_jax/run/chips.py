@@ -24,6 +24,7 @@ import importlib.util
 import math
 import os
 import re
+import threading
 from typing import Any
 
 GiB = 2 ** 30
@@ -59,6 +60,10 @@ CHIPS: dict[str, Chip] = {
                 "https://cloud.google.com/tpu/docs/v6e"),
 }
 
+# libtpu registers itself on the first topology a process asks for: two
+# threads doing that at once make the second fail ('PJRT_Api already exists').
+_LOCK = threading.Lock()
+
 EXAMPLES = "v4:2x2x1 (v4-8), v5e:2x4 (v5e-8), v5p:2x2x1 (v5p-8), v6e:2x4 (v6e-8)"
 
 
@@ -76,12 +81,18 @@ def _on_tpu_vm() -> bool:
   return os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
 
 
-@functools.lru_cache(maxsize=None)
 def topology_devices(topology: str) -> tuple[Chip, tuple[Any, ...]]:
   """The chip and libtpu's compile-only devices for ``topology`` (one per
   chip: megacore where the chip has it). Needs libtpu (``pip install -e
   '.[tpu]'``); no TPU and no JAX TPU backend: ``JAX_PLATFORMS=cpu`` is fine.
   Every failure is one line (``ValueError``)."""
+  parse_topology(topology)  # a bad name fails before the lock and libtpu
+  with _LOCK:
+    return _topology_devices(topology)
+
+
+@functools.lru_cache(maxsize=None)
+def _topology_devices(topology: str) -> tuple[Chip, tuple[Any, ...]]:
   chip, grid = parse_topology(topology)
   if importlib.util.find_spec("libtpu") is None:
     raise ValueError(f"--dry_run={topology}: the TPU compiler is not installed; "
