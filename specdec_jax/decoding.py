@@ -22,12 +22,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec_jax.drafts.base import (ApproximationModel, adaptive_proposal, gather_positions,
-                                     init_draft)
+from specdec_jax.drafts.base import (ApproximationModel, adaptive_proposal, commit_tree,
+                                     gather_positions, init_draft, tree_proposal)
 from specdec_jax.models.t5 import DecoderCache, T5Model
 from specdec_jax.partitioning import Partitioner, constrain_batch, constrain_cache
 from specdec_jax.sampling import SamplingConfig, argmax, sample, standardize
 from specdec_jax.speculative import KernelOutput, greedy_kernel, speculative_sampling
+from specdec_jax.tree import TreeShape, tree_greedy_kernel, tree_speculative_sampling
 
 Array = jax.Array
 
@@ -503,3 +504,147 @@ def speculative_decode(target: T5Model, target_params: Any, draft: Approximation
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return SpecOutput(_outputs(state.seq, state.length, max_decode_len), state.length,
                     state.stats)
+
+
+# ---------------------------------------------------------------- token trees
+
+
+@struct.dataclass
+class TreeStats:
+  """Per-example statistics of one tree-speculative generation ([B] unless noted).
+
+  target_calls, draft_calls: serial forward passes of M_p / M_q.
+  accepted: proposals committed (Σ over rounds of the accepted depth).
+  depth_hist [B, D + 1]: rounds whose accepted depth was j, at column j.
+  rank_hist [B, K]: accepted nodes by their place among their siblings
+    (column 0: the first child, the chain's own token; column k: the k-th
+    alternative), i.e. which branch won.
+  target_positions: positions the target scored (N per call).
+  """
+
+  target_calls: Array
+  draft_calls: Array
+  accepted: Array
+  depth_hist: Array
+  rank_hist: Array
+  target_positions: Array
+
+  @classmethod
+  def zeros(cls, batch: int, tree: TreeShape) -> "TreeStats":
+    z = jnp.zeros((batch,), jnp.int32)
+    return cls(z, z, z, jnp.zeros((batch, tree.max_depth + 1), jnp.int32),
+               jnp.zeros((batch, tree.max_branching), jnp.int32), z)
+
+
+class TreeSpecOutput(NamedTuple):
+  tokens: Array   # [B, max_decode_len], 0 after EOS
+  length: Array   # [B]
+  stats: TreeStats
+
+
+@struct.dataclass
+class _TreeState:
+  seq: Array
+  length: Array
+  done: Array
+  target_cache: DecoderCache
+  draft_state: Any
+  key: Array
+  stats: TreeStats
+
+
+@functools.partial(jax.jit, static_argnames=("target", "tree", "max_decode_len", "sampling",
+                                             "eos_id", "partitioner"))
+def tree_speculative_decode(target: T5Model, target_params: Any, draft: ApproximationModel,
+                            inputs: Array, key: Array, *, tree: TreeShape, max_decode_len: int,
+                            sampling: SamplingConfig = SamplingConfig(), eos_id: int = 1,
+                            partitioner: Partitioner | None = None) -> TreeSpecOutput:
+  """Speculative decoding over a token tree: one target pass scores every node.
+
+  Each round: the draft fills the static ``tree`` (``drafts.base.tree_proposal``;
+  node 0 is the last committed token); the target scores all N nodes in ONE
+  pass with tree attention (``T5Model.decode_tree``: node j at position n +
+  depth(j), cache slot n + j); ``tree.tree_greedy_kernel`` (T = 0) or
+  ``tree.tree_speculative_sampling`` keeps the accepted path and emits one
+  more token; the path's keys/values move into place (``T5Model.commit_path``)
+  in the target's cache and, through ``commit_tree``, the draft's. A chain of
+  γ (``TreeShape.chain``) is Algorithm 1's round.
+
+  Arguments as ``speculative_decode`` (no adaptive γ, no lenience). Returns
+  ``TreeSpecOutput``: tokens [B, max_decode_len] (0 after EOS), length [B],
+  stats (``TreeStats``). The output distribution is the baseline's (token for
+  token at temperature 0) for any draft keeping the ``propose_tree``
+  contract; proof: docs/exactness.md, section 10.
+  """
+  if not isinstance(tree, TreeShape):
+    raise ValueError(f"tree must be a TreeShape, got {tree!r}")
+  cache_len = tree.cache_len(max_decode_len)  # also checks that the tree fits
+  b = inputs.shape[0]
+  cfg = target.config
+  if draft.vocab_size != cfg.vocab_size:
+    raise ValueError(f"vocab mismatch: target vocab_size {cfg.vocab_size} != draft "
+                     f"vocab_size {draft.vocab_size}; p and q must cover the same tokens")
+  depth = tree.max_depth
+  buf_len = max_decode_len + depth + 2
+  encoded = target.encode(target_params, inputs)
+  seq, length, done = _pin(_init_seq(b, buf_len, cfg.decoder_start_id),
+                           jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool), partitioner)
+  state = _TreeState(
+      seq=seq, length=length, done=done,
+      target_cache=constrain_cache(target.init_cache(target_params, encoded, inputs, cache_len),
+                                   partitioner, "target cache"),
+      draft_state=init_draft(draft, inputs, cache_len, encoded), key=key,
+      stats=TreeStats.zeros(b, tree))
+  offsets = jnp.arange(depth + 1, dtype=jnp.int32)[None]
+  rank = jnp.asarray(tree.sibling_rank)
+
+  def body(s: _TreeState) -> _TreeState:
+    if sampling.greedy:
+      key = k_draft = k_kernel = s.key
+    else:
+      key, k_draft, k_kernel = jax.random.split(s.key, 3)
+    n = s.length
+    live = ~s.done
+    tokens, q, valid, steps, draft_state = tree_proposal(draft, s.draft_state, s.seq, n, tree,
+                                                         sampling, k_draft)
+    tokens = tokens.at[:, 0].set(gather_positions(s.seq, n[:, None])[:, 0])  # the root
+    logits, target_cache = target.decode_tree(target_params, tokens, n, tree, s.target_cache,
+                                              partitioner=partitioner)
+    if sampling.greedy:
+      out = tree_greedy_kernel(tree, tokens, argmax(logits), valid)
+    else:
+      out = tree_speculative_sampling(k_kernel, tree, tokens, q, standardize(logits, sampling),
+                                      valid)
+    a = out.num_accepted
+    target_cache = T5Model.commit_path(target_cache, n, out.path, a, partitioner)
+    # Committed this round: the path's tokens, then next_token, at n+1 .. n+a+1.
+    new_tok = jnp.concatenate([out.path_tokens, jnp.zeros((b, 1), jnp.int32)], axis=1)
+    new_tok = jnp.where(offsets == a[:, None], out.next_token[:, None], new_tok)
+    rows = jnp.arange(b)[:, None]
+    seq = s.seq.at[rows, n[:, None] + 1 + offsets].set(new_tok)  # past n+a+1: stale, unread
+    is_eos = (new_tok == eos_id) & (offsets <= a[:, None])
+    first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1) + 1, a + 1)
+    count = jnp.minimum(first_eos, max_decode_len - n)
+    length = jnp.where(live, n + count, n)
+    done = s.done | (live & (jnp.any(is_eos, 1) | (length >= max_decode_len)))
+    draft_state = commit_tree(draft, draft_state, seq, length, n, out)
+    # Accepted nodes that produced committed tokens (the cut at EOS included).
+    kept = jnp.minimum(a, count)
+    on_path = live[:, None] & (jnp.arange(1, depth + 1)[None] <= kept[:, None])
+    ranks = rank[jnp.maximum(out.path, 0)]
+    st = s.stats
+    stats = TreeStats(
+        target_calls=st.target_calls + live,
+        draft_calls=st.draft_calls + live * steps,
+        accepted=st.accepted + jnp.where(live, kept, 0),
+        depth_hist=st.depth_hist + (live[:, None] & (offsets == kept[:, None])),
+        rank_hist=st.rank_hist + jnp.sum(
+            on_path[:, :, None] & (ranks[:, :, None] == jnp.arange(tree.max_branching)), 1),
+        target_positions=st.target_positions + live * tree.num_nodes)
+    seq, length, done = _pin(seq, length, done, partitioner)
+    target_cache = constrain_cache(target_cache, partitioner, "target cache")
+    return _TreeState(seq, length, done, target_cache, draft_state, key, stats)
+
+  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  return TreeSpecOutput(_outputs(state.seq, state.length, max_decode_len), state.length,
+                        state.stats)

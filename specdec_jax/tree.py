@@ -108,6 +108,44 @@ class TreeShape:
     return cls(tuple(parents))
 
   @classmethod
+  def spine(cls, widths: Sequence[int]) -> TreeShape:
+    """A chain with sibling leaves: ``widths[d - 1]`` children under the
+    spine's node at depth d - 1, the first of them continuing the spine, the
+    others leaves. (4, 2, 2, 1) has 1 + 9 nodes and depth 4. The shape any
+    chain-proposing draft can fill from one ``propose`` of depth D (its
+    token at each depth plus alternatives of the same q as siblings)."""
+    widths = tuple(widths)
+    if not widths or any(not isinstance(k, (int, np.integer)) or k < 1 for k in widths):
+      raise ValueError(f"spine widths must be a non-empty list of integers >= 1, got {widths}")
+    if 1 + sum(widths) > MAX_NODES:
+      raise ValueError(f"spine widths {widths} give {1 + sum(widths)} nodes; a token tree has "
+                       f"at most {MAX_NODES} (the root included)")
+    parents, node = [-1], 0
+    for k in widths:
+      first = len(parents)
+      parents.extend([node] * int(k))
+      node = first
+    return cls(tuple(parents))
+
+  @classmethod
+  def parse(cls, text: str) -> TreeShape:
+    """A shape from its text form (``Experiment.tree``): 'chain:4' (the chain
+    of γ = 4), 'spine:4,2,2,1' (``spine``), 'full:3,2,1'
+    (``from_branching``) or 'parents:-1,0,0,1' (parent indices)."""
+    kind, sep, rest = str(text).partition(":")
+    makers = {"chain": lambda v: cls.chain(_one(v, text)), "spine": cls.spine,
+              "full": cls.from_branching, "parents": cls}
+    if not sep or kind.strip() not in makers:
+      raise ValueError(f"tree {text!r}: expected 'chain:G', 'spine:W1,W2,...', "
+                       "'full:B1,B2,...' or 'parents:-1,0,...'")
+    try:
+      values = tuple(int(v) for v in rest.split(","))
+    except ValueError:
+      raise ValueError(f"tree {text!r}: {rest!r} is not a comma-separated list of "
+                       "integers") from None
+    return makers[kind.strip()](values)
+
+  @classmethod
   def chain(cls, gamma: int) -> TreeShape:
     """The chain of γ proposals (Algorithm 1's round) as a tree."""
     return cls.from_branching((1,) * gamma)
@@ -201,6 +239,28 @@ class TreeShape:
     return _frozen(e)
 
   @functools.cached_property
+  def spine_nodes(self) -> tuple[int, ...]:
+    """The first-child chain from the root: [node at depth 1, 2, ...]."""
+    out, node = [], 0
+    while self.children_table[node, 0] >= 0:
+      node = int(self.children_table[node, 0])
+      out.append(node)
+    return tuple(out)
+
+  @property
+  def is_spine(self) -> bool:
+    """Whether every node off the first-child chain is a leaf (``spine``)."""
+    on = {0, *self.spine_nodes}
+    return all(p in on for p in self.parents[1:])
+
+  def nodes_at(self, depth: int, with_children: bool = False) -> tuple[int, ...]:
+    """Nodes at ``depth`` in index order; with ``with_children`` only those that
+    have children (the ones a draft must feed to expand the tree)."""
+    inner = set(self.parents[1:])
+    return tuple(i for i in range(self.num_nodes) if self.depths[i] == depth
+                 and (not with_children or i in inner))
+
+  @functools.cached_property
   def leaves(self) -> tuple[int, ...]:
     """Nodes without children, in index order."""
     has_child = set(self.parents[1:])
@@ -230,6 +290,12 @@ class TreeShape:
       raise ValueError(f"the token tree ({self.num_nodes} nodes, depth {self.max_depth}) does "
                        f"not fit max_decode_len {max_decode_len}: a round can commit at most "
                        f"max_decode_len tokens, so depth must be <= {max_decode_len}")
+
+
+def _one(values: tuple[int, ...], text: str) -> int:
+  if len(values) != 1:
+    raise ValueError(f"tree {text!r}: a chain takes one γ, e.g. 'chain:4'")
+  return values[0]
 
 
 class TreeOutput(NamedTuple):
@@ -267,6 +333,16 @@ def _finish(tokens: Array, path: Array, n: Array, next_token: Array,
   path_tokens = jnp.where(path >= 0, tokens[rows, jnp.maximum(path, 0)], 0)
   return TreeOutput(n.astype(jnp.int32), path.astype(jnp.int32), path_tokens.astype(jnp.int32),
                     next_token.astype(jnp.int32), last.astype(jnp.int32))
+
+
+def residual(r: Array, q: Array) -> Array:
+  """norm(max(0, r - q)) over the last axis: what the target's distribution r
+  becomes once a child drawn from q is rejected (paper §2.3's p'(x), applied
+  after every rejected sibling). Where no mass is left (r == q up to
+  rounding, where a rejection has probability 0) r is kept."""
+  res = jnp.maximum(r - q, 0.0)
+  mass = jnp.sum(res, axis=-1, keepdims=True)
+  return jnp.where(mass > 0, res / jnp.where(mass > 0, mass, 1.0), r)
 
 
 def tree_speculative_sampling(key: Array, shape: TreeShape, tokens: Array, q: Array, p: Array,
@@ -328,12 +404,7 @@ def tree_sampling_with(u: Array, shape: TreeShape, tokens: Array, q: Array, p: A
       rx = r[rows, x]
       acc = test & (coin[rows, cc] * qc[rows, x] <= rx) & (rx > 0)
       # After a rejected child the target's remaining mass is the residual.
-      res = jnp.maximum(r - qc, 0.0)
-      mass = jnp.sum(res, axis=-1, keepdims=True)
-      # No mass left happens only when r == q_c up to rounding, where a
-      # rejection has probability 0: keep r.
-      res = jnp.where(mass > 0, res / jnp.where(mass > 0, mass, 1.0), r)
-      r = jnp.where((test & ~acc)[:, None], res, r)
+      r = jnp.where((test & ~acc)[:, None], residual(r, qc), r)
       return found | acc, jnp.where(acc, c, chosen), r
 
     found, chosen, r = jax.lax.fori_loop(0, k_max, sibling, (jnp.zeros((b,), bool), cur, r))

@@ -64,6 +64,22 @@ Optionally, for adaptive draft lengths (``decoding.AdaptiveConfig``):
   ``adaptive_proposal``'s fallback: ``propose(γ)`` and the count derived from
   q, exact but saving no draft compute.
 
+Optionally, for token trees (``decoding.tree_speculative_decode``):
+
+* ``propose_tree(state, seq, length, tree, sampling, key) -> (tokens, q,
+  valid, steps, state)``: a token for every node of the static
+  ``tree.TreeShape`` (tokens [B, N]; node 0 is the root, the last committed
+  token, filled in by the engine), q [B, N, V] with q[:, c] the distribution
+  node c's token was drawn from (row 0 unused), valid [B, N] bool (nodes not
+  proposed, decided before their token was drawn) and ``steps`` the draft
+  calls it ran. ``commit_tree(state, seq, length, start, path,
+  num_accepted) -> state`` (optional): ``commit`` told which nodes were
+  accepted (``tree.TreeOutput``) in the round that started at ``start``, for
+  a draft that decoded the tree into its own cache. Drafts without
+  ``propose_tree`` get ``tree_proposal``'s fallback for spine trees
+  (``TreeShape.spine``): ``propose`` of depth D, and next-best siblings of
+  each position's q (exact: each sibling's q is its one-hot).
+
 Nothing in the engine depends on which model it is, so a new approximation
 model needs no engine change: implement these three methods and register it
 with ``specdec_jax.drafts.register`` (README, "Adding an approximation
@@ -80,6 +96,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.tree import TreeOutput, TreeShape
 
 Array = jax.Array
 
@@ -220,6 +237,113 @@ def adaptive_proposal(draft: Any, state: Any, seq: Array, length: Array, gamma: 
 
 class DraftInterfaceError(ValueError):
   """An approximation model that does not keep the interface above."""
+
+
+def next_best(scores: Array, exclude: Array, count: int) -> Array:
+  """The ``count`` highest-scoring tokens other than ``exclude``, best first.
+
+  scores [..., V] (logits or probabilities), exclude [..., m] int32 ->
+  [..., count] int32 (ties: lowest index first, as ``lax.top_k``).
+  """
+  v = scores.shape[-1]
+  hit = jnp.any(jnp.arange(v, dtype=jnp.int32) == exclude[..., None], axis=-2)
+  _, idx = jax.lax.top_k(jnp.where(hit, -jnp.inf, scores.astype(jnp.float32)), count)
+  return idx.astype(jnp.int32)
+
+
+def fill_children(tree: TreeShape, parents: tuple[int, ...], first: Array, first_q: Array,
+                  scores: Array, floor: float, tokens: Array, q: Array, valid: Array
+                  ) -> tuple[Array, Array, Array]:
+  """Writes the children of ``parents`` (static node indices, m of them).
+
+  Child 0 of each parent carries ``first`` [B, m], drawn from ``first_q`` [B,
+  m, V]; the later children carry the next-best tokens of ``scores`` [B, m,
+  V] (the parent's logits, or its q) other than ``first``, each with its
+  one-hot as q — a deterministic proposal, so exact under
+  ``tree.tree_speculative_sampling`` — and are valid iff their score is >
+  ``floor`` (-inf for logits, 0 for probabilities). tokens [B, N], q [B, N,
+  V], valid [B, N] are updated and returned.
+  """
+  kids = tree.children_table[list(parents)]                           # [m, K] static
+  v = q.shape[-1]
+  for j, row in enumerate(kids):
+    row = [int(c) for c in row if c >= 0]
+    if not row:
+      continue
+    tokens = tokens.at[:, row[0]].set(first[:, j])
+    q = q.at[:, row[0]].set(first_q[:, j].astype(q.dtype))
+    if len(row) > 1:
+      alt = next_best(scores[:, j], first[:, j:j + 1], len(row) - 1)   # [B, k-1]
+      score = jnp.take_along_axis(scores[:, j].astype(jnp.float32), alt, axis=-1)
+      tokens = tokens.at[:, row[1:]].set(alt)
+      q = q.at[:, row[1:]].set(jax.nn.one_hot(alt, v, dtype=q.dtype))
+      valid = valid.at[:, row[1:]].set(score > floor)
+  return tokens, q, valid
+
+
+def spine_proposal(tree: TreeShape, chain: Array, chain_q: Array,
+                   logits: Array | None = None) -> tuple[Array, Array, Array]:
+  """A spine tree (``TreeShape.spine``) from a chain proposal.
+
+  The chain's x_d [B, D], drawn from q_d (``chain_q`` [B, D, V]), sits at the
+  spine node of depth d; its siblings carry the next-best tokens of the
+  draft's ``logits`` [B, D, V] at that position or, without them, of q_d,
+  valid only where q_d gives them mass (at T = 0 a one-hot q has no
+  alternatives, and the tree is then the chain). -> (tokens [B, N], q [B,
+  N, V], valid [B, N]); node 0 (the root) is left to the engine.
+  """
+  if not tree.is_spine:
+    raise ValueError(f"tree with parents {tree.parents} is not a spine tree (every node off "
+                     "the first-child chain a leaf); a chain proposal cannot fill it")
+  b, depth, v = chain_q.shape
+  if depth != tree.max_depth:
+    raise ValueError(f"a chain of {depth} proposals cannot fill a tree of depth {tree.max_depth}")
+  tokens = jnp.zeros((b, tree.num_nodes), jnp.int32)
+  q = jnp.zeros((b, tree.num_nodes, v), jnp.float32)
+  valid = jnp.ones((b, tree.num_nodes), bool)
+  scores, floor = (chain_q, 0.0) if logits is None else (logits, -jnp.inf)
+  for d, parent in enumerate((0,) + tree.spine_nodes[:-1]):
+    tokens, q, valid = fill_children(tree, (parent,), chain[:, d:d + 1], chain_q[:, d:d + 1],
+                                     scores[:, d:d + 1], floor, tokens, q, valid)
+  return tokens, q, valid
+
+
+def tree_proposal(draft: Any, state: Any, seq: Array, length: Array, tree: TreeShape,
+                  sampling: SamplingConfig, key: Array
+                  ) -> tuple[Array, Array, Array, Array, Any]:
+  """``draft.propose_tree`` if the draft has it, else ``spine_proposal`` of its
+  ``propose`` of depth D (spine trees only; ``check_tree`` says so before
+  any work). -> (tokens [B, N], q [B, N, V], valid [B, N], steps, state)."""
+  method = getattr(draft, "propose_tree", None)
+  if method is not None:
+    return method(state, seq, length, tree, sampling, key)
+  chain, chain_q, state = draft.propose(state, seq, length, tree.max_depth, sampling, key)
+  tokens, q, valid = spine_proposal(tree, chain, chain_q)
+  return tokens, q, valid, jnp.asarray(tree.max_depth, jnp.int32), state
+
+
+def commit_tree(draft: Any, state: Any, seq: Array, length: Array, start: Array,
+                out: TreeOutput) -> Any:
+  """``draft.commit_tree`` if the draft has it, else ``draft.commit``."""
+  method = getattr(draft, "commit_tree", None)
+  if method is not None:
+    return method(state, seq, length, start, out.path, out.num_accepted)
+  return draft.commit(state, seq, length)
+
+
+def check_tree(name: str, draft: Any, tree: TreeShape) -> None:
+  """Raises ``DraftInterfaceError`` (before any work) when ``draft`` cannot
+  propose ``tree``: a draft without ``propose_tree`` fills spine trees only,
+  and a draft may refuse a tree (its ``tree_unsupported(tree)`` returning the
+  reason as a string)."""
+  where = f"approximation model {name!r} ({type(draft).__qualname__})"
+  why = getattr(draft, "tree_unsupported", lambda tree: None)(tree)
+  if why:
+    raise DraftInterfaceError(f"{where} cannot propose the token tree {tree.parents}: {why}")
+  if getattr(draft, "propose_tree", None) is None and not tree.is_spine:
+    raise DraftInterfaceError(
+        f"{where} proposes chains only, so it can fill spine trees (a chain with sibling "
+        f"leaves, e.g. 'spine:4,2,2,1') but not {tree.parents}")
 
 
 def _commit(draft: Any, state: Any, seq: Array, length: Array, gamma: int,

@@ -11,11 +11,12 @@ from flax import struct
 from specdec_jax.drafts import bridge as bridge_lib
 from specdec_jax.drafts import feature_bridge as feature_lib
 from specdec_jax.drafts import shortlist as shortlist_lib
-from specdec_jax.drafts.base import (drawn_probability, gather_positions, skip_unsure,
-                                     top_probability)
+from specdec_jax.drafts.base import (drawn_probability, fill_children, gather_positions,
+                                     skip_unsure, top_probability)
 from specdec_jax.models.t5 import DecoderCache, T5Model
 from specdec_jax.partitioning import Partitioner, constrain_cache
 from specdec_jax.sampling import SamplingConfig, sample_with, standardize
+from specdec_jax.tree import TreeShape
 
 Array = jax.Array
 # (i, q_i, x_i) -> (x_i, q_i, certain): see T5Draft.propose.
@@ -297,6 +298,71 @@ class T5Draft:
     steps, cache, _, tokens, qs, count, _, _ = jax.lax.while_loop(
         cond, body, (jnp.asarray(1, jnp.int32), cache, x1, tokens, qs, count, running, going))
     return tokens, qs, count, steps, self._join(cache, states, part)
+
+  def tree_unsupported(self, tree: TreeShape) -> str | None:
+    """Why this draft cannot propose ``tree`` (None: it can, any shape)."""
+    del tree
+    if self.feature is not None:
+      return "a feature-bridged draft reads the target's states by position (chains only)"
+    if self.shortlist is not None or self.observe is not None:
+      return "shortlisted or observed T5 drafts propose chains only"
+    return None
+
+  def propose_tree(self, state: Any, seq: Array, length: Array, tree: TreeShape,
+                   sampling: SamplingConfig, key: Array
+                   ) -> tuple[Array, Array, Array, Array, Any]:
+    """A token tree, expanded a depth at a time (EAGLE-2's expansion).
+
+    One draft call per depth: the first feeds positions n-1 and n (the root,
+    whose scratch slot n is its position), then each call feeds that depth's
+    nodes that have children through ``T5Model.decode_tree`` (tree attention
+    over the draft's own cache, nodes at slots n + index). A node's first
+    child is drawn from the draft's standardized q at the node (its argmax
+    at T = 0); its later children are the next-best tokens of the draft's
+    logits there, each proposed with its one-hot as q (``fill_children``),
+    so the tree verifies exactly (docs/exactness.md, section 10). Returns
+    (tokens [B, N], q [B, N, V], valid [B, N] (all True), steps = D, state);
+    node 0's token is left to the engine.
+    """
+    why = self.tree_unsupported(tree)
+    if why:
+      raise ValueError(f"T5Draft cannot propose a token tree: {why}")
+    b, n_nodes, v = length.shape[0], tree.num_nodes, self.vocab_size
+    us = (jnp.zeros((b, n_nodes), jnp.float32) if sampling.greedy
+          else jax.random.uniform(key, (b, n_nodes)))
+    cache, _, _ = self._split(state)
+    tokens = jnp.zeros((b, n_nodes), jnp.int32)
+    q = jnp.zeros((b, n_nodes, v), jnp.float32)
+    valid = jnp.ones((b, n_nodes), bool)
+    # The root: feed positions n-1 (-1 on the first round: dropped) and n.
+    pos = length[:, None] + jnp.arange(-1, 1, dtype=jnp.int32)[None, :]
+    logits, cache = self.model.decode(self.params, gather_positions(seq, pos), pos, cache)
+    logits, fed = logits[:, -1:], (0,)
+    tokens = tokens.at[:, 0].set(gather_positions(seq, length[:, None])[:, 0])
+    for depth in range(1, tree.max_depth + 1):
+      first_child = [int(tree.children_table[j, 0]) for j in fed]
+      q_fed = standardize(logits, sampling)                            # [B, m, V]
+      first = sample_with(us[:, first_child], q_fed, sampling)         # [B, m]
+      tokens, q, valid = fill_children(tree, fed, first, q_fed, logits, -jnp.inf, tokens, q,
+                                       valid)
+      fed = tree.nodes_at(depth, with_children=True)
+      if not fed:
+        break
+      logits, cache = self.model.decode_tree(self.params, tokens[:, list(fed)], length, tree,
+                                             cache, nodes=fed, partitioner=self.partitioner)
+    cache = constrain_cache(cache, self.partitioner, "draft cache")
+    steps = jnp.asarray(tree.max_depth, jnp.int32)
+    return tokens, q, valid, steps, self._join(cache, None, self._split(state)[2])
+
+  def commit_tree(self, state: Any, seq: Array, length: Array, start: Array, path: Array,
+                  num_accepted: Array) -> Any:
+    """``commit`` after a tree round: the accepted path's keys/values move to
+    their positions (``T5Model.commit_path``). The path's last node may be a
+    leaf this draft never fed; the next round feeds position n - 1 again."""
+    del seq, length
+    cache, states, part = self._split(state)
+    cache = T5Model.commit_path(cache, start, path, num_accepted, self.partitioner)
+    return self._join(cache, states, part)
 
   def commit(self, state: Any, seq: Array, length: Array) -> Any:
     del seq, length  # position-indexed cache: rollback is implicit
