@@ -29,15 +29,24 @@ Contracts for ``gs://``:
   it where they are unset, and every function here calls it before touching
   ``gs://``.
 
+Listings: inside ``cached_listings()`` each ``gs://`` prefix is listed once,
+and every later question about a path below it (``listdir``, ``is_dir``,
+``exists``, ``is_file``) is answered from that listing: a checkpoint load
+asks many such questions of one directory, and a listing is recursive (it
+costs as much as the number of objects below the prefix).
+
 Writes: ``write_bytes`` replaces a whole file or object at once (a local file
 through a temporary file and a rename), so a reader never sees half a write.
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import contextvars
 import os
 import re
-from typing import Optional
+from typing import Iterator, Optional
 
 GCS_PREFIX = "gs://"
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
@@ -51,6 +60,11 @@ EMULATOR_TOKEN = "emulator"
 # The values configure_emulator derived last, so that a later change of
 # STORAGE_EMULATOR_HOST replaces them (a value set by the user never is).
 _derived: dict[str, str] = {}
+
+# The listings of the innermost ``cached_listings`` block of this thread (or
+# asyncio task): prefix path (no trailing '/') -> its sorted relative keys.
+_listings: contextvars.ContextVar[Optional[dict[str, list[str]]]] = contextvars.ContextVar(
+    "specdec_storage_listings", default=None)
 
 
 class StorageError(OSError):
@@ -297,7 +311,12 @@ def _read_object(path: str, byte_range: Optional[slice] = None) -> Optional[byte
 
 
 def _list_prefix(path: str) -> list[str]:
-  """Keys under the prefix ``path/``, relative to it."""
+  """Keys under the prefix ``path/``, relative to it (from the cached listing
+  of ``path`` or a prefix above it inside ``cached_listings``)."""
+  cache = _listings.get()
+  cached = None if cache is None else _cached_keys(cache, path)
+  if cached is not None:
+    return cached
   bucket, key = split(path)
   prefix = f"{key}/" if key else ""
   try:
@@ -307,7 +326,61 @@ def _list_prefix(path: str) -> list[str]:
     if isinstance(err, (StorageUnreachableError, StorageAccessError)):
       raise err from None
     raise not_found(path, prefix=True) from None
-  return sorted(k.decode() for k in keys)
+  keys = sorted(k.decode() for k in keys)
+  if cache is not None:
+    cache[path.rstrip("/")] = keys
+  return keys
+
+
+def _cached_keys(cache: dict[str, list[str]], path: str) -> Optional[list[str]]:
+  """The keys under ``path/`` from a cached listing of it or of a prefix above
+  it, relative to ``path``; None if no cached listing covers it."""
+  path = path.rstrip("/")
+  if path in cache:
+    return cache[path]
+  for prefix, keys in cache.items():
+    if path.startswith(prefix + "/"):
+      rel = path[len(prefix) + 1:] + "/"
+      lo = bisect.bisect_left(keys, rel)
+      hi = bisect.bisect_left(keys, rel[:-1] + chr(ord("/") + 1))
+      return [k[len(rel):] for k in keys[lo:hi]]
+  return None
+
+
+def _cached_object(path: str) -> Optional[bool]:
+  """Whether an object ``path`` exists, per a cached listing of a prefix above
+  it; None if no cached listing covers it."""
+  cache = _listings.get()
+  if not cache:
+    return None
+  parent, _, name = path.rstrip("/").rpartition("/")
+  keys = _cached_keys(cache, parent) if parent != "gs:/" else None
+  if keys is None:
+    return None
+  i = bisect.bisect_left(keys, name)
+  return i < len(keys) and keys[i] == name
+
+
+@contextlib.contextmanager
+def cached_listings() -> Iterator[None]:
+  """Inside the block each ``gs://`` prefix is listed at most once.
+
+  ``listdir``, ``is_dir``, ``exists`` and ``is_file`` of a path at or below a
+  prefix already listed are answered from that listing, without a request.
+  The listing is a snapshot: objects written or removed inside the block
+  after it was taken are not seen, so use it around reads of a directory
+  that does not change (a checkpoint load). Nested blocks share the outer
+  block's listings; each thread (or asyncio task) has its own. Local paths
+  are unaffected.
+  """
+  if _listings.get() is not None:
+    yield
+    return
+  token = _listings.set({})
+  try:
+    yield
+  finally:
+    _listings.reset(token)
 
 
 def read_bytes(path: str, what: str = "") -> bytes:
@@ -345,7 +418,8 @@ def exists(path: str) -> bool:
   (``gs://``), exists. A missing bucket is False; other failures raise."""
   if not is_gcs(path):
     return os.path.exists(path)
-  if _read_object(path, slice(0, 0)) is not None:
+  cached = _cached_object(path)
+  if cached or (cached is None and _read_object(path, slice(0, 0)) is not None):
     return True
   return is_dir(path)
 
@@ -353,7 +427,8 @@ def exists(path: str) -> bool:
 def is_file(path: str) -> bool:
   """Whether a local file or a ``gs://`` object exists at ``path``."""
   if is_gcs(path):
-    return _read_object(path, slice(0, 0)) is not None
+    cached = _cached_object(path)
+    return cached if cached is not None else _read_object(path, slice(0, 0)) is not None
   return os.path.isfile(path)
 
 
@@ -427,7 +502,7 @@ def read_text(path: str, what: str = "") -> str:
 
 __all__ = ["GCS_PREFIX", "RETRIES", "TIMEOUT_S", "StorageAccessError", "StorageError",
            "StorageNotFoundError", "StorageUnreachableError", "basename", "bucket_exists",
-           "check_path", "configure_emulator", "context", "credentials_note", "dirname",
-           "emulator_url", "endpoint", "exists", "is_dir", "is_file", "is_gcs", "join",
-           "kvstore_spec", "listdir", "not_found", "read_bytes", "read_range", "read_text",
-           "remove", "split", "write_bytes"]
+           "cached_listings", "check_path", "configure_emulator", "context",
+           "credentials_note", "dirname", "emulator_url", "endpoint", "exists", "is_dir",
+           "is_file", "is_gcs", "join", "kvstore_spec", "listdir", "not_found", "read_bytes",
+           "read_range", "read_text", "remove", "split", "write_bytes"]

@@ -10,17 +10,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
+import gcs_emulator
 import jax
 import numpy as np
 import pytest
 from checkpoint_fixtures import write_t5x_legacy, write_t5x_orbax
+from gcs_emulator import BUCKET, free_port
 
 from specdec_jax import data, storage
 from specdec_jax.checkpoints import export_hf, load_checkpoint, save_checkpoint
@@ -30,91 +30,22 @@ from specdec_jax.run import settings
 from specdec_jax.run.workdir import Workdir
 
 REPO = Path(__file__).resolve().parent.parent
-BUCKET = "specdec-test"
 CFG = T5Config(vocab_size=64, d_model=32, num_heads=2, head_dim=8, num_encoder_layers=2,
                num_decoder_layers=2, d_ff=48)
 # The environment the storage module derives from STORAGE_EMULATOR_HOST.
 DERIVED = ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
 
 
-# ``gcp-storage-emulator start ...`` with two features of the real Cloud Storage
-# JSON API that TensorStore uses and the emulator lacks: downloads carry the
-# x-goog-generation header (OCDBT reads of orbax checkpoints need it), and
-# listings honour startOffset/endOffset (TensorStore lists key ranges that way;
-# keys outside the range crash it).
-EMULATOR = """
-import sys
-from gcp_storage_emulator.handlers import objects
-
-_download, _ls = objects.download, objects.ls
-
-
-def ls(request, response, storage, *args, **kwargs):
-  start = (request.query.get("startOffset") or [None])[0]
-  end = (request.query.get("endOffset") or [None])[0]
-  write_json = response.json
-
-  def in_range(item):
-    return (start is None or item["name"] >= start) and (end is None or item["name"] < end)
-
-  response.json = lambda obj: write_json(
-      {**obj, "items": [i for i in obj.get("items") or [] if in_range(i)]})
-  return _ls(request, response, storage, *args, **kwargs)
-
-
-def download(request, response, storage, *args, **kwargs):
-  try:
-    obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
-    response["x-goog-generation"] = str(obj.get("generation") or 1)
-    response["x-goog-metageneration"] = str(obj.get("metageneration") or 1)
-  except Exception:
-    pass
-  return _download(request, response, storage, *args, **kwargs)
-
-
-objects.download, objects.ls = download, ls
-from gcp_storage_emulator.__main__ import main
-sys.argv = ["gcp-storage-emulator", *sys.argv[1:]]
-sys.exit(main())
-"""
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def gcs_server(tmp_path_factory):
   """``host:port`` of an in-memory Cloud Storage emulator with the bucket BUCKET."""
   pytest.importorskip("gcp_storage_emulator")
-  port = free_port()
-  log = tmp_path_factory.mktemp("gcs") / "emulator.log"  # a file: a pipe would fill and block
-  proc = subprocess.Popen(
-      [sys.executable, "-c", EMULATOR, "start", "--host=127.0.0.1",
-       f"--port={port}", "--in-memory", f"--default-bucket={BUCKET}"],
-      stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
-  deadline = time.monotonic() + 30
-  while True:
-    try:
-      with urllib.request.urlopen(f"http://127.0.0.1:{port}/storage/v1/b/{BUCKET}",
-                                  timeout=1) as r:
-        if r.status == 200:
-          break
-    except OSError:
-      pass
-    if proc.poll() is not None or time.monotonic() > deadline:
-      proc.kill()
-      pytest.fail(f"the Cloud Storage emulator did not start: {log.read_text()[-2000:]}")
-    time.sleep(0.1)
-  yield f"127.0.0.1:{port}"
-  proc.terminate()
+  log = tmp_path_factory.mktemp("gcs") / "emulator.log"
   try:
-    proc.wait(timeout=10)
-  except subprocess.TimeoutExpired:
-    proc.kill()
-    proc.wait()
+    with gcs_emulator.running(log) as host:
+      yield host
+  except RuntimeError as e:
+    pytest.fail(str(e))
 
 
 @pytest.fixture

@@ -10,26 +10,32 @@ Cloud Storage are read by TensorStore directly, ``orbax_ts.py``).
   stored in bfloat16). ``specdec.py``.
 * ``t5x``: T5X's legacy layout, ``checkpoint_<step>/checkpoint`` (msgpack)
   whose leaves are inline arrays or TensorStore zarr specs relative to the
-  step directory. Local paths and ``gs://`` paths. ``t5x_legacy.py``.
+  step directory; or the same msgpack and arrays in ``checkpoint_<step>/state/``
+  with no orbax ``_METADATA`` beside them (T5X's own restore takes that for
+  its format too). ``t5x_legacy.py``.
 * ``t5x_orbax``: T5X's newer layout, ``checkpoint_<step>/state/`` written by
-  orbax-checkpoint (OCDBT); only the parameter subtree is restored.
-  ``t5x_orbax.py``.
+  orbax-checkpoint (OCDBT, with ``_METADATA``); only the parameter subtree is
+  restored. ``t5x_orbax.py``.
 * ``hf``: a Hugging Face T5 directory (``config.json`` plus ``model.safetensors``
   or, local only, ``pytorch_model.bin``, optionally sharded with an index file); also
   ``export_hf``. ``hf.py``.
 
 Every loader first collects the names and shapes of the stored arrays
 (without reading them) and checks them against ``param_shapes(config)``.
-Only then is each array read, one at a time, directly into its sharding
+Only then is each array read directly into its sharding
 (``Partitioner.param_sharding``; one local device without a partitioner) and
 dtype (``stored_dtype``: kernels and the embedding in ``param_dtype``, norm
-scales and relative-position tables float32): every device's slice is read
-from the source on its own, once however many devices replicate it
-(``placement.py``). The host never holds more than about one array, so a
-44 GB T5-XXL loads on a host with far less memory; in a multi-host job each
-host reads only the slices its own devices hold. Local orbax checkpoints are
-restored by orbax with the same shardings and dtypes as targets: it reads
-each device's shard itself and schedules its own reads.
+scales and relative-position tables float32), once however many devices
+replicate it; TensorStore arrays (T5X, and orbax layouts from ``gs://``) have
+each chunk read once per host and cut into the local devices' slices in host
+memory (``placement.py``). Arrays are placed one at a time from local
+files and ``placement.IN_FLIGHT`` at a time from ``gs://``; the host holds
+about one array per array in flight, so a 44 GB T5-XXL loads on a host with
+far less memory; in a multi-host job each host reads only the chunks its own
+devices hold. A ``gs://`` checkpoint directory is listed once per load
+(``storage.cached_listings``). Local orbax checkpoints are restored by orbax
+with the same shardings and dtypes as targets: it reads each device's shard
+itself and schedules its own reads.
 """
 
 from __future__ import annotations
@@ -39,12 +45,13 @@ import os
 from typing import Any, Optional
 
 from specdec_jax import storage
-from specdec_jax.checkpoints.common import (FORMATS, HF_WEIGHT_FILES, SPECDEC_PARAMS_DIR,
-                                            T5X_MSGPACK, T5X_ORBAX_ITEM, CheckpointError,
-                                            CheckpointExistsError, CheckpointNotFoundError,
-                                            Reader, check_shapes, config_from_dict,
-                                            expected_shapes, exists, few, is_dir, is_gcs, join,
-                                            latest_step_dir, listdir, require_dir)
+from specdec_jax.checkpoints.common import (FORMATS, HF_WEIGHT_FILES, ORBAX_METADATA,
+                                            SPECDEC_PARAMS_DIR, T5X_MSGPACK, T5X_ORBAX_ITEM,
+                                            CheckpointError, CheckpointExistsError,
+                                            CheckpointNotFoundError, Reader, check_shapes,
+                                            config_from_dict, expected_shapes, few, is_dir,
+                                            is_gcs, join, latest_step_dir, listdir,
+                                            require_dir)
 from specdec_jax.checkpoints.hf import (export_hf, hf_config_to_t5, hf_name_map, load_hf,
                                         t5_to_hf_config)
 from specdec_jax.checkpoints.placement import ReadStats, count_reads
@@ -62,42 +69,76 @@ __all__ = [
 ]
 
 
-def _step_dir_for(path: str, marker: str, is_marker_dir: bool) -> str:
-  """``path`` itself if it holds ``marker``, else its latest checkpoint_<step>."""
-  here = join(path, marker)
-  if is_dir(here) if is_marker_dir else exists(here):
+def _orbax_step_dir(path: str) -> str:
+  """``path`` itself if it holds an orbax ``state/``, else its latest checkpoint_<step>."""
+  if is_dir(join(path, T5X_ORBAX_ITEM)):
     return path
   latest = latest_step_dir(path)
   if latest is None:
-    kind = "directory" if is_marker_dir else "file"
     raise CheckpointNotFoundError(
-        f"{path}: no '{marker}' {kind} and no checkpoint_<step> subdirectories")
+        f"{path}: no '{T5X_ORBAX_ITEM}' directory and no checkpoint_<step> subdirectories")
   return latest
 
 
-def detect_format(path: str) -> str:
-  """Which of 'specdec', 't5x', 't5x_orbax', 'hf' the directory holds."""
-  require_dir(path)
-  names = set(listdir(path))
-  if names & set(HF_WEIGHT_FILES):
-    return "hf"
-  if SPECDEC_PARAMS_DIR in names and "config.json" in names:
-    return "specdec"
+def _is_t5x_state(state_dir: str) -> bool:
+  """Whether ``state/`` holds T5X's own msgpack format rather than orbax's:
+  a msgpack ``checkpoint`` file and no orbax ``_METADATA`` beside it (T5X's
+  own rule, checkpoint_utils.detect_checkpoint_type)."""
+  if not is_dir(state_dir):
+    return False
+  names = set(listdir(state_dir))
+  return T5X_MSGPACK in names and ORBAX_METADATA not in names
+
+
+def _t5x_kind(directory: str, names: set[str]) -> Optional[str]:
+  """'t5x' or 't5x_orbax' for a checkpoint_<step> directory holding ``names``."""
   if T5X_MSGPACK in names:
     return "t5x"
   if T5X_ORBAX_ITEM in names:
-    return "t5x_orbax"
+    return "t5x" if _is_t5x_state(join(directory, T5X_ORBAX_ITEM)) else "t5x_orbax"
+  return None
+
+
+def _t5x_msgpack_dir(path: str) -> str:
+  """The directory holding the T5X msgpack ``checkpoint`` file: ``path`` or
+  its ``state/``, else its latest checkpoint_<step> or that one's ``state/``
+  (the step directory itself when it holds neither, so that the error names
+  the missing file)."""
+  if storage.is_file(join(path, T5X_MSGPACK)):
+    return path
+  if _is_t5x_state(join(path, T5X_ORBAX_ITEM)):
+    return join(path, T5X_ORBAX_ITEM)
   latest = latest_step_dir(path)
-  if latest is not None:
-    inner = set(listdir(latest))
-    if T5X_MSGPACK in inner:
-      return "t5x"
-    if T5X_ORBAX_ITEM in inner:
-      return "t5x_orbax"
-    raise CheckpointError(f"{latest}: neither a T5X msgpack '{T5X_MSGPACK}' file nor an "
-                          f"orbax '{T5X_ORBAX_ITEM}' directory; contents: {few(inner, 10)}")
-  raise CheckpointError(f"{path}: cannot detect the checkpoint format; contents: "
-                        f"{few(names, 10)}")
+  if latest is None:
+    raise CheckpointNotFoundError(
+        f"{path}: no '{T5X_MSGPACK}' file and no checkpoint_<step> subdirectories")
+  state = join(latest, T5X_ORBAX_ITEM)
+  return state if _is_t5x_state(state) else latest
+
+
+def detect_format(path: str) -> str:
+  """Which of 'specdec', 't5x', 't5x_orbax', 'hf' the directory holds
+  (a ``gs://`` directory is listed once)."""
+  with storage.cached_listings():
+    require_dir(path)
+    names = set(listdir(path))
+    if names & set(HF_WEIGHT_FILES):
+      return "hf"
+    if SPECDEC_PARAMS_DIR in names and "config.json" in names:
+      return "specdec"
+    kind = _t5x_kind(path, names)
+    if kind:
+      return kind
+    latest = latest_step_dir(path)
+    if latest is not None:
+      inner = set(listdir(latest))
+      kind = _t5x_kind(latest, inner)
+      if kind:
+        return kind
+      raise CheckpointError(f"{latest}: neither a T5X msgpack '{T5X_MSGPACK}' file nor an "
+                            f"orbax '{T5X_ORBAX_ITEM}' directory; contents: {few(inner, 10)}")
+    raise CheckpointError(f"{path}: cannot detect the checkpoint format; contents: "
+                          f"{few(names, 10)}")
 
 
 def peek_config(path: str, fmt: str = "auto", preset: Optional[str] = None,
@@ -172,6 +213,13 @@ def load_checkpoint(path: str, fmt: str = "auto", config: Optional[T5Config] = N
   if fmt not in FORMATS:
     raise ValueError(f"unknown checkpoint format {fmt!r}; expected one of {FORMATS}")
   path = path.rstrip("/") if is_gcs(path) else os.path.abspath(path)
+  # One listing of a gs:// directory answers every question asked about it below.
+  with storage.cached_listings():
+    return _load(path, fmt, config, param_dtype, partitioner)
+
+
+def _load(path: str, fmt: str, config: Optional[T5Config], param_dtype: Any,
+          partitioner: Optional[Partitioner]) -> tuple[dict, T5Config]:
   if storage.basename(path) == T5X_MSGPACK and storage.is_file(path):
     path, fmt = storage.dirname(path), "t5x" if fmt == "auto" else fmt
   require_dir(path)
@@ -185,7 +233,6 @@ def load_checkpoint(path: str, fmt: str = "auto", config: Optional[T5Config] = N
     raise CheckpointError(f"{path}: a {fmt} checkpoint does not record the model "
                           "architecture; pass config= (e.g. a preset from PRESETS)")
   if fmt == "t5x":
-    step_dir = _step_dir_for(path, T5X_MSGPACK, False)
-    return load_t5x(step_dir, config, param_dtype, partitioner), config
-  step_dir = _step_dir_for(path, T5X_ORBAX_ITEM, True)
+    return load_t5x(_t5x_msgpack_dir(path), config, param_dtype, partitioner), config
+  step_dir = _orbax_step_dir(path)
   return load_t5x_orbax(step_dir, config, param_dtype, partitioner), config

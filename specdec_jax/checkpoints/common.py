@@ -28,6 +28,8 @@ HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json",
 SPECDEC_PARAMS_DIR = "params"
 T5X_MSGPACK = "checkpoint"
 T5X_ORBAX_ITEM = "state"
+# Orbax's tree metadata file, beside the arrays of every PyTree checkpoint it writes.
+ORBAX_METADATA = "_METADATA"
 STEP_DIR_RE = re.compile(r"^checkpoint_(\d+)$")
 
 # A whole-array reader; kept for importers of the old module (loaders now

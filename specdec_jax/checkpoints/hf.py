@@ -360,7 +360,8 @@ def load_hf(path: str, config: Optional[T5Config], param_dtype: Any,
     else:
       sources[ours] = placement.ArraySource(tuple(shape), functools.partial(f.slice_reader, hf))
   check_shapes({n: s.shape for n, s in sources.items()}, config, path)
-  return placement.place_arrays(sources, param_dtype, partitioner), config
+  return placement.place_arrays(sources, param_dtype, partitioner,
+                                placement.in_flight_for(path)), config
 
 
 # ------------------------------------------------------------ export

@@ -15,8 +15,10 @@ writes directly:
   OCDBT, in a subdirectory of that name).
 
 Every array is described by its shape (read from its zarr metadata) and read
-one device slice at a time by ``placement.place_arrays``, as the T5X msgpack
-loader does, so sharding, dtypes and host memory follow the same contract.
+by ``placement.place_arrays`` as a ``placement.ChunkedReader`` (each chunk
+this host needs fetched once, ``placement.IN_FLIGHT`` arrays at once), as the
+T5X msgpack loader does, so sharding, dtypes and host memory follow the same
+contract.
 Values equal what orbax itself restores from the same directory.
 """
 
@@ -32,19 +34,33 @@ import numpy as np
 
 from specdec_jax import storage
 from specdec_jax.checkpoints import placement
-from specdec_jax.checkpoints.common import CheckpointError, flatten, root_cause, unflatten
+from specdec_jax.checkpoints.common import (ORBAX_METADATA, CheckpointError, flatten,
+                                            root_cause, unflatten)
 from specdec_jax.partitioning import Partitioner
 
-METADATA_FILE = "_METADATA"
+METADATA_FILE = ORBAX_METADATA
+# Bytes of OCDBT b-tree nodes and manifests kept for one load: every array's
+# open walks the same nodes, which would otherwise be fetched once per array.
+OCDBT_CACHE_BYTES = 32 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
 class StoredArray:
-  """One leaf of an orbax checkpoint: its shape, dtype and TensorStore spec."""
+  """One leaf of an orbax checkpoint: its shape, dtype and TensorStore spec,
+  opened in ``context`` (shared by the leaves of one ``metadata_tree``)."""
 
   shape: tuple[int, ...]
   dtype: np.dtype
   spec: dict
+  context: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+
+def _load_context() -> Any:
+  """A child of ``storage.context()`` (its retry bound) with a cache for OCDBT's
+  nodes; one per ``metadata_tree``, so the cache lives as long as one load."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  spec = {"cache_pool#ocdbt": {"total_bytes_limit": OCDBT_CACHE_BYTES}}
+  return ts.Context(ts.Context.Spec(spec), storage.context())
 
 
 def _keys(entry_key: str, entry: Mapping) -> tuple[str, ...]:
@@ -60,7 +76,8 @@ def _array_spec(directory: str, name: str, meta: Mapping) -> dict:
   base = storage.kvstore_spec(directory)
   if meta.get("use_ocdbt", True):
     base["path"] = base["path"].rstrip("/") + "/"
-    return {"driver": driver, "kvstore": {"driver": "ocdbt", "base": base}, "path": name}
+    return {"driver": driver, "path": name,
+            "kvstore": {"driver": "ocdbt", "base": base, "cache_pool": "cache_pool#ocdbt"}}
   base["path"] = storage.join(base["path"], name) if base["path"] else name
   return {"driver": driver, "kvstore": base}
 
@@ -91,7 +108,8 @@ def metadata_tree(directory: str) -> dict:
       continue
     names["/".join(_keys(entry_key, entry))] = _array_spec(
         directory, ".".join(_keys(entry_key, entry)), meta)
-  futures = {n: ts.open(spec, open=True, read=True, context=storage.context())
+  context = _load_context()
+  futures = {n: ts.open(spec, open=True, read=True, context=context)
              for n, spec in names.items()}
   leaves = {}
   for name, future in futures.items():
@@ -101,17 +119,18 @@ def metadata_tree(directory: str) -> dict:
       raise CheckpointError(f"{directory}: cannot open the array {name}: "
                             f"{root_cause(e)}") from e
     leaves[name] = StoredArray(tuple(int(d) for d in store.shape),
-                               np.dtype(store.dtype.numpy_dtype), names[name])
+                               np.dtype(store.dtype.numpy_dtype), names[name], context)
   if not leaves:
     raise CheckpointError(f"{directory}: the orbax checkpoint holds no arrays")
   return unflatten(leaves)
 
 
-def _reader(spec: dict, name: str, directory: str) -> placement.SliceReader:
-  """Opens the array once; each call reads one slice."""
+def _reader(leaf: StoredArray, name: str, directory: str) -> placement.ChunkedReader:
+  """Opens the array once; each call reads one region (whole chunks)."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   try:
-    store = ts.open(spec, open=True, read=True, context=storage.context()).result(
+    store = ts.open(leaf.spec, open=True, read=True,
+                    context=leaf.context or storage.context()).result(
         timeout=storage.TIMEOUT_S)
   except Exception as e:  # pylint: disable=broad-except
     raise CheckpointError(f"{directory}: cannot open the array {name}: {root_cause(e)}") from e
@@ -122,7 +141,7 @@ def _reader(spec: dict, name: str, directory: str) -> placement.SliceReader:
     except Exception as e:  # a missing or corrupt chunk
       raise CheckpointError(f"{directory}: corrupt or unreadable checkpoint data for {name}: "
                             f"{root_cause(e)}") from e
-  return read
+  return placement.ts_chunked_reader(store, read)
 
 
 def restore(directory: str, meta_tree: Mapping, subtree: tuple[str, ...], param_dtype: Any,
@@ -133,6 +152,7 @@ def restore(directory: str, meta_tree: Mapping, subtree: tuple[str, ...], param_
   for key in subtree:
     sub = sub[key]
   sources = {name: placement.ArraySource(leaf.shape,
-                                         functools.partial(_reader, leaf.spec, name, directory))
+                                         functools.partial(_reader, leaf, name, directory))
              for name, leaf in flatten(sub).items()}
-  return placement.place_arrays(sources, param_dtype, partitioner)
+  return placement.place_arrays(sources, param_dtype, partitioner,
+                                placement.in_flight_for(directory))

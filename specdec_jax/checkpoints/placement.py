@@ -4,40 +4,61 @@ A loader describes each stored array by its '/'-joined T5X name, its shape and
 how to read any rectangular slice of it (``ArraySource``); ``place_arrays``
 then creates every ``jax.Array`` with ``jax.make_array_from_callback`` in the
 sharding ``Partitioner.param_sharding(name, shape)`` (one local device without
-a partitioner) and the dtype ``stored_dtype(name, param_dtype)``. The callback
-asks the source for exactly the slice one device holds, so no loader ever
-materialises a whole sharded array on the host.
+a partitioner) and the dtype ``stored_dtype(name, param_dtype)``. A host
+never holds more of an array than the part its own devices hold.
 
-Host memory. Arrays are placed one at a time. Devices that hold the same slice
-(dimensions replicated over a mesh axis) share one read: slices are memoized
-per array by index and the memo is dropped once the array is on its devices.
-The distinct slices of an array add up to the array itself, so the host holds
-at most one array (in its stored dtype) plus the raw slice being read and
-cast. Each array is waited on before the next is read, because an in-flight
-host-to-device copy keeps its host buffer alive.
+Two kinds of reader. A plain ``SliceReader`` (memory maps, inline arrays,
+whole tensors already fetched) is asked for exactly the slice one device
+holds. A ``ChunkedReader`` (TensorStore zarr arrays, whose reads fetch and
+decode whole chunks) is never asked per device: a device slice rarely
+matches the chunks (T5X writes chunks of up to 64 MiB; a 4096 x 4096 kernel is
+one chunk), so per-device reads would fetch and decode a shared chunk once
+per device. Instead the slices this process's devices need are assembled
+from ``chunk_blocks``: boxes of whole chunks covering them, each chunk in
+exactly one box, each box read once and copied (cast) into the slices it
+overlaps. Every chunk a host needs is thus fetched once per host.
+
+Host memory. Devices that hold the same slice (dimensions replicated over a
+mesh axis) share one host copy. An array being placed holds its distinct
+local slices (together at most the array's local part, in the target dtype)
+plus, for a plain reader, the raw slice being read and cast, or, for a
+chunked one, the block being read (at most ``BLOCK_BYTES`` or one chunk,
+whichever is larger). Each array is waited on before its host copies are
+dropped, because an in-flight host-to-device copy keeps its buffer alive.
+``place_arrays`` places ``in_flight`` arrays at once (loaders pass
+``IN_FLIGHT`` for ``gs://``, where overlapping arrays hides the object
+store's per-request latency, and 1 for local files), so the peak is that many
+arrays' worth.
 
 Multi-host. ``make_array_from_callback`` calls back only for this process's
-addressable devices, so in a multi-host job each host reads just the slices
-its own devices hold (and all of an array that is replicated).
+addressable devices, and the slices assembled are only theirs, so in a
+multi-host job each host reads just the chunks its own devices need (and all
+of an array that is replicated).
 
-Orbax checkpoints (ours and T5X's) are restored by orbax itself, given the
-same shardings and dtypes as ``jax.ShapeDtypeStruct`` targets
-(``restore_orbax``); orbax/TensorStore then read each device's shard.
+Orbax checkpoints (ours and T5X's) on local disks are restored by orbax
+itself, given the same shardings and dtypes as ``jax.ShapeDtypeStruct``
+targets (``restore_orbax``); orbax/TensorStore then read each device's shard.
+From ``gs://`` they are read here, through ``ChunkedReader`` (``orbax_ts``).
 
-``count_reads`` is a test hook: it sums the bytes of every slice the readers
-return while it is active, and changes nothing else.
+``count_reads`` is a test hook: it sums, per array, the bytes (in the stored
+dtype) of each distinct device slice read or assembled while it is active,
+and changes nothing else.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
+import math
 import threading
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import jax
 import numpy as np
 
+from specdec_jax import storage
 from specdec_jax.checkpoints.common import CheckpointError, flatten, root_cause, unflatten
 from specdec_jax.models.t5 import stored_dtype
 from specdec_jax.partitioning import Partitioner
@@ -46,18 +67,48 @@ from specdec_jax.partitioning import Partitioner
 Index = tuple[slice, ...]
 # Reads one slice (in the source's own dtype) given an index into the array.
 SliceReader = Callable[[Index], np.ndarray]
+# A rectangular region: (start, stop) per dimension.
+Box = tuple[tuple[int, int], ...]
+
+# Arrays placed at once from an object store (``place_arrays``' in_flight).
+IN_FLIGHT = 8
+# A chunked array is read in blocks of whole chunks of about this many bytes
+# (T5X's largest chunk), one block at a time per array.
+BLOCK_BYTES = 64 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkedReader:
+  """A stored array whose reads fetch and decode whole chunks (TensorStore).
+
+  ``read(index)`` returns the slice ``index`` (in ``dtype``); ``chunks`` is
+  the shape of the chunks it is stored in, on a grid starting at 0.
+  ``place_array`` reads it in ``chunk_blocks`` rather than per device.
+  """
+
+  read: SliceReader
+  chunks: tuple[int, ...]
+  dtype: np.dtype
+
+
+def ts_chunked_reader(store: Any, read: SliceReader) -> ChunkedReader:
+  """``read`` (slices of the TensorStore array ``store``) with the array's read
+  chunk shape (0 for a dimension TensorStore does not chunk) and dtype."""
+  chunks = tuple(int(c or 0) for c in store.chunk_layout.read_chunk.shape)
+  return ChunkedReader(read, chunks, np.dtype(store.dtype.numpy_dtype))
 
 
 @dataclasses.dataclass(frozen=True)
 class ArraySource:
-  """A stored array: its shape, and ``open()`` giving a ``SliceReader``.
+  """A stored array: its shape, and ``open()`` giving a ``SliceReader`` or a
+  ``ChunkedReader``.
 
   ``open`` is called once per array, just before its slices are read, so a
   handle (a TensorStore array, a memmap) lives only while that array is placed.
   """
 
   shape: tuple[int, ...]
-  open: Callable[[], SliceReader]
+  open: Callable[[], Union[SliceReader, ChunkedReader]]
 
 
 # ------------------------------------------------------------ read accounting
@@ -65,7 +116,8 @@ class ArraySource:
 
 @dataclasses.dataclass
 class ReadStats:
-  """Bytes returned by slice readers while ``count_reads`` was active."""
+  """Bytes of the distinct device slices read while ``count_reads`` was
+  active (per array; ``reads``: how many slices)."""
 
   bytes_by_array: dict[str, int] = dataclasses.field(default_factory=dict)
   reads: int = 0
@@ -81,7 +133,8 @@ _stats_lock = threading.Lock()
 
 @contextlib.contextmanager
 def count_reads() -> Iterator[ReadStats]:
-  """Counts the bytes every slice reader returns inside the ``with`` block.
+  """Counts the bytes of every distinct device slice read or assembled inside
+  the ``with`` block.
 
   Observation only (for tests and diagnostics): loading behaves the same with
   or without it. Orbax restores are not counted (orbax reads internally).
@@ -106,6 +159,12 @@ def _record(name: str, nbytes: int) -> None:
 # ------------------------------------------------------------ placement
 
 
+def in_flight_for(path: str) -> int:
+  """How many arrays to place at once when reading from ``path``: ``IN_FLIGHT``
+  from ``gs://`` (each request waits on the network), 1 from local files."""
+  return IN_FLIGHT if storage.is_gcs(path) else 1
+
+
 def target_sharding(name: str, shape: tuple[int, ...],
                     partitioner: Optional[Partitioner]) -> jax.sharding.Sharding:
   """Where parameter ``name`` goes: its partitioner sharding, else one local device."""
@@ -114,13 +173,105 @@ def target_sharding(name: str, shape: tuple[int, ...],
   return partitioner.param_sharding(name, shape)
 
 
-def place_array(name: str, shape: tuple[int, ...], read_slice: SliceReader,
-                dtype: np.dtype, sharding: jax.sharding.Sharding) -> jax.Array:
-  """One array on its devices, each reading only its own slice (once per index)."""
-  memo: dict[tuple, np.ndarray] = {}
+def index_box(index: Index, shape: Sequence[int]) -> Box:
+  """A device's index (slices, as jax gives them) as (start, stop) per dimension."""
+  box = []
+  for s, n in zip(index, shape):
+    start, stop, step = s.indices(n)
+    if step != 1:
+      raise ValueError(f"strided index {index} into shape {tuple(shape)}")
+    box.append((start, stop))
+  return tuple(box)
+
+
+def _cells(start: int, stop: int, chunk: int) -> list[tuple[int, int]]:
+  """[start, stop) cut at the multiples of ``chunk``."""
+  cuts = range((start // chunk + 1) * chunk, stop, chunk)
+  edges = [start, *cuts, stop]
+  return [(a, b) for a, b in zip(edges, edges[1:]) if a < b]
+
+
+def chunk_blocks(box: Box, chunks: Sequence[int], itemsize: int,
+                 block_bytes: int = BLOCK_BYTES) -> list[Box]:
+  """Boxes of whole chunks (clipped to ``box``) that tile ``box``.
+
+  Every chunk of the grid (``chunks``, origin 0; a chunk size of 0 means the
+  whole dimension) that meets ``box`` lies in exactly one block, so reading
+  each block once reads each chunk once. A block holds at most
+  ``block_bytes`` or one chunk, whichever is more: chunks are grouped along
+  the last dimensions first (contiguous in C order).
+  """
+  chunks = [c if c > 0 else max(hi, 1) for c, (lo, hi) in zip(chunks, box)]
+  cells = [_cells(lo, hi, c) for (lo, hi), c in zip(box, chunks)]
+  budget = max(1, block_bytes // max(1, itemsize))
+  size = math.prod(min(c, hi - lo) for c, (lo, hi) in zip(chunks, box))  # one chunk, clipped
+  group = [1] * len(box)
+  for i in reversed(range(len(box))):
+    group[i] = max(1, min(len(cells[i]), budget // max(1, size)))
+    size *= group[i]
+  spans = [[(dim[j][0], dim[min(j + g, len(dim)) - 1][1]) for j in range(0, len(dim), g)]
+           for dim, g in zip(cells, group)]
+  return [tuple(b) for b in itertools.product(*spans)]
+
+
+def _overlap(a: Box, b: Box) -> Optional[Box]:
+  out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
+  return out if all(lo < hi for lo, hi in out) else None
+
+
+def _index(box: Box) -> Index:
+  return tuple(slice(lo, hi) for lo, hi in box)
+
+
+def _within(inner: Box, outer: Box) -> Index:
+  """``inner`` as an index into an array holding ``outer``."""
+  return tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(inner, outer))
+
+
+def _assemble(name: str, boxes: Sequence[Box], reader: ChunkedReader,
+              dtype: np.dtype) -> dict[Box, np.ndarray]:
+  """The slices ``boxes`` of a chunked array in ``dtype``, every chunk they
+  need read once (``chunk_blocks`` of their bounding box)."""
+  out = {b: np.empty([hi - lo for lo, hi in b], dtype) for b in boxes}
+  if not boxes:
+    return out
+  cover = tuple((min(d[0] for d in dims), max(d[1] for d in dims)) for dims in zip(*boxes))
+  for block in chunk_blocks(cover, reader.chunks, reader.dtype.itemsize):
+    parts = [(b, o) for b in boxes if (o := _overlap(b, block)) is not None]
+    if not parts:
+      continue  # chunks no local device holds (a host's devices are not contiguous)
+    data = reader.read(_index(block))
+    for b, o in parts:
+      out[b][_within(o, b)] = data[_within(o, block)]  # casts to dtype
+    del data
+  for b in boxes:
+    _record(name, math.prod(hi - lo for lo, hi in b) * reader.dtype.itemsize)
+  return out
+
+
+def place_array(name: str, shape: tuple[int, ...],
+                read_slice: Union[SliceReader, ChunkedReader], dtype: np.dtype,
+                sharding: jax.sharding.Sharding) -> jax.Array:
+  """One array on its devices; devices holding the same slice share one read.
+
+  A ``SliceReader`` is asked for each distinct device slice; a
+  ``ChunkedReader`` is read once per chunk for all of them (``_assemble``).
+  """
+  shape = tuple(shape)
+  if isinstance(read_slice, ChunkedReader):
+    local = {index_box(i, shape) for i in
+             sharding.addressable_devices_indices_map(shape).values()}
+    slices = _assemble(name, sorted(local), read_slice, dtype)
+    out = jax.make_array_from_callback(shape, sharding,
+                                       lambda index: slices[index_box(index, shape)],
+                                       dtype=dtype)
+    out.block_until_ready()  # frees the host slices once on the devices
+    return out
+
+  memo: dict[Box, np.ndarray] = {}
 
   def callback(index: Index) -> np.ndarray:
-    key = tuple((s.start, s.stop, s.step) for s in index)  # slices are unhashable
+    key = index_box(index, shape)
     if key not in memo:
       raw = read_slice(index)
       _record(name, int(raw.nbytes))
@@ -129,21 +280,40 @@ def place_array(name: str, shape: tuple[int, ...], read_slice: SliceReader,
       memo[key] = np.ascontiguousarray(raw, dtype=dtype)
     return memo[key]
 
-  out = jax.make_array_from_callback(tuple(shape), sharding, callback, dtype=dtype)
+  out = jax.make_array_from_callback(shape, sharding, callback, dtype=dtype)
   out.block_until_ready()  # frees the host slices before the next array is read
   return out
 
 
 def place_arrays(sources: Mapping[str, ArraySource], param_dtype: Any,
-                 partitioner: Optional[Partitioner]) -> dict:
-  """Every array of ``sources`` placed in turn; returns the nested T5X tree."""
+                 partitioner: Optional[Partitioner], in_flight: int = 1) -> dict:
+  """Every array of ``sources`` placed, ``in_flight`` at a time; returns the
+  nested T5X tree (the same arrays whatever ``in_flight``).
+
+  A failure stops arrays not yet started and raises the error of the first
+  failing array in name order among those placed.
+  """
+  if in_flight < 1:
+    raise ValueError(f"in_flight must be at least 1, got {in_flight}")
   # All shardings first: a dimension the mesh does not divide fails before any read.
   shardings = {n: target_sharding(n, s.shape, partitioner) for n, s in sources.items()}
-  out = {}
-  for name in sorted(sources):
+
+  def place(name: str) -> jax.Array:
     src = sources[name]
     dtype = np.dtype(stored_dtype(name, param_dtype))
-    out[name] = place_array(name, src.shape, src.open(), dtype, shardings[name])
+    return place_array(name, src.shape, src.open(), dtype, shardings[name])
+
+  names = sorted(sources)
+  if in_flight == 1:
+    return unflatten({name: place(name) for name in names})
+  out = {}
+  pool = concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="place_array")
+  try:
+    futures = {name: pool.submit(place, name) for name in names}
+    for name in names:
+      out[name] = futures[name].result()
+  finally:
+    pool.shutdown(wait=True, cancel_futures=True)
   return unflatten(out)
 
 

@@ -1,10 +1,14 @@
-"""T5X's legacy layout: ``checkpoint_<step>/checkpoint`` (msgpack) whose
-parameter leaves are inline arrays or TensorStore zarr specs relative to the
-step directory. Local paths and ``gs://`` paths.
+"""T5X's legacy layout: a msgpack file ``checkpoint`` whose parameter leaves
+are inline arrays or TensorStore zarr specs relative to the directory holding
+it. That directory is ``checkpoint_<step>/``, or ``checkpoint_<step>/state/``
+when that holds the msgpack and no orbax ``_METADATA``: T5X's restore reads
+``state/checkpoint`` whenever ``state/`` exists, takes it for its own format
+unless orbax's ``_METADATA`` is beside it, and resolves the specs against the
+msgpack file's directory. Local paths and ``gs://`` paths.
 
-Each TensorStore array is opened once, when it is placed, and every device's
-slice is read from it with ``array[index].read()``: only the chunks that
-slice touches are fetched and decoded.
+Each TensorStore array is opened once, when it is placed, and read as a
+``placement.ChunkedReader``: the chunks this host's devices need are fetched
+and decoded once, whatever the number of devices.
 """
 
 from __future__ import annotations
@@ -71,8 +75,8 @@ def _ts_shape(spec: Mapping, resolved: dict, name: str, step_dir: str) -> tuple[
   return tuple(_ts_open(resolved, name, step_dir).shape)
 
 
-def _ts_reader(resolved: dict, name: str, step_dir: str) -> placement.SliceReader:
-  """Opens the array once; the reader fetches one slice per call."""
+def _ts_reader(resolved: dict, name: str, step_dir: str) -> placement.ChunkedReader:
+  """Opens the array once; the reader fetches one region (whole chunks) per call."""
   store = _ts_open(resolved, name, step_dir)
 
   def read(index: placement.Index) -> np.ndarray:
@@ -81,7 +85,7 @@ def _ts_reader(resolved: dict, name: str, step_dir: str) -> placement.SliceReade
     except Exception as e:  # a missing or corrupt chunk
       raise CheckpointError(f"{step_dir}: cannot read TensorStore array for {name} "
                             f"at {resolved['kvstore']}: {e}") from e
-  return read
+  return placement.ts_chunked_reader(store, read)
 
 
 def _inline_reader(arr: np.ndarray) -> placement.SliceReader:
@@ -104,7 +108,13 @@ def _t5x_target(state: Any, msgpack_path: str) -> Mapping:
 
 def load_t5x(step_dir: str, config: T5Config, param_dtype: Any,
              partitioner: Optional[Partitioner] = None) -> dict:
-  """The parameters of one T5X msgpack checkpoint, placed in their shards."""
+  """The parameters of one T5X msgpack checkpoint, placed in their shards.
+
+  ``step_dir`` is the directory holding the msgpack file ``checkpoint`` (a
+  ``checkpoint_<step>`` directory or its ``state/``); TensorStore specs are
+  resolved against it. From ``gs://``, ``placement.IN_FLIGHT`` arrays are
+  read at once.
+  """
   from flax import serialization
   msgpack_path = join(step_dir, T5X_MSGPACK)
   raw = read_bytes(msgpack_path)
@@ -117,6 +127,11 @@ def load_t5x(step_dir: str, config: T5Config, param_dtype: Any,
   del state  # keep only the target subtree (optimizer state is dropped unread)
   sources = {}
   for name, leaf in flatten(target, is_leaf=is_ts_spec).items():
+    if isinstance(leaf, str):  # e.g. orbax's "PLACEHOLDER://<name>" for an array stored apart
+      raise CheckpointError(f"{msgpack_path}: parameter {name} is the string {leaf[:60]!r}, "
+                            "not an array or a TensorStore spec (an orbax placeholder? then "
+                            "this is an orbax checkpoint written without _METADATA, which "
+                            "this loader does not read)")
     if is_ts_spec(leaf):
       resolved = resolve_ts_spec(leaf, step_dir)
       sources[name] = placement.ArraySource(
@@ -126,4 +141,5 @@ def load_t5x(step_dir: str, config: T5Config, param_dtype: Any,
       arr = np.asarray(leaf)
       sources[name] = placement.ArraySource(arr.shape, functools.partial(_inline_reader, arr))
   check_shapes({n: s.shape for n, s in sources.items()}, config, step_dir)
-  return placement.place_arrays(sources, param_dtype, partitioner)
+  return placement.place_arrays(sources, param_dtype, partitioner,
+                                placement.in_flight_for(step_dir))
