@@ -13,7 +13,7 @@ import inspect
 from typing import Any, Callable, Optional
 
 from specdec_jax.drafts.base import (ApproximationModel, DraftInterfaceError, check_interface,
-                                     gather_positions)
+                                     check_tree, gather_positions)
 from specdec_jax.drafts.lookup_t5 import LookupT5Draft
 from specdec_jax.drafts.ngram import BigramDraft, UnigramDraft
 from specdec_jax.drafts.prompt_lookup import PromptLookupDraft
@@ -136,5 +136,5 @@ BUILTIN = frozenset(REGISTRY)
 
 __all__ = ["ApproximationModel", "BUILD_ARGS", "DraftInterfaceError", "BUILTIN", "BigramDraft",
            "LookupT5Draft", "PromptLookupDraft",
-           "REGISTRY", "T5Draft", "UnigramDraft", "build", "check_interface",
+           "REGISTRY", "T5Draft", "UnigramDraft", "build", "check_interface", "check_tree",
            "gather_positions", "register", "requires", "takes"]

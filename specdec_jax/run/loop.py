@@ -17,20 +17,23 @@ averages sum_x min(p, q) along the generated tokens.
 from __future__ import annotations
 
 import time
-from typing import Optional
+import types
+from typing import Any, Optional
 
 import jax
 import numpy as np
 from absl import logging
 
 from specdec_jax import data
-from specdec_jax.decoding import alpha_estimates, speculative_decode, temperature_sample
+from specdec_jax.decoding import (TreeStats, alpha_estimates, speculative_decode,
+                                  temperature_sample, tree_speculative_decode)
 from specdec_jax.run import account, autogamma, hosts
 from specdec_jax.run.report import Progress, summarize, summarize_alpha
 from specdec_jax.run.settings import Experiment
 from specdec_jax.run.setup import Setup, held_out_inputs
 from specdec_jax.run.workdir import Workdir
 from specdec_jax.timing import block, measure_costs, timed, warm_up_widths
+from specdec_jax.tree import TreeShape
 
 
 def batch_indices(n: int, start: int, batch: int):
@@ -74,6 +77,25 @@ def _auto_gamma(setup: Setup, workdir: Workdir, root) -> tuple[int, Optional[dic
   return choice.gamma, choice.as_record()
 
 
+def tree_counts(st: TreeStats, tree: TreeShape) -> tuple[Any, dict]:
+  """A tree run's per-row statistics (host arrays) in the chain's record
+  fields: a round 'rejects' when it accepts fewer than D levels, so α is the
+  rate at which a tree level is accepted through any of its branches (the
+  chain's α for a chain). Fields the chain's kernel fills per position
+  (accepted_at, evaluated_at, min_pq_sum) stay empty; gamma_hist holds the
+  rounds' accepted depths."""
+  b = st.target_calls.shape[0]
+  rejected = st.target_calls - st.depth_hist[:, tree.max_depth]
+  alpha = st.accepted / np.maximum(st.accepted + rejected, 1)
+  empty = np.zeros((b, 0), np.int32)
+  rows = types.SimpleNamespace(
+      target_calls=st.target_calls, draft_calls=st.draft_calls, accepted=st.accepted,
+      rejected=rejected, min_pq_sum=np.zeros(b), accepted_at=empty, evaluated_at=empty,
+      gamma_hist=st.depth_hist, target_positions=st.target_positions,
+      depth_hist=st.depth_hist, rank_hist=st.rank_hist)
+  return rows, {"alpha": alpha, "alpha_min_pq": np.full(b, np.nan)}
+
+
 def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   exp = setup.exp
   sampling = exp.sampling
@@ -83,10 +105,17 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   place = setup.partitioner.shard_batch if setup.partitioner else (lambda x: x)
   base_fn = lambda x, k: temperature_sample(target, tparams, place(x), k, **kw)
   root = jax.random.PRNGKey(exp.seed)
-  gamma, gamma_auto = _auto_gamma(setup, workdir, root)
-  spec_fn = lambda x, k: speculative_decode(target, tparams, draft, place(x), k,
-                                            gamma=gamma, lenience=exp.lenience,
-                                            adaptive=exp.adaptive, **kw)
+  tree = exp.tree_shape
+  if tree is None:
+    gamma, gamma_auto = _auto_gamma(setup, workdir, root)
+    spec_fn = lambda x, k: speculative_decode(target, tparams, draft, place(x), k,
+                                              gamma=gamma, lenience=exp.lenience,
+                                              adaptive=exp.adaptive, **kw)
+  else:
+    # c, v and the caches are sized by the positions a round scores (N).
+    gamma, gamma_auto = exp.verify_gamma, None
+    spec_fn = lambda x, k: tree_speculative_decode(target, tparams, draft, place(x), k,
+                                                   tree=tree, **kw)
   n_total = len(setup.examples)
   # Warm-up: compile both loops on the warm-up examples (or the first batch).
   t0 = time.perf_counter()
@@ -138,6 +167,8 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   logging.info("Prefill ms (baseline, speculative) by input width: %s",
                {w: (round(b, 2), round(p, 2)) for w, (b, p) in prefill.items()})
   extra = {"gamma": gamma} if gamma_auto is None else {"gamma": gamma, "gamma_auto": gamma_auto}
+  if tree is not None:
+    extra = {"tree": exp.tree, "tree_nodes": tree.num_nodes, "tree_depth": tree.max_depth}
 
   t_start = time.perf_counter()
   processed = 0
@@ -148,8 +179,11 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
     key = jax.random.fold_in(root, rows[0])
     base, base_s = timed(lambda: base_fn(x, key))
     spec, spec_s = timed(lambda: spec_fn(x, key))
-    alphas = hosts.to_host(alpha_estimates(spec.stats))
-    st = hosts.to_host(spec.stats)
+    if tree is None:
+      alphas = hosts.to_host(alpha_estimates(spec.stats))
+      st = hosts.to_host(spec.stats)
+    else:
+      st, alphas = tree_counts(hosts.to_host(spec.stats), tree)
     base_tok, spec_tok = hosts.to_host((base.tokens, spec.tokens))
     base_len, spec_len = hosts.to_host((base.length, spec.length))
     for j, i in enumerate(rows):
@@ -164,6 +198,8 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
           "min_pq_sum": float(st.min_pq_sum[j]),
           "accepted_at": st.accepted_at[j].tolist(), "evaluated_at": st.evaluated_at[j].tolist(),
           "gamma_hist": st.gamma_hist[j].tolist(),
+          **({} if tree is None else {"depth_hist": st.depth_hist[j].tolist(),
+                                      "rank_hist": st.rank_hist[j].tolist()}),
           "target_positions": int(st.target_positions[j]),
           "alpha": float(alphas["alpha"][j]), "alpha_min_pq": float(alphas["alpha_min_pq"][j]),
           "tokens_per_target_call": int(spec_len[j]) / max(int(st.target_calls[j]), 1),

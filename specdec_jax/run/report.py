@@ -43,7 +43,7 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
       "mode": "speculative", "task": exp.task, "target": target_label, "draft": draft_label,
       "temperature": exp.sampling.temperature, "topk": exp.sampling.topk,
       "topp": exp.sampling.topp,
-      "gamma": exp.gamma, "lenience": exp.lenience, "batch_size": exp.batch_size,
+      "gamma": None if exp.tree else exp.gamma, "lenience": exp.lenience, "batch_size": exp.batch_size,
       "mesh_shape": list(exp.mesh_shape) if exp.mesh_shape else None,
       "param_dtype": exp.param_dtype, "dtype": exp.dtype,
       "draft_shortlist": exp.draft_shortlist or None,
@@ -77,8 +77,17 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
                               + (f" {a.threshold:g}" if a.threshold is not None else "")
                               + (f" skip {a.skip_below:g}" if a.skip_below is not None else "")
                               + (" drawn" if a.confidence == "drawn" else ""))
-  # Theorem 3.8 is for a fixed γ: an adaptive run has no such prediction.
-  ok = records and not math.isnan(alpha) and exp.adaptive is None
+  if exp.tree:
+    depth = np.sum([r["depth_hist"] for r in records], 0) if records else np.zeros(1)
+    summary["tree"] = exp.tree
+    summary["tree_nodes"] = exp.tree_shape.num_nodes
+    summary["alpha_min_pq"] = None
+    summary["depth_hist"] = depth.tolist()     # rounds that accepted j levels, at j
+    summary["rank_hist"] = (np.sum([r["rank_hist"] for r in records], 0).tolist()
+                            if records else [])  # accepted nodes by sibling rank
+    summary["gamma_label"] = f"tree {exp.tree}"
+  # Theorem 3.8 is for a fixed γ chain: adaptive and tree runs have no such prediction.
+  ok = records and not math.isnan(alpha) and exp.adaptive is None and not exp.tree
   summary["expected_speedup"] = (float(theory.walltime_improvement(min(alpha, 1.0), exp.gamma,
                                                                    costs["c"]))
                                  if ok else None)
@@ -109,6 +118,12 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   return summary
 
 
+def _gamma_words(s: dict) -> str:
+  if s.get("tree"):
+    return f"tree {s['tree']}, {s['tokens_per_target_call']:.2f} tokens per target call"
+  return f"γ {s['gamma']}"
+
+
 def cost_segments(records: list[dict]) -> list[dict]:
   """Each run segment's cost measurement, in order: consecutive lines that
   carry the same (c, v, ...) were measured by one process."""
@@ -127,7 +142,8 @@ def table2_row(s: dict) -> str:
   head = "| TASK | M_q | TEMP | γ | α | SPEED | EXP (Thm 3.8) | EXP (with v) | mismatches |"
   sep = "|---|---|---|---|---|---|---|---|---|"
   fmt = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"
-  row = (f"| {s['task']} | {s['draft']} | {s['temperature']:g} | {s['gamma']} | "
+  row = (f"| {s['task']} | {s['draft']} | {s['temperature']:g} | "
+         f"{s.get('gamma_label') or s['gamma']} | "
          f"{fmt(s['alpha'])} | {fmt(s['speedup'])}X | {fmt(s['expected_speedup'])}X | "
          f"{fmt(s['expected_speedup_v'])}X | "
          f"{'-' if s['mismatches_vs_baseline'] is None else s['mismatches_vs_baseline']} |")
@@ -194,7 +210,7 @@ def conclusion(s: dict, workdir: str) -> str:
   speed = s["speedup"]
   verdict = (f"{speed:.2f}× faster than" if speed >= 1 else f"{1 / speed:.2f}× slower than")
   text = (f"Speculative decoding was {verdict} the baseline on {n} held-out examples "
-          f"(α {s['alpha']:.2f}, γ {s['gamma']}, T = {s['temperature']:g}); ")
+          f"(α {s['alpha']:.2f}, {_gamma_words(s)}, T = {s['temperature']:g}); ")
   bad = s["mismatches_vs_baseline"]
   if bad is None:
     text += ("at T > 0 the two loops draw their own samples, so outputs are not compared "

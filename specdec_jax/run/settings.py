@@ -19,6 +19,7 @@ import gin
 from specdec_jax import data, drafts, partitioning, storage
 from specdec_jax.decoding import AdaptiveConfig
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.tree import TreeShape
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}   # activation dtype -> bytes
@@ -101,6 +102,10 @@ class Experiment:
   # ``@AdaptiveConfig()`` with ``AdaptiveConfig.rule`` etc. bound; gamma is then γ_max.
   adaptive: Optional[AdaptiveConfig] = None
   lenience: float = 1.0
+  # A token tree verified in one target pass per round (specdec_jax.tree.TreeShape.parse):
+  # '' (the chain of gamma), 'spine:4,2,2,1', 'full:3,2,1', 'parents:-1,0,0,1'.
+  # Replaces gamma; exact for every draft that can fill it (README, "Token trees").
+  tree: str = ""
   batch_size: int = 1
   max_input_len: int = 128
   # Input lengths to pad each batch to: the smallest that holds its longest
@@ -173,6 +178,20 @@ class Experiment:
         raise ValueError(f"Experiment.adaptive (rule {self.adaptive.rule!r}): {e}") from None
     if not 0 < self.lenience <= 1:
       raise ValueError(f"Experiment.lenience must be in (0, 1] (1 is exact), got {self.lenience}")
+    if self.tree:
+      shape = self.tree_shape  # a malformed tree fails here, naming itself
+      clash = [(f, why) for f, on, why in (
+          ("adaptive", self.adaptive is not None, "a tree's shape is fixed per run"),
+          ("lenience", self.lenience != 1.0, "trees are verified exactly"),
+          ("gamma", self.gamma == "auto", "the tree's depth replaces γ")) if on]
+      if clash:
+        f, why = clash[0]
+        raise ValueError(f"Experiment.tree={self.tree!r} cannot run with Experiment.{f}="
+                         f"{getattr(self, f)!r}: {why}")
+      try:
+        shape.check_room(self.max_decode_len)
+      except ValueError as e:
+        raise ValueError(f"Experiment.tree={self.tree!r}: {e}") from None
     if self.draft_name not in drafts.REGISTRY:
       raise ValueError(f"unknown approximation model Experiment.draft_name="
                        f"{self.draft_name!r}; known: {sorted(drafts.REGISTRY)} (a draft "
@@ -230,6 +249,24 @@ class Experiment:
         raise FileNotFoundError(f"Experiment.{name}: {value!r} does not exist (looked in: "
                                 f"{', '.join(candidates(value))})")
 
+  @property
+  def tree_shape(self) -> Optional[TreeShape]:
+    """``tree`` parsed (None for the chain); a bad one raises ``ValueError``
+    naming Experiment.tree."""
+    if not self.tree:
+      return None
+    try:
+      return TreeShape.parse(self.tree)
+    except ValueError as e:
+      raise ValueError(f"Experiment.tree: {e}") from None
+
+  @property
+  def verify_gamma(self) -> int:
+    """Positions the target scores per round, minus one: γ for a chain,
+    N - 1 for a tree of N nodes (what c, v and the caches are sized by)."""
+    shape = self.tree_shape
+    return self.gamma if shape is None else shape.num_nodes - 1
+
   def check_types(self) -> None:
     """Each field has its annotated type (gin passes whatever the config says)."""
     hints = typing.get_type_hints(Experiment)
@@ -253,7 +290,10 @@ class Experiment:
 
   @property
   def gamma_bound(self) -> int:
-    """The largest γ any round may use: what caches and memory are sized for."""
+    """The largest γ any round may use: what caches and memory are sized for
+    (with a tree, its N - 1: the target scores N positions per round)."""
+    if self.tree:
+      return self.verify_gamma
     return self.auto_gamma_max if self.gamma == "auto" else self.gamma
 
   @property

@@ -267,6 +267,8 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
       exp.batch_size, 0)), target.config.vocab_size, exp.gamma_bound,
       exp.max_decode_len + exp.gamma_bound + 1, exp.sampling,
       concrete=exp.draft_name not in drafts.BUILTIN, target_width=target.config.d_model)
+  if exp.tree_shape is not None:
+    drafts.check_tree(exp.draft_name, draft, exp.tree_shape)
   return draft
 
 

@@ -1,0 +1,150 @@
+"""Token trees against chains on one pair of models: tokens per target call,
+measured, and the accelerator speedup that acceptance would buy under a
+roofline model of the target's pass (paper §3.3-3.4: a round costs the draft's
+calls plus one target pass whose price v grows with the positions scored).
+
+``compare`` decodes the same inputs with each chain γ and each tree (batched,
+every row's own counts), ``roofline_speedup`` prices a round on a TPU chip
+from the two models' shapes. Used by ``scripts/bench_tree.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.decoding import (speculative_decode, temperature_sample,
+                                  tree_speculative_decode)
+from specdec_jax.models.t5 import T5Config, param_shapes
+from specdec_jax.research.common import seconds
+from specdec_jax.run.chips import Chip
+from specdec_jax.sampling import SamplingConfig
+from specdec_jax.tree import TreeShape
+
+Shape = Union[int, TreeShape]  # an int is the chain of that γ (the chain engine)
+
+
+@dataclasses.dataclass
+class Row:
+  """One shape's totals over the inputs (``compare``)."""
+
+  label: str
+  width: int                # positions the target scores per call (N, or γ + 1)
+  depth: int                # most proposals one round can accept (D, or γ)
+  tokens: int               # output tokens
+  target_calls: int
+  draft_calls: int
+  sibling_wins: int         # accepted nodes that were not a first child (trees)
+  accepted: int             # accepted proposals
+  seconds: float            # one timed call over all inputs (compiled beforehand)
+
+  @property
+  def tokens_per_call(self) -> float:
+    return self.tokens / max(self.target_calls, 1)
+
+  @property
+  def draft_per_call(self) -> float:
+    return self.draft_calls / max(self.target_calls, 1)
+
+
+def _run(target, params, draft, inputs, key, shape: Shape, sampling: SamplingConfig,
+         max_decode_len: int, eos_id: int):
+  if isinstance(shape, TreeShape):
+    return tree_speculative_decode(target, params, draft, inputs, key, tree=shape,
+                                   max_decode_len=max_decode_len, sampling=sampling,
+                                   eos_id=eos_id)
+  return speculative_decode(target, params, draft, inputs, key, gamma=shape,
+                            max_decode_len=max_decode_len, sampling=sampling, eos_id=eos_id)
+
+
+def compare(target, params, draft, inputs: np.ndarray, shapes: Mapping[str, Shape],
+            sampling: SamplingConfig, max_decode_len: int, eos_id: int = 1,
+            seed: int = 0) -> tuple[list[Row], float]:
+  """Every shape over the same batch of inputs [B, S] (one call each, after
+  a compiling call), and the baseline's seconds over them. -> (rows,
+  baseline seconds). At temperature 0 every row's tokens equal the
+  baseline's (checked here: a mismatch raises)."""
+  inputs = jnp.asarray(inputs)
+  key = jax.random.PRNGKey(seed)
+  base = lambda: temperature_sample(target, params, inputs, key, max_decode_len=max_decode_len,
+                                    sampling=sampling, eos_id=eos_id)
+  want = jax.block_until_ready(base())
+  base_s = seconds(base)
+  rows = []
+  for label, shape in shapes.items():
+    call = lambda: _run(target, params, draft, inputs, key, shape, sampling, max_decode_len,
+                        eos_id)
+    out = jax.block_until_ready(call())
+    secs = seconds(call)
+    if sampling.greedy and not np.array_equal(np.asarray(out.tokens), np.asarray(want.tokens)):
+      raise AssertionError(f"{label}: output differs from the baseline's at temperature 0")
+    st = out.stats
+    if isinstance(shape, TreeShape):
+      width, depth = shape.num_nodes, shape.max_depth
+      wins = int(np.asarray(st.rank_hist)[:, 1:].sum())
+    else:
+      width, depth, wins = shape + 1, shape, 0
+    rows.append(Row(label, width, depth, int(np.asarray(out.length).sum()),
+                    int(np.asarray(st.target_calls).sum()), int(np.asarray(st.draft_calls).sum()),
+                    wins, int(np.asarray(st.accepted).sum()), secs))
+  return rows, base_s
+
+
+def _decoder_params(cfg: T5Config) -> int:
+  """Parameters a decoding step reads: the decoder's and the output layer's
+  (one embedding row per position aside)."""
+  shapes = param_shapes(cfg)["decoder"]
+  n = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
+  if cfg.logits_via_embedding:
+    n += cfg.vocab_size * cfg.d_model
+  return n
+
+
+def pass_seconds(cfg: T5Config, chip: Chip, devices: int, width: int, cache_len: int,
+                 input_len: int, bytes_per_param: int = 2) -> float:
+  """A roofline model of one decoder pass over ``width`` positions at batch 1,
+  the weights split over ``devices`` chips: max(flops / peak, bytes / HBM
+  bandwidth), bytes = the decoder and output-layer weights plus the
+  self- and cross-attention keys/values read; flops = 2 per weight per
+  position. A model, not a measurement: no collectives, no launch latency."""
+  weights = _decoder_params(cfg)
+  kv = 2 * cfg.num_decoder_layers * cfg.num_heads * cfg.head_dim * (cache_len + input_len)
+  nbytes = (weights + kv) * bytes_per_param / devices
+  flops = 2.0 * weights * width / devices
+  return max(flops / chip.peak_flops, nbytes / chip.hbm_bandwidth)
+
+
+def roofline_speedup(row: Row, target_cfg: T5Config, draft_cfg: T5Config, chip: Chip,
+                     devices: int, cache_len: int = 256, input_len: int = 512) -> dict[str, float]:
+  """The speedup a row's measured acceptance would give on ``chip`` under
+  ``pass_seconds``: tokens per call / (draft calls per call · c + v(width)),
+  with c = a one-position draft pass over a one-position target pass and
+  v(width) = the target's pass over ``width`` positions over a one-position
+  one (Theorem 3.8's accounting with v, §3.4). A T5 draft's tree call feeds
+  a whole depth of nodes: priced as one pass of that draft."""
+  step = pass_seconds(target_cfg, chip, devices, 1, cache_len, input_len)
+  c = pass_seconds(draft_cfg, chip, devices, 1, cache_len, input_len) / step
+  v = pass_seconds(target_cfg, chip, devices, row.width, cache_len, input_len) / step
+  return {"c": c, "v": v, "speedup": row.tokens_per_call / (row.draft_per_call * c + v)}
+
+
+def trim_padding(inputs: np.ndarray) -> np.ndarray:
+  """Drops the columns that are padding in every row (fewer positions to encode)."""
+  used = np.nonzero(np.any(np.asarray(inputs) != 0, axis=0))[0]
+  return np.asarray(inputs)[:, :int(used.max()) + 1 if used.size else 1]
+
+
+def summary(rows: list[Row], chains: Mapping[int, str]) -> list[dict[str, Any]]:
+  """Each row with its gain in tokens per call over the chain of the same
+  depth (``chains``: depth -> that chain's label), where there is one."""
+  by_label = {r.label: r for r in rows}
+  out = []
+  for r in rows:
+    ref = by_label.get(chains.get(r.depth, ""))
+    gain = r.tokens_per_call / ref.tokens_per_call - 1 if ref is not None else float("nan")
+    out.append({"row": r, "gain_vs_chain": gain})
+  return out
