@@ -253,6 +253,12 @@ class TreeShape:
     on = {0, *self.spine_nodes}
     return all(p in on for p in self.parents[1:])
 
+  @property
+  def is_fan(self) -> bool:
+    """Whether only the root branches: a fan of chains, one per root child
+    (e.g. several prompt-lookup matches)."""
+    return all(len(g) == 1 for g in self.sibling_groups if self.parents[g[0]] != 0)
+
   def nodes_at(self, depth: int, with_children: bool = False) -> tuple[int, ...]:
     """Nodes at ``depth`` in index order; with ``with_children`` only those that
     have children (the ones a draft must feed to expand the tree)."""

@@ -727,7 +727,7 @@ def test_tree_run_records_depths_and_branches(env, capsys, tmp_path):
     ("Experiment.tree = 'full:2'\nExperiment.gamma = 'auto'", "depth replaces"),
     ("Experiment.tree = 'full:2'\n" + ADAPTIVE + "'schedule'", "shape is fixed per run"),
     ("Experiment.tree = 'full:2,2'\nExperiment.draft_name = 'prompt_lookup'\n"
-     "Experiment.draft_checkpoint = ''", "proposes chains only"),
+     "Experiment.draft_checkpoint = ''", "fans of chains from the root"),
 ])
 def test_tree_bad_input_fails_before_work(env, binding, message):
   """Each bad tree setting is refused while the config is validated; a draft

@@ -25,6 +25,7 @@ __all__ = ["greedy_case", "seq_models"]  # fixtures, imported for pytest
 
 FULL = TreeShape.parse("full:2,2,1")     # 1 + 2 + 4 + 4 = 11 nodes, depth 3
 SPINE = TreeShape.parse("spine:3,2,2")   # 1 + 7 nodes, depth 3
+FAN = TreeShape.parse("parents:-1,0,0,0,1,2,3,4,5,6")  # three chains of 3 from the root
 
 
 def _near_target(params, scale: float, seed: int):
@@ -46,7 +47,7 @@ def _tree_drafts(model, params, tiny_draft):
 
 @pytest.mark.parametrize("draft_name,shape", [("t5", FULL), ("t5", SPINE),
                                               ("lookup_t5", SPINE), ("prompt_lookup", SPINE),
-                                              ("t5_small", FULL)])
+                                              ("prompt_lookup", FAN), ("t5_small", FULL)])
 def test_greedy_tree_identical_to_baseline(tiny_target, tiny_draft, greedy_case, draft_name,
                                            shape):
   model, params = tiny_target
@@ -61,6 +62,9 @@ def test_greedy_tree_identical_to_baseline(tiny_target, tiny_draft, greedy_case,
   assert int(st.depth_hist.sum()) == int(st.target_calls.sum())
   assert int(st.accepted.sum()) == int(st.rank_hist.sum())
   assert int((out.length - st.accepted).sum()) <= int(st.target_calls.sum())
+  if shape is FAN:
+    # Matches other than the best one were verified and won rounds.
+    assert int(st.rank_hist[:, 1:].sum()) > 0, np.asarray(st.rank_hist)
   if draft_name in ("t5", "lookup_t5"):
     # The test means something only if paths went deep (and, for the T5
     # draft, through its runner-up tokens; a chain-only draft's one-hot q at
@@ -146,8 +150,11 @@ def test_a_wrong_tree_rule_fails_the_distribution_test(seq_models, monkeypatch):
 def test_bad_trees_fail_before_any_work(tiny_target, tiny_draft):
   model, params = tiny_target
   pl = drafts.build("prompt_lookup", vocab_size=64)
-  with pytest.raises(DraftInterfaceError, match="proposes chains only.*spine"):
+  with pytest.raises(DraftInterfaceError, match="fills spine trees .* and fans of chains"):
     check_tree("prompt_lookup", pl, FULL)
+  with pytest.raises(DraftInterfaceError, match="proposes chains only.*spine"):
+    check_tree("bigram", drafts.build("bigram", corpus=np.zeros((2, 3), np.int32),
+                                      vocab_size=64), FULL)
   featured = drafts.T5Draft(params=tiny_draft[1], model=tiny_draft[0],
                             feature={"kernel": jnp.zeros((32, 32)),
                                      "staleness": jnp.zeros((4, 32))})

@@ -13,9 +13,58 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec_jax.drafts.base import skip_unsure
+from specdec_jax.drafts.base import skip_unsure, spine_proposal
+from specdec_jax.tree import TreeShape
 
 Array = jax.Array
+
+
+def _match_lengths(inputs: Array, seq: Array, length: Array,
+                   max_ngram: int) -> tuple[Array, Array, Array]:
+  """-> (context [B, C], valid [B, C], n [B, C]): the context (input tokens,
+  then the committed output tokens seq[:, 1:length + 1]), which of its
+  entries are real tokens, and at each position i the largest n <=
+  max_ngram such that the last n committed tokens occur ending at i (0:
+  none), excluding the suffix's own occurrence and matches ending at the end."""
+  b, s = inputs.shape
+  t = seq.shape[1] - 1
+  ctx = jnp.concatenate([inputs, seq[:, 1:]], axis=1)                # [B, S+T]
+  valid = jnp.concatenate([inputs != 0, jnp.arange(t)[None] < length[:, None]], axis=1)
+  pos = jnp.arange(s + t)
+  end = s + length                                                  # [B] one past last token
+  best = jnp.zeros((b, s + t), jnp.int32)
+  for n in range(1, max_ngram + 1):                                 # longer n overrides
+    suffix_idx = end[:, None] - n + jnp.arange(n)[None]            # [B, n]
+    suffix = jnp.take_along_axis(ctx, jnp.clip(suffix_idx, 0), axis=1)
+    match = jnp.ones((b, s + t), bool) & (length >= n)[:, None]
+    for j in range(n):
+      shifted = jnp.roll(ctx, n - 1 - j, axis=1)                     # ctx[i - (n-1-j)]
+      vshift = jnp.roll(valid, n - 1 - j, axis=1)
+      match &= (shifted == suffix[:, j:j + 1]) & vshift & (pos[None] >= n - 1 - j)
+    match &= pos[None] < (end[:, None] - 1)
+    best = jnp.where(match, n, best)
+  return ctx, valid, best
+
+
+def lookup_branches(inputs: Array, seq: Array, length: Array, gamma: int, max_ngram: int,
+                    branches: int) -> tuple[Array, Array, Array]:
+  """The γ tokens after each of the ``branches`` best matches of the
+  committed suffix: ranked by match length n, then recency (the first is
+  ``lookup_continuation``'s). Returns (tokens [B, K, γ] int32, matched [B,
+  K] int32: each match's n, 0 if none, valid [B, K, γ] bool: token i is a
+  real context token). Depends only on the context, never on the target."""
+  ctx, valid, n = _match_lengths(inputs, seq, length, max_ngram)
+  c = ctx.shape[1]
+  score = jnp.where(n > 0, n * c + jnp.arange(c)[None], -1)
+  top, at = jax.lax.top_k(score, branches)                           # [B, K]
+  found = top >= 0
+  idx = at[..., None] + 1 + jnp.arange(gamma)[None, None]            # [B, K, γ]
+  flat = jnp.clip(idx, 0, c - 1).reshape(idx.shape[0], -1)
+  cont = jnp.take_along_axis(ctx, flat, axis=1).reshape(idx.shape)
+  ok = (found[..., None] & jnp.take_along_axis(valid, flat, axis=1).reshape(idx.shape)
+        & (idx < c))
+  matched = jnp.where(found, jnp.take_along_axis(n, at, axis=1), 0)
+  return cont.astype(jnp.int32), matched.astype(jnp.int32), ok
 
 
 def lookup_continuation(inputs: Array, seq: Array, length: Array, gamma: int,
@@ -31,36 +80,8 @@ def lookup_continuation(inputs: Array, seq: Array, length: Array, gamma: int,
   valid [B, γ] bool: token i is a real context token, not padding or past the
   end). Depends only on the context, never on the target.
   """
-  b, s = inputs.shape
-  t = seq.shape[1] - 1
-  gen = seq[:, 1:]
-  ctx = jnp.concatenate([inputs, gen], axis=1)                        # [B, S+T]
-  valid = jnp.concatenate([inputs != 0, jnp.arange(t)[None] < length[:, None]], axis=1)
-  pos = jnp.arange(s + t)
-  end = s + length                                                  # [B] one past last token
-  best_start = jnp.full((b,), -1, jnp.int32)                        # continuation start
-  matched = jnp.zeros((b,), jnp.int32)
-  for n in range(1, max_ngram + 1):                                 # longer n overrides
-    # suffix[j] = last n committed tokens; match ends at i with i + 1 < end.
-    suffix_idx = end[:, None] - n + jnp.arange(n)[None]            # [B, n]
-    suffix = jnp.take_along_axis(ctx, jnp.clip(suffix_idx, 0), axis=1)
-    ok = length >= n
-    match = jnp.ones((b, s + t), bool)
-    for j in range(n):
-      shifted = jnp.roll(ctx, n - 1 - j, axis=1)                     # ctx[i - (n-1-j)]
-      vshift = jnp.roll(valid, n - 1 - j, axis=1)
-      match &= (shifted == suffix[:, j:j + 1]) & vshift & (pos[None] >= n - 1 - j)
-    # Exclude the suffix's own occurrence and any match ending at the end.
-    match &= pos[None] < (end[:, None] - 1)
-    last = jnp.max(jnp.where(match, pos[None], -1), axis=1)
-    found = ok & (last >= 0)
-    best_start = jnp.where(found, last + 1, best_start)
-    matched = jnp.where(found, n, matched)
-  idx = best_start[:, None] + jnp.arange(gamma)[None]
-  cont = jnp.take_along_axis(ctx, jnp.clip(idx, 0, s + t - 1), axis=1)
-  cont_ok = (best_start[:, None] >= 0) & jnp.take_along_axis(
-      valid, jnp.clip(idx, 0, s + t - 1), axis=1) & (idx < s + t)
-  return cont.astype(jnp.int32), matched, cont_ok
+  cont, matched, ok = lookup_branches(inputs, seq, length, gamma, max_ngram, 1)
+  return cont[:, 0], matched[:, 0], ok[:, 0]
 
 
 @struct.dataclass
@@ -106,6 +127,47 @@ class PromptLookupDraft:
     count = jnp.maximum(run, 1) if threshold < 1.0 else jnp.ones_like(run)
     count = skip_unsure(jnp.minimum(count, limit), copied[:, 0].astype(jnp.float32), skip_below)
     return tokens, q, count, jnp.asarray(gamma, jnp.int32), state
+
+  def tree_unsupported(self, tree: TreeShape) -> str | None:
+    """Spine trees (its chain; one-hot q leaves no alternatives) and fans
+    (chains from the root, ``TreeShape.is_fan``: one match each) only."""
+    if tree.is_spine or tree.is_fan:
+      return None
+    return ("prompt lookup fills spine trees (its chain) and fans of chains from the root "
+            "(one match per branch, e.g. 'parents:-1,0,0,1,2'), not trees that branch below "
+            "the root")
+
+  def propose_tree(self, state, seq, length, tree: TreeShape, sampling, key):
+    """A fan (``TreeShape.is_fan``): the root's k-th branch copies the
+    continuation of the k-th best match (``lookup_branches``), so several
+    matches of the suffix are verified in one pass; a node without a match
+    is not proposed (valid False, decided from the context alone). A spine
+    tree: the chain (``propose``) with its siblings unproposed. q is the
+    one-hot of each token (exact, docs/exactness.md, section 10)."""
+    why = self.tree_unsupported(tree)
+    if why:
+      raise ValueError(f"PromptLookupDraft: {why}")
+    depth = tree.max_depth
+    if tree.is_spine and not tree.is_fan:
+      chain, q, _ = self.propose(state, seq, length, depth, sampling, key)
+      tokens, q, valid = spine_proposal(tree, chain, q)
+      return tokens, q, valid, jnp.asarray(depth, jnp.int32), state
+    heads = tree.children_table[0][tree.children_table[0] >= 0]
+    cont, _, ok = lookup_branches(state, seq, length, depth, self.max_ngram, len(heads))
+    b = length.shape[0]
+    tokens = jnp.zeros((b, tree.num_nodes), jnp.int32)
+    valid = jnp.zeros((b, tree.num_nodes), bool)
+    for k, head in enumerate(heads):
+      node, d = int(head), 0
+      while node >= 0:  # down the branch's chain, one copied token per depth
+        tokens = tokens.at[:, node].set(cont[:, k, d])
+        valid = valid.at[:, node].set(ok[:, k, d])
+        node, d = int(tree.children_table[node, 0]), d + 1
+    # A node is proposed only under a proposed parent.
+    anc = jnp.asarray(tree.ancestor_mask[:, 1:])
+    valid = valid & ~jnp.any(anc[None] & ~valid[:, None, 1:], axis=-1)
+    q = jax.nn.one_hot(tokens, self.vocab_size, dtype=jnp.float32)
+    return tokens, q, valid, jnp.asarray(depth, jnp.int32), state
 
   def commit(self, state, seq, length):
     return state
