@@ -68,7 +68,7 @@ import numpy as np
 
 from specdec_jax.checkpoints import load_checkpoint
 from specdec_jax.decoding import temperature_sample
-from specdec_jax.models.t5 import PRESETS, T5Config, T5Model, cast_params, count_params
+from specdec_jax.models.t5 import PRESETS, T5Config, T5Model, count_params, stored_dtype
 from specdec_jax.run import script_args
 from specdec_jax.run.script_args import load_average, machine_description, markdown_header
 from specdec_jax.sampling import SamplingConfig
@@ -208,6 +208,31 @@ def load_t5_module(path: str):
   return mod
 
 
+@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
+def _normal(key, scale, shape: tuple, dtype):
+  return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
+
+
+def random_params(model, key, param_dtype) -> dict:
+  """Random weights in ``model.init``'s tree, leaves in ``stored_dtype``
+  (as ``cast_params(model.init(key), param_dtype)`` keeps them): arrays of
+  two or more dimensions normal with standard deviation 1/sqrt(first
+  dimension), vectors (norm scales) ones. For timing, where values do not
+  matter: one small program per distinct shape, where Flax's ``init`` of an
+  XL-sized model is one program that took a minute to compile on a CPU.
+  """
+  shapes = jax.eval_shape(model.init, key)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  keys = jax.random.split(key, len(flat))
+  leaves = []
+  for i, (path, leaf) in enumerate(flat):
+    dtype = stored_dtype("/".join(str(getattr(p, "key", p)) for p in path), param_dtype)
+    shape = tuple(leaf.shape)
+    leaves.append(jnp.ones(shape, dtype) if len(shape) < 2
+                  else _normal(keys[i], 1.0 / np.sqrt(shape[0]), shape, dtype))
+  return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
 def step_kernels(params: dict, config: T5Config) -> tuple[list[tuple], Any, bool]:
   """The matrices one cached decode step multiplies by, per decoder layer.
 
@@ -290,8 +315,11 @@ def vk_rows(label: str, params: dict, config: T5Config, models: dict, ks: list[i
     x0 = jax.random.normal(jax.random.PRNGKey(k), (k, config.d_model), config.dtype)
     pieces[("matmul", k)] = functools.partial(_matmul_steps, layers, logits_w, x0,
                                               transposed, inner)
-  for fn in pieces.values():  # compile + warm up
+  for (name, k), fn in pieces.items():  # compile + warm up
+    t0 = time.perf_counter()
     jax.block_until_ready(fn())
+    print(f"# v(k) piece {name} k={k}: compiled and run once in {time.perf_counter() - t0:.1f} s",
+          file=sys.stderr, flush=True)
   times: dict[tuple[str, int], list[float]] = {key: [] for key in pieces}
   for _ in range(repeats):
     for key, fn in pieces.items():
@@ -332,8 +360,10 @@ def run_vk(args) -> None:
     else:
       config = PRESETS[VK_MODELS[name]].replace(dtype=args.vk_dtype)
       # Random weights kept as the runner keeps them at param_dtype = --vk-dtype.
-      params = jax.jit(lambda k, c=config: cast_params(T5Model(c).init(k), args.vk_dtype))(
-          jax.random.PRNGKey(0))
+      t0 = time.perf_counter()
+      params = random_params(T5Model(config), jax.random.PRNGKey(0), args.vk_dtype)
+      print(f"# {VK_MODELS[name]}: random weights in {time.perf_counter() - t0:.1f} s",
+            file=sys.stderr, flush=True)
       label = (f"{VK_MODELS[name]} random (d{config.d_model}, {config.num_decoder_layers} dec "
                f"layers, V={config.vocab_size})")
     rows = vk_rows(label, params, config, models, ks, args.vk_cache_len, args.vk_position,
