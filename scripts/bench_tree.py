@@ -22,7 +22,8 @@ import jax
 
 from specdec_jax.models.t5 import get_config
 from specdec_jax.research import trees
-from specdec_jax.run import Experiment, check_before_loading, load_data, load_models, script_args
+from specdec_jax.run import (Experiment, check_before_loading, held_out_inputs, load_data,
+                             load_models, script_args)
 from specdec_jax.run.chips import CHIPS
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.tree import TreeShape
@@ -30,16 +31,15 @@ from specdec_jax.tree import TreeShape
 
 def parse_trees(text: str) -> dict[str, TreeShape]:
   """'full:3,2,spine:4,2,2' -> {label: shape}: a new shape starts at each 'kind:'."""
-  out, current = {}, None
+  groups: list[list[str]] = []
   for item in (t.strip() for t in text.split(",")):
     if ":" in item:
-      current = [item]
-      out[item] = current
-    elif current is not None and item:
-      current.append(item)
+      groups.append([item])
+    elif groups and item:
+      groups[-1].append(item)
     elif item:
       raise ValueError(f"--trees: {item!r} does not follow a 'kind:' (e.g. full:3,2)")
-  return {",".join(v): TreeShape.parse(",".join(v)) for v in out.values()}
+  return {",".join(g): TreeShape.parse(",".join(g)) for g in groups}
 
 
 def bench(args) -> str:
@@ -53,6 +53,20 @@ def bench(args) -> str:
   inputs = trees.trim_padding(setup.inputs[:args.num_examples])
   chains = {f"chain:{g}": g for g in script_args.comma_list(args.chains, int)}
   shapes = {**chains, **parse_trees(args.trees)}
+  if args.acceptance_trees:
+    # Trees built for this pair from its rank statistics on held-out inputs.
+    held = trees.trim_padding(held_out_inputs(exp, args.rates_source, args.rates_examples))
+    rates = [r for r in trees.rank_rates(setup.target, setup.target_params, setup.draft.model,
+                                         setup.draft.params, held, exp.max_decode_len) if r > 0]
+    rates = sorted(rates, reverse=True)
+    print(f"# rank rates on {len(held)} held-out inputs: "
+          + ", ".join(f"{r:.3f}" for r in rates))
+    for spec in args.acceptance_trees.split(","):
+      n, _, depth = spec.partition("/")
+      text = f"acceptance:{n}:" + ",".join(f"{r:.3f}" for r in rates) + (
+          f":{depth}" if depth else "")
+      shape = TreeShape.parse(text)
+      shapes[f"best {n}" + (f" depth {depth}" if depth else "") + f" {shape.parents}"] = shape
   chip = CHIPS[args.chip]
   big, small = get_config("t5_1_1_xxl"), get_config("t5_1_1_small")
   headers = ["T", "shape", "width", "depth", "tokens/call", "vs chain", "draft calls/call",
@@ -85,9 +99,16 @@ def main(argv: list[str] | None = None) -> None:
                  help="token trees ('chain:G', 'spine:W1,...', 'full:B1,...', "
                       "'parents:-1,0,...'; see specdec_jax.tree.TreeShape.parse)")
   p.add_argument("--num_examples", type=int, default=40, help="held-out inputs, one batch")
+  p.add_argument("--acceptance_trees", default="16,16/3,11/5",
+                 help="also the trees TreeShape.from_acceptance builds from the pair's rank "
+                      "rates on --rates_source: comma-separated node counts N, each with an "
+                      "optional depth cap as N/D; '' for none")
+  p.add_argument("--rates_source", default=script_args.ALPHA_SOURCE,
+                 help="held-out inputs the rank rates are measured on (never the timed ones)")
+  p.add_argument("--rates_examples", type=int, default=40, help="how many of them")
   p.add_argument("--chip", default="v5e", choices=sorted(CHIPS), help="TPU of the model column")
   p.add_argument("--devices", type=int, default=8, help="chips the model column splits over")
-  args = script_args.parse(p, argv)
+  args = script_args.parse(p, argv, paths=("rates_source",))
   print(f"# bench_tree: target={args.target} draft={args.draft} examples={args.num_examples} "
         f"{script_args.machine_description()}")
   print(bench(args))

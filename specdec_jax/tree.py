@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 from typing import NamedTuple, Sequence
 
 import jax
@@ -128,16 +129,79 @@ class TreeShape:
     return cls(tuple(parents))
 
   @classmethod
+  def from_acceptance(cls, rates: Sequence[float], num_nodes: int,
+                      max_depth: int | None = None) -> TreeShape:
+    """The tree of ``num_nodes`` nodes (root included) that accepts the most
+    tokens per round in expectation when, at every node, the target's next
+    token is the draft's k-th choice with probability ``rates[k - 1]``
+    (depth- and history-independent: Sequoia's positional acceptance model,
+    Chen et al. 2024). A node is on the accepted path with the product of
+    the rates of the ranks along its path, and the expectation is the sum
+    of those products over the tree, so the best tree holds the nodes of
+    largest product: chosen greedily (every node's product is at most its
+    parent's and its earlier sibling's, so the chosen set is a tree), at
+    most ``max_depth`` deep. Children are numbered breadth first, in rank
+    order. At temperature 0 the rates are the frequencies of the target's
+    token among the draft's ranked choices (``research.trees.rank_rates``)."""
+    rates = [float(r) for r in rates]
+    if not rates or any(not 0 < r <= 1 for r in rates) or sum(rates) > 1 + 1e-6:
+      raise ValueError(f"acceptance rates must be in (0, 1] with sum <= 1 (the target's token "
+                       f"is the draft's k-th choice with probability rates[k-1]), got {rates}")
+    if any(a < b for a, b in zip(rates, rates[1:])):
+      raise ValueError(f"acceptance rates must not increase with the rank, got {rates}")
+    if not 2 <= num_nodes <= MAX_NODES:
+      raise ValueError(f"a token tree has 2..{MAX_NODES} nodes (the root included), got "
+                       f"{num_nodes}")
+    # (−path product, insertion order, parent, rank, depth): a max-heap by product.
+    heap, order, chosen = [(-rates[0], 0, 0, 0, 1)], 1, [(0, -1, -1, 0)]  # (id, parent, rank, d)
+    while heap and len(chosen) < num_nodes:
+      neg, _, parent, rank, depth = heapq.heappop(heap)
+      node = len(chosen)
+      chosen.append((node, parent, rank, depth))
+      if max_depth is None or depth < max_depth:
+        heapq.heappush(heap, (neg * rates[0], order, node, 0, depth + 1))
+        order += 1
+      if rank + 1 < len(rates):
+        parent_product = -neg / rates[rank]
+        heapq.heappush(heap, (-parent_product * rates[rank + 1], order, parent, rank + 1, depth))
+        order += 1
+    if len(chosen) < num_nodes:
+      raise ValueError(f"only {len(chosen)} nodes fit {len(rates)} ranks within depth "
+                       f"{max_depth}; ask for fewer nodes")
+    # Renumber breadth first: by depth, then the parent's new index, then rank.
+    new, parents, level = {0: 0}, [-1], [0]
+    while level:
+      nxt = []
+      for old in level:
+        kids = sorted((c for c in chosen[1:] if c[1] == old), key=lambda c: c[2])
+        for node, _, _, _ in kids:
+          new[node] = len(parents)
+          parents.append(new[old])
+          nxt.append(node)
+      level = nxt
+    return cls(tuple(parents))
+
+  @classmethod
   def parse(cls, text: str) -> TreeShape:
     """A shape from its text form (``Experiment.tree``): 'chain:4' (the chain
     of γ = 4), 'spine:4,2,2,1' (``spine``), 'full:3,2,1'
-    (``from_branching``) or 'parents:-1,0,0,1' (parent indices)."""
+    (``from_branching``), 'parents:-1,0,0,1' (parent indices) or
+    'acceptance:16:0.7,0.1,0.04' (``from_acceptance`` with 16 nodes; a
+    third part ':D' caps the depth)."""
     kind, sep, rest = str(text).partition(":")
+    if kind.strip() == "acceptance":
+      parts = rest.split(":")
+      try:
+        nodes, rates = int(parts[0]), [float(r) for r in parts[1].split(",")]
+        depth = int(parts[2]) if len(parts) > 2 else None
+      except (ValueError, IndexError):
+        raise ValueError(f"tree {text!r}: expected 'acceptance:N:r1,r2,...[:D]'") from None
+      return cls.from_acceptance(rates, nodes, depth)
     makers = {"chain": lambda v: cls.chain(_one(v, text)), "spine": cls.spine,
               "full": cls.from_branching, "parents": cls}
     if not sep or kind.strip() not in makers:
       raise ValueError(f"tree {text!r}: expected 'chain:G', 'spine:W1,W2,...', "
-                       "'full:B1,B2,...' or 'parents:-1,0,...'")
+                       "'full:B1,B2,...', 'parents:-1,0,...' or 'acceptance:N:r1,r2,...'")
     try:
       values = tuple(int(v) for v in rest.split(","))
     except ValueError:

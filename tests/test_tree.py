@@ -516,3 +516,41 @@ def test_greedy_kernel_is_the_walk_on_one_hot_p():
     # Maximal: no child of the last node agrees.
     kids = [c for c in shape.children_table[node] if c >= 0]
     assert all(toks[row, c] != target[row, node] for c in kids)
+
+
+def _expected_accepted(shape, rates):
+  """Σ over nodes of the product of their path's rank rates (Sequoia's model)."""
+  total, prob = 0.0, {0: 1.0}
+  for i in range(1, shape.num_nodes):
+    rank = int(shape.sibling_rank[i])
+    prob[i] = prob[shape.parents[i]] * (rates[rank] if rank < len(rates) else 0.0)
+    total += prob[i]
+  return total
+
+
+@pytest.mark.parametrize("rates,n", [((0.7, 0.12, 0.05), 6), ((0.5, 0.3), 7),
+                                     ((0.9,), 5), ((0.4, 0.3, 0.2, 0.1), 7)])
+def test_from_acceptance_is_the_best_tree_of_its_size(rates, n):
+  """Against every tree of n nodes (parent tuples enumerated), the tree
+  ``from_acceptance`` builds has the largest expected accepted length under
+  its model, and it is a valid breadth-first numbering."""
+  import itertools
+  best = TreeShape.from_acceptance(rates, n)
+  assert best.num_nodes == n
+  got = _expected_accepted(best, rates)
+  top = max(_expected_accepted(TreeShape((-1,) + p), rates)
+            for p in itertools.product(*[range(i) for i in range(1, n)]))
+  assert got == pytest.approx(top, abs=1e-12)
+  cap = 2 if len(rates) > 1 else n - 1  # one rank: only the chain fits
+  capped = TreeShape.from_acceptance(rates, n, max_depth=cap)
+  assert capped.max_depth <= cap
+  assert TreeShape.parse(f"acceptance:{n}:{','.join(map(str, rates))}:{cap}") == capped
+
+
+def test_from_acceptance_refuses_bad_rates():
+  with pytest.raises(ValueError, match="must not increase"):
+    TreeShape.from_acceptance([0.1, 0.5], 4)
+  with pytest.raises(ValueError, match="sum <= 1"):
+    TreeShape.from_acceptance([0.7, 0.6], 4)
+  with pytest.raises(ValueError, match="only 3 nodes fit"):
+    TreeShape.from_acceptance([0.5, 0.3], 6, max_depth=1)

@@ -148,3 +148,26 @@ def summary(rows: list[Row], chains: Mapping[int, str]) -> list[dict[str, Any]]:
     gain = r.tokens_per_call / ref.tokens_per_call - 1 if ref is not None else float("nan")
     out.append({"row": r, "gain_vs_chain": gain})
   return out
+
+
+def rank_rates(target, params, draft_model, draft_params, inputs: np.ndarray,
+               max_decode_len: int, ranks: int = 8, eos_id: int = 1) -> list[float]:
+  """At temperature 0, how often the target's token is the draft's k-th
+  choice (k = 1..``ranks``), over the target's own greedy outputs for
+  ``inputs`` (teacher-forced draft logits, every position up to each row's
+  length). The rates ``TreeShape.from_acceptance`` builds a tree from;
+  estimate them on held-out inputs, not the ones a benchmark reports."""
+  inputs = jnp.asarray(inputs)
+  out = temperature_sample(target, params, inputs, jax.random.PRNGKey(0),
+                           max_decode_len=max_decode_len, eos_id=eos_id)
+  tokens = out.tokens
+  dec_in = jnp.concatenate([jnp.full((tokens.shape[0], 1), draft_model.config.decoder_start_id,
+                                     tokens.dtype), tokens[:, :-1]], axis=1)
+  logits = draft_model(draft_params, inputs, dec_in)                 # [B, T, V]
+  own = jnp.take_along_axis(logits, tokens[..., None], axis=-1)
+  v = logits.shape[-1]
+  ahead = jnp.sum((logits > own) | ((logits == own) & (jnp.arange(v) < tokens[..., None])), -1)
+  live = jnp.arange(tokens.shape[1])[None] < out.length[:, None]
+  counts = np.bincount(np.asarray(ahead)[np.asarray(live)], minlength=ranks)[:ranks]
+  total = max(int(np.asarray(live).sum()), 1)
+  return [float(c) / total for c in counts]
