@@ -256,3 +256,17 @@ def test_command_line_bad_topology(capsys):
   assert run_args(["--dry_run=tpu9:2x4"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert err[-1].startswith("error: --dry_run='tpu9:2x4': unknown TPU topology")
+
+
+def test_a_tree_run_compiles_its_own_loop(paths):
+  """With Experiment.tree the dry run compiles the tree loop and the draft's
+  tree proposal, prices the pass of N positions (γ = N - 1), moves no weight,
+  and its memory estimate holds."""
+  r = dryrun.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
+                     programs=("speculative", "draft"), roofline=False, workers=1)
+  assert r.gamma == 4  # 1 + 2 + 2 nodes
+  for p in r.programs:
+    assert not p.error, p.error
+    assert p.weight_moves == [], p.weight_moves
+    assert abs(p.total - p.estimate) <= TOLERANCE * max(p.total, p.estimate), \
+        (p.name, p.total, p.estimate)

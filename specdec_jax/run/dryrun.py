@@ -71,7 +71,8 @@ from jax.experimental.layout import Format, Layout
 from jax.sharding import SingleDeviceSharding
 
 from specdec_jax import checkpoints, data, drafts, memory, partitioning, theory
-from specdec_jax.decoding import speculative_decode, temperature_sample
+from specdec_jax.decoding import speculative_decode, temperature_sample, tree_speculative_decode
+from specdec_jax.drafts.base import tree_proposal
 from specdec_jax.models.t5 import T5Config, T5Model, param_shapes, stored_dtype
 from specdec_jax.partitioning import CACHE_AXES, Partitioner, flatten_names, unflatten_names
 from specdec_jax.run import hlo
@@ -80,6 +81,7 @@ from specdec_jax.run.chips import Chip, topology_devices
 from specdec_jax.run.settings import Experiment, is_remote, resolve_path
 from specdec_jax.run.setup import check_partitioning, estimate_bytes
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.tree import TreeShape
 
 GiB = 2 ** 30
 # Where the dry run reads nothing: paths it swaps for a placeholder before
@@ -401,15 +403,21 @@ def _cache(cfg: T5Config, part: Optional[Partitioner], device: Any, batch: int, 
                       shapes)
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "cache_len", "sampling"))
+@functools.partial(jax.jit, static_argnames=("gamma", "cache_len", "sampling", "tree"))
 def draft_round(draft: Any, inputs: jax.Array, key: jax.Array, *, gamma: int, cache_len: int,
-                sampling: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+                sampling: SamplingConfig, tree: Optional[TreeShape] = None
+                ) -> tuple[jax.Array, jax.Array]:
   """The draft on its own: its init (encoder and cache) and one round of γ
-  proposals from an empty prefix -> (tokens [B, γ], q [B, γ, V])."""
+  proposals from an empty prefix -> (tokens [B, γ], q [B, γ, V]); with a
+  ``tree``, one tree proposal (tokens [B, N], q [B, N, V])."""
   b = inputs.shape[0]
   state = draft.init(inputs, cache_len)
   seq = jnp.zeros((b, cache_len + 1), jnp.int32)
-  tokens, q, _ = draft.propose(state, seq, jnp.zeros((b,), jnp.int32), gamma, sampling, key)
+  length = jnp.zeros((b,), jnp.int32)
+  if tree is not None:
+    tokens, q = tree_proposal(draft, state, seq, length, tree, sampling, key)[:2]
+    return tokens, q
+  tokens, q, _ = draft.propose(state, seq, length, gamma, sampling, key)
   return tokens, q
 
 
@@ -524,11 +532,15 @@ def dry_run(exp: Experiment, topology: str, alpha_only: bool = False,
                  partitioner=tp)
   lowerers = {
       "baseline": lambda: temperature_sample.lower(target, tparams, inputs, key, **loop_kw),
+      # A tree run (Experiment.tree) compiles its own loop; gamma is then
+      # N - 1, so the roofline prices the tree's pass of N positions.
       "speculative": lambda: speculative_decode.lower(
           target, tparams, draft, inputs, key, gamma=gamma, lenience=exp.lenience,
-          adaptive=exp.adaptive, **loop_kw),
+          adaptive=exp.adaptive, **loop_kw) if exp.tree_shape is None else
+      tree_speculative_decode.lower(target, tparams, draft, inputs, key, tree=exp.tree_shape,
+                                    **loop_kw),
       "draft": lambda: draft_round.lower(draft, inputs, key, gamma=gamma, cache_len=cache_len,
-                                         sampling=exp.sampling),
+                                         sampling=exp.sampling, tree=exp.tree_shape),
       "alpha": lambda: min_pq_along.lower(
           target, tparams, draft, inputs,
           _sharded(tp, device, ("batch", None), (b, t), jnp.int32, "tokens"),
