@@ -1,6 +1,6 @@
 r"""Token trees against chains on one pair, side by side in one run.
 
-  python scripts/bench_tree.py                  # the demo target with its plain T5 draft
+  python scripts/bench_tree.py                  # the demo pair (configs/demo.gin's draft)
   python scripts/bench_tree.py --chains=1,2,3,4,5 \
       --trees=full:3,2,spine:4,2,2,full:2,2,1 --temperatures=0,1 --num_examples=40
 
@@ -45,7 +45,7 @@ def parse_trees(text: str) -> dict[str, TreeShape]:
 def bench(args) -> str:
   exp = Experiment(task=args.task, source=args.source, vocab_path=args.vocab,
                    target_checkpoint=args.target, draft_name="t5", draft_checkpoint=args.draft,
-                   draft_shortlist="", max_input_len=args.max_input_len,
+                   draft_shortlist=args.draft_shortlist, max_input_len=args.max_input_len,
                    max_decode_len=args.max_decode_len, num_warmup=0,
                    num_examples=args.num_examples, gamma=1)
   check_before_loading(exp)
@@ -56,9 +56,8 @@ def bench(args) -> str:
   if args.acceptance_trees:
     # Trees built for this pair from its rank statistics on held-out inputs.
     held = trees.trim_padding(held_out_inputs(exp, args.rates_source, args.rates_examples))
-    rates = [r for r in trees.rank_rates(setup.target, setup.target_params, setup.draft.model,
-                                         setup.draft.params, held, exp.max_decode_len) if r > 0]
-    rates = sorted(rates, reverse=True)
+    rates = sorted((r for r in trees.rank_rates(setup.target, setup.target_params, setup.draft,
+                                                held, exp.max_decode_len) if r > 0), reverse=True)
     print(f"# rank rates on {len(held)} held-out inputs: "
           + ", ".join(f"{r:.3f}" for r in rates))
     for spec in args.acceptance_trees.split(","):
@@ -91,7 +90,8 @@ def bench(args) -> str:
 
 def main(argv: list[str] | None = None) -> None:
   p = script_args.new_parser(__doc__)
-  script_args.add_pair_arguments(p, draft=script_args.PLAIN_DRAFT)
+  script_args.add_pair_arguments(p)
+  script_args.add_shortlist_argument(p)
   script_args.add_decoding_arguments(p, input_buckets=False)
   p.add_argument("--chains", default="1,2,3,4,5", help="comma-separated chain γ")
   p.add_argument("--trees", default="spine:4,2,full:3,2,spine:4,2,2,full:2,2,1,full:3,2,1,"
@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> None:
   p.add_argument("--chip", default="v5e", choices=sorted(CHIPS), help="TPU of the model column")
   p.add_argument("--devices", type=int, default=8, help="chips the model column splits over")
   args = script_args.parse(p, argv, paths=("rates_source",))
-  print(f"# bench_tree: target={args.target} draft={args.draft} examples={args.num_examples} "
+  print(f"# bench_tree: target={args.target} draft={args.draft}"
+        f"{' + ' + args.draft_shortlist if args.draft_shortlist else ''} "
+        f"examples={args.num_examples} "
         f"{script_args.machine_description()}")
   print(bench(args))
 

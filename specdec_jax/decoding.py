@@ -597,6 +597,9 @@ def tree_speculative_decode(target: T5Model, target_params: Any, draft: Approxim
       stats=TreeStats.zeros(b, tree))
   offsets = jnp.arange(depth + 1, dtype=jnp.int32)[None]
   rank = jnp.asarray(tree.sibling_rank)
+  # A draft that reads the target's decoder states (``feature_bridge``) gets
+  # those of each round's committed nodes through ``commit_with_target``.
+  states_wanted = bool(getattr(draft, "wants_target_states", False))
 
   def body(s: _TreeState) -> _TreeState:
     if sampling.greedy:
@@ -608,8 +611,9 @@ def tree_speculative_decode(target: T5Model, target_params: Any, draft: Approxim
     tokens, q, valid, steps, draft_state = tree_proposal(draft, s.draft_state, s.seq, n, tree,
                                                          sampling, k_draft)
     tokens = tokens.at[:, 0].set(gather_positions(s.seq, n[:, None])[:, 0])  # the root
-    logits, target_cache = target.decode_tree(target_params, tokens, n, tree, s.target_cache,
-                                              partitioner=partitioner)
+    res = target.decode_tree(target_params, tokens, n, tree, s.target_cache,
+                             return_hidden=states_wanted, partitioner=partitioner)
+    logits, target_cache = res[:2]
     if sampling.greedy:
       out = tree_greedy_kernel(tree, tokens, argmax(logits), valid)
     else:
@@ -628,6 +632,13 @@ def tree_speculative_decode(target: T5Model, target_params: Any, draft: Approxim
     length = jnp.where(live, n + count, n)
     done = s.done | (live & (jnp.any(is_eos, 1) | (length >= max_decode_len)))
     draft_state = commit_tree(draft, draft_state, seq, length, n, out)
+    if states_wanted:
+      # The target's final states at the committed nodes (root, then the
+      # path) and their positions n .. n+a (-1 past the path).
+      nodes = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), out.path], axis=1)
+      hidden = jnp.take_along_axis(res[2], jnp.maximum(nodes, 0)[..., None], axis=1)
+      positions = jnp.where(nodes >= 0, n[:, None] + offsets, -1)
+      draft_state = draft.commit_with_target(draft_state, seq, length, hidden, positions)
     # Accepted nodes that produced committed tokens (the cut at EOS included).
     kept = jnp.minimum(a, count)
     on_path = live[:, None] & (jnp.arange(1, depth + 1)[None] <= kept[:, None])

@@ -17,7 +17,8 @@ from specdec_jax.decoding import temperature_sample, tree_speculative_decode
 from specdec_jax.drafts.base import DraftInterfaceError, check_tree
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.tree import TreeShape
-from test_engine import (INPUTS, KEY, MAX_LEN, SEQ_EOS, SEQ_INPUT, SEQ_LEN, SEQ_N,
+from specdec_jax.drafts import shortlist as shortlist_lib
+from test_engine import (INPUTS, KEY, MAX_LEN, SEQ_EOS, SEQ_INPUT, SEQ_LEN, SEQ_N, _featured,
                          exact_sequence_distribution, greedy_case, seq_models,
                          sequence_pvalue)
 
@@ -39,15 +40,21 @@ def _near_target(params, scale: float, seed: int):
 
 
 def _tree_drafts(model, params, tiny_draft):
-  t5 = drafts.T5Draft(params=_near_target(params, 0.7, 3), model=model)
+  near = _near_target(params, 0.7, 3)
+  t5 = drafts.T5Draft(params=near, model=model)
+  # Half the vocabulary, plus each input's own tokens.
+  short = shortlist_lib.Shortlist.for_draft(model, near, np.arange(0, 64, 2))
   return {"t5": t5, "lookup_t5": drafts.LookupT5Draft(t5=t5, max_ngram=2, min_ngram=1),
           "prompt_lookup": drafts.build("prompt_lookup", vocab_size=64),
-          "t5_small": drafts.build("t5", model=tiny_draft[0], params=tiny_draft[1])}
+          "t5_small": drafts.build("t5", model=tiny_draft[0], params=tiny_draft[1]),
+          "t5_feature": _featured(model, near, model, params, scale=0.05),
+          "t5_shortlist": drafts.T5Draft(params=near, model=model, shortlist=short)}
 
 
 @pytest.mark.parametrize("draft_name,shape", [("t5", FULL), ("t5", SPINE),
                                               ("lookup_t5", SPINE), ("prompt_lookup", SPINE),
-                                              ("prompt_lookup", FAN), ("t5_small", FULL)])
+                                              ("prompt_lookup", FAN), ("t5_small", FULL),
+                                              ("t5_feature", FULL), ("t5_shortlist", SPINE)])
 def test_greedy_tree_identical_to_baseline(tiny_target, tiny_draft, greedy_case, draft_name,
                                            shape):
   model, params = tiny_target
@@ -65,12 +72,13 @@ def test_greedy_tree_identical_to_baseline(tiny_target, tiny_draft, greedy_case,
   if shape is FAN:
     # Matches other than the best one were verified and won rounds.
     assert int(st.rank_hist[:, 1:].sum()) > 0, np.asarray(st.rank_hist)
-  if draft_name in ("t5", "lookup_t5"):
+  if draft_name in ("t5", "lookup_t5", "t5_feature", "t5_shortlist"):
     # The test means something only if paths went deep (and, for the T5
     # draft, through its runner-up tokens; a chain-only draft's one-hot q at
     # T = 0 has no alternatives, so its tree is its chain).
     assert int(st.depth_hist[:, 2:].sum()) > 0, np.asarray(st.depth_hist)
-    assert (int(st.rank_hist[:, 1:].sum()) > 0) == (draft_name == "t5"), np.asarray(st.rank_hist)
+    assert (int(st.rank_hist[:, 1:].sum()) > 0) == (draft_name != "lookup_t5"), \
+        np.asarray(st.rank_hist)
 
 
 def test_a_chain_tree_is_the_chain_engine(tiny_target, tiny_draft, greedy_case):
@@ -97,7 +105,9 @@ SEQ_FULL = TreeShape.parse("full:2,2")    # 7 nodes, depth 2
 SEQ_SPINE = TreeShape.parse("spine:3,2")  # 6 nodes, depth 2
 
 
-def _seq_tree_draft(name, model, draft_params):
+def _seq_tree_draft(name, model, draft_params, target_params=None):
+  if name == "t5_feature":
+    return _featured(model, draft_params, model, target_params, seed=1, scale=1.0)
   t5 = drafts.T5Draft(params=draft_params, model=model)
   return t5 if name == "t5" else drafts.LookupT5Draft(t5=t5, max_ngram=2, min_ngram=1)
 
@@ -115,12 +125,13 @@ def _sample(model, target, draft, shape, sampling, seed=5):
 @pytest.mark.parametrize("setting,draft_name,shape", [
     ("temp1", "t5", SEQ_FULL), ("temp1", "t5", SEQ_SPINE), ("temp1", "lookup_t5", SEQ_SPINE),
     ("temp0.7_topk3", "t5", SEQ_FULL), ("temp0.7_topk3", "lookup_t5", SEQ_SPINE),
-    ("temp1_topp0.8", "t5", SEQ_FULL), ("temp1_topp0.8", "lookup_t5", SEQ_SPINE)])
+    ("temp1_topp0.8", "t5", SEQ_FULL), ("temp1_topp0.8", "lookup_t5", SEQ_SPINE),
+    ("temp1", "t5_feature", SEQ_FULL)])
 def test_tree_sequence_distribution_is_exact(seq_models, setting, draft_name, shape):
   model, target, draft_params = seq_models
   sampling = SETTINGS[setting]
   dist = exact_sequence_distribution(model, target, sampling)
-  out = _sample(model, target, _seq_tree_draft(draft_name, model, draft_params), shape,
+  out = _sample(model, target, _seq_tree_draft(draft_name, model, draft_params, target), shape,
                 sampling)
   st = out.stats
   # Siblings were tried and sometimes won, and rounds were sometimes cut short.
@@ -155,11 +166,10 @@ def test_bad_trees_fail_before_any_work(tiny_target, tiny_draft):
   with pytest.raises(DraftInterfaceError, match="proposes chains only.*spine"):
     check_tree("bigram", drafts.build("bigram", corpus=np.zeros((2, 3), np.int32),
                                       vocab_size=64), FULL)
-  featured = drafts.T5Draft(params=tiny_draft[1], model=tiny_draft[0],
-                            feature={"kernel": jnp.zeros((32, 32)),
-                                     "staleness": jnp.zeros((4, 32))})
-  with pytest.raises(DraftInterfaceError, match="feature-bridged"):
-    check_tree("t5", featured, FULL)
+  observed = drafts.T5Draft(params=tiny_draft[1], model=tiny_draft[0],
+                            observe=lambda hidden, logits: None)
+  with pytest.raises(DraftInterfaceError, match="observed T5 draft"):
+    check_tree("t5", observed, FULL)
   with pytest.raises(ValueError, match="does not fit max_decode_len 2"):
     tree_speculative_decode(model, params, pl, INPUTS, KEY, tree=SPINE, max_decode_len=2)
   with pytest.raises(ValueError, match="node 2's parent 3 does not precede it"):

@@ -302,11 +302,25 @@ class T5Draft:
   def tree_unsupported(self, tree: TreeShape) -> str | None:
     """Why this draft cannot propose ``tree`` (None: it can, any shape)."""
     del tree
-    if self.feature is not None:
-      return "a feature-bridged draft reads the target's states by position (chains only)"
-    if self.shortlist is not None or self.observe is not None:
-      return "shortlisted or observed T5 drafts propose chains only"
+    if self.observe is not None:
+      return "an observed T5 draft (profiling) proposes chains only"
     return None
+
+  def _decode_tree(self, tokens: Array, length: Array, tree: TreeShape, cache: DecoderCache,
+                   nodes: tuple[int, ...], states: Array | None, part: Any
+                   ) -> tuple[Array, DecoderCache]:
+    """``T5Model.decode_tree`` of ``nodes`` (tokens [B, m]) -> (logits [B, m, V],
+    cache), through the shortlist and with the feature bridge's extra at the
+    nodes' positions, as ``_decode`` for a chain."""
+    positions = length[:, None] + jnp.asarray(tree.depths[list(nodes)])[None]
+    extra = self._extra(states, length, positions)
+    if self.shortlist is None:
+      return self.model.decode_tree(self.params, tokens, length, tree, cache, nodes=nodes,
+                                    partitioner=self.partitioner, extra=extra)
+    _, cache, hidden = self.model.decode_tree(self.params, tokens, length, tree, cache,
+                                              nodes=nodes, return_hidden=True,
+                                              partitioner=self.partitioner, extra=extra)
+    return shortlist_lib.logits(self.shortlist, part, hidden, self.vocab_size), cache
 
   def propose_tree(self, state: Any, seq: Array, length: Array, tree: TreeShape,
                    sampling: SamplingConfig, key: Array
@@ -316,13 +330,14 @@ class T5Draft:
     One draft call per depth: the first feeds positions n-1 and n (the root,
     whose scratch slot n is its position), then each call feeds that depth's
     nodes that have children through ``T5Model.decode_tree`` (tree attention
-    over the draft's own cache, nodes at slots n + index). A node's first
-    child is drawn from the draft's standardized q at the node (its argmax
-    at T = 0); its later children are the next-best tokens of the draft's
-    logits there, each proposed with its one-hot as q (``fill_children``),
-    so the tree verifies exactly (docs/exactness.md, section 10). Returns
-    (tokens [B, N], q [B, N, V], valid [B, N] (all True), steps = D, state);
-    node 0's token is left to the engine.
+    over the draft's own cache, nodes at slots n + index; a feature-bridged
+    draft adds the target's state as a chain step at that depth would). A
+    node's first child is drawn from the draft's standardized q at the node
+    (its argmax at T = 0); its later children are the next-best tokens of
+    the draft's logits there (within its shortlist), each proposed with its
+    one-hot as q (``fill_children``), so the tree verifies exactly
+    (docs/exactness.md, section 10). Returns (tokens [B, N], q [B, N, V],
+    valid [B, N], steps = D, state); node 0's token is left to the engine.
     """
     why = self.tree_unsupported(tree)
     if why:
@@ -330,15 +345,15 @@ class T5Draft:
     b, n_nodes, v = length.shape[0], tree.num_nodes, self.vocab_size
     us = (jnp.zeros((b, n_nodes), jnp.float32) if sampling.greedy
           else jax.random.uniform(key, (b, n_nodes)))
-    cache, _, _ = self._split(state)
+    cache, states, part = self._split(state)
     tokens = jnp.zeros((b, n_nodes), jnp.int32)
     q = jnp.zeros((b, n_nodes, v), jnp.float32)
     valid = jnp.ones((b, n_nodes), bool)
     # The root: feed positions n-1 (-1 on the first round: dropped) and n.
     pos = length[:, None] + jnp.arange(-1, 1, dtype=jnp.int32)[None, :]
-    logits, cache = self.model.decode(self.params, gather_positions(seq, pos), pos, cache)
-    logits, fed = logits[:, -1:], (0,)
-    tokens = tokens.at[:, 0].set(gather_positions(seq, length[:, None])[:, 0])
+    logits, cache = self._decode(gather_positions(seq, pos), pos, cache,
+                                 self._extra(states, length, pos), part)
+    logits, fed = logits[:, None], (0,)
     for depth in range(1, tree.max_depth + 1):
       first_child = [int(tree.children_table[j, 0]) for j in fed]
       q_fed = standardize(logits, sampling)                            # [B, m, V]
@@ -348,11 +363,11 @@ class T5Draft:
       fed = tree.nodes_at(depth, with_children=True)
       if not fed:
         break
-      logits, cache = self.model.decode_tree(self.params, tokens[:, list(fed)], length, tree,
-                                             cache, nodes=fed, partitioner=self.partitioner)
+      logits, cache = self._decode_tree(tokens[:, list(fed)], length, tree, cache, fed, states,
+                                        part)
     cache = constrain_cache(cache, self.partitioner, "draft cache")
     steps = jnp.asarray(tree.max_depth, jnp.int32)
-    return tokens, q, valid, steps, self._join(cache, None, self._split(state)[2])
+    return tokens, q, valid, steps, self._join(cache, states, part)
 
   def commit_tree(self, state: Any, seq: Array, length: Array, start: Array, path: Array,
                   num_accepted: Array) -> Any:

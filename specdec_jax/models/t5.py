@@ -672,7 +672,8 @@ class T5Model:
   def decode_tree(self, params: dict, tokens: Array, lengths: Array, tree: TreeShape,
                   cache: DecoderCache, nodes: Optional[Sequence[int]] = None,
                   return_hidden: bool = False,
-                  partitioner: Optional[Partitioner] = None) -> tuple:
+                  partitioner: Optional[Partitioner] = None,
+                  extra: Optional[Array] = None) -> tuple:
     """One pass over a token tree (SpecInfer's tree attention): tokens [B, k]
     for the tree's ``nodes`` (default all N, in index order), lengths [B]
     int32 committed lengths -> (logits [B, k, V] float32, cache).
@@ -690,7 +691,8 @@ class T5Model:
     at a time (one call per depth, EAGLE-2's expansion for a T5 draft); every
     ancestor of a node not among ``nodes`` must have been written by an
     earlier call from the same ``lengths``. ``return_hidden`` as in
-    ``decode``. With a ``partitioner`` the returned cache is pinned to its
+    ``decode``, and ``extra`` [B, k, d] (added to the nodes' embeddings) as
+    ``decode``'s. With a ``partitioner`` the returned cache is pinned to its
     layout (``partitioning.constrain_cache``), as the loops pin a decode's.
     """
     n_nodes = tree.num_nodes
@@ -709,7 +711,7 @@ class T5Model:
     att = TreeAttention(start=start, slots=start[:, None] + jnp.asarray(idx)[None],
                         key_offsets=jnp.asarray(tree.position_offsets),
                         visible=jnp.asarray(tree.ancestor_mask[idx]))
-    out = self.module.apply({"params": params}, tokens, positions, cache, True, None,
+    out = self.module.apply({"params": params}, tokens, positions, cache, True, extra,
                             return_hidden, att, method=T5.decode)
     return (out[0], constrain_cache(out[1], partitioner, "tree cache")) + out[2:]
 

@@ -150,24 +150,19 @@ def summary(rows: list[Row], chains: Mapping[int, str]) -> list[dict[str, Any]]:
   return out
 
 
-def rank_rates(target, params, draft_model, draft_params, inputs: np.ndarray,
-               max_decode_len: int, ranks: int = 8, eos_id: int = 1) -> list[float]:
-  """At temperature 0, how often the target's token is the draft's k-th
-  choice (k = 1..``ranks``), over the target's own greedy outputs for
-  ``inputs`` (teacher-forced draft logits, every position up to each row's
-  length). The rates ``TreeShape.from_acceptance`` builds a tree from;
-  estimate them on held-out inputs, not the ones a benchmark reports."""
-  inputs = jnp.asarray(inputs)
-  out = temperature_sample(target, params, inputs, jax.random.PRNGKey(0),
-                           max_decode_len=max_decode_len, eos_id=eos_id)
-  tokens = out.tokens
-  dec_in = jnp.concatenate([jnp.full((tokens.shape[0], 1), draft_model.config.decoder_start_id,
-                                     tokens.dtype), tokens[:, :-1]], axis=1)
-  logits = draft_model(draft_params, inputs, dec_in)                 # [B, T, V]
-  own = jnp.take_along_axis(logits, tokens[..., None], axis=-1)
-  v = logits.shape[-1]
-  ahead = jnp.sum((logits > own) | ((logits == own) & (jnp.arange(v) < tokens[..., None])), -1)
-  live = jnp.arange(tokens.shape[1])[None] < out.length[:, None]
-  counts = np.bincount(np.asarray(ahead)[np.asarray(live)], minlength=ranks)[:ranks]
-  total = max(int(np.asarray(live).sum()), 1)
-  return [float(c) / total for c in counts]
+def rank_rates(target, params, draft, inputs: np.ndarray, max_decode_len: int, ranks: int = 8,
+               eos_id: int = 1) -> list[float]:
+  """At temperature 0, how often the target's next token is the draft's k-th
+  choice (k = 1..``ranks``): decode ``inputs`` with the one-level tree of
+  ``ranks`` children (``TreeShape.spine((ranks,))``), where every round tests
+  exactly the draft's top ``ranks`` tokens after the committed prefix, and
+  count which rank won per round. Any draft that fills trees works (its own
+  logits, shortlist and bridges as it decodes). The rates
+  ``TreeShape.from_acceptance`` builds a tree from; estimate them on held-out
+  inputs, never on the ones a benchmark reports."""
+  out = tree_speculative_decode(target, params, draft, jnp.asarray(inputs),
+                                jax.random.PRNGKey(0), tree=TreeShape.spine((ranks,)),
+                                max_decode_len=max_decode_len, eos_id=eos_id)
+  wins = np.asarray(out.stats.rank_hist).sum(0)
+  calls = max(int(np.asarray(out.stats.target_calls).sum()), 1)
+  return [float(w) / calls for w in wins]
