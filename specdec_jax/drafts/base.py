@@ -75,7 +75,10 @@ Optionally, for token trees (``decoding.tree_speculative_decode``):
   calls it ran. ``commit_tree(state, seq, length, start, path,
   num_accepted) -> state`` (optional): ``commit`` told which nodes were
   accepted (``tree.TreeOutput``) in the round that started at ``start``, for
-  a draft that decoded the tree into its own cache. Drafts without
+  a draft that decoded the tree into its own cache; a draft that
+  ``wants_target_states`` then also gets ``commit_with_target`` with the
+  target's states of the committed nodes (the root and the path, at
+  positions start .. start + num_accepted). Drafts without
   ``propose_tree`` get ``tree_proposal``'s fallback for spine trees
   (``TreeShape.spine``): ``propose`` of depth D, and next-best siblings of
   each position's q (exact: each sibling's q is its one-hot).
