@@ -19,6 +19,16 @@ trained data-parallel over DATA) and ``--param_dtype=bfloat16`` keeps the
 target's weights in bfloat16 (half the memory; the draft trains in float32):
 
   python scripts/distill_draft.py ... --mesh_shape=1,4 --param_dtype=bfloat16
+
+``--dry_run=TOPOLOGY`` (e.g. v4:2x2x1 for a v4-8, v5e:2x4 for a v5e-8) reads
+nothing and trains nothing: it validates the job, compiles its programs (the
+target's generation, the draft's training step) for that TPU topology on
+abstract sharded arrays, and prints each one's memory per device against the
+chip's HBM, whether it fits (if not, the batch that would), and any collective
+that moves a weight (``specdec_jax.run.distill_dryrun``; needs libtpu, no TPU;
+--target_preset and --draft_preset, or local checkpoints with a config.json):
+
+  python scripts/distill_draft.py ... --dry_run=v4:2x2x1
 """
 
 from __future__ import annotations
@@ -80,6 +90,10 @@ def parser() -> argparse.ArgumentParser:
                  help="continue a run in an existing workdir/output_dir")
   p.add_argument("--smoke", action="store_true",
                  help="random micro models, a few steps, all under --workdir")
+  p.add_argument("--dry_run", default=None, metavar="TOPOLOGY",
+                 help="compile the job's programs for a TPU topology (e.g. v4:2x2x1, v5e:2x4) "
+                      "on this machine and report their memory; reads, writes and trains "
+                      "nothing (specdec_jax.run.distill_dryrun)")
   return p
 
 
@@ -91,17 +105,30 @@ def _mesh_shape(text: str) -> tuple[int, ...]:
     raise argparse.ArgumentTypeError(f"expected DATA,MODEL (two ints), got {text!r}") from None
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def _job(args: argparse.Namespace) -> distill.DistillJob:
+  """The ``DistillJob`` of the flags (each flag the field of its name)."""
+  fields = distill.DistillJob.__dataclass_fields__
+  return distill.DistillJob(**{f: getattr(args, f) for f in fields if hasattr(args, f)})
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Runs the job (or its --smoke version, or its --dry_run); returns the
+  exit status: 1 when a dry run finds the job does not fit, else 0."""
   args = script_args.parse(parser(), argv, paths=READ_PATHS)
+  if args.dry_run:
+    if args.smoke:
+      raise ValueError("--dry_run compiles the job given by the flags; drop --smoke")
+    from specdec_jax.run import distill_dryrun  # pylint: disable=import-outside-toplevel
+    r = distill_dryrun.main(_job(args), args.dry_run)
+    return 0 if r.fits else 1
   if args.smoke:
     summary = distill.smoke_job(args.workdir or "runs/distill_smoke",
                                 encoder_bridge=args.encoder_bridge,
                                 feature_bridge=args.feature_bridge)
   else:
-    kw = {f: getattr(args, f) for f in distill.DistillJob.__dataclass_fields__
-          if hasattr(args, f)}
-    summary = distill.run_job(distill.DistillJob(**kw))
+    summary = distill.run_job(_job(args))
   print(json.dumps({k: v for k, v in summary.items() if k not in ("log", "job")}, indent=1))
+  return 0
 
 
 if __name__ == "__main__":

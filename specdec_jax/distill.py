@@ -461,8 +461,12 @@ class DistillJob:
   logical_axis_rules: Optional[tuple] = None     # the target's; None: STANDARD_RULES
   partition_fallback: str = "error"              # or 'replicate' non-divisible dimensions
 
-  def validate(self) -> None:
-    """Checks that need no loading; fail before any work."""
+  def validate(self, check_paths: bool = True) -> None:
+    """Checks that need no loading; fail before any work. ``check_paths``
+    False (the TPU dry run, ``specdec_jax.run.distill_dryrun``, which reads
+    and writes nothing) skips whether the paths to read exist and whether
+    the directories to write are empty; that they are set, and that
+    ``output_dir`` and ``workdir`` are local, is still checked."""
     DistillConfig(self.divergence, self.ce_weight, 1.0, self.on_policy_fraction)
     if (self.encoder_bridge or self.feature_bridge) and self.on_policy_fraction > 0:
       raise ValueError("encoder_bridge or feature_bridge with on_policy_fraction > 0 is not "
@@ -486,6 +490,8 @@ class DistillJob:
       value = getattr(self, name)
       if not value:
         raise ValueError(f"{name} is not set")
+      if not check_paths:
+        continue
       if storage.is_gcs(value):  # read through specdec_jax.storage: it says what is missing
         try:
           storage.check_path(value)
@@ -501,7 +507,7 @@ class DistillJob:
         raise ValueError(f"{name} {path!r}: distillation writes (and appends to) local files; "
                          "give a local directory and copy the distilled draft to Cloud "
                          "Storage afterwards")
-      if not self.resume and os.path.isdir(path) and os.listdir(path):
+      if check_paths and not self.resume and os.path.isdir(path) and os.listdir(path):
         raise FileExistsError(f"{name} {path!r} exists and is not empty; pass --resume to "
                               "continue that run, or choose another directory")
 
@@ -717,10 +723,7 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
     log_fn(f"before distillation: {json.dumps(summary['before'])}")
 
   cfg = DistillConfig(job.divergence, job.ce_weight, 1.0, job.on_policy_fraction)
-  opt_cfg = training.OptimizerConfig(job.optimizer, job.learning_rate, job.steps)
-  optimizer = None
-  if bridged:
-    optimizer = _bridged_optimizer(opt_cfg, job.bridge_learning_rate)
+  opt_cfg, optimizer = train_optimizer(job, bridged)
   result = training.fit(
       distill_loss(draft, target, cfg, bridged), draft_params,
       lambda start: training.batch_stream(pairs, job.batch_tokens, job.seed, start, buckets,
@@ -761,6 +764,16 @@ def _export(job: DistillJob, config: T5Config, params: Any, bridged: bool,
                               overwrite=True)
   with open(os.path.join(job.output_dir, "distill_log.json"), "w") as f:
     json.dump(summary, f, indent=1)
+
+
+def train_optimizer(job: DistillJob, bridged: bool) -> tuple[training.OptimizerConfig,
+                                                             optax.GradientTransformation]:
+  """The draft's optimizer settings and transformation for ``fit``: the job's
+  optimizer, with Adam on the bridges of a ``bridged`` draft."""
+  opt_cfg = training.OptimizerConfig(job.optimizer, job.learning_rate, job.steps)
+  if bridged:
+    return opt_cfg, _bridged_optimizer(opt_cfg, job.bridge_learning_rate)
+  return opt_cfg, training.make_optimizer(opt_cfg)
 
 
 def _bridged_optimizer(cfg: training.OptimizerConfig, bridge_lr: float):
