@@ -24,7 +24,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from specdec_jax import partitioning  # noqa: E402
-from specdec_jax.decoding import speculative_decode, temperature_sample  # noqa: E402
+from specdec_jax.decoding import (speculative_decode, temperature_sample,  # noqa: E402
+                                  tree_speculative_decode)
+from specdec_jax.tree import TreeShape  # noqa: E402
 from specdec_jax.drafts import T5Draft  # noqa: E402
 from specdec_jax.models.t5 import T5Config, T5Model  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
@@ -71,6 +73,11 @@ def main(out_dir: str) -> None:
                                 **kw)
       tokens[f"{name}/{sname}/baseline"] = np.asarray(base.tokens)
       tokens[f"{name}/{sname}/speculative"] = np.asarray(spec.tokens)
+    # A token tree on the mesh (T = 0): the tree pass, its cache moves and the
+    # draft's tree expansion under the same layouts.
+    tree = tree_speculative_decode(target, tp, draft, x, key, tree=TreeShape.parse("full:2,2"),
+                                   sampling=SAMPLINGS["t0"], **kw)
+    tokens[f"{name}/t0/tree"] = np.asarray(tree.tokens)
     if part is None:
       continue
     info = {}

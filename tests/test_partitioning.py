@@ -170,7 +170,7 @@ def test_sharded_outputs_are_token_for_token_the_single_device_ones(sharded):
   assert report["devices"] == 8
   names = [k for k in tokens.files if not k.startswith("single/")]
   assert {k.split("/")[0] for k in names} == {"1x8", "2x4", "8x1"}
-  assert len(names) == 3 * 3 * 2
+  assert len(names) == 3 * (3 * 2 + 1)  # + a token tree at T = 0
   for name in names:
     _, sampling, loop = name.split("/")
     ref = tokens[f"single/{sampling}/{loop}"]
@@ -179,6 +179,7 @@ def test_sharded_outputs_are_token_for_token_the_single_device_ones(sharded):
   # And the engine is exact on the mesh too: speculative == baseline at T=0.
   for mesh in ("1x8", "2x4", "8x1"):
     np.testing.assert_array_equal(tokens[f"{mesh}/t0/speculative"], tokens[f"{mesh}/t0/baseline"])
+    np.testing.assert_array_equal(tokens[f"{mesh}/t0/tree"], tokens[f"{mesh}/t0/baseline"])
   # Different keys and temperatures do give different samples (not a constant output).
   assert not np.array_equal(tokens["single/t1/baseline"], tokens["single/t0/baseline"])
 
