@@ -1,8 +1,8 @@
 r"""Token trees against chains on one pair, side by side in one run.
 
   python scripts/bench_tree.py                  # the demo pair (configs/demo.gin's draft)
-  python scripts/bench_tree.py --chains=1,2,3,4,5 \
-      --trees=full:3,2,spine:4,2,2,full:2,2,1 --temperatures=0,1 --num_examples=40
+  python scripts/bench_tree.py --chains=1,2,3 --trees=full:3,2,spine:4,2,2 \
+      --acceptance_trees=16/3 --temperatures=0,1 --num_examples=40
 
 Every chain γ (``speculative_decode``) and every tree (``tree_speculative_decode``)
 decodes the same held-out inputs as one batch (each row keeps its own counts);
@@ -94,12 +94,11 @@ def main(argv: list[str] | None = None) -> None:
   script_args.add_shortlist_argument(p)
   script_args.add_decoding_arguments(p, input_buckets=False)
   p.add_argument("--chains", default="1,2,3,4,5", help="comma-separated chain γ")
-  p.add_argument("--trees", default="spine:4,2,full:3,2,spine:4,2,2,full:2,2,1,full:3,2,1,"
-                                    "spine:4,2,2,1,full:2,2,1,1,spine:4,2,2,1,1",
+  p.add_argument("--trees", default="full:3,2,1,spine:5,3,2,2,1",
                  help="token trees ('chain:G', 'spine:W1,...', 'full:B1,...', "
                       "'parents:-1,0,...'; see specdec_jax.tree.TreeShape.parse)")
   p.add_argument("--num_examples", type=int, default=40, help="held-out inputs, one batch")
-  p.add_argument("--acceptance_trees", default="16,16/3,11/5",
+  p.add_argument("--acceptance_trees", default="4,6,16/2,16/3,16/4,16",
                  help="also the trees TreeShape.from_acceptance builds from the pair's rank "
                       "rates on --rates_source: comma-separated node counts N, each with an "
                       "optional depth cap as N/D; '' for none")

@@ -11,6 +11,7 @@ from the two models' shapes. Used by ``scripts/bench_tree.py``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping, Union
 
 import jax
@@ -94,6 +95,7 @@ def compare(target, params, draft, inputs: np.ndarray, shapes: Mapping[str, Shap
   return rows, base_s
 
 
+@functools.lru_cache(maxsize=None)
 def _decoder_params(cfg: T5Config) -> int:
   """Parameters a decoding step reads: the decoder's and the output layer's
   (one embedding row per position aside)."""
