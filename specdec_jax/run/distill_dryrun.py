@@ -215,12 +215,9 @@ def check(job: distill.DistillJob, topology: str) -> Context:
                      f"{weights['draft'] / GiB:.2f} GiB, but a {chip.label} chip has "
                      f"{chip.hbm_bytes / GiB:.0f} GiB of HBM; {hint}")
   unread = [(f, getattr(job, f)) for f in READ_FIELDS if getattr(job, f)]
-  train_len = training.buckets_upto(max(job.max_input_len, job.max_decode_len))[-1]
-  input_len = training.bucket_len(job.max_input_len,
-                                  training.buckets_upto(max(job.max_input_len,
-                                                            job.max_decode_len)))
+  buckets = training.buckets_upto(max(job.max_input_len, job.max_decode_len))  # as run_job
   return Context(job, topology, chip, devices, target_cfg, draft_cfg, target_part, draft_part,
-                 unread, input_len, train_len, weights)
+                 unread, training.bucket_len(job.max_input_len, buckets), buckets[-1], weights)
 
 
 # ------------------------------------------------------------ the programs
@@ -578,7 +575,10 @@ def format_report(r: DistillDryRun) -> str:
     lines.append(f"  {name}: no halving of its batch fits; shard the target over more "
                  "chips (--mesh_shape) or a larger topology")
   if r.fixes and not r.unfixed:
-    lines.append("  With " + " ".join(f"--{f.flag}={f.value}" for f in r.fixes)
+    chosen: dict = {}
+    for f in r.fixes:  # the generation programs share one flag: the smallest value
+      chosen[f.flag] = min(f.value, chosen.get(f.flag, f.value))
+    lines.append("  With " + " ".join(f"--{k}={v}" for k, v in chosen.items())
                  + " every program fits.")
   lines.append(f"Dry run took {r.wall_s:.0f} s.")
   return "\n".join(lines)
