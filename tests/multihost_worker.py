@@ -1,12 +1,14 @@
 """One of two processes of a multi-host run on localhost, started by
 tests/test_multihost.py: 2 CPU devices per process, the runner called in
-process for several meshes and a resumed run (one distributed start).
+process for several meshes and a resumed run, then a distillation job on
+mesh (2, 2) (one distributed start).
 
 Usage: python tests/multihost_worker.py PROCESS_ID PORT ENV_DIR OUT_DIR
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -28,7 +30,11 @@ def main(pid: int, port: int, env: str, out: str) -> None:
             "Experiment.multihost = True", f"Experiment.coordinator_address = '127.0.0.1:{port}'",
             "Experiment.num_processes = 2", f"Experiment.process_id = {pid}"]
   seen = set()
-  for name, bindings in RUNS:
+  distill_only = bool(os.environ.get("MH_DISTILL_ONLY"))  # for debugging the job alone
+  if distill_only:
+    from specdec_jax import partitioning  # pylint: disable=g-import-not-at-top
+    partitioning.initialize_multihost(f"127.0.0.1:{port}", 2, pid)
+  for name, bindings in RUNS if not distill_only else []:
     args = [f"--config={env}/exp.gin", f"--workdir={out}/{name}"]
     args += [f"--gin_bindings={b}" for b in common + bindings]
     if name in seen:
@@ -37,6 +43,19 @@ def main(pid: int, port: int, env: str, out: str) -> None:
     code = run.run_args(args)
     if code:
       sys.exit(code)
+  # Distillation over both processes: the micro job (tests/distill_micro.py,
+  # its checkpoints saved by the test) on mesh (2, 2); process 0 writes what
+  # the test compares with one device.
+  from specdec_jax import distill  # pylint: disable=g-import-not-at-top
+  from distill_micro import job  # pylint: disable=g-import-not-at-top
+  if distill_only:
+    import faulthandler  # pylint: disable=g-import-not-at-top
+    faulthandler.dump_traceback_later(120)
+  summary = distill.run_job(job(f"{out}/distill", "mesh_2x2", (2, 2)),
+                            log_fn=print if distill_only else lambda m: None)
+  if pid == 0:
+    with open(f"{out}/distill/mesh_2x2.json", "w", encoding="utf-8") as f:
+      json.dump({"steps": summary["steps"], "log": summary["log"]}, f)
 
 
 if __name__ == "__main__":

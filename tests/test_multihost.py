@@ -13,10 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from specdec_jax import run
+from specdec_jax import checkpoints, distill, partitioning, run
 
+import distill_micro
 import toy_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,6 +46,7 @@ def _worker_env() -> dict:
 def runs(tmp_path_factory):
   env = toy_env.build(tmp_path_factory.mktemp("mh_env"))
   out = tmp_path_factory.mktemp("mh_out")
+  distill_micro.save_models(str(out / "distill"))  # the workers' distillation job
   port = _free_port()
   procs = [subprocess.Popen(
       [sys.executable, str(REPO / "tests" / "multihost_worker.py"), str(pid), str(port),
@@ -87,3 +90,26 @@ def test_two_processes_equal_one(runs, name):
 def test_only_process_zero_prints_the_result(runs):
   _, logs = runs
   assert logs[0].count("| TASK | M_q |") == 4 and "| TASK | M_q |" not in logs[1]
+
+
+def test_two_process_distillation_equals_one_device(runs):
+  """The micro distillation job over 2 processes on mesh (2, 2): the same
+  target outputs and every step's losses as on one device (tolerance as in
+  test_sharded_distill), its checkpoint and export written once."""
+  out, _ = runs
+  root = out / "distill"
+  multi = json.loads((root / "mesh_2x2.json").read_text())
+  single = distill.run_job(distill_micro.job(str(root), "single", None), log_fn=lambda m: None)
+  assert multi["steps"] == single["steps"] == distill_micro.STEPS
+  losses = lambda log: np.array([[r["train_loss"], r["ce"], r["fkl"]] for r in log])
+  np.testing.assert_allclose(losses(multi["log"]), losses(single["log"]), rtol=1e-5)
+  outputs = lambda name: sorted((root / name / "run" / "target_outputs.jsonl")
+                                .read_text().splitlines())
+  assert outputs("mesh_2x2") == outputs("single") and len(outputs("single")) == 16
+  exported, _ = checkpoints.load_checkpoint(str(root / "mesh_2x2" / "distilled"))
+  ref, _ = checkpoints.load_checkpoint(str(root / "single" / "distilled"))
+  flat, flat_ref = (partitioning.flatten_names(p) for p in (exported, ref))
+  assert set(flat) == set(flat_ref) and len(flat) > 20
+  for name in flat:
+    np.testing.assert_allclose(np.asarray(flat[name]), np.asarray(flat_ref[name]),
+                               rtol=2**-7, atol=1e-6, err_msg=name)

@@ -9,6 +9,7 @@ import os
 import shutil
 from typing import Any, Optional
 
+import jax
 import numpy as np
 
 from specdec_jax.checkpoints import orbax_ts, placement
@@ -42,9 +43,25 @@ def save_checkpoint(directory: str, params: Any, config: T5Config,
   if os.path.isdir(params_dir):
     shutil.rmtree(params_dir)
   os.makedirs(directory, exist_ok=True)
-  ocp.PyTreeCheckpointer().save(params_dir, params_dtype_tree(params, dtype))
+  tree = params_dtype_tree(params, dtype)
+  if jax.process_count() > 1:  # Orbax refuses process-local jax.Arrays there
+    tree = jax.tree.map(np.asarray, tree)
+  _checkpointer(ocp).save(params_dir, tree)
   with open(os.path.join(directory, "config.json"), "w") as f:
     json.dump(dataclasses.asdict(config), f, indent=2, sort_keys=True)
+
+
+def _checkpointer(ocp: Any) -> Any:
+  """Orbax's checkpointer for host arrays written by this process alone: in a
+  multi-process job only one process exports (the caller decides which), so
+  Orbax must not wait for the others at its barriers."""
+  if jax.process_count() == 1:
+    return ocp.PyTreeCheckpointer()
+  me = jax.process_index()
+  only_me = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me},
+                                               barrier_sync_key_prefix=f"export{me}")
+  return ocp.Checkpointer(ocp.PyTreeCheckpointHandler(multiprocessing_options=only_me),
+                          multiprocessing_options=only_me)
 
 
 def load_specdec(path: str, config: Optional[T5Config], param_dtype: Any,
