@@ -10,7 +10,8 @@ multi-host run agree on), ``loop`` (the measured loops), ``report``
 (``summary.json`` and the printed tables), ``account`` (where the speedup goes,
 step by step from Theorem 3.8), ``autogamma`` (γ = 'auto', §3.5), ``sweep`` (γ
 sweeps for benchmarks), ``dryrun`` with ``chips`` and ``hlo`` (the run's
-programs compiled for a TPU topology without one), ``cli`` (flags and errors),
+programs compiled for a TPU topology without one; ``distill_dryrun`` the same
+for a distillation job), ``cli`` (flags and errors),
 ``logs`` (one logging setup for every entry point) and ``script_args`` (what the
 scripts in scripts/ share).
 """
