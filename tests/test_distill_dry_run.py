@@ -10,10 +10,8 @@ fail; bad input is refused in one line with compiling made to fail.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.util
 import io
-import json
 import os
 import subprocess
 import sys
@@ -28,8 +26,9 @@ pytest.importorskip("libtpu", reason="the dry run compiles with libtpu (requirem
 
 from specdec_jax import checkpoints, data, distill, storage  # noqa: E402
 from specdec_jax.models.t5 import T5Config  # noqa: E402
-from specdec_jax.run import chips, distill_dryrun  # noqa: E402
+from specdec_jax.run import chips, distill_dryrun, dryrun  # noqa: E402
 from specdec_jax.run.dryrun import Program  # noqa: E402
+from test_dry_run import _checkpoint  # noqa: E402  (a config.json, no weights)
 
 REPO = Path(__file__).resolve().parent.parent
 TOPOLOGY = "v5e:2x4"
@@ -37,14 +36,6 @@ MESH = (2, 4)
 TARGET = T5Config(vocab_size=2048, d_model=256, num_heads=4, head_dim=32, num_encoder_layers=1,
                   num_decoder_layers=1, d_ff=512)
 DRAFT = TARGET.replace(d_model=128, num_heads=2, d_ff=256)
-
-
-def _checkpoint(root: Path, name: str, cfg: T5Config) -> str:
-  """A checkpoint directory with a config.json and no weights (none are read)."""
-  path = root / name
-  (path / "params").mkdir(parents=True)
-  (path / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
-  return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +133,7 @@ def test_memory_is_the_executables(report):
   for p in r.programs:
     assert p.total == p.arguments + p.temporaries + p.outputs - p.aliased > 0
     row = next(line for line in text.splitlines() if line.strip().startswith(p.name))
-    assert distill_dryrun._gib(p.total) in row  # pylint: disable=protected-access
+    assert dryrun.gib(p.total) in row
 
 
 def test_weight_arguments_are_the_sharded_weights(report):

@@ -69,7 +69,8 @@ from specdec_jax.models.t5 import T5Config, T5Model
 from specdec_jax.partitioning import Partitioner
 from specdec_jax.run import hlo
 from specdec_jax.run.chips import Chip, topology_devices
-from specdec_jax.run.dryrun import GiB, Program, abstract_params, default_workers
+from specdec_jax.run.dryrun import (GiB, Program, abstract_params, default_workers, gib,
+                                   program_header, program_lines, size)
 from specdec_jax.sampling import SamplingConfig
 
 # The job's fields naming what a run reads; the dry run reads none of them.
@@ -491,18 +492,6 @@ def dry_run(job: distill.DistillJob, topology: str, programs: Optional[Sequence[
 # ------------------------------------------------------------------ report
 
 
-def _gib(n: float) -> str:
-  """Bytes as GiB (MiB below a tenth of one: tiny test models)."""
-  return f"{n / GiB:.2f} GiB" if n >= GiB / 10 or n == 0 else f"{n / 2 ** 20:.2f} MiB"
-
-
-def _size(n: float) -> str:
-  for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-    if n >= scale:
-      return f"{n / scale:.3g} {unit}"
-  return f"{int(n)} B"
-
-
 def format_report(r: DistillDryRun) -> str:
   """The dry run as text: the setup, each program's memory per device against
   the chip's HBM, its collectives, and the settings that would fit."""
@@ -514,9 +503,9 @@ def format_report(r: DistillDryRun) -> str:
            + f"), {chip.hbm_bytes / GiB:.0f} GiB HBM each. Nothing was read: "
            + ", ".join(f"{f} {v!r}" for f, v in ctx.unread) + ".",
            f"target {job.target_preset or 'from config.json'} (weights {job.param_dtype}, "
-           f"{_gib(ctx.weights['target'])} per device), draft "
+           f"{gib(ctx.weights['target'])} per device), draft "
            f"{job.draft_preset or 'from config.json'} (float32, replicated, "
-           f"{_gib(ctx.weights['draft'])}); {mesh}; activations float32.",
+           f"{gib(ctx.weights['draft'])}); {mesh}; activations float32.",
            f"generation: {job.generate_batch_size} rows x input {ctx.input_len}, decode "
            f"{job.max_decode_len}; train step: {ctx.train_rows()} rows x {ctx.train_len} tokens "
            f"(batch_tokens {job.batch_tokens}, the longest bucket), divergence "
@@ -527,18 +516,10 @@ def format_report(r: DistillDryRun) -> str:
            "", f"Compiled programs, per device (XLA's memory analysis of the {chip.label} "
            "executable; total = arguments + temporaries + outputs - aliased, against "
            f"{chip.hbm_bytes / GiB:.0f} GiB):",
-           f"  {'program':20s} {'compile':>8s} {'arguments':>11s} {'temporaries':>12s} "
-           f"{'outputs':>10s} {'aliased':>10s} {'total':>10s}  fits"]
-  for p in r.programs:
-    if p.error:
-      lines.append(f"  {p.name:20s} {p.compile_s:7.0f}s  NOT COMPILED: {p.error}")
-      continue
-    fits = "yes" if p.total <= chip.hbm_bytes else "NO"
-    lines.append(f"  {p.name:20s} {p.compile_s:7.0f}s {_gib(p.arguments):>11s} "
-                 f"{_gib(p.temporaries):>12s} {_gib(p.outputs):>10s} {_gib(p.aliased):>10s} "
-                 f"{_gib(p.total):>10s}  {fits} ({100 * p.total / chip.hbm_bytes:.0f}%)")
+           program_header(20, ("aliased", "total"))]
+  lines += program_lines(r.programs, chip, 20, ("aliased", "total"))
   code = max((p.code for p in r.programs if not p.error), default=0)
-  lines += [f"  (the programs' code, up to {_gib(code)}, is not in the totals)", ""]
+  lines += [f"  (the programs' code, up to {gib(code)}, is not in the totals)", ""]
   shown = [(p, p.name) for p in r.programs if not p.error] + [
       (f.compiled, f"{f.program} at --{f.flag}={f.value}") for f in r.fixes]
   for p, label in shown:
@@ -548,9 +529,9 @@ def format_report(r: DistillDryRun) -> str:
     for c in p.collectives:
       key = (c.where, c.kind, c.shape, c.nbytes)
       groups[key] = groups.get(key, 0) + 1
-    lines.append(f"Collectives in {per} {label} ({len(p.collectives)}, {_size(total)} per "
+    lines.append(f"Collectives in {per} {label} ({len(p.collectives)}, {size(total)} per "
                  "device)" + (":" if groups else ": none"))
-    lines += [f"  {n:4d} x {kind} {shape} ({_size(nb)} each)" + (f" [{w}]" if w else "")
+    lines += [f"  {n:4d} x {kind} {shape} ({size(nb)} each)" + (f" [{w}]" if w else "")
               for (w, kind, shape, nb), n in sorted(groups.items())]
     if p.weight_moves:
       lines.append(f"  ERROR: {len(p.weight_moves)} collective(s) move a weight, e.g. "
@@ -560,15 +541,15 @@ def format_report(r: DistillDryRun) -> str:
       lines.append("  no collective moves a weight")
   lines.append("")
   if r.fits:
-    lines.append(f"Largest program: {_gib(r.memory)} per device: the job fits "
+    lines.append(f"Largest program: {gib(r.memory)} per device: the job fits "
                  f"{ctx.topology} as given. Dry run took {r.wall_s:.0f} s.")
     return "\n".join(lines)
   too_big = [p.name + (" (the compiler ran out of memory)" if p.error else
-                        f" ({_gib(p.total)} per device)")
+                        f" ({gib(p.total)} per device)")
              for p in r.programs if not _fits(p, chip)]
   lines.append(f"The job does NOT fit {ctx.topology} as given: " + ", ".join(too_big) + ".")
   for f in r.fixes:
-    lines.append(f"  {f.program}: --{f.flag}={f.value} fits ({_gib(f.compiled.total)} per "
+    lines.append(f"  {f.program}: --{f.flag}={f.value} fits ({gib(f.compiled.total)} per "
                  f"device, {100 * f.compiled.total / chip.hbm_bytes:.0f}%, compiled; tried "
                  f"{', '.join(map(str, f.tried))})")
   for name in r.unfixed:

@@ -619,12 +619,37 @@ def _estimates(ctx: _Context) -> dict[str, int]:
 # ------------------------------------------------------------------ report
 
 
-def _gib(n: float) -> str:
+def gib(n: float) -> str:
   """Bytes as GiB (MiB below a tenth of one: tiny test models)."""
   return f"{n / GiB:.2f} GiB" if n >= GiB / 10 or n == 0 else f"{n / 2 ** 20:.2f} MiB"
 
 
-def _size(n: float) -> str:
+def program_header(name_width: int, tail: Sequence[str]) -> str:
+  """The header of ``program_lines``' table."""
+  return (f"  {'program':{name_width}s} {'compile':>8s} {'arguments':>11s} {'temporaries':>12s} "
+          f"{'outputs':>10s}" + "".join(f" {c:>10s}" for c in tail) + "  fits")
+
+
+def program_lines(programs: Sequence[Any], chip: Chip, name_width: int,
+                  tail: Sequence[str]) -> list[str]:
+  """One line per compiled program: compile seconds, arguments, temporaries,
+  outputs, then the ``Program`` fields named in ``tail`` (e.g. 'total',
+  'estimate'), and whether ``total`` fits the chip's HBM."""
+  lines = []
+  for p in programs:
+    if p.error:
+      lines.append(f"  {p.name:{name_width}s} {p.compile_s:7.0f}s  NOT COMPILED: {p.error}")
+      continue
+    fits = "yes" if p.total <= chip.hbm_bytes else "NO"
+    lines.append(f"  {p.name:{name_width}s} {p.compile_s:7.0f}s {gib(p.arguments):>11s} "
+                 f"{gib(p.temporaries):>12s} {gib(p.outputs):>10s}"
+                 + "".join(f" {gib(getattr(p, c)):>10s}" for c in tail)
+                 + f"  {fits} ({100 * p.total / chip.hbm_bytes:.0f}%)")
+  return lines
+
+
+def size(n: float) -> str:
+  """Bytes in decimal units (collectives' payloads)."""
   for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
     if n >= scale:
       return f"{n / scale:.3g} {unit}"
@@ -638,7 +663,7 @@ def _summarize(collectives: Sequence[hlo.Collective]) -> list[str]:
     groups[(c.where, c.kind, c.shape, c.nbytes)] += 1
   lines = []
   for (where, kind, shape, nbytes), n in sorted(groups.items()):
-    lines.append(f"{n:4d} x {kind} {shape} ({_size(nbytes)} each)"
+    lines.append(f"{n:4d} x {kind} {shape} ({size(nbytes)} each)"
                  + (f" [{where}]" if where else ""))
   return lines
 
@@ -665,31 +690,23 @@ def format_report(r: DryRun, configs: Sequence[str] = ()) -> str:
                   if e.gamma == "auto" else "")
                + f", temperature {s.temperature:g}")
   lines.append("memory.plan estimate per device: " + ", ".join(
-      f"{k} {_gib(v)}" for k, v in r.estimate.items()))
+      f"{k} {gib(v)}" for k, v in r.estimate.items()))
   lines += ["", f"Compiled programs, per device (XLA's memory analysis of the {chip.label} "
             "executable; 'fits' compares arguments + temporaries + outputs with "
             f"{chip.hbm_bytes / GiB:.0f} GiB):",
-            f"  {'program':27s} {'compile':>8s} {'arguments':>11s} {'temporaries':>12s} "
-            f"{'outputs':>10s} {'total':>10s} {'estimate':>10s}  fits"]
-  for p in r.programs:
-    if p.error:
-      lines.append(f"  {p.name:27s} {p.compile_s:7.0f}s  NOT COMPILED: {p.error}")
-      continue
-    fits = "yes" if p.total <= chip.hbm_bytes else "NO"
-    lines.append(f"  {p.name:27s} {p.compile_s:7.0f}s {_gib(p.arguments):>11s} "
-                 f"{_gib(p.temporaries):>12s} {_gib(p.outputs):>10s} {_gib(p.total):>10s} "
-                 f"{_gib(p.estimate):>10s}  {fits} ({100 * p.total / chip.hbm_bytes:.0f}%)")
+            program_header(27, ("total", "estimate"))]
+  lines += program_lines(r.programs, chip, 27, ("total", "estimate"))
   code = max((p.code for p in r.programs if not p.error), default=0)
   lines += ["  (estimate: memory.plan's weights and caches, which leaves out XLA "
             "temporaries; arguments include the inputs and the key; the programs' code, "
-            f"up to {_gib(code)}, is not in the totals)", ""]
+            f"up to {gib(code)}, is not in the totals)", ""]
   for p in r.programs:
     if p.error:
       continue
     body = _summarize(p.collectives)
     total = sum(c.nbytes for c in p.collectives)
     lines.append(f"Collectives in one iteration of the {p.name} ({len(p.collectives)}, "
-                 f"{_size(total)} per device)" + (":" if body else ": none"))
+                 f"{size(total)} per device)" + (":" if body else ": none"))
     lines += ["  " + l for l in body]
     copies = [c for c in p.weight_copies if not c.in_loop], \
         [c for c in p.weight_copies if c.in_loop]
@@ -697,7 +714,7 @@ def format_report(r: DryRun, configs: Sequence[str] = ()) -> str:
                                     "INSIDE the loop, every iteration")):
       if held:
         lines.append(f"  {len(held)} copies of weights in another layout or dtype, "
-                     f"{_size(sum(c.nbytes for c in held))} per device, {label}")
+                     f"{size(sum(c.nbytes for c in held))} per device, {label}")
     if p.weight_moves:
       lines.append(f"  ERROR: {len(p.weight_moves)} collective(s) move a weight, e.g. "
                    f"{p.weight_moves[0].kind} {p.weight_moves[0].shape} "
@@ -719,10 +736,10 @@ def format_report(r: DryRun, configs: Sequence[str] = ()) -> str:
                    f"{1e6 * p.seconds(chip):9.1f}  {p.bound(chip)}")
     last = max(rl.target)
     lines.append(f"  bytes read per target pass / floor (the decoder and output-layer weights "
-                 f"each device reads per step, {_size(rl.floor)}): "
+                 f"each device reads per step, {size(rl.floor)}): "
                  f"{rl.target[1].bytes / rl.floor:.2f}x at k=1, "
                  f"{rl.target[last].bytes / rl.floor:.2f}x at k={last}"
-                 + (f"; draft step / its floor ({_size(rl.draft_floor)}): "
+                 + (f"; draft step / its floor ({size(rl.draft_floor)}): "
                     f"{rl.draft.bytes / rl.draft_floor:.2f}x" if rl.draft and rl.draft_floor
                     else ""))
     lines.append("  v(k) = " + ", ".join(f"{k}: {rl.v(k):.3f}" for k in rl.target))
@@ -745,7 +762,7 @@ def format_report(r: DryRun, configs: Sequence[str] = ()) -> str:
         lines.append("  adaptive draft lengths are not Theorem 3.8's fixed γ: the prediction "
                      "above is for a fixed γ = γ_max")
   fits = "fits" if r.fits else "does NOT fit"
-  lines += ["", f"Largest program: {_gib(r.memory)} per device, {fits} in "
+  lines += ["", f"Largest program: {gib(r.memory)} per device, {fits} in "
             f"{chip.hbm_bytes / GiB:.0f} GiB. Dry run took {r.wall_s:.0f} s."]
   return "\n".join(lines)
 
