@@ -69,8 +69,8 @@ from specdec_jax.models.t5 import T5Config, T5Model
 from specdec_jax.partitioning import Partitioner
 from specdec_jax.run import hlo
 from specdec_jax.run.chips import Chip, topology_devices
-from specdec_jax.run.dryrun import (GiB, Program, abstract_params, default_workers, gib,
-                                   program_header, program_lines, size)
+from specdec_jax.run.dryrun import (CompiledVerdict, GiB, Program, abstract_params,
+                                   default_workers, gib, program_header, program_lines, size)
 from specdec_jax.sampling import SamplingConfig
 
 # The job's fields naming what a run reads; the dry run reads none of them.
@@ -407,7 +407,7 @@ class Fix:
 
 
 @dataclasses.dataclass
-class DistillDryRun:
+class DistillDryRun(CompiledVerdict):
   """Everything a distillation dry run found (``format_report`` prints it)."""
 
   ctx: Context
@@ -420,14 +420,6 @@ class DistillDryRun:
   def chip(self) -> Chip:
     return self.ctx.chip
 
-  @property
-  def memory(self) -> int:
-    """The largest per-device total among the compiled programs."""
-    return max((p.total for p in self.programs if not p.error), default=0)
-
-  @property
-  def fits(self) -> bool:
-    return all(not p.error for p in self.programs) and self.memory <= self.chip.hbm_bytes
 
 
 def _fits(p: Program, chip: Chip) -> bool:

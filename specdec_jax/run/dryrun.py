@@ -209,8 +209,21 @@ class Roofline:
                                              self.v(gamma + 1) if with_v else 1.0))
 
 
+class CompiledVerdict:
+  """What a dry run's compiled ``programs`` (``Program``) say on its ``chip``."""
+
+  @property
+  def memory(self) -> int:
+    """The largest per-device total among the compiled programs."""
+    return max((p.total for p in self.programs if not p.error), default=0)
+
+  @property
+  def fits(self) -> bool:
+    return all(not p.error for p in self.programs) and self.memory <= self.chip.hbm_bytes
+
+
 @dataclasses.dataclass
-class DryRun:
+class DryRun(CompiledVerdict):
   """Everything a dry run found (``format_report`` prints it)."""
 
   topology: str
@@ -226,15 +239,6 @@ class DryRun:
   roofline: Optional[Roofline] = None
   paper: Optional[PaperRow] = None
   wall_s: float = 0.0
-
-  @property
-  def memory(self) -> int:
-    """The largest per-device total among the compiled programs."""
-    return max((p.total for p in self.programs if not p.error), default=0)
-
-  @property
-  def fits(self) -> bool:
-    return all(not p.error for p in self.programs) and self.memory <= self.chip.hbm_bytes
 
   def predicted(self, with_v: bool = False) -> Optional[float]:
     if self.roofline is None or self.paper is None or self.roofline.draft is None:
