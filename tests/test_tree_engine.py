@@ -13,7 +13,7 @@ import pytest
 
 from specdec_jax import decoding, drafts
 from specdec_jax import tree as tree_lib
-from specdec_jax.decoding import temperature_sample, tree_speculative_decode
+from specdec_jax.decoding import tree_speculative_decode
 from specdec_jax.drafts.base import DraftInterfaceError, check_tree
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.tree import TreeShape
@@ -147,14 +147,15 @@ def test_a_wrong_tree_rule_fails_the_distribution_test(seq_models, monkeypatch):
   sampling = SETTINGS["temp1"]
   dist = exact_sequence_distribution(model, target, sampling)
   monkeypatch.setattr(tree_lib, "residual", lambda r, q: r)
-  # A fresh jit of the loop, so that it is traced with the wrong rule.
-  wrong = jax.jit(tree_speculative_decode.__wrapped__,
-                  static_argnames=("target", "tree", "max_decode_len", "sampling", "eos_id",
-                                   "partitioner"))
-  inputs = jnp.repeat(SEQ_INPUT, SEQ_N, 0)
-  bad = wrong(model, target, _seq_tree_draft("t5", model, draft_params), inputs,
-              jax.random.PRNGKey(5), tree=SEQ_FULL, max_decode_len=SEQ_LEN, sampling=sampling,
-              eos_id=SEQ_EOS)
+  # JAX caches traces by function: drop them so that the loop is traced with
+  # the wrong rule here, and again after, so that no later test reuses it.
+  jax.clear_caches()
+  try:
+    bad = _sample(model, target, _seq_tree_draft("t5", model, draft_params), SEQ_FULL,
+                  sampling)
+  finally:
+    monkeypatch.undo()
+    jax.clear_caches()
   assert sequence_pvalue(np.asarray(bad.tokens), dist) < 1e-3
 
 
