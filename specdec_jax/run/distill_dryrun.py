@@ -378,10 +378,7 @@ def compile_program(name: str, lowered: Any) -> Program:
     p.compile_s = time.perf_counter() - t0
     return p
   p.compile_s = time.perf_counter() - t0
-  m = compiled.memory_analysis()
-  p.arguments, p.temporaries = m.argument_size_in_bytes, m.temp_size_in_bytes
-  p.outputs, p.aliased = m.output_size_in_bytes, m.alias_size_in_bytes
-  p.code = m.generated_code_size_in_bytes
+  p.take_memory(compiled)
   module = hlo.parse(compiled.as_text())
   params = hlo.parameters(module)
   p.padded_arguments = sum(hlo.array_bytes(i.shape, padded=True) for i in params)

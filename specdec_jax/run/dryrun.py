@@ -167,6 +167,13 @@ class Program:
     outputs, less outputs that reuse argument buffers (program code apart)."""
     return self.arguments + self.temporaries + self.outputs - self.aliased
 
+  def take_memory(self, compiled: Any) -> None:
+    """Fills the byte counts from XLA's memory analysis of ``compiled``."""
+    m = compiled.memory_analysis()
+    self.arguments, self.temporaries = m.argument_size_in_bytes, m.temp_size_in_bytes
+    self.outputs, self.aliased = m.output_size_in_bytes, m.alias_size_in_bytes
+    self.code = m.generated_code_size_in_bytes
+
 
 @dataclasses.dataclass(frozen=True)
 class Piece:
@@ -472,10 +479,7 @@ def _compile(name: str, estimate: int, topology: str, lowered: Any,
       p.compile_s = time.perf_counter() - t0
       return p
     p.compile_s = time.perf_counter() - t0
-    m = compiled.memory_analysis()
-    p.arguments, p.temporaries = m.argument_size_in_bytes, m.temp_size_in_bytes
-    p.outputs, p.aliased = m.output_size_in_bytes, m.alias_size_in_bytes
-    p.code = m.generated_code_size_in_bytes
+    p.take_memory(compiled)
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
     p.flops, p.bytes = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
