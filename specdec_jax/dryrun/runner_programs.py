@@ -1,7 +1,10 @@
-r"""The TPU dry run: compile a run's programs for a TPU topology on any machine.
+r"""The runner's list of programs for the TPU dry run (``driver``): compile a
+run's programs for a TPU topology on any machine.
 
   python -m specdec_jax.run --config=configs/table2/ende_small_t0.gin \
       --config=configs/tpu_v5e_8.gin --dry_run=v5e:2x4
+  python -m specdec_jax.run --config=configs/table2/ende_small_t0.gin \
+      --config=configs/tpu_v4_1.gin --dry_run=v4:1x1x1     # the paper's one chip
 
 builds the experiment's settings, validates them, and lowers and compiles for
 the topology's devices (libtpu's compile-only devices, ``chips``) the
@@ -23,22 +26,15 @@ paper §4.2). Each is reported per device, from the compiled executable:
 * the collectives one loop iteration runs, with their sizes; a collective
   whose operand is a weight (``hlo.weight_collectives``) is an error.
 
-Then a roofline model (speculative mode), which is a model, not a
-measurement: one target pass over k = 1 .. γ+1 positions and one draft step,
-each compiled on its own (``decode`` with the loop's cache length), priced as
-max(flops / peak, bytes accessed / HBM bandwidth) with the chip's published
-figures (``chips.CHIPS``). So c = draft step / target step (Definition 3.7),
-v(k) = pass over k positions / one-position pass, and Theorem 3.8's speedup
-at the paper's α for the row (its Table 3) and γ, printed beside the paper's
-measured speedup (Table 2) and its c (Table 4). Collective and launch
-latencies are not priced.
-
-The roofline pieces are compiled with XLA's ``exec_time_optimization_effort``
-= -1, at decoder depths 1 and 2, and extrapolated linearly to the model's
-depth (the layers are identical, so flops and bytes are affine in the depth;
-``tests/test_dry_run.py`` checks this against a full-depth compile). At that
-effort the TPU compiler does not stage weights through on-chip VMEM, so
-'bytes accessed' counts HBM traffic. The loops are compiled at the default
+Then the roofline model (speculative mode; ``costs``), which is a model, not
+a measurement: one target pass over k = 1 .. γ+1 positions and one draft
+step, each compiled on its own (``decode`` with the loop's cache length).
+From it c (Definition 3.7), v(k), milliseconds per token of the baseline and
+of speculative decoding at the paper's α, and Theorem 3.8's speedup at the
+paper's α for the row (its Table 3) and γ, printed beside the paper's
+measured speedup (Table 2), its c (Table 4) and Theorem 3.8 at the paper's
+own α, γ and c (``specdec_jax.paper``). The pieces' depth extrapolation is
+checked against a full-depth compile by ``tests/test_dry_run.py``. The loops are compiled at the default
 effort, exactly as the run compiles them; there XLA's 'bytes accessed' also
 counts each weight's staging copies through VMEM (read, write, read again),
 which is not HBM traffic. Each device must read at least its shard of the
