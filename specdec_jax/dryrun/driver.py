@@ -262,7 +262,8 @@ class Context:
 
   @property
   def where(self) -> str:
-    return (f"--dry_run={self.topology} ({len(self.devices)} devices, one per "
+    n = len(self.devices)
+    return (f"--dry_run={self.topology} ({n} device{'s' if n != 1 else ''}, one per "
             f"{self.chip.device_kind} chip)")
 
 
@@ -455,7 +456,8 @@ def format_report(r: DryRun) -> str:
   settings, each program's memory per device against the chip's HBM, its
   collectives, then the job's closing lines."""
   ctx, chip = r.ctx, r.chip
-  lines = [f"{r.title} for {ctx.topology}: {r.num_devices} devices, one per {chip.label} chip "
+  devices = f"{r.num_devices} device" + ("s" if r.num_devices != 1 else "")
+  lines = [f"{r.title} for {ctx.topology}: {devices}, one per {chip.label} chip "
            f"({chip.device_kind}"
            + (", megacore: 2 TensorCores as one device" if chip.tensorcores == 2 else "")
            + f"), {chip.hbm_bytes / GiB:.0f} GiB HBM each. Nothing was read: "
