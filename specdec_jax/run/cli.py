@@ -52,7 +52,8 @@ import gin
 from absl import app, flags, logging
 
 from specdec_jax import checkpoints
-from specdec_jax.run import dryrun, gin_errors, hosts, logs, settings
+from specdec_jax.dryrun import driver, runner_programs
+from specdec_jax.run import gin_errors, hosts, logs, settings
 from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
 from specdec_jax.run.report import alpha_row, conclusion, summarize, summarize_alpha, table2_row
 from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
@@ -79,7 +80,7 @@ flags.DEFINE_bool("verbose", False, "Show library INFO logs (Orbax, JAX) and the
                   "of user errors.")
 flags.DEFINE_string("dry_run", None, "A TPU topology, e.g. v5e:2x4: compile the run's programs "
                     "for it on this machine (needs libtpu; reads no weight or data) and report "
-                    "memory, collectives and a roofline model (specdec_jax.run.dryrun).")
+                    "memory, collectives and a roofline model (specdec_jax.dryrun).")
 
 # Bad settings, missing or malformed files: one line on stderr, no traceback.
 USER_ERRORS = (ValueError, OSError, LookupError, ImportError, checkpoints.CheckpointError)
@@ -172,7 +173,8 @@ def main(argv: Sequence[str]) -> None:
   config_str = gin.config_str()
   alpha_only = FLAGS.alpha_only
   if FLAGS.dry_run:
-    dryrun.main(exp, FLAGS.dry_run, alpha_only, FLAGS.config)
+    driver.main(runner_programs.RunnerPrograms(exp, alpha_only, configs=FLAGS.config),
+                FLAGS.dry_run)
     return
   check_before_loading(exp, alpha_only)  # before any data or weights are read
   mode = "alpha_only" if alpha_only else "speculative"
