@@ -34,7 +34,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 
-from specdec_jax.run import dryrun, script_args  # noqa: E402
+from specdec_jax.run import dryrun  # noqa: E402
+from specdec_jax.scripting import script_args  # noqa: E402
 from specdec_jax.run.cli import parse_config  # noqa: E402
 
 REPO = script_args.REPO_ROOT
