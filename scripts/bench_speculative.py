@@ -92,7 +92,8 @@ def bench(args) -> str:
       lines.append(f"\nT={r['temperature']:g}{who} auto: α {a['alpha_warmup']:.3f} ± "
                    f"{a['alpha_se']:.3f} on {a['alpha_tokens']} tokens; predicted (± s.e. of "
                    f"the gap to the best) "
-                   f"{curve}; argmax {a['argmax']}, chosen {a['gamma']}")
+                   f"{curve}; argmax {a['argmax']}, chosen {a['gamma']}"
+                   + (" (plain decoding: no γ is predicted to pay)" if a["gamma"] == 0 else ""))
   return "\n".join(lines)
 
 

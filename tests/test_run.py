@@ -551,17 +551,29 @@ def test_help_lists_settings_and_library_info_is_quiet():
   assert f.filter(rec(str(REPO / "specdec_jax" / "run" / "cli.py"), std_logging.INFO))
 
 
+def _forced_costs(costs):
+  """A stand-in for ``timing.measure_costs_many`` that returns ``costs`` for every γ."""
+  return lambda target, params, draft, x, gammas, *a, **k: {g: costs for g in gammas}
+
+
 def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsys, caplog,
-                                                                      tmp_path):
+                                                                      tmp_path, monkeypatch):
   """gamma='auto': α on the warm-up examples, c and v per γ, the argmax of the
   v-generalized Theorem 3.8 and the smallest γ within one standard error of
   it (recomputed here from the recorded numbers); a
-  resumed run keeps the γ it chose; too few warm-up tokens are warned about."""
+  resumed run keeps the γ it chose; too few warm-up tokens are warned about.
+  The draft is the target's near copy and the costs the choice sees are
+  forced cheap (c 0.05, v 1), so that some γ pays (on these toy models none
+  does: plain decoding, tested below)."""
   import logging as std_logging
+  from specdec_jax import timing
   from specdec_jax.run import autogamma
+  cheap = timing.Costs(1e-3, 1e-3, 5e-5, 0.05, 1.0, 0.01, 0.05)
+  monkeypatch.setattr(autogamma, "measure_costs_many", _forced_costs(cheap))
   caplog.set_level(std_logging.WARNING)
   w = tmp_path / "auto"
   args = [f"--config={env / 'exp.gin'}", f"--workdir={w}",
+          f"--gin_bindings=Experiment.draft_checkpoint = '{env / 'draft_near'}'",
           "--gin_bindings=Experiment.gamma = 'auto'",
           "--gin_bindings=Experiment.auto_gamma_max = 3",
           "--gin_bindings=Experiment.num_examples = 2"]
@@ -578,8 +590,8 @@ def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsy
   assert auto["argmax"] == min(int(g) for g, x in auto["predicted"].items() if x == best)
   # The choice: the smallest γ within one standard error of the argmax's prediction.
   assert auto["alpha_se"] >= 0 and auto["gap_se"][str(auto["argmax"])] == 0
-  assert auto["gamma"] == min(int(g) for g, x in auto["predicted"].items()
-                              if best - x <= auto["gap_se"][g])
+  assert best >= 1 and auto["gamma"] == min(int(g) for g, x in auto["predicted"].items()
+                                           if best - x <= auto["gap_se"][g])
   assert s["gamma"] == auto["gamma"]
   assert auto["alpha_tokens"] < autogamma.MIN_ALPHA_TOKENS
   assert any(f"only {auto['alpha_tokens']} target tokens" in r.getMessage()
@@ -611,8 +623,7 @@ def test_gamma_auto_chooses_plain_decoding_where_no_gamma_pays(env, capsys, tmp_
   from specdec_jax import timing
   from specdec_jax.run import autogamma
   slow = timing.Costs(1e-3, 5e-3, 9e-4, 0.9, 5.0)
-  monkeypatch.setattr(autogamma, "measure_costs_many",
-                      lambda target, params, draft, x, gammas, *a, **k: {g: slow for g in gammas})
+  monkeypatch.setattr(autogamma, "measure_costs_many", _forced_costs(slow))
   monkeypatch.setattr(run.programs, "speculative_decode",
                       lambda *a, **k: pytest.fail("speculative decoding ran"))
   w = tmp_path / "plain"

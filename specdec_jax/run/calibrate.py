@@ -80,7 +80,7 @@ def warm_up(setup: Setup, progs: Programs, root: Array) -> None:
     x = pad_batch(setup.inputs, idx, exp.batch_size, exp.input_buckets)
     block(progs.baseline(x, root))
     block(progs.speculative(x, root))
-  adaptive = exp.adaptive if not progs.plain else None
+  adaptive = exp.adaptive
   if exp.input_buckets or adaptive is not None:
     batches = [pad_batch(setup.inputs, idx, exp.batch_size, exp.input_buckets)
                for idx in batch_indices(len(setup.examples), 0, exp.batch_size)]
