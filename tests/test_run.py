@@ -655,8 +655,9 @@ def _summary(**kw):
 def test_conclusion_says_why_a_slower_run_was_slower():
   """The closing sentence: a faster run says so; a slower one says why, in
   words, from the v (for γ + 1 positions), c and α it measured and Theorem
-  3.8's prediction with them; one whose prediction was above 1 says the loss
-  lies outside the theorem."""
+  3.8's prediction with them; one whose prediction was above 1 names the
+  interplay of the two models in a round, or else says the loss lies outside
+  the theorem."""
   from specdec_jax.run import report
   fast = report.conclusion(_summary(), "runs/x")
   assert fast.startswith("Speculative decoding was 1.39× faster than the baseline on 100 ")
@@ -666,7 +667,13 @@ def test_conclusion_says_why_a_slower_run_was_slower():
           "(α 0.72, γ 3, T = 0): on this machine scoring 4 positions costs 2.6 one-token steps "
           "(on an accelerator: about 1) and the draft costs c = 0.04 of a step, so with α 0.72 "
           "γ = 3 cannot pay (Theorem 3.8 predicts 0.90×); see docs/benchmarks.md.") in slow
+  apart = report.conclusion(_summary(speedup=0.9, expected_speedup_v=1.22, interplay=1.24,
+                                     expected_speedup_in_context=0.98), "runs/x")
+  assert ("Theorem 3.8 predicts 1.22× with α 0.72 and γ = 3, but run alternately, as a round "
+          "runs them, the two models cost 1.24× their cost timed apart, which leaves 0.98×; "
+          "see docs/benchmarks.md.") in apart
   other = report.conclusion(_summary(speedup=0.95, v=1.1, expected_speedup_v=1.3,
+                                     expected_speedup_in_context=1.1,
                                      expected_speedup_whole_run=1.02), "runs/x")
   assert "scoring 4 positions costs 1.1 one-token steps and the draft" in other
   assert "accelerator" not in other

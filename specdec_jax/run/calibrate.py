@@ -43,8 +43,8 @@ class Calibration:
   prefill: dict[int, tuple[float, float]]
 
 
-def choose_gamma(setup: Setup, records: Sequence[dict], root: Array
-                 ) -> tuple[int, Optional[dict]]:
+def gamma_of_run(setup: Setup, records: Sequence[dict], root: Array
+                  ) -> tuple[int, Optional[dict]]:
   """(γ, the choice's record or None) for this run: the fixed one, the tree's
   positions less one, the one an earlier part of this run chose (resume), or
   ``autogamma.choose_gamma`` on the held-out inputs (``Setup.held_out``) or

@@ -1,5 +1,7 @@
 """A run's results: ``summary.json`` recomputed from the examples' lines,
-and the paper's Table 2 (§4.1) and Table 3 (§4.2) rows printed from it."""
+the paper's Table 2 (§4.1) and Table 3 (§4.2) rows printed from it, and the
+closing sentence, which says in words why a run slower than the baseline was
+slower (or why gamma='auto' chose plain decoding)."""
 
 from __future__ import annotations
 
@@ -270,15 +272,22 @@ def slowdown_reason(s: dict) -> str:
   """Why a run that was slower than the baseline was, in plain words from
   its summary: the verification cost v of scoring γ + 1 positions (in
   one-token steps), the draft's cost c, α, and Theorem 3.8's prediction with
-  them (v-generalized, ``theory.walltime_improvement``)."""
+  them (v-generalized, ``theory.walltime_improvement``); where that is above
+  1, the interplay of the two models in a round (``timing.Costs.interplay``)
+  or else what the theorem leaves out (per-round work, prefill)."""
   tree = bool(s.get("tree"))
   text = _cost_words(s["tree_nodes"] if tree else s["gamma"] + 1, s["v"], s["c"])
   predicted, alpha = s.get("expected_speedup_v"), s["alpha"]
+  in_context = s.get("expected_speedup_in_context")
   if predicted is None:   # tree or adaptive rounds: no fixed-γ prediction
     text += f", and at α {alpha:.2f} the tokens its rounds accept do not pay for them"
   elif predicted < 1:
     text += (f", so with α {alpha:.2f} γ = {s['gamma']} cannot pay (Theorem 3.8 predicts "
              f"{predicted:.2f}×)")
+  elif in_context is not None and in_context < 1:
+    text += (f"; Theorem 3.8 predicts {predicted:.2f}× with α {alpha:.2f} and γ = "
+             f"{s['gamma']}, but run alternately, as a round runs them, the two models cost "
+             f"{s['interplay']:.2f}× their cost timed apart, which leaves {in_context:.2f}×")
   else:
     whole = s.get("expected_speedup_whole_run")
     text += (f"; Theorem 3.8 predicts {predicted:.2f}× with α {alpha:.2f} and γ = "
