@@ -120,3 +120,26 @@ def test_bench_speculative_parses_its_drafts_flag():
                    ("t5:a/x,t5:b/x", "both be labelled 'x'"), (",", "no draft")]:
     with pytest.raises(ValueError, match=msg):
       mod.parse_drafts(bad)
+
+
+def test_auto_that_chooses_plain_decoding_runs_the_baseline_as_its_row(tiny_target, tiny_draft,
+                                                                       monkeypatch):
+  """'auto' where the measured costs (forced: verification 5 steps, the draft
+  0.9 of one) leave every γ below 1x: the row is 'auto→plain', decoded by the
+  baseline (token for token its outputs, no α, costs or prediction)."""
+  from specdec_jax import timing
+  from specdec_jax.scripting import sweep
+  slow = timing.Costs(1e-3, 5e-3, 9e-4, 0.9, 5.0)
+  monkeypatch.setattr(sweep, "measure_costs_many",
+                      lambda target, params, draft, x, gammas, *a, **k: {g: slow for g in gammas})
+  monkeypatch.setattr(sweep, "speculative_decode",
+                      lambda *a, **k: pytest.fail("speculative decoding ran"))
+  model, params = tiny_target
+  dm, dp = tiny_draft
+  inputs = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (3, 10), 2, 64), np.int32)
+  (r,) = gamma_sweep(model, params, drafts.T5Draft(params=dp, model=dm), inputs, ["auto"],
+                     SamplingConfig(), max_decode_len=12, gamma_max=3)
+  assert r["gamma"] == "auto→plain" and r["auto"]["gamma"] == 0 and r["auto"]["plain"]
+  assert r["mismatches"] == 0 and r["tokens_per_target_call"] == 1
+  assert r["alpha"] is None and r["c"] is None and r["expected_v"] is None
+  assert "| auto→plain |" in markdown_table([r])
