@@ -69,8 +69,8 @@ from specdec_jax import memory, timing
 from specdec_jax.checkpoints import load_checkpoint
 from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import PRESETS, T5Config, T5Model, count_params, stored_dtype
-from specdec_jax.run import script_args
-from specdec_jax.run.script_args import load_average, machine_description, markdown_header
+from specdec_jax.scripting import script_args
+from specdec_jax.scripting.script_args import load_average, machine_description, markdown_header
 from specdec_jax.sampling import SamplingConfig
 
 SIZES = {"small": "t5_1_1_small", "base": "t5_1_1_base"}

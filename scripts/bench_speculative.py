@@ -15,7 +15,7 @@ so drift on a noisy machine hits all columns alike); compile time is excluded
 reports totals (tokens / total seconds) and the median per-example speedup.
 ``--drafts`` compares several approximation models the same way: all of
 them, every γ, interleaved per example beside one baseline.
-The measuring loop lives in ``specdec_jax.run.sweep``.
+The measuring loop lives in ``specdec_jax.scripting.sweep``.
 
 Columns: tokens/s of each; speedup; measured α (both estimators); tokens per
 target call; c (draft time per token / target step); v (target pass over γ+1
@@ -33,10 +33,11 @@ import jax
 from specdec_jax import drafts
 from specdec_jax.data import parse_input_buckets
 from specdec_jax.run import (Experiment, check_before_loading, held_out_inputs, load_data,
-                             load_draft, load_models, script_args)
+                             load_draft, load_models)
 from specdec_jax.run.setup import partitioners
-from specdec_jax.run.sweep import gamma_sweep, markdown_table, parse_widths
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.scripting import script_args
+from specdec_jax.scripting.sweep import gamma_sweep, markdown_table, parse_widths
 
 
 def bench(args) -> str:
@@ -91,7 +92,8 @@ def bench(args) -> str:
       lines.append(f"\nT={r['temperature']:g}{who} auto: α {a['alpha_warmup']:.3f} ± "
                    f"{a['alpha_se']:.3f} on {a['alpha_tokens']} tokens; predicted (± s.e. of "
                    f"the gap to the best) "
-                   f"{curve}; argmax {a['argmax']}, chosen {a['gamma']}")
+                   f"{curve}; argmax {a['argmax']}, chosen {a['gamma']}"
+                   + (" (plain decoding: no γ is predicted to pay)" if a["gamma"] == 0 else ""))
   return "\n".join(lines)
 
 

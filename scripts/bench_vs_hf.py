@@ -65,7 +65,7 @@ from specdec_jax.decoding import speculative_decode, temperature_sample
 from specdec_jax.drafts import T5Draft, feature_bridge
 from specdec_jax.drafts import shortlist as shortlist_lib
 from specdec_jax.models.t5 import T5Config, T5Model
-from specdec_jax.run import script_args
+from specdec_jax.scripting import script_args
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.timing import block, timed
 

@@ -38,7 +38,7 @@ import json
 from typing import Optional, Sequence
 
 from specdec_jax import distill
-from specdec_jax.run import script_args
+from specdec_jax.scripting import script_args
 
 # The flags that name files to read: resolved as the runner resolves paths.
 READ_PATHS = ("target_checkpoint", "draft_checkpoint", "source", "eval_source", "vocab_path")

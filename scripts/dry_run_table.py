@@ -39,7 +39,7 @@ import jax  # noqa: E402
 
 from specdec_jax import theory  # noqa: E402
 from specdec_jax.dryrun import driver, runner_programs  # noqa: E402
-from specdec_jax.run import script_args  # noqa: E402
+from specdec_jax.scripting import script_args  # noqa: E402
 from specdec_jax.run.cli import parse_config  # noqa: E402
 
 REPO = script_args.REPO_ROOT

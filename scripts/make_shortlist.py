@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 from specdec_jax import data
 from specdec_jax.drafts import shortlist
-from specdec_jax.run import script_args
+from specdec_jax.scripting import script_args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

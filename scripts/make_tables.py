@@ -21,8 +21,8 @@ import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from specdec_jax import paper
-from specdec_jax.run import script_args
-from specdec_jax.run.script_args import markdown_table
+from specdec_jax.scripting import script_args
+from specdec_jax.scripting.script_args import markdown_table
 
 # The paper's Tables 2, 3 and 4 (``specdec_jax.paper``) in this script's
 # row form. Task keys: 'ende' (WMT EnDe), 'cnndm' (CNN/DM), 'lm1b'

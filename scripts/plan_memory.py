@@ -33,7 +33,7 @@ from gin import config_parser  # noqa: E402
 from specdec_jax import memory  # noqa: E402
 from specdec_jax.models.t5 import PRESETS  # noqa: E402
 from specdec_jax.partitioning import PartitioningError  # noqa: E402
-from specdec_jax.run import script_args  # noqa: E402
+from specdec_jax.scripting import script_args  # noqa: E402
 
 REPO = script_args.REPO_ROOT
 

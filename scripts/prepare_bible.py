@@ -19,7 +19,7 @@ import random
 import re
 from typing import Any, Iterable, Optional, Sequence
 
-from specdec_jax.run import script_args
+from specdec_jax.scripting import script_args
 
 Pair = tuple[int, str, str]  # (verse id, KJV, WEB)
 

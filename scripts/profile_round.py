@@ -75,11 +75,12 @@ from specdec_jax.research.contention import (cache_contention, contention_markdo
                                              decode_working_set_mb)
 from specdec_jax.research.revisions import compare_acceptance
 from specdec_jax.research.rounds import markdown, profile_round
-from specdec_jax.run import Experiment, held_out_inputs, prepare, script_args
+from specdec_jax.run import Experiment, held_out_inputs, prepare
 from specdec_jax.run import account as accounting
-from specdec_jax.run.script_args import comma_list, load_average, markdown_header
-from specdec_jax.run.sweep import parse_setting
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.scripting import script_args
+from specdec_jax.scripting.script_args import comma_list, load_average, markdown_header
+from specdec_jax.scripting.sweep import parse_setting
 
 
 def compare(args, gammas: list[int], temperatures: list[float]) -> None:

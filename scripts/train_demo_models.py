@@ -39,7 +39,7 @@ import sentencepiece as spm
 from specdec_jax import training
 from specdec_jax.checkpoints import save_checkpoint
 from specdec_jax.models.t5 import T5Config, T5Model, count_params
-from specdec_jax.run import script_args
+from specdec_jax.scripting import script_args
 
 PREFIX = "modernize: "
 MAX_LEN = 128

@@ -202,20 +202,20 @@ def test_alpha_of_a_state_reading_draft_is_measured_in_rounds(tiny_target):
   refused, and ``estimate_alpha`` (``gamma='auto'``) and ``--alpha_only``
   measure it in the engine's rounds: at T=0, Σ min(p, q) over the evaluated
   positions is exactly the accepted count of the engine's statistics."""
-  from specdec_jax.run import autogamma
+  from specdec_jax import alpha as alpha_lib
   model, params = tiny_target
   # The target itself plus a small feature bridge: mostly accepted, not always.
   featured = _featured(model, params, model, params, scale=0.3)
   greedy = SamplingConfig(temperature=0.0)
-  out, sums, evaluated = autogamma.min_pq_in_rounds(model, params, featured, INPUTS, KEY, 3,
+  out, sums, evaluated = alpha_lib.min_pq_in_rounds(model, params, featured, INPUTS, KEY, 3,
                                                     MAX_LEN, greedy)
   np.testing.assert_allclose(sums, np.asarray(out.stats.accepted), atol=1e-5)
   assert evaluated.sum() > sums.sum() > 0  # some accepted, some rejected
-  alpha, tokens, _ = autogamma.estimate_alpha(model, params, featured, [(INPUTS, 4)], KEY,
+  alpha, tokens, _ = alpha_lib.estimate_alpha(model, params, featured, [(INPUTS, 4)], KEY,
                                               greedy, MAX_LEN, rounds_gamma=3)
   assert tokens == evaluated.sum() and alpha == pytest.approx(sums.sum() / evaluated.sum())
   with pytest.raises(ValueError, match="min_pq_in_rounds"):
-    autogamma.min_pq_along(model, params, featured, INPUTS, out.tokens, out.length, greedy)
+    alpha_lib.min_pq_along(model, params, featured, INPUTS, out.tokens, out.length, greedy)
 
 
 def test_input_buckets_cut_only_padding(tiny_target, tiny_draft):

@@ -15,9 +15,10 @@ LAYERS = [
     ("engine", ("models", "sampling", "speculative", "tree", "decoding", "theory",
                 "partitioning", "drafts.base", "paper")),
     ("io", ("checkpoints", "memory", "data", "prepare_data", "storage")),
-    ("drafts", ("drafts", "timing")),
+    ("drafts", ("drafts", "timing", "alpha")),
     ("training", ("training", "distill", "evaluate")),
     ("run", ("run", "dryrun")),
+    ("scripting", ("scripting",)),   # what only scripts/ and notebooks/ share
     ("research", ("research",)),
 ]
 

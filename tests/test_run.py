@@ -269,7 +269,7 @@ def test_failed_run_leaves_no_files_and_a_stale_config_is_replaced(spec_run, env
   def interrupt(*a, **k):
     raise KeyboardInterrupt
   with monkeypatch.context() as m:
-    m.setattr(run.loop, "block", interrupt)
+    m.setattr(run.calibrate, "block", interrupt)
     rc, _, err = _cli(capsys, f"--config={cfg}", f"--workdir={w}")
   assert rc == 130 and "interrupted" in err and not w.exists()
   # A workdir holding only a stale config.gin (old runner) is reused, and its
@@ -551,17 +551,29 @@ def test_help_lists_settings_and_library_info_is_quiet():
   assert f.filter(rec(str(REPO / "specdec_jax" / "run" / "cli.py"), std_logging.INFO))
 
 
+def _forced_costs(costs):
+  """A stand-in for ``timing.measure_costs_many`` that returns ``costs`` for every γ."""
+  return lambda target, params, draft, x, gammas, *a, **k: {g: costs for g in gammas}
+
+
 def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsys, caplog,
-                                                                      tmp_path):
+                                                                      tmp_path, monkeypatch):
   """gamma='auto': α on the warm-up examples, c and v per γ, the argmax of the
   v-generalized Theorem 3.8 and the smallest γ within one standard error of
   it (recomputed here from the recorded numbers); a
-  resumed run keeps the γ it chose; too few warm-up tokens are warned about."""
+  resumed run keeps the γ it chose; too few warm-up tokens are warned about.
+  The draft is the target's near copy and the costs the choice sees are
+  forced cheap (c 0.05, v 1), so that some γ pays (on these toy models none
+  does: plain decoding, tested below)."""
   import logging as std_logging
+  from specdec_jax import timing
   from specdec_jax.run import autogamma
+  cheap = timing.Costs(1e-3, 1e-3, 5e-5, 0.05, 1.0, 0.01, 0.05)
+  monkeypatch.setattr(autogamma, "measure_costs_many", _forced_costs(cheap))
   caplog.set_level(std_logging.WARNING)
   w = tmp_path / "auto"
   args = [f"--config={env / 'exp.gin'}", f"--workdir={w}",
+          f"--gin_bindings=Experiment.draft_checkpoint = '{env / 'draft_near'}'",
           "--gin_bindings=Experiment.gamma = 'auto'",
           "--gin_bindings=Experiment.auto_gamma_max = 3",
           "--gin_bindings=Experiment.num_examples = 2"]
@@ -578,8 +590,8 @@ def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsy
   assert auto["argmax"] == min(int(g) for g, x in auto["predicted"].items() if x == best)
   # The choice: the smallest γ within one standard error of the argmax's prediction.
   assert auto["alpha_se"] >= 0 and auto["gap_se"][str(auto["argmax"])] == 0
-  assert auto["gamma"] == min(int(g) for g, x in auto["predicted"].items()
-                              if best - x <= auto["gap_se"][g])
+  assert best >= 1 and auto["gamma"] == min(int(g) for g, x in auto["predicted"].items()
+                                           if best - x <= auto["gap_se"][g])
   assert s["gamma"] == auto["gamma"]
   assert auto["alpha_tokens"] < autogamma.MIN_ALPHA_TOKENS
   assert any(f"only {auto['alpha_tokens']} target tokens" in r.getMessage()
@@ -599,6 +611,74 @@ def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsy
   assert rc == 0, err
   held = json.loads((w2 / "summary.json").read_text())["gamma_auto"]
   assert held["alpha_tokens"] > auto["alpha_tokens"]
+
+
+def test_gamma_auto_chooses_plain_decoding_where_no_gamma_pays(env, capsys, tmp_path,
+                                                              monkeypatch):
+  """gamma='auto' where the costs it measures (forced here: verification 5
+  one-token steps, the draft 0.9 of one) make Theorem 3.8 predict < 1x for
+  every γ: it chooses plain decoding (γ = 0), records and prints the choice,
+  and runs the baseline only, so its outputs are the baseline's token for
+  token and speculative decoding never runs."""
+  from specdec_jax import timing
+  from specdec_jax.run import autogamma
+  slow = timing.Costs(1e-3, 5e-3, 9e-4, 0.9, 5.0)
+  monkeypatch.setattr(autogamma, "measure_costs_many", _forced_costs(slow))
+  monkeypatch.setattr(run.programs, "speculative_decode",
+                      lambda *a, **k: pytest.fail("speculative decoding ran"))
+  w = tmp_path / "plain"
+  rc, out, err = _cli(capsys, f"--config={env / 'exp.gin'}", f"--workdir={w}",
+                      "--gin_bindings=Experiment.gamma = 'auto'",
+                      "--gin_bindings=Experiment.auto_gamma_max = 3",
+                      "--gin_bindings=Experiment.num_examples = 2")
+  assert rc == 0, err
+  s = json.loads((w / "summary.json").read_text())
+  auto = s["gamma_auto"]
+  assert s["gamma"] == 0 and auto["gamma"] == 0 and auto["plain"]
+  assert max(auto["predicted"].values()) < 1 and set(auto["predicted"]) == {"1", "2", "3"}
+  assert s["mismatches_vs_baseline"] == 0 and s["expected_speedup"] is None
+  recs = _lines(w / "examples.jsonl")
+  for r in recs:
+    assert r["matches_baseline"] and r["output"] == r["baseline_output"]
+    assert r["gamma"] == 0 and r["draft_calls"] == 0 and r["target_calls"] == r["tokens"]
+    assert r["gamma_auto"] == auto
+  assert "0 (plain decoding)" in out and "gamma='auto' chose plain decoding (γ = 0)" in out
+  assert "decoded with the target alone" in out
+
+
+def _summary(**kw):
+  s = {"num_examples": 100, "speedup": 1.39, "alpha": 0.72, "gamma": 3, "temperature": 0.0,
+       "v": 2.63, "c": 0.038, "expected_speedup_v": 0.9, "mismatches_vs_baseline": 0}
+  return {**s, **kw}
+
+
+def test_conclusion_says_why_a_slower_run_was_slower():
+  """The closing sentence: a faster run says so; a slower one says why, in
+  words, from the v (for γ + 1 positions), c and α it measured and Theorem
+  3.8's prediction with them; one whose prediction was above 1 names the
+  interplay of the two models in a round, or else says the loss lies outside
+  the theorem."""
+  from specdec_jax.run import report
+  fast = report.conclusion(_summary(), "runs/x")
+  assert fast.startswith("Speculative decoding was 1.39× faster than the baseline on 100 ")
+  assert "costs" not in fast and "Outputs identical to the baseline's on all 100." in fast
+  slow = report.conclusion(_summary(speedup=1 / 1.05), "runs/x")
+  assert ("Speculative decoding was 1.05× slower than the baseline on 100 held-out examples "
+          "(α 0.72, γ 3, T = 0): on this machine scoring 4 positions costs 2.6 one-token steps "
+          "(on an accelerator: about 1) and the draft costs c = 0.04 of a step, so with α 0.72 "
+          "γ = 3 cannot pay (Theorem 3.8 predicts 0.90×); see docs/benchmarks.md.") in slow
+  apart = report.conclusion(_summary(speedup=0.9, expected_speedup_v=1.22, interplay=1.24,
+                                     expected_speedup_in_context=0.98), "runs/x")
+  assert ("Theorem 3.8 predicts 1.22× with α 0.72 and γ = 3, but run alternately, as a round "
+          "runs them, the two models cost 1.24× their cost timed apart, which leaves 0.98×; "
+          "see docs/benchmarks.md.") in apart
+  other = report.conclusion(_summary(speedup=0.95, v=1.1, expected_speedup_v=1.3,
+                                     expected_speedup_in_context=1.1,
+                                     expected_speedup_whole_run=1.02), "runs/x")
+  assert "scoring 4 positions costs 1.1 one-token steps and the draft" in other
+  assert "accelerator" not in other
+  assert "Theorem 3.8 predicts 1.30× with α 0.72 and γ = 3, so the loss lies in" in other
+  assert "(the whole-run account predicts 1.02×)" in other
 
 
 def test_gamma_auto_is_refused_with_alpha_only(env, monkeypatch):

@@ -2,7 +2,7 @@
 from any directory: ``--help`` exits 0 without a traceback from a directory
 outside the repository, no script edits sys.path, the demo defaults resolve
 against the repository root, and the library pieces the scripts share
-(``specdec_jax.run.script_args``, ``specdec_jax.run.logs``) keep their contracts."""
+(``specdec_jax.scripting.script_args``, ``specdec_jax.run.logs``) keep their contracts."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_no_script_or_doc_edits_the_import_path():
 
 
 def _parser_with_pair():
-  from specdec_jax.run import script_args
+  from specdec_jax.scripting import script_args
   p = script_args.new_parser("doc")
   script_args.add_pair_arguments(p)
   script_args.add_shortlist_argument(p)
@@ -73,7 +73,8 @@ def _parser_with_pair():
 
 
 def test_demo_defaults_resolve_against_the_repository_root(tmp_path, monkeypatch):
-  from specdec_jax.run import logs, script_args
+  from specdec_jax.run import logs
+  from specdec_jax.scripting import script_args
   monkeypatch.chdir(tmp_path)
   try:
     args = script_args.parse(_parser_with_pair(), [])
@@ -93,7 +94,8 @@ def test_demo_defaults_resolve_against_the_repository_root(tmp_path, monkeypatch
 
 def test_parse_hides_library_info_unless_verbose():
   from absl import logging
-  from specdec_jax.run import logs, script_args
+  from specdec_jax.run import logs
+  from specdec_jax.scripting import script_args
   handler = logging.get_absl_handler()
   rec = lambda path: std_logging.LogRecord("absl", std_logging.INFO, path, 1, "m", (), None)
   try:
@@ -107,7 +109,7 @@ def test_parse_hides_library_info_unless_verbose():
 
 
 def test_markdown_table():
-  from specdec_jax.run.script_args import markdown_table
+  from specdec_jax.scripting.script_args import markdown_table
   assert markdown_table(["a", "b"], [[1, "x"], ["-", 2.5]]) == (
       "| a | b |\n|---|---|\n| 1 | x |\n| - | 2.5 |")
 
@@ -146,14 +148,14 @@ def test_plan_memory_prints_rows_for_a_draft_without_a_table2_row(capsys):
 
 
 def test_new_parser_keeps_the_docstring_layout():
-  from specdec_jax.run import script_args
+  from specdec_jax.scripting import script_args
   p = script_args.new_parser("one\n\n  python x.py --a\n")
   assert isinstance(p, argparse.ArgumentParser)
   assert "\n  python x.py --a\n" in p.format_help()
 
 
 def test_run_main_reports_a_user_error_in_one_line(capsys, monkeypatch):
-  from specdec_jax.run import script_args
+  from specdec_jax.scripting import script_args
   monkeypatch.setattr(sys, "argv", ["some_script.py"])
 
   def main():

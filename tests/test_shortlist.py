@@ -186,7 +186,7 @@ def test_the_demo_shortlist_defaults_only_for_the_demo_t5_draft():
   draft; nothing for another checkpoint or a draft that is not a T5 (prompt
   lookup takes no shortlist); an explicit value always wins."""
   import argparse
-  from specdec_jax.run import script_args as demo
+  from specdec_jax.scripting import script_args as demo
   ns = argparse.Namespace
   assert demo.shortlist_for(ns(draft_shortlist=None, draft=demo.DRAFT)) == demo.SHORTLIST
   assert demo.shortlist_for(ns(draft_shortlist=None, draft=demo.DRAFT,

@@ -9,7 +9,7 @@ import pytest
 
 from specdec_jax import drafts
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.run.sweep import gamma_sweep, markdown_table
+from specdec_jax.scripting.sweep import gamma_sweep, markdown_table
 
 
 def test_sweep_rows_and_the_factors_of_measured_over_predicted(tiny_target, tiny_draft):
@@ -58,7 +58,7 @@ def test_costs_for_several_gammas_share_one_interleaved_step(tiny_target, tiny_d
 
 
 def test_parse_setting():
-  from specdec_jax.run.sweep import parse_setting
+  from specdec_jax.scripting.sweep import parse_setting
   assert parse_setting("3", 7) == ("3", 3, None)
   label, g, cfg = parse_setting("threshold:0.4:0.3", 7)
   assert (label, g, cfg.threshold, cfg.skip_below) == ("≤7 thr 0.4 skip 0.3", 7, 0.4, 0.3)
@@ -68,7 +68,7 @@ def test_parse_setting():
   label, _, cfg = parse_setting("cumulative:0.3:0.4", 7)
   assert (label, cfg.rule, cfg.threshold, cfg.skip_below) == (
       "≤7 cum 0.3 skip 0.4", "cumulative", 0.3, 0.4)
-  from specdec_jax.run.sweep import parse_widths
+  from specdec_jax.scripting.sweep import parse_widths
   assert parse_widths("all", 4) == (1, 2, 3, 4) and parse_widths("default", 4) == ()
   assert parse_widths("1,3", 4) == (1, 3)
   assert parse_setting("cumulative:0.3", 4, parse_widths("all", 4))[2].verify_widths(4) == (
@@ -120,3 +120,26 @@ def test_bench_speculative_parses_its_drafts_flag():
                    ("t5:a/x,t5:b/x", "both be labelled 'x'"), (",", "no draft")]:
     with pytest.raises(ValueError, match=msg):
       mod.parse_drafts(bad)
+
+
+def test_auto_that_chooses_plain_decoding_runs_the_baseline_as_its_row(tiny_target, tiny_draft,
+                                                                       monkeypatch):
+  """'auto' where the measured costs (forced: verification 5 steps, the draft
+  0.9 of one) leave every γ below 1x: the row is 'auto→plain', decoded by the
+  baseline (token for token its outputs, no α, costs or prediction)."""
+  from specdec_jax import timing
+  from specdec_jax.scripting import sweep
+  slow = timing.Costs(1e-3, 5e-3, 9e-4, 0.9, 5.0)
+  monkeypatch.setattr(sweep, "measure_costs_many",
+                      lambda target, params, draft, x, gammas, *a, **k: {g: slow for g in gammas})
+  monkeypatch.setattr(sweep, "speculative_decode",
+                      lambda *a, **k: pytest.fail("speculative decoding ran"))
+  model, params = tiny_target
+  dm, dp = tiny_draft
+  inputs = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (3, 10), 2, 64), np.int32)
+  (r,) = gamma_sweep(model, params, drafts.T5Draft(params=dp, model=dm), inputs, ["auto"],
+                     SamplingConfig(), max_decode_len=12, gamma_max=3)
+  assert r["gamma"] == "auto→plain" and r["auto"]["gamma"] == 0 and r["auto"]["plain"]
+  assert r["mismatches"] == 0 and r["tokens_per_target_call"] == 1
+  assert r["alpha"] is None and r["c"] is None and r["expected_v"] is None
+  assert "| auto→plain |" in markdown_table([r])

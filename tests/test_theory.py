@@ -237,7 +237,7 @@ def test_alpha_standard_error_counts_sequences_as_clusters():
   """Ratio-estimator s.e. over sequences: matches the spread of α over
   resampled sequence sets, and exceeds the binomial one when whole sequences
   are easy or hard (correlated tokens)."""
-  from specdec_jax.run.autogamma import alpha_standard_error
+  from specdec_jax.alpha import alpha_standard_error
   rng = np.random.default_rng(1)
   m = 40
   lengths = rng.integers(10, 60, m)

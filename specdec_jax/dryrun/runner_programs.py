@@ -18,7 +18,7 @@ Programs (speculative mode): the baseline loop (``decoding.temperature_sample``)
 the speculative loop at its γ (``decoding.speculative_decode``; under adaptive
 decoding one program holding every compiled verification width) and the draft
 (its init and one round of γ proposals). ``--alpha_only``: the target's
-generation (the baseline loop) and the α pass (``autogamma.min_pq_along``,
+generation (the baseline loop) and the α pass (``specdec_jax.alpha.min_pq_along``,
 paper §4.2). Each is reported per device, from the compiled executable:
 
 * memory (arguments, temporaries, outputs) beside ``memory.plan``'s estimate,
@@ -68,7 +68,7 @@ from specdec_jax.dryrun.driver import (GiB, Compile, Context, DryRun, abstract_k
                                        abstract_params, gib, sharded, size)
 from specdec_jax.models.t5 import T5Config, T5Model
 from specdec_jax.partitioning import CACHE_AXES, Partitioner
-from specdec_jax.run.autogamma import min_pq_along
+from specdec_jax.alpha import min_pq_along
 from specdec_jax.run.settings import Experiment, is_remote, resolve_path
 from specdec_jax.run.setup import check_partitioning, estimate_bytes
 from specdec_jax.sampling import SamplingConfig
@@ -130,7 +130,7 @@ class RunnerPrograms(driver.ProgramList):
   (``decoding.temperature_sample``), the speculative loop at its γ
   (``decoding.speculative_decode``, or the tree loop) and the draft (its init
   and one round of γ proposals), with the roofline pieces; ``alpha_only``:
-  the baseline loop and the α pass (``autogamma.min_pq_along``, §4.2).
+  the baseline loop and the α pass (``specdec_jax.alpha.min_pq_along``, §4.2).
   ``programs``: a subset of those names; ``configs``: the configs' names, for
   the report."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specdec_jax.run import account, cli, loop
+from specdec_jax.run import account, cli, programs
 from specdec_jax.run import setup as setup_lib
 
 
@@ -33,7 +33,7 @@ def attribute_run(workdir: str, repeats: int = 15) -> account.Attribution:
   if all("prefill_speculative_ms" in r for r in records):  # timed by the run itself
     return account.attribute(records, account.prefill_of(records), [r["input_width"] for r in records])
   setup = setup_lib.prepare(exp)
-  batches = {r["index"]: loop.pad_batch(setup.inputs, [r["index"]], 1, exp.input_buckets)
+  batches = {r["index"]: programs.pad_batch(setup.inputs, [r["index"]], 1, exp.input_buckets)
              for r in records}
   widths = [int(batches[r["index"]].shape[1]) for r in records]
   first = {}

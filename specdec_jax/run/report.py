@@ -1,9 +1,10 @@
 """A run's results: ``summary.json`` recomputed from the examples' lines,
-and the paper's Table 2 (§4.1) and Table 3 (§4.2) rows printed from it."""
+the paper's Table 2 (§4.1) and Table 3 (§4.2) rows printed from it, and the
+closing sentence, which says in words why a run slower than the baseline was
+slower (or why gamma='auto' chose plain decoding)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
 
@@ -24,38 +25,14 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   that wrote it; a resumed run has one measurement per segment. The summary's
   costs are the median over all lines, and ``cost_segments`` lists each
   segment's own (with its number of examples), so a reader sees which costs
-  the predictions used. Every number here can be recomputed from
+  the predictions used. The γ is the one the lines record (gamma='auto': the
+  choice, with what it saw). Every number here can be recomputed from
   examples.jsonl alone.
   """
-  tot = lambda k: float(sum(r[k] for r in records))
-  # (Lines written before 'interplay' was measured count as 1: no interplay.)
-  costs = {k: float(np.median([r.get(k, 1.0 if k == "interplay" else None) for r in records]))
-           if records else float("nan") for k in COST_KEYS}
-  evaluated = tot("accepted") + tot("rejected")
-  alpha = tot("accepted") / evaluated if evaluated else float("nan")
-  alpha_min_pq = tot("min_pq_sum") / evaluated if evaluated else float("nan")
-  target_label, draft_label = exp.labels
-  if exp.gamma == "auto" and records:  # the γ the run chose (recorded on every line)
-    exp = dataclasses.replace(exp, gamma=records[0]["gamma"])
-  base_s = tot("baseline_s")
-  spec_s = tot("speculative_s")
+  costs = median_costs(records)
+  gamma = None if exp.tree else (records[0]["gamma"] if records else exp.gamma)
   summary = {
-      "mode": "speculative", "task": exp.task, "target": target_label, "draft": draft_label,
-      "temperature": exp.sampling.temperature, "topk": exp.sampling.topk,
-      "topp": exp.sampling.topp,
-      "gamma": None if exp.tree else exp.gamma, "lenience": exp.lenience, "batch_size": exp.batch_size,
-      "mesh_shape": list(exp.mesh_shape) if exp.mesh_shape else None,
-      "param_dtype": exp.param_dtype, "dtype": exp.dtype,
-      "draft_shortlist": exp.draft_shortlist or None,
-      "alpha": alpha, "alpha_min_pq": alpha_min_pq,
-      "tokens_per_target_call": tot("tokens") / max(tot("target_calls"), 1),
-      "c": costs["c"], "v": costs["v"],
-      "target_step_ms": costs["target_step_ms"], "verify_ms": costs["verify_ms"],
-      "draft_token_ms": costs["draft_token_ms"], "interplay": costs["interplay"],
-      "baseline_ms_per_token": 1e3 * base_s / max(tot("baseline_tokens"), 1),
-      "speculative_ms_per_token": 1e3 * spec_s / max(tot("tokens"), 1),
-      "baseline_s": base_s, "speculative_s": spec_s,
-      "speedup": base_s / spec_s if spec_s else float("nan"),
+      **_settings(exp), "gamma": gamma, **_measured(records, chain=not exp.tree), **costs,
       "num_examples": len(records),
       "costs_from": f"median over {len(records)} examples' lines",
       "cost_segments": cost_segments(records),
@@ -64,58 +41,107 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   }
   if records and "gamma_auto" in records[0]:
     summary["gamma_auto"] = records[0]["gamma_auto"]
-  a = exp.adaptive
-  if a is not None:
-    hist = np.sum([r["gamma_hist"] for r in records], 0) if records else np.zeros(1)
-    summary["adaptive"] = a.rule
-    summary["adaptive_threshold"] = a.threshold
-    summary["adaptive_skip_below"] = a.skip_below
-    summary["adaptive_confidence"] = a.confidence
-    summary["gamma_hist"] = hist.tolist()       # rounds that proposed j tokens, at j
-    summary["mean_gamma"] = float(np.dot(np.arange(len(hist)), hist) / max(hist.sum(), 1))
-    summary["gamma_label"] = (f"≤{exp.gamma} {a.rule}"
-                              + (f" {a.threshold:g}" if a.threshold is not None else "")
-                              + (f" skip {a.skip_below:g}" if a.skip_below is not None else "")
-                              + (" drawn" if a.confidence == "drawn" else ""))
+  if gamma == 0:
+    summary["gamma_label"] = "0 (plain decoding)"
+  if exp.adaptive is not None:
+    summary.update(_adaptive(exp, records))
   if exp.tree:
-    depth = np.sum([r["depth_hist"] for r in records], 0) if records else np.zeros(1)
-    summary["tree"] = exp.tree
-    summary["tree_nodes"] = exp.tree_shape.num_nodes
-    summary["alpha_min_pq"] = None
-    summary["depth_hist"] = depth.tolist()     # rounds that accepted j levels, at j
-    summary["rank_hist"] = (np.sum([r["rank_hist"] for r in records], 0).tolist()
-                            if records else [])  # accepted nodes by sibling rank
-    summary["gamma_label"] = f"tree {exp.tree}"
-  # Theorem 3.8 is for a fixed γ chain: adaptive and tree runs have no such prediction.
-  ok = records and not math.isnan(alpha) and exp.adaptive is None and not exp.tree
-  summary["expected_speedup"] = (float(theory.walltime_improvement(min(alpha, 1.0), exp.gamma,
-                                                                   costs["c"]))
-                                 if ok else None)
-  summary["expected_speedup_v"] = (float(theory.walltime_improvement(
-      min(alpha, 1.0), exp.gamma, costs["c"], costs["v"])) if ok else None)
-  # The same with the round's two models timed as they alternate in a round
-  # (``timing.Costs.interplay``): what is left between this and SPEED is the
-  # engine's own per-round work and the finite length of the outputs.
-  f = costs["interplay"]
-  summary["expected_speedup_in_context"] = (float(theory.walltime_improvement(
-      min(alpha, 1.0), exp.gamma, costs["c"] * f, costs["v"] * f)) if ok else None)
-  # Eq. (1)'s tokens per target call at the run's α: the measured count falls
-  # short where acceptances are not independent or rounds stop at EOS
-  # (``specdec_jax.run.account`` has the whole account).
-  summary["tokens_per_target_call_eq1"] = (float(theory.expected_tokens(min(alpha, 1.0),
-                                                                        exp.gamma))
-                                           if ok else None)
-  # ... and with each example's prefill: the whole-run prediction
-  # (``specdec_jax.run.account``; batch 1, fixed γ, lines that carry prefill times).
+    summary.update(_tree(exp, records))
+  # Theorem 3.8 is for a fixed γ ≥ 1 chain: adaptive, tree and plain runs have no prediction.
+  fixed = (bool(records) and not math.isnan(summary["alpha"]) and exp.adaptive is None
+           and not exp.tree and gamma != 0)
+  summary.update(_predictions(summary, costs, gamma if fixed else None))
   whole = None
-  if ok and exp.batch_size == 1 and all("prefill_speculative_ms" in r for r in records):
+  if fixed and exp.batch_size == 1 and all("prefill_speculative_ms" in r for r in records):
+    # ... and with each example's prefill: the whole-run prediction (``account``).
     a = account.attribute(records, account.prefill_of(records),
-                             [r["input_width"] for r in records])
+                          [r["input_width"] for r in records])
     whole = a.expected_whole_run
     summary["prefill_baseline_ms"] = a.prefill_baseline_ms
     summary["prefill_speculative_ms"] = a.prefill_speculative_ms
   summary["expected_speedup_whole_run"] = whole
   return summary
+
+
+def median_costs(records: list[dict]) -> dict[str, float]:
+  """The lines' cost measurements (``COST_KEYS``), median over lines. (Lines
+  written before 'interplay' was measured count as 1: no interplay.)"""
+  return {k: float(np.median([r.get(k, 1.0 if k == "interplay" else None) for r in records]))
+          if records else float("nan") for k in COST_KEYS}
+
+
+def _settings(exp: Experiment) -> dict:
+  """What the run was configured to do (γ aside: the lines record it)."""
+  target_label, draft_label = exp.labels
+  return {"mode": "speculative", "task": exp.task, "target": target_label,
+          "draft": draft_label, "temperature": exp.sampling.temperature,
+          "topk": exp.sampling.topk, "topp": exp.sampling.topp, "lenience": exp.lenience,
+          "batch_size": exp.batch_size,
+          "mesh_shape": list(exp.mesh_shape) if exp.mesh_shape else None,
+          "param_dtype": exp.param_dtype, "dtype": exp.dtype,
+          "draft_shortlist": exp.draft_shortlist or None}
+
+
+def _measured(records: list[dict], chain: bool) -> dict:
+  """α two ways (§3.1, Corollary 3.6), tokens per target call and the
+  walltimes, over all lines. α from Σ min(p, q) needs a chain's per-position
+  sums (None for tree and plain runs, whose lines carry none)."""
+  tot = lambda k: float(sum(r[k] for r in records))
+  evaluated = tot("accepted") + tot("rejected")
+  alpha = tot("accepted") / evaluated if evaluated else float("nan")
+  with_sums = chain and bool(records) and all("min_pq_sum" in r for r in records)
+  alpha_min_pq = (tot("min_pq_sum") / evaluated if evaluated else float("nan")) if with_sums \
+      else None
+  base_s, spec_s = tot("baseline_s"), tot("speculative_s")
+  return {"alpha": alpha, "alpha_min_pq": alpha_min_pq,
+          "tokens_per_target_call": tot("tokens") / max(tot("target_calls"), 1),
+          "baseline_ms_per_token": 1e3 * base_s / max(tot("baseline_tokens"), 1),
+          "speculative_ms_per_token": 1e3 * spec_s / max(tot("tokens"), 1),
+          "baseline_s": base_s, "speculative_s": spec_s,
+          "speedup": base_s / spec_s if spec_s else float("nan")}
+
+
+def _adaptive(exp: Experiment, records: list[dict]) -> dict:
+  """An adaptive run's rule and the γ its rounds used."""
+  a = exp.adaptive
+  hist = np.sum([r["gamma_hist"] for r in records], 0) if records else np.zeros(1)
+  return {"adaptive": a.rule, "adaptive_threshold": a.threshold,
+          "adaptive_skip_below": a.skip_below, "adaptive_confidence": a.confidence,
+          "gamma_hist": hist.tolist(),       # rounds that proposed j tokens, at j
+          "mean_gamma": float(np.dot(np.arange(len(hist)), hist) / max(hist.sum(), 1)),
+          "gamma_label": (f"≤{exp.gamma} {a.rule}"
+                          + (f" {a.threshold:g}" if a.threshold is not None else "")
+                          + (f" skip {a.skip_below:g}" if a.skip_below is not None else "")
+                          + (" drawn" if a.confidence == "drawn" else ""))}
+
+
+def _tree(exp: Experiment, records: list[dict]) -> dict:
+  """A tree run's shape and where its rounds stopped."""
+  depth = np.sum([r["depth_hist"] for r in records], 0) if records else np.zeros(1)
+  return {"tree": exp.tree, "tree_nodes": exp.tree_shape.num_nodes,
+          "depth_hist": depth.tolist(),     # rounds that accepted j levels, at j
+          "rank_hist": (np.sum([r["rank_hist"] for r in records], 0).tolist()
+                        if records else []),  # accepted nodes by sibling rank
+          "gamma_label": f"tree {exp.tree}"}
+
+
+def _predictions(s: dict, costs: dict[str, float], gamma: int | None) -> dict:
+  """Theorem 3.8 at the run's α and a fixed ``gamma`` (None: no prediction)
+  three ways: with c alone, with the verification cost v, and with both timed
+  alternating as in a round (``timing.Costs.interplay``: what is left between
+  this and SPEED is the engine's own per-round work and the finite length of
+  the outputs); and Eq. (1)'s tokens per target call, which the measured count
+  falls short of where acceptances are not independent or rounds stop at EOS
+  (``account`` has the whole account)."""
+  if gamma is None:
+    return dict.fromkeys(("expected_speedup", "expected_speedup_v",
+                          "expected_speedup_in_context", "tokens_per_target_call_eq1"))
+  a, c, v, f = min(s["alpha"], 1.0), costs["c"], costs["v"], costs["interplay"]
+  return {"expected_speedup": float(theory.walltime_improvement(a, gamma, c)),
+          "expected_speedup_v": float(theory.walltime_improvement(a, gamma, c, v)),
+          "expected_speedup_in_context": float(theory.walltime_improvement(a, gamma, c * f,
+                                                                           v * f)),
+          "tokens_per_target_call_eq1": float(theory.expected_tokens(a, gamma))}
 
 
 def _gamma_words(s: dict) -> str:
@@ -201,27 +227,87 @@ def alpha_row(s: dict) -> str:
 
 
 def conclusion(s: dict, workdir: str) -> str:
-  """The run in one plain sentence, and where its results are."""
+  """The run in plain sentences: how much faster or slower speculative
+  decoding was and, where slower, why (``slowdown_reason``), or that
+  gamma='auto' chose plain decoding and why (``plain_reason``); whether the
+  outputs matched the baseline's; and where the results are."""
   where = f"Results: {workdir}/ (examples.jsonl, summary.json, config.gin)."
   n = s["num_examples"]
   if s.get("mode") == "alpha_only":
     return (f"α = {s['alpha_min_pq']:.2f} (E[Σ min(p, q)], §4.2) over {s['num_tokens']} "
             f"tokens the target generated for {n} examples.\n{where}")
   speed = s["speedup"]
-  verdict = (f"{speed:.2f}× faster than" if speed >= 1 else f"{1 / speed:.2f}× slower than")
-  text = (f"Speculative decoding was {verdict} the baseline on {n} held-out examples "
-          f"(α {s['alpha']:.2f}, {_gamma_words(s)}, T = {s['temperature']:g}); ")
-  bad = s["mismatches_vs_baseline"]
-  if bad is None:
-    text += ("at T > 0 the two loops draw their own samples, so outputs are not compared "
-             "token for token (the distribution is the target's: docs/exactness.md).")
-  elif bad == 0:
-    text += f"outputs identical to the baseline's on all {n}."
+  if s.get("gamma") == 0:
+    text = (f"{plain_reason(s)}, so the run decoded with the target alone, at {speed:.2f}× "
+            f"the baseline's speed on {n} held-out examples (T = {s['temperature']:g}).")
   else:
-    text += (f"outputs differ from the baseline's on {bad} of {n}"
-             + (" (lenience < 1 is not exact)." if s.get("lenience", 1) < 1 else
-                " (matches_baseline in examples.jsonl)."))
-  return f"{text}\n{where}"
+    verdict = (f"{speed:.2f}× faster than" if speed >= 1 else f"{1 / speed:.2f}× slower than")
+    text = (f"Speculative decoding was {verdict} the baseline on {n} held-out examples "
+            f"(α {s['alpha']:.2f}, {_gamma_words(s)}, T = {s['temperature']:g})"
+            + (f": {slowdown_reason(s)}." if speed < 1 else "."))
+  return f"{text} {_outputs_words(s)}\n{where}"
+
+
+def _outputs_words(s: dict) -> str:
+  n, bad = s["num_examples"], s["mismatches_vs_baseline"]
+  if bad is None:
+    return ("At T > 0 the two loops draw their own samples, so outputs are not compared "
+            "token for token (the distribution is the target's: docs/exactness.md).")
+  if bad == 0:
+    return f"Outputs identical to the baseline's on all {n}."
+  return (f"Outputs differ from the baseline's on {bad} of {n}"
+          + (" (lenience < 1 is not exact)." if s.get("lenience", 1) < 1 else
+             " (matches_baseline in examples.jsonl)."))
+
+
+def _cost_words(positions: int, v: float, c: float) -> str:
+  """What a round costs in one-token target steps, in words."""
+  cost = f"scoring {positions} positions costs {v:.1f} one-token steps"
+  if v >= 1.5:   # an accelerator scores a few positions in about the time of one
+    cost = f"on this machine {cost} (on an accelerator: about 1)"
+  return f"{cost} and the draft costs c = {c:.2f} of a step"
+
+
+def slowdown_reason(s: dict) -> str:
+  """Why a run that was slower than the baseline was, in plain words from
+  its summary: the verification cost v of scoring γ + 1 positions (in
+  one-token steps), the draft's cost c, α, and Theorem 3.8's prediction with
+  them (v-generalized, ``theory.walltime_improvement``); where that is above
+  1, the interplay of the two models in a round (``timing.Costs.interplay``)
+  or else what the theorem leaves out (per-round work, prefill)."""
+  tree = bool(s.get("tree"))
+  text = _cost_words(s["tree_nodes"] if tree else s["gamma"] + 1, s["v"], s["c"])
+  predicted, alpha = s.get("expected_speedup_v"), s["alpha"]
+  in_context = s.get("expected_speedup_in_context")
+  if predicted is None:   # tree or adaptive rounds: no fixed-γ prediction
+    text += f", and at α {alpha:.2f} the tokens its rounds accept do not pay for them"
+  elif predicted < 1:
+    text += (f", so with α {alpha:.2f} γ = {s['gamma']} cannot pay (Theorem 3.8 predicts "
+             f"{predicted:.2f}×)")
+  elif in_context is not None and in_context < 1:
+    text += (f"; Theorem 3.8 predicts {predicted:.2f}× with α {alpha:.2f} and γ = "
+             f"{s['gamma']}, but run alternately, as a round runs them, the two models cost "
+             f"{s['interplay']:.2f}× their cost timed apart, which leaves {in_context:.2f}×")
+  else:
+    whole = s.get("expected_speedup_whole_run")
+    text += (f"; Theorem 3.8 predicts {predicted:.2f}× with α {alpha:.2f} and γ = "
+             f"{s['gamma']}, so the loss lies in what it leaves out: each round's own work "
+             "and each example's prefill"
+             + (f" (the whole-run account predicts {whole:.2f}×)" if whole is not None else ""))
+  return text + "; see docs/benchmarks.md"
+
+
+def plain_reason(s: dict) -> str:
+  """Why gamma='auto' chose plain decoding (γ = 0), from the choice it
+  recorded: the best γ's prediction (v-generalized Theorem 3.8 at the α and
+  the in-context c and v it measured) was below 1."""
+  auto = s["gamma_auto"]
+  best = int(auto["argmax"])
+  key = str(best)
+  return (f"gamma='auto' chose plain decoding (γ = 0): with α {auto['alpha_warmup']:.2f} "
+          f"measured on {auto['alpha_tokens']} tokens, Theorem 3.8 predicts at most "
+          f"{auto['predicted'][key]:.2f}× for any γ ≤ {max(int(g) for g in auto['predicted'])} "
+          f"(at γ = {best}: {_cost_words(best + 1, auto['v'][key], auto['c'][key])})")
 
 
 class Progress:

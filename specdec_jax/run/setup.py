@@ -26,6 +26,10 @@ class Data:
   examples: list            # data.Example, warm-up first
   inputs: np.ndarray        # [N, max_input_len] int32
   truncated: set            # indices of examples whose input was truncated
+  # gamma='auto' with Experiment.auto_alpha_source: that source's first
+  # auto_alpha_examples inputs [M, max_input_len] int32, where α is estimated
+  # (``autogamma``); None otherwise.
+  held_out: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass
@@ -39,6 +43,7 @@ class Setup:
   draft: Any
   truncated: set = dataclasses.field(default_factory=set)
   partitioner: Optional[partitioning.Partitioner] = None   # the target's (None: one device)
+  held_out: Optional[np.ndarray] = None   # [M, max_input_len] int32: ``Data.held_out``
 
 
 def _peek_config(path: str, fmt: str, preset: Optional[str], dtype: str) -> Optional[T5Config]:
@@ -167,37 +172,57 @@ def _corpus(exp: Experiment, vocab) -> list[list[int]]:
   return seqs
 
 
-def load_data(exp: Experiment) -> Data:
-  """The vocabulary and the tokenized examples (warm-up first); no model is read."""
-  vocab = data.get_vocabulary(resolve_path(exp.vocab_path), extra_ids=exp.vocab_extra_ids)
-  need = exp.num_warmup + exp.num_examples
-  examples = data.load_examples(resolve_path(exp.source), split=exp.split, max_examples=need,
+def _tokenized(exp: Experiment, vocab: Any, setting: str, source: str, split: str,
+               n: int, num_warmup: int) -> tuple[list, np.ndarray, list]:
+  """(examples, inputs [n, max_input_len] int32, truncated indices) of the
+  first ``n`` examples of ``source``, tokenized as the experiment's own
+  (``setting`` names the binding in errors)."""
+  examples = data.load_examples(resolve_path(source), split=split, max_examples=n,
                                 data_dir=exp.tfds_data_dir)
   if not examples:
-    raise ValueError(f"Experiment.source={exp.source!r} has no examples")
-  if len(examples) <= exp.num_warmup:
-    raise ValueError(f"Experiment.source={exp.source!r} has {len(examples)} examples, not "
-                     f"more than num_warmup={exp.num_warmup}")
+    raise ValueError(f"Experiment.{setting}={source!r} has no examples")
+  if len(examples) <= num_warmup:
+    raise ValueError(f"Experiment.{setting}={source!r} has {len(examples)} examples, not "
+                     f"more than num_warmup={num_warmup}")
   prefix = exp.prefix if exp.prefix is not None else data.PREFIXES.get(exp.task, "")
   for e in examples:
     if not e.input or not e.input.strip():
-      raise ValueError(f"Experiment.source={exp.source!r}: example id={e.id!r} has an "
+      raise ValueError(f"Experiment.{setting}={source!r}: example id={e.id!r} has an "
                        "empty input")
   try:
     inputs, truncated = data.encode_batch(vocab, [e.input for e in examples], exp.max_input_len,
                                           prefix=prefix, on_too_long=exp.on_too_long,
                                           ids=[e.id for e in examples])
   except ValueError as e:
-    raise ValueError(f"Experiment.source={exp.source!r}: {e} (Experiment.max_input_len="
+    raise ValueError(f"Experiment.{setting}={source!r}: {e} (Experiment.max_input_len="
                      f"{exp.max_input_len}, on_too_long={exp.on_too_long!r})") from None
-  return Data(vocab, examples, inputs, set(truncated))
+  return examples, inputs, truncated
+
+
+def _vocabulary(exp: Experiment) -> Any:
+  return data.get_vocabulary(resolve_path(exp.vocab_path), extra_ids=exp.vocab_extra_ids)
+
+
+def load_data(exp: Experiment) -> Data:
+  """The vocabulary, the tokenized examples (warm-up first) and, for
+  gamma='auto' with ``Experiment.auto_alpha_source``, the held-out inputs α is
+  estimated on; no model is read."""
+  vocab = _vocabulary(exp)
+  examples, inputs, truncated = _tokenized(exp, vocab, "source", exp.source, exp.split,
+                                           exp.num_warmup + exp.num_examples, exp.num_warmup)
+  held_out = None
+  if exp.gamma == "auto" and exp.auto_alpha_source:
+    held_out = _tokenized(exp, vocab, "auto_alpha_source", exp.auto_alpha_source,
+                          "validation", exp.auto_alpha_examples, 0)[1]
+  return Data(vocab, examples, inputs, set(truncated), held_out)
 
 
 def held_out_inputs(exp: Experiment, source: str, num_examples: int) -> np.ndarray:
-  """The first ``num_examples`` inputs of another source (e.g. a validation
-  split to tune γ on), tokenized exactly like the experiment's own."""
-  return load_data(dataclasses.replace(exp, source=source, split="validation", num_warmup=0,
-                                       num_examples=num_examples)).inputs
+  """The first ``num_examples`` inputs [num_examples, max_input_len] of
+  another source (e.g. a validation split to tune γ on), tokenized exactly
+  like the experiment's own."""
+  return _tokenized(exp, _vocabulary(exp), "source", source, "validation", num_examples,
+                    0)[1]
 
 
 def load_models(exp: Experiment, d: Data) -> Setup:
@@ -210,7 +235,7 @@ def load_models(exp: Experiment, d: Data) -> Setup:
                      f"model's vocab_size is {target.config.vocab_size}")
   return Setup(exp, d.vocab, d.examples, d.inputs, target, target_params,
                load_draft(exp, d, target, draft_part, target_params), d.truncated,
-               target_part)
+               target_part, d.held_out)
 
 
 def load_draft(exp: Experiment, d: Data, target: T5Model,

@@ -1,0 +1,77 @@
+"""What a run decodes: host batches of its examples and the two programs it
+times on them, the baseline and speculative decoding (paper §4), called
+exactly as the engine defines them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterator
+
+import jax
+import numpy as np
+
+from specdec_jax import data
+from specdec_jax.decoding import speculative_decode, temperature_sample, tree_speculative_decode
+from specdec_jax.run.setup import Setup
+
+Array = jax.Array
+
+
+def batch_indices(n: int, start: int, batch: int) -> Iterator[list[int]]:
+  """[start, start + batch), ... up to n: the positions of each batch."""
+  for i in range(start, n, batch):
+    yield list(range(i, min(i + batch, n)))
+
+
+def pad_batch(inputs: np.ndarray, idx: list[int], batch: int,
+              buckets: tuple = ()) -> np.ndarray:
+  """Rows ``idx`` of ``inputs`` as one [batch, width] host array (the last
+  row repeated to fill the batch; ignored), padded to the smallest bucket.
+  Host arrays: every process builds the same one, and placing it makes the
+  global batch."""
+  rows = idx + [idx[-1]] * (batch - len(idx))
+  return np.asarray(data.fit_to_bucket(inputs[rows], buckets))
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+  """The two jitted programs a run times, each on a host batch inputs [B, S]
+  and a key, each returning tokens [B, max_decode_len], length [B] and (the
+  speculative one) its statistics.
+
+  gamma: draft tokens per round of ``speculative``; a tree run's scored
+    positions less one (``Experiment.verify_gamma``); 0 for plain decoding,
+    where ``speculative`` is the baseline itself (gamma='auto' found no γ
+    that pays).
+  """
+
+  baseline: Callable[[np.ndarray, Array], Any]
+  speculative: Callable[[np.ndarray, Array], Any]
+  gamma: int
+
+  @property
+  def plain(self) -> bool:
+    return self.gamma == 0
+
+
+def programs(setup: Setup, gamma: int) -> Programs:
+  """The baseline and the run's speculative loop (chain at ``gamma``, the
+  configured tree, or with ``gamma`` 0 the baseline again), on the target's
+  partitioner."""
+  exp = setup.exp
+  target, tparams, draft = setup.target, setup.target_params, setup.draft
+  kw = dict(max_decode_len=exp.max_decode_len, sampling=exp.sampling,
+            eos_id=target.config.eos_id, partitioner=setup.partitioner)
+  place = setup.partitioner.shard_batch if setup.partitioner else (lambda x: x)
+  base_fn = lambda x, k: temperature_sample(target, tparams, place(x), k, **kw)
+  tree = exp.tree_shape
+  if tree is not None:
+    spec_fn = lambda x, k: tree_speculative_decode(target, tparams, draft, place(x), k,
+                                                   tree=tree, **kw)
+  elif gamma == 0:
+    spec_fn = base_fn
+  else:
+    spec_fn = lambda x, k: speculative_decode(target, tparams, draft, place(x), k,
+                                              gamma=gamma, lenience=exp.lenience,
+                                              adaptive=exp.adaptive, **kw)
+  return Programs(base_fn, spec_fn, gamma)

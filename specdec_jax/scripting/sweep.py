@@ -1,0 +1,304 @@
+"""A γ sweep: the baseline and speculative decoding side by side (paper App. A.3).
+
+Used by ``scripts/bench_speculative.py`` and ``notebooks/demo.ipynb``. For each
+example the baseline and every γ run back to back with the same PRNG key, so
+machine drift hits all columns alike; compilation happens on a warm-up example
+and is never timed; every call ends in ``block_until_ready``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import jax
+import numpy as np
+
+from specdec_jax import alpha, data, theory
+from specdec_jax.decoding import (CONFIDENCE_RULES, AdaptiveConfig, speculative_decode,
+                                  temperature_sample)
+from specdec_jax.run import autogamma
+from specdec_jax.sampling import SamplingConfig
+from specdec_jax.timing import block, measure_costs_many, timed, warm_up_widths
+
+
+def parse_setting(text: Union[int, str], gamma_max: int, widths: Sequence[int] = ()
+                  ) -> tuple[str, int, Optional[AdaptiveConfig]]:
+  """'3' | 'auto' | 'threshold[:t[:s[:drawn]]]' | 'cumulative[:t[:s[:drawn]]]' |
+  'schedule[:initial γ]' -> (label, γ, adaptive).
+
+  Adaptive settings run with γ_max = ``gamma_max``; 'auto' is resolved later.
+  'threshold:t:s' (and 'cumulative:t:s') also skips a round when q_1's
+  confidence is <= s (``AdaptiveConfig.skip_below``: the round is a plain
+  target step); s may be empty ('cumulative:0.25::drawn'). A last field
+  'drawn' reads the drawn token's probability instead of the top one
+  (``AdaptiveConfig.confidence``). ``widths``: the adaptive settings'
+  compiled verification widths (``AdaptiveConfig.widths``; () = its default).
+  """
+  text = str(text).strip()
+  if text.isdigit():
+    return text, int(text), None
+  if text == "auto":
+    return text, 0, None
+  rule, _, arg = text.partition(":")
+  if rule in CONFIDENCE_RULES:
+    t, _, rest = arg.partition(":")
+    skip, _, confidence = rest.partition(":")
+    cfg = AdaptiveConfig(rule, threshold=float(t or 0.4),
+                         skip_below=float(skip) if skip else None, widths=tuple(widths),
+                         confidence=confidence or "top")
+    label = f"≤{gamma_max} {'thr' if rule == 'threshold' else 'cum'} {cfg.threshold:g}"
+    return (label + (f" skip {cfg.skip_below:g}" if skip else "")
+            + (" drawn" if cfg.confidence == "drawn" else "")), gamma_max, cfg
+  if rule == "schedule":
+    cfg = AdaptiveConfig("schedule", initial_gamma=int(arg) if arg else None,
+                         widths=tuple(widths))
+    return f"≤{gamma_max} sched" + (f" from {arg}" if arg else ""), gamma_max, cfg
+  raise ValueError(f"unknown γ setting {text!r}: a number, 'auto', 'threshold[:t[:s]]', "
+                   "'cumulative[:t[:s]]' or 'schedule[:initial γ]'")
+
+
+def parse_widths(text: str, gamma_max: int) -> tuple[int, ...]:
+  """Verification widths by name: 'all' -> 1..γ_max, 'default' -> () (the
+  engine's powers of two and γ_max), else a comma-separated list."""
+  if text == "all":
+    return tuple(range(1, gamma_max + 1))
+  if text == "default":
+    return ()
+  return tuple(int(w) for w in text.split(","))
+
+
+@dataclasses.dataclass
+class _Tally:
+  """One setting's sums over the timed examples (batch 1): seconds, tokens,
+  accepted and rejected proposals, Σ min(p, q), target calls, per-example
+  speedups, mismatches; acceptances [γ] and evaluations [γ] per position and
+  rounds per proposed length [γ + 1]."""
+
+  s: float = 0.0
+  tok: int = 0
+  acc: int = 0
+  rej: int = 0
+  mpq: float = 0.0
+  calls: int = 0
+  ratios: list = dataclasses.field(default_factory=list)
+  mism: int = 0
+  acc_at: Any = 0
+  ev_at: Any = 0
+  hist: Any = 0
+
+  def add(self, o: Any, seconds: float, base: Any, base_seconds: float) -> None:
+    """One example's speculative output ``o`` (plain decoding: the baseline's,
+    without statistics) beside the baseline's."""
+    self.s += seconds
+    self.tok += int(o.length[0])
+    stats = getattr(o, "stats", None)
+    if stats is None:   # plain decoding: one target step per token
+      self.calls += int(o.length[0])
+    else:
+      self.acc += int(stats.accepted[0])
+      self.rej += int(stats.rejected[0])
+      self.mpq += float(stats.min_pq_sum[0])
+      self.calls += int(stats.target_calls[0])
+      self.acc_at = self.acc_at + np.asarray(stats.accepted_at[0])
+      self.ev_at = self.ev_at + np.asarray(stats.evaluated_at[0])
+      self.hist = self.hist + np.asarray(stats.gamma_hist[0])
+    self.ratios.append((int(o.length[0]) / seconds) / (int(base.length[0]) / base_seconds))
+    self.mism += int(not np.array_equal(np.asarray(o.tokens), np.asarray(base.tokens)))
+
+
+def _settings(target, target_params, named: Mapping[Any, Any], parsed: Sequence[tuple],
+              x0: Any, batches: Sequence[tuple], sampling: SamplingConfig, max_decode_len: int,
+              gamma_max: int, seed: int, base: Callable) -> tuple[list, dict, dict, dict]:
+  """(settings, spec, costs, choices): every (draft name, row label, γ,
+  adaptive) to time, the program of each, each draft's c and v per γ (one
+  interleaved measurement, so that rows compare and 'auto' sees the very
+  costs its row is predicted with) and each draft's 'auto' choice. An 'auto'
+  that chose plain decoding runs the baseline as its row."""
+  kw = dict(max_decode_len=max_decode_len, sampling=sampling, eos_id=target.config.eos_id)
+  auto = any(label == "auto" for label, _, _ in parsed)
+  needed = {g for _, g, _ in parsed if g} | (set(range(1, gamma_max + 1)) if auto else set())
+  settings, spec, costs, choices = [], {}, {}, {}
+  for name, d in named.items():
+    costs[name] = measure_costs_many(target, target_params, d, x0, sorted(needed), sampling,
+                                     cache_len=max_decode_len + max(needed) + 1
+                                     ) if needed else {}
+    if auto:
+      choices[name] = autogamma.choose_gamma(target, target_params, d, batches,
+                                             jax.random.PRNGKey(seed), sampling,
+                                             max_decode_len, gamma_max, costs=costs[name])
+    for label, g, a in parsed:
+      if label == "auto":
+        g = choices[name].gamma
+        label = f"auto→{g}" if g else "auto→plain"
+      settings.append((name, label, g, a))
+      spec[name, label] = base if g == 0 else (lambda x, k, d=d, g=g, a=a: speculative_decode(
+          target, target_params, d, x, k, gamma=g, adaptive=a, **kw))
+  return settings, spec, costs, choices
+
+
+def _warm_up(base: Callable, spec: Mapping, settings: Sequence[tuple], examples: list,
+             widths: Mapping[int, list[int]]) -> None:
+  """Every program compiled on each input width, and the adaptive loops'
+  every verification branch run once (its code is generated on its first
+  run, per program: ``timing.warm_up_widths``), before anything is timed."""
+  for group in widths.values():
+    block(base(examples[group[0]], jax.random.PRNGKey(0)))
+    for fn in spec.values():
+      block(fn(examples[group[0]], jax.random.PRNGKey(0)))
+  for (name, label, g, a) in settings:
+    if a is not None:
+      for group in widths.values():
+        warm_up_widths(lambda x, fn=spec[name, label]: fn(x, jax.random.PRNGKey(0)),
+                       (examples[i] for i in group), a.verify_widths(g))
+
+
+def _time(base: Callable, spec: Mapping, examples: list, seed: int
+          ) -> tuple[float, int, dict[Any, _Tally]]:
+  """(baseline seconds, baseline tokens, each setting's tally) over examples
+  1.., the baseline and every setting back to back with the same key."""
+  tallies = {label: _Tally() for label in spec}
+  b_s, b_tok = 0.0, 0
+  for i in range(1, len(examples)):
+    x = examples[i]
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), i)
+    out, t = timed(lambda: base(x, key))
+    b_s += t
+    b_tok += int(out.length[0])
+    for label, fn in spec.items():
+      o, ts = timed(lambda: fn(x, key))
+      tallies[label].add(o, ts, out, t)
+  return b_s, b_tok, tallies
+
+
+def _row(name: Any, label: str, g: int, adaptive: Optional[AdaptiveConfig], a: _Tally,
+         c: Any, b_s: float, b_tok: int, sampling: SamplingConfig, n: int,
+         choice: Any) -> dict:
+  """One row of ``gamma_sweep`` (``c``: the γ's ``timing.Costs``, None for plain
+  decoding, which has no α, costs or prediction)."""
+  ev = max(a.acc + a.rej, 1)
+  alpha = a.acc / ev
+  base_tps, spec_tps = b_tok / b_s, a.tok / a.s
+  a_cap = min(alpha, 1 - 1e-9)
+  fixed = adaptive is None and c is not None
+  hist = np.asarray(a.hist)
+  exp = lambda *costs: float(theory.walltime_improvement(a_cap, g, *costs)) if fixed else None
+  return dict(
+      **({} if name is None else {"draft": name}),
+      temperature=sampling.temperature, baseline_tok_s=base_tps,
+      gamma=g if adaptive is None and not label.startswith("auto") else label,
+      speculative_tok_s=spec_tps, speedup=spec_tps / base_tps,
+      median_example_speedup=statistics.median(a.ratios),
+      alpha=alpha if c is not None else None,
+      alpha_min_pq=a.mpq / ev if c is not None else None,
+      tokens_per_target_call=a.tok / max(a.calls, 1),
+      mean_gamma=float(np.dot(np.arange(hist.size), hist.ravel()) / max(hist.sum(), 1)),
+      c=None if c is None else c.c, v=None if c is None else c.v,
+      expected=exp(c.c) if fixed else None, expected_v=exp(c.c, c.v) if fixed else None,
+      interplay=None if c is None else c.interplay,
+      expected_ctx=exp(c.c_in_context, c.v_in_context) if fixed else None,
+      # measured / EXP(v) = tokens_factor * round_factor (exactly): where the
+      # prediction's error sits. tokens: tokens per target call vs Eq. (1)
+      # at the measured α (finite sequences: the last round is cut at EOS);
+      # round: the predicted cost of a round, γc + v target steps, vs its
+      # measured time in units of the baseline's time per token (< 1: rounds
+      # carry more overhead than baseline steps do, e.g. the draft's own
+      # encoder and cache). Both use only times measured side by side in one
+      # loop; the timed step piece's absolute time drifts between calls.
+      tokens_factor=(a.tok / max(a.calls, 1) / float(theory.expected_tokens(a_cap, g))
+                     if fixed else None),
+      round_factor=((g * c.c + c.v) * (b_s / b_tok) / (a.s / max(a.calls, 1))
+                    if fixed else None),
+      acceptance_at=(a.acc_at / np.maximum(a.ev_at, 1)).tolist() if c is not None else [],
+      mismatches=a.mism if sampling.greedy else None, examples=n,
+      **({"auto": choice.as_record()} if label.startswith("auto") else {}))
+
+
+def gamma_sweep(target, target_params, draft: Union[Any, Mapping[str, Any]],
+                inputs: np.ndarray, gammas: Sequence[Union[int, str]],
+                sampling: SamplingConfig, max_decode_len: int, seed: int = 0,
+                gamma_max: int = 8, alpha_inputs: Optional[np.ndarray] = None,
+                alpha_batch: int = 8, adaptive_widths: Sequence[int] = (),
+                input_buckets: Sequence[int] = ()) -> list[dict]:
+  """One row per (draft, γ setting): measured tokens/s, α, c, v and Theorem 3.8's
+  prediction.
+
+  ``draft``: one approximation model, or a mapping name -> model to compare
+  several in the same run: every draft's every setting runs back to back on
+  each example beside one baseline, so the drafts' speedups share their
+  baseline and the machine's drift (runs minutes apart on a noisy VM differ
+  by more than the drafts do). Rows then carry ``draft`` (the name).
+
+  inputs [N, S]: row 0 is the warm-up example (untimed), rows 1.. are timed.
+  Speedup = speculative tokens/s over baseline tokens/s on the same examples
+  (equal to the time ratio at temperature 0, where outputs are identical).
+  Settings (``parse_setting``): a fixed γ; 'auto', the γ that
+  ``autogamma.choose_gamma`` picks from α on ``alpha_inputs`` (e.g. held-out
+  validation examples, in batches of ``alpha_batch``; default: the warm-up
+  example alone, a noisy estimate) and timed pieces (c, v for 1..gamma_max),
+  labelled 'auto→γ' and timed like the others ('auto→plain' where it chose
+  plain decoding: the baseline runs as its row);
+  'threshold[:t]' / 'cumulative[:t]' / 'schedule' (``decoding.AdaptiveConfig``, γ_max =
+  ``gamma_max``), whose rows report the mean γ used and no prediction
+  (Theorem 3.8 is for a fixed γ), verifying at ``adaptive_widths`` (()
+  = ``AdaptiveConfig``'s default). All settings run back to back per example.
+  ``input_buckets``: each example's inputs are cut to the smallest bucket that
+  holds them (``data.fit_to_bucket``; the runner's ``Experiment.input_buckets``),
+  every bucket used compiled before timing; () keeps the full width S.
+  """
+  examples = [data.fit_to_bucket(inputs[i:i + 1], input_buckets) for i in range(len(inputs))]
+  parsed = [parse_setting(g, gamma_max, adaptive_widths) for g in gammas]
+  named = dict(draft) if isinstance(draft, Mapping) else {None: draft}
+  base = lambda x, k: temperature_sample(target, target_params, x, k,
+                                         max_decode_len=max_decode_len, sampling=sampling,
+                                         eos_id=target.config.eos_id)
+  x0 = examples[0]
+  block(base(x0, jax.random.PRNGKey(0)))
+  batches = [(x0, 1)]
+  if any(label == "auto" for label, _, _ in parsed) and alpha_inputs is not None \
+      and len(alpha_inputs):
+    batches = alpha.alpha_batches(alpha_inputs, len(alpha_inputs), alpha_batch)
+  settings, spec, costs, choices = _settings(target, target_params, named, parsed, x0, batches,
+                                             sampling, max_decode_len, gamma_max, seed, base)
+  _warm_up(base, spec, settings, examples, data.by_width(examples))
+  b_s, b_tok, tallies = _time(base, spec, examples, seed)
+  return [_row(name, label, g, a, tallies[name, label], costs[name][g] if g else None, b_s,
+               b_tok, sampling, len(inputs) - 1, choices.get(name))
+          for name, label, g, a in settings]
+
+
+COLUMNS = [("temp", "temperature", "{:g}"), ("γ", "gamma", "{}"),
+           ("baseline tok/s", "baseline_tok_s", "{:.1f}"),
+           ("speculative tok/s", "speculative_tok_s", "{:.1f}"),
+           ("speedup", "speedup", "{:.2f}x"),
+           ("median per-example", "median_example_speedup", "{:.2f}x"),
+           ("α", "alpha", "{:.3f}"), ("α (Σmin(p,q))", "alpha_min_pq", "{:.3f}"),
+           ("tokens/target call", "tokens_per_target_call", "{:.2f}"),
+           ("mean γ", "mean_gamma", "{:.2f}"), ("c", "c", "{:.3f}"),
+           ("v", "v", "{:.2f}"), ("EXP (Thm 3.8)", "expected", "{:.2f}x"),
+           ("EXP (with v)", "expected_v", "{:.2f}x"), ("interplay", "interplay", "{:.2f}"),
+           ("EXP (in context)", "expected_ctx", "{:.2f}x")]
+
+
+FACTORS = [("= tokens/call ÷ Eq. 1", "tokens_factor"),
+           ("× (γc+v) ÷ round in baseline tokens", "round_factor")]
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+  """The sweep as a markdown table, plus measured / EXP(with v) and its two
+  factors (see ``gamma_sweep``)."""
+  by_draft = any("draft" in r for r in rows)   # several drafts: name each row's
+  head = ((["draft"] if by_draft else []) + [c[0] for c in COLUMNS] + ["measured / EXP(v)"]
+          + [f[0] for f in FACTORS] + ["measured / EXP(in context)", "mismatches"])
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for r in rows:
+    cells = [str(r.get("draft", "-"))] if by_draft else []
+    cells += ["-" if r[key] is None else fmt.format(r[key]) for _, key, fmt in COLUMNS]
+    cells.append("-" if r["expected_v"] is None else f"{r['speedup'] / r['expected_v']:.2f}")
+    cells += ["-" if r.get(key) is None else f"{r[key]:.2f}" for _, key in FACTORS]
+    cells.append("-" if r.get("expected_ctx") is None
+                 else f"{r['speedup'] / r['expected_ctx']:.2f}")
+    cells.append("-" if r["mismatches"] is None else str(r["mismatches"]))
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
