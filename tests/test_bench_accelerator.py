@@ -26,7 +26,7 @@ def test_bench_accelerator_smoke_prints_every_table(tmp_path):
   assert "# accelerator: cpu" in out
   assert "| model | what | k | ms per call | ratio to k=1 |" in out          # v(k)
   assert out.count("| TASK | M_q | TEMP | γ | α | SPEED |") == 2           # T = 0 and T = 1
-  assert "outputs identical to the baseline's on all 1" in out
+  assert "Outputs identical to the baseline's on all 1" in out
   assert out.count("# summary: 1 examples, T = ") == 2                      # tok/s, α, c
   assert "| temp | γ | baseline tok/s | speculative tok/s | speedup |" in out  # the sweep
   for config in ("demo", "demo_t1"):

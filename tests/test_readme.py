@@ -38,7 +38,7 @@ def test_adding_an_approximation_model_works_as_written(tmp_path):
   s = json.loads((tmp_path / "runs" / "my_draft" / "summary.json").read_text())
   assert s["draft"] == "repeat_last" and s["num_examples"] == 2
   assert s["mismatches_vs_baseline"] == 0  # the README's promise at T = 0
-  assert "outputs identical to the baseline's on all 2" in res.stdout
+  assert "Outputs identical to the baseline's on all 2" in res.stdout
   assert "runs/my_draft/ (examples.jsonl" in res.stdout
 
 
