@@ -14,7 +14,7 @@ PKG = REPO / "specdec_jax"
 LAYERS = [
     ("engine", ("models", "sampling", "speculative", "tree", "decoding", "theory",
                 "partitioning", "drafts.base")),
-    ("io", ("checkpoints", "memory", "data", "prepare_data", "storage")),
+    ("io", ("checkpoints", "memory", "data", "prepare_data", "storage", "pair")),
     ("drafts", ("drafts", "timing")),
     ("training", ("training", "distill", "evaluate")),
     ("run", ("run",)),

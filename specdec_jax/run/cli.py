@@ -129,12 +129,11 @@ def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
   if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())  # so a config's `import my_module` line finds it
   files = [resolve_path(c) for c in configs]
-  settings.set_config_dirs(files)
   for f in files:
     if not Path(f).is_file():
       raise FileNotFoundError(f"--config={f}: no such file")
   gin.parse_config_files_and_bindings(files, bindings)
-  return Experiment()
+  return Experiment(config_dirs=settings.config_dirs(files))
 
 
 def _print_result(s: dict, workdir: Workdir) -> None:
