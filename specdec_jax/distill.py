@@ -408,8 +408,10 @@ class DistillJob:
   'data'. The draft is replicated, kept and trained in float32, data-parallel:
   each training batch's rows (a multiple of the 'data' axis, ``batch_tokens`` a
   cap, ``training.batch_rows``) are split over 'data' and the gradients reduced
-  across it. Settings, mesh and vocabularies are checked before any weight is
-  read (``check_before_loading``).
+  across it. The target and draft settings form ``pair``
+  (``specdec_jax.pair.ModelPair``, validated as the runner's); settings, mesh
+  and vocabularies are checked before any weight is read
+  (``check_before_loading``).
   """
 
   target_checkpoint: str
