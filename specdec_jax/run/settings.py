@@ -60,13 +60,17 @@ def adaptive_config(rule: str = gin.REQUIRED, threshold: Optional[float] = None,
 @gin.configurable(denylist=["config_dirs"])
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-  """One experiment. Every field is a gin binding (``Experiment.<field>``).
+  """One experiment. Every field is a gin binding (``Experiment.<field>``)
+  except ``config_dirs``, which ``parse_config`` sets to the ``--config``
+  files' directories (where relative paths are looked for, ``resolve``).
 
   Models: a checkpoint path + format ('auto', 'specdec', 't5x', 't5x_orbax',
   'hf') + preset (required for T5X formats, e.g. 't5_1_1_xxl'); the draft is an
   approximation model by name ('t5', 'unigram', 'bigram', 'prompt_lookup', 'lookup_t5').
   unigram/bigram are estimated from ``ngram_corpus`` (a source like
-  ``source``; its references are the corpus).
+  ``source``; its references are the corpus). The target and draft settings,
+  with the mesh and dtypes, form ``pair`` (``specdec_jax.pair.ModelPair``,
+  validated as distillation's).
   """
 
   task: str = "bible_modernize"
@@ -138,7 +142,7 @@ class Experiment:
   # prefill before the timed examples; fewer is quicker and noisier.
   cost_repeats: int = 15
 
-  config_dirs: tuple = ()  # set by parse_config (not a binding): the --config files' directories
+  config_dirs: tuple = ()   # not a binding: set by parse_config (see above)
 
   @property
   def pair(self) -> ModelPair:
