@@ -18,10 +18,10 @@ matches), this prints a markdown table with:
   was fastest in the initial measurement) and the ratio is the median of the
   per-pair ratios.
 
-Weight accounting per decode step (batch 1): every decoder parameter except the
-cross-attention key/value kernels (their outputs are computed once per example
-by ``init_cache``), plus the logits matrix, plus one embedding row. Encoder
-weights are excluded. Parameters are float32 in both activation dtypes (the
+Weight accounting per decode step (batch 1), ``memory.step_weight_bytes``:
+every decoder parameter except the cross-attention key/value kernels (their
+outputs are computed once per example by ``init_cache``), the logits matrix
+included. Encoder weights are excluded. Parameters are float32 in both activation dtypes (the
 model keeps params in f32 and casts inside the step), so bytes are the same for
 bf16 runs. The KV caches (self and cross, activations) are reported separately
 (column "KV MB"), not included in the ratio.
@@ -57,7 +57,6 @@ import concurrent.futures
 import functools
 import importlib.util
 import os
-import statistics
 import sys
 import time
 from typing import Any, Callable
@@ -66,6 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import memory, timing
 from specdec_jax.checkpoints import load_checkpoint
 from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import PRESETS, T5Config, T5Model, count_params, stored_dtype
@@ -77,12 +77,8 @@ SIZES = {"small": "t5_1_1_small", "base": "t5_1_1_base"}
 
 
 def _median_time(fn, repeats: int) -> float:
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+  """Median seconds of ``repeats`` calls of ``fn`` (``timing.time_call``, no warm-up)."""
+  return timing.median(timing.time_call(fn, repeats, warmup=0))
 
 
 class Bandwidth:
@@ -130,26 +126,6 @@ class Bandwidth:
     return out
 
 
-def step_weight_bytes(params) -> int:
-  """Bytes of weights one batch-1 decode step reads (see module docstring)."""
-  dec = params["decoder"]
-  total = 0
-  for path, leaf in jax.tree_util.tree_leaves_with_path(dec):
-    names = [getattr(p, "key", str(p)) for p in path]
-    if "encoder_decoder_attention" in names and ("key" in names or "value" in names):
-      continue
-    total += leaf.size * leaf.dtype.itemsize
-  emb = params["token_embedder"]["embedding"]
-  total += emb.shape[1] * emb.dtype.itemsize  # one embedding row
-  return int(total)
-
-
-def kv_bytes(config, input_len: int, cache_len: int, dtype) -> int:
-  itemsize = jnp.dtype(dtype).itemsize
-  per_pos = 2 * config.num_decoder_layers * config.num_heads * config.head_dim * itemsize
-  return per_pos * (input_len + cache_len)
-
-
 def bench_one(size: str, dtype: str, steps: int, repeats: int, input_len: int,
               params_cache: dict, bw: Bandwidth, reader: str) -> dict:
   config = PRESETS[SIZES[size]].replace(dtype=dtype)
@@ -172,7 +148,8 @@ def bench_one(size: str, dtype: str, steps: int, repeats: int, input_len: int,
   prefill_fn = jax.jit(lambda p, x: model.init_cache(p, model.encode(p, x), x, steps))
   jax.block_until_ready(prefill_fn(params, inputs))
   prefill = _median_time(lambda: prefill_fn(params, inputs), repeats)
-  wbytes = step_weight_bytes(params)
+  param_dtype = max(jax.tree.leaves(params), key=lambda x: x.size).dtype
+  wbytes = memory.step_weight_bytes(config, None, param_dtype)
   # Interleave: one decode call, then one bandwidth pass, ``repeats`` times;
   # the ratio is taken per pair, so slow drifts in machine load cancel.
   totals, bws, ratios = [], [], []
@@ -183,12 +160,13 @@ def bench_one(size: str, dtype: str, steps: int, repeats: int, input_len: int,
     totals.append(total)
     bws.append(gbps)
     ratios.append(step / (wbytes / (gbps * 1e9)))
-  total = statistics.median(totals)
+  total = timing.median(totals)
   return dict(size=size, dtype=dtype, params=count_params(params),
               ms_token=1e3 * total / steps, ms_step=1e3 * (total - prefill) / steps,
               prefill_ms=1e3 * prefill, weight_bytes=wbytes,
-              kv_bytes=kv_bytes(config, input_len, steps, dtype),
-              bw=statistics.median(bws), ratio=statistics.median(ratios),
+              kv_bytes=memory.cache_bytes(config, memory.planning_partitioner(None), 1,
+                                          input_len, steps, dtype),
+              bw=timing.median(bws), ratio=timing.median(ratios),
               ratio_min=min(ratios), ratio_max=max(ratios))
 
 
@@ -324,7 +302,7 @@ def vk_rows(label: str, params: dict, config: T5Config, models: dict, ks: list[i
   for _ in range(repeats):
     for key, fn in pieces.items():
       times[key].append(_median_time(fn, 1) / inner)
-  med = {key: statistics.median(v) for key, v in times.items()}
+  med = {key: timing.median(v) for key, v in times.items()}
   rows = []
   for name in list(models) + ["matmul"]:
     for k in ks:

@@ -24,7 +24,7 @@ from specdec_jax.models.t5 import get_config
 from specdec_jax.research import trees
 from specdec_jax.run import (Experiment, check_before_loading, held_out_inputs, load_data,
                              load_models, script_args)
-from specdec_jax.run.chips import CHIPS
+from specdec_jax.dryrun.chips import CHIPS
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.tree import TreeShape
 

@@ -25,7 +25,7 @@ nothing and trains nothing: it validates the job, compiles its programs (the
 target's generation, the draft's training step) for that TPU topology on
 abstract sharded arrays, and prints each one's memory per device against the
 chip's HBM, whether it fits (if not, the batch that would), and any collective
-that moves a weight (``specdec_jax.run.distill_dryrun``; needs libtpu, no TPU;
+that moves a weight (``specdec_jax.dryrun.distill_programs``; needs libtpu, no TPU;
 --target_preset and --draft_preset, or local checkpoints with a config.json):
 
   python scripts/distill_draft.py ... --dry_run=v4:2x2x1
@@ -93,7 +93,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--dry_run", default=None, metavar="TOPOLOGY",
                  help="compile the job's programs for a TPU topology (e.g. v4:2x2x1, v5e:2x4) "
                       "on this machine and report their memory; reads, writes and trains "
-                      "nothing (specdec_jax.run.distill_dryrun)")
+                      "nothing (specdec_jax.dryrun.distill_programs)")
   return p
 
 
@@ -118,8 +118,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.dry_run:
     if args.smoke:
       raise ValueError("--dry_run compiles the job given by the flags; drop --smoke")
-    from specdec_jax.run import distill_dryrun  # pylint: disable=import-outside-toplevel
-    r = distill_dryrun.main(_job(args), args.dry_run)
+    from specdec_jax.dryrun import distill_programs, driver  # pylint: disable=import-outside-toplevel
+    r = driver.main(distill_programs.DistillPrograms(_job(args)), args.dry_run)
     return 0 if r.fits else 1
   if args.smoke:
     summary = distill.smoke_job(args.workdir or "runs/distill_smoke",

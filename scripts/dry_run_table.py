@@ -1,18 +1,21 @@
-"""The dry run of every Table 2 row on TPU v4-8, v5e-8, v5p-8 and v6e-8, as a
-markdown table written into docs/scaling.md ("Dry run on TPU topologies").
+"""The dry run of every Table 2 row on one TPU v4 chip (the paper's setting),
+v4-8, v5e-8, v5p-8 and v6e-8, as a markdown table written into
+docs/scaling.md ("Dry run on TPU topologies").
 
 Usage:
   python scripts/dry_run_table.py [--config_dir=configs/table2 ...]
-      [--hardware=v5e-8 ...] [--rows=ende_small_t0,...] [--out=docs/scaling.md]
+      [--hardware=v4-1 ...] [--rows=ende_small_t0,...] [--out=docs/scaling.md]
       [--cache=runs/dry_run_table.json] [--workers=2] [--render_only]
 
-Each cell is ``specdec_jax.run.dryrun.dry_run`` of the row's config with the
+Each cell is ``specdec_jax.dryrun.runner_programs.dry_run`` of the row's config with the
 hardware's overlay (``configs/tpu_*.gin``) for its topology: the speculative
 loop compiled for the topology (the largest of the run's programs: the
 baseline loop holds the target alone and a shorter cache), its per-device
-memory and whether it fits the chip's HBM, and Theorem 3.8's speedup at the
-paper's α for the row from the roofline model (``Roofline``; a model, not a
-measurement) beside the paper's measured speedup (Table 2). Rows come from
+memory and whether it fits the chip's HBM, the roofline model's milliseconds
+per token (baseline and speculative) and Theorem 3.8's speedup at the
+paper's α for the row (``costs.Roofline``; a model, not a measurement),
+beside the paper's measured speedup (Table 2) and Theorem 3.8 at the paper's
+own α, γ and c (Table 4). Rows come from
 ``configs/table2`` and, where it exists, ``configs/table2_t5_1_0``; a
 repeated ``--config_dir`` replaces that list. Needs libtpu (``pip install -e
 '.[tpu]'``) and no accelerator. Compiling T5 1.1 XXL's loop for a TPU takes
@@ -34,12 +37,15 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 
-from specdec_jax.run import dryrun, script_args  # noqa: E402
+from specdec_jax import theory  # noqa: E402
+from specdec_jax.dryrun import driver, runner_programs  # noqa: E402
+from specdec_jax.run import script_args  # noqa: E402
 from specdec_jax.run.cli import parse_config  # noqa: E402
 
 REPO = script_args.REPO_ROOT
 # label -> (overlay, topology, mesh as the overlay binds it)
 HARDWARE = {
+    "v4-1": ("configs/tpu_v4_1.gin", "v4:1x1x1", "(1, 1)"),
     "v4-8": ("configs/tpu_v4_8.gin", "v4:2x2x1", "(1, 4)"),
     "v5e-8": ("configs/tpu_v5e_8.gin", "v5e:2x4", "(1, 8)"),
     "v5p-8": ("configs/tpu_v5p_8.gin", "v5p:2x2x1", "(1, 4)"),
@@ -53,7 +59,7 @@ INTRO = """\
 `python -m specdec_jax.run --config=ROW --config=OVERLAY --dry_run=TOPOLOGY`
 compiles the row's programs for a TPU topology on any machine, with the TPU
 compiler (libtpu: `pip install -e ".[tpu]"`) and no TPU: abstract sharded
-arrays, no weight or data read (`specdec_jax/run/dryrun.py`). It reports each
+arrays, no weight or data read (`specdec_jax/dryrun/`). It reports each
 program's memory per device from the compiled executable beside the
 `memory.plan` estimate, the collectives one loop iteration runs (any that
 moves a weight is an error), and a roofline model of c, v(k) and Theorem
@@ -84,7 +90,7 @@ def cell(row: str, hardware: str) -> dict:
   topology = HARDWARE[hardware][1]
   try:
     exp = parse_config([row, str(REPO / HARDWARE[hardware][0])], [])
-    r = dryrun.dry_run(exp, topology, programs=("speculative",), workers=1)
+    r = runner_programs.dry_run(exp, topology, programs=("speculative",), workers=1)
   except ValueError as e:
     return {"error": str(e)}
   finally:
@@ -95,10 +101,15 @@ def cell(row: str, hardware: str) -> dict:
                          "error": p.error, "gamma": r.gamma, "wall_s": r.wall_s}
   if r.roofline is not None and r.roofline.draft is not None:
     out.update(c=r.roofline.c(), v=r.roofline.v(r.gamma + 1),
-               ratio=r.roofline.target[1].bytes / r.roofline.floor)
+               ratio=r.roofline.target[1].bytes / r.roofline.floor,
+               baseline_ms=r.roofline.baseline_ms_per_token())
   if r.paper is not None:
     out.update(alpha=r.paper.alpha, paper=r.paper.speedup, paper_c=r.paper.c,
+               paper_theorem=float(theory.walltime_improvement(r.paper.alpha, r.paper.gamma,
+                                                               r.paper.c)),
                predicted=r.predicted(), predicted_v=r.predicted(True))
+    if r.roofline is not None and r.roofline.draft is not None:
+      out["speculative_ms"] = r.roofline.speculative_ms_per_token(r.paper.alpha, r.gamma)
   return out
 
 
@@ -112,13 +123,17 @@ def _cell_text(c: Optional[dict]) -> str:
   gib = c["memory"] / 2 ** 30
   text = f"{gib:.2f} GiB {'ok' if c['fits'] else 'NO'}"
   if c.get("predicted") is not None:
-    text += f", {c['predicted']:.2f}x ({c['predicted_v']:.2f}x with v)"
+    text += f", {c['predicted']:.2f}x ({c['predicted_v']:.2f}x with v), c {c['c']:.3f}"
+  if c.get("baseline_ms") is not None:
+    text += f", {c['baseline_ms']:.2f} ms/token baseline"
+    if c.get("speculative_ms") is not None:
+      text += f", {c['speculative_ms']:.2f} speculative"
   return text
 
 
 def render(rows: list[str], hardware: list[str], cells: dict, wall_s: float) -> str:
   """The generated part of the section: how it was made, then the table."""
-  headers = ["row", "γ", "paper α", "paper speedup"] + [
+  headers = ["row", "γ", "paper α", "paper speedup", "Thm 3.8 at paper's c"] + [
       f"{h} {HARDWARE[h][2]}" for h in hardware]
   body = []
   for row in rows:
@@ -126,7 +141,9 @@ def render(rows: list[str], hardware: list[str], cells: dict, wall_s: float) -> 
     cs = [cells.get(f"{name}@{h}") for h in hardware]
     first = next((c for c in cs if c and "gamma" in c), {})
     body.append([name, first.get("gamma", "-"), first.get("alpha", "-"),
-                 f"{first['paper']}x" if first.get("paper") else "-"]
+                 f"{first['paper']}x" if first.get("paper") else "-",
+                 f"{first['paper_theorem']:.2f}x (c {first['paper_c']})"
+                 if first.get("paper_theorem") else "-"]
                 + [_cell_text(c) for c in cs])
   ratios = [c["ratio"] for c in cells.values() if c and "ratio" in c]
   total = len(rows) * len(hardware)
@@ -139,11 +156,17 @@ def render(rows: list[str], hardware: list[str], cells: dict, wall_s: float) -> 
       f"{count}; {wall_s / 3600:.1f} h of compiling on "
       f"{script_args.machine_description()}). Each cell: the speculative loop's memory per "
       "device from the executable compiled for the topology (arguments + temporaries + "
-      "outputs; the baseline loop holds less), whether it fits the chip's HBM, and "
+      "outputs; the baseline loop holds less), whether it fits the chip's HBM, "
       "Theorem 3.8's speedup at the paper's α (Table 3) and γ with c from the roofline "
-      "model, then with the model's v(γ+1) as well. The roofline prices each piece at "
+      "model, then with the model's v(γ+1) as well, the model's c, and its milliseconds "
+      "per token: the baseline's (one target step) and speculative decoding's (a round "
+      "of γ draft steps and one pass over γ+1 positions, over the tokens a round yields "
+      "at the paper's α). 'Thm 3.8 at paper's c' is the theorem at the paper's own α, "
+      "γ and c (Table 4, one TPU-v4), the paper's EXP. The first column, one v4 chip, is "
+      "the paper's setting; on a mesh the target is split and the draft replicated, so "
+      "c grows with the mesh. The roofline prices each piece at "
       "max(flops / peak, bytes / HBM bandwidth) with Google Cloud's published figures "
-      "(`specdec_jax/run/chips.py`); it is a model, not a measurement, and leaves out "
+      "(`specdec_jax/dryrun/chips.py`); it is a model, not a measurement, and leaves out "
       "collective and launch latency. The paper's speedups were measured on a TPU-v4. "
       "T5 1.0 rows (`t5_1_0_*`) use the paper's α for the T5 1.1 row of the same task, "
       "draft size and temperature: their own α is not known.",
@@ -175,13 +198,13 @@ def main() -> int:
                       help="a directory of Table 2 row configs (repeatable; default "
                       f"{' and '.join(CONFIG_DIRS)} where it exists)")
   parser.add_argument("--hardware", action="append", default=None, choices=sorted(HARDWARE),
-                      help="a column (repeatable; default all four)")
+                      help="a column (repeatable; default all)")
   parser.add_argument("--rows", default="", help="comma-separated row names (config stems) "
                       "to run; default all")
   parser.add_argument("--out", default="docs/scaling.md", help="markdown file to write into")
   parser.add_argument("--cache", default="runs/dry_run_table.json",
                       help="finished cells, reused by a rerun")
-  parser.add_argument("--workers", type=int, default=dryrun.default_workers(),
+  parser.add_argument("--workers", type=int, default=driver.default_workers(),
                       help="cells compiled at once (one process each)")
   parser.add_argument("--render_only", action="store_true",
                       help="write the table from --cache as it is ('not run' where a cell is "

@@ -20,78 +20,26 @@ import re
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from specdec_jax import paper
 from specdec_jax.run import script_args
 from specdec_jax.run.script_args import markdown_table
 
-# The paper's Tables 2, 3 and 4, transcribed. Task keys: 'ende' (WMT EnDe),
-# 'cnndm' (CNN/DM), 'lm1b' (GPT-like), 'dialog' (LaMDA). Temperatures: 0 is
-# argmax, 1 standard sampling. Table 2/4 targets are T5-XXL (11B).
+# The paper's Tables 2, 3 and 4 (``specdec_jax.paper``) in this script's
+# row form. Task keys: 'ende' (WMT EnDe), 'cnndm' (CNN/DM), 'lm1b'
+# (GPT-like), 'dialog' (LaMDA). Temperatures: 0 is argmax, 1 standard
+# sampling. Table 2/4 targets are T5-XXL (11B).
 PAPER_TABLES: Dict[str, List[Dict[str, Any]]] = {
   # Table 2: empirical speedups over T5-XXL.
-  "table2": [
-    dict(task="ende", draft="t5-small", temp=0, gamma=7, alpha=0.75, speed=3.4),
-    dict(task="ende", draft="t5-base", temp=0, gamma=7, alpha=0.80, speed=2.8),
-    dict(task="ende", draft="t5-large", temp=0, gamma=7, alpha=0.82, speed=1.7),
-    dict(task="ende", draft="t5-small", temp=1, gamma=7, alpha=0.62, speed=2.6),
-    dict(task="ende", draft="t5-base", temp=1, gamma=5, alpha=0.68, speed=2.4),
-    dict(task="ende", draft="t5-large", temp=1, gamma=3, alpha=0.71, speed=1.4),
-    dict(task="cnndm", draft="t5-small", temp=0, gamma=5, alpha=0.65, speed=3.1),
-    dict(task="cnndm", draft="t5-base", temp=0, gamma=5, alpha=0.73, speed=3.0),
-    dict(task="cnndm", draft="t5-large", temp=0, gamma=3, alpha=0.74, speed=2.2),
-    dict(task="cnndm", draft="t5-small", temp=1, gamma=5, alpha=0.53, speed=2.3),
-    dict(task="cnndm", draft="t5-base", temp=1, gamma=3, alpha=0.55, speed=2.2),
-    dict(task="cnndm", draft="t5-large", temp=1, gamma=3, alpha=0.56, speed=1.7),
-  ],
-  # Table 3: empirical alpha values.
-  "table3": [
-    dict(target="GPT-like (97M)", task="lm1b", draft="unigram", temp=0, alpha=0.03),
-    dict(target="GPT-like (97M)", task="lm1b", draft="bigram", temp=0, alpha=0.05),
-    dict(target="GPT-like (97M)", task="lm1b", draft="gpt-like-6m", temp=0, alpha=0.88),
-    dict(target="GPT-like (97M)", task="lm1b", draft="unigram", temp=1, alpha=0.03),
-    dict(target="GPT-like (97M)", task="lm1b", draft="bigram", temp=1, alpha=0.05),
-    dict(target="GPT-like (97M)", task="lm1b", draft="gpt-like-6m", temp=1, alpha=0.89),
-    dict(target="T5-XXL", task="ende", draft="unigram", temp=0, alpha=0.08),
-    dict(target="T5-XXL", task="ende", draft="bigram", temp=0, alpha=0.20),
-    dict(target="T5-XXL", task="ende", draft="t5-small", temp=0, alpha=0.75),
-    dict(target="T5-XXL", task="ende", draft="t5-base", temp=0, alpha=0.80),
-    dict(target="T5-XXL", task="ende", draft="t5-large", temp=0, alpha=0.82),
-    dict(target="T5-XXL", task="ende", draft="unigram", temp=1, alpha=0.07),
-    dict(target="T5-XXL", task="ende", draft="bigram", temp=1, alpha=0.19),
-    dict(target="T5-XXL", task="ende", draft="t5-small", temp=1, alpha=0.62),
-    dict(target="T5-XXL", task="ende", draft="t5-base", temp=1, alpha=0.68),
-    dict(target="T5-XXL", task="ende", draft="t5-large", temp=1, alpha=0.71),
-    dict(target="T5-XXL", task="cnndm", draft="unigram", temp=0, alpha=0.13),
-    dict(target="T5-XXL", task="cnndm", draft="bigram", temp=0, alpha=0.23),
-    dict(target="T5-XXL", task="cnndm", draft="t5-small", temp=0, alpha=0.65),
-    dict(target="T5-XXL", task="cnndm", draft="t5-base", temp=0, alpha=0.73),
-    dict(target="T5-XXL", task="cnndm", draft="t5-large", temp=0, alpha=0.74),
-    dict(target="T5-XXL", task="cnndm", draft="unigram", temp=1, alpha=0.08),
-    dict(target="T5-XXL", task="cnndm", draft="bigram", temp=1, alpha=0.16),
-    dict(target="T5-XXL", task="cnndm", draft="t5-small", temp=1, alpha=0.53),
-    dict(target="T5-XXL", task="cnndm", draft="t5-base", temp=1, alpha=0.55),
-    dict(target="T5-XXL", task="cnndm", draft="t5-large", temp=1, alpha=0.56),
-    dict(target="LaMDA (137B)", task="dialog", draft="lamda-100m", temp=0, alpha=0.61),
-    dict(target="LaMDA (137B)", task="dialog", draft="lamda-2b", temp=0, alpha=0.71),
-    dict(target="LaMDA (137B)", task="dialog", draft="lamda-8b", temp=0, alpha=0.75),
-    dict(target="LaMDA (137B)", task="dialog", draft="lamda-100m", temp=1, alpha=0.57),
-    dict(target="LaMDA (137B)", task="dialog", draft="lamda-2b", temp=1, alpha=0.71),
-    dict(target="LaMDA (137B)", task="dialog", draft="lamda-8b", temp=1, alpha=0.74),
-  ],
+  "table2": [dict(task=r.task, draft=f"t5-{r.draft}", temp=r.temperature, gamma=r.gamma,
+                  alpha=r.alpha, speed=r.speedup) for r in paper.TABLE2],
+  # Table 3: empirical alpha values (its T5-XXL rows with T5 drafts are Table 2's).
+  "table3": [dict(target=t, task=task, draft=d, temp=temp, alpha=a)
+             for t, task, d, temp, a in paper.TABLE3_OTHER]
+            + [dict(target="T5-XXL", task=r.task, draft=f"t5-{r.draft}", temp=r.temperature,
+                    alpha=r.alpha) for r in paper.TABLE2],
   # Table 4 (Appendix A.3): Theorem 3.8 prediction (EXP) vs. measured (EMP).
-  "table4": [
-    dict(task="ende", draft="t5-small", temp=0, gamma=7, alpha=0.75, c=0.02, exp=3.2, emp=3.4),
-    dict(task="ende", draft="t5-base", temp=0, gamma=7, alpha=0.80, c=0.04, exp=3.3, emp=2.8),
-    dict(task="ende", draft="t5-large", temp=0, gamma=7, alpha=0.82, c=0.11, exp=2.5, emp=1.7),
-    dict(task="ende", draft="t5-small", temp=1, gamma=7, alpha=0.62, c=0.02, exp=2.3, emp=2.6),
-    dict(task="ende", draft="t5-base", temp=1, gamma=5, alpha=0.68, c=0.04, exp=2.4, emp=2.4),
-    dict(task="ende", draft="t5-large", temp=1, gamma=3, alpha=0.71, c=0.11, exp=2.0, emp=1.4),
-    dict(task="cnndm", draft="t5-small", temp=0, gamma=5, alpha=0.65, c=0.02, exp=2.4, emp=3.1),
-    dict(task="cnndm", draft="t5-base", temp=0, gamma=5, alpha=0.73, c=0.04, exp=2.6, emp=3.0),
-    dict(task="cnndm", draft="t5-large", temp=0, gamma=3, alpha=0.74, c=0.11, exp=2.0, emp=2.2),
-    dict(task="cnndm", draft="t5-small", temp=1, gamma=5, alpha=0.53, c=0.02, exp=1.9, emp=2.3),
-    dict(task="cnndm", draft="t5-base", temp=1, gamma=3, alpha=0.55, c=0.04, exp=1.8, emp=2.2),
-    dict(task="cnndm", draft="t5-large", temp=1, gamma=3, alpha=0.56, c=0.11, exp=1.6, emp=1.7),
-  ],
+  "table4": [dict(task=r.task, draft=f"t5-{r.draft}", temp=r.temperature, gamma=r.gamma,
+                  alpha=r.alpha, c=r.c, exp=r.expected, emp=r.speedup) for r in paper.TABLE2],
 }
 
 PaperKey = Tuple[str, str, int]

@@ -484,7 +484,7 @@ class DistillJob:
 
   def validate(self, check_paths: bool = True) -> None:
     """Checks that need no loading; fail before any work. ``check_paths``
-    False (the TPU dry run, ``specdec_jax.run.distill_dryrun``, which reads
+    False (the TPU dry run, ``specdec_jax.dryrun.distill_programs``, which reads
     and writes nothing) skips whether the paths to read exist and whether
     the directories to write are empty; that they are set, and that
     ``output_dir`` and ``workdir`` are local, is still checked."""

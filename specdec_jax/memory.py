@@ -135,6 +135,54 @@ def _cache_bytes(cfg: T5Config, part: Partitioner, batch: int, max_input_len: in
                               f"{what} encoder_mask")
 
 
+def reads_per_step(name: str, cfg: T5Config) -> bool:
+  """Whether a decoding step reads parameter ``name`` (flattened, 'a/b/c'):
+  the decoder's weights and the output layer's (T5 1.0: the tied embedding),
+  not the cross-attention K/V kernels (they run once per example, in
+  ``init_cache``); the embedding's one row per position is left out."""
+  cross_kv = "encoder_decoder_attention/key/" in name or \
+      "encoder_decoder_attention/value/" in name
+  return (name.startswith("decoder/") and not cross_kv) or (
+      name == "token_embedder/embedding" and cfg.logits_via_embedding)
+
+
+def step_params(cfg: ConfigLike) -> int:
+  """How many parameters a decoding step reads (``reads_per_step``): a
+  step's matmuls cost 2 flops per parameter per position."""
+  cfg = _config(cfg, "float32")
+  return sum(math.prod(x.shape) for name, x in flatten_names(_param_shapes(cfg)).items()
+             if reads_per_step(name, cfg))
+
+
+def step_weight_bytes(cfg: ConfigLike, part: Optional[Partitioner] = None,
+                      param_dtype: Any = "float32") -> int:
+  """Bytes of weights each device must read per decoding step at batch 1:
+  its shards (under ``part``; the whole model on one device without) of
+  the parameters ``reads_per_step`` names, at ``stored_dtype``."""
+  part = planning_partitioner(None) if part is None else part
+  return _step_weight_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name)
+
+
+@functools.lru_cache(maxsize=None)
+def _step_weight_bytes(cfg: T5Config, part: Partitioner, param_dtype: str) -> int:
+  return sum(_shard_bytes(part, param_logical_axes(name), x.shape,
+                          stored_dtype(name, param_dtype), f"parameter {name}")
+             for name, x in flatten_names(_param_shapes(cfg)).items()
+             if reads_per_step(name, cfg))
+
+
+def step_bytes(cfg: ConfigLike, part: Optional[Partitioner] = None,
+               param_dtype: Any = "float32", dtype: Optional[str] = None, batch: int = 1,
+               input_len: int = 512, cache_len: int = 256) -> int:
+  """Bytes each device reads per decoding step: its weights
+  (``step_weight_bytes``) and its decoder cache (``cache_bytes``: self-
+  attention K/V over ``cache_len`` positions, cross-attention K/V over
+  ``input_len``; activations at ``dtype``)."""
+  part = planning_partitioner(None) if part is None else part
+  return step_weight_bytes(cfg, part, param_dtype) + cache_bytes(
+      cfg, part, batch, input_len, cache_len, dtype)
+
+
 def plan(target_cfg: ConfigLike, draft_cfg: Optional[ConfigLike],
          mesh_shape: Optional[Sequence[int]], param_dtype: str = "float32",
          dtype: str = "float32", batch: int = 1, max_input_len: int = 512,

@@ -1,4 +1,4 @@
-"""The distillation's TPU dry run (``specdec_jax.run.distill_dryrun``,
+"""The distillation's TPU dry run (``specdec_jax.dryrun.distill_programs``,
 ``scripts/distill_draft.py --dry_run``) on libtpu's compile-only v5e:2x4
 devices, on this CPU-only machine: a tiny target/draft pair (config.json
 only, no weights) on mesh (2, 4). The job's two programs, the target's
@@ -26,8 +26,8 @@ pytest.importorskip("libtpu", reason="the dry run compiles with libtpu (requirem
 
 from specdec_jax import checkpoints, data, distill, storage  # noqa: E402
 from specdec_jax.models.t5 import T5Config  # noqa: E402
-from specdec_jax.run import chips, distill_dryrun, dryrun  # noqa: E402
-from specdec_jax.run.dryrun import Program  # noqa: E402
+from specdec_jax.dryrun import chips, distill_programs, driver  # noqa: E402
+from specdec_jax.dryrun.driver import Program  # noqa: E402
 from test_dry_run import _checkpoint  # noqa: E402  (a config.json, no weights)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,14 +90,14 @@ def report(paths):
     analyses.append(compiled.memory_analysis())
     return compiled
 
-  main = distill_dryrun.main
+  main = driver.main
   with pytest.MonkeyPatch.context() as mp:
     for module, name in ((checkpoints, "load_checkpoint"), (checkpoints, "_load"),
                          (storage, "_read_object"), (storage, "_list_prefix"),
                          (data, "load_examples"), (data, "get_vocabulary")):
       mp.setattr(module, name, _refuse(f"called {module.__name__}.{name}"))
     mp.setattr(jax.stages.Lowered, "compile", spy)
-    mp.setattr(distill_dryrun, "main", lambda *a, **k: results.append(main(*a, **k)) or
+    mp.setattr(driver, "main", lambda *a, **k: results.append(main(*a, **k)) or
                results[-1])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -119,7 +119,8 @@ def test_programs_compile_and_fit(report):
   assert "the job fits v5e:2x4 as given" in text
   # The job's shapes: generation at the longest input bucket, the step at the
   # longest bucket with batch_tokens / length rows (a multiple of 'data').
-  assert r.ctx.input_len == 32 and r.ctx.train_len == 32 and r.ctx.train_rows() == 16
+  assert distill_programs.input_len(r.ctx) == 32 and distill_programs.train_len(r.ctx) == 32
+  assert distill_programs.train_rows(r.ctx) == 16
 
 
 def test_memory_is_the_executables(report):
@@ -133,7 +134,7 @@ def test_memory_is_the_executables(report):
   for p in r.programs:
     assert p.total == p.arguments + p.temporaries + p.outputs - p.aliased > 0
     row = next(line for line in text.splitlines() if line.strip().startswith(p.name))
-    assert dryrun.gib(p.total) in row
+    assert driver.gib(p.total) in row
 
 
 def test_weight_arguments_are_the_sharded_weights(report):
@@ -142,7 +143,7 @@ def test_weight_arguments_are_the_sharded_weights(report):
   step), byte for byte; the step donates the draft and its optimizer state."""
   _, _, r, _ = report
   gen, step = r.programs
-  w = r.ctx.weights
+  w = r.ctx.resident
   assert gen.weights == w["target"] and step.weights == w["target"] + w["draft"]
   assert w["draft"] > w["target"]  # replicated float32 vs 1/4 of a bfloat16 target
   assert step.aliased >= w["draft"]
@@ -151,22 +152,22 @@ def test_weight_arguments_are_the_sharded_weights(report):
 def test_a_program_that_does_not_fit_gets_a_smaller_batch(paths, monkeypatch):
   """The search for settings that fit halves the batch until a compile fits
   (the compile faked here: bytes proportional to the batch)."""
-  ctx = distill_dryrun.check(distill.DistillJob(
+  ctx = driver.check(distill_programs.DistillPrograms(distill.DistillJob(
       paths["target"], paths["draft"], paths["out"], paths["out"], source="x",
       vocab_path="x", mesh_shape=MESH, generate_batch_size=64, batch_tokens=4096,
-      max_input_len=32, max_decode_len=16), TOPOLOGY)
+      max_input_len=32, max_decode_len=16)), TOPOLOGY)
   hbm = ctx.chip.hbm_bytes
-  monkeypatch.setattr(distill_dryrun, "lower_train", lambda c, v: ("train", v))
-  monkeypatch.setattr(distill_dryrun, "lower_generate", lambda c, m, v: ("gen", v))
-  monkeypatch.setattr(distill_dryrun, "compile_program",
-                      lambda name, low: Program(name, 0, arguments=low[1] * hbm // 1000))
-  fix = distill_dryrun._find_fix(ctx, "train step")  # pylint: disable=protected-access
+  monkeypatch.setattr(distill_programs, "lower_train", lambda c, v: ("train", v))
+  monkeypatch.setattr(distill_programs, "lower_generate", lambda c, m, v: ("gen", v))
+  monkeypatch.setattr(distill_programs, "compile_program",
+                      lambda name, low, *a, **k: Program(name, 0, arguments=low[1] * hbm // 1000))
+  fix = distill_programs.find_fix(ctx, "train step")
   assert (fix.flag, fix.value, fix.tried) == ("batch_tokens", 512, (2048, 1024, 512))
-  fix = distill_dryrun._find_fix(ctx, "generate (greedy)")  # pylint: disable=protected-access
+  fix = distill_programs.find_fix(ctx, "generate (greedy)")
   assert (fix.flag, fix.value) == ("generate_batch_size", 32)
-  r = distill_dryrun.DistillDryRun(ctx, [Program("generate (greedy)", 0, arguments=2 * hbm)],
-                                   [fix])
-  text = distill_dryrun.format_report(r)
+  r = distill_programs.DistillDryRun(ctx, [Program("generate (greedy)", 0, arguments=2 * hbm)],
+                                     fixes=[fix])
+  text = driver.format_report(r)
   assert "does NOT fit v5e:2x4 as given: generate (greedy) (32.00 GiB per device)" in text
   assert "--generate_batch_size=32 fits (0.51 GiB per device, 3%, compiled; tried 32)" in text
 
@@ -177,7 +178,7 @@ def test_a_moved_weight_is_found_and_a_gradient_is_not():
   across 'data', and which pass through a broadcast norm-like scale)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specdec_jax import partitioning  # pylint: disable=import-outside-toplevel
-  from specdec_jax.run import hlo  # pylint: disable=import-outside-toplevel
+  from specdec_jax.dryrun import hlo  # pylint: disable=import-outside-toplevel
   mesh = partitioning.make_mesh(MESH, chips.topology_devices(TOPOLOGY)[1])
   shard = lambda *spec: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
   sds = jax.ShapeDtypeStruct
@@ -194,8 +195,9 @@ def test_a_moved_weight_is_found_and_a_gradient_is_not():
     return jax.grad(loss)(params), x @ w.astype(jnp.float32)
 
   module = hlo.parse(jax.jit(step).lower(params, x, frozen).compile().as_text())
-  assert distill_dryrun.all_collectives(module)  # gradients are reduced...
-  moves = distill_dryrun.weight_moves(module)  # ... but only the gather moves a weight
+  assert hlo.all_collectives(module)  # gradients are reduced...
+  # ... but only the gather moves a weight
+  moves = hlo.weight_collectives(module, driver.is_weight, moves_only=True)
   assert [m.kind for m in moves] == ["all-gather"] and moves[0].shape == "bf16[128,256]"
 
 
@@ -226,7 +228,7 @@ def _one_line(excinfo) -> str:
 
 def test_mesh_larger_than_the_topology(paths, no_compile):
   with pytest.raises(ValueError) as e:
-    distill_dryrun.dry_run(_job(paths, mesh_shape=(2, 8)), TOPOLOGY)
+    distill_programs.dry_run(_job(paths, mesh_shape=(2, 8)), TOPOLOGY)
   text = _one_line(e)
   assert "mesh_shape (2, 8) has 16 devices but there are 8" in text and TOPOLOGY in text
   # The target has 4 heads: of the meshes of 8, (2, 4) splits it the most.
@@ -235,19 +237,19 @@ def test_mesh_larger_than_the_topology(paths, no_compile):
 
 def test_draft_vocabulary_differs(paths, no_compile):
   with pytest.raises(ValueError) as e:
-    distill_dryrun.dry_run(_job(paths, draft=paths["other_vocab"]), TOPOLOGY)
+    distill_programs.dry_run(_job(paths, draft=paths["other_vocab"]), TOPOLOGY)
   assert "vocab_size target=2048 != draft=1024" in _one_line(e)
 
 
 def test_architecture_needs_a_preset(paths, no_compile):
   with pytest.raises(ValueError) as e:
-    distill_dryrun.dry_run(_job(paths, target="gs://not-read/t5x_xxl"), TOPOLOGY)
+    distill_programs.dry_run(_job(paths, target="gs://not-read/t5x_xxl"), TOPOLOGY)
   assert "pass --target_preset" in _one_line(e)
 
 
 def test_weights_that_cannot_fit_name_a_mesh_that_holds_them(paths, no_compile):
   with pytest.raises(ValueError) as e:
-    distill_dryrun.dry_run(_job(paths, target=paths["huge"], draft=paths["huge_draft"],
+    distill_programs.dry_run(_job(paths, target=paths["huge"], draft=paths["huge_draft"],
                                 mesh_shape=None, param_dtype="float32"), TOPOLOGY)
   text = _one_line(e)
   assert "the weights alone do not fit on one device" in text and "16 GiB of HBM" in text

@@ -1,4 +1,4 @@
-"""The TPU dry run (``specdec_jax.run.dryrun``) on libtpu's compile-only
+"""The TPU dry run (``specdec_jax.dryrun``, the runner's programs) on libtpu's compile-only
 v5e:2x4 devices, on this CPU-only machine: a tiny target/draft pair on meshes
 (1, 8) and (2, 4), at a fixed γ and adaptive. Compiled programs are shared
 through module-scoped fixtures (and the dry run's own cache of compiles).
@@ -23,10 +23,10 @@ import pytest  # noqa: E402
 
 pytest.importorskip("libtpu", reason="the dry run compiles with libtpu (requirements-test.txt)")
 
-from specdec_jax import memory, partitioning, theory  # noqa: E402
+from specdec_jax import memory, paper, partitioning, theory  # noqa: E402
 from specdec_jax.decoding import AdaptiveConfig  # noqa: E402
 from specdec_jax.models.t5 import T5Config  # noqa: E402
-from specdec_jax.run import chips, dryrun, hlo  # noqa: E402
+from specdec_jax.dryrun import chips, costs, driver, hlo, runner_programs  # noqa: E402
 from specdec_jax.run.settings import Experiment  # noqa: E402
 
 TOPOLOGY = "v5e:2x4"
@@ -79,7 +79,7 @@ def runs(paths):
   def run(case):
     mesh, adaptive = case
     full = mesh == (1, 8) and adaptive is None
-    return dryrun.dry_run(experiment(paths, mesh, adaptive), TOPOLOGY,
+    return runner_programs.dry_run(experiment(paths, mesh, adaptive), TOPOLOGY,
                           programs=("speculative", "baseline") if full else ("speculative",),
                           roofline=full, workers=1)
   with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the compiler releases the GIL
@@ -125,7 +125,7 @@ def test_memory_estimate_within_tolerance(runs, case):
 
 
 def test_adaptive_compiles_every_width(runs):
-  text = dryrun.format_report(runs[((1, 8), ADAPTIVE)])
+  text = driver.format_report(runs[((1, 8), ADAPTIVE)])
   assert f"adaptive widths {ADAPTIVE.verify_widths(GAMMA)}" in text
 
 
@@ -134,9 +134,9 @@ def test_roofline_model(runs):
   rl = r.roofline
   assert sorted(rl.target) == list(range(1, GAMMA + 2)) and rl.draft is not None
   assert rl.v(1) == 1.0 and rl.c() > 0 and rl.floor > 0
-  assert r.paper == dryrun.PAPER_TABLE2[("ende", "small", 0)]
+  assert r.paper == paper.table2_row("ende", "small", 0)
   assert r.predicted() == pytest.approx(theory.walltime_improvement(0.75, GAMMA, rl.c()))
-  text = dryrun.format_report(r)
+  text = driver.format_report(r)
   assert "MODEL, not a measurement" in text and "the paper measured 3.4x" in text
   assert "Collectives in one iteration of the speculative loop" in text
 
@@ -152,10 +152,10 @@ def test_depth_extrapolation_is_exact(runs, paths):
   got = {}
   for depth in (1, 2, 3):
     cfg = TARGET.replace(num_decoder_layers=depth, num_encoder_layers=1)
-    got[("target", depth, 1)] = dryrun._compile(  # pylint: disable=protected-access
-        "piece", 0, TOPOLOGY, dryrun._lower_pass(cfg, part, dev, exp, 1, 8 + GAMMA + 1),  # noqa
-        dryrun.PIECE_OPTIONS)()
-  extrapolated = dryrun._extrapolate(got, "target", 1, 3)  # pylint: disable=protected-access
+    got[("target", depth, 1)] = driver.compile_program(
+        "piece", runner_programs.lower_pass(cfg, part, dev, exp, 1, 8 + GAMMA + 1), TOPOLOGY,
+        options=costs.PIECE_OPTIONS)
+  extrapolated = costs.extrapolate(got, "target", 1, 3)
   assert extrapolated.flops == pytest.approx(got[("target", 3, 1)].flops, rel=1e-6)
   assert extrapolated.bytes == pytest.approx(got[("target", 3, 1)].bytes, rel=0.02)
 
@@ -177,7 +177,7 @@ def test_a_gathered_weight_is_found():
     return y, x @ w
 
   module = hlo.parse(jax.jit(f).lower(params, x).compile().as_text())
-  moves = hlo.weight_collectives(module, dryrun._is_weight)  # pylint: disable=protected-access
+  moves = hlo.weight_collectives(module, driver.is_weight)
   assert [m.kind for m in moves] == ["all-gather"] and moves[0].shape == "bf16[128,256]"
 
 
@@ -203,20 +203,20 @@ def _one_line(excinfo) -> str:
     ("v5e:3x3", "libtpu cannot build this topology: INVALID_ARGUMENT")])
 def test_unknown_topology(paths, no_compile, topology, says):
   with pytest.raises(ValueError) as e:
-    dryrun.dry_run(experiment(paths), topology)
+    runner_programs.dry_run(experiment(paths), topology)
   assert says in _one_line(e)
 
 
 def test_mesh_does_not_match_the_topology(paths, no_compile):
   with pytest.raises(ValueError) as e:
-    dryrun.dry_run(experiment(paths, mesh=(1, 4)), TOPOLOGY)
+    runner_programs.dry_run(experiment(paths, mesh=(1, 4)), TOPOLOGY)
   text = _one_line(e)
   assert "mesh_shape (1, 4) has 4 devices but there are 8" in text and TOPOLOGY in text
 
 
 def test_dimension_the_mesh_does_not_divide(paths, no_compile):
   with pytest.raises(ValueError) as e:
-    dryrun.dry_run(experiment(paths, target_checkpoint=paths["heads6"]), TOPOLOGY)
+    runner_programs.dry_run(experiment(paths, target_checkpoint=paths["heads6"]), TOPOLOGY)
   text = _one_line(e)
   assert "cannot shard the target" in text and "not divisible by mesh axis 'model'" in text
 
@@ -225,7 +225,7 @@ def test_row_that_does_not_fit(paths, no_compile):
   exp = experiment(paths, target_checkpoint=paths["huge"], draft_name="prompt_lookup",
                    draft_checkpoint="", mesh_shape=None, param_dtype="float32")
   with pytest.raises(ValueError) as e:
-    dryrun.dry_run(exp, TOPOLOGY)
+    runner_programs.dry_run(exp, TOPOLOGY)
   text = _one_line(e)
   assert "does not fit" in text and "16 GiB of HBM" in text
 
@@ -262,7 +262,7 @@ def test_a_tree_run_compiles_its_own_loop(paths):
   """With Experiment.tree the dry run compiles the tree loop and the draft's
   tree proposal, prices the pass of N positions (γ = N - 1), moves no weight,
   and its memory estimate holds."""
-  r = dryrun.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
+  r = runner_programs.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
                      programs=("speculative", "draft"), roofline=False, workers=1)
   assert r.gamma == 4  # 1 + 2 + 2 nodes
   for p in r.programs:
@@ -270,3 +270,22 @@ def test_a_tree_run_compiles_its_own_loop(paths):
     assert p.weight_moves == [], p.weight_moves
     assert abs(p.total - p.estimate) <= TOLERANCE * max(p.total, p.estimate), \
         (p.name, p.total, p.estimate)
+
+
+def test_one_chip_the_papers_setting(paths):
+  """A single-chip topology compiles (libtpu told the host holds one chip):
+  the tiny pair on one v5e chip, mesh (1, 1), as the paper measured on one
+  chip; the report puts the model's ms per token, c and speedup beside the
+  paper's measured speedup and Theorem 3.8 at the paper's own α, γ and c."""
+  r = runner_programs.dry_run(experiment(paths, mesh=(1, 1)), "v5e:1x1",
+                              programs=("speculative",), workers=1)
+  assert r.num_devices == 1 and r.fits
+  p = r.programs[0]
+  assert not p.error and p.collectives == [] and p.weight_moves == []
+  rl = r.roofline
+  base, spec = rl.baseline_ms_per_token(), rl.speculative_ms_per_token(0.75, GAMMA)
+  assert 0 < spec and base / spec == pytest.approx(r.predicted(True), rel=1e-6)
+  text = driver.format_report(r)
+  assert f"ms/token: baseline {base:.3f}, speculative {spec:.3f}" in text
+  paper_c = theory.walltime_improvement(0.75, 7, 0.02)
+  assert f"Theorem 3.8 at the paper's α 0.75, γ 7, c 0.02: {paper_c:.2f}x" in text

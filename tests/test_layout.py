@@ -13,11 +13,11 @@ PKG = REPO / "specdec_jax"
 # Lower layers never import higher ones (same layer is fine).
 LAYERS = [
     ("engine", ("models", "sampling", "speculative", "tree", "decoding", "theory",
-                "partitioning", "drafts.base")),
+                "partitioning", "drafts.base", "paper")),
     ("io", ("checkpoints", "memory", "data", "prepare_data", "storage", "pair")),
     ("drafts", ("drafts", "timing")),
     ("training", ("training", "distill", "evaluate")),
-    ("run", ("run",)),
+    ("run", ("run", "dryrun")),
     ("research", ("research",)),
 ]
 

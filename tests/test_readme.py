@@ -40,3 +40,51 @@ def test_adding_an_approximation_model_works_as_written(tmp_path):
   assert s["mismatches_vs_baseline"] == 0  # the README's promise at T = 0
   assert "outputs identical to the baseline's on all 2" in res.stdout
   assert "runs/my_draft/ (examples.jsonl" in res.stdout
+
+
+def _copy_checkout(dest: Path) -> None:
+  """The repository's files (tracked and untracked, not ignored) copied to ``dest``,
+  as a fresh clone would hold them."""
+  listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                          cwd=REPO, capture_output=True, check=True).stdout.decode()
+  for rel in filter(None, listed.split("\0")):
+    src = REPO / rel
+    if src.is_file():
+      (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+      (dest / rel).write_bytes(src.read_bytes())
+
+
+def test_quickstart_demo_from_a_clone_named_specdec_jax_prints_no_library_log(tmp_path):
+  """The README's quickstart demo, run from a clone in a directory named
+  ``specdec_jax`` whose virtualenv sits inside it (libraries imported from
+  ``specdec_jax/.venv/...``): every INFO line comes from the package itself,
+  and the run ends with the closing sentence and the results line."""
+  quick = (REPO / "README.md").read_text().split("## Quickstart\n", 1)[1].split("\n## ", 1)[0]
+  demo = next(l.split("#")[0].strip() for l in quick.splitlines()
+              if l.startswith("python -m specdec_jax.run --config=configs/demo.gin"))
+  clone = tmp_path / "specdec_jax"
+  _copy_checkout(clone)
+  site = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "jax").is_dir())
+  (clone / ".venv").mkdir()
+  (clone / ".venv" / "site-packages").symlink_to(site)  # libraries under the clone's path
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             PYTHONPATH=f"{clone}{os.pathsep}{clone / '.venv' / 'site-packages'}")
+  cmd = demo.split()[1:] + ["--gin_bindings=Experiment.num_warmup = 1",
+                            "--gin_bindings=Experiment.num_examples = 2", "--workdir=runs/q"]
+  probe = subprocess.run([sys.executable, "-c", "import jax, orbax; print(jax.__file__)"],
+                         cwd=clone, env=env, capture_output=True, text=True, check=True)
+  assert probe.stdout.startswith(str(clone / ".venv")), probe.stdout  # the layout under test
+  res = subprocess.run([sys.executable, *cmd], cwd=clone, env=env, capture_output=True,
+                       text=True, timeout=900)
+  assert res.returncode == 0, res.stderr[-3000:]
+  own = {p.name for p in (clone / "specdec_jax").rglob("*.py")}
+  logged = [l for l in res.stderr.splitlines() if re.match(r"[IWEF]\d{4} ", l)]
+  assert logged, res.stderr  # the runner's own INFO lines (workdir, costs) are kept
+  foreign = [l for l in logged if l.startswith("I") and
+             re.search(r" ([\w.]+\.py):\d+\]", l).group(1) not in own]
+  assert not foreign, foreign
+  assert "Unable to initialize backend" not in res.stderr and "orbax" not in res.stderr.lower()
+  last = res.stdout.strip().splitlines()
+  assert re.match(r"Speculative decoding was [\d.]+× (faster|slower) than the baseline on 2 "
+                  r"held-out examples", last[-2]), last[-2:]
+  assert last[-1].startswith("Results: runs/q/"), last[-1]

@@ -11,7 +11,7 @@ import pytest
 from specdec_jax import drafts
 from specdec_jax.models.t5 import get_config
 from specdec_jax.research import trees
-from specdec_jax.run.chips import CHIPS
+from specdec_jax.dryrun.chips import CHIPS
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.tree import TreeShape
 

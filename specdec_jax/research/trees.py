@@ -11,18 +11,18 @@ from the two models' shapes. Used by ``scripts/bench_tree.py``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Mapping, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import memory
 from specdec_jax.decoding import (speculative_decode, temperature_sample,
                                   tree_speculative_decode)
-from specdec_jax.models.t5 import T5Config, param_shapes
+from specdec_jax.dryrun.chips import Chip
+from specdec_jax.models.t5 import T5Config
 from specdec_jax.research.common import seconds
-from specdec_jax.run.chips import Chip
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.tree import TreeShape
 
@@ -95,28 +95,17 @@ def compare(target, params, draft, inputs: np.ndarray, shapes: Mapping[str, Shap
   return rows, base_s
 
 
-@functools.lru_cache(maxsize=None)
-def _decoder_params(cfg: T5Config) -> int:
-  """Parameters a decoding step reads: the decoder's and the output layer's
-  (one embedding row per position aside)."""
-  shapes = param_shapes(cfg)["decoder"]
-  n = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
-  if cfg.logits_via_embedding:
-    n += cfg.vocab_size * cfg.d_model
-  return n
-
-
 def pass_seconds(cfg: T5Config, chip: Chip, devices: int, width: int, cache_len: int,
-                 input_len: int, bytes_per_param: int = 2) -> float:
+                 input_len: int, param_dtype: str = "bfloat16") -> float:
   """A roofline model of one decoder pass over ``width`` positions at batch 1,
   the weights split over ``devices`` chips: max(flops / peak, bytes / HBM
-  bandwidth), bytes = the decoder and output-layer weights plus the
-  self- and cross-attention keys/values read; flops = 2 per weight per
-  position. A model, not a measurement: no collectives, no launch latency."""
-  weights = _decoder_params(cfg)
-  kv = 2 * cfg.num_decoder_layers * cfg.num_heads * cfg.head_dim * (cache_len + input_len)
-  nbytes = (weights + kv) * bytes_per_param / devices
-  flops = 2.0 * weights * width / devices
+  bandwidth), bytes = what a decoding step reads (``memory.step_bytes``: the
+  decoder and output-layer weights and the decoder cache, at
+  ``param_dtype``); flops = 2 per weight read per position. A model, not a
+  measurement: no collectives, no launch latency."""
+  nbytes = memory.step_bytes(cfg, None, param_dtype, param_dtype, 1, input_len,
+                             cache_len) / devices
+  flops = 2.0 * memory.step_params(cfg) * width / devices
   return max(flops / chip.peak_flops, nbytes / chip.hbm_bandwidth)
 
 

@@ -9,9 +9,8 @@ Modules: ``settings`` (the ``Experiment`` gin settings and their validation),
 multi-host run agree on), ``loop`` (the measured loops), ``report``
 (``summary.json`` and the printed tables), ``account`` (where the speedup goes,
 step by step from Theorem 3.8), ``autogamma`` (γ = 'auto', §3.5), ``sweep`` (γ
-sweeps for benchmarks), ``dryrun`` with ``chips`` and ``hlo`` (the run's
-programs compiled for a TPU topology without one; ``distill_dryrun`` the same
-for a distillation job), ``cli`` (flags and errors),
+sweeps for benchmarks), ``cli`` (flags and errors; ``--dry_run`` compiles the
+run's programs for a TPU topology with ``specdec_jax.dryrun``),
 ``logs`` (one logging setup for every entry point) and ``script_args`` (what the
 scripts in scripts/ share).
 """

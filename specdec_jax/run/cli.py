@@ -37,10 +37,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import importlib.util
 import os
 import re
 import sys
+import tokenize
 import traceback
 import typing
 from pathlib import Path
@@ -50,7 +52,8 @@ import gin
 from absl import app, flags, logging
 
 from specdec_jax import checkpoints
-from specdec_jax.run import dryrun, hosts, logs, settings
+from specdec_jax.dryrun import driver, runner_programs
+from specdec_jax.run import gin_errors, hosts, logs, settings
 from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
 from specdec_jax.run.report import alpha_row, conclusion, summarize, summarize_alpha, table2_row
 from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
@@ -63,7 +66,9 @@ from specdec_jax.run.workdir import Workdir
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("config", [], "Gin config file(s); later files override earlier.")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, e.g. 'Experiment.gamma = 5'.")
-flags.DEFINE_string("workdir", None, "Output directory (default runs/<config file stem>).")
+flags.DEFINE_string("workdir", None, "Output directory (default: runs/ and the --config file "
+                    "stems joined by '+', e.g. runs/ende_small_t0+tpu_v5e_8; '_alpha' "
+                    "appended with --alpha_only).")
 flags.DEFINE_bool("resume", False, "Continue after the last complete line of examples.jsonl "
                   "(Experiment.num_examples may be raised; a finished run just prints).")
 flags.DEFINE_bool("alpha_only", False, "Only measure alpha along target generations (§4.2).")
@@ -75,7 +80,7 @@ flags.DEFINE_bool("verbose", False, "Show library INFO logs (Orbax, JAX) and the
                   "of user errors.")
 flags.DEFINE_string("dry_run", None, "A TPU topology, e.g. v5e:2x4: compile the run's programs "
                     "for it on this machine (needs libtpu; reads no weight or data) and report "
-                    "memory, collectives and a roofline model (specdec_jax.run.dryrun).")
+                    "memory, collectives and a roofline model (specdec_jax.dryrun).")
 
 # Bad settings, missing or malformed files: one line on stderr, no traceback.
 USER_ERRORS = (ValueError, OSError, LookupError, ImportError, checkpoints.CheckpointError)
@@ -132,8 +137,21 @@ def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
   for f in files:
     if not Path(f).is_file():
       raise FileNotFoundError(f"--config={f}: no such file")
-  gin.parse_config_files_and_bindings(files, bindings)
+  try:
+    gin.parse_config_files_and_bindings(files, bindings)
+  except (SyntaxError, ValueError, KeyError, OSError, tokenize.TokenError) as e:
+    explained = gin_errors.explain(e, files, bindings, _configurables())
+    if explained is None:
+      raise
+    raise explained from None
   return Experiment(config_dirs=settings.config_dirs(files))
+
+
+def _configurables() -> dict[str, list[str]]:
+  """The runner's gin configurables and their parameters (for "did you mean")."""
+  return {"Experiment": [f.name for f in dataclasses.fields(Experiment)],
+          "SamplingConfig": list(inspect.signature(settings.sampling_config).parameters),
+          "AdaptiveConfig": list(inspect.signature(settings.adaptive_config).parameters)}
 
 
 def _print_result(s: dict, workdir: Workdir) -> None:
@@ -154,7 +172,8 @@ def main(argv: Sequence[str]) -> None:
   config_str = gin.config_str()
   alpha_only = FLAGS.alpha_only
   if FLAGS.dry_run:
-    dryrun.main(exp, FLAGS.dry_run, alpha_only, FLAGS.config)
+    driver.main(runner_programs.RunnerPrograms(exp, alpha_only, configs=FLAGS.config),
+                FLAGS.dry_run)
     return
   check_before_loading(exp, alpha_only)  # before any data or weights are read
   mode = "alpha_only" if alpha_only else "speculative"
@@ -231,6 +250,21 @@ def _settings_help() -> str:
 
 
 __doc__ += _settings_help()
+
+
+HELP_FLAGS = ("-h", "--help", "--helpshort", "-?")
+
+
+def wants_help(args: Sequence[str]) -> bool:
+  """Whether the command line asks for help (before any other flag is parsed)."""
+  return any(a in HELP_FLAGS for a in args)
+
+
+def help_text() -> str:
+  """The usage text: this module's docstring (protocol and every ``Experiment``
+  setting with its default), then every runner flag with its help."""
+  flags_text = FLAGS.module_help(__name__)
+  return f"{__doc__.rstrip()}\n\nFlags (library flags: --helpfull):\n{flags_text}\n"
 
 
 def app_main(argv: Sequence[str]) -> None:

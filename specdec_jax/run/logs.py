@@ -15,9 +15,10 @@ Calling it again with the same value changes nothing.
 
 from __future__ import annotations
 
+import functools
 import logging as std_logging
-import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from absl import logging
@@ -26,12 +27,33 @@ _LIBRARY_LOGGERS = ("orbax", "jax", "absl")
 
 
 class LibraryFilter:
-  """Passes warnings and errors, and INFO records logged from this package's
-  files; drops the INFO records of every other library."""
+  """Passes warnings and errors, and INFO records that originate in this
+  package or in the repository's ``scripts/``; drops the INFO records of
+  every other library.
+
+  Origin is the logging module's record of the source file, compared with
+  the package's installed location (``OWN_DIRS``), never a substring of the
+  path: a clone named ``specdec_jax`` with its virtualenv inside holds every
+  library under a ``/specdec_jax/`` directory too.
+  """
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    return (record.levelno >= std_logging.WARNING
-            or f"{os.sep}specdec_jax{os.sep}" in record.pathname)
+    return record.levelno >= std_logging.WARNING or is_own(record.pathname)
+
+
+# The package's own directory, and the scripts that ship beside it in a clone.
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+OWN_DIRS = tuple(d for d in (_PACKAGE_DIR, _PACKAGE_DIR.parent / "scripts") if d.is_dir())
+
+
+@functools.lru_cache(maxsize=4096)
+def is_own(pathname: str) -> bool:
+  """Whether the source file ``pathname`` lies inside one of ``OWN_DIRS``."""
+  try:
+    path = Path(pathname).resolve()
+  except (OSError, RuntimeError):
+    return False
+  return any(path.is_relative_to(d) for d in OWN_DIRS)
 
 
 def quiet_libraries(quiet: bool) -> None:

@@ -41,6 +41,24 @@ def _comparable(config_str: str) -> list[str]:
   return [l for l in config_str.splitlines() if l.strip() and not re.match(free, l)]
 
 
+def check_writable(path: Path) -> None:
+  """Refuses a local workdir that is a file, sits under a file, or cannot be
+  created or written, before any model is read (the first write comes only
+  after loading and compiling)."""
+  if path.exists() and not path.is_dir():
+    raise FileExistsError(f"--workdir {path} is a file, not a directory; choose another "
+                          "--workdir")
+  existing = path
+  while not existing.exists():
+    existing = existing.parent
+  if not existing.is_dir():
+    raise NotADirectoryError(f"--workdir {path}: {existing} is a file, so the directory "
+                             "cannot be created; choose another --workdir")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    where = "" if existing == path else f" ({existing}, where it would be created)"
+    raise PermissionError(f"--workdir {path} is not writable{where}; choose another --workdir")
+
+
 class Workdir:
   """examples.jsonl (append-only), summary.json (atomic rewrite), config.gin.
 
@@ -63,6 +81,8 @@ class Workdir:
       if not storage.bucket_exists(str(path)):  # before any model is read
         raise storage.StorageNotFoundError(f"--workdir {path}: the bucket "
                                            f"gs://{storage.split(str(path))[0]} does not exist")
+    else:
+      check_writable(Path(path))
     self.path = str(path).rstrip("/") if self.remote else str(Path(path))
     self.examples_path = storage.join(self.path, "examples.jsonl")
     self.config_path = storage.join(self.path, "config.gin")

@@ -1,4 +1,4 @@
-"""TPU chips the dry run compiles for (``specdec_jax.run.dryrun``): their
+"""TPU chips the dry run compiles for (``specdec_jax.dryrun``): their
 published figures and the abstract devices libtpu gives for a topology.
 
 The figures are Google Cloud's, per chip, from each version's "System
@@ -7,6 +7,11 @@ and HBM bandwidth. The pages write the v5e, v5p and v6e capacities as "GB";
 the parts are 16, 95 and 32 GiB stacks and the runtimes report limits in GiB,
 so they are kept in GiB here (as ``docs/scaling.md`` and
 ``scripts/plan_memory.py`` do).
+
+Single chips and sub-host slices (``v4:1x1x1``, the paper's setting, or
+``v5e:1x1``): libtpu assumes a whole host's chips unless told otherwise, so
+``topology_devices`` passes the grid as its chips per host where the grid is
+smaller than a host (``host_bounds``).
 
 Megacore: a v4 or v5p chip has two TensorCores that JAX drives as ONE device
 (a v4-8 VM shows 4 devices of 32 GiB). libtpu's ``v4:2x2x1`` topology lists
@@ -42,6 +47,7 @@ class Chip:
   tensorcores: int          # per chip (2: megacore, one JAX device per chip)
   accelerator_type: str     # Cloud's name prefix, as in 'v5litepod-8'
   chip_config: str          # libtpu chip configuration giving one device per chip
+  host_bounds: tuple        # chips per host (TPU VM), as libtpu's 3-d bounds
   source: str
 
   @property
@@ -50,21 +56,22 @@ class Chip:
 
 
 CHIPS: dict[str, Chip] = {
-    "v4": Chip("v4", "TPU v4", 275e12, 32 * GiB, 1200e9, 2, "v4", "megacore",
+    "v4": Chip("v4", "TPU v4", 275e12, 32 * GiB, 1200e9, 2, "v4", "megacore", (2, 2, 1),
                "https://cloud.google.com/tpu/docs/v4"),
     "v5e": Chip("v5e", "TPU v5 lite", 197e12, 16 * GiB, 819e9, 1, "v5litepod", "default",
-                "https://cloud.google.com/tpu/docs/v5e"),
-    "v5p": Chip("v5p", "TPU v5", 459e12, 95 * GiB, 2765e9, 2, "v5p", "default",
+                (2, 4, 1), "https://cloud.google.com/tpu/docs/v5e"),
+    "v5p": Chip("v5p", "TPU v5", 459e12, 95 * GiB, 2765e9, 2, "v5p", "default", (2, 2, 1),
                 "https://cloud.google.com/tpu/docs/v5p"),
     "v6e": Chip("v6e", "TPU v6 lite", 918e12, 32 * GiB, 1640e9, 1, "v6e", "default",
-                "https://cloud.google.com/tpu/docs/v6e"),
+                (2, 4, 1), "https://cloud.google.com/tpu/docs/v6e"),
 }
 
 # libtpu registers itself on the first topology a process asks for: two
 # threads doing that at once make the second fail ('PJRT_Api already exists').
 _LOCK = threading.Lock()
 
-EXAMPLES = "v4:2x2x1 (v4-8), v5e:2x4 (v5e-8), v5p:2x2x1 (v5p-8), v6e:2x4 (v6e-8)"
+EXAMPLES = ("v4:1x1x1 (one v4 chip, the paper's), v4:2x2x1 (v4-8), v5e:1x1, v5e:2x4 (v5e-8), "
+            "v5p:1x1x1, v5p:2x2x1 (v5p-8), v6e:1x1, v6e:2x4 (v6e-8)")
 
 
 def parse_topology(topology: str) -> tuple[Chip, tuple[int, ...]]:
@@ -75,6 +82,17 @@ def parse_topology(topology: str) -> tuple[Chip, tuple[int, ...]]:
     raise ValueError(f"--dry_run={topology!r}: unknown TPU topology; expected CHIP:GRID with "
                      f"CHIP one of {', '.join(CHIPS)}, e.g. {EXAMPLES}")
   return CHIPS[name], tuple(int(n) for n in grid.split("x"))
+
+
+def host_bounds(chip: Chip, grid: tuple[int, ...]) -> tuple[int, ...]:
+  """libtpu's chips per host for a topology: the chip's host, or the grid
+  itself where the grid is smaller than one host (one chip, as the paper
+  measured, or any sub-host slice such as v5e:2x2)."""
+  full = tuple(grid) + (1,) * (len(chip.host_bounds) - len(grid))
+  if len(full) == len(chip.host_bounds) and math.prod(full) < math.prod(chip.host_bounds) \
+      and all(g <= h for g, h in zip(full, chip.host_bounds)):
+    return full
+  return chip.host_bounds
 
 
 def _on_tpu_vm() -> bool:
@@ -110,8 +128,9 @@ def _topology_devices(topology: str) -> tuple[Chip, tuple[Any, ...]]:
                           f"{chip.accelerator_type}-{chips * chip.tensorcores}")
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
   try:
-    devices = topologies.get_topology_desc(platform="tpu", topology_name=topology,
-                                           chip_config_name=chip.chip_config).devices
+    devices = topologies.get_topology_desc(
+        platform="tpu", topology_name=topology, chip_config_name=chip.chip_config,
+        chips_per_host_bounds=host_bounds(chip, grid)).devices
   except Exception as e:  # libtpu's own message says what is wrong with the shape
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ValueError(f"--dry_run={topology}: libtpu cannot build this topology: {first}") \

@@ -1,8 +1,8 @@
 """Reading a compiled (optimized, SPMD-partitioned) HLO module's text, as
 ``jax.stages.Compiled.as_text()`` prints it, for the dry run
-(``specdec_jax.run.dryrun``): its parameters with their padded device bytes,
-its main loop, the collectives one iteration runs and whether any of them
-moves a weight.
+(``specdec_jax.dryrun``): its parameters with their padded device bytes,
+its main loop, the collectives one iteration runs (or, in a program without
+a loop, all of them) and whether any of them moves a weight.
 
 The text is per device: shapes are shard shapes, and each layout's tile
 (``{1,0:T(8,128)(2,1)}``) says how the device pads the array in memory.
@@ -171,6 +171,18 @@ def _kind(opcode: str) -> Optional[str]:
   return base if base in COLLECTIVES else None
 
 
+def _collective(ins: Instr, where: str) -> Collective:
+  return Collective(_kind(ins.opcode) or ins.opcode, re.sub(r"\{[^}]*\}", "", ins.shape),
+                    array_bytes(ins.shape), where, ins.op_name)
+
+
+def all_collectives(module: Module) -> list[Collective]:
+  """Every collective of a program without a decoding loop (a train step),
+  each computation's once."""
+  return [_collective(ins, "") for comp in module.computations for ins in module.instrs(comp)
+          if _kind(ins.opcode)]
+
+
 def loop_collectives(module: Module) -> list[Collective]:
   """The collectives one iteration of the main loop runs, including those
   in nested loops (once each; marked 'nested loop') and in ``lax.switch``
@@ -185,10 +197,8 @@ def loop_collectives(module: Module) -> list[Collective]:
       return
     seen.add(comp)
     for ins in module.instrs(comp):
-      kind = _kind(ins.opcode)
-      if kind:
-        shape = re.sub(r"\{[^}]*\}", "", ins.shape)
-        out.append(Collective(kind, shape, array_bytes(ins.shape), where, ins.op_name))
+      if _kind(ins.opcode):
+        out.append(_collective(ins, where))
       if ins.opcode == "while":
         for c in ins.called:
           walk(c, where or "nested loop", seen)
@@ -208,10 +218,22 @@ class WeightFlow:
   """Which values of a module are weights or pieces of them: an entry
   parameter ``is_weight`` accepts, followed through moves, slices, copies,
   dtype conversions, loop state, fusions that only transform it elementwise,
-  and tuple plumbing."""
+  and tuple plumbing.
 
-  def __init__(self, module: Module, is_weight: Callable[[Instr], bool]):
-    self.module, self.is_weight = module, is_weight
+  ``moves_only`` (programs with a backward pass): a fusion passes a weight on
+  only if every op in it moves, slices or converts (no arithmetic). Without
+  it, fusions that only compute elementwise are followed too, which in a
+  gradient includes an activation-sized product with a broadcast weight (an
+  RMS-norm scale times the incoming gradient): a new value, not the weight,
+  and moving it is not moving a weight."""
+
+  MOVE_OPS = frozenset({"parameter", "tuple", "get-tuple-element", "bitcast", "copy",
+                        "reshape", "transpose", "convert", "bitcast-convert", "slice",
+                        "dynamic-slice"})
+
+  def __init__(self, module: Module, is_weight: Callable[[Instr], bool],
+               moves_only: bool = False):
+    self.module, self.is_weight, self.moves_only = module, is_weight, moves_only
     self.callers: dict[str, list[tuple[str, Instr]]] = {}
     for comp in module.computations:
       for ins in module.instrs(comp):
@@ -220,9 +242,12 @@ class WeightFlow:
     self.memo: dict = {}
 
   def _fused_only_moves(self, comp: str) -> bool:
-    return comp in self.module.computations and not any(
-        i.opcode in _COMPUTES or i.opcode in ("fusion", "custom-call")
-        for i in self.module.instrs(comp))
+    if comp not in self.module.computations:
+      return False
+    ops = [i.opcode for i in self.module.instrs(comp)]
+    if self.moves_only:
+      return all(op in self.MOVE_OPS for op in ops)
+    return not any(op in _COMPUTES or op in ("fusion", "custom-call") for op in ops)
 
   def derived(self, comp: str, name: str, index: Optional[int] = None) -> bool:
     """Whether instruction ``name`` of ``comp`` (its tuple element ``index``)
@@ -265,20 +290,17 @@ class WeightFlow:
     return result
 
 
-def weight_collectives(module: Module,
-                       is_weight: Callable[[Instr], bool]) -> list[Collective]:
+def weight_collectives(module: Module, is_weight: Callable[[Instr], bool],
+                       moves_only: bool = False) -> list[Collective]:
   """Every collective in the module (loop or not) whose operand is a weight
-  or a piece of one (``WeightFlow``). Decoding should move activations only,
-  so anything listed here moves weights between devices at run time."""
-  flow = WeightFlow(module, is_weight)
-  out = []
-  for comp in module.computations:
-    for ins in module.instrs(comp):
-      kind = _kind(ins.opcode)
-      if kind and any(flow.derived(comp, o) for o in ins.operands):
-        out.append(Collective(kind, re.sub(r"\{[^}]*\}", "", ins.shape),
-                              array_bytes(ins.shape), comp, ins.op_name))
-  return out
+  or a piece, copy or conversion of one (``WeightFlow``; ``moves_only`` for
+  programs with a backward pass). Decoding and training should move
+  activations and gradients only, so anything listed here moves weights
+  between devices at run time."""
+  flow = WeightFlow(module, is_weight, moves_only)
+  return [_collective(ins, comp) for comp in module.computations
+          for ins in module.instrs(comp)
+          if _kind(ins.opcode) and any(flow.derived(comp, o) for o in ins.operands)]
 
 
 @dataclasses.dataclass(frozen=True)

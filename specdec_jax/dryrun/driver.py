@@ -1,0 +1,490 @@
+"""The dry-run driver: check a job for a TPU topology, compile its list of
+programs for the topology's devices on any machine, and report.
+
+A job is a ``ProgramList``: the runner's (``runner_programs``) or the
+distillation's (``distill_programs``). The driver does what both share:
+
+* ``check``: every check before a compile, each failure one line
+  (``ValueError``): the topology (libtpu's compile-only devices,
+  ``chips.topology_devices``), the job's settings, the architectures
+  (``architecture``: a preset or a local ``config.json``; no weight is read),
+  the mesh against the topology's devices, and what stays resident against
+  the chip's HBM;
+* ``dry_run``: lowers each of the job's programs (``Compile``) on abstract
+  arrays (``jax.ShapeDtypeStruct`` with the job's shardings) and compiles it
+  in a worker thread (``compile_program``: XLA's memory and cost analyses,
+  the collectives it runs and any that moves a weight, ``is_weight``);
+* ``format_report`` and ``main``: the report every dry run prints (setup,
+  per-program memory against HBM, collectives), with the job's own lines.
+"""
+
+from __future__ import annotations
+
+import abc
+import concurrent.futures
+import dataclasses
+import functools
+import hashlib
+import math
+import os
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence, TextIO
+
+import jax
+from jax.sharding import SingleDeviceSharding
+
+from specdec_jax import checkpoints, partitioning
+from specdec_jax.dryrun import hlo
+from specdec_jax.dryrun.chips import Chip, topology_devices
+from specdec_jax.models.t5 import T5Config, param_shapes, stored_dtype
+from specdec_jax.partitioning import Partitioner, flatten_names, unflatten_names
+
+GiB = 2 ** 30
+
+
+# ------------------------------------------------------------ the programs
+
+
+@dataclasses.dataclass(frozen=True)
+class Compile:
+  """One program a job compiles: ``lower`` gives its ``jax.stages.Lowered``."""
+
+  name: str
+  lower: Callable[[], Any]
+  estimate: int = 0                  # memory.plan's bytes for what it holds resident
+  options: Optional[dict] = None     # XLA compile options (the roofline's pieces)
+  backward: bool = False             # a training step: weights followed through moves only
+  key: Any = None                    # how the job finds it among the results (default name)
+
+
+@dataclasses.dataclass
+class Program:
+  """One compiled program's per-device figures."""
+
+  name: str
+  estimate: int                  # memory.plan's bytes for what it holds resident
+  compile_s: float = 0.0
+  arguments: int = 0
+  temporaries: int = 0
+  outputs: int = 0
+  aliased: int = 0
+  code: int = 0
+  weights: int = 0               # the weight arguments' bytes, logical shard shapes
+  padded_arguments: int = 0      # every argument's bytes as its compiled layout pads it
+  flops: float = 0.0             # XLA's cost analysis (a loop body counted once)
+  bytes: float = 0.0             # its 'bytes accessed' (every memory level)
+  has_loop: bool = False         # collectives are one iteration's (else the whole program's)
+  collectives: list = dataclasses.field(default_factory=list)     # hlo.Collective
+  weight_moves: list = dataclasses.field(default_factory=list)    # hlo.Collective
+  weight_copies: list = dataclasses.field(default_factory=list)   # hlo.WeightCopy
+  error: str = ""                # the compiler's first line when it failed
+
+  @property
+  def total(self) -> int:
+    """Device memory the executable needs: arguments + temporaries +
+    outputs, less outputs that reuse argument buffers (program code apart)."""
+    return self.arguments + self.temporaries + self.outputs - self.aliased
+
+  def take_memory(self, compiled: Any) -> None:
+    """Fills the byte counts from XLA's memory analysis of ``compiled``."""
+    m = compiled.memory_analysis()
+    self.arguments, self.temporaries = m.argument_size_in_bytes, m.temp_size_in_bytes
+    self.outputs, self.aliased = m.output_size_in_bytes, m.alias_size_in_bytes
+    self.code = m.generated_code_size_in_bytes
+
+  def take_module(self, module: hlo.Module, backward: bool) -> None:
+    """Fills the arguments, collectives and weight moves from the compiled HLO."""
+    params = hlo.parameters(module)
+    self.padded_arguments = sum(hlo.array_bytes(i.shape, padded=True) for i in params)
+    self.weights = sum(hlo.array_bytes(i.shape) for i in params if is_weight(i))
+    self.has_loop = hlo.main_loop(module) is not None
+    self.collectives = (hlo.loop_collectives(module) if self.has_loop
+                        else hlo.all_collectives(module))
+    self.weight_moves = hlo.weight_collectives(module, is_weight, moves_only=backward)
+    if not backward:
+      self.weight_copies = hlo.weight_copies(module, is_weight)
+
+
+def is_weight(param: hlo.Instr) -> bool:
+  """An entry parameter holding a weight: jit names parameters by their
+  argument path; every weight lives under a 'params' tree (a model's, or a
+  draft's inside its pytree) or, in a training step, the target's 'frozen'."""
+  return "params[" in param.op_name or param.op_name.startswith("frozen[")
+
+
+# Compiled programs, by (topology, options, lowered program text): a table of
+# rows compiles each distinct program once.
+_COMPILED: dict[str, Program] = {}
+
+
+def compile_program(name: str, lowered: Any, topology: str = "", estimate: int = 0,
+                    options: Optional[dict] = None, backward: bool = False) -> Program:
+  """Compiles ``lowered`` into a ``Program``: the executable's memory and cost
+  analyses, its weight arguments' bytes, its collectives and those that move
+  a weight. A program the compiler refuses (e.g. out of memory) gets the
+  compiler's first line in ``error``."""
+  text = lowered.as_text()
+  key = hashlib.sha256(f"{topology}\n{options}\n{backward}\n".encode()
+                       + text.encode()).hexdigest()
+  if key in _COMPILED:
+    return dataclasses.replace(_COMPILED[key], name=name, estimate=estimate)
+  p = Program(name, estimate)
+  t0 = time.perf_counter()
+  try:
+    compiled = lowered.compile(options) if options else lowered.compile()
+  except Exception as e:  # out of memory, or a program the compiler refuses
+    text = str(e).strip()
+    p.error = text.splitlines()[0] if text else type(e).__name__
+    p.compile_s = time.perf_counter() - t0
+    return p
+  p.compile_s = time.perf_counter() - t0
+  p.take_memory(compiled)
+  cost = compiled.cost_analysis()
+  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+  p.flops, p.bytes = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+  p.take_module(hlo.parse(compiled.as_text()), backward)
+  _COMPILED[key] = p
+  return p
+
+
+def default_workers() -> int:
+  """Compiles run in this many threads (the TPU compiler releases the GIL)."""
+  return max(1, min(2, os.cpu_count() or 1))
+
+
+def compile_all(topology: str, specs: Sequence[Compile],
+                workers: Optional[int] = None) -> list[Program]:
+  """Each spec lowered here and compiled in a worker thread as soon as it is
+  lowered, so lowering overlaps compiling; the programs in ``specs``' order."""
+  workers = default_workers() if workers is None else max(1, workers)
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    futures = [pool.submit(compile_program, s.name, s.lower(), topology, s.estimate, s.options,
+                           s.backward) for s in specs]
+    return [f.result() for f in futures]
+
+
+# ----------------------------------------------------------- abstract arrays
+
+
+@functools.lru_cache(maxsize=None)
+def _shapes(cfg: T5Config) -> dict:
+  return flatten_names(param_shapes(cfg.replace(dtype="float32")))
+
+
+def abstract_params(cfg: T5Config, part: Optional[Partitioner], param_dtype: str,
+                    device: Any) -> dict:
+  """The parameter tree as ShapeDtypeStructs: ``stored_dtype`` at
+  ``param_dtype``, each with its sharding (``part``; one device without)."""
+  one = SingleDeviceSharding(device)
+  return unflatten_names({
+      n: jax.ShapeDtypeStruct(x.shape, stored_dtype(n, param_dtype),
+                              sharding=part.param_sharding(n, x.shape) if part else one)
+      for n, x in _shapes(cfg).items()})
+
+
+def sharded(part: Optional[Partitioner], device: Any, axes: Sequence, shape: Sequence[int],
+            dtype: Any, what: str) -> jax.ShapeDtypeStruct:
+  """An abstract array over logical ``axes`` (one device without ``part``)."""
+  sharding = part.sharding(axes, shape, what) if part else SingleDeviceSharding(device)
+  return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def placed(tree: Any, sharding: Any) -> Any:
+  """An abstract tree with every leaf at ``sharding``."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def abstract_key(part: Optional[Partitioner], device: Any) -> jax.ShapeDtypeStruct:
+  """A PRNG key, replicated."""
+  shape = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+  return jax.ShapeDtypeStruct(shape.shape, shape.dtype,
+                              sharding=part.replicated() if part else SingleDeviceSharding(device))
+
+
+def weight_bytes(params: Any) -> int:
+  """Bytes per device of an abstract parameter tree: each leaf's shard shape
+  (``sharding.shard_shape``) at its dtype."""
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+             for x in jax.tree.leaves(params))
+
+
+# ------------------------------------------------------------------ checks
+
+
+def architecture(role: str, path: str, fmt: str, preset: Optional[str],
+                 dtype: str, how: tuple[str, str]) -> T5Config:
+  """A model's architecture without reading a weight or anything remote:
+  its preset, else a local checkpoint's ``config.json``
+  (``checkpoints.peek_config``). One line if neither says; ``how``: (verb,
+  prefix) of a setting as the user gives it (('bind', 'Experiment.') or
+  ('pass', '--'))."""
+  local = bool(path) and "://" not in path and os.path.isdir(path)
+  cfg = checkpoints.peek_config(path, fmt, preset, dtype) if preset or local else None
+  if cfg is None:
+    raise ValueError(f"the dry run reads no checkpoint, so it needs the {role}'s architecture: "
+                     f"{how[0]} {how[1]}{role}_preset (e.g. 't5_1_1_xxl'), or a local "
+                     f"{how[1]}{role}_checkpoint with a config.json")
+  return cfg
+
+
+def mesh_partitioners(mesh_shape: Optional[Sequence[int]], rules: Optional[Sequence],
+                      draft_rules: Sequence, fallback: str, devices: Sequence[Any]
+                      ) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
+  """The target's and the draft's partitioners over the topology's devices
+  (None, None on one device); ``partitioning.PartitioningError`` for a mesh
+  of another size."""
+  if mesh_shape is None:
+    return None, None
+  mesh = partitioning.make_mesh(mesh_shape, devices)
+  return (partitioning.from_settings(mesh_shape, rules, fallback, mesh=mesh),
+          partitioning.from_settings(mesh_shape, draft_rules, fallback, mesh=mesh))
+
+
+@dataclasses.dataclass
+class Context:
+  """What ``check`` established, for the compiles."""
+
+  topology: str
+  chip: Chip
+  devices: tuple
+  settings: Any                   # the run's Experiment or the distillation's DistillJob
+  target_config: T5Config
+  draft_config: Optional[T5Config]
+  target_part: Optional[Partitioner]
+  draft_part: Optional[Partitioner]
+  unread: list                    # (field, value) the dry run did not read
+  resident: dict = dataclasses.field(default_factory=dict)  # part -> bytes per device
+
+  @property
+  def device(self) -> Any:
+    return self.devices[0]
+
+  @property
+  def where(self) -> str:
+    n = len(self.devices)
+    return (f"--dry_run={self.topology} ({n} device{'s' if n != 1 else ''}, one per "
+            f"{self.chip.device_kind} chip)")
+
+
+class ProgramList(abc.ABC):
+  """A job the driver checks and compiles: its settings' checks, its models,
+  its programs and the result it makes of them."""
+
+  settings: Any
+
+  @abc.abstractmethod
+  def validate(self) -> list:
+    """The settings' own checks (one line each); -> the (field, value) the
+    dry run does not read."""
+
+  @abc.abstractmethod
+  def architectures(self) -> tuple[T5Config, Optional[T5Config]]:
+    """The target's and the draft's architectures (None: a draft without weights)."""
+
+  @abc.abstractmethod
+  def partitioners(self, ctx: Context) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
+    """The target's and the draft's partitioners over ``ctx.devices``,
+    every dimension checked (one line each)."""
+
+  @abc.abstractmethod
+  def resident(self, ctx: Context) -> dict[str, int]:
+    """What stays resident, part -> bytes per device."""
+
+  @abc.abstractmethod
+  def too_big(self, ctx: Context) -> str:
+    """Why ``resident`` does not fit the chip's HBM, and what would."""
+
+  @abc.abstractmethod
+  def programs(self, ctx: Context) -> list[Compile]:
+    """What to compile."""
+
+  @abc.abstractmethod
+  def finish(self, ctx: Context, compiled: dict) -> "DryRun":
+    """The result, from ``compiled``: each ``Compile.key`` -> its ``Program``."""
+
+
+def check(job: ProgramList, topology: str) -> Context:
+  """Every check before a compile, each failure one line (``ValueError``):
+  the topology, the job's settings, the architectures, the mesh against the
+  topology's devices, every dimension the mesh must divide, and what stays
+  resident against the chip's HBM."""
+  chip, devices = topology_devices(topology)
+  unread = job.validate()
+  target, draft = job.architectures()
+  ctx = Context(topology, chip, devices, job.settings, target, draft, None, None, unread)
+  ctx.target_part, ctx.draft_part = job.partitioners(ctx)
+  ctx.resident = job.resident(ctx)
+  if sum(ctx.resident.values()) > chip.hbm_bytes:
+    raise ValueError(f"{ctx.where}: {job.too_big(ctx)}")
+  return ctx
+
+
+# ----------------------------------------------------------------- results
+
+
+@dataclasses.dataclass
+class DryRun:
+  """Everything a dry run found (``format_report`` prints it); each job's
+  result adds its own lines (``settings_lines``, ``closing_lines``)."""
+
+  ctx: Context
+  programs: list = dataclasses.field(default_factory=list)   # Program
+  wall_s: float = 0.0
+  title: str = "Dry run"
+  columns: tuple = ("total", "estimate")   # Program fields in the memory table
+  name_width: int = 27
+
+  @property
+  def chip(self) -> Chip:
+    return self.ctx.chip
+
+  @property
+  def num_devices(self) -> int:
+    return len(self.ctx.devices)
+
+  @property
+  def memory(self) -> int:
+    """The largest per-device total among the compiled programs."""
+    return max((p.total for p in self.programs if not p.error), default=0)
+
+  @property
+  def fits(self) -> bool:
+    return all(not p.error for p in self.programs) and self.memory <= self.chip.hbm_bytes
+
+  def shown(self) -> list[tuple[Program, str]]:
+    """(program, label) whose collectives the report lists."""
+    return [(p, p.name) for p in self.programs if not p.error]
+
+  def settings_lines(self) -> list[str]:
+    return []
+
+  def table_note(self) -> str:
+    """The memory table's header note after 'XLA's memory analysis of the
+    chip's executable; '."""
+    return f"total = arguments + temporaries + outputs - aliased, against " \
+        f"{self.chip.hbm_bytes / GiB:.0f} GiB"
+
+  def code_note(self) -> str:
+    return ""
+
+  def closing_lines(self) -> list[str]:
+    return []
+
+
+def dry_run(job: ProgramList, topology: str, workers: Optional[int] = None) -> DryRun:
+  """Checks ``job`` for ``topology`` (``check``), compiles its programs in
+  ``workers`` threads and returns the job's result. Raises ``ValueError``
+  (one line) for bad input, before any compile; a program the compiler
+  refuses is reported in its ``Program.error``."""
+  t0 = time.perf_counter()
+  ctx = check(job, topology)
+  specs = job.programs(ctx)
+  compiled = compile_all(topology, specs, workers)
+  out = job.finish(ctx, {s.name if s.key is None else s.key: p
+                         for s, p in zip(specs, compiled)})
+  out.wall_s = time.perf_counter() - t0
+  return out
+
+
+# ------------------------------------------------------------------ report
+
+
+def gib(n: float) -> str:
+  """Bytes as GiB (MiB below a tenth of one: tiny test models)."""
+  return f"{n / GiB:.2f} GiB" if n >= GiB / 10 or n == 0 else f"{n / 2 ** 20:.2f} MiB"
+
+
+def size(n: float) -> str:
+  """Bytes in decimal units (collectives' payloads)."""
+  for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    if n >= scale:
+      return f"{n / scale:.3g} {unit}"
+  return f"{int(n)} B"
+
+
+def program_lines(programs: Sequence[Program], chip: Chip, name_width: int,
+                  tail: Sequence[str]) -> list[str]:
+  """A header and one line per compiled program: compile seconds,
+  arguments, temporaries, outputs, then the ``Program`` fields named in
+  ``tail`` (e.g. 'total', 'estimate'), and whether ``total`` fits the chip's HBM."""
+  lines = [f"  {'program':{name_width}s} {'compile':>8s} {'arguments':>11s} "
+           f"{'temporaries':>12s} {'outputs':>10s}" + "".join(f" {c:>10s}" for c in tail)
+           + "  fits"]
+  for p in programs:
+    if p.error:
+      lines.append(f"  {p.name:{name_width}s} {p.compile_s:7.0f}s  NOT COMPILED: {p.error}")
+      continue
+    fits = "yes" if p.total <= chip.hbm_bytes else "NO"
+    lines.append(f"  {p.name:{name_width}s} {p.compile_s:7.0f}s {gib(p.arguments):>11s} "
+                 f"{gib(p.temporaries):>12s} {gib(p.outputs):>10s}"
+                 + "".join(f" {gib(getattr(p, c)):>10s}" for c in tail)
+                 + f"  {fits} ({100 * p.total / chip.hbm_bytes:.0f}%)")
+  return lines
+
+
+def collective_lines(p: Program, label: str) -> list[str]:
+  """The collectives ``p`` runs (one loop iteration's, where it has a loop),
+  grouped; the weights it copies; and any collective that moves a weight."""
+  groups: dict = {}
+  for c in p.collectives:
+    key = (c.where, c.kind, c.shape, c.nbytes)
+    groups[key] = groups.get(key, 0) + 1
+  per = "one iteration of the" if p.has_loop else "the"
+  lines = [f"Collectives in {per} {label} ({len(p.collectives)}, "
+           f"{size(sum(c.nbytes for c in p.collectives))} per device)"
+           + (":" if groups else ": none")]
+  lines += [f"  {n:4d} x {kind} {shape} ({size(nb)} each)" + (f" [{w}]" if w else "")
+            for (w, kind, shape, nb), n in sorted(groups.items())]
+  for in_loop, when in ((False, "once per call, held for the loop"),
+                        (True, "INSIDE the loop, every iteration")):
+    held = [c for c in p.weight_copies if c.in_loop == in_loop]
+    if held:
+      lines.append(f"  {len(held)} copies of weights in another layout or dtype, "
+                   f"{size(sum(c.nbytes for c in held))} per device, {when}")
+  if p.weight_moves:
+    m = p.weight_moves[0]
+    lines.append(f"  ERROR: {len(p.weight_moves)} collective(s) move a weight, e.g. "
+                 f"{m.kind} {m.shape} ({m.op_name})")
+  else:
+    lines.append("  no collective moves a weight")
+  return lines
+
+
+def format_report(r: DryRun) -> str:
+  """The dry run as text: the topology and what was not read, the job's
+  settings, each program's memory per device against the chip's HBM, its
+  collectives, then the job's closing lines."""
+  ctx, chip = r.ctx, r.chip
+  devices = f"{r.num_devices} device" + ("s" if r.num_devices != 1 else "")
+  lines = [f"{r.title} for {ctx.topology}: {devices}, one per {chip.label} chip "
+           f"({chip.device_kind}"
+           + (", megacore: 2 TensorCores as one device" if chip.tensorcores == 2 else "")
+           + f"), {chip.hbm_bytes / GiB:.0f} GiB HBM each. Nothing was read: "
+           + ", ".join(f"{f} {v!r}" if v else f"{f} (unset)" for f, v in ctx.unread) + "."]
+  lines += r.settings_lines()
+  lines += ["", f"Compiled programs, per device (XLA's memory analysis of the {chip.label} "
+            f"executable; {r.table_note()}):"]
+  lines += program_lines(r.programs, chip, r.name_width, r.columns)
+  code = max((p.code for p in r.programs if not p.error), default=0)
+  lines += [f"  ({r.code_note()}the programs' code, up to {gib(code)}, is not in the totals)",
+            ""]
+  for p, label in r.shown():
+    lines += collective_lines(p, label)
+  lines += r.closing_lines()
+  return "\n".join(lines)
+
+
+def main(job: ProgramList, topology: str, out: Optional[TextIO] = None) -> DryRun:
+  """``--dry_run``: runs ``dry_run`` and prints the report; a collective that
+  moves a weight is an error (``ValueError``) after the report."""
+  r = dry_run(job, topology)
+  out = out or sys.stdout
+  print(format_report(r), file=out)
+  out.flush()
+  moved = list(dict.fromkeys(p.name for p, _ in r.shown() if p.weight_moves))
+  if moved:
+    raise ValueError(f"--dry_run={topology}: the {', '.join(moved)} move(s) weights between "
+                     "devices at run time (see the collectives above); check the logical "
+                     "axis rules")
+  return r

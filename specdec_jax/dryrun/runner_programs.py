@@ -1,0 +1,483 @@
+r"""The runner's list of programs for the TPU dry run (``driver``): compile a
+run's programs for a TPU topology on any machine.
+
+  python -m specdec_jax.run --config=configs/table2/ende_small_t0.gin \
+      --config=configs/tpu_v5e_8.gin --dry_run=v5e:2x4
+  python -m specdec_jax.run --config=configs/table2/ende_small_t0.gin \
+      --config=configs/tpu_v4_1.gin --dry_run=v4:1x1x1     # the paper's one chip
+
+builds the experiment's settings, validates them, and lowers and compiles for
+the topology's devices (libtpu's compile-only devices, ``chips``) the
+programs the run would execute, on abstract arrays: ``jax.ShapeDtypeStruct``
+with the shardings of the experiment's ``Partitioner`` (its mesh and logical
+axis rules), parameter shapes from ``models.t5.param_shapes`` at the
+configured ``param_dtype`` (``stored_dtype``). No weight, vocabulary or
+example is read; the checkpoint paths need not exist here.
+
+Programs (speculative mode): the baseline loop (``decoding.temperature_sample``),
+the speculative loop at its γ (``decoding.speculative_decode``; under adaptive
+decoding one program holding every compiled verification width) and the draft
+(its init and one round of γ proposals). ``--alpha_only``: the target's
+generation (the baseline loop) and the α pass (``autogamma.min_pq_along``,
+paper §4.2). Each is reported per device, from the compiled executable:
+
+* memory (arguments, temporaries, outputs) beside ``memory.plan``'s estimate,
+  and whether it fits the chip's HBM;
+* the collectives one loop iteration runs, with their sizes; a collective
+  whose operand is a weight (``hlo.weight_collectives``) is an error.
+
+Then the roofline model (speculative mode; ``costs``), which is a model, not
+a measurement: one target pass over k = 1 .. γ+1 positions and one draft
+step, each compiled on its own (``decode`` with the loop's cache length).
+From it c (Definition 3.7), v(k), milliseconds per token of the baseline and
+of speculative decoding at the paper's α, and Theorem 3.8's speedup at the
+paper's α for the row (its Table 3) and γ, printed beside the paper's
+measured speedup (Table 2), its c (Table 4) and Theorem 3.8 at the paper's
+own α, γ and c (``specdec_jax.paper``). The pieces' depth extrapolation is
+checked against a full-depth compile by ``tests/test_dry_run.py``. The loops are compiled at the default
+effort, exactly as the run compiles them; there XLA's 'bytes accessed' also
+counts each weight's staging copies through VMEM (read, write, read again),
+which is not HBM traffic. Each device must read at least its shard of the
+decoder and output-layer weights per step at batch 1 (the cross-attention K/V
+kernels excluded: they run once per example); the report divides a
+one-position pass's bytes by that floor.
+
+Bad input is one line before any long compile: an unknown topology, a mesh
+the topology's device count does not match, a dimension the mesh does not
+divide, a row whose weights and caches (``memory.plan``) exceed the chip's
+HBM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.layout import Format, Layout
+
+from specdec_jax import data, drafts, memory, paper, partitioning, theory
+from specdec_jax.decoding import speculative_decode, temperature_sample, tree_speculative_decode
+from specdec_jax.drafts.base import tree_proposal
+from specdec_jax.dryrun import driver
+from specdec_jax.dryrun.costs import PIECE_DEPTHS, PIECE_OPTIONS, Roofline, extrapolate
+from specdec_jax.dryrun.driver import (GiB, Compile, Context, DryRun, abstract_key,
+                                       abstract_params, gib, sharded, size)
+from specdec_jax.models.t5 import T5Config, T5Model
+from specdec_jax.partitioning import CACHE_AXES, Partitioner
+from specdec_jax.run.autogamma import min_pq_along
+from specdec_jax.run.settings import Experiment, is_remote, resolve_path
+from specdec_jax.run.setup import check_partitioning, estimate_bytes
+from specdec_jax.sampling import SamplingConfig
+from specdec_jax.tree import TreeShape
+
+# Where the dry run reads nothing: paths it swaps for a placeholder before
+# validating, so that a row whose checkpoints live elsewhere (or are unset)
+# can be checked here.
+PATH_FIELDS = ("target_checkpoint", "draft_checkpoint", "vocab_path", "source")
+PLACEHOLDER = "gs://dry-run-reads-nothing/"
+LABELS = {"baseline": "baseline loop", "speculative": "speculative loop",
+          "draft": "draft (init + γ proposals)", "alpha": "α pass (§4.2)"}
+
+
+def paper_row(exp: Experiment) -> Optional[paper.Row]:
+  """The paper's Table 2 row for the experiment's task, draft size and
+  temperature (argmax or plain sampling only), or None."""
+  task = exp.task.lower()
+  task = "ende" if "ende" in task else "cnndm" if "cnn" in task else None
+  name = f"{exp.draft_preset or ''} {exp.draft_label or ''}".lower()
+  draft_size = next((s for s in ("small", "base", "large") if s in name), None)
+  s = exp.sampling
+  temp = int(s.temperature) if s.temperature in (0.0, 1.0) and not (s.topk or s.topp) else None
+  if exp.draft_name not in ("t5", "lookup_t5") or None in (task, draft_size, temp):
+    return None
+  return paper.table2_row(task, draft_size, temp)
+
+
+# ------------------------------------------------------------- the checks
+
+
+def _checkable(exp: Experiment) -> tuple[Experiment, list]:
+  """The experiment with every path the dry run does not read, and that is
+  unset or absent here, swapped for a remote placeholder (validation checks
+  local paths exist); and the list of those (field, value)."""
+  needs_ckpt = bool({"model", "params"} & set(drafts.requires(exp.draft_name))) \
+      if exp.draft_name in drafts.REGISTRY else False
+  swap, unread = {}, []
+  for name in PATH_FIELDS:
+    value = getattr(exp, name)
+    if name == "draft_checkpoint" and not value and not needs_ckpt:
+      continue
+    unread.append((name, value))
+    if not value or (not is_remote(value) and not Path(resolve_path(value)).exists()):
+      swap[name] = PLACEHOLDER + name
+  return dataclasses.replace(exp, **swap), unread
+
+
+def _architecture(exp: Experiment, role: str) -> T5Config:
+  path = getattr(exp, f"{role}_checkpoint")
+  local = resolve_path(path) if path and not path.startswith(PLACEHOLDER) else ""
+  return driver.architecture(role, local, getattr(exp, f"{role}_format"),
+                             getattr(exp, f"{role}_preset"), exp.dtype,
+                             ("bind", "Experiment."))
+
+
+class RunnerPrograms(driver.ProgramList):
+  """The run's programs (speculative mode): the baseline loop
+  (``decoding.temperature_sample``), the speculative loop at its γ
+  (``decoding.speculative_decode``, or the tree loop) and the draft (its init
+  and one round of γ proposals), with the roofline pieces; ``alpha_only``:
+  the baseline loop and the α pass (``autogamma.min_pq_along``, §4.2).
+  ``programs``: a subset of those names; ``configs``: the configs' names, for
+  the report."""
+
+  def __init__(self, exp: Experiment, alpha_only: bool = False,
+               programs: Optional[Sequence[str]] = None, roofline: bool = True,
+               configs: Sequence[str] = ()):
+    self.settings, self.alpha_only, self.roofline = exp, alpha_only, roofline
+    self.names = list(programs or (("baseline", "alpha") if alpha_only
+                                   else ("speculative", "baseline", "draft")))
+    self.configs = [Path(c).stem for c in configs]
+    self.checkable = exp
+
+  def validate(self) -> list:
+    exp = self.settings
+    self.checkable, unread = _checkable(exp)
+    self.checkable.validate()
+    if self.alpha_only and exp.gamma == "auto":
+      raise ValueError("Experiment.gamma='auto' chooses γ from timed speculative pieces; "
+                       "--alpha_only uses no γ: bind a number (or drop --alpha_only)")
+    if exp.draft_shortlist:
+      raise ValueError("Experiment.draft_shortlist: the dry run does not model a shortlisted "
+                       "draft (its token list is read from a file); bind "
+                       "Experiment.draft_shortlist = '' to compile the full-vocabulary draft")
+    if "corpus" in drafts.requires(exp.draft_name):
+      raise ValueError(f"approximation model {exp.draft_name!r} is estimated from a corpus "
+                       "when the run starts; the dry run reads no data, so it compiles drafts "
+                       "built without any ('t5', 'lookup_t5', 'prompt_lookup')")
+    return unread
+
+  def architectures(self) -> tuple[T5Config, Optional[T5Config]]:
+    target = _architecture(self.checkable, "target")
+    if not {"model", "params"} & set(drafts.requires(self.settings.draft_name)):
+      return target, None
+    draft = _architecture(self.checkable, "draft")
+    data.check_vocab_compatible(target.vocab_size, draft.vocab_size,
+                                target_pad_id=target.pad_id, draft_pad_id=draft.pad_id,
+                                target_eos_id=target.eos_id, draft_eos_id=draft.eos_id)
+    return target, draft
+
+  def partitioners(self, ctx: Context) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
+    exp = self.settings
+    try:
+      parts = driver.mesh_partitioners(
+          exp.mesh_shape, exp.logical_axis_rules,
+          exp.draft_logical_axis_rules or partitioning.DATA_PARALLEL_RULES,
+          exp.partition_fallback, ctx.devices)
+    except partitioning.PartitioningError as e:
+      raise ValueError(f"{ctx.where}: Experiment.mesh_shape: {e}") from None
+    check_partitioning(self.checkable, *parts)
+    return parts
+
+  def resident(self, ctx: Context) -> dict[str, int]:
+    return estimate_bytes(self.checkable, self.alpha_only)
+
+  def too_big(self, ctx: Context) -> str:
+    need = sum(ctx.resident.values())
+    detail = ", ".join(f"{k} {v / GiB:.2f} GiB" for k, v in ctx.resident.items())
+    return (f"the row does not fit: its weights and caches need {need / GiB:.2f} GiB per "
+            f"device ({detail}; memory.plan) but a {ctx.chip.label} chip has "
+            f"{ctx.chip.hbm_bytes / GiB:.0f} GiB of HBM; shard over more chips "
+            "(Experiment.mesh_shape), use bfloat16 weights or lower Experiment.batch_size / "
+            "max_decode_len")
+
+  def programs(self, ctx: Context) -> list[Compile]:
+    lowerers = _lowerers(ctx)
+    est = _estimates(ctx)
+    names = [n for n in self.names if n != "draft" or ctx.draft_config is not None]
+    specs = [Compile(LABELS[n], lowerers[n], est[n], key=n) for n in names]
+    if self.roofline and not self.alpha_only:
+      specs += _pieces(ctx)
+    return specs
+
+  def finish(self, ctx: Context, compiled: dict) -> "RunDryRun":
+    exp = self.settings
+    programs = [compiled[n] for n in self.names if n in compiled]
+    out = RunDryRun(ctx, programs, title=f"Dry run of {' + '.join(self.configs) or 'the experiment'}",
+                    paper=paper_row(exp))
+    pieces = {k: p for k, p in compiled.items() if isinstance(k, tuple)}
+    if pieces and not any(p.error for p in pieces.values()):
+      tcfg, dcfg = ctx.target_config, ctx.draft_config
+      out.roofline = Roofline(
+          ctx.chip,
+          {k: extrapolate(pieces, "target", k, tcfg.num_decoder_layers)
+           for k in range(1, out.gamma + 2)},
+          extrapolate(pieces, "draft", 1, dcfg.num_decoder_layers) if dcfg else None,
+          memory.step_weight_bytes(tcfg, ctx.target_part, exp.param_dtype),
+          memory.step_weight_bytes(dcfg, ctx.draft_part, exp.param_dtype) if dcfg else 0)
+    return out
+
+
+def dry_run(exp: Experiment, topology: str, alpha_only: bool = False,
+            programs: Optional[Sequence[str]] = None, roofline: bool = True,
+            workers: Optional[int] = None) -> "RunDryRun":
+  """``driver.dry_run`` of the run's programs (``RunnerPrograms``)."""
+  return driver.dry_run(RunnerPrograms(exp, alpha_only, programs, roofline), topology, workers)
+
+
+# ------------------------------------------------------------ the programs
+
+
+def _cache(cfg: T5Config, part: Optional[Partitioner], device: Any, batch: int, input_len: int,
+           cache_len: int):
+  """An abstract ``DecoderCache`` pinned as ``partitioning.constrain_cache`` pins it."""
+  shapes = memory.cache_shapes(cfg, batch, input_len, cache_len)
+  return jax.tree.map(lambda x: sharded(part, device, CACHE_AXES if x.ndim == 4
+                                        else ("batch", "length"), x.shape, x.dtype, "cache"),
+                      shapes)
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "cache_len", "sampling", "tree"))
+def draft_round(draft: Any, inputs: jax.Array, key: jax.Array, *, gamma: int, cache_len: int,
+                sampling: SamplingConfig, tree: Optional[TreeShape] = None
+                ) -> tuple[jax.Array, jax.Array]:
+  """The draft on its own: its init (encoder and cache) and one round of γ
+  proposals from an empty prefix -> (tokens [B, γ], q [B, γ, V]); with a
+  ``tree``, one tree proposal (tokens [B, N], q [B, N, V])."""
+  b = inputs.shape[0]
+  state = draft.init(inputs, cache_len)
+  seq = jnp.zeros((b, cache_len + 1), jnp.int32)
+  length = jnp.zeros((b,), jnp.int32)
+  if tree is not None:
+    tokens, q = tree_proposal(draft, state, seq, length, tree, sampling, key)[:2]
+    return tokens, q
+  tokens, q, _ = draft.propose(state, seq, length, gamma, sampling, key)
+  return tokens, q
+
+
+def _pass(model: T5Model, part: Optional[Partitioner]) -> Callable:
+  def one_pass(params, tokens, positions, cache):
+    logits, cache = model.decode(params, tokens, positions, cache)
+    return logits, partitioning.constrain_cache(cache, part, "cache")
+  return one_pass
+
+
+def lower_pass(cfg: T5Config, part: Optional[Partitioner], device: Any, exp: Experiment,
+               k: int, cache_len: int) -> Any:
+  """One decoder pass over k positions (``T5Model.decode``), lowered alone,
+  its weights in the layout the compiler prefers (``Layout.AUTO``): the
+  loops copy a weight into another layout once per call, outside the loop
+  (``hlo.weight_copies``), so a pass in the loop reads it as stored."""
+  b = exp.batch_size
+  params = abstract_params(cfg, part, exp.param_dtype, device)
+  tokens = sharded(part, device, ("batch", None), (b, k), jnp.int32, "tokens")
+  cache = _cache(cfg, part, device, b, exp.max_input_len, cache_len)
+  shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+  formats = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), params)
+  return jax.jit(_pass(T5Model(cfg), part), donate_argnums=(3,),
+                 in_shardings=(formats, shardings(tokens), shardings(tokens), shardings(cache))
+                 ).lower(params, tokens, tokens, cache)
+
+
+def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
+  """Program name -> a thunk lowering it on abstract arrays."""
+  exp, device, tp, dp = ctx.settings, ctx.device, ctx.target_part, ctx.draft_part
+  gamma = exp.gamma_bound
+  target = T5Model(ctx.target_config)
+  b, s, t = exp.batch_size, exp.max_input_len, exp.max_decode_len
+  tparams = abstract_params(ctx.target_config, tp, exp.param_dtype, device)
+  kw: dict[str, Any] = dict(vocab_size=ctx.target_config.vocab_size, vocab=None,
+                            max_ngram=exp.prompt_lookup_max_ngram)
+  if dp is not None:
+    kw["partitioner"] = dp
+  if ctx.draft_config is not None:
+    kw.update(model=T5Model(ctx.draft_config), bridge=None,
+              params=abstract_params(ctx.draft_config, dp, exp.param_dtype, device))
+  draft = drafts.build(exp.draft_name, **kw)
+  inputs = sharded(tp, device, ("batch", None), (b, s), jnp.int32, "inputs")
+  key = abstract_key(tp, device)
+  loop_kw = dict(max_decode_len=t, sampling=exp.sampling, eos_id=ctx.target_config.eos_id,
+                 partitioner=tp)
+  return {
+      "baseline": lambda: temperature_sample.lower(target, tparams, inputs, key, **loop_kw),
+      # A tree run (Experiment.tree) compiles its own loop; gamma is then
+      # N - 1, so the roofline prices the tree's pass of N positions.
+      "speculative": lambda: speculative_decode.lower(
+          target, tparams, draft, inputs, key, gamma=gamma, lenience=exp.lenience,
+          adaptive=exp.adaptive, **loop_kw) if exp.tree_shape is None else
+      tree_speculative_decode.lower(target, tparams, draft, inputs, key, tree=exp.tree_shape,
+                                    **loop_kw),
+      "draft": lambda: draft_round.lower(draft, inputs, key, gamma=gamma,
+                                         cache_len=t + gamma + 1, sampling=exp.sampling,
+                                         tree=exp.tree_shape),
+      "alpha": lambda: min_pq_along.lower(
+          target, tparams, draft, inputs,
+          sharded(tp, device, ("batch", None), (b, t), jnp.int32, "tokens"),
+          sharded(tp, device, ("batch",), (b,), jnp.int32, "lengths"), exp.sampling),
+  }
+
+
+def _pieces(ctx: Context) -> list[Compile]:
+  """The roofline's pieces: a target pass over k = 1 .. γ+1 positions and a
+  draft step, each at decoder depths ``PIECE_DEPTHS`` (keys (role, depth, k))."""
+  exp, device = ctx.settings, ctx.device
+  gamma = exp.gamma_bound
+  cache_len = exp.max_decode_len + gamma + 1
+  out = []
+  for depth in PIECE_DEPTHS:
+    tcfg = ctx.target_config.replace(num_decoder_layers=depth, num_encoder_layers=1)
+    out += [Compile(f"target pass k={k} depth {depth}",
+                    functools.partial(lower_pass, tcfg, ctx.target_part, device, exp, k,
+                                      cache_len), options=PIECE_OPTIONS,
+                    key=("target", depth, k)) for k in range(1, gamma + 2)]
+    if ctx.draft_config is not None:
+      dcfg = ctx.draft_config.replace(num_decoder_layers=depth, num_encoder_layers=1)
+      out.append(Compile(f"draft step depth {depth}",
+                         functools.partial(lower_pass, dcfg, ctx.draft_part, device, exp, 1,
+                                           cache_len), options=PIECE_OPTIONS,
+                         key=("draft", depth, 1)))
+  return out
+
+
+def _estimates(ctx: Context) -> dict[str, int]:
+  """memory.plan's bytes for what each program holds resident."""
+  exp = ctx.settings
+  plan = memory.plan(ctx.target_config, ctx.draft_config, exp.mesh_shape, exp.param_dtype,
+                     exp.dtype, exp.batch_size, exp.max_input_len, exp.max_decode_len,
+                     exp.gamma_bound, exp.logical_axis_rules, exp.draft_logical_axis_rules,
+                     exp.partition_fallback)
+  part = memory.planning_partitioner(exp.mesh_shape, exp.logical_axis_rules,
+                                     exp.partition_fallback)
+  base_cache = memory.cache_bytes(ctx.target_config, part, exp.batch_size, exp.max_input_len,
+                                  exp.max_decode_len, exp.dtype, "target cache")
+  pq = 3 * exp.batch_size * exp.max_decode_len * ctx.target_config.vocab_size * 4
+  return {"baseline": plan["target_params"] + base_cache, "speculative": plan["total"],
+          "draft": plan["draft_params"] + plan["draft_caches"],
+          "alpha": plan["target_params"] + plan["draft_params"] + plan["draft_caches"] + pq}
+
+
+# ------------------------------------------------------------------ report
+
+
+@dataclasses.dataclass
+class RunDryRun(DryRun):
+  """The run's dry run: its programs, the roofline model and the paper's row."""
+
+  roofline: Optional[Roofline] = None
+  paper: Optional[paper.Row] = None
+
+  @property
+  def exp(self) -> Experiment:
+    return self.ctx.settings
+
+  @property
+  def gamma(self) -> int:
+    return self.exp.gamma_bound
+
+  @property
+  def target_config(self) -> T5Config:
+    return self.ctx.target_config
+
+  @property
+  def draft_config(self) -> Optional[T5Config]:
+    return self.ctx.draft_config
+
+  def predicted(self, with_v: bool = False) -> Optional[float]:
+    if self.roofline is None or self.paper is None or self.roofline.draft is None:
+      return None
+    return self.roofline.speedup(self.paper.alpha, self.gamma, with_v)
+
+  def settings_lines(self) -> list[str]:
+    e, s = self.exp, self.exp.sampling
+    draft = (f"draft {e.draft_preset or e.draft_name}" if self.draft_config is not None
+             else f"draft {e.draft_name} (no weights)")
+    mesh = f"mesh (data, model) = {tuple(e.mesh_shape)}" if e.mesh_shape else "one device"
+    return [f"target {e.target_preset or 'from config.json'}, {draft}; {mesh}; weights "
+            f"{e.param_dtype}, activations {e.dtype}; batch {e.batch_size}, input "
+            f"{e.max_input_len}, decode {e.max_decode_len}, γ {self.gamma}"
+            + (" (γ_max; adaptive widths "
+               f"{e.adaptive.verify_widths(self.gamma)})" if e.adaptive else "")
+            + (" ('auto' compiles the γ it picks; this is its largest)"
+               if e.gamma == "auto" else "")
+            + f", temperature {s.temperature:g}",
+            "memory.plan estimate per device: " + ", ".join(
+                f"{k} {gib(v)}" for k, v in self.ctx.resident.items())]
+
+  def table_note(self) -> str:
+    return ("'fits' compares arguments + temporaries + outputs with "
+            f"{self.chip.hbm_bytes / GiB:.0f} GiB")
+
+  def code_note(self) -> str:
+    return ("estimate: memory.plan's weights and caches, which leaves out XLA temporaries; "
+            "arguments include the inputs and the key; ")
+
+  def closing_lines(self) -> list[str]:
+    fits = "fits" if self.fits else "does NOT fit"
+    return roofline_lines(self) + [
+        "", f"Largest program: {gib(self.memory)} per device, {fits} in "
+        f"{self.chip.hbm_bytes / GiB:.0f} GiB. Dry run took {self.wall_s:.0f} s."]
+
+
+def roofline_lines(r: RunDryRun) -> list[str]:
+  """The roofline model's pieces, c, v(k) and Theorem 3.8's prediction
+  beside the paper's measured speedup."""
+  rl, chip = r.roofline, r.chip
+  if rl is None:
+    return []
+  lines = ["", f"Roofline MODEL, not a measurement: each piece compiled on its own and "
+           f"priced as max(flops / {chip.peak_flops / 1e12:.0f} TFLOP/s, bytes / "
+           f"{chip.hbm_bandwidth / 1e9:.0f} GB/s), {chip.label}'s published bf16 peak and "
+           f"HBM bandwidth ({chip.source}); collectives and launch latency not priced.",
+           f"  {'piece':24s} {'GFLOP':>9s} {'GB read':>9s} {'µs':>9s}  bound"]
+  rows = [(f"target pass, k={k}", p) for k, p in rl.target.items()]
+  if rl.draft is not None:
+    rows.append(("draft step (k=1)", rl.draft))
+  lines += [f"  {label:24s} {p.flops / 1e9:9.2f} {p.bytes / 1e9:9.3f} "
+            f"{1e6 * p.seconds(chip):9.1f}  {p.bound(chip)}" for label, p in rows]
+  last = max(rl.target)
+  lines.append(f"  bytes read per target pass / floor (the decoder and output-layer weights "
+               f"each device reads per step, {size(rl.floor)}): "
+               f"{rl.target[1].bytes / rl.floor:.2f}x at k=1, "
+               f"{rl.target[last].bytes / rl.floor:.2f}x at k={last}"
+               + (f"; draft step / its floor ({size(rl.draft_floor)}): "
+                  f"{rl.draft.bytes / rl.draft_floor:.2f}x" if rl.draft and rl.draft_floor
+                  else ""))
+  lines.append("  v(k) = " + ", ".join(f"{k}: {rl.v(k):.3f}" for k in rl.target))
+  if rl.draft is not None:
+    lines += prediction_lines(r)
+  return lines
+
+
+def prediction_lines(r: RunDryRun) -> list[str]:
+  """c, ms per token and Theorem 3.8's prediction at the paper's α, side by
+  side with the paper's measured speedup and Theorem 3.8 at the paper's own
+  α, γ and c (its Table 4)."""
+  rl, row, e = r.roofline, r.paper, r.exp
+  base_ms = rl.baseline_ms_per_token()
+  if row is None:
+    return [f"  predicted c = {rl.c():.4f}; baseline {base_ms:.3f} ms/token",
+            "  no paper row for this task, draft and temperature: no α to predict at"]
+  caveat = "" if e.target_preset == "t5_1_1_xxl" else (
+      " (the paper's α is for T5 1.1 XXL with this draft size; these models differ)")
+  spec_ms = rl.speculative_ms_per_token(row.alpha, r.gamma)
+  paper_theorem = float(theory.walltime_improvement(row.alpha, row.gamma, row.c))
+  lines = [f"  predicted c = {rl.c():.4f} (paper, Table 4: {row.c})",
+           f"  Theorem 3.8 at the paper's α = {row.alpha} (Table 3){caveat}, "
+           f"γ = {r.gamma}: predicted {r.predicted():.2f}x (with v({r.gamma + 1}): "
+           f"{r.predicted(True):.2f}x); the paper measured {row.speedup}x "
+           f"(Table 2, γ = {row.gamma}, {paper.CHIP})",
+           f"  Side by side, model on {r.num_devices} {r.chip.label} chip(s) | the paper on "
+           f"one {paper.CHIP}:",
+           f"    ms/token: baseline {base_ms:.3f}, speculative {spec_ms:.3f} (α {row.alpha}, "
+           f"γ {r.gamma}, with v) | not published",
+           f"    c: {rl.c():.4f} | {row.c} (Table 4)",
+           f"    speedup: {r.predicted():.2f}x (Theorem 3.8 at the model's c) | measured "
+           f"{row.speedup}x (Table 2); Theorem 3.8 at the paper's α {row.alpha}, γ {row.gamma}, "
+           f"c {row.c}: {paper_theorem:.2f}x"]
+  if e.adaptive is not None:
+    lines.append("  adaptive draft lengths are not Theorem 3.8's fixed γ: the prediction "
+                 "above is for a fixed γ = γ_max")
+  return lines

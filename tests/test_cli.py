@@ -1,0 +1,102 @@
+"""The runner's command line for a newcomer: --help, a bad --workdir, and gin
+mistakes, each answered in one line before any data or weight is read."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import gin
+import pytest
+
+from specdec_jax.run import cli, logs
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = str(REPO / "configs" / "demo.gin")
+
+
+def test_help_exits_0_and_lists_every_runner_flag():
+  res = subprocess.run([sys.executable, "-m", "specdec_jax.run", "--help"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+  assert res.returncode == 0, res.stderr
+  for flag in ("--config", "--gin_bindings", "--workdir", "--resume", "--alpha_only",
+               "--import", "--verbose", "--dry_run"):
+    assert re.search(rf"^  --(\[no\])?{flag[2:]}:", res.stdout, re.M), flag
+  assert "Experiment settings" in res.stdout and "  gamma: " in res.stdout
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+  """Fails the test if the runner reads any data or weight."""
+  def refuse(*a, **k):
+    raise AssertionError("data or weights were read")
+  monkeypatch.setattr(cli, "load_data", refuse)
+  monkeypatch.setattr(cli, "load_models", refuse)
+
+
+def _run(capsys, *args) -> tuple[int, str]:
+  try:
+    rc = cli.run_args(list(args))
+  finally:
+    logs.quiet_libraries(False)
+    gin.clear_config()
+  return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layout", ["file", "under_a_file"])
+def test_a_workdir_that_cannot_be_a_directory_fails_before_loading(tmp_path, capsys, no_loading,
+                                                                    layout):
+  f = tmp_path / "results"
+  f.write_text("not a directory")
+  workdir = f if layout == "file" else f / "run"
+  rc, err = _run(capsys, f"--config={DEMO}", f"--workdir={workdir}")
+  assert rc == 2
+  line = err.strip().splitlines()[-1]
+  assert line.startswith(f"error: --workdir {workdir}") and str(f) in line, err
+  assert f.read_text() == "not a directory"
+
+
+@pytest.mark.parametrize("binding,message", [
+    ("Experiment.draft_name = repeat_last",
+     "--gin_bindings: cannot parse the value 'repeat_last' in 'Experiment.draft_name = "
+     "repeat_last' (a string needs quotes: 'repeat_last')"),
+    ("Experiment.gama = 3",
+     "--gin_bindings: 'Experiment.gama = 3': Experiment has no setting 'gama'; did you mean "
+     "'gamma'?"),
+    ("SamplingConfig.temprature = 1.0",
+     "SamplingConfig has no setting 'temprature'; did you mean 'temperature'?"),
+    ("Experimnt.gamma = 3", "no configurable named 'Experimnt'; did you mean 'Experiment'?"),
+    ("Experiment.zzz = 3", "Experiment has no setting 'zzz' (--help"),
+])
+def test_gin_mistakes_are_one_line_naming_the_binding(tmp_path, capsys, no_loading, binding,
+                                                       message):
+  rc, err = _run(capsys, f"--config={DEMO}", f"--gin_bindings={binding}",
+                 f"--workdir={tmp_path / 'w'}")
+  assert rc == 2
+  errors = [l for l in err.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and message in errors[0], err
+  assert "Traceback" not in err and len(err.strip().splitlines()) == 2  # hint + error
+
+
+def test_a_gin_mistake_in_a_config_file_names_the_file_and_line(tmp_path, capsys, no_loading):
+  bad = tmp_path / "bad.gin"
+  bad.write_text("Experiment.gamma = 3\nExperiment.gamm = 4\n")
+  rc, err = _run(capsys, f"--config={DEMO}", f"--config={bad}", f"--workdir={tmp_path / 'w'}")
+  assert rc == 2
+  assert f"error: {bad}, line 2: 'Experiment.gamm = 4': Experiment has no setting 'gamm'; " \
+         "did you mean 'gamma'?" in err, err
+
+
+def test_library_info_is_told_by_origin_not_by_a_path_substring(tmp_path):
+  """A library inside a clone named specdec_jax (its venv there) is still a library."""
+  import logging as std_logging
+  f = logs.LibraryFilter()
+  rec = lambda path, level=std_logging.INFO: std_logging.LogRecord("absl", level, path, 1, "m",
+                                                                   (), None)
+  venv_lib = tmp_path / "specdec_jax" / ".venv" / "lib" / "site-packages" / "orbax" / "x.py"
+  assert not f.filter(rec(str(venv_lib)))
+  assert f.filter(rec(str(venv_lib), std_logging.WARNING))
+  assert f.filter(rec(str(REPO / "specdec_jax" / "run" / "loop.py")))
+  assert f.filter(rec(str(REPO / "scripts" / "bench_tree.py")))
