@@ -36,16 +36,21 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec_jax import partitioning, storage, training
+from specdec_jax import partitioning, storage, training  # noqa: F401
 from specdec_jax.drafts import bridge, feature_bridge
 from specdec_jax.decoding import temperature_sample
-from specdec_jax.models.t5 import T5Config, T5Model, param_shapes, shift_right
+from specdec_jax.models.t5 import T5Config, T5Model, shift_right
+from specdec_jax.pair import ModelPair, check_path, resolve_path
 from specdec_jax.partitioning import Partitioner
 from specdec_jax.sampling import SamplingConfig
 
 DIVERGENCES = ("fkl", "tv", "rkl", "none")
 OUTPUT_MODES = ("greedy", "sample")
-PARAM_DTYPES = ("float32", "bfloat16")
+PARAM_DTYPES = ("float32", "bfloat16")   # the target's weights in device memory
+# The DistillJob fields its ModelPair is built from (the same names there).
+PAIR_FIELDS = ("target_checkpoint", "draft_checkpoint", "target_format", "draft_format",
+               "target_preset", "draft_preset", "vocab_path", "vocab_extra_ids", "mesh_shape",
+               "logical_axis_rules", "partition_fallback", "param_dtype")
 
 
 # ---------------------------------------------------------------- target outputs
@@ -403,8 +408,10 @@ class DistillJob:
   'data'. The draft is replicated, kept and trained in float32, data-parallel:
   each training batch's rows (a multiple of the 'data' axis, ``batch_tokens`` a
   cap, ``training.batch_rows``) are split over 'data' and the gradients reduced
-  across it. Settings, mesh and vocabularies are checked before any weight is
-  read (``check_before_loading``).
+  across it. The target and draft settings form ``pair``
+  (``specdec_jax.pair.ModelPair``, validated as the runner's); settings, mesh
+  and vocabularies are checked before any weight is read
+  (``check_before_loading``).
   """
 
   target_checkpoint: str
@@ -461,6 +468,20 @@ class DistillJob:
   logical_axis_rules: Optional[tuple] = None     # the target's; None: STANDARD_RULES
   partition_fallback: str = "error"              # or 'replicate' non-divisible dimensions
 
+  @property
+  def pair(self) -> ModelPair:
+    """The target and the draft as one ``ModelPair`` (messages name the
+    fields, which are the script's flags): the target's weights at
+    ``param_dtype`` under ``logical_axis_rules``, the draft's kept in float32
+    and replicated (``partitioning.DATA_PARALLEL_RULES``), activations float32."""
+    return ModelPair(**{f: getattr(self, f) for f in PAIR_FIELDS}, draft_param_dtype="float32",
+                     dtype="float32")
+
+  def resolve(self, path: str) -> str:
+    """A path to read as the job reads it: the working directory, else the
+    repository root (``pair.resolve_path``)."""
+    return resolve_path(path)
+
   def validate(self, check_paths: bool = True) -> None:
     """Checks that need no loading; fail before any work. ``check_paths``
     False (the TPU dry run, ``specdec_jax.dryrun.distill_programs``, which reads
@@ -485,20 +506,13 @@ class DistillJob:
     for name in ("grow_encoder_layers", "grow_decoder_layers"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-    self._validate_scale()
-    for name in ("target_checkpoint", "draft_checkpoint", "vocab_path", "source"):
-      value = getattr(self, name)
-      if not value:
-        raise ValueError(f"{name} is not set")
-      if not check_paths:
-        continue
-      if storage.is_gcs(value):  # read through specdec_jax.storage: it says what is missing
-        try:
-          storage.check_path(value)
-        except ValueError as e:
-          raise ValueError(f"{name}: {e}") from None
-      elif not value.startswith("seqio:") and not os.path.exists(value):
-        raise FileNotFoundError(f"{name}: {value!r} does not exist")
+    pair = self.pair
+    pair.check_values(PARAM_DTYPES)
+    self._check_data_axis()
+    for name in pair.unset(draft_needed=True) + ([] if self.source else ["source"]):
+      raise ValueError(f"{name} is not set")
+    pair.check_paths(must_exist=check_paths)
+    check_path("source", self.source, must_exist=check_paths)
     for name in ("output_dir", "workdir"):
       path = getattr(self, name)
       if not path:
@@ -511,92 +525,43 @@ class DistillJob:
         raise FileExistsError(f"{name} {path!r} exists and is not empty; pass --resume to "
                               "continue that run, or choose another directory")
 
-
-  def _validate_scale(self) -> None:
-    if self.param_dtype not in PARAM_DTYPES:
-      raise ValueError(f"param_dtype must be one of {PARAM_DTYPES}, got {self.param_dtype!r}")
-    if self.partition_fallback not in partitioning.FALLBACKS:
-      raise ValueError(f"partition_fallback must be one of {partitioning.FALLBACKS}, got "
-                       f"{self.partition_fallback!r}")
-    if self.logical_axis_rules is not None:
-      try:
-        partitioning.validate_rules(self.logical_axis_rules)
-      except (partitioning.PartitioningError, TypeError) as e:
-        raise ValueError(f"logical_axis_rules: {e}") from None
+  def _check_data_axis(self) -> None:
+    """Target outputs are generated in batches split over the mesh's 'data' axis."""
     if self.mesh_shape is None:
       return
-    shape = self.mesh_shape
-    if (not isinstance(shape, (tuple, list)) or len(shape) != 2
-        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape)):
-      raise ValueError(f"mesh_shape must be None or two positive ints (data, model), "
-                       f"got {shape!r}")
-    data_axis = shape[0]
+    data_axis = self.mesh_shape[0]
     if self.generate_batch_size % data_axis:
       raise ValueError(f"generate_batch_size={self.generate_batch_size} is not divisible by "
-                       f"the 'data' axis of mesh_shape={tuple(shape)} ({data_axis}): target "
-                       f"outputs are generated in batches split over 'data'; use a multiple "
-                       f"of {data_axis}")
-
-
-def _peek_config(path: str, fmt: str, preset: Optional[str]) -> Optional[T5Config]:
-  """``checkpoints.peek_config`` (activations float32, as distillation trains)."""
-  from specdec_jax import checkpoints
-  return checkpoints.peek_config(path, fmt, preset)
+                       f"the 'data' axis of mesh_shape={tuple(self.mesh_shape)} ({data_axis}): "
+                       f"target outputs are generated in batches split over 'data'; use a "
+                       f"multiple of {data_axis}")
 
 
 def partitioners(job: DistillJob) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
   """(target's, draft's) partitioners over one mesh of ``job.mesh_shape``, or
-  (None, None) for one device. The target's rules are ``job.logical_axis_rules``;
-  the draft's are ``partitioning.DATA_PARALLEL_RULES`` (replicated weights,
-  batches over 'data'). A mesh that does not match the devices is a ValueError."""
-  try:
-    target = partitioning.from_settings(job.mesh_shape, job.logical_axis_rules,
-                                        job.partition_fallback)
-  except partitioning.PartitioningError as e:
-    raise ValueError(str(e)) from None
-  if target is None:
-    return None, None
-  return target, partitioning.from_settings(job.mesh_shape, partitioning.DATA_PARALLEL_RULES,
-                                            job.partition_fallback, mesh=target.mesh)
+  (None, None) for one device (``ModelPair.partitioners``): the target's
+  rules are ``job.logical_axis_rules``, the draft's
+  ``partitioning.DATA_PARALLEL_RULES`` (replicated weights, batches over
+  'data'). A mesh that does not match the devices is a ValueError."""
+  return job.pair.partitioners()
 
 
 def check_vocabularies(target: T5Config, draft: T5Config, job: DistillJob) -> None:
-  """The draft must speak the target's token ids (same vocab_size, pad and EOS)."""
-  from specdec_jax import data
-  try:
-    data.check_vocab_compatible(target.vocab_size, draft.vocab_size,
-                                target_pad_id=target.pad_id, draft_pad_id=draft.pad_id,
-                                target_eos_id=target.eos_id, draft_eos_id=draft.eos_id)
-  except ValueError as e:
-    raise ValueError(f"{e} (target_checkpoint={job.target_checkpoint}, draft_checkpoint="
-                     f"{job.draft_checkpoint}); distill a draft with the target's "
-                     "vocabulary") from None
+  """The draft must speak the target's token ids (same vocab_size, pad and EOS):
+  ``ModelPair.check_vocabularies``."""
+  job.pair.check_vocabularies(target, draft)
 
 
 def check_before_loading(job: DistillJob) -> tuple[Optional[Partitioner],
                                                    Optional[Partitioner]]:
-  """Every check that reads no weight: the settings (``validate``), the mesh
-  against the devices, the target's and draft's vocabularies (from their
-  presets or config files), and every parameter dimension the mesh must
-  divide. Each failure is one ValueError line naming the setting. Returns
-  ``partitioners(job)``."""
+  """Every check that reads no weight: the settings (``validate``), then the
+  pair's (``ModelPair.check_before_loading``: the mesh against the devices,
+  the target's and draft's vocabularies from their presets or config files,
+  every parameter dimension the mesh must divide). Each failure is one
+  ValueError line naming the setting. Returns the (target's, draft's)
+  partitioners."""
   job.validate()
-  target_part, draft_part = partitioners(job)
-  cfgs = {role: _peek_config(path, fmt, preset) for role, path, fmt, preset in (
-      ("target", job.target_checkpoint, job.target_format, job.target_preset),
-      ("draft", job.draft_checkpoint, job.draft_format, job.draft_preset))}
-  if cfgs["target"] is not None and cfgs["draft"] is not None:
-    check_vocabularies(cfgs["target"], cfgs["draft"], job)
-  if target_part is not None:
-    for role, part in (("target", target_part), ("draft", draft_part)):
-      if cfgs[role] is None:
-        continue  # the loader checks each array as it places it
-      try:
-        part.param_shardings(param_shapes(cfgs[role]))
-      except partitioning.PartitioningError as e:
-        raise ValueError(f"mesh_shape={tuple(job.mesh_shape)} cannot shard the {role} "
-                         f"({getattr(job, role + '_checkpoint')}): {e}") from None
-  return target_part, draft_part
+  return job.pair.check_before_loading()
 
 
 def _encode_source(vocab, source: str, split: str, prefix: str, max_examples, data_dir,
@@ -631,67 +596,18 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   Only process 0 writes the exported draft and its log (and, in ``fit``, the
   loss log; Orbax writes the training checkpoints once across processes).
   """
-  from specdec_jax import checkpoints, data
-  from specdec_jax.models.t5 import get_config
+  from specdec_jax import data
   target_part, draft_part = check_before_loading(job)
-  vocab = data.get_vocabulary(job.vocab_path, extra_ids=job.vocab_extra_ids)
-  peeked = _peek_config(job.target_checkpoint, job.target_format, job.target_preset)
-  if peeked is not None and vocab.vocab_size > peeked.vocab_size:
-    raise ValueError(f"vocabulary {job.vocab_path} has {vocab.vocab_size} ids but the target's "
-                     f"vocab_size is {peeked.vocab_size}")
-
-  def load(path, fmt, preset, param_dtype, part):
-    config = get_config(preset) if preset else None
-    params, config = checkpoints.load_checkpoint(path, fmt=fmt, config=config,
-                                                 param_dtype=param_dtype, partitioner=part)
-    return T5Model(config), params
-
-  target, target_params = load(job.target_checkpoint, job.target_format, job.target_preset,
-                               job.param_dtype, target_part)
-  # The draft trains in float32 whatever the target's weights are kept in.
-  draft, draft_params = load(job.draft_checkpoint, job.draft_format, job.draft_preset,
-                             "float32", draft_part)
-  has_dir = storage.is_gcs(job.draft_checkpoint) or os.path.isdir(job.draft_checkpoint)
-  kernel = bridge.load(job.draft_checkpoint) if has_dir else None
-  if job.grow_encoder_layers or job.grow_decoder_layers:
-    draft_params, grown_cfg = grow_layers(
-        draft_params, draft.config, encoder_layers=job.grow_encoder_layers,
-        decoder_layers=job.grow_decoder_layers, seed=job.seed)
-    draft = T5Model(grown_cfg)
-    log_fn(f"draft grown to {grown_cfg.num_encoder_layers} encoder / "
-           f"{grown_cfg.num_decoder_layers} decoder layers (new layers start as the identity)")
-  features = feature_bridge.load(job.draft_checkpoint) if has_dir else None
-  bridged = job.encoder_bridge or kernel is not None or job.feature_bridge or features is not None
-  if bridged:
-    if job.on_policy_fraction > 0:
-      raise ValueError(f"{job.draft_checkpoint} has a bridge; on_policy_fraction > 0 "
-                       "is not supported with one")
-    wrapped = {"draft": draft_params}
-    if job.encoder_bridge and kernel is None:
-      kernel = bridge.zeros(target, draft)
-      log_fn("encoder bridge added (zero: the draft starts unchanged)")
-    if kernel is not None:
-      bridge.check(kernel, target, draft, job.draft_checkpoint)
-      wrapped["bridge"] = jnp.asarray(kernel)
-    if job.feature_bridge and features is None:
-      features = feature_bridge.zeros(target, draft, job.feature_staleness)
-      log_fn("feature bridge added (zero: the draft starts unchanged)")
-    if features is not None:
-      feature_bridge.check(features, target, draft, job.draft_checkpoint)
-      wrapped["feature"] = jax.tree.map(jnp.asarray, features)
-    draft_params = wrapped
-  check_vocabularies(target.config, draft.config, job)
-  if vocab.vocab_size > target.config.vocab_size:
-    raise ValueError(f"vocabulary {job.vocab_path} has {vocab.vocab_size} ids but the target's "
-                     f"vocab_size is {target.config.vocab_size}")
-  prefix = job.prefix if job.prefix is not None else data.PREFIXES.get(job.task, "")
-  inputs = _encode_source(vocab, job.source, job.split, prefix, job.max_examples,
-                          job.tfds_data_dir, job.max_input_len, with_refs=False)
-  eval_pairs = None
-  if job.eval_source:
-    eval_pairs = _encode_source(vocab, job.eval_source, job.eval_split, prefix,
-                                job.eval_max_examples, job.tfds_data_dir, job.max_input_len,
-                                with_refs=True)
+  spec = job.pair
+  vocab = data.get_vocabulary(job.resolve(job.vocab_path), extra_ids=job.vocab_extra_ids)
+  peeked = spec.peek_config("target")
+  if peeked is not None:
+    spec.check_vocab_size(vocab.vocab_size, peeked)
+  target, target_params = spec.load("target", target_part)
+  draft, draft_params, bridged = _load_draft(job, target, draft_part, log_fn)
+  spec.check_vocabularies(target.config, draft.config)
+  spec.check_vocab_size(vocab.vocab_size, target.config)
+  inputs, eval_pairs = _encode_inputs(job, vocab)
   os.makedirs(job.workdir, exist_ok=True)
   log_fn(f"{len(inputs)} training inputs from {job.source}")
   buckets = training.buckets_upto(max(job.max_input_len, job.max_decode_len))
@@ -707,16 +623,8 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   summary: dict[str, Any] = {"training_inputs": len(inputs), "training_pairs": len(pairs)}
   evaluate = None
   if eval_pairs:
-    # Agreement along the target's greedy outputs on the held-out inputs: the
-    # prefixes speculative decoding at T=0 actually visits.
-    eval_out = generate_target_outputs(
-        target, target_params, [x for x, _ in eval_pairs],
-        os.path.join(job.workdir, "eval_target_outputs.jsonl"), modes=("greedy",),
-        max_decode_len=job.max_decode_len, batch_size=job.generate_batch_size,
-        buckets=buckets, log_fn=log_fn, partitioner=target_part)
-    eval_batches = training.fixed_batches(
-        [(eval_pairs[i][0], toks) for (i, _), toks in sorted(eval_out.items()) if toks],
-        job.batch_tokens, buckets, rows)
+    eval_batches = _eval_batches(job, target, target_params, eval_pairs, buckets, rows,
+                                 target_part, log_fn)
     evaluate = lambda p: agreement(target, target_params, draft, p, eval_batches, bridged,
                                    draft_part)
     summary["before"] = evaluate(draft_params)
@@ -740,6 +648,77 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
             summary)
   log_fn(f"distilled draft written to {job.output_dir}")
   return summary
+
+
+def _load_draft(job: DistillJob, target: T5Model, draft_part: Optional[Partitioner],
+                log_fn: Callable[[str], None]) -> tuple[T5Model, Any, bool]:
+  """The draft to train: read in float32 (replicated over ``draft_part``'s
+  mesh), deepened by ``grow_*_layers``, and with its bridges (those its
+  checkpoint has, zero new ones the job asks for) wrapped as in
+  ``draft_forward``. Returns (draft, params, bridged)."""
+  draft, params = job.pair.load("draft", draft_part)
+  where = job.resolve(job.draft_checkpoint)
+  has_dir = storage.is_gcs(where) or os.path.isdir(where)
+  kernel = bridge.load(where) if has_dir else None
+  if job.grow_encoder_layers or job.grow_decoder_layers:
+    params, grown_cfg = grow_layers(
+        params, draft.config, encoder_layers=job.grow_encoder_layers,
+        decoder_layers=job.grow_decoder_layers, seed=job.seed)
+    draft = T5Model(grown_cfg)
+    log_fn(f"draft grown to {grown_cfg.num_encoder_layers} encoder / "
+           f"{grown_cfg.num_decoder_layers} decoder layers (new layers start as the identity)")
+  features = feature_bridge.load(where) if has_dir else None
+  bridged = job.encoder_bridge or kernel is not None or job.feature_bridge or features is not None
+  if not bridged:
+    return draft, params, False
+  if job.on_policy_fraction > 0:
+    raise ValueError(f"{job.draft_checkpoint} has a bridge; on_policy_fraction > 0 "
+                     "is not supported with one")
+  wrapped = {"draft": params}
+  if job.encoder_bridge and kernel is None:
+    kernel = bridge.zeros(target, draft)
+    log_fn("encoder bridge added (zero: the draft starts unchanged)")
+  if kernel is not None:
+    bridge.check(kernel, target, draft, job.draft_checkpoint)
+    wrapped["bridge"] = jnp.asarray(kernel)
+  if job.feature_bridge and features is None:
+    features = feature_bridge.zeros(target, draft, job.feature_staleness)
+    log_fn("feature bridge added (zero: the draft starts unchanged)")
+  if features is not None:
+    feature_bridge.check(features, target, draft, job.draft_checkpoint)
+    wrapped["feature"] = jax.tree.map(jnp.asarray, features)
+  return draft, wrapped, True
+
+
+def _encode_inputs(job: DistillJob, vocab: Any) -> tuple[list, Optional[list]]:
+  """(training inputs, held-out (input, reference) pairs or None), each an
+  EOS-terminated id list cut to ``max_input_len``, with the task's prefix."""
+  from specdec_jax import data
+  prefix = job.prefix if job.prefix is not None else data.PREFIXES.get(job.task, "")
+  inputs = _encode_source(vocab, job.resolve(job.source), job.split, prefix, job.max_examples,
+                          job.tfds_data_dir, job.max_input_len, with_refs=False)
+  eval_pairs = None
+  if job.eval_source:
+    eval_pairs = _encode_source(vocab, job.resolve(job.eval_source), job.eval_split, prefix,
+                                job.eval_max_examples, job.tfds_data_dir, job.max_input_len,
+                                with_refs=True)
+  return inputs, eval_pairs
+
+
+def _eval_batches(job: DistillJob, target: T5Model, target_params: Any, eval_pairs: list,
+                  buckets: Sequence[int], rows: int, target_part: Optional[Partitioner],
+                  log_fn: Callable[[str], None]) -> list[training.Batch]:
+  """Fixed batches of the target's greedy outputs on the held-out inputs:
+  agreement along them is measured on the prefixes speculative decoding at
+  T=0 actually visits."""
+  eval_out = generate_target_outputs(
+      target, target_params, [x for x, _ in eval_pairs],
+      os.path.join(job.workdir, "eval_target_outputs.jsonl"), modes=("greedy",),
+      max_decode_len=job.max_decode_len, batch_size=job.generate_batch_size,
+      buckets=buckets, log_fn=log_fn, partitioner=target_part)
+  return training.fixed_batches(
+      [(eval_pairs[i][0], toks) for (i, _), toks in sorted(eval_out.items()) if toks],
+      job.batch_tokens, buckets, rows)
 
 
 def _export(job: DistillJob, config: T5Config, params: Any, bridged: bool,

@@ -14,7 +14,7 @@ PKG = REPO / "specdec_jax"
 LAYERS = [
     ("engine", ("models", "sampling", "speculative", "tree", "decoding", "theory",
                 "partitioning", "drafts.base", "paper")),
-    ("io", ("checkpoints", "memory", "data", "prepare_data", "storage")),
+    ("io", ("checkpoints", "memory", "data", "prepare_data", "storage", "pair")),
     ("drafts", ("drafts", "timing", "alpha")),
     ("training", ("training", "distill", "evaluate")),
     ("run", ("run", "dryrun")),

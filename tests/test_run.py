@@ -481,7 +481,7 @@ def test_relative_paths_resolve_next_to_the_config(env, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)  # neither the config's directory nor the repo
   exp = run.parse_config([str(d / "rel.gin")], [])
   exp.validate()
-  assert Path(run.settings.resolve_path(exp.source)) == d / "mydata.tsv"
+  assert Path(exp.resolve(exp.source)) == d / "mydata.tsv"
 
 
 def test_resume_prints_a_finished_run_and_extends_a_raised_num_examples(

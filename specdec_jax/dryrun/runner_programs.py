@@ -69,7 +69,7 @@ from specdec_jax.dryrun.driver import (GiB, Compile, Context, DryRun, abstract_k
 from specdec_jax.models.t5 import T5Config, T5Model
 from specdec_jax.partitioning import CACHE_AXES, Partitioner
 from specdec_jax.alpha import min_pq_along
-from specdec_jax.run.settings import Experiment, is_remote, resolve_path
+from specdec_jax.run.settings import Experiment, is_remote
 from specdec_jax.run.setup import check_partitioning, estimate_bytes
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.tree import TreeShape
@@ -112,14 +112,14 @@ def _checkable(exp: Experiment) -> tuple[Experiment, list]:
     if name == "draft_checkpoint" and not value and not needs_ckpt:
       continue
     unread.append((name, value))
-    if not value or (not is_remote(value) and not Path(resolve_path(value)).exists()):
+    if not value or (not is_remote(value) and not Path(exp.resolve(value)).exists()):
       swap[name] = PLACEHOLDER + name
   return dataclasses.replace(exp, **swap), unread
 
 
 def _architecture(exp: Experiment, role: str) -> T5Config:
   path = getattr(exp, f"{role}_checkpoint")
-  local = resolve_path(path) if path and not path.startswith(PLACEHOLDER) else ""
+  local = exp.resolve(path) if path and not path.startswith(PLACEHOLDER) else ""
   return driver.architecture(role, local, getattr(exp, f"{role}_format"),
                              getattr(exp, f"{role}_preset"), exp.dtype,
                              ("bind", "Experiment."))

@@ -134,7 +134,6 @@ def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
   if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())  # so a config's `import my_module` line finds it
   files = [resolve_path(c) for c in configs]
-  settings.set_config_dirs(files)
   for f in files:
     if not Path(f).is_file():
       raise FileNotFoundError(f"--config={f}: no such file")
@@ -145,12 +144,12 @@ def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
     if explained is None:
       raise
     raise explained from None
-  return Experiment()
+  return Experiment(config_dirs=settings.config_dirs(files))
 
 
 def _configurables() -> dict[str, list[str]]:
   """The runner's gin configurables and their parameters (for "did you mean")."""
-  return {"Experiment": [f.name for f in dataclasses.fields(Experiment)],
+  return {"Experiment": [f.name for f in _settings()],
           "SamplingConfig": list(inspect.signature(settings.sampling_config).parameters),
           "AdaptiveConfig": list(inspect.signature(settings.adaptive_config).parameters)}
 
@@ -235,12 +234,17 @@ def run_args(args: Sequence[str]) -> int:
   return cli(rest)
 
 
+def _settings() -> list[dataclasses.Field]:
+  """The ``Experiment`` fields a user binds (``config_dirs`` is set by parsing)."""
+  return [f for f in dataclasses.fields(Experiment) if f.name != "config_dirs"]
+
+
 def _settings_help() -> str:
   hints = typing.get_type_hints(Experiment)
   short = lambda t: re.sub(r"[\w.]+\.(\w+)", r"\1",
                            str(t).replace("<class '", "").replace("'>", ""))
   lines = ["", "Experiment settings (--gin_bindings='Experiment.<name> = <value>'; defaults):"]
-  for f in dataclasses.fields(Experiment):
+  for f in _settings():
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     lines.append(f"  {f.name}: {short(hints[f.name])} = {default!r}")
   lines += ["", "Sampling (§2.2): SamplingConfig.temperature (0: argmax), .topk, .topp.",

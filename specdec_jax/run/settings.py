@@ -9,25 +9,30 @@ the repository root.
 from __future__ import annotations
 
 import dataclasses
-import os
 import typing
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import gin
 
-from specdec_jax import data, drafts, partitioning, storage
+from specdec_jax import data, drafts, pair as pair_lib
 from specdec_jax.decoding import AdaptiveConfig
+# Path lookup is the pair's; the runner and scripts import it from here too.
+from specdec_jax.pair import (ModelPair, candidates, check_path, is_remote,  # noqa: F401
+                              resolve_path)
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.tree import TreeShape
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}   # activation dtype -> bytes
+REPO_ROOT = pair_lib.REPO_ROOT
+DTYPES = pair_lib.DTYPES   # activation and weight dtypes
 MODES = ("speculative", "alpha_only")
-# Experiment fields that hold paths, and the macros the paper configs bind them to.
-_PATH_FIELDS = ("vocab_path", "target_checkpoint", "draft_checkpoint", "source", "ngram_corpus",
-                "draft_shortlist")
-CONFIG_DIRS: list[Path] = []  # directories of the parsed --config files, last first
+# The Experiment fields its ModelPair is built from (the same names there).
+PAIR_FIELDS = ("target_checkpoint", "draft_checkpoint", "target_format", "draft_format",
+               "target_preset", "draft_preset", "vocab_path", "vocab_extra_ids", "mesh_shape",
+               "logical_axis_rules", "draft_logical_axis_rules", "partition_fallback",
+               "param_dtype", "dtype")
+# Experiment fields outside the pair that hold paths that must exist.
+_PATH_FIELDS = ("source", "ngram_corpus", "draft_shortlist")
 
 
 @gin.configurable("SamplingConfig")
@@ -52,16 +57,20 @@ def adaptive_config(rule: str = gin.REQUIRED, threshold: Optional[float] = None,
                         confidence=confidence)
 
 
-@gin.configurable
+@gin.configurable(denylist=["config_dirs"])
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-  """One experiment. Every field is a gin binding (``Experiment.<field>``).
+  """One experiment. Every field is a gin binding (``Experiment.<field>``)
+  except ``config_dirs``, which ``parse_config`` sets to the ``--config``
+  files' directories (where relative paths are looked for, ``resolve``).
 
   Models: a checkpoint path + format ('auto', 'specdec', 't5x', 't5x_orbax',
   'hf') + preset (required for T5X formats, e.g. 't5_1_1_xxl'); the draft is an
   approximation model by name ('t5', 'unigram', 'bigram', 'prompt_lookup', 'lookup_t5').
   unigram/bigram are estimated from ``ngram_corpus`` (a source like
-  ``source``; its references are the corpus).
+  ``source``; its references are the corpus). The target and draft settings,
+  with the mesh and dtypes, form ``pair`` (``specdec_jax.pair.ModelPair``,
+  validated as distillation's).
   """
 
   task: str = "bible_modernize"
@@ -133,31 +142,52 @@ class Experiment:
   # prefill before the timed examples; fewer is quicker and noisier.
   cost_repeats: int = 15
 
+  config_dirs: tuple = ()   # not a binding: set by parse_config (see above)
+
+  @property
+  def pair(self) -> ModelPair:
+    """The target and draft settings as one ``ModelPair`` (messages name them
+    as bindings, ``Experiment.<field>``)."""
+    return ModelPair(**{f: getattr(self, f) for f in PAIR_FIELDS}, config_dirs=self.config_dirs,
+                     prefix="Experiment.")
+
+  def resolve(self, path: str) -> str:
+    """A path as the run reads it: the working directory, then next to each
+    ``--config`` file (last first), then the repository root (``resolve_path``)."""
+    return resolve_path(path, self.config_dirs)
+
   def validate(self) -> None:
     """Cheap checks that fail before any long work starts (types, values, paths)."""
     self.check_types()
-    for name in ("dtype", "param_dtype"):
-      if getattr(self, name) not in DTYPES:
-        raise ValueError(f"Experiment.{name} must be one of {sorted(DTYPES)}, "
-                         f"got {getattr(self, name)!r}")
-    if self.mesh_shape is not None and (
-        len(self.mesh_shape) != 2 or not all(isinstance(n, int) and not isinstance(n, bool)
-                                             and n >= 1 for n in self.mesh_shape)):
-      raise ValueError(f"Experiment.mesh_shape must be None or two positive ints (data, model), "
-                       f"got {self.mesh_shape!r}")
-    for name in ("logical_axis_rules", "draft_logical_axis_rules"):
-      if getattr(self, name) is not None:
-        try:
-          partitioning.validate_rules(getattr(self, name))
-        except (partitioning.PartitioningError, TypeError) as e:
-          raise ValueError(f"Experiment.{name}: {e}") from None
-    if self.partition_fallback not in partitioning.FALLBACKS:
-      raise ValueError(f"Experiment.partition_fallback must be one of "
-                       f"{partitioning.FALLBACKS}, got {self.partition_fallback!r}")
+    pair = self.pair
+    pair.check_values()
     if self.multihost and self.coordinator_address is not None and (
         self.num_processes is None or self.process_id is None):
       raise ValueError("Experiment.multihost with Experiment.coordinator_address also needs "
                        "Experiment.num_processes and Experiment.process_id")
+    self._check_gamma()
+    if self.tree:
+      self._check_tree()
+    self._check_draft()
+    for name in ("batch_size", "max_input_len", "max_decode_len", "num_examples",
+                 "alpha_only_tokens", "cost_repeats"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"Experiment.{name} must be >= 1, got {getattr(self, name)}")
+    data.check_input_buckets(self.input_buckets, self.max_input_len, "Experiment.input_buckets")
+    if self.num_warmup < 0:
+      raise ValueError(f"Experiment.num_warmup must be >= 0, got {self.num_warmup}")
+    if self.on_too_long not in ("truncate", "error"):
+      raise ValueError(f"Experiment.on_too_long must be 'truncate' or 'error', "
+                       f"got {self.on_too_long!r}")
+    self._check_unset(pair)
+    pair.check_paths()
+    for name in _PATH_FIELDS + ("tfds_data_dir", "auto_alpha_source"):
+      if getattr(self, name):
+        check_path(f"Experiment.{name}", getattr(self, name), self.config_dirs,
+                   must_exist=name in _PATH_FIELDS)
+
+  def _check_gamma(self) -> None:
+    """γ, its automatic choice and the adaptive rule (§3.5), and lenience."""
     if isinstance(self.gamma, str) and self.gamma != "auto":
       raise ValueError(f"Experiment.gamma must be an int >= 1 or 'auto', got {self.gamma!r}")
     if not isinstance(self.gamma, str) and self.gamma < 1:
@@ -178,34 +208,29 @@ class Experiment:
         raise ValueError(f"Experiment.adaptive (rule {self.adaptive.rule!r}): {e}") from None
     if not 0 < self.lenience <= 1:
       raise ValueError(f"Experiment.lenience must be in (0, 1] (1 is exact), got {self.lenience}")
-    if self.tree:
-      shape = self.tree_shape  # a malformed tree fails here, naming itself
-      clash = [(f, why) for f, on, why in (
-          ("adaptive", self.adaptive is not None, "a tree's shape is fixed per run"),
-          ("lenience", self.lenience != 1.0, "trees are verified exactly"),
-          ("gamma", self.gamma == "auto", "the tree's depth replaces γ")) if on]
-      if clash:
-        f, why = clash[0]
-        raise ValueError(f"Experiment.tree={self.tree!r} cannot run with Experiment.{f}="
-                         f"{getattr(self, f)!r}: {why}")
-      try:
-        shape.check_room(self.max_decode_len)
-      except ValueError as e:
-        raise ValueError(f"Experiment.tree={self.tree!r}: {e}") from None
+
+  def _check_tree(self) -> None:
+    """A token tree: well formed, alone (no adaptive γ, lenience or 'auto'), and room for it."""
+    shape = self.tree_shape  # a malformed tree fails here, naming itself
+    clash = [(f, why) for f, on, why in (
+        ("adaptive", self.adaptive is not None, "a tree's shape is fixed per run"),
+        ("lenience", self.lenience != 1.0, "trees are verified exactly"),
+        ("gamma", self.gamma == "auto", "the tree's depth replaces γ")) if on]
+    if clash:
+      f, why = clash[0]
+      raise ValueError(f"Experiment.tree={self.tree!r} cannot run with Experiment.{f}="
+                       f"{getattr(self, f)!r}: {why}")
+    try:
+      shape.check_room(self.max_decode_len)
+    except ValueError as e:
+      raise ValueError(f"Experiment.tree={self.tree!r}: {e}") from None
+
+  def _check_draft(self) -> None:
+    """The approximation model is registered and takes what is bound for it."""
     if self.draft_name not in drafts.REGISTRY:
       raise ValueError(f"unknown approximation model Experiment.draft_name="
                        f"{self.draft_name!r}; known: {sorted(drafts.REGISTRY)} (a draft "
                        "defined outside the package needs --import=<its module>)")
-    for name in ("batch_size", "max_input_len", "max_decode_len", "num_examples",
-                 "alpha_only_tokens", "cost_repeats"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"Experiment.{name} must be >= 1, got {getattr(self, name)}")
-    data.check_input_buckets(self.input_buckets, self.max_input_len, "Experiment.input_buckets")
-    if self.num_warmup < 0:
-      raise ValueError(f"Experiment.num_warmup must be >= 0, got {self.num_warmup}")
-    if self.on_too_long not in ("truncate", "error"):
-      raise ValueError(f"Experiment.on_too_long must be 'truncate' or 'error', "
-                       f"got {self.on_too_long!r}")
     uses_checkpoint = drafts.takes(self.draft_name, "model") or drafts.takes(self.draft_name,
                                                                              "params")
     if self.draft_checkpoint and not uses_checkpoint:
@@ -218,36 +243,27 @@ class Experiment:
                        f"approximation model {self.draft_name!r} takes no 'shortlist' "
                        "argument (the T5 drafts 't5' and 'lookup_t5' do); bind "
                        "Experiment.draft_shortlist = '' for it")
+
+  def _check_unset(self, pair: ModelPair) -> None:
+    """Every setting the run needs and that is unset, in one message naming
+    each (and the gin macro it is bound through, if any)."""
     needs = set(drafts.requires(self.draft_name))
-    unset = [(f, "") for f in ("target_checkpoint", "vocab_path", "source")
-             if not getattr(self, f)]
-    if needs & {"model", "params"} and not self.draft_checkpoint:
-      unset.append(("draft_checkpoint", f"draft_name={self.draft_name!r} needs one"))
+    why = {"draft_checkpoint": f"draft_name={self.draft_name!r} needs one"}
+    unset = [(f, why.get(f, "")) for f in pair.unset(bool(needs & {"model", "params"}))]
+    if not self.source:
+      unset.append(("source", ""))
     if "corpus" in needs and not self.ngram_corpus:
       unset.append(("ngram_corpus", f"draft_name={self.draft_name!r} is estimated from a "
                     "corpus"))
     if unset:
       items = []
-      for f, why in unset:
+      for f, reason in unset:
         macro = _macro_for(f)
-        item = f"Experiment.{f} is not set" + (f" ({why})" if why else "")
+        item = f"Experiment.{f} is not set" + (f" ({reason})" if reason else "")
         items.append(f"{macro} ({item})" if macro else item)
       example = _macro_for(unset[0][0]) or f"Experiment.{unset[0][0]}"
       raise ValueError(f"missing settings: {'; '.join(items)}. Bind each, e.g. "
                        f"--gin_bindings=\"{example} = '/path/...'\"")
-    for name in _PATH_FIELDS + ("tfds_data_dir", "auto_alpha_source"):
-      value = getattr(self, name)
-      if not value:
-        continue
-      if storage.is_gcs(value):  # well formed; whether it exists is found when it is read
-        try:
-          storage.check_path(value)
-        except ValueError as e:
-          raise ValueError(f"Experiment.{name}: {e}") from None
-      elif name in _PATH_FIELDS and not is_remote(value) and not Path(
-          resolve_path(value)).exists():
-        raise FileNotFoundError(f"Experiment.{name}: {value!r} does not exist (looked in: "
-                                f"{', '.join(candidates(value))})")
 
   @property
   def tree_shape(self) -> Optional[TreeShape]:
@@ -308,29 +324,6 @@ class Experiment:
     return target, draft
 
 
-def is_remote(path: str) -> bool:
-  """Whether ``path`` is a ``gs://`` URL or a ``seqio:`` task: never looked up
-  on the local file system, and passed on unchanged."""
-  return storage.is_gcs(path) or path.startswith("seqio:")
-
-
-def candidates(path: str) -> list[str]:
-  """Where a relative path is looked for: cwd, each config's directory, the repo
-  root; a remote or absolute path is its only candidate, unchanged."""
-  if is_remote(path):
-    return [path]
-  if os.path.isabs(path):
-    return [str(Path(path))]
-  return [str(p) for p in [Path(path)] + [d / path for d in CONFIG_DIRS] + [REPO_ROOT / path]]
-
-
-def resolve_path(path: str) -> str:
-  """The first existing candidate (see ``candidates``), else the repo-root one;
-  ``gs://`` and ``seqio:`` paths are returned as they are."""
-  cands = candidates(path)
-  return next((c for c in cands if Path(c).exists()), cands[-1]) if len(cands) > 1 else cands[0]
-
-
 def _macro_for(field: str) -> Optional[str]:
   """The gin macro ``Experiment.<field>`` is bound to (e.g. TARGET_CHECKPOINT), if any."""
   try:
@@ -342,7 +335,8 @@ def _macro_for(field: str) -> Optional[str]:
       text.startswith("%") else None
 
 
-def set_config_dirs(files: Sequence[str]) -> None:
-  """Records the directories of the parsed ``--config`` files (last first),
-  where relative paths are looked for after the working directory."""
-  CONFIG_DIRS[:] = [Path(f).resolve().parent for f in reversed(files)]
+def config_dirs(files: Sequence[str]) -> tuple[str, ...]:
+  """The directories of the parsed ``--config`` files (last first), where
+  relative paths are looked for after the working directory
+  (``Experiment.config_dirs``)."""
+  return tuple(str(Path(f).resolve().parent) for f in reversed(files))

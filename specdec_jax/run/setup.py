@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import checkpoints, data, drafts, memory, partitioning, storage
+from specdec_jax import checkpoints, data, drafts, memory, partitioning, storage  # noqa: F401
 from specdec_jax.drafts import bridge as bridge_lib
 from specdec_jax.drafts import feature_bridge as feature_lib
 from specdec_jax.drafts import shortlist as shortlist_lib
-from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes
-from specdec_jax.run.settings import Experiment, is_remote, resolve_path
+from specdec_jax.models.t5 import T5Model
+from specdec_jax.run.settings import Experiment
 
 
 @dataclasses.dataclass
@@ -46,15 +46,6 @@ class Setup:
   held_out: Optional[np.ndarray] = None   # [M, max_input_len] int32: ``Data.held_out``
 
 
-def _peek_config(path: str, fmt: str, preset: Optional[str], dtype: str) -> Optional[T5Config]:
-  """``checkpoints.peek_config`` of a path as the run resolves it (None for a
-  remote kind it cannot peek at, such as 'seqio:')."""
-  where = resolve_path(path)
-  if is_remote(where) and not storage.is_gcs(where):
-    return None
-  return checkpoints.peek_config(where, fmt, preset, dtype)
-
-
 def _device_memory() -> tuple[int, str]:
   """(bytes, what) of the memory decoding runs in: the accelerator's, else host RAM."""
   dev = jax.devices()[0]
@@ -77,10 +68,8 @@ def estimate_bytes(exp: Experiment, alpha_only: bool = False) -> dict[str, int]:
   float32, counted unsharded). A model whose checkpoint does not say its
   architecture (a T5X checkpoint without a preset) is left out.
   """
-  cfgs = {role: _peek_config(path, fmt, preset, exp.dtype) if path else None
-          for role, path, fmt, preset in (
-              ("target", exp.target_checkpoint, exp.target_format, exp.target_preset),
-              ("draft", exp.draft_checkpoint, exp.draft_format, exp.draft_preset))}
+  pair = exp.pair
+  cfgs = {role: pair.peek_config(role) for role in ("target", "draft")}
   if cfgs["target"] is None:
     return {}
   plan = memory.plan(cfgs["target"], cfgs["draft"], exp.mesh_shape, exp.param_dtype, exp.dtype,
@@ -114,56 +103,35 @@ def check_memory(exp: Experiment, alpha_only: bool = False) -> None:
                      "devices (docs/scaling.md)")
 
 
-def _load_model(path: str, fmt: str, preset: Optional[str], exp: Experiment,
-                part: Optional[partitioning.Partitioner]):
-  """A checkpoint read straight into its shards (one device without a mesh)."""
-  config = get_config(preset, dtype=exp.dtype) if preset else None
-  params, config = checkpoints.load_checkpoint(resolve_path(path), fmt=fmt, config=config,
-                                               param_dtype=exp.param_dtype, partitioner=part)
-  return T5Model(config.replace(dtype=exp.dtype)), params
+def _load_model(exp: Experiment, role: str, part: Optional[partitioning.Partitioner]
+                ) -> tuple[T5Model, Any]:
+  """The target or the draft read straight into its shards (one device
+  without a mesh): ``ModelPair.load``."""
+  return exp.pair.load(role, part)
 
 
 def partitioners(exp: Experiment) -> tuple[Optional[partitioning.Partitioner],
                                           Optional[partitioning.Partitioner]]:
-  """(target's, draft's) partitioners over one mesh; (None, None) without a mesh."""
-  target = partitioning.from_settings(exp.mesh_shape, exp.logical_axis_rules,
-                                      exp.partition_fallback)
-  if target is None:
-    return None, None
-  rules = (partitioning.DATA_PARALLEL_RULES if exp.draft_logical_axis_rules is None
-           else exp.draft_logical_axis_rules)
-  return target, partitioning.from_settings(exp.mesh_shape, rules, exp.partition_fallback,
-                                            mesh=target.mesh)
+  """(target's, draft's) partitioners over one mesh; (None, None) without a
+  mesh (``ModelPair.partitioners``)."""
+  return exp.pair.partitioners()
+
+
+def decode_shape(exp: Experiment) -> tuple[int, int, int]:
+  """(rows, input length, self-attention cache length) of a decoding batch:
+  what the mesh must divide besides the weights."""
+  return exp.batch_size, exp.max_input_len, exp.max_decode_len + exp.gamma_bound + 1
 
 
 def check_partitioning(exp: Experiment, target_part, draft_part) -> None:
   """Every parameter, cache and batch dimension the mesh must divide, from the
-  configs alone: a bad mesh is refused before any weight is read."""
-  if target_part is None:
-    return
-  b, t = exp.batch_size, exp.max_decode_len + exp.gamma_bound + 1
-  target_part.batch_sharding((b, exp.max_input_len), "Experiment.batch_size (inputs)")
-  models = [("target", exp.target_checkpoint, exp.target_format, exp.target_preset,
-             target_part)]
-  if exp.draft_checkpoint:
-    models.append(("draft", exp.draft_checkpoint, exp.draft_format, exp.draft_preset,
-                   draft_part))
-  for role, path, fmt, preset, part in models:
-    cfg = _peek_config(path, fmt, preset, exp.dtype)
-    if cfg is None:
-      continue  # the loader checks each array as it places it
-    try:
-      part.param_shardings(param_shapes(cfg))
-      for length, what in ((t, "self-attention cache"), (exp.max_input_len, "cross K/V")):
-        part.spec(partitioning.CACHE_AXES, (b, length, cfg.num_heads, cfg.head_dim),
-                  f"{role} {what}")
-    except partitioning.PartitioningError as e:
-      raise ValueError(f"Experiment.mesh_shape={tuple(exp.mesh_shape)} cannot shard the "
-                       f"{role} ({path}): {e}") from None
+  configs alone: a bad mesh is refused before any weight is read
+  (``ModelPair.check_shardings``)."""
+  exp.pair.check_shardings(target_part, draft_part, decode_shape(exp))
 
 
 def _corpus(exp: Experiment, vocab) -> list[list[int]]:
-  exs = data.load_examples(resolve_path(exp.ngram_corpus), split=exp.ngram_corpus_split,
+  exs = data.load_examples(exp.resolve(exp.ngram_corpus), split=exp.ngram_corpus_split,
                            max_examples=exp.ngram_corpus_max_examples,
                            data_dir=exp.tfds_data_dir)
   seqs = [vocab.encode(e.reference) + [vocab.eos_id] for e in exs if e.reference]
@@ -177,7 +145,7 @@ def _tokenized(exp: Experiment, vocab: Any, setting: str, source: str, split: st
   """(examples, inputs [n, max_input_len] int32, truncated indices) of the
   first ``n`` examples of ``source``, tokenized as the experiment's own
   (``setting`` names the binding in errors)."""
-  examples = data.load_examples(resolve_path(source), split=split, max_examples=n,
+  examples = data.load_examples(exp.resolve(source), split=split, max_examples=n,
                                 data_dir=exp.tfds_data_dir)
   if not examples:
     raise ValueError(f"Experiment.{setting}={source!r} has no examples")
@@ -200,7 +168,7 @@ def _tokenized(exp: Experiment, vocab: Any, setting: str, source: str, split: st
 
 
 def _vocabulary(exp: Experiment) -> Any:
-  return data.get_vocabulary(resolve_path(exp.vocab_path), extra_ids=exp.vocab_extra_ids)
+  return data.get_vocabulary(exp.resolve(exp.vocab_path), extra_ids=exp.vocab_extra_ids)
 
 
 def load_data(exp: Experiment) -> Data:
@@ -228,11 +196,8 @@ def held_out_inputs(exp: Experiment, source: str, num_examples: int) -> np.ndarr
 def load_models(exp: Experiment, d: Data) -> Setup:
   """Target, draft (built by name) and a one-time check of the draft's interface."""
   target_part, draft_part = partitioners(exp)
-  target, target_params = _load_model(exp.target_checkpoint, exp.target_format,
-                                      exp.target_preset, exp, target_part)
-  if d.vocab.vocab_size > target.config.vocab_size:
-    raise ValueError(f"vocabulary {exp.vocab_path} has {d.vocab.vocab_size} ids but the target "
-                     f"model's vocab_size is {target.config.vocab_size}")
+  target, target_params = _load_model(exp, "target", target_part)
+  exp.pair.check_vocab_size(d.vocab.vocab_size, target.config)
   return Setup(exp, d.vocab, d.examples, d.inputs, target, target_params,
                load_draft(exp, d, target, draft_part, target_params), d.truncated,
                target_part, d.held_out)
@@ -253,15 +218,10 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
   if draft_part is not None:
     build_kw["partitioner"] = draft_part
   if exp.draft_checkpoint:
-    dmodel, dparams = _load_model(exp.draft_checkpoint, exp.draft_format, exp.draft_preset,
-                                  exp, draft_part)
-    data.check_vocab_compatible(target.config.vocab_size, dmodel.config.vocab_size,
-                                target_eos_id=target.config.eos_id,
-                                draft_eos_id=dmodel.config.eos_id,
-                                target_pad_id=target.config.pad_id,
-                                draft_pad_id=dmodel.config.pad_id)
+    dmodel, dparams = _load_model(exp, "draft", draft_part)
+    exp.pair.check_vocabularies(target.config, dmodel.config)
     build_kw.update(model=dmodel, params=dparams, bridge=None)
-    kernel = _load_bridge(exp.draft_checkpoint)
+    kernel = _load_bridge(exp.resolve(exp.draft_checkpoint))
     if kernel is not None:
       if target_params is None:
         raise ValueError(f"{exp.draft_checkpoint} has an encoder bridge "
@@ -272,7 +232,7 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
                          f"model {exp.draft_name!r} takes no 'bridge' argument")
       build_kw.update(bridge=jnp.asarray(kernel), target_model=target,
                       target_params=target_params)
-    features = _load_bridge(exp.draft_checkpoint, feature_lib)
+    features = _load_bridge(exp.resolve(exp.draft_checkpoint), feature_lib)
     if features is not None:
       feature_lib.check(features, target, dmodel, exp.draft_checkpoint)
       if not drafts.takes(exp.draft_name, "feature"):
@@ -281,7 +241,7 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
                          f"{exp.draft_name!r} takes no 'feature' argument")
       build_kw["feature"] = jax.tree.map(jnp.asarray, features)
     if exp.draft_shortlist:
-      ids = shortlist_lib.load(resolve_path(exp.draft_shortlist), target.config.vocab_size)
+      ids = shortlist_lib.load(exp.resolve(exp.draft_shortlist), target.config.vocab_size)
       build_kw["shortlist"] = shortlist_lib.Shortlist.for_draft(
           dmodel, dparams, ids, with_inputs=exp.draft_shortlist_inputs)
   if exp.ngram_corpus:
@@ -297,45 +257,37 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
   return draft
 
 
-def _load_bridge(path: str, lib: Any = bridge_lib) -> Any:
+def _load_bridge(where: str, lib: Any = bridge_lib) -> Any:
   """A draft checkpoint's encoder bridge kernel, or with ``lib`` =
-  ``feature_bridge`` its feature bridge (a local or ``gs://`` directory;
-  None if it has none)."""
-  where = resolve_path(path)
+  ``feature_bridge`` its feature bridge (a resolved local or ``gs://``
+  directory; None if it has none)."""
   if not storage.is_gcs(where) and not os.path.isdir(where):
     return None
   return lib.load(where)
 
 
-_MULTIHOST_STARTED = False
-
-
 def start_multihost(exp: Experiment) -> None:
-  """``jax.distributed.initialize`` once per process, before JAX touches a device."""
-  global _MULTIHOST_STARTED
-  if exp.multihost and not _MULTIHOST_STARTED:
+  """``jax.distributed.initialize`` once per process (JAX says whether it
+  ran), before JAX touches a device."""
+  if exp.multihost and not jax.distributed.is_initialized():
     try:
       partitioning.initialize_multihost(exp.coordinator_address, exp.num_processes,
                                         exp.process_id)
     except partitioning.PartitioningError as e:
       raise ValueError(f"Experiment.multihost: {e}") from None
-    _MULTIHOST_STARTED = True
 
 
 def check_before_loading(exp: Experiment, alpha_only: bool = False) -> None:
   """Every check that needs no data or weights: settings, multi-host start,
-  mesh against devices and model dimensions, memory per device."""
+  the model pair (mesh against devices, vocabularies, model dimensions:
+  ``ModelPair.check_before_loading``), memory per device."""
   exp.validate()
   if alpha_only and exp.gamma == "auto":
     raise ValueError("Experiment.gamma='auto' chooses γ from timed speculative pieces; "
                      "--alpha_only measures α only and uses no γ: bind a number (or drop "
                      "--alpha_only)")
   start_multihost(exp)
-  try:
-    target_part, draft_part = partitioners(exp)
-  except partitioning.PartitioningError as e:
-    raise ValueError(f"Experiment.mesh_shape: {e}") from None
-  check_partitioning(exp, target_part, draft_part)
+  exp.pair.check_before_loading(decode_shape(exp))
   check_memory(exp, alpha_only)
 
 

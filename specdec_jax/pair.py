@@ -1,0 +1,295 @@
+"""A target and its draft as one spec: where each is read from, how both are
+laid out over a device mesh, and in which dtypes; one validation, checked
+before any weight is read.
+
+Speculative decoding (paper §2) pairs a target M_p with an approximation
+model M_q that speaks the target's token ids; distillation trains such a draft
+toward its target. The runner's ``Experiment`` and distillation's
+``DistillJob`` keep their own settings (gin bindings and script flags) and
+build their ``ModelPair`` from them; every check of those shared settings, the
+architectures peeked from the checkpoints, the partitioners over one mesh and
+the loading of either model live here, once.
+
+Relative paths to read are looked up in the working directory, then in each
+directory of ``config_dirs`` (the ``--config`` files', last first), then in
+the repository root.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from specdec_jax import checkpoints, data, partitioning, storage
+from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes
+from specdec_jax.partitioning import Partitioner
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DTYPES = ("float32", "bfloat16", "float16")   # activation and weight dtypes
+ROLES = ("target", "draft")
+
+
+# ------------------------------------------------------------------- paths
+
+
+def is_remote(path: str) -> bool:
+  """Whether ``path`` is a ``gs://`` URL or a ``seqio:`` task: never looked up
+  on the local file system, and passed on unchanged."""
+  return storage.is_gcs(path) or path.startswith("seqio:")
+
+
+def candidates(path: str, config_dirs: Sequence[str] = ()) -> list[str]:
+  """Where a relative path is looked for: cwd, each of ``config_dirs``, the
+  repository root; a remote or absolute path is its only candidate, unchanged."""
+  if is_remote(path):
+    return [path]
+  if os.path.isabs(path):
+    return [str(Path(path))]
+  return [str(p) for p in [Path(path)] + [Path(d) / path for d in config_dirs]
+          + [REPO_ROOT / path]]
+
+
+def resolve_path(path: str, config_dirs: Sequence[str] = ()) -> str:
+  """The first existing candidate (see ``candidates``), else the repo-root one;
+  ``gs://`` and ``seqio:`` paths are returned as they are."""
+  cands = candidates(path, config_dirs)
+  return next((c for c in cands if Path(c).exists()), cands[-1]) if len(cands) > 1 else cands[0]
+
+
+def check_path(setting: str, value: str, config_dirs: Sequence[str] = (),
+               must_exist: bool = True) -> None:
+  """A path setting before it is read: a malformed ``gs://`` URL (whether it
+  exists is found when it is read), or with ``must_exist`` a local path found
+  in none of its ``candidates``, raises naming ``setting``, the value and
+  where it was looked for. ``seqio:`` tasks pass."""
+  if storage.is_gcs(value):
+    try:
+      storage.check_path(value)
+    except ValueError as e:
+      raise ValueError(f"{setting}: {e}") from None
+  elif must_exist and not is_remote(value) and not Path(resolve_path(value,
+                                                                    config_dirs)).exists():
+    raise FileNotFoundError(f"{setting}: {value!r} does not exist (looked in: "
+                            f"{', '.join(candidates(value, config_dirs))})")
+
+
+# ------------------------------------------------------------------- the pair
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPair:
+  """The target and the draft, as their owner's settings name them.
+
+  Each model: a checkpoint path (the draft's '' for an approximation model
+  that reads none), its format (``checkpoints.FORMATS``) and preset (the
+  architecture, required for T5X formats, e.g. 't5_1_1_xxl'). ``vocab_path``
+  (SentencePiece, ``vocab_extra_ids`` sentinels) holds the ids both speak.
+
+  Scale (docs/scaling.md): ``mesh_shape`` (data, model), product = the device
+  count, None = one device; the target under ``logical_axis_rules`` (None:
+  ``partitioning.STANDARD_RULES``), the draft under
+  ``draft_logical_axis_rules`` (None: ``partitioning.DATA_PARALLEL_RULES``),
+  non-divisible dimensions per ``partition_fallback``. Weights are kept at
+  ``param_dtype`` (the draft's at ``draft_param_dtype``, None: the same; norms
+  stay float32), activations run at ``dtype``.
+
+  ``prefix`` is how the owner spells its settings in messages:
+  'Experiment.' (gin bindings) or '' (``DistillJob`` fields, the flags of
+  ``scripts/distill_draft.py``). ``config_dirs``: where relative paths are
+  looked for after the working directory (see ``candidates``).
+  """
+
+  target_checkpoint: str = ""
+  draft_checkpoint: str = ""
+  target_format: str = "auto"
+  draft_format: str = "auto"
+  target_preset: Optional[str] = None
+  draft_preset: Optional[str] = None
+  vocab_path: str = ""
+  vocab_extra_ids: int = 0
+  mesh_shape: Optional[tuple] = None
+  logical_axis_rules: Optional[tuple] = None
+  draft_logical_axis_rules: Optional[tuple] = None
+  partition_fallback: str = "error"
+  param_dtype: str = "float32"
+  draft_param_dtype: Optional[str] = None
+  dtype: str = "float32"
+  config_dirs: tuple = ()
+  prefix: str = ""
+
+  # --------------------------------------------------------------- naming
+
+  def spell(self, setting: str) -> str:
+    """``setting`` as the user writes it (``Experiment.draft_checkpoint``)."""
+    return self.prefix + setting
+
+  def _named(self, setting: str, message: str) -> str:
+    """``message`` led by the setting's name (once: a message that already
+    starts with it is left as it is)."""
+    name = self.spell(setting)
+    return message if message.startswith(name) else f"{name}: {message}"
+
+  def resolve(self, path: str) -> str:
+    """``path`` as it will be read (``resolve_path`` with ``config_dirs``)."""
+    return resolve_path(path, self.config_dirs)
+
+  def model(self, role: str) -> tuple[str, str, Optional[str]]:
+    """(checkpoint, format, preset) of 'target' or 'draft'."""
+    if role not in ROLES:
+      raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    return (getattr(self, f"{role}_checkpoint"), getattr(self, f"{role}_format"),
+            getattr(self, f"{role}_preset"))
+
+  # --------------------------------------------------------------- validation
+
+  def check_values(self, param_dtypes: Sequence[str] = DTYPES) -> None:
+    """Every setting's value (no file is looked at): formats, dtypes
+    (``param_dtypes``: those the owner supports), mesh, rules, fallback."""
+    for role in ROLES:
+      fmt = getattr(self, f"{role}_format")
+      if fmt not in checkpoints.FORMATS:
+        raise ValueError(f"{self.spell(role + '_format')} must be one of "
+                         f"{checkpoints.FORMATS}, got {fmt!r}")
+    for name, allowed in (("param_dtype", tuple(param_dtypes)), ("dtype", DTYPES)):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"{self.spell(name)} must be one of {allowed}, "
+                         f"got {getattr(self, name)!r}")
+    if self.draft_param_dtype not in (None,) + DTYPES:
+      raise ValueError(f"draft_param_dtype must be None or one of {DTYPES}, "
+                       f"got {self.draft_param_dtype!r}")
+    if self.vocab_extra_ids < 0:
+      raise ValueError(f"{self.spell('vocab_extra_ids')} must be >= 0, "
+                       f"got {self.vocab_extra_ids}")
+    shape = self.mesh_shape
+    if shape is not None and (
+        not isinstance(shape, (tuple, list)) or len(shape) != 2
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape)):
+      raise ValueError(f"{self.spell('mesh_shape')} must be None or two positive ints "
+                       f"(data, model), got {shape!r}")
+    for name in ("logical_axis_rules", "draft_logical_axis_rules"):
+      if getattr(self, name) is not None:
+        try:
+          partitioning.validate_rules(getattr(self, name))
+        except (partitioning.PartitioningError, TypeError) as e:
+          raise ValueError(f"{self.spell(name)}: {e}") from None
+    if self.partition_fallback not in partitioning.FALLBACKS:
+      raise ValueError(f"{self.spell('partition_fallback')} must be one of "
+                       f"{partitioning.FALLBACKS}, got {self.partition_fallback!r}")
+
+  def unset(self, draft_needed: bool) -> list[str]:
+    """The paths that must be set and are not: the target's checkpoint, the
+    vocabulary, and with ``draft_needed`` the draft's checkpoint."""
+    names = ["target_checkpoint", "vocab_path"] + (["draft_checkpoint"] if draft_needed else [])
+    return [n for n in names if not getattr(self, n)]
+
+  def check_paths(self, must_exist: bool = True) -> None:
+    """Each set path (checkpoints, vocabulary) through ``check_path``."""
+    for name in ("target_checkpoint", "draft_checkpoint", "vocab_path"):
+      if getattr(self, name):
+        check_path(self.spell(name), getattr(self, name), self.config_dirs, must_exist)
+
+  # --------------------------------------------------------------- before loading
+
+  def peek_config(self, role: str) -> Optional[T5Config]:
+    """The model's architecture from its preset or ``config.json``, reading
+    no weight (``checkpoints.peek_config``, activations at ``dtype``); None
+    when it has no checkpoint, or the checkpoint does not say (a T5X one
+    without a preset: the loader checks its shapes then)."""
+    path, fmt, preset = self.model(role)
+    if not path:
+      return None
+    where = self.resolve(path)
+    if is_remote(where) and not storage.is_gcs(where):
+      return None
+    return checkpoints.peek_config(where, fmt, preset, self.dtype)
+
+  def partitioners(self) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
+    """(target's, draft's) partitioners over one mesh of ``mesh_shape``, or
+    (None, None) for one device. A mesh that does not match the devices is a
+    ValueError naming ``mesh_shape``."""
+    try:
+      target = partitioning.from_settings(self.mesh_shape, self.logical_axis_rules,
+                                          self.partition_fallback)
+      if target is None:
+        return None, None
+      rules = (partitioning.DATA_PARALLEL_RULES if self.draft_logical_axis_rules is None
+               else self.draft_logical_axis_rules)
+      return target, partitioning.from_settings(self.mesh_shape, rules,
+                                                self.partition_fallback, mesh=target.mesh)
+    except partitioning.PartitioningError as e:
+      raise ValueError(self._named("mesh_shape", str(e))) from None
+
+  def check_vocabularies(self, target: T5Config, draft: T5Config) -> None:
+    """The draft must speak the target's token ids (same vocab_size, pad and EOS)."""
+    try:
+      data.check_vocab_compatible(target.vocab_size, draft.vocab_size,
+                                  target_pad_id=target.pad_id, draft_pad_id=draft.pad_id,
+                                  target_eos_id=target.eos_id, draft_eos_id=draft.eos_id)
+    except ValueError as e:
+      raise ValueError(f"{e} ({self.spell('target_checkpoint')}={self.target_checkpoint}, "
+                       f"{self.spell('draft_checkpoint')}={self.draft_checkpoint}); distill "
+                       "a draft with the target's vocabulary") from None
+
+  def check_vocab_size(self, vocab_size: int, target: T5Config) -> None:
+    """The vocabulary file's ids must all be ids of the target."""
+    if vocab_size > target.vocab_size:
+      raise ValueError(f"vocabulary {self.vocab_path} has {vocab_size} ids but the target's "
+                       f"vocab_size is {target.vocab_size}")
+
+  def check_shardings(self, target_part: Optional[Partitioner],
+                      draft_part: Optional[Partitioner],
+                      decode: Optional[tuple[int, int, int]] = None) -> None:
+    """Every parameter dimension the mesh must divide, from the architectures
+    alone; with ``decode`` = (rows, input length, self-attention cache
+    length) also the decoding inputs and each model's KV caches. A model
+    whose architecture is not known here is checked by the loader, array by
+    array."""
+    if target_part is None:
+      return
+    if decode is not None:
+      target_part.batch_sharding(decode[:2], f"{self.spell('batch_size')} (inputs)")
+    for role, part in (("target", target_part), ("draft", draft_part)):
+      cfg = self.peek_config(role)
+      if cfg is None:
+        continue
+      try:
+        part.param_shardings(param_shapes(cfg))
+        if decode is not None:
+          b, input_len, cache_len = decode
+          for length, what in ((cache_len, "self-attention cache"), (input_len, "cross K/V")):
+            part.spec(partitioning.CACHE_AXES, (b, length, cfg.num_heads, cfg.head_dim),
+                      f"{role} {what}")
+      except partitioning.PartitioningError as e:
+        raise ValueError(f"{self.spell('mesh_shape')}={tuple(self.mesh_shape)} cannot shard "
+                         f"the {role} ({self.model(role)[0]}): {e}") from None
+
+  def check_before_loading(self, decode: Optional[tuple[int, int, int]] = None
+                           ) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
+    """Every check of the pair that reads no weight, after its owner's
+    settings are validated: the mesh against the devices, the two
+    vocabularies (from the presets or config files), every dimension the
+    mesh must divide (``check_shardings``). Each failure is one ValueError
+    line naming the setting. Returns ``partitioners()``."""
+    target_part, draft_part = self.partitioners()
+    target, draft = self.peek_config("target"), self.peek_config("draft")
+    if target is not None and draft is not None:
+      self.check_vocabularies(target, draft)
+    self.check_shardings(target_part, draft_part, decode)
+    return target_part, draft_part
+
+  # --------------------------------------------------------------- loading
+
+  def load(self, role: str, partitioner: Optional[Partitioner] = None) -> tuple[T5Model, Any]:
+    """(model, params) of 'target' or 'draft', read straight into the
+    partitioner's shards (one device without one) at the role's weight
+    dtype; the model computes at ``dtype``."""
+    path, fmt, preset = self.model(role)
+    param_dtype = (self.draft_param_dtype if role == "draft" and self.draft_param_dtype
+                   else self.param_dtype)
+    config = get_config(preset, dtype=self.dtype) if preset else None
+    params, config = checkpoints.load_checkpoint(self.resolve(path), fmt=fmt, config=config,
+                                                 param_dtype=param_dtype,
+                                                 partitioner=partitioner)
+    return T5Model(config.replace(dtype=self.dtype)), params
