@@ -18,7 +18,8 @@ with no renaming:
   decoder/decoder_norm/scale
   decoder/logits_dense/kernel                      [d, V]  (1.1 only)
 
-Incremental decoding API (what the speculative engine needs):
+Incremental decoding API (what the decoding loops need; ``T5Model`` keeps the
+contract of ``models.base.TargetModel``):
 
 * ``encode`` runs once per example;
 * ``init_cache`` computes the cross-attention keys/values once per example and
@@ -598,6 +599,8 @@ class T5Model:
   """Pure-function view of ``T5``: every method takes params explicitly.
 
   Hashable (only the config is held), so it can be a static argument of jit.
+  A ``models.base.TargetModel``: the decoding loops reach it through that
+  interface only.
   """
 
   config: T5Config
