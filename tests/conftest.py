@@ -82,3 +82,25 @@ def _no_gin_bindings_leak():
   yield
   import gin  # pylint: disable=g-import-not-at-top
   gin.clear_config()
+
+
+# The slow tier (python -m pytest -m "not slow" skips it): whole files that run
+# the runner or a script end to end, execute notebooks, start subprocesses or
+# several processes, compile for TPU topologies, train, or run research studies.
+# Everything else is the fast tier, which still checks every exactness property
+# once (tests/test_exactness.py, the kernels' own tests) and every validation
+# at one layer. Single slow tests in fast files carry @pytest.mark.slow.
+SLOW_FILES = frozenset({
+    "test_accounting.py", "test_bench_accelerator.py", "test_bench_vs_hf.py",
+    "test_distill.py", "test_distill_dry_run.py", "test_dry_run.py", "test_gcs.py",
+    "test_loading.py", "test_multihost.py", "test_notebooks.py", "test_partitioning.py",
+    "test_prepare_data.py", "test_profile.py", "test_readme.py", "test_run.py",
+    "test_scripts.py", "test_sharded_checkpoints.py", "test_sharded_distill.py",
+    "test_sweep.py", "test_train_smoke.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    if item.path.name in SLOW_FILES or item.path.name.startswith("test_research_"):
+      item.add_marker(pytest.mark.slow)
