@@ -96,7 +96,7 @@ SLOW_FILES = frozenset({
     "test_loading.py", "test_multihost.py", "test_notebooks.py", "test_partitioning.py",
     "test_prepare_data.py", "test_profile.py", "test_readme.py", "test_run.py",
     "test_scripts.py", "test_sharded_checkpoints.py", "test_sharded_distill.py",
-    "test_sweep.py", "test_train_smoke.py",
+    "test_sweep.py", "test_t5_1_0.py", "test_train_smoke.py",
 })
 
 

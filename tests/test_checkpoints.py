@@ -1,5 +1,6 @@
 """Checkpoint formats: T5X legacy (msgpack + zarr), T5X orbax, our own, errors."""
 
+import importlib.util
 import json
 import os
 
@@ -12,6 +13,9 @@ from specdec_jax.checkpoints import (CheckpointError, CheckpointExistsError,
                                      CheckpointNotFoundError, common, detect_format, export_hf,
                                      load_checkpoint, save_checkpoint, t5x_legacy)
 from specdec_jax.models.t5 import T5Config, T5Model
+
+needs_safetensors = pytest.mark.skipif(importlib.util.find_spec("safetensors") is None,
+                                       reason="the hf extra (safetensors) is not installed")
 
 CFG = T5Config(vocab_size=64, d_model=32, num_heads=2, head_dim=8, num_encoder_layers=2,
                num_decoder_layers=2, d_ff=48)
@@ -180,6 +184,7 @@ def test_own_format_overwrite_and_config_checks(params, tmp_path):
 # ------------------------------------------------------------ detection, paths
 
 
+@needs_safetensors
 def test_detect_hf_and_errors(params, tmp_path):
   export_hf(params, CFG, str(tmp_path / "hf"))
   assert detect_format(str(tmp_path / "hf")) == "hf"
@@ -213,6 +218,7 @@ def test_kvstore_helpers_on_local_files(t5x_dir):
   assert common.kv_read(os.path.join(model_dir, "checkpoint_20", "absent")) is None
 
 
+@needs_safetensors
 def test_hf_unknown_tensor(params, tmp_path):
   from safetensors.numpy import load_file, save_file
   path = tmp_path / "hf"

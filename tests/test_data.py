@@ -159,7 +159,9 @@ def test_encode_batch_shapes_and_truncation(spm_path):
 
 # ------------------------- seqio (imports TensorFlow) ---------------------- #
 
+@pytest.mark.slow  # imports TensorFlow (the seqio extra)
 def test_matches_seqio_vocabulary(spm_path):
+  pytest.importorskip("seqio", reason="the seqio extra is not installed")
   import seqio
 
   texts = ["the quick brown fox", "thou art blessed unto them", "zebra?!",
@@ -179,7 +181,9 @@ def test_matches_seqio_vocabulary(spm_path):
     assert ours.decode(top) == ref.decode(top)
 
 
+@pytest.mark.slow  # imports TensorFlow (the seqio extra)
 def test_seqio_tasks(spm_path, tmp_path):
+  pytest.importorskip("seqio", reason="the seqio extra is not installed")
   import seqio
 
   bible = tmp_path / "bible"
@@ -228,9 +232,11 @@ def test_seqio_tasks(spm_path, tmp_path):
     data.load_seqio_examples("specdec_nope", "test")
 
 
+@pytest.mark.slow  # imports TensorFlow (the seqio extra)
 def test_the_seqio_path_hides_accelerators_from_tensorflow(monkeypatch):
   """TensorFlow, which seqio runs on, must not claim the GPUs JAX decodes on:
   every seqio/TensorFlow import through the data module hides them first."""
+  pytest.importorskip("seqio", reason="the seqio extra is not installed")
   import tensorflow as tf
   from specdec_jax import data
   calls = []
