@@ -405,7 +405,12 @@ def hf_from_params(params: Any, config: T5Config, dtype: str):
   with torch.device("meta"):
     model = transformers.T5ForConditionalGeneration(hf_cfg)
   _, unexpected = model.load_state_dict(state, strict=False, assign=True)
-  model.tie_weights()
+  # The encoder's and decoder's token embeddings are the shared one (and so is
+  # T5 1.0's output layer); T5 1.1's lm_head stays its own (tie_weights would
+  # tie it too).
+  model.set_input_embeddings(model.shared)
+  if config.logits_via_embedding:
+    model.lm_head.weight = model.shared.weight
   empty = [n for n, p in model.named_parameters() if p.is_meta]
   if unexpected or empty:
     raise RuntimeError(f"HF model from params: unexpected {unexpected[:3]}, unset {empty[:3]}")
@@ -731,6 +736,11 @@ def main(argv: Optional[list[str]] = None) -> None:
   if args.section in TORCH_SECTIONS:
     # Read when the GPU client starts (first use), so setting it here is in time.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  if args.section in TORCH_SECTIONS and args.smoke:
+    import torch
+    # One thread: torch's thread pool beside JAX's on a small CPU spends its
+    # time waiting (100x slower steps on 2 cores).
+    torch.set_num_threads(1)
   out = Path(args.out or tempfile.mkdtemp(prefix="bench_gpu_"))
   sz = SMOKE if args.smoke else FULL
   t0 = time.perf_counter()
