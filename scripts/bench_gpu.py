@@ -71,9 +71,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+# torch shares the card with JAX in some sections: JAX must not take 75% of
+# its memory up front. Set before jax is imported, so that nothing can start
+# the GPU client first; XLA's pool still grows and is reused after warm-up.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 from specdec_jax import checkpoints, data, theory
 from specdec_jax.decoding import speculative_decode, temperature_sample
@@ -162,8 +167,9 @@ def machine_info() -> dict:
   return info
 
 
-def record(out: Path, section: str, payload: dict, markdown: str) -> None:
-  """Adds a section's rows to out/bench_gpu.json and its table to out/bench_gpu.md."""
+def record(out: Path, section: str, payload: dict, markdown: Optional[str]) -> None:
+  """Puts a section's rows in out/bench_gpu.json (replacing what it put
+  there before) and adds ``markdown``, if any, to out/bench_gpu.md."""
   out.mkdir(parents=True, exist_ok=True)
   path = out / "bench_gpu.json"
   doc = json.loads(path.read_text()) if path.exists() else {}
@@ -172,8 +178,9 @@ def record(out: Path, section: str, payload: dict, markdown: str) -> None:
   tmp = path.with_suffix(".json.tmp")
   tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=float))
   tmp.replace(path)
-  with open(out / "bench_gpu.md", "a") as f:
-    f.write(f"### {section}\n\n{markdown}\n\n")
+  if markdown is not None:
+    with open(out / "bench_gpu.md", "a") as f:
+      f.write(f"### {section}\n\n{markdown}\n\n")
 
 
 def earlier(out: Path, section: str) -> Optional[dict]:
@@ -377,8 +384,8 @@ def section_targets(sz: Sizes, out: Path) -> None:
     lines_all.append(emit(lines + [""]))
     trow.update(config=dataclasses.asdict(tcfg), passes=rows, step_ms=step, theorem=exp_rows)
     payload["targets"][tname] = trow
+    record(out, "targets", payload, lines_all[-1])  # each target's rows as soon as they exist
     del target, pieces
-  record(out, "targets", payload, "\n".join(lines_all))
 
 
 # ---------------------------------------------------------------------- hf
@@ -678,49 +685,64 @@ def section_exactness(sz: Sizes, out: Path, smoke: bool) -> None:
   with tempfile.TemporaryDirectory(prefix="bench_gpu_exact_") as tmp:
     target, draft, shortlist = demo_pair(smoke, Path(tmp), feature_draft=True)
     for dtype, precision in EXACTNESS_SETTINGS:
-      exp = Experiment(target_checkpoint=target, draft_checkpoint=draft,
-                       draft_shortlist=shortlist, gamma=gamma, max_input_len=128,
-                       input_buckets=(), max_decode_len=sz.max_decode_len, dtype=dtype,
-                       param_dtype=dtype, num_warmup=sz.exact_warmup,
-                       num_examples=sz.exact_examples, source=script_args.SOURCE,
-                       vocab_path=script_args.VOCAB)
-      setup = prepare(exp)
-      eos = setup.target.config.eos_id
-      greedy = SamplingConfig(temperature=0.0)
-      ctx = (jax.default_matmul_precision(precision) if precision != "default"
-             else contextlib.nullcontext())
-      bad, secs, toks = [], [0.0, 0.0], [0, 0]
-      with ctx:
-        for i in range(setup.inputs.shape[0]):
-          x, key = setup.inputs[i:i + 1], jax.random.fold_in(jax.random.PRNGKey(0), i)
-          b, tb = timed(lambda: temperature_sample(
-              setup.target, setup.target_params, x, key, max_decode_len=sz.max_decode_len,
-              sampling=greedy, eos_id=eos))
-          p, tp = timed(lambda: speculative_decode(
-              setup.target, setup.target_params, setup.draft, x, key, gamma=gamma,
-              max_decode_len=sz.max_decode_len, sampling=greedy, eos_id=eos))
-          if i < sz.exact_warmup:
-            continue
-          nb, npp = int(b.length[0]), int(p.length[0])
-          if nb != npp or not np.array_equal(np.asarray(b.tokens[0, :nb]),
-                                             np.asarray(p.tokens[0, :npp])):
-            bad.append(setup.examples[i].id)
-          secs[0] += tb
-          secs[1] += tp
-          toks[0] += nb
-          toks[1] += npp
-      tps = [t / s for t, s in zip(toks, secs)]
-      row = dict(dtype=dtype, precision=precision, verses=sz.exact_examples,
-                 mismatches=len(bad), mismatching=bad, baseline_tok_s=tps[0],
-                 speculative_tok_s=tps[1], speedup=secs[0] / secs[1])
+      try:
+        row = exactness_row(sz, target, draft, shortlist, gamma, dtype, precision)
+      except Exception as e:  # noqa: BLE001 (one setting's failure is a row; the others run)
+        print(f"# exactness {dtype}/{precision} failed: {type(e).__name__}: {e}", flush=True)
+        row = dict(dtype=dtype, precision=precision, error=f"{type(e).__name__}: {e}")
+        lines.append(script_args.markdown_row([dtype, precision, "failed", "-", "-", "-", "-",
+                                               "-"]))
+      else:
+        lines.append(script_args.markdown_row(
+            [dtype, precision, sz.exact_examples, f"**{row['mismatches']}**",
+             ", ".join(map(str, row["mismatching"][:5])) or "-",
+             f"{row['baseline_tok_s']:.1f}", f"{row['speculative_tok_s']:.1f}",
+             f"{row['speedup']:.2f}x"]))
       rows.append(row)
-      lines.append(script_args.markdown_row(
-          [dtype, precision, sz.exact_examples, f"**{len(bad)}**",
-           ", ".join(map(str, bad[:5])) or "-", f"{tps[0]:.1f}", f"{tps[1]:.1f}",
-           f"{row['speedup']:.2f}x"]))
       print(lines[-1], flush=True)
-      del setup
+      record(out, "exactness", dict(rows=rows, gamma=gamma), None)  # each row as it exists
   record(out, "exactness", dict(rows=rows, gamma=gamma), "\n".join(lines))
+
+
+def exactness_row(sz: Sizes, target: str, draft: str, shortlist: str, gamma: int, dtype: str,
+                  precision: str) -> dict:
+  """One setting of the exactness table: baseline and speculative decoding
+  of the same verses, outputs compared, total tokens/s of each."""
+  exp = Experiment(target_checkpoint=target, draft_checkpoint=draft,
+                   draft_shortlist=shortlist, gamma=gamma, max_input_len=128,
+                   input_buckets=(), max_decode_len=sz.max_decode_len, dtype=dtype,
+                   param_dtype=dtype, num_warmup=sz.exact_warmup,
+                   num_examples=sz.exact_examples, source=script_args.SOURCE,
+                   vocab_path=script_args.VOCAB)
+  setup = prepare(exp)
+  eos = setup.target.config.eos_id
+  greedy = SamplingConfig(temperature=0.0)
+  ctx = (jax.default_matmul_precision(precision) if precision != "default"
+         else contextlib.nullcontext())
+  bad, secs, toks = [], [0.0, 0.0], [0, 0]
+  with ctx:
+    for i in range(setup.inputs.shape[0]):
+      x, key = setup.inputs[i:i + 1], jax.random.fold_in(jax.random.PRNGKey(0), i)
+      b, tb = timed(lambda: temperature_sample(
+          setup.target, setup.target_params, x, key, max_decode_len=sz.max_decode_len,
+          sampling=greedy, eos_id=eos))
+      p, tp = timed(lambda: speculative_decode(
+          setup.target, setup.target_params, setup.draft, x, key, gamma=gamma,
+          max_decode_len=sz.max_decode_len, sampling=greedy, eos_id=eos))
+      if i < sz.exact_warmup:
+        continue
+      nb, npp = int(b.length[0]), int(p.length[0])
+      if nb != npp or not np.array_equal(np.asarray(b.tokens[0, :nb]),
+                                         np.asarray(p.tokens[0, :npp])):
+        bad.append(setup.examples[i].id)
+      secs[0] += tb
+      secs[1] += tp
+      toks[0] += nb
+      toks[1] += npp
+  tps = [t / s for t, s in zip(toks, secs)]
+  return dict(dtype=dtype, precision=precision, verses=sz.exact_examples,
+              mismatches=len(bad), mismatching=bad, baseline_tok_s=tps[0],
+              speculative_tok_s=tps[1], speedup=secs[0] / secs[1])
 
 
 # -------------------------------------------------------------------- main
@@ -733,9 +755,6 @@ def main(argv: Optional[list[str]] = None) -> None:
                  help="where bench_gpu.json and bench_gpu.md go (default: a temporary folder)")
   p.add_argument("--smoke", action="store_true", help="toy sizes (a CPU test of every path)")
   args = script_args.parse(p, argv)
-  if args.section in TORCH_SECTIONS:
-    # Read when the GPU client starts (first use), so setting it here is in time.
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   if args.section in TORCH_SECTIONS and args.smoke:
     import torch
     # One thread: torch's thread pool beside JAX's on a small CPU spends its
