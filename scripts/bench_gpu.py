@@ -405,7 +405,7 @@ def hf_from_params(params: Any, config: T5Config, dtype: str):
   flat = flatten_names(params)
   state = {}
   for ours, (key, transpose) in checkpoints.hf_name_map(config).items():
-    x = jnp.transpose(flat[ours]) if transpose else flat[ours]
+    x = jax.block_until_ready(jnp.transpose(flat[ours]) if transpose else flat[ours])
     t = torch.from_dlpack(x)
     state[key] = t if t.dtype == tdtype else t.to(tdtype)
   hf_cfg = transformers.T5Config(**checkpoints.t5_to_hf_config(config))
