@@ -80,12 +80,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specdec_jax import checkpoints, data, theory
+from specdec_jax import checkpoints, data, memory, theory
 from specdec_jax.decoding import speculative_decode, temperature_sample
 from specdec_jax.models.t5 import PRESETS, T5Config, T5Model
 from specdec_jax.partitioning import flatten_names
-from specdec_jax.run import Experiment, prepare, script_args
+from specdec_jax.run import Experiment, prepare
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.scripting import script_args
 from specdec_jax.timing import interleaved_medians_ms, median, time_call, timed
 
 from bench_decode import random_params  # noqa: E402 (scripts/ is on sys.path)
@@ -250,23 +251,6 @@ def bandwidth_for(sz: Sizes, out: Path) -> tuple[float, str]:
 # ----------------------------------------------------------------- targets
 
 
-def pass_weight_bytes(params: dict, config: T5Config, k: int) -> int:
-  """Bytes of weights a k-position cached decode pass reads, from the param
-  pytree (a script-side count, not a library formula): every decoder
-  parameter, the output layer (T5 1.1's decoder/logits_dense) included,
-  except the cross-attention key/value kernels, which ``init_cache`` applies
-  once per example; plus the k embedding rows looked up (T5 1.0 reads the
-  whole embedding for its logits). KV caches are activations, not counted."""
-  total = 0
-  for name, leaf in flatten_names(params["decoder"]).items():
-    if "encoder_decoder_attention" in name and name.split("/")[-2] in ("key", "value"):
-      continue
-    total += leaf.size * leaf.dtype.itemsize
-  emb = params["token_embedder"]["embedding"]
-  rows = emb.shape[0] if config.logits_via_embedding else k
-  return int(total + rows * emb.shape[1] * emb.dtype.itemsize)
-
-
 def decode_loop(model: T5Model, k: int, position: int, n: int) -> Callable:
   """(params, cache) -> a scalar: n cached k-token ``decode`` calls in one
   loop, the cache carried from one to the next, positions alternating
@@ -363,7 +347,9 @@ def target_rows(sz: Sizes, out: Path, gbps: float, drafts: dict, draft_pieces: d
     kind, what = key
     m = target if kind == "target" else drafts[what]
     k = what if kind == "target" else 1
-    wbytes = pass_weight_bytes(m.params, m.config, k)
+    # What a pass reads of the weights (memory.reads_per_step: the decoder's,
+    # the output layer included, not the cross-attention keys/values).
+    wbytes = memory.step_weight_bytes(m.config, None, "bfloat16")
     floor_ms = 1e3 * wbytes / (gbps * 1e9)
     ratio = ms[key] / step
     label = (f"target {tname}" if kind == "target"

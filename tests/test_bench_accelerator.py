@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,6 +58,9 @@ def test_bench_accelerator_gpu_smoke_prints_every_table(tmp_path):
   xxl = doc["sections"]["targets"]["targets"]["xxl"]
   assert [p["k"] for p in xxl["passes"] if p["kind"] == "target"] == [1, 8]
   assert all(0 < p["pct_of_floor"] for p in xxl["passes"])
+  from specdec_jax import memory                              # the floor's bytes: memory's count
+  assert xxl["passes"][0]["weight_bytes"] == memory.step_weight_bytes(
+      bench_gpu_smoke_target(), None, "bfloat16")
   assert [r["mismatches"] for r in doc["sections"]["exactness"]["rows"]] == [0, 0, 0]
   md = (work / "bench_gpu.md").read_text()
   assert all(f"### {name}" in md for name in GPU_SECTIONS)
@@ -122,20 +124,9 @@ def test_bench_accelerator_rejects_unknown_flags(tmp_path):
   assert res.returncode == 2 and "usage:" in res.stderr
 
 
-def test_pass_weight_bytes_counts_what_a_decode_pass_reads(tiny_target):
-  """Every decoder weight but the cross-attention key/value kernels (applied
-  once per example), the output layer included, plus the k embedding rows."""
+def bench_gpu_smoke_target():
   import bench_gpu
-  model, params = tiny_target
-  cfg = model.config
-  d, inner, layers = cfg.d_model, cfg.num_heads * cfg.head_dim, cfg.num_decoder_layers
-  per_layer = (4 + 2) * d * inner + 3 * d * cfg.d_ff + 3 * d       # kernels + 3 norm scales
-  expected = 4 * (layers * per_layer + d + d * cfg.vocab_size       # final norm, logits
-                  + cfg.num_heads * cfg.relative_attention_num_buckets)  # relative bias
-  assert bench_gpu.pass_weight_bytes(params, cfg, 1) == expected + 4 * d
-  assert bench_gpu.pass_weight_bytes(params, cfg, 8) == expected + 4 * 8 * d
-  half = jax.tree_util.tree_map(lambda x: x.astype("bfloat16"), params)
-  assert bench_gpu.pass_weight_bytes(half, cfg, 1) == (expected + 4 * d) // 2
+  return bench_gpu.SMOKE.targets["xxl"]
 
 
 def test_paper_rows_are_table_2_endes_at_t0():
