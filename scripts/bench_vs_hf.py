@@ -93,8 +93,9 @@ def export_for_hf(params: Any, config: T5Config, directory: str) -> str:
   return directory
 
 
-def load_hf(directory: str, num_threads: Optional[int] = None):
-  """A float32 ``T5ForConditionalGeneration`` in eval mode."""
+def load_hf(directory: str, num_threads: Optional[int] = None, device: str = "cpu"):
+  """A float32 ``T5ForConditionalGeneration`` in eval mode, on ``device``
+  (``hf_generate`` feeds it there)."""
   import torch
   import transformers
 
@@ -104,6 +105,7 @@ def load_hf(directory: str, num_threads: Optional[int] = None):
   transformers.logging.disable_progress_bar()
   model = transformers.T5ForConditionalGeneration.from_pretrained(directory,
                                                                   dtype=torch.float32)
+  model.to(device)
   model.eval()
   return model
 
@@ -159,7 +161,7 @@ def hf_generate(model, input_ids: np.ndarray, *, max_new_tokens: int, temperatur
   """
   import torch
 
-  ids = torch.as_tensor(np.asarray(input_ids, np.int64).reshape(1, -1))
+  ids = torch.as_tensor(np.asarray(input_ids, np.int64).reshape(1, -1), device=model.device)
   kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, num_beams=1,
                             decoder_start_token_id=decoder_start_id, eos_token_id=eos_id,
                             pad_token_id=pad_id, attention_mask=torch.ones_like(ids))
@@ -176,10 +178,10 @@ def hf_generate(model, input_ids: np.ndarray, *, max_new_tokens: int, temperatur
   if assistant is not None:
     kw["assistant_model"] = assistant
     if assistant_cache_fix:
-      kw["decoder_attention_mask"] = torch.ones((1, 1), dtype=torch.long)
+      kw["decoder_attention_mask"] = torch.ones((1, 1), dtype=torch.long, device=ids.device)
   with torch.inference_mode():
     out = model.generate(ids, **kw)
-  return out[0, 1:].numpy().astype(np.int32)
+  return out[0, 1:].cpu().numpy().astype(np.int32)
 
 
 # ----------------------------------------------------------------- our side

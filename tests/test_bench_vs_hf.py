@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 import bench_vs_hf as bvh  # noqa: E402
+import bench_gpu  # noqa: E402,F401 (scripts/bench_gpu.py)
 
 from specdec_jax.drafts import T5Draft  # noqa: E402
 
@@ -152,3 +153,25 @@ def test_refuses_a_bridged_draft(tiny_target, tiny_draft, tmp_path):
   bridge.save(str(tmp_path / "draft"), np.zeros((32, 32), np.float32))
   with pytest.raises(ValueError, match="encoder_bridge.npz"):
     bvh.load_ours(str(tmp_path / "target"), str(tmp_path / "draft"))
+
+
+def test_hf_model_built_from_params_equals_the_exported_one(setup, tiny_target):
+  """scripts/bench_gpu.py builds the Hugging Face model in memory from our
+  params through export_hf's name map: the same weights as export_hf +
+  from_pretrained, so the same logits and the same greedy tokens as ours."""
+  import torch
+  import bench_gpu
+  ours, hf_target, _, inputs, _ = setup
+  _, tparams = tiny_target
+  cfg = ours.config
+  built = bench_gpu.hf_from_params(tparams, cfg, "float32")
+  exported = dict(hf_target.state_dict())
+  for key, value in built.state_dict().items():
+    assert torch.equal(value, exported[key]), key
+  row = bvh.unpad(inputs[0])
+  kw = dict(max_new_tokens=MAX_DECODE_LEN, temperature=0.0, decoder_start_id=cfg.decoder_start_id,
+            eos_id=cfg.eos_id, pad_id=cfg.pad_id)
+  out = bvh.ours_baseline(ours, inputs[:1], jax.random.PRNGKey(0), max_decode_len=MAX_DECODE_LEN,
+                          temperature=0.0)
+  expected = bvh.output_tokens("ours_base", out, cfg.eos_id)
+  assert bvh.upto_eos(bvh.hf_generate(built, row, **kw), cfg.eos_id) == expected
