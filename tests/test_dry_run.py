@@ -354,3 +354,15 @@ def test_one_chip_the_papers_setting(paths):
   assert f"ms/token: baseline {base:.3f}, speculative {spec:.3f}" in text
   paper_c = theory.walltime_improvement(0.75, 7, 0.02)
   assert f"Theorem 3.8 at the paper's α 0.75, γ 7, c 0.02: {paper_c:.2f}x" in text
+
+
+def test_a_tree_run_prices_its_own_pass(paths):
+  """With Experiment.tree the roofline compiles a one-position pass and the
+  tree's own pass over its N nodes (``T5Model.decode_tree``, the tree's
+  attention mask), not a chain of N positions."""
+  r = runner_programs.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
+                              programs=("draft",), workers=1)
+  rl = r.roofline
+  assert sorted(rl.target) == [1, 5] and rl.draft is not None
+  assert rl.v(5) > 0 and rl.target[5].ops > 0
+  assert "target tree pass, N=5" in driver.format_report(r)
