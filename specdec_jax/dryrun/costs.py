@@ -149,7 +149,8 @@ def calibrate_op_seconds(target: Piece, draft: Piece, chip: Chip, c: float) -> f
 
 @dataclasses.dataclass
 class Roofline:
-  """Predicted costs on one chip (a model, not a measurement)."""
+  """Predicted costs per device (a model, not a measurement): each piece
+  priced by ``Piece.seconds`` (roofline + collectives + fixed cost)."""
 
   chip: Chip
   target: dict          # k (positions scored) -> Piece

@@ -328,7 +328,8 @@ def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
   return {
       "baseline": lambda: temperature_sample.lower(target, tparams, inputs, key, **loop_kw),
       # A tree run (Experiment.tree) compiles its own loop; gamma is then
-      # N - 1, so the roofline prices the tree's pass of N positions.
+      # N - 1, and the roofline prices the tree's own pass over its N nodes
+      # (``lower_tree_pass``, with the tree's attention mask).
       "speculative": lambda: speculative_decode.lower(
           target, tparams, draft, inputs, key, gamma=gamma, lenience=exp.lenience,
           adaptive=exp.adaptive, **loop_kw) if exp.tree_shape is None else
