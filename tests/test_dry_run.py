@@ -26,7 +26,7 @@ pytest.importorskip("libtpu", reason="the dry run compiles with libtpu (requirem
 from specdec_jax import memory, paper, partitioning, theory  # noqa: E402
 from specdec_jax.decoding import AdaptiveConfig  # noqa: E402
 from specdec_jax.models.t5 import T5Config  # noqa: E402
-from specdec_jax.dryrun import chips, costs, driver, hlo, runner_programs  # noqa: E402
+from specdec_jax.dryrun import calibration, chips, costs, driver, hlo, runner_programs  # noqa: E402
 from specdec_jax.run.settings import Experiment  # noqa: E402
 
 TOPOLOGY = "v5e:2x4"
@@ -160,6 +160,68 @@ def test_depth_extrapolation_is_exact(runs, paths):
   assert extrapolated.bytes == pytest.approx(got[("target", 3, 1)].bytes, rel=0.02)
 
 
+def test_collective_and_fixed_cost_arithmetic():
+  """The cost model's latency terms: a collective costs hops x the per-hop
+  latency + its bytes over the ICI link, so it grows with the group (more
+  hops, more bytes on the wire) and with the payload; a piece's fixed cost
+  is its operation count x the chip's cost per operation; a piece costs the
+  sum of its roofline, its collectives and its fixed cost."""
+  chip = dataclasses.replace(chips.CHIPS["v5e"], op_seconds=2e-6)
+  price = lambda kind, nbytes, group: costs.collective_seconds(kind, nbytes, group, chip)
+  assert price("all-reduce", 1 << 16, 1) == 0.0
+  assert price("all-reduce", 1 << 16, 2) < price("all-reduce", 1 << 16, 4) \
+      < price("all-reduce", 1 << 16, 8)
+  assert price("all-reduce", 1 << 10, 8) < price("all-reduce", 1 << 20, 8)
+  assert price("all-gather", 1 << 16, 8) < price("all-reduce", 1 << 16, 8)
+  # A tiny payload is all latency: hops x the per-hop latency.
+  assert price("all-reduce", 2, 8) == pytest.approx(
+      costs.ring_hops("all-reduce", 8) * chip.hop_latency, rel=1e-3)
+  # A large one is all bandwidth: 2 (n - 1) / n of it over both directions of a link.
+  big = 1 << 30
+  assert price("all-reduce", big, 8) == pytest.approx(
+      2 * 7 / 8 * big / (2 * chip.ici_link_bandwidth), rel=1e-3)
+  piece = costs.Piece(flops=1e9, bytes=1e8, ops=40,
+                      collectives=((("all-reduce", 1 << 16, 8), 3),))
+  assert piece.fixed_seconds(chip) == pytest.approx(40 * 2e-6)
+  assert piece.collective_seconds(chip) == pytest.approx(3 * price("all-reduce", 1 << 16, 8))
+  assert piece.seconds(chip) == pytest.approx(
+      max(1e9 / chip.peak_flops, 1e8 / chip.hbm_bandwidth) + piece.collective_seconds(chip)
+      + piece.fixed_seconds(chip))
+  more_ops = dataclasses.replace(piece, ops=80)
+  assert more_ops.seconds(chip) - piece.seconds(chip) == pytest.approx(40 * 2e-6)
+
+
+def test_pieces_carry_ops_and_collectives(runs):
+  """On the (1, 8) mesh each target pass launches operations and all-reduces
+  over the 8 devices (one replica group, read from the HLO); the draft is
+  replicated and runs none; the calibrated fixed cost is part of a step."""
+  rl = runs[((1, 8), None)].roofline
+  one = rl.target[1]
+  assert one.ops > 0 and rl.draft.ops > 0
+  assert one.collectives and all(kind == "all-reduce" and group == 8
+                                 for (kind, _, group), _ in one.collectives)
+  assert rl.draft.collectives == ()
+  assert one.collective_seconds(rl.chip) > 0
+  assert one.seconds(rl.chip) == pytest.approx(
+      one.roofline_seconds(rl.chip) + one.collective_seconds(rl.chip)
+      + one.ops * rl.chip.op_seconds)
+  assert rl.c() > 0
+
+
+def test_calibration_is_reproducible():
+  """The stored calibration parameter is what ``calibration.calibrate``
+  recomputes from the stored T5-small and T5-XXL op counts, and at it the
+  model's c for T5-small is the paper's 0.02 (by construction); base and
+  large are predictions, not fitted."""
+  t = calibration.calibrate()
+  assert t == pytest.approx(chips.V4_OP_SECONDS, rel=1e-3)
+  assert chips.CHIPS["v4"].op_seconds == chips.V4_OP_SECONDS > 0
+  c = calibration.predicted_c(t)
+  assert c["small"] == pytest.approx(paper.DRAFT_C["small"], rel=1e-6)
+  assert c["small"] < c["base"] < c["large"]
+  assert "calibrated on T5-small only" in calibration.table()
+
+
 def test_a_gathered_weight_is_found():
   """The check the dry run relies on: a weight all-gathered at run time is
   reported, an activation's all-reduce is not."""
@@ -179,6 +241,9 @@ def test_a_gathered_weight_is_found():
   module = hlo.parse(jax.jit(f).lower(params, x).compile().as_text())
   moves = hlo.weight_collectives(module, driver.is_weight)
   assert [m.kind for m in moves] == ["all-gather"] and moves[0].shape == "bf16[128,256]"
+  # Every collective's replica group is read from the HLO: the 8 devices of 'model'.
+  assert {c.group for c in hlo.all_collectives(module)} == {8}
+  assert hlo.op_count(module) > 0
 
 
 # ---------------------------------------------------------------- bad input
@@ -289,3 +354,15 @@ def test_one_chip_the_papers_setting(paths):
   assert f"ms/token: baseline {base:.3f}, speculative {spec:.3f}" in text
   paper_c = theory.walltime_improvement(0.75, 7, 0.02)
   assert f"Theorem 3.8 at the paper's α 0.75, γ 7, c 0.02: {paper_c:.2f}x" in text
+
+
+def test_a_tree_run_prices_its_own_pass(paths):
+  """With Experiment.tree the roofline compiles a one-position pass and the
+  tree's own pass over its N nodes (``T5Model.decode_tree``, the tree's
+  attention mask), not a chain of N positions."""
+  r = runner_programs.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
+                              programs=("draft",), workers=1)
+  rl = r.roofline
+  assert sorted(rl.target) == [1, 5] and rl.draft is not None
+  assert rl.v(5) > 0 and rl.target[5].ops > 0
+  assert "target tree pass, N=5" in driver.format_report(r)

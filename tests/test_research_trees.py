@@ -42,6 +42,38 @@ def test_roofline_model_is_memory_bound_at_small_widths():
   assert trees.pass_seconds(big, chip, 8, 16, 256, 512) == pytest.approx(one)  # weights dominate
   assert trees.pass_seconds(big, chip, 8, 4096, 256, 512) > 2 * one        # compute-bound
   row = trees.Row("chain:3", 4, 3, 30, 10, 30, 0, 24, 1.0)
-  model = trees.roofline_speedup(row, big, small, chip, 8)
+  # The draft is replicated on each of the 8 chips, the target split over
+  # them: T5 1.1 XXL as the target, as the engine's rows run.
+  model = trees.roofline_speedup(row, get_config("t5_1_1_xxl"), small, chip, 8)
   assert model["v"] == pytest.approx(1.0) and 0 < model["c"] < 1  # the draft is the smaller
   assert model["speedup"] == pytest.approx(3.0 / (3 * model["c"] + 1.0))
+
+
+def test_the_draft_is_priced_replicated():
+  """The engine replicates the draft and splits the target: on 8 chips the
+  draft's step costs what it costs on one, so c is 8 times one chip's."""
+  xxl, small = get_config("t5_1_1_xxl"), get_config("t5_1_1_small")
+  row = trees.Row("chain:3", 4, 3, 30, 10, 30, 0, 24, 1.0)
+  one = trees.roofline_speedup(row, xxl, small, CHIPS["v5e"], 1)
+  eight = trees.roofline_speedup(row, xxl, small, CHIPS["v5e"], 8)
+  assert eight["c"] == pytest.approx(8 * one["c"], rel=1e-6)
+
+
+def test_best_tree_under_the_cost_model():
+  """The positional model's expected tokens of a chain are Corollary 3.6's,
+  and the best tree of <= 64 nodes under the calibrated cost model does at
+  least as well as the chain at the paper's γ (a chain is one of the trees
+  searched)."""
+  from specdec_jax import theory  # pylint: disable=import-outside-toplevel
+  rates = trees.geometric_rates(0.75)
+  assert rates[0] == 0.75 and sum(rates) <= 1 and rates == sorted(rates, reverse=True)
+  assert trees.expected_tokens(TreeShape.chain(7), rates) == pytest.approx(
+      float(theory.expected_tokens(0.75, 7)))
+  model = trees.step_model(CHIPS["v4"], 1, "small")
+  chain = model.speedup(TreeShape.chain(7), rates)
+  tree, speedup = trees.best_tree(model, rates, max_nodes=16)
+  assert tree.num_nodes <= 16 and speedup >= chain > 1
+  scaled = trees.scaled_rates(0.75)
+  assert scaled[0] == 0.75 and scaled == sorted(scaled, reverse=True)
+  assert trees.best_tree(model, scaled, max_nodes=16)[1] >= model.speedup(TreeShape.chain(7),
+                                                                          scaled)

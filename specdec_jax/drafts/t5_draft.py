@@ -228,8 +228,14 @@ class T5Draft:
       nxt, q, _ = override(i, q, nxt)
       return (cache, nxt), (nxt, q)
 
+    # Unrolled: a nested loop would carry the draft's weights as loop state,
+    # and where the two-position first step and the one-position steps want
+    # a kernel in different layouts (T5-small's attention kernels on one TPU
+    # v4 chip) the compiler then converts them every round (the dry run's
+    # weight copies inside the loop). The same steps, computed alike.
     (cache, _), (xs, qs) = jax.lax.scan(step, (cache, x1),
-                                        (jnp.arange(1, gamma, dtype=jnp.int32), us[1:]))
+                                        (jnp.arange(1, gamma, dtype=jnp.int32), us[1:]),
+                                        unroll=True)
     tokens = jnp.concatenate([x1[:, None], jnp.moveaxis(xs, 0, 1)], axis=1)
     q = jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
     return tokens, q, self._join(cache, states, part)

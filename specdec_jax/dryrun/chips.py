@@ -35,6 +35,20 @@ from typing import Any
 GiB = 2 ** 30
 
 
+# Seconds per ring step (hop) of a collective: NOT a published figure. Google
+# publishes ICI bandwidths, not latencies; a microsecond per hop is the order
+# of magnitude public analyses of TPU collectives use. An assumption, used
+# for every chip.
+HOP_LATENCY = 1e-6
+
+# Seconds per launched operation on a TPU v4 chip, calibrated once from the
+# paper: ``calibration.calibrate()`` recomputes it from the stored op counts
+# of the compiled T5-small and T5-XXL pieces so that the model's c for a
+# T5-small draft on one v4 chip is the paper's 0.02 (Table 4). Only T5-small
+# is used; T5-base and T5-large are predictions (docs/scaling.md).
+V4_OP_SECONDS = 2.9561e-07
+
+
 @dataclasses.dataclass(frozen=True)
 class Chip:
   """One TPU generation's published per-chip figures (a JAX device is a chip)."""
@@ -49,21 +63,56 @@ class Chip:
   chip_config: str          # libtpu chip configuration giving one device per chip
   host_bounds: tuple        # chips per host (TPU VM), as libtpu's 3-d bounds
   source: str
+  # Inter-chip interconnect (ICI), for pricing collectives (``costs``):
+  ici_ports: int = 4              # ICI links per chip
+  ici_link_bandwidth: float = 0.0  # bytes/s one way over one link
+  ici_source: str = ""            # where the ICI figures come from ('ASSUMED' where no page says)
+  hop_latency: float = HOP_LATENCY  # seconds per ring step of a collective (an assumption)
+  # The fixed cost of one launched operation (``costs``), the model's one
+  # calibrated parameter per chip family (``calibration``).
+  op_seconds: float = 0.0
+  op_source: str = ""
 
   @property
   def label(self) -> str:
     return f"TPU {self.name}"
 
 
+# The per-op fixed cost is calibrated on v4 only (the paper's chip); the
+# other families have no published measurement to calibrate against, so they
+# take v4's value: an ASSUMPTION, printed as such.
+_V4_OP = "calibrated: the paper's c = 0.02 for T5-small on one TPU-v4 (Table 4)"
+_OTHER_OP = "ASSUMED: TPU v4's calibrated value (no published measurement for this chip)"
+
 CHIPS: dict[str, Chip] = {
+    # Cloud's v4 page gives no per-chip ICI figure. Six links per chip (the
+    # 3-D torus) is the v4 paper's (Jouppi et al., ISCA 2023); 45 GB/s one
+    # way per link is an ASSUMPTION (the order of v5e's published per-link
+    # figure).
     "v4": Chip("v4", "TPU v4", 275e12, 32 * GiB, 1200e9, 2, "v4", "megacore", (2, 2, 1),
-               "https://cloud.google.com/tpu/docs/v4"),
+               "https://cloud.google.com/tpu/docs/v4", ici_ports=6, ici_link_bandwidth=45e9,
+               ici_source="6 links: Jouppi et al. 2023; 45 GB/s per link one way: ASSUMED",
+               op_seconds=V4_OP_SECONDS, op_source=_V4_OP),
+    # v5e: 400 GB/s bidirectional ICI per chip over 4 ports (Cloud's v5e page)
+    # = 50 GB/s one way per link.
     "v5e": Chip("v5e", "TPU v5 lite", 197e12, 16 * GiB, 819e9, 1, "v5litepod", "default",
-                (2, 4, 1), "https://cloud.google.com/tpu/docs/v5e"),
+                (2, 4, 1), "https://cloud.google.com/tpu/docs/v5e", ici_ports=4,
+                ici_link_bandwidth=50e9,
+                ici_source="400 GB/s bidirectional per chip, 4 ports (Cloud's v5e page)",
+                op_seconds=V4_OP_SECONDS, op_source=_OTHER_OP),
+    # v5p: 1200 GB/s bidirectional ICI per chip (Cloud's v5p page), 6 links
+    # (3-D torus) = 100 GB/s one way per link.
     "v5p": Chip("v5p", "TPU v5", 459e12, 95 * GiB, 2765e9, 2, "v5p", "default", (2, 2, 1),
-                "https://cloud.google.com/tpu/docs/v5p"),
+                "https://cloud.google.com/tpu/docs/v5p", ici_ports=6, ici_link_bandwidth=100e9,
+                ici_source="1200 GB/s bidirectional per chip (Cloud's v5p page), 6 links",
+                op_seconds=V4_OP_SECONDS, op_source=_OTHER_OP),
+    # v6e: 800 GB/s bidirectional ICI per chip over 4 ports (Cloud's v6e page)
+    # = 100 GB/s one way per link.
     "v6e": Chip("v6e", "TPU v6 lite", 918e12, 32 * GiB, 1640e9, 1, "v6e", "default",
-                (2, 4, 1), "https://cloud.google.com/tpu/docs/v6e"),
+                (2, 4, 1), "https://cloud.google.com/tpu/docs/v6e", ici_ports=4,
+                ici_link_bandwidth=100e9,
+                ici_source="800 GB/s bidirectional per chip, 4 ports (Cloud's v6e page)",
+                op_seconds=V4_OP_SECONDS, op_source=_OTHER_OP),
 }
 
 # libtpu registers itself on the first topology a process asks for: two

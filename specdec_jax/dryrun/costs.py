@@ -1,26 +1,36 @@
-"""The dry run's roofline cost model: what one decoding step costs on a TPU
-chip, predicted from XLA's cost analysis of a compiled piece. A model, not a
+"""The dry run's cost model: what one decoding step costs on a TPU chip,
+predicted from XLA's analyses of a compiled piece. A model, not a
 measurement.
 
-A piece (one target pass over k positions, one draft step) is priced as
-max(flops / peak, bytes accessed / HBM bandwidth) with the chip's published
-figures (``chips.CHIPS``). From those: c = draft step / target step
-(Definition 3.7), v(k) = pass over k positions / one-position pass, and
-Theorem 3.8's speedup at an α and γ. Collective and launch latencies are not
-priced.
+A piece (one target pass over k positions, one draft step) is priced as the
+sum of three terms, each per device:
+
+* the roofline: max(flops / peak, bytes accessed / HBM bandwidth), with the
+  chip's published peak and bandwidth (``chips.CHIPS``);
+* its collectives, each by size and topology (``collective_seconds``):
+  hops x the per-hop latency + bytes on the wire / the ICI bandwidth of a
+  bidirectional ring over the collective's replica group (``Chip.ici_*``,
+  ``Chip.hop_latency``);
+* a fixed cost per launched operation (``hlo.op_count``: fusions, copies,
+  custom calls; a loop iteration's own bookkeeping is among them) times
+  ``Chip.op_seconds``, the model's one calibrated parameter per chip family
+  (``calibration``).
+
+From those: c = draft step / target step (Definition 3.7), v(k) = pass over
+k positions / one-position pass, and Theorem 3.8's speedup at an α and γ.
 
 The pieces are compiled with XLA's ``exec_time_optimization_effort`` = -1
 (``PIECE_OPTIONS``), at decoder depths 1 and 2 (``PIECE_DEPTHS``), and
 extrapolated linearly to the model's depth (``extrapolate``: the layers are
-identical, so flops and bytes are affine in the depth). At that effort the
-TPU compiler does not stage weights through on-chip VMEM, so 'bytes
-accessed' counts HBM traffic.
+identical, so flops, bytes, operations and collectives are affine in the
+depth). At that effort the TPU compiler does not stage weights through
+on-chip VMEM, so 'bytes accessed' counts HBM traffic.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
 from specdec_jax import theory
 from specdec_jax.dryrun.chips import Chip
@@ -31,33 +41,116 @@ PIECE_OPTIONS = {"exec_time_optimization_effort": -1.0}
 PIECE_DEPTHS = (1, 2)
 
 
+def ring_hops(kind: str, group: int) -> int:
+  """Ring steps (hops) a collective's data travels over a group of
+  ``group`` chips on a bidirectional ring, each half going one way: an
+  all-reduce reduces then broadcasts (2 * (group // 2) steps), an
+  all-gather, reduce-scatter or all-to-all does one of those (group // 2),
+  a collective-permute one step."""
+  if group <= 1:
+    return 0
+  if kind == "collective-permute":
+    return 1
+  return (2 if kind == "all-reduce" else 1) * (group // 2)
+
+
+def wire_bytes(kind: str, nbytes: float, group: int) -> float:
+  """Bytes each chip sends for a collective whose result is ``nbytes`` per
+  device (the ring algorithms' volumes): all-reduce 2(n-1)/n of the array,
+  all-gather and all-to-all (n-1)/n, reduce-scatter (n-1) result shards,
+  collective-permute the array."""
+  n = group
+  if n <= 1:
+    return 0.0
+  return nbytes * {"all-reduce": 2 * (n - 1) / n, "reduce-scatter": n - 1,
+                   "collective-permute": 1.0}.get(kind, (n - 1) / n)
+
+
+def collective_seconds(kind: str, nbytes: float, group: int, chip: Chip) -> float:
+  """One collective's time: hops x ``chip.hop_latency`` + bytes on the wire
+  over both directions of one ICI link (2 x ``chip.ici_link_bandwidth``)."""
+  if group <= 1:
+    return 0.0
+  wire = wire_bytes(kind, nbytes, group)
+  bandwidth = 2 * chip.ici_link_bandwidth
+  return ring_hops(kind, group) * chip.hop_latency + (wire / bandwidth if bandwidth else 0.0)
+
+
 @dataclasses.dataclass(frozen=True)
 class Piece:
-  """One roofline piece's per-device cost (XLA's cost analysis)."""
+  """One piece's per-device cost: XLA's cost analysis (flops, bytes), the
+  operations it launches and its collectives."""
 
   flops: float
   bytes: float
+  ops: float = 0.0             # launched operations (hlo.op_count)
+  collectives: tuple = ()      # ((kind, bytes per device, group size), count) pairs
 
-  def seconds(self, chip: Chip) -> float:
+  def roofline_seconds(self, chip: Chip) -> float:
     return max(self.flops / chip.peak_flops, self.bytes / chip.hbm_bandwidth)
 
+  def collective_seconds(self, chip: Chip) -> float:
+    return sum(n * collective_seconds(kind, nb, group, chip)
+               for (kind, nb, group), n in self.collectives)
+
+  def fixed_seconds(self, chip: Chip) -> float:
+    return self.ops * chip.op_seconds
+
+  def seconds(self, chip: Chip) -> float:
+    """Roofline + collectives + the fixed cost per operation."""
+    return self.roofline_seconds(chip) + self.collective_seconds(chip) + \
+        self.fixed_seconds(chip)
+
   def bound(self, chip: Chip) -> str:
-    return "compute" if self.flops / chip.peak_flops > self.bytes / chip.hbm_bandwidth \
-        else "memory"
+    """The largest of the terms: 'compute', 'memory', 'collectives' or 'fixed'."""
+    terms = {"compute": self.flops / chip.peak_flops,
+             "memory": self.bytes / chip.hbm_bandwidth,
+             "collectives": self.collective_seconds(chip), "fixed": self.fixed_seconds(chip)}
+    return max(terms, key=terms.get)
 
 
-def extrapolate(got: dict, role: str, k: int, depth: int) -> Piece:
-  """Flops and bytes at ``depth`` layers from the depth-1 and depth-2
-  compiles (``got``: (role, depth, k) -> anything with flops and bytes):
-  X(L) = X(1) + (L - 1)(X(2) - X(1))."""
+def collective_counts(program: Any, devices: int) -> dict:
+  """(kind, bytes per device, group size) -> how many, for a compiled
+  program's collectives (a group the HLO does not name is every device)."""
+  out: dict = {}
+  for c in program.collectives:
+    key = (c.kind, c.nbytes, c.group or devices)
+    out[key] = out.get(key, 0) + 1
+  return out
+
+
+def extrapolate(got: dict, role: str, k: int, depth: int, devices: int = 1) -> Piece:
+  """The piece at ``depth`` layers from the depth-1 and depth-2 compiles
+  (``got``: (role, depth, k) -> a ``driver.Program``): X(L) = X(1) + (L - 1)
+  (X(2) - X(1)) for flops, bytes, operations and each collective's count."""
   one, two = got[(role, 1, k)], got[(role, 2, k)]
-  return Piece(one.flops + (depth - 1) * (two.flops - one.flops),
-               one.bytes + (depth - 1) * (two.bytes - one.bytes))
+  line = lambda a, b: a + (depth - 1) * (b - a)
+  c1, c2 = collective_counts(one, devices), collective_counts(two, devices)
+  counts = {key: line(c1.get(key, 0), c2.get(key, 0)) for key in sorted(set(c1) | set(c2))}
+  return Piece(line(one.flops, two.flops), line(one.bytes, two.bytes),
+               line(getattr(one, "ops", 0), getattr(two, "ops", 0)),
+               tuple((key, n) for key, n in counts.items() if n > 0))
+
+
+def calibrate_op_seconds(target: Piece, draft: Piece, chip: Chip, c: float) -> float:
+  """The fixed cost per operation that makes the model's c (Definition 3.7)
+  equal ``c``: solves (D + n_d t) / (T + n_t t) = c for t, where D and T
+  are the draft's and the target's one-position steps without the fixed
+  cost (roofline and collectives) and n_d, n_t their operation counts. A
+  ``ValueError`` where no t >= 0 does it."""
+  free = dataclasses.replace(chip, op_seconds=0.0)
+  d, t = draft.seconds(free), target.seconds(free)
+  denominator = draft.ops - c * target.ops
+  if denominator <= 0 or c * t - d < 0:
+    raise ValueError(f"no fixed cost per operation gives c = {c}: without one c = {d / t:.4f}, "
+                     f"and it tends to {draft.ops / max(target.ops, 1):.4f} as the cost grows")
+  return (c * t - d) / denominator
 
 
 @dataclasses.dataclass
 class Roofline:
-  """Predicted costs on one chip (a model, not a measurement)."""
+  """Predicted costs per device (a model, not a measurement): each piece
+  priced by ``Piece.seconds`` (roofline + collectives + fixed cost)."""
 
   chip: Chip
   target: dict          # k (positions scored) -> Piece

@@ -75,6 +75,7 @@ class Program:
   flops: float = 0.0             # XLA's cost analysis (a loop body counted once)
   bytes: float = 0.0             # its 'bytes accessed' (every memory level)
   has_loop: bool = False         # collectives are one iteration's (else the whole program's)
+  ops: int = 0                   # operations one call launches (hlo.op_count; the fixed costs)
   collectives: list = dataclasses.field(default_factory=list)     # hlo.Collective
   weight_moves: list = dataclasses.field(default_factory=list)    # hlo.Collective
   weight_copies: list = dataclasses.field(default_factory=list)   # hlo.WeightCopy
@@ -99,6 +100,7 @@ class Program:
     self.padded_arguments = sum(hlo.array_bytes(i.shape, padded=True) for i in params)
     self.weights = sum(hlo.array_bytes(i.shape) for i in params if is_weight(i))
     self.has_loop = hlo.main_loop(module) is not None
+    self.ops = hlo.op_count(module)
     self.collectives = (hlo.loop_collectives(module) if self.has_loop
                         else hlo.all_collectives(module))
     self.weight_moves = hlo.weight_collectives(module, is_weight, moves_only=backward)

@@ -164,6 +164,7 @@ class Collective:
   nbytes: int      # result bytes per device
   where: str       # '' (the loop body), 'nested loop', 'branch <j>'
   op_name: str
+  group: int = 0   # devices in each replica group (0: not stated, every device)
 
 
 def _kind(opcode: str) -> Optional[str]:
@@ -171,9 +172,65 @@ def _kind(opcode: str) -> Optional[str]:
   return base if base in COLLECTIVES else None
 
 
+def group_size(ins: Instr) -> int:
+  """Devices in each of a collective's replica groups, as the HLO text
+  writes them (``replica_groups={{0,1,2,3}}``, the iota form
+  ``replica_groups=[2,4]<=[8]`` or the mesh form
+  ``replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_1'}``); 2 for a collective-permute (a pair); 0
+  where the text names no group (every device)."""
+  if _kind(ins.opcode) == "collective-permute":
+    return 2
+  m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", ins.attrs)
+  if m:
+    return int(m.group(2))
+  # The mesh form: replica_groups=mesh['x'=2,'y'=4] {'y'} (a group spans the named axes).
+  m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", ins.attrs)
+  if m:
+    sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", m.group(1))}
+    return math.prod(sizes.get(a, 1) for a in re.findall(r"'([^']+)'", m.group(2)))
+  m = re.search(r"replica_groups=\{\{([0-9,]*)\}", ins.attrs)
+  return len([x for x in m.group(1).split(",") if x]) if m else 0
+
+
 def _collective(ins: Instr, where: str) -> Collective:
   return Collective(_kind(ins.opcode) or ins.opcode, re.sub(r"\{[^}]*\}", "", ins.shape),
-                    array_bytes(ins.shape), where, ins.op_name)
+                    array_bytes(ins.shape), where, ins.op_name, group_size(ins))
+
+
+# Instructions that launch no work of their own on the device.
+_NO_LAUNCH = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast",
+                        "after-all", "partition-id", "replica-id", "opt-barrier"})
+
+
+def op_count(module: Module) -> int:
+  """Operations one call of the program launches on the device (the fixed
+  cost model's count, ``costs``): the instructions of the entry computation
+  and of what it runs as control flow (a loop's body and condition times
+  its known trip count, else once; a conditional's largest branch; a
+  called computation's own), a fusion counted once. Collectives are not
+  counted (priced by size and topology instead), nor instructions that
+  launch nothing (parameters, constants, tuple plumbing, bitcasts), and an
+  asynchronous pair (``-start``/``-done``) counts once."""
+  def count(comp: str, seen: tuple) -> int:
+    if comp in seen or comp not in module.computations:
+      return 0
+    n = 0
+    for ins in module.instrs(comp):
+      op = ins.opcode
+      if op in _NO_LAUNCH or op.endswith("-done") or _kind(op) or (
+          op.endswith("-update") and _kind(op.removesuffix("-update"))):
+        continue
+      if op == "while":
+        m = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
+        n += (int(m.group(1)) if m else 1) * sum(count(c, seen + (comp,)) for c in ins.called)
+      elif op == "conditional":
+        n += 1 + max((count(c, seen + (comp,)) for c in ins.called), default=0)
+      elif op == "call":
+        n += sum(count(c, seen + (comp,)) for c in ins.called)
+      else:
+        n += 1
+    return n
+  return count(module.entry, ())
 
 
 def all_collectives(module: Module) -> list[Collective]:

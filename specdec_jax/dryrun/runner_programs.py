@@ -200,7 +200,7 @@ class RunnerPrograms(driver.ProgramList):
     names = [n for n in self.names if n != "draft" or ctx.draft_config is not None]
     specs = [Compile(LABELS[n], lowerers[n], est[n], key=n) for n in names]
     if self.roofline and not self.alpha_only:
-      specs += _pieces(ctx)
+      specs += piece_compiles(ctx)
     return specs
 
   def finish(self, ctx: Context, compiled: dict) -> "RunDryRun":
@@ -211,11 +211,12 @@ class RunnerPrograms(driver.ProgramList):
     pieces = {k: p for k, p in compiled.items() if isinstance(k, tuple)}
     if pieces and not any(p.error for p in pieces.values()):
       tcfg, dcfg = ctx.target_config, ctx.draft_config
+      n = len(ctx.devices)
       out.roofline = Roofline(
           ctx.chip,
-          {k: extrapolate(pieces, "target", k, tcfg.num_decoder_layers)
-           for k in range(1, out.gamma + 2)},
-          extrapolate(pieces, "draft", 1, dcfg.num_decoder_layers) if dcfg else None,
+          {k: extrapolate(pieces, "target", k, tcfg.num_decoder_layers, n)
+           for k in sorted({k for role, _, k in pieces if role == "target"})},
+          extrapolate(pieces, "draft", 1, dcfg.num_decoder_layers, n) if dcfg else None,
           memory.step_weight_bytes(tcfg, ctx.target_part, exp.param_dtype),
           memory.step_weight_bytes(dcfg, ctx.draft_part, exp.param_dtype) if dcfg else 0)
     return out
@@ -282,6 +283,29 @@ def lower_pass(cfg: T5Config, part: Optional[Partitioner], device: Any, exp: Exp
                  ).lower(params, tokens, tokens, cache)
 
 
+def _tree_pass(model: T5Model, part: Optional[Partitioner], tree: TreeShape) -> Callable:
+  def one_pass(params, tokens, lengths, cache):
+    return model.decode_tree(params, tokens, lengths, tree, cache, partitioner=part)
+  return one_pass
+
+
+def lower_tree_pass(cfg: T5Config, part: Optional[Partitioner], device: Any, exp: Experiment,
+                    tree: TreeShape, cache_len: int) -> Any:
+  """One pass over a token tree's N nodes (``T5Model.decode_tree``: each node
+  attends to the committed prefix and its own ancestors, the tree's mask),
+  lowered alone as ``lower_pass`` lowers a chain's."""
+  b = exp.batch_size
+  params = abstract_params(cfg, part, exp.param_dtype, device)
+  tokens = sharded(part, device, ("batch", None), (b, tree.num_nodes), jnp.int32, "tokens")
+  lengths = sharded(part, device, ("batch",), (b,), jnp.int32, "lengths")
+  cache = _cache(cfg, part, device, b, exp.max_input_len, cache_len)
+  shardings = lambda t: jax.tree.map(lambda x: x.sharding, t)
+  formats = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), params)
+  return jax.jit(_tree_pass(T5Model(cfg), part, tree), donate_argnums=(3,),
+                 in_shardings=(formats, shardings(tokens), shardings(lengths),
+                               shardings(cache))).lower(params, tokens, lengths, cache)
+
+
 def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
   """Program name -> a thunk lowering it on abstract arrays."""
   exp, device, tp, dp = ctx.settings, ctx.device, ctx.target_part, ctx.draft_part
@@ -304,7 +328,8 @@ def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
   return {
       "baseline": lambda: temperature_sample.lower(target, tparams, inputs, key, **loop_kw),
       # A tree run (Experiment.tree) compiles its own loop; gamma is then
-      # N - 1, so the roofline prices the tree's pass of N positions.
+      # N - 1, and the roofline prices the tree's own pass over its N nodes
+      # (``lower_tree_pass``, with the tree's attention mask).
       "speculative": lambda: speculative_decode.lower(
           target, tparams, draft, inputs, key, gamma=gamma, lenience=exp.lenience,
           adaptive=exp.adaptive, **loop_kw) if exp.tree_shape is None else
@@ -320,20 +345,31 @@ def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
   }
 
 
-def _pieces(ctx: Context) -> list[Compile]:
-  """The roofline's pieces: a target pass over k = 1 .. γ+1 positions and a
-  draft step, each at decoder depths ``PIECE_DEPTHS`` (keys (role, depth, k))."""
+def piece_compiles(ctx: Context, widths: Optional[Sequence[int]] = None,
+                   roles: Sequence[str] = ("target", "draft")) -> list[Compile]:
+  """The roofline's pieces: a target pass over k positions (``widths``,
+  default 1 .. γ+1) and a draft step, each at decoder depths
+  ``PIECE_DEPTHS`` (keys (role, depth, k)); ``roles``: which of the two."""
   exp, device = ctx.settings, ctx.device
-  gamma = exp.gamma_bound
+  gamma, tree = exp.gamma_bound, exp.tree_shape
   cache_len = exp.max_decode_len + gamma + 1
+  if widths is None:  # a tree run: a one-position pass and the tree's own pass
+    widths = (1, gamma + 1) if tree is not None else tuple(range(1, gamma + 2))
   out = []
   for depth in PIECE_DEPTHS:
-    tcfg = ctx.target_config.replace(num_decoder_layers=depth, num_encoder_layers=1)
-    out += [Compile(f"target pass k={k} depth {depth}",
-                    functools.partial(lower_pass, tcfg, ctx.target_part, device, exp, k,
-                                      cache_len), options=PIECE_OPTIONS,
-                    key=("target", depth, k)) for k in range(1, gamma + 2)]
-    if ctx.draft_config is not None:
+    if "target" in roles:
+      tcfg = ctx.target_config.replace(num_decoder_layers=depth, num_encoder_layers=1)
+      for k in widths:
+        if tree is not None and k == tree.num_nodes > 1:
+          lower = functools.partial(lower_tree_pass, tcfg, ctx.target_part, device, exp, tree,
+                                    cache_len)
+          label = f"target tree pass N={k} depth {depth}"
+        else:
+          lower = functools.partial(lower_pass, tcfg, ctx.target_part, device, exp, k,
+                                    cache_len)
+          label = f"target pass k={k} depth {depth}"
+        out.append(Compile(label, lower, options=PIECE_OPTIONS, key=("target", depth, k)))
+    if ctx.draft_config is not None and "draft" in roles:
       dcfg = ctx.draft_config.replace(num_decoder_layers=depth, num_encoder_layers=1)
       out.append(Compile(f"draft step depth {depth}",
                          functools.partial(lower_pass, dcfg, ctx.draft_part, device, exp, 1,
@@ -429,13 +465,22 @@ def roofline_lines(r: RunDryRun) -> list[str]:
     return []
   lines = ["", f"Roofline MODEL, not a measurement: each piece compiled on its own and "
            f"priced as max(flops / {chip.peak_flops / 1e12:.0f} TFLOP/s, bytes / "
-           f"{chip.hbm_bandwidth / 1e9:.0f} GB/s), {chip.label}'s published bf16 peak and "
-           f"HBM bandwidth ({chip.source}); collectives and launch latency not priced.",
-           f"  {'piece':24s} {'GFLOP':>9s} {'GB read':>9s} {'µs':>9s}  bound"]
-  rows = [(f"target pass, k={k}", p) for k, p in rl.target.items()]
+           f"{chip.hbm_bandwidth / 1e9:.0f} GB/s) ({chip.label}'s published bf16 peak and "
+           f"HBM bandwidth, {chip.source}) + its collectives (hops x "
+           f"{chip.hop_latency * 1e6:g} µs per hop, assumed, + bytes / "
+           f"{2 * chip.ici_link_bandwidth / 1e9:.0f} GB/s over an ICI link both ways; "
+           f"{chip.ici_source}) + operations x {chip.op_seconds * 1e6:.3g} µs "
+           f"({chip.op_source}).",
+           f"  {'piece':24s} {'GFLOP':>9s} {'GB read':>9s} {'ops':>6s} {'coll.':>6s} "
+           f"{'roofline':>9s} {'+coll.':>8s} {'+fixed':>8s} {'µs':>9s}  largest"]
+  tree = r.exp.tree_shape
+  rows = [(f"target tree pass, N={k}" if tree is not None and k == tree.num_nodes > 1
+           else f"target pass, k={k}", p) for k, p in rl.target.items()]
   if rl.draft is not None:
     rows.append(("draft step (k=1)", rl.draft))
-  lines += [f"  {label:24s} {p.flops / 1e9:9.2f} {p.bytes / 1e9:9.3f} "
+  lines += [f"  {label:24s} {p.flops / 1e9:9.2f} {p.bytes / 1e9:9.3f} {p.ops:6.0f} "
+            f"{sum(n for _, n in p.collectives):6.0f} {1e6 * p.roofline_seconds(chip):9.1f} "
+            f"{1e6 * p.collective_seconds(chip):8.1f} {1e6 * p.fixed_seconds(chip):8.1f} "
             f"{1e6 * p.seconds(chip):9.1f}  {p.bound(chip)}" for label, p in rows]
   last = max(rl.target)
   lines.append(f"  bytes read per target pass / floor (the decoder and output-layer weights "

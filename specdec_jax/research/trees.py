@@ -11,7 +11,7 @@ from the two models' shapes. Used by ``scripts/bench_tree.py``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,10 @@ import numpy as np
 from specdec_jax import memory
 from specdec_jax.decoding import (speculative_decode, temperature_sample,
                                   tree_speculative_decode)
+from specdec_jax.dryrun import calibration
 from specdec_jax.dryrun.chips import Chip
+from specdec_jax.dryrun.costs import Piece
+from specdec_jax.models.t5 import get_config
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.research.common import seconds
 from specdec_jax.sampling import SamplingConfig
@@ -115,10 +118,14 @@ def roofline_speedup(row: Row, target_cfg: T5Config, draft_cfg: T5Config, chip: 
   ``pass_seconds``: tokens per call / (draft calls per call · c + v(width)),
   with c = a one-position draft pass over a one-position target pass and
   v(width) = the target's pass over ``width`` positions over a one-position
-  one (Theorem 3.8's accounting with v, §3.4). A T5 draft's tree call feeds
-  a whole depth of nodes: priced as one pass of that draft."""
+  one (Theorem 3.8's accounting with v, §3.4). The target is split over
+  ``devices`` chips, the draft replicated on each (as the engine runs them).
+  A T5 draft's tree call feeds a whole depth of nodes: priced as one pass of
+  that draft."""
   step = pass_seconds(target_cfg, chip, devices, 1, cache_len, input_len)
-  c = pass_seconds(draft_cfg, chip, devices, 1, cache_len, input_len) / step
+  # The engine replicates the draft (partitioning.DATA_PARALLEL_RULES): each
+  # chip reads all of its weights per step, however many chips there are.
+  c = pass_seconds(draft_cfg, chip, 1, 1, cache_len, input_len) / step
   v = pass_seconds(target_cfg, chip, devices, row.width, cache_len, input_len) / step
   return {"c": c, "v": v, "speedup": row.tokens_per_call / (row.draft_per_call * c + v)}
 
@@ -157,3 +164,112 @@ def rank_rates(target, params, draft, inputs: np.ndarray, max_decode_len: int, r
   wins = np.asarray(out.stats.rank_hist).sum(0)
   calls = max(int(np.asarray(out.stats.target_calls).sum()), 1)
   return [float(w) / calls for w in wins]
+
+
+# ------------------------------------------------- best trees under the model
+
+
+def geometric_rates(alpha: float, ranks: int = 8) -> list[float]:
+  """Rank acceptance rates from one α: the target's token is the draft's
+  first choice with probability α (the paper's α) and its k-th with
+  α (1 - α)^(k - 1). An ASSUMPTION standing in for measured rates
+  (``rank_rates``), which the paper does not publish; generous to the
+  lower ranks (the rates sum to nearly 1)."""
+  return [alpha * (1 - alpha) ** k for k in range(ranks)]
+
+
+# The demo pair's measured rank rates at T = 0 over its first-choice rate
+# (``rank_rates`` on held-out verses: 0.699, 0.088, 0.028, 0.018; see
+# docs/benchmarks.md's token-tree section): how fast the runner-up choices
+# fall off for a small draft of a larger model.
+DEMO_RANK_PROFILE = (1.0, 0.088 / 0.699, 0.028 / 0.699, 0.018 / 0.699)
+
+
+def scaled_rates(alpha: float, profile: Sequence[float] = DEMO_RANK_PROFILE) -> list[float]:
+  """Rank acceptance rates with the paper's α first and the runner-ups
+  falling off as ``profile`` (measured on the demo pair) does: α x
+  profile[k]. An ASSUMPTION: the paper's pairs' rank profile is not known."""
+  return [alpha * p for p in profile]
+
+
+def expected_tokens(tree: TreeShape, rates: Sequence[float]) -> float:
+  """Tokens one round yields in expectation under the positional model
+  (``TreeShape.from_acceptance``): the accepted path's length plus the
+  target's own token, = 1 + the sum over non-root nodes of the product of
+  the rates of the ranks on the node's path. For a chain at rates[0] = α
+  this is Corollary 3.6's (1 - α^(γ+1)) / (1 - α)."""
+  parents, rank = list(tree.parents), tree.sibling_rank
+  prob = [1.0] * len(parents)
+  for j in range(1, len(parents)):
+    r = int(rank[j])
+    prob[j] = prob[parents[j]] * (rates[r] if r < len(rates) else 0.0)
+  return 1.0 + sum(prob[1:])
+
+
+@dataclasses.dataclass(frozen=True)
+class StepModel:
+  """One decoding step's cost on a topology (``dryrun.costs``' terms) from
+  one chip's compiled one-position pieces (``dryrun.calibration.PIECES``):
+  the target split over ``devices`` chips (flops and bytes divided, an
+  all-reduce of [width, d_model] bf16 per attention block and MLP per
+  decoder layer over the chips), the draft replicated."""
+
+  chip: Chip
+  devices: int
+  target: Piece              # one chip, one position
+  draft: Piece               # one chip, one position
+  target_layers: int
+  d_model: int
+
+  def target_seconds(self, width: int) -> float:
+    t, n = self.target, self.devices
+    piece = Piece(t.flops * width / n, t.bytes / n, t.ops,
+                  ((("all-reduce", 2 * width * self.d_model, n), 3 * self.target_layers),)
+                  if n > 1 else ())
+    return piece.seconds(self.chip)
+
+  def draft_seconds(self) -> float:
+    return self.draft.seconds(self.chip)
+
+  def ms_per_token(self, tree: TreeShape, rates: Sequence[float]) -> float:
+    """Milliseconds per token: a round (one draft call per depth, one pass
+    over the N nodes) over its expected tokens."""
+    round_s = tree.max_depth * self.draft_seconds() + self.target_seconds(tree.num_nodes)
+    return 1e3 * round_s / expected_tokens(tree, rates)
+
+  def speedup(self, tree: TreeShape, rates: Sequence[float]) -> float:
+    """Tokens per round over the round's cost in target steps: one draft
+    call per depth of the tree (c each) and one pass over its N nodes
+    (v(N)); Theorem 3.8's accounting with v (§3.4)."""
+    step = self.target_seconds(1)
+    c, v = self.draft_seconds() / step, self.target_seconds(tree.num_nodes) / step
+    return expected_tokens(tree, rates) / (tree.max_depth * c + v)
+
+
+def step_model(chip: Chip, devices: int, draft: str) -> StepModel:
+  """The ``StepModel`` for T5 1.1 XXL with a T5 1.1 draft (``draft``:
+  'small', 'base' or 'large') from the stored one-chip pieces, at ``chip``'s
+  figures (its fixed cost per operation included)."""
+  got = calibration.pieces()
+  cfg = get_config("t5_1_1_xxl")
+  return StepModel(chip, devices, got["target"], got[draft], cfg.num_decoder_layers,
+                   cfg.d_model)
+
+
+def best_tree(model: StepModel, rates: Sequence[float],
+              max_nodes: int = 64) -> tuple[TreeShape, float]:
+  """The tree of at most ``max_nodes`` nodes with the largest modelled
+  speedup under rank acceptance ``rates`` (for each N and depth cap,
+  ``TreeShape.from_acceptance``'s tree) -> (tree, speedup)."""
+  best: tuple[Optional[TreeShape], float] = (None, 0.0)
+  for n in range(2, max_nodes + 1):
+    for depth in range(1, n):
+      try:
+        tree = TreeShape.from_acceptance(rates, n, depth)
+      except ValueError:
+        continue
+      got = model.speedup(tree, rates)
+      if got > best[1]:
+        best = (tree, got)
+  assert best[0] is not None
+  return best[0], best[1]

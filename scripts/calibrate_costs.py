@@ -1,0 +1,46 @@
+"""The cost model's calibration (``specdec_jax.dryrun.calibration``): the
+fixed cost per operation on TPU v4 from the paper's c for T5-small alone,
+then the model's c for T5-base and T5-large on one v4 chip beside the
+paper's (Table 4).
+
+  python scripts/calibrate_costs.py              # from the stored op counts
+  python scripts/calibrate_costs.py --recompile  # compile the pieces again
+                                                 # (libtpu; minutes) and print
+                                                 # the PIECES to store
+
+No weight is read; the EnDe T = 0 rows of Table 2 give the settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from specdec_jax.dryrun import calibration  # noqa: E402
+from specdec_jax.run import script_args  # noqa: E402
+from specdec_jax.run.cli import parse_config  # noqa: E402
+
+REPO = script_args.REPO_ROOT
+OVERLAY = "configs/tpu_v4_1.gin"
+
+
+def main() -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--recompile", action="store_true",
+                 help="compile the one-position pieces on v4:1x1x1 again and print them")
+  args = p.parse_args()
+  stored = None
+  if args.recompile:
+    exps = {d: parse_config([str(REPO / f"configs/table2/ende_{d}_t0.gin"),
+                             str(REPO / OVERLAY)], []) for d in calibration.DRAFTS}
+    stored = calibration.measure(exps)
+    print("PIECES =", json.dumps(stored, indent=2))
+  print(calibration.table(stored))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""The cost model's one calibrated parameter (``costs``): the fixed cost per
+launched operation on a TPU v4 chip, from the paper's measured c for a
+T5-small draft (Table 4: 0.02 on one TPU-v4) and nothing else.
+
+``PIECES`` stores what the calibration needs, so that it is recomputed
+without compiling anything: for T5 1.1 XXL (the target) and each T5 1.1
+draft, one one-position decoding step on one v4 chip (``v4:1x1x1``) at the
+EnDe rows' settings (input 512, cache 136 = decode 128 + γ 7 + 1), as
+compiled by the dry run (``runner_programs.piece_compiles`` at depths 1
+and 2, extrapolated to the full depth): XLA's flops and bytes accessed, and
+the operations it launches (``hlo.op_count``). ``measure`` recompiles them
+(``scripts/calibrate_costs.py --recompile``).
+
+``calibrate`` solves the model's c (Definition 3.7) = 0.02 for the fixed
+cost with the T5-small and T5-XXL pieces only (``costs.calibrate_op_seconds``);
+``predicted_c`` then gives T5-base's and T5-large's c on the same chip,
+with no further fitting, to be set beside the paper's 0.04 and 0.11.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from specdec_jax import paper
+from specdec_jax.dryrun import driver
+from specdec_jax.dryrun.chips import CHIPS, Chip
+from specdec_jax.dryrun.costs import Piece, calibrate_op_seconds, extrapolate
+
+TOPOLOGY = "v4:1x1x1"
+CALIBRATED_ON = "small"   # the only draft whose paper c is used
+DRAFTS = ("small", "base", "large")
+
+# One-position steps on one TPU v4 chip, full depth (flops, bytes accessed,
+# launched operations), written by ``scripts/calibrate_costs.py --recompile``.
+PIECES: dict[str, dict[str, float]] = {
+    "target": {"flops": 26548506112.0, "bytes": 11792595456.0, "ops": 1227},  # T5 1.1 XXL
+    "small": {"flops": 201377512.0, "bytes": 98406912.0, "ops": 412},
+    "base": {"flops": 634858688.0, "bytes": 310788608.0, "ops": 604},
+    "large": {"flops": 1968929056.0, "bytes": 947034624.0, "ops": 1180},
+}
+
+
+def pieces(stored: Optional[dict] = None) -> dict[str, Piece]:
+  """The stored steps as ``costs.Piece`` (no collectives: one chip)."""
+  stored = PIECES if stored is None else stored
+  return {name: Piece(v["flops"], v["bytes"], v["ops"]) for name, v in stored.items()}
+
+
+def calibrate(stored: Optional[dict] = None, chip: Chip = CHIPS["v4"]) -> float:
+  """Seconds per operation on ``chip`` such that the model's c for T5-small
+  is the paper's (Table 4), from the stored T5-small and T5-XXL steps only."""
+  got = pieces(stored)
+  return calibrate_op_seconds(got["target"], got[CALIBRATED_ON], chip,
+                              paper.DRAFT_C[CALIBRATED_ON])
+
+
+def predicted_c(op_seconds: float, stored: Optional[dict] = None,
+                chip: Chip = CHIPS["v4"]) -> dict[str, float]:
+  """Each draft's c (Definition 3.7) on ``chip`` at ``op_seconds`` per
+  operation, from the stored steps."""
+  got = pieces(stored)
+  at = dataclasses.replace(chip, op_seconds=op_seconds)
+  target = got["target"].seconds(at)
+  return {d: got[d].seconds(at) / target for d in DRAFTS if d in got}
+
+
+def table(stored: Optional[dict] = None) -> str:
+  """The calibration as text: the parameter, then per draft the model's c
+  without and with the fixed cost beside the paper's, and the error."""
+  t = calibrate(stored)
+  before, after = predicted_c(0.0, stored), predicted_c(t, stored)
+  lines = [f"fixed cost per operation on TPU v4, calibrated on T5-{CALIBRATED_ON} only: "
+           f"{t * 1e6:.3f} µs",
+           f"{'draft':8s} {'c roofline':>11s} {'c model':>8s} {'paper c':>8s} {'error':>7s}"]
+  for d in DRAFTS:
+    if d in after:
+      want = paper.DRAFT_C[d]
+      note = "  (calibrated: equal by construction)" if d == CALIBRATED_ON else ""
+      lines.append(f"T5-{d:5s} {before[d]:11.4f} {after[d]:8.4f} {want:8.2f} "
+                   f"{100 * (after[d] / want - 1):+6.0f}%{note}")
+  return "\n".join(lines)
+
+
+def measure(experiments: dict[str, Any], workers: Optional[int] = None) -> dict:
+  """Compiles the one-position pieces on one v4 chip and returns them in
+  ``PIECES``' form: ``experiments`` maps each draft size to its row's
+  ``Experiment`` (with the one-chip overlay); the target's step is
+  compiled from the first."""
+  from specdec_jax.dryrun import runner_programs  # pylint: disable=import-outside-toplevel
+  out: dict[str, dict[str, float]] = {}
+  for i, (name, exp) in enumerate(experiments.items()):
+    ctx = driver.check(runner_programs.RunnerPrograms(exp), TOPOLOGY)
+    roles = ("target", "draft") if i == 0 else ("draft",)
+    specs = runner_programs.piece_compiles(ctx, widths=(1,), roles=roles)
+    compiled = driver.compile_all(TOPOLOGY, specs, workers)
+    got = {s.key: p for s, p in zip(specs, compiled)}
+    bad = [p for p in compiled if p.error]
+    if bad:
+      raise ValueError(f"{bad[0].name}: {bad[0].error}")
+    if i == 0:
+      out["target"] = _stored(extrapolate(got, "target", 1,
+                                          ctx.target_config.num_decoder_layers))
+    out[name] = _stored(extrapolate(got, "draft", 1, ctx.draft_config.num_decoder_layers))
+  return out
+
+
+def _stored(p: Piece) -> dict[str, float]:
+  return {"flops": p.flops, "bytes": p.bytes, "ops": p.ops}
