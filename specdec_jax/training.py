@@ -260,6 +260,68 @@ def place_batch(batch: Batch, partitioner: Optional[Partitioner]) -> dict:
   return {k: partitioner.shard_batch(v, f"batch {k!r}") for k, v in batch.items()}
 
 
+def _train_copy(params: Any, opt: optax.GradientTransformation,
+                partitioner: Optional[Partitioner]) -> tuple[Any, Any]:
+  """A copy of ``params`` and the optimizer's initial state, placed for training:
+  the step donates its params, so it never trains on the caller's arrays.
+  Without a partitioner both are committed to one device like the step's
+  outputs (so the second step reuses the first one's compiled program); with
+  one, replicated on its mesh."""
+  if partitioner is None:
+    device = jax.local_devices()[0]
+    params = jax.device_put(jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params),
+                            device)
+    return params, jax.device_put(opt.init(params), device)
+  repl = partitioner.replicated()
+  copy = jax.jit(lambda t: jax.tree_util.tree_map(jnp.copy, t), out_shardings=repl)
+  params = copy(jax.device_put(params, repl))
+  return params, jax.device_put(opt.init(params), repl)
+
+
+def _resume(mngr: ocp.CheckpointManager, params: Any, opt_state: Any
+            ) -> tuple[Any, Any, int, float]:
+  """(params, opt_state, step, seconds trained before) from the newest
+  checkpoint of ``mngr``, or the given state at step 0."""
+  if mngr.latest_step() is None:
+    return params, opt_state, 0, 0.0
+  state = {"params": params, "opt_state": opt_state, "elapsed": np.zeros((), np.float64)}
+  restored = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(state))
+  return (restored["params"], restored["opt_state"], int(mngr.latest_step()),
+          float(restored["elapsed"]))
+
+
+def _record(step: int, window: dict[str, list], evaluate: Optional[Callable[[Any], dict]],
+            params: Any, wall_s: float) -> dict:
+  """One line of the loss log: the metrics' means over the steps since the
+  last line (device scalars, read back only now), the evaluation's metrics,
+  and the wall time trained so far."""
+  rec = {"step": step, **{k: float(np.mean([host_value(x) for x in v]))
+                          for k, v in window.items()}}
+  if evaluate is not None:
+    rec.update(evaluate(params))
+  rec["wall_s"] = round(wall_s, 1)
+  return rec
+
+
+def _clock(t0: float, last_save: float, max_minutes: Optional[float],
+           ckpt_minutes: float) -> tuple[bool, bool]:
+  """(over the time limit, a checkpoint due) now; on several processes,
+  process 0's answer for all (saving and stopping are collective)."""
+  over_time = max_minutes is not None and time.time() - t0 > 60 * max_minutes
+  due = time.time() - last_save > 60 * ckpt_minutes
+  if jax.process_count() > 1:
+    over_time, due = (bool(x) for x in multihost_utils.broadcast_one_to_all(
+        np.array([over_time, due])))
+  return over_time, due
+
+
+def _append(log_path: str, rec: dict, primary: bool) -> None:
+  """Appends one record to the loss log (process 0 writes it)."""
+  if primary:
+    with open(log_path, "a") as f:
+      f.write(json.dumps(rec) + "\n")
+
+
 def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Batch]],
         opt_cfg: OptimizerConfig, run_dir: str, *,
         evaluate: Optional[Callable[[Any], dict]] = None, eval_every: int = 250,
@@ -295,28 +357,11 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
   primary = jax.process_index() == 0
   os.makedirs(run_dir, exist_ok=True)
   opt = optimizer if optimizer is not None else make_optimizer(opt_cfg)
-  # The step donates its params: train on a copy, never on the caller's arrays.
-  if partitioner is None:
-    # Committed to one device like the step's outputs, so the second step
-    # reuses the first one's compiled program.
-    device = jax.local_devices()[0]
-    params = jax.device_put(jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params),
-                            device)
-    opt_state = jax.device_put(opt.init(params), device)
-  else:
-    repl = partitioner.replicated()
-    copy = jax.jit(lambda t: jax.tree_util.tree_map(jnp.copy, t), out_shardings=repl)
-    params = copy(jax.device_put(params, repl))
-    opt_state = jax.device_put(opt.init(params), repl)
+  params, opt_state = _train_copy(params, opt, partitioner)
   mngr = ocp.CheckpointManager(os.path.join(run_dir, "ckpt"),
                                options=ocp.CheckpointManagerOptions(max_to_keep=2))
-  step, elapsed_before = 0, 0.0
-  if mngr.latest_step() is not None:
-    state = {"params": params, "opt_state": opt_state, "elapsed": np.zeros((), np.float64)}
-    restored = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(state))
-    params, opt_state = restored["params"], restored["opt_state"]
-    step = int(mngr.latest_step())
-    elapsed_before = float(restored["elapsed"])
+  params, opt_state, step, elapsed_before = _resume(mngr, params, opt_state)
+  if step:
     log_fn(f"[{name}] resumed at step {step}")
 
   log_path = os.path.join(run_dir, "log.jsonl")
@@ -346,22 +391,12 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
     for k, v in {"train_loss": loss, **aux}.items():
       window.setdefault(k, []).append(v)
     done = step >= opt_cfg.total_steps
-    over_time = max_minutes is not None and time.time() - t0 > 60 * max_minutes
-    due = time.time() - last_save > 60 * ckpt_minutes
-    if jax.process_count() > 1:  # saving and stopping are collective: process 0 decides
-      over_time, due = (bool(x) for x in multihost_utils.broadcast_one_to_all(
-          np.array([over_time, due])))
+    over_time, due = _clock(t0, last_save, max_minutes, ckpt_minutes)
     if step % eval_every == 0 or done or over_time:
-      rec = {"step": step, **{k: float(np.mean([host_value(x) for x in v]))
-                              for k, v in window.items()}}
-      if evaluate is not None:
-        rec.update(evaluate(params))
-      rec["wall_s"] = round(elapsed_before + time.time() - t0, 1)
+      rec = _record(step, window, evaluate, params, elapsed_before + time.time() - t0)
       window = {}
       log.append(rec)
-      if primary:
-        with open(log_path, "a") as f:
-          f.write(json.dumps(rec) + "\n")
+      _append(log_path, rec, primary)
       log_fn(f"[{name}] {json.dumps(rec)}")
     if due or done or over_time:
       save(step)
