@@ -164,10 +164,12 @@ def render(rows: list[str], hardware: list[str], cells: dict, wall_s: float) -> 
       "at the paper's α). 'Thm 3.8 at paper's c' is the theorem at the paper's own α, "
       "γ and c (Table 4, one TPU-v4), the paper's EXP. The first column, one v4 chip, is "
       "the paper's setting; on a mesh the target is split and the draft replicated, so "
-      "c grows with the mesh. The roofline prices each piece at "
+      "c grows with the mesh. The cost model prices each piece at "
       "max(flops / peak, bytes / HBM bandwidth) with Google Cloud's published figures "
-      "(`specdec_jax/dryrun/chips.py`); it is a model, not a measurement, and leaves out "
-      "collective and launch latency. The paper's speedups were measured on a TPU-v4. "
+      "(`specdec_jax/dryrun/chips.py`), plus its collectives (hops x per-hop latency + "
+      "bytes / ICI bandwidth) and a fixed cost per launched operation calibrated on "
+      "T5-small's c on one TPU-v4 (\"The cost model\" above); it is a model, not a "
+      "measurement. The paper's speedups were measured on a TPU-v4. "
       "T5 1.0 rows (`t5_1_0_*`) use the paper's α for the T5 1.1 row of the same task, "
       "draft size and temperature: their own α is not known.",
       ""]
