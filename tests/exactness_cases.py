@@ -15,18 +15,20 @@ case over seeds, and the same test rejects an inexact engine (power).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import drafts
-from specdec_jax.decoding import temperature_sample
+from specdec_jax.decoding import AdaptiveConfig, temperature_sample
 from specdec_jax.drafts import shortlist as shortlist_lib
 from specdec_jax.models.t5 import T5Config, T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
+from specdec_jax.tree import TreeShape
 from stat_tests import pooled_chisquare_pvalue
 
 # ------------------------------------------------------------------- T = 0
@@ -59,6 +61,89 @@ def alpha(stats: Any) -> float:
   """Mean over rows of accepted / evaluated drafts (paper §3.1)."""
   accepted, rejected = np.asarray(stats.accepted), np.asarray(stats.rejected)
   return float((accepted / np.maximum(accepted + rejected, 1)).mean())
+
+
+# ------------------------------------------------------- cells and checks
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One loop run: ``draft`` names one of the test's draft builders; ``gamma``
+  is γ (chain) or γ_max (adaptive); ``expect`` names the cell's extra checks
+  (``check_adaptive``, ``check_tree``, and the test's own)."""
+  loop: str                     # 'chain' | 'adaptive' | 'tree'
+  draft: str
+  gamma: int = 0
+  adaptive: Optional[AdaptiveConfig] = None
+  shape: Optional[TreeShape] = None
+  setting: str = "greedy"       # a key of SETTINGS at T > 0
+  expect: tuple[str, ...] = ()
+
+
+def check_chain(st: Any, base: Any, gamma: int) -> None:
+  """Every target call commits >= 1 token and at most γ+1; γ draft steps a call."""
+  length = np.asarray(base.length)
+  assert np.all(st.target_calls >= np.ceil(length / (gamma + 1)))
+  assert np.all(st.target_calls <= length)
+  np.testing.assert_array_equal(st.draft_calls, gamma * st.target_calls)
+  np.testing.assert_array_equal(st.accepted_at.sum(1), st.accepted)
+
+
+def check_adaptive(st: Any, cell: Cell) -> None:
+  """γ histograms count every round; evaluated positions never exceed the
+  proposals; plus the cell's ``expect``."""
+  gamma_max, hist, calls = cell.gamma, st.gamma_hist, st.target_calls
+  np.testing.assert_array_equal(hist.sum(1), calls)
+  np.testing.assert_array_equal(st.accepted_at.sum(1), st.accepted)
+  assert np.all(st.accepted + st.rejected <= hist @ np.arange(gamma_max + 1))
+  if cell.adaptive.skip_below is None:
+    assert np.all(hist[:, 0] == 0), hist  # a live row always proposes x_1
+  used = np.flatnonzero(hist.sum(0))
+  expect = set(cell.expect)
+  if "alpha" in expect:  # acceptance is partial
+    assert 0.2 < alpha(st) < 0.9, alpha(st)
+  if "fixed_costs" in expect:  # threshold 0 never stops early: the fixed-γ loop's costs
+    assert used.tolist() == [gamma_max]
+    np.testing.assert_array_equal(st.draft_calls, gamma_max * calls)
+    np.testing.assert_array_equal(st.target_positions, (gamma_max + 1) * calls)
+  if "one_step" in expect:
+    # Threshold 1 stops every row after x_1: one draft step a round and the
+    # width-1 branch (2 target positions a call), though γ_max is larger.
+    assert used.tolist() == [1]
+    np.testing.assert_array_equal(st.draft_calls, calls)
+    np.testing.assert_array_equal(st.target_positions, 2 * calls)
+    np.testing.assert_array_equal(hist[:, 1], calls)
+  if "varies" in expect:  # the threshold really varies γ, and stops early
+    assert len(used) >= 3, hist
+    assert np.all(st.draft_calls < gamma_max * calls)
+  if "varies_in_total" in expect:
+    # Steps are the batch's (the longest row's), so compare totals.
+    assert st.draft_calls.sum() < gamma_max * calls.sum(), st.draft_calls
+    assert (hist.sum(0)[1:] > 0).sum() >= 3, hist
+  if "schedule_from_1" in expect:
+    # From 1 the schedule grows by 2 (odd γ only): an even γ proves a -1 step.
+    assert hist[:, 1].min() >= 1 and hist[:, 3].sum() > 0 and hist[:, 2::2].sum() > 0, hist
+  if "skips" in expect:  # some rounds proposed nothing: each a plain target step
+    assert hist[:, 0].sum() > calls.sum() // 20, hist
+  if "skips_some" in expect:  # plain target steps where the context has no match
+    assert hist[:, 0].sum() > 0 and hist[:, 1:].sum() > 0, hist
+
+
+def check_tree(st: Any, out: Any, cell: Cell) -> None:
+  """Every round has a depth, every accepted token a sibling rank, and every
+  call commits at most one token beyond the accepted; plus the cell's
+  ``expect``."""
+  assert int(st.depth_hist.sum()) == int(st.target_calls.sum())
+  assert int(st.accepted.sum()) == int(st.rank_hist.sum())
+  assert int((np.asarray(out.length) - st.accepted).sum()) <= int(st.target_calls.sum())
+  # The test means something only if paths went deep and, for drafts with
+  # alternatives, through runner-up siblings (a chain-only draft's one-hot q
+  # at T = 0 has none, so its tree is its chain).
+  if "deep" in cell.expect:
+    assert int(st.depth_hist[:, 2:].sum()) > 0, st.depth_hist
+  if "siblings" in cell.expect:
+    assert int(st.rank_hist[:, 1:].sum()) > 0, st.rank_hist
+  if "no_siblings" in cell.expect:
+    assert int(st.rank_hist[:, 1:].sum()) == 0, st.rank_hist
 
 
 # ------------------------------------------------------------------ drafts

@@ -26,8 +26,9 @@ from specdec_jax.drafts.base import (adaptive_proposal, drawn_probability, stop_
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.speculative import speculative_sampling
 from exactness_cases import (INPUTS, KEY, MAX_LEN, SEQ_EOS, SEQ_INPUT, SEQ_KEY, SEQ_LEN,
-                             SETTINGS, SIGNIFICANCE, exact_sequence_distribution, noisy,
-                             pick_greedy_case, seq_inputs, sequence_pvalue)
+                             SETTINGS, SIGNIFICANCE, Cell, check_adaptive,
+                             exact_sequence_distribution, noisy, pick_greedy_case, seq_inputs,
+                             sequence_pvalue)
 from exactness_cases import seq_models as build_seq_models
 from test_speculative import chi2_pvalue
 
@@ -65,10 +66,29 @@ def _widths(gamma_max):
 # ------------------------------------------------------------------- T = 0
 
 GREEDY = {
+    "threshold0_g4": (4, AdaptiveConfig("threshold", 0.0)),
+    "threshold1_g4": (4, AdaptiveConfig("threshold", 1.0)),
     "threshold0.9_g7": (7, AdaptiveConfig("threshold", 0.9)),
     "schedule_g7_from1": (7, AdaptiveConfig("schedule", initial_gamma=1)),
     "threshold0.9_skip0.8_g4": (4, AdaptiveConfig("threshold", 0.9, skip_below=0.8)),
 }
+
+
+@pytest.mark.parametrize("case,expect", [("threshold0_g4", ("alpha", "fixed_costs")),
+                                         ("threshold1_g4", ("alpha", "one_step"))])
+def test_thresholds_0_and_1_cost_the_fixed_loop_and_one_step(tiny_target, near_draft,
+                                                            greedy_case, case, expect):
+  """Threshold 0 never stops early: γ_max draft steps and γ_max + 1 target
+  positions a round, the fixed-γ loop's costs. Threshold 1 stops every row
+  after x_1: one draft step a round and the width-1 branch (2 target
+  positions a call), though γ_max = 4. Both token for token the baseline."""
+  eos, base = greedy_case
+  gamma_max, adaptive = GREEDY[case]
+  out = _greedy(tiny_target, near_draft, eos, gamma_max, adaptive)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  np.testing.assert_array_equal(out.length, base.length)
+  check_adaptive(jax.tree_util.tree_map(np.asarray, out.stats),
+                 Cell("adaptive", "near", gamma_max, adaptive, expect=expect))
 
 
 @pytest.mark.parametrize("case,widths", [("threshold0.9_g7", [1, 2, 4, 7]),
@@ -79,12 +99,17 @@ def test_each_round_verifies_at_the_narrowest_covering_width(tiny_target, near_d
   (early exit; a skipped round still ran the step that gave q_1) and each
   round's target pass has the smallest compiled width k >= γ_row (k + 1
   positions; a skipped round scores one); tokens equal the row's in the batch."""
-  eos, _ = greedy_case
+  eos, base = greedy_case
   gamma_max, adaptive = GREEDY[case]
   assert list(adaptive.verify_widths(gamma_max)) == widths
   widths = np.array(widths)
   cover = np.array([widths[widths >= j].min() + 1 for j in range(gamma_max + 1)])
   batch = _greedy(tiny_target, near_draft, eos, gamma_max, adaptive)
+  if case == "threshold0.9_g7":  # the threshold rule without skipping, vs the baseline
+    np.testing.assert_array_equal(batch.tokens, base.tokens)
+    np.testing.assert_array_equal(batch.length, base.length)
+    check_adaptive(jax.tree_util.tree_map(np.asarray, batch.stats),
+                   Cell("adaptive", "near", gamma_max, adaptive, expect=("alpha", "varies")))
   narrow = 0
   for i in range(INPUTS.shape[0]):
     one = _greedy(tiny_target, near_draft, eos, gamma_max, adaptive, INPUTS[i:i + 1])

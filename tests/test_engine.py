@@ -22,7 +22,7 @@ def greedy_case(tiny_target):
   return pick_greedy_case(*tiny_target)
 
 
-def test_rows_advance_independently(tiny_target, tiny_draft, greedy_case):
+def test_rows_advance_independently(tiny_target, greedy_case):
   """Per-row acceptance: each row's tokens and stats equal running it alone."""
   model, params = tiny_target
   eos, _ = greedy_case
