@@ -99,15 +99,16 @@ FAN = TreeShape.parse("parents:-1,0,0,0,1,2,3,4,5,6")  # three chains of 3 from 
 THRESHOLD = lambda t, **kw: AdaptiveConfig("threshold", t, **kw)  # noqa: E731
 
 GREEDY_CELLS = [
-    # Chain: γ 1, 3, 7; the feature bridge with γ shorter (2) than its
-    # staleness table (3), inside the lookup combination.
+    # Chain: γ 1, 3, 7; the feature bridge inside the lookup combination with
+    # γ longer (5) than its staleness table (3; shorter: the T > 0 cell).
     _param(Cell("chain", "t5", 1), "t5-g1"),
     _param(Cell("chain", "bigram", 7), "bigram-g7"),
     _param(Cell("chain", "prompt_lookup", 3), "prompt_lookup-g3"),
     _param(Cell("chain", "t5_bridge", 3), "t5_bridge-g3"),
-    _param(Cell("chain", "lookup_t5_feature", 2), "lookup_t5_feature-g2"),
+    _param(Cell("chain", "lookup_t5_feature", 5), "lookup_t5_feature-g5"),
     # Adaptive: every rule, skipping, prompt lookup's own rule, lookup + T5's,
-    # and the feature bridge with γ_max longer (4) than its staleness table.
+    # and the feature bridge (γ_max 4: rounds shorter and longer than its
+    # staleness table).
     _param(Cell("adaptive", "near", 4, THRESHOLD(0.9, skip_below=0.8),
                 expect=("alpha", "varies", "skips")), "near-threshold0.9-skip0.8-g4"),
     _param(Cell("adaptive", "near", 7, AdaptiveConfig("cumulative", 0.6),
