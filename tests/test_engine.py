@@ -5,6 +5,7 @@ bad arguments."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
