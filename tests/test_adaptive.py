@@ -1,12 +1,12 @@
-"""Adaptive draft length (``decoding.AdaptiveConfig``): per-row γ each round.
-
-Same standards as test_engine.py, whose fixtures and enumeration helpers are
-reused: at temperature 0 the output equals ``temperature_sample`` token for
-token; at T > 0 the whole-sequence distribution (vocab 8, 3 tokens, 20k
-samples, fixed seed) passes the chi-square test at significance 1e-3 against
-the enumerated target, for both rules and top-k/top-p. Power: a rule that
-peeks at the target's p fails the same test. Cost: rounds that stop early run
-fewer draft steps and a narrower verification (checked through SpecStats).
+"""Adaptive draft length (``decoding.AdaptiveConfig``): per-row γ each round,
+beyond the exactness matrix (test_exactness.py, which holds the adaptive
+loop's token-for-token and whole-sequence distribution cells and its power
+cell). Here: the cost of rounds that stop early (narrowest covering
+verification width, fewer draft steps; checked through SpecStats), the
+schedule's growth, the fallback for drafts without ``propose_adaptive``, the
+drafts' stopping rules against ``stop_count``, the capped kernel round, a
+skip decided on the drawn token caught by the enumeration, threshold 0 equal
+to the fixed-γ loop at T = 1, and bad configs.
 """
 
 from __future__ import annotations
@@ -20,25 +20,28 @@ import pytest
 from flax import struct
 
 from specdec_jax import drafts
-from specdec_jax.decoding import AdaptiveConfig, alpha_estimates, speculative_decode
+from specdec_jax.decoding import AdaptiveConfig, speculative_decode
 from specdec_jax.drafts.base import (adaptive_proposal, drawn_probability, stop_count,
                                      top_probability)
-from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.speculative import speculative_sampling
-from test_engine import (INPUTS, KEY, MAX_LEN, SEQ_EOS, SEQ_INPUT, SEQ_LEN, SEQ_N, SETTINGS,
-                         exact_sequence_distribution, greedy_case, seq_models,  # noqa: F401
-                         sequence_pvalue)
+from exactness_cases import (INPUTS, KEY, MAX_LEN, SEQ_EOS, SEQ_INPUT, SEQ_KEY, SEQ_LEN,
+                             SETTINGS, SIGNIFICANCE, Cell, check_adaptive,
+                             exact_sequence_distribution, noisy, pick_greedy_case, seq_inputs,
+                             sequence_pvalue)
+from exactness_cases import seq_models as build_seq_models
 from test_speculative import chi2_pvalue
 
-SIGNIFICANCE = 1e-3
+
+@pytest.fixture(scope="module")
+def greedy_case(tiny_target):
+  """(eos, baseline) on ``INPUTS``: rows end at different EOS positions."""
+  return pick_greedy_case(*tiny_target)
 
 
-def _noisy(params: Any, scale: float, seed: int = 3) -> Any:
-  leaves, tree = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-  return jax.tree_util.tree_unflatten(
-      tree, [x + scale * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+@pytest.fixture(scope="module")
+def seq_models():
+  return build_seq_models()
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def near_draft(tiny_target):
   T = 0, so rounds end both by rejection and by stopping. Same model as the
   target, so a draft equal to the target shares its compilations."""
   model, params = tiny_target
-  return drafts.T5Draft(params=_noisy(params, 0.2), model=model)
+  return drafts.T5Draft(params=noisy(params, 0.2), model=model)
 
 
 def _greedy(tiny_target, draft, eos, gamma_max, adaptive, inputs=INPUTS):
@@ -68,53 +71,24 @@ GREEDY = {
     "threshold0.9_g7": (7, AdaptiveConfig("threshold", 0.9)),
     "schedule_g7_from1": (7, AdaptiveConfig("schedule", initial_gamma=1)),
     "threshold0.9_skip0.8_g4": (4, AdaptiveConfig("threshold", 0.9, skip_below=0.8)),
-    "cumulative0.6_g7": (7, AdaptiveConfig("cumulative", 0.6)),
 }
 
 
-@pytest.mark.parametrize("case", sorted(GREEDY))
-def test_greedy_identical_to_baseline(tiny_target, near_draft, greedy_case, case):
-  gamma_max, adaptive = GREEDY[case]
+@pytest.mark.parametrize("case,expect", [("threshold0_g4", ("alpha", "fixed_costs")),
+                                         ("threshold1_g4", ("alpha", "one_step"))])
+def test_thresholds_0_and_1_cost_the_fixed_loop_and_one_step(tiny_target, near_draft,
+                                                            greedy_case, case, expect):
+  """Threshold 0 never stops early: γ_max draft steps and γ_max + 1 target
+  positions a round, the fixed-γ loop's costs. Threshold 1 stops every row
+  after x_1: one draft step a round and the width-1 branch (2 target
+  positions a call), though γ_max = 4. Both token for token the baseline."""
   eos, base = greedy_case
+  gamma_max, adaptive = GREEDY[case]
   out = _greedy(tiny_target, near_draft, eos, gamma_max, adaptive)
   np.testing.assert_array_equal(out.tokens, base.tokens)
   np.testing.assert_array_equal(out.length, base.length)
-  st = jax.tree_util.tree_map(np.asarray, out.stats)
-  hist, calls = st.gamma_hist, st.target_calls
-  np.testing.assert_array_equal(hist.sum(1), calls)
-  if adaptive.skip_below is None:
-    assert np.all(hist[:, 0] == 0)  # a live row always proposes x_1
-  else:  # some rounds proposed nothing: each a plain target step (1 position)
-    assert hist[:, 0].sum() > calls.sum() // 20, hist
-  assert np.all(st.accepted_at.sum(1) == st.accepted)
-  # Evaluated positions never exceed proposals; acceptance is partial.
-  assert np.all(st.accepted + st.rejected <= hist @ np.arange(gamma_max + 1))
-  assert 0.2 < float(alpha_estimates(out.stats)["alpha"].mean()) < 0.9
-  used = np.flatnonzero(hist.sum(0))
-  if adaptive.threshold == 0.0:  # never stops early: the fixed-γ loop's costs
-    assert used.tolist() == [gamma_max]
-    np.testing.assert_array_equal(st.draft_calls, gamma_max * calls)
-    np.testing.assert_array_equal(st.target_positions, (gamma_max + 1) * calls)
-  elif adaptive.threshold == 1.0:
-    assert used.tolist() == [1]
-  elif adaptive.rule in ("threshold", "cumulative"):
-    assert len(used) >= 3, hist  # the threshold really varies γ
-    assert np.all(st.draft_calls < gamma_max * calls)
-  else:
-    # From 1 the schedule grows by 2 (odd γ only): an even γ proves a -1 step.
-    assert hist[:, 1].min() >= 1 and hist[:, 3].sum() > 0 and hist[:, 2::2].sum() > 0, hist
-
-
-def test_threshold_one_costs_one_draft_step_and_the_narrowest_verification(
-    tiny_target, near_draft, greedy_case):
-  """Threshold 1 stops every row after x_1: one draft step per round and the
-  width-1 branch (2 target positions per call), though γ_max = 4."""
-  eos, _ = greedy_case
-  out = _greedy(tiny_target, near_draft, eos, *GREEDY["threshold1_g4"])  # compiled above
-  st = out.stats
-  np.testing.assert_array_equal(st.draft_calls, st.target_calls)
-  np.testing.assert_array_equal(st.target_positions, 2 * st.target_calls)
-  np.testing.assert_array_equal(st.gamma_hist[:, 1], st.target_calls)
+  check_adaptive(jax.tree_util.tree_map(np.asarray, out.stats),
+                 Cell("adaptive", "near", gamma_max, adaptive, expect=expect))
 
 
 @pytest.mark.parametrize("case,widths", [("threshold0.9_g7", [1, 2, 4, 7]),
@@ -125,12 +99,17 @@ def test_each_round_verifies_at_the_narrowest_covering_width(tiny_target, near_d
   (early exit; a skipped round still ran the step that gave q_1) and each
   round's target pass has the smallest compiled width k >= γ_row (k + 1
   positions; a skipped round scores one); tokens equal the row's in the batch."""
-  eos, _ = greedy_case
+  eos, base = greedy_case
   gamma_max, adaptive = GREEDY[case]
   assert list(adaptive.verify_widths(gamma_max)) == widths
   widths = np.array(widths)
   cover = np.array([widths[widths >= j].min() + 1 for j in range(gamma_max + 1)])
   batch = _greedy(tiny_target, near_draft, eos, gamma_max, adaptive)
+  if case == "threshold0.9_g7":  # the threshold rule without skipping, vs the baseline
+    np.testing.assert_array_equal(batch.tokens, base.tokens)
+    np.testing.assert_array_equal(batch.length, base.length)
+    check_adaptive(jax.tree_util.tree_map(np.asarray, batch.stats),
+                   Cell("adaptive", "near", gamma_max, adaptive, expect=("alpha", "varies")))
   narrow = 0
   for i in range(INPUTS.shape[0]):
     one = _greedy(tiny_target, near_draft, eos, gamma_max, adaptive, INPUTS[i:i + 1])
@@ -189,36 +168,6 @@ def test_drafts_without_propose_adaptive_fall_back(tiny_target, greedy_case):
   st = out.stats
   np.testing.assert_array_equal(st.draft_calls, 4 * st.target_calls)
   assert np.asarray(st.gamma_hist)[:, :4].sum() > 0  # the schedule moved off γ_max
-
-
-def test_prompt_lookup_skips_rounds_without_a_match(tiny_target, greedy_case):
-  """Prompt lookup's own rule (its copied run; with skip_below nothing when
-  x_1 would be filler): token for token the baseline, with plain target
-  steps where the context has no match."""
-  eos, base = greedy_case
-  draft = drafts.build("prompt_lookup", vocab_size=64)
-  out = _greedy(tiny_target, draft, eos, 4, AdaptiveConfig("threshold", 0.4, skip_below=0.5))
-  np.testing.assert_array_equal(out.tokens, base.tokens)
-  st = jax.tree_util.tree_map(np.asarray, out.stats)
-  np.testing.assert_array_equal(st.gamma_hist.sum(1), st.target_calls)
-  assert st.gamma_hist[:, 0].sum() > 0 and st.gamma_hist[:, 1:].sum() > 0, st.gamma_hist
-
-
-@pytest.mark.parametrize("rule", ["threshold", "cumulative"])
-def test_lookup_t5_stops_where_its_t5_draft_is_unsure(tiny_target, near_draft, greedy_case,
-                                                      rule):
-  """LookupT5Draft's own propose_adaptive: token for token the baseline at
-  T = 0, with early exit (fewer draft steps than γ_max a round). Without it
-  the fallback saw a one-hot q at every position and never stopped."""
-  eos, base = greedy_case
-  draft = drafts.LookupT5Draft(t5=near_draft)
-  out = _greedy(tiny_target, draft, eos, 7, AdaptiveConfig(rule, 0.6))
-  np.testing.assert_array_equal(out.tokens, base.tokens)
-  st = jax.tree_util.tree_map(np.asarray, out.stats)
-  np.testing.assert_array_equal(st.gamma_hist.sum(1), st.target_calls)
-  # Steps are the batch's (the longest row's), so compare totals.
-  assert st.draft_calls.sum() < 7 * st.target_calls.sum(), st.draft_calls
-  assert (st.gamma_hist.sum(0)[1:] > 0).sum() >= 3, st.gamma_hist
 
 
 def test_lookup_t5_copies_count_as_certain(near_draft):
@@ -366,84 +315,17 @@ def test_capped_round_takes_the_bonus_from_the_right_position():
 
 
 # ------------------------------------------------------------------- T > 0
-# test_engine's enumeration: 20k sequences, chi-square at 1e-3, fixed seed 5.
-# γ_max = 3 (widths 1, 2, 3). Thresholds chosen per setting so that rounds
-# of several lengths occur (asserted), i.e. rows stop early while others in
-# the batch go on and take their bonus from p_{c+1} with c < the width.
+# The enumeration of exactness_cases (20k sequences, chi-square at 1e-3,
+# fixed seed 5), γ_max = 3 (widths 1, 2, 3).
 
 SEQ_GAMMA_MAX = 3
-SEQ_THRESHOLD = {"temp1": 0.3, "temp0.7_topk3": 0.5, "temp1_topp0.8": 0.3}
-# The cumulative rule's level: a product of confidences, so lower (probed so
-# that rounds of >= 2 lengths occur, which the tests assert).
-SEQ_CUMULATIVE = {"temp1": 0.09, "temp0.7_topk3": 0.25, "temp1_topp0.8": 0.3}
-SEQ_CUMULATIVE_LOOKUP = {"temp1": 0.09, "temp1_topp0.8": 0.5}
 
 
 def _seq_decode(seq_models, draft, sampling, adaptive):
   model, target, _ = seq_models
-  return speculative_decode(model, target, draft, jnp.repeat(SEQ_INPUT, SEQ_N, 0),
-                            jax.random.PRNGKey(5), gamma=SEQ_GAMMA_MAX, max_decode_len=SEQ_LEN,
-                            sampling=sampling, eos_id=SEQ_EOS, adaptive=adaptive)
-
-
-@pytest.mark.parametrize("rule", ["threshold", "cumulative", "schedule"])
-@pytest.mark.parametrize("setting", sorted(SETTINGS))
-def test_sequence_distribution_is_exact(seq_models, setting, rule):
-  model, target, draft_params = seq_models
-  sampling = SETTINGS[setting]
-  adaptive = (AdaptiveConfig("schedule", initial_gamma=1) if rule == "schedule"
-              else AdaptiveConfig(rule, (SEQ_CUMULATIVE if rule == "cumulative"
-                                         else SEQ_THRESHOLD)[setting]))
-  out = _seq_decode(seq_models, drafts.T5Draft(params=draft_params, model=model), sampling,
-                    adaptive)
-  hist = np.asarray(out.stats.gamma_hist).sum(0)
-  assert (hist[1:] > hist.sum() // 20).sum() >= 2, hist  # γ really varies
-  a = float(alpha_estimates(out.stats)["alpha"].mean())
-  assert 0.1 < a < 0.95, a
-  dist = exact_sequence_distribution(model, target, sampling)
-  assert sequence_pvalue(np.asarray(out.tokens), dist) > SIGNIFICANCE
-
-
-# confidence='drawn': the cumulative rule on q_i(x_i); skip_below still on
-# q_1's top probability.
-SEQ_DRAWN = {"temp1": 0.05, "temp1_topp0.8": 0.2}
-SEQ_SKIPPING = {
-    **{f"threshold_{k}": (k, AdaptiveConfig("threshold", t, skip_below=t))
-       for k, t in SEQ_THRESHOLD.items()},
-    **{f"cumulative_drawn_{k}": (k, AdaptiveConfig("cumulative", t, skip_below=0.3,
-                                                   confidence="drawn"))
-       for k, t in SEQ_DRAWN.items()}}
-
-
-@pytest.mark.parametrize("case", sorted(SEQ_SKIPPING))
-def test_sequence_distribution_is_exact_with_skipped_rounds(seq_models, case):
-  """skip_below: rows whose q_1 is unsure propose nothing (a plain target
-  step, width 0) while others in the batch verify their proposals; with
-  either confidence the rule reads after each draft token."""
-  model, target, draft_params = seq_models
-  setting, adaptive = SEQ_SKIPPING[case]
-  sampling = SETTINGS[setting]
-  out = _seq_decode(seq_models, drafts.T5Draft(params=draft_params, model=model), sampling,
-                    adaptive)
-  hist = np.asarray(out.stats.gamma_hist).sum(0)
-  assert hist[0] > hist.sum() // 20 and (hist[1:] > hist.sum() // 20).sum() >= 2, hist
-  dist = exact_sequence_distribution(model, target, sampling)
-  assert sequence_pvalue(np.asarray(out.tokens), dist) > SIGNIFICANCE
-
-
-@pytest.mark.parametrize("setting", sorted(SEQ_CUMULATIVE_LOOKUP))
-def test_lookup_t5_sequence_distribution_is_exact(seq_models, setting):
-  """LookupT5Draft's adaptive rounds (copies certain, T5 positions by their
-  confidence, cumulative rule) keep the target's distribution."""
-  model, target, draft_params = seq_models
-  sampling = SETTINGS[setting]
-  draft = drafts.LookupT5Draft(t5=drafts.T5Draft(params=draft_params, model=model))
-  out = _seq_decode(seq_models, draft, sampling,
-                    AdaptiveConfig("cumulative", SEQ_CUMULATIVE_LOOKUP[setting]))
-  hist = np.asarray(out.stats.gamma_hist).sum(0)
-  assert (hist[1:] > hist.sum() // 20).sum() >= 2, hist
-  dist = exact_sequence_distribution(model, target, sampling)
-  assert sequence_pvalue(np.asarray(out.tokens), dist) > SIGNIFICANCE
+  return speculative_decode(model, target, draft, seq_inputs(), SEQ_KEY, gamma=SEQ_GAMMA_MAX,
+                            max_decode_len=SEQ_LEN, sampling=sampling, eos_id=SEQ_EOS,
+                            adaptive=adaptive)
 
 
 @struct.dataclass
@@ -506,51 +388,6 @@ def test_threshold_zero_is_the_fixed_gamma_loop_at_t1(seq_models):
                 "gamma_hist", "target_positions"):
     np.testing.assert_array_equal(getattr(adaptive.stats, field), getattr(fixed.stats, field),
                                   err_msg=field)
-
-
-@struct.dataclass
-class PeekingDraft:
-  """A deliberately wrong adaptive rule: it asks the target and proposes only
-  the leading drafts with p(x_i) >= q(x_i) (those sure to be accepted). The
-  decision depends on x_i and p, so given "proposed" x_i is not ~ q_i."""
-
-  inner: drafts.T5Draft
-  target_params: Any
-  target: T5Model = struct.field(pytree_node=False)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.inner.vocab_size
-
-  def init(self, inputs, cache_len):
-    return self.inner.init(inputs, cache_len), inputs
-
-  def propose(self, state, seq, length, gamma, sampling, key):
-    tokens, q, inner = self.inner.propose(state[0], seq, length, gamma, sampling, key)
-    return tokens, q, (inner, state[1])
-
-  def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold):
-    tokens, q, (inner, inputs) = self.propose(state, seq, length, gamma, sampling, key)
-    offs = jnp.arange(gamma)[None]
-    full = seq.at[jnp.arange(seq.shape[0])[:, None], length[:, None] + 1 + offs].set(tokens)
-    p = standardize(self.target(self.target_params, inputs, full), sampling)
-    p = jnp.take_along_axis(p, (length[:, None] + offs)[..., None], axis=1)   # p_1..p_γ
-    px, qx = (jnp.take_along_axis(d, tokens[..., None], -1)[..., 0] for d in (p, q))
-    safe = jnp.sum(jnp.cumprod((px >= qx).astype(jnp.int32), axis=1), axis=1)
-    return tokens, q, jnp.minimum(safe, limit), jnp.asarray(gamma, jnp.int32), (inner, inputs)
-
-  def commit(self, state, seq, length):
-    return state
-
-
-def test_a_rule_that_peeks_at_the_target_is_caught(seq_models):
-  """Power: the enumeration test rejects a rule that uses the target's p."""
-  model, target, draft_params = seq_models
-  sampling = SETTINGS["temp1"]
-  peek = PeekingDraft(drafts.T5Draft(params=draft_params, model=model), target, model)
-  out = _seq_decode(seq_models, peek, sampling, AdaptiveConfig("threshold", 0.0))
-  dist = exact_sequence_distribution(model, target, sampling)
-  assert sequence_pvalue(np.asarray(out.tokens), dist) < SIGNIFICANCE
 
 
 # ----------------------------------------------------------- rules, errors

@@ -1,82 +1,33 @@
-"""Speculative decoding end to end: exact at temp 0 (token for token) and in
-distribution at temp > 0 (whole output sequences vs the enumerated target)."""
+"""Speculative decoding (the chain loop) beyond the exactness matrix
+(test_exactness.py): rows advance independently, the bridges' draft-side
+contracts, input buckets, a draft equal to the target, lenience at T = 0 and
+bad arguments."""
 
 from __future__ import annotations
-
-import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import exactness_cases as cases
+from exactness_cases import INPUTS, KEY, MAX_LEN, pick_greedy_case
 from specdec_jax import drafts
 from specdec_jax.decoding import alpha_estimates, speculative_decode, temperature_sample
-from specdec_jax.models.t5 import T5Config, T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
-from stat_tests import pooled_chisquare_pvalue
-
-MAX_LEN = 20
-INPUTS = jax.random.randint(jax.random.PRNGKey(1), (4, 12), 2, 64).astype(jnp.int32)
-KEY = jax.random.PRNGKey(0)
 
 
 @pytest.fixture(scope="module")
 def greedy_case(tiny_target):
-  """A batch whose rows end at different EOS positions, and its baseline."""
-  model, params = tiny_target
-  free = temperature_sample(model, params, INPUTS, KEY, max_decode_len=MAX_LEN, eos_id=-1)
-  toks = np.asarray(free.tokens)
-  # Pick as EOS a token whose first occurrence differs across rows, and that
-  # leaves at least one row running to max length (the cut is tested too).
-  best = None
-  for tok in np.unique(toks):
-    first = [int(np.argmax(r == tok)) if (r == tok).any() else MAX_LEN for r in toks]
-    if len(set(first)) >= 3 and max(first) == MAX_LEN and min(first) >= 2:
-      best = int(tok)
-      break
-  assert best is not None, toks
-  base = temperature_sample(model, params, INPUTS, KEY, max_decode_len=MAX_LEN, eos_id=best)
-  lengths = np.asarray(base.length)
-  assert len(set(lengths.tolist())) >= 3 and lengths.max() == MAX_LEN
-  return best, base
+  """(eos, baseline) on ``INPUTS``: rows end at different EOS positions."""
+  return pick_greedy_case(*tiny_target)
 
 
-def _drafts(tiny_draft):
-  dm, dp = tiny_draft
-  corpus = np.asarray(jax.random.randint(jax.random.PRNGKey(3), (50, 20), 0, 64))
-  return {
-      "t5": drafts.build("t5", model=dm, params=dp),
-      "bigram": drafts.build("bigram", corpus=corpus, vocab_size=64),
-      "prompt_lookup": drafts.build("prompt_lookup", vocab_size=64),
-      # min_ngram 1: copies wherever any token repeats, so the mix is exercised.
-      "lookup_t5": drafts.LookupT5Draft(t5=drafts.build("t5", model=dm, params=dp),
-                                        max_ngram=2, min_ngram=1),
-  }
-
-
-@pytest.mark.parametrize("gamma", [1, 3, 7])
-def test_greedy_identical_to_baseline(tiny_target, tiny_draft, greedy_case, gamma):
-  model, params = tiny_target
-  eos, base = greedy_case
-  for name, draft in _drafts(tiny_draft).items():
-    out = speculative_decode(model, params, draft, INPUTS, KEY, gamma=gamma,
-                             max_decode_len=MAX_LEN, eos_id=eos)
-    np.testing.assert_array_equal(out.tokens, base.tokens, err_msg=f"{name} gamma={gamma}")
-    np.testing.assert_array_equal(out.length, base.length, err_msg=name)
-    st = out.stats
-    # Every target call commits >= 1 token and at most γ+1.
-    assert np.all(st.target_calls >= np.ceil(base.length / (gamma + 1)))
-    assert np.all(st.target_calls <= base.length)
-    assert np.all(st.draft_calls == gamma * st.target_calls)
-    assert np.all(st.accepted_at.sum(1) == st.accepted)
-
-
-def test_rows_advance_independently(tiny_target, tiny_draft, greedy_case):
+def test_rows_advance_independently(tiny_target, greedy_case):
   """Per-row acceptance: each row's tokens and stats equal running it alone."""
   model, params = tiny_target
   eos, _ = greedy_case
-  draft = _drafts(tiny_draft)["prompt_lookup"]
+  draft = drafts.build("prompt_lookup", vocab_size=64)
   out = speculative_decode(model, params, draft, INPUTS, KEY, gamma=3, max_decode_len=MAX_LEN,
                            eos_id=eos)
   calls = np.asarray(out.stats.target_calls)
@@ -89,67 +40,25 @@ def test_rows_advance_independently(tiny_target, tiny_draft, greedy_case):
     assert int(one.stats.accepted[0]) == int(out.stats.accepted[i])
 
 
-def _bridged(draft_model, draft_params, target_model, target_params, seed=0, scale=0.5):
-  """A T5 draft whose encoder also reads the target's (``specdec_jax.drafts.bridge``),
-  with a random, clearly non-zero bridge kernel."""
-  shape = (target_model.config.d_model, draft_model.config.d_model)
-  kernel = scale * jax.random.normal(jax.random.PRNGKey(seed), shape)
-  return drafts.build("t5", model=draft_model, params=draft_params, bridge=kernel,
-                      target_model=target_model, target_params=target_params)
-
-
-def test_bridged_draft_identical_to_baseline(tiny_target, tiny_draft, greedy_case):
-  """A draft reading the target's encoder output stays exact at T=0, and the
-  bridge really changes what it proposes (or the test would prove nothing)."""
+def test_bridge_changes_proposals_and_reads_the_targets_encoding(tiny_target, tiny_draft):
+  """A draft reading the target's encoder output (exact at T=0: the
+  exactness matrix) really proposes otherwise than without the bridge (or
+  the matrix would prove nothing), and the engine's way of building it from
+  the target's encoder output equals its own encode (no second encode)."""
   model, params = tiny_target
-  eos, base = greedy_case
   dm, dp = tiny_draft
-  bridged = _bridged(dm, dp, model, params)
-  out = speculative_decode(model, params, bridged, INPUTS, KEY, gamma=3,
-                           max_decode_len=MAX_LEN, eos_id=eos)
-  np.testing.assert_array_equal(out.tokens, base.tokens)
-  np.testing.assert_array_equal(out.length, base.length)
+  bridge = cases.bridged(dm, dp, model, params)
   plain = drafts.build("t5", model=dm, params=dp)
   seq = jnp.zeros((INPUTS.shape[0], MAX_LEN + 5), jnp.int32)
   length = jnp.zeros((INPUTS.shape[0],), jnp.int32)
   greedy = SamplingConfig(temperature=0.0)
   proposals = [d.propose(d.init(INPUTS, MAX_LEN + 4), seq, length, 3, greedy, KEY)[1]
-               for d in (plain, bridged)]
+               for d in (plain, bridge)]
   assert float(jnp.max(jnp.abs(proposals[0] - proposals[1]))) > 0.5
   # The engine hands the draft the target's encoder output (no second encode).
-  alone = bridged.init(INPUTS, MAX_LEN + 4)
-  given = bridged.init_with_target(INPUTS, MAX_LEN + 4, model.encode(params, INPUTS))
+  alone = bridge.init(INPUTS, MAX_LEN + 4)
+  given = bridge.init_with_target(INPUTS, MAX_LEN + 4, model.encode(params, INPUTS))
   np.testing.assert_allclose(alone.cross_k[0], given.cross_k[0], rtol=1e-6, atol=1e-6)
-
-
-def _featured(draft_model, draft_params, target_model, target_params, seed=0, scale=0.5,
-              staleness=3, name="t5"):
-  """A T5 draft whose decoder also reads the target's decoder states
-  (``specdec_jax.drafts.feature_bridge``), with random, clearly non-zero weights."""
-  k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
-  d_p, d_q = target_model.config.d_model, draft_model.config.d_model
-  feature = {"kernel": scale * jax.random.normal(k1, (d_p, d_q)),
-             "staleness": scale * jax.random.normal(k2, (staleness, d_q))}
-  return drafts.build(name, model=draft_model, params=draft_params, feature=feature,
-                      target_model=target_model, target_params=target_params, max_ngram=2)
-
-
-@pytest.mark.parametrize("name", ["t5", "lookup_t5"])
-def test_feature_bridged_draft_identical_to_baseline(tiny_target, tiny_draft, greedy_case, name):
-  """A draft reading the target's decoder states stays exact at T=0 for
-  γ shorter and longer than its staleness table, alone and inside the
-  lookup combination, with fixed γ and an adaptive rule."""
-  from specdec_jax.decoding import AdaptiveConfig
-  model, params = tiny_target
-  eos, base = greedy_case
-  dm, dp = tiny_draft
-  featured = _featured(dm, dp, model, params, name=name)
-  assert featured.wants_target_states
-  for gamma, adaptive in ((2, None), (5, None), (4, AdaptiveConfig("threshold", threshold=0.4))):
-    out = speculative_decode(model, params, featured, INPUTS, KEY, gamma=gamma,
-                             max_decode_len=MAX_LEN, eos_id=eos, adaptive=adaptive)
-    np.testing.assert_array_equal(out.tokens, base.tokens, err_msg=f"{name} γ={gamma}")
-    np.testing.assert_array_equal(out.length, base.length)
 
 
 def test_feature_bridge_reads_what_distillation_trains_on(tiny_target, tiny_draft):
@@ -162,7 +71,7 @@ def test_feature_bridge_reads_what_distillation_trains_on(tiny_target, tiny_draf
   model, params = tiny_target
   dm, dp = tiny_draft
   gamma, n1 = 3, 2
-  featured = _featured(dm, dp, model, params)
+  featured = cases.featured(dm, dp, model, params)
   b = INPUTS.shape[0]
   cache_len = 16
   seq = jnp.zeros((b, cache_len + 1), jnp.int32)
@@ -205,7 +114,7 @@ def test_alpha_of_a_state_reading_draft_is_measured_in_rounds(tiny_target):
   from specdec_jax import alpha as alpha_lib
   model, params = tiny_target
   # The target itself plus a small feature bridge: mostly accepted, not always.
-  featured = _featured(model, params, model, params, scale=0.3)
+  featured = cases.featured(model, params, model, params, scale=0.3)
   greedy = SamplingConfig(temperature=0.0)
   out, sums, evaluated = alpha_lib.min_pq_in_rounds(model, params, featured, INPUTS, KEY, 3,
                                                     MAX_LEN, greedy)
@@ -272,7 +181,7 @@ def test_greedy_lenience(tiny_target, tiny_draft, greedy_case):
   """l = 1 is exact; l < 1 accepts at least as much and (here) changes outputs."""
   model, params = tiny_target
   eos, base = greedy_case
-  draft = _drafts(tiny_draft)["t5"]
+  draft = drafts.build("t5", model=tiny_draft[0], params=tiny_draft[1])
   kw = dict(gamma=3, max_decode_len=MAX_LEN, eos_id=eos)
   exact = speculative_decode(model, params, draft, INPUTS, KEY, lenience=1.0, **kw)
   np.testing.assert_array_equal(exact.tokens, base.tokens)
@@ -285,7 +194,7 @@ def test_greedy_lenience(tiny_target, tiny_draft, greedy_case):
 
 def test_bad_arguments(tiny_target, tiny_draft):
   model, params = tiny_target
-  draft = _drafts(tiny_draft)["prompt_lookup"]
+  draft = drafts.build("prompt_lookup", vocab_size=64)
   with pytest.raises(ValueError, match="gamma"):
     speculative_decode(model, params, draft, INPUTS, KEY, gamma=0, max_decode_len=MAX_LEN)
   with pytest.raises(ValueError, match="lenience"):
@@ -294,104 +203,3 @@ def test_bad_arguments(tiny_target, tiny_draft):
   with pytest.raises(ValueError, match="vocab"):
     speculative_decode(model, params, drafts.build("prompt_lookup", vocab_size=65), INPUTS, KEY,
                        gamma=2, max_decode_len=MAX_LEN)
-
-
-# ---------------------------------------------------------------- temp > 0
-# Whole-sequence exactness on a tiny model: vocab 8, 3 output tokens, EOS = 1.
-# All 8^3 paths are enumerated to get the target's exact distribution over
-# outputs (tokens after EOS are 0). 20k sequences are drawn in one batch with a
-# fixed seed and compared by a chi-square test at significance 1e-3 (cells with
-# expected count < 5 pooled): a correct engine fails with probability 0.001 per
-# setting over seeds. The same test rejects a lenient (inexact) engine, which
-# shows it has power against a real distortion.
-
-SEQ_V, SEQ_LEN, SEQ_N, SEQ_EOS = 8, 3, 20_000, 1
-SEQ_CFG = T5Config(vocab_size=SEQ_V, d_model=16, num_heads=2, head_dim=8, num_encoder_layers=1,
-                   num_decoder_layers=1, d_ff=16)
-SEQ_INPUT = jnp.array([[3, 5, 2, 7, 4]], jnp.int32)
-
-
-@pytest.fixture(scope="module")
-def seq_models():
-  model = T5Model(SEQ_CFG)
-  target = model.init(jax.random.PRNGKey(11))
-  draft = model.init(jax.random.PRNGKey(12))
-  # Spread the target's logits a little so distributions are not near-uniform.
-  target["decoder"]["logits_dense"]["kernel"] = target["decoder"]["logits_dense"]["kernel"] * 3
-  return model, target, draft
-
-
-def exact_sequence_distribution(model, params, sampling):
-  """{output tuple: probability} under the target alone (EOS-terminated)."""
-  paths = np.array(list(itertools.product(range(SEQ_V), repeat=SEQ_LEN)), np.int32)
-  logits = model(params, jnp.repeat(SEQ_INPUT, len(paths), 0), shift_right(jnp.asarray(paths)))
-  probs = np.asarray(standardize(logits, sampling), np.float64)
-  dist: dict[tuple, float] = {}
-  for path, pr in zip(paths, probs):
-    total, out = 1.0, []
-    for t, tok in enumerate(path):
-      total *= pr[t, tok]
-      out.append(int(tok))
-      if tok == SEQ_EOS:
-        break
-    if len(out) < len(path) and any(path[len(out):]):
-      continue  # count each EOS-terminated output once (the all-zero tail)
-    key = tuple(out + [0] * (SEQ_LEN - len(out)))
-    dist[key] = dist.get(key, 0.0) + total
-  return dist
-
-
-def sequence_pvalue(samples: np.ndarray, dist: dict) -> float:
-  keys = list(dist)
-  index = {k: i for i, k in enumerate(keys)}
-  counts = np.zeros(len(keys))
-  for row in map(tuple, samples.tolist()):
-    assert row in index, f"impossible output {row}"
-    counts[index[row]] += 1
-  return pooled_chisquare_pvalue(counts, np.array([dist[k] for k in keys]))
-
-
-SETTINGS = {
-    "temp1": SamplingConfig(temperature=1.0),
-    "temp0.7_topk3": SamplingConfig(temperature=0.7, topk=3),
-    "temp1_topp0.8": SamplingConfig(temperature=1.0, topp=0.8),
-}
-
-
-def _seq_draft(name, model, draft_params, target_params):
-  if name == "t5_bridge":
-    return _bridged(model, draft_params, model, target_params, seed=1, scale=1.0)
-  if name == "t5_feature":
-    return _featured(model, draft_params, model, target_params, seed=1, scale=1.0)
-  t5 = drafts.T5Draft(params=draft_params, model=model)
-  # With vocab 8 and a 5-token input nearly every context has a 1-gram match,
-  # so most rounds mix copied (one-hot q) and T5 positions.
-  return t5 if name == "t5" else drafts.LookupT5Draft(t5=t5, max_ngram=2, min_ngram=1)
-
-
-@pytest.mark.parametrize("setting,draft_name", [(s, "t5") for s in sorted(SETTINGS)]
-                         + [("temp1", "lookup_t5"), ("temp1", "t5_bridge"),
-                            ("temp1", "t5_feature")])
-def test_sequence_distribution_is_exact(seq_models, setting, draft_name):
-  model, target, draft_params = seq_models
-  sampling = SETTINGS[setting]
-  dist = exact_sequence_distribution(model, target, sampling)
-  assert abs(sum(dist.values()) - 1) < 1e-5
-  inputs = jnp.repeat(SEQ_INPUT, SEQ_N, 0)
-  draft = _seq_draft(draft_name, model, draft_params, target)
-  out = speculative_decode(model, target, draft, inputs, jax.random.PRNGKey(5), gamma=2,
-                           max_decode_len=SEQ_LEN, sampling=sampling, eos_id=SEQ_EOS)
-  # The draft must actually be rejected sometimes, or the test proves little.
-  a = float(alpha_estimates(out.stats)["alpha"].mean())
-  assert 0.1 < a < 0.95, a
-  assert sequence_pvalue(np.asarray(out.tokens), dist) > 1e-3
-  if setting == "temp1" and draft_name == "t5":
-    # Power: the same test rejects an engine that is not exact.
-    bad = speculative_decode(model, target, draft, inputs, jax.random.PRNGKey(5), gamma=2,
-                             max_decode_len=SEQ_LEN, sampling=sampling, eos_id=SEQ_EOS,
-                             lenience=0.3)
-    assert sequence_pvalue(np.asarray(bad.tokens), dist) < 1e-3
-    # And the baseline itself passes it (the enumeration is right).
-    base = temperature_sample(model, target, inputs, jax.random.PRNGKey(6),
-                              max_decode_len=SEQ_LEN, sampling=sampling, eos_id=SEQ_EOS)
-    assert sequence_pvalue(np.asarray(base.tokens), dist) > 1e-3

@@ -1,14 +1,10 @@
-"""Draft vocabulary shortlists (``specdec_jax.drafts.shortlist``).
-
-Exactness is tested as for every draft (test_engine.py's standards): at
-temperature 0 the engine's output equals the baseline token for token with a
-shortlist that leaves out tokens the target emits; at T > 0 the whole-sequence
-distribution (vocab 8, 3 tokens, 20k samples, fixed seed 5) passes the
-chi-square test at 1e-3 against the enumerated target while the shortlist
-leaves out most of the vocabulary, so the target's tokens outside it can come
-only from the rejection's residual. The same enumeration rejects a lenient
-(inexact) engine and a rule that peeks at the target (test_engine.py,
-test_adaptive.py): it has the power to see a wrong distribution.
+"""Draft vocabulary shortlists (``specdec_jax.drafts.shortlist``): choosing,
+saving and loading them, and the shortlisted draft's q (its support, and a
+full shortlist equal to no shortlist). Exactness with a shortlisted draft (at
+T = 0 token for token with a shortlist that leaves out tokens the target
+emits; at T > 0 the whole-sequence distribution while the shortlist leaves
+out most of the vocabulary, so the target's tokens outside it come only from
+the rejection's residual) is in the exactness matrix (test_exactness.py).
 """
 
 from __future__ import annotations
@@ -20,14 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from exactness_cases import KEY
 from specdec_jax import drafts
 from specdec_jax.drafts import shortlist
-from specdec_jax.decoding import AdaptiveConfig, alpha_estimates, speculative_decode
 from specdec_jax.models.t5 import T5Config, T5Model
 from specdec_jax.sampling import SamplingConfig
-from test_engine import (INPUTS, KEY, MAX_LEN, SEQ_EOS, SEQ_INPUT, SEQ_LEN, SEQ_N, SETTINGS,
-                         exact_sequence_distribution, greedy_case, seq_models,  # noqa: F401
-                         sequence_pvalue)
 
 
 def test_frequent_keeps_the_most_common_and_always_eos():
@@ -125,60 +118,6 @@ def test_q_lives_on_the_shortlist_and_the_inputs_tokens(tiny_draft):
         assert set(np.asarray(tokens[row]).tolist()) <= allowed[row]
         if temp == 1.0 and with_inputs:  # the input's tokens really join S
           assert support - {1, 2, 3}, (row, support)
-
-
-def _shortlisted(tiny_draft, ids, with_inputs=True):
-  model, params = tiny_draft
-  return drafts.T5Draft(params=params, model=model,
-                        shortlist=shortlist.Shortlist.for_draft(model, params, ids, with_inputs))
-
-
-@pytest.mark.parametrize("case", ["fixed_g3", "adaptive_threshold_g4", "lookup_t5_g3"])
-def test_greedy_identical_to_baseline(tiny_target, tiny_draft, greedy_case, case):
-  """Half the vocabulary shortlisted (plus the inputs' tokens): tokens the
-  target emits outside it come from the rejection, and the output is the
-  baseline's, token for token."""
-  model, params = tiny_target
-  eos, base = greedy_case
-  ids = np.arange(0, 64, 2)  # the even ids, and the eos the case picked
-  ids = np.union1d(ids, [eos])
-  draft = _shortlisted(tiny_draft, ids)
-  outside = ~np.isin(np.asarray(base.tokens), np.union1d(ids, np.asarray(INPUTS)))
-  assert outside.sum() >= 5, "the shortlist must leave out tokens the target emits"
-  adaptive = None
-  gamma = 3
-  if case.startswith("adaptive"):
-    adaptive, gamma = AdaptiveConfig("threshold", 0.5), 4
-  if case.startswith("lookup"):
-    draft = drafts.LookupT5Draft(t5=draft, max_ngram=2, min_ngram=1)
-  out = speculative_decode(model, params, draft, INPUTS, KEY, gamma=gamma,
-                           max_decode_len=MAX_LEN, eos_id=eos, adaptive=adaptive)
-  np.testing.assert_array_equal(out.tokens, base.tokens)
-  np.testing.assert_array_equal(out.length, base.length)
-
-
-@pytest.mark.parametrize("setting,with_inputs", [("temp1", False), ("temp1", True),
-                                                  ("temp0.7_topk3", True),
-                                                  ("temp1_topp0.8", True)])
-def test_sequence_distribution_is_exact(seq_models, setting, with_inputs):
-  """Vocab 8, shortlist {EOS, 3}: without the inputs' tokens, 6 of the 8
-  tokens are never proposed; with them (input 3 5 2 7 4), 0 and 6 are not."""
-  model, target, draft_params = seq_models
-  sampling = SETTINGS[setting]
-  draft = drafts.T5Draft(params=draft_params, model=model,
-                         shortlist=shortlist.Shortlist.for_draft(
-                             model, draft_params, np.array([SEQ_EOS, 3]), with_inputs))
-  out = speculative_decode(model, target, draft, jnp.repeat(SEQ_INPUT, SEQ_N, 0),
-                           jax.random.PRNGKey(5), gamma=2, max_decode_len=SEQ_LEN,
-                           sampling=sampling, eos_id=SEQ_EOS)
-  a = float(alpha_estimates(out.stats)["alpha"].mean())
-  assert 0.05 < a < 0.95, a
-  tokens = np.asarray(out.tokens)
-  never = [0, 6] if with_inputs else [0, 2, 4, 5, 6, 7]
-  # The target's tokens outside the shortlist do occur: only the residual can give them.
-  assert np.isin(tokens, never).mean() > 0.05
-  dist = exact_sequence_distribution(model, target, sampling)
-  assert sequence_pvalue(tokens, dist) > 1e-3
 
 
 def test_the_demo_shortlist_defaults_only_for_the_demo_t5_draft():
