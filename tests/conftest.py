@@ -86,12 +86,13 @@ def _no_gin_bindings_leak():
 
 # The slow tier (python -m pytest -m "not slow" skips it): whole files that run
 # the runner or a script end to end, execute notebooks, start subprocesses or
-# several processes, compile for TPU topologies, train, or run research studies.
+# several processes, compile for TPU topologies, train, or run research studies,
+# and the adaptive rules' behaviour (their exactness is in the matrix).
 # Everything else is the fast tier, which still checks every exactness property
-# once (tests/test_exactness.py, the kernels' own tests) and every validation
+# once (tests/test_exactness*.py, the kernels' own tests) and every validation
 # at one layer. Single slow tests in fast files carry @pytest.mark.slow.
 SLOW_FILES = frozenset({
-    "test_accounting.py", "test_bench_accelerator.py", "test_bench_vs_hf.py",
+    "test_accounting.py", "test_adaptive.py", "test_bench_accelerator.py", "test_bench_vs_hf.py",
     "test_distill.py", "test_distill_dry_run.py", "test_dry_run.py", "test_gcs.py",
     "test_loading.py", "test_multihost.py", "test_notebooks.py", "test_partitioning.py",
     "test_prepare_data.py", "test_profile.py", "test_readme.py", "test_run.py",

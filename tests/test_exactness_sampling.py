@@ -1,0 +1,203 @@
+"""The exactness matrix, T > 0 half: whole-sequence distributions and the
+test's power (the T = 0 half and the whole description: tests/test_exactness.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import struct
+
+from exactness_cases import (SEQ_EOS, SEQ_KEY, SEQ_LEN, SETTINGS,
+                             SIGNIFICANCE, Cell, alpha, bridged, exact_sequence_distribution, featured, lookup_t5,
+                             seq_inputs,
+                             seq_models, sequence_pvalue, shortlisted)
+from specdec_jax import drafts
+from specdec_jax import tree as tree_lib
+from specdec_jax.decoding import (AdaptiveConfig, speculative_decode, temperature_sample,
+                                  tree_speculative_decode)
+from specdec_jax.models.t5 import T5Model
+from specdec_jax.sampling import standardize
+from specdec_jax.tree import TreeShape
+
+from exactness_matrix import THRESHOLD, cell_param, decode
+
+# ------------------------------------------------------------------- T > 0
+
+def seq_draft(name: str, model: T5Model, target: Any, draft_params: Any) -> Any:
+  """The T > 0 drafts over the vocab-8 pair. With vocab 8 and a 5-token input
+  nearly every context has a 1-gram match, so lookup + T5 rounds mix copied
+  (one-hot q) and T5 positions; the shortlist {EOS, 3} (without the input's
+  tokens) leaves out 6 of the 8 tokens, so the target's tokens outside it can
+  come only from the rejection's residual."""
+  t5 = lambda: drafts.T5Draft(params=draft_params, model=model)  # noqa: E731
+  builders = {
+      "t5": t5,
+      "lookup_t5": lambda: lookup_t5(t5()),
+      "t5_bridge": lambda: bridged(model, draft_params, model, target, seed=1, scale=1.0),
+      "t5_feature": lambda: featured(model, draft_params, model, target, seed=1, scale=1.0),
+      "t5_shortlist": lambda: shortlisted(model, draft_params, np.array([SEQ_EOS, 3]), False),
+  }
+  return builders[name]()
+
+
+# Tokens the shortlisted draft never proposes.
+NEVER_PROPOSED = {"t5_shortlist": [0, 2, 4, 5, 6, 7]}
+SEQ_FULL = TreeShape.parse("full:2,2")    # 7 nodes, depth 2
+SEQ_SPINE = TreeShape.parse("spine:3,2")  # 6 nodes, depth 2
+
+# Adaptive cells run γ_max = 3 (widths 1, 2, 3) with thresholds chosen per
+# setting so that rounds of several lengths occur (asserted): rows stop early
+# while others in the batch go on and take their bonus from p_{c+1}, c < the
+# width. The cumulative rule's level is a product of confidences, so lower;
+# confidence='drawn' reads q_i(x_i), and skip_below still q_1's top.
+SEQ_CELLS = [
+    cell_param(Cell("chain", "lookup_t5", 2, setting="temp1_topp0.8", expect=("alpha",)),
+           "lookup_t5-temp1_topp0.8"),
+    cell_param(Cell("chain", "t5_bridge", 2, setting="temp0.7_topk3", expect=("alpha",)),
+           "t5_bridge-temp0.7_topk3"),
+    cell_param(Cell("chain", "t5_feature", 2, setting="temp1", expect=("alpha",)),
+           "t5_feature-temp1"),
+    cell_param(Cell("chain", "t5_shortlist", 2, setting="temp1", expect=("residual",)),
+           "t5_shortlist-temp1"),
+    cell_param(Cell("adaptive", "t5", 3, THRESHOLD(0.5, skip_below=0.5), setting="temp0.7_topk3",
+                expect=("alpha", "skips")), "t5-threshold0.5-skip0.5-temp0.7_topk3"),
+    cell_param(Cell("adaptive", "t5", 3, AdaptiveConfig("cumulative", 0.2, skip_below=0.3,
+                                                    confidence="drawn"),
+                setting="temp1_topp0.8", expect=("alpha", "skips")),
+           "t5-cumulative_drawn0.2-skip0.3-temp1_topp0.8"),
+    cell_param(Cell("adaptive", "t5", 3, AdaptiveConfig("schedule", initial_gamma=1),
+                setting="temp1", expect=("alpha",)), "t5-schedule-temp1"),
+    cell_param(Cell("adaptive", "lookup_t5", 3, AdaptiveConfig("cumulative", 0.5),
+                setting="temp1_topp0.8"), "lookup_t5-cumulative0.5-temp1_topp0.8"),
+    cell_param(Cell("tree", "t5", shape=SEQ_FULL, setting="temp1_topp0.8"), "t5-full-temp1_topp0.8"),
+    cell_param(Cell("tree", "lookup_t5", shape=SEQ_SPINE, setting="temp0.7_topk3"),
+           "lookup_t5-spine-temp0.7_topk3"),
+    cell_param(Cell("tree", "t5_feature", shape=SEQ_FULL, setting="temp1"), "t5_feature-full-temp1"),
+]
+
+
+@pytest.fixture(scope="module")
+def seq_pair():
+  return seq_models()
+
+
+@pytest.fixture(scope="module")
+def seq_dist(seq_pair):
+  """setting -> the target's enumerated distribution over outputs (once each)."""
+  model, target, _ = seq_pair
+  cache: dict[str, dict] = {}
+
+  def get(setting: str) -> dict:
+    if setting not in cache:
+      cache[setting] = exact_sequence_distribution(model, target, SETTINGS[setting])
+      assert abs(sum(cache[setting].values()) - 1) < 1e-5
+    return cache[setting]
+  return get
+
+
+def sample(cell: Cell, seq_pair: tuple, draft: Any):
+  model, target, _ = seq_pair
+  return decode(cell, model, target, draft, seq_inputs(), SEQ_KEY, SEQ_EOS, SEQ_LEN,
+                SETTINGS[cell.setting])
+
+
+@pytest.mark.parametrize("cell", SEQ_CELLS)
+def test_sequence_distribution_is_exact(seq_pair, seq_dist, cell):
+  model, target, draft_params = seq_pair
+  out = sample(cell, seq_pair, seq_draft(cell.draft, model, target, draft_params))
+  st = jax.tree_util.tree_map(np.asarray, out.stats)
+  tokens = np.asarray(out.tokens)
+  # The draft must actually be rejected sometimes, or the test proves little.
+  if "alpha" in cell.expect:
+    assert 0.1 < alpha(st) < 0.95, alpha(st)
+  if "residual" in cell.expect:
+    assert 0.05 < alpha(st) < 0.95, alpha(st)
+    # The target's tokens outside the shortlist do occur: only the residual can give them.
+    assert np.isin(tokens, NEVER_PROPOSED[cell.draft]).mean() > 0.05
+  if cell.loop == "adaptive":
+    hist = st.gamma_hist.sum(0)
+    assert (hist[1:] > hist.sum() // 20).sum() >= 2, hist  # γ really varies
+    if "skips" in cell.expect:  # rows unsure of x_1 proposed nothing (width 0)
+      assert hist[0] > hist.sum() // 20, hist
+  if cell.loop == "tree":
+    # Siblings were tried and sometimes won, and rounds were sometimes cut short.
+    assert int(st.rank_hist[:, 1:].sum()) > 0, st.rank_hist.sum(0)
+    assert int(st.depth_hist[:, 0].sum()) > 0
+  assert sequence_pvalue(tokens, seq_dist(cell.setting)) > SIGNIFICANCE
+
+
+# ------------------------------------------------------------------- power
+
+@struct.dataclass
+class PeekingDraft:
+  """A deliberately wrong adaptive rule: it asks the target and proposes only
+  the leading drafts with p(x_i) >= q(x_i) (those sure to be accepted). The
+  decision depends on x_i and p, so given "proposed" x_i is not ~ q_i."""
+
+  inner: drafts.T5Draft
+  target_params: Any
+  target: T5Model = struct.field(pytree_node=False)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.inner.vocab_size
+
+  def init(self, inputs, cache_len):
+    return self.inner.init(inputs, cache_len), inputs
+
+  def propose(self, state, seq, length, gamma, sampling, key):
+    tokens, q, inner = self.inner.propose(state[0], seq, length, gamma, sampling, key)
+    return tokens, q, (inner, state[1])
+
+  def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold):
+    tokens, q, (inner, inputs) = self.propose(state, seq, length, gamma, sampling, key)
+    offs = jnp.arange(gamma)[None]
+    full = seq.at[jnp.arange(seq.shape[0])[:, None], length[:, None] + 1 + offs].set(tokens)
+    p = standardize(self.target(self.target_params, inputs, full), sampling)
+    p = jnp.take_along_axis(p, (length[:, None] + offs)[..., None], axis=1)   # p_1..p_γ
+    px, qx = (jnp.take_along_axis(d, tokens[..., None], -1)[..., 0] for d in (p, q))
+    safe = jnp.sum(jnp.cumprod((px >= qx).astype(jnp.int32), axis=1), axis=1)
+    return tokens, q, jnp.minimum(safe, limit), jnp.asarray(gamma, jnp.int32), (inner, inputs)
+
+  def commit(self, state, seq, length):
+    return state
+
+
+@pytest.mark.parametrize("loop", ["chain", "adaptive", "tree"])
+def test_the_distribution_test_rejects_an_inexact_engine(seq_pair, seq_dist, monkeypatch, loop):
+  """Power, once per loop kind, with the T5 draft at temperature 1: the
+  chain loop with lenience 0.3 (and the baseline itself passes: the enumeration is
+  right); an adaptive rule that peeks at the target's p; the tree rule that
+  forgets the residual update after a rejected sibling (the next sibling
+  tested against p itself)."""
+  model, target, draft_params = seq_pair
+  t5 = drafts.T5Draft(params=draft_params, model=model)
+  sampling, dist = SETTINGS["temp1"], seq_dist("temp1")
+  inputs = seq_inputs()
+  if loop == "chain":
+    bad = speculative_decode(model, target, t5, inputs, SEQ_KEY, gamma=2,
+                             max_decode_len=SEQ_LEN, sampling=sampling, eos_id=SEQ_EOS,
+                             lenience=0.3)
+    base = temperature_sample(model, target, inputs, jax.random.PRNGKey(6),
+                              max_decode_len=SEQ_LEN, sampling=sampling, eos_id=SEQ_EOS)
+    assert sequence_pvalue(np.asarray(base.tokens), dist) > SIGNIFICANCE
+  elif loop == "adaptive":
+    bad = speculative_decode(model, target, PeekingDraft(t5, target, model), inputs, SEQ_KEY,
+                             gamma=3, max_decode_len=SEQ_LEN, sampling=sampling,
+                             eos_id=SEQ_EOS, adaptive=THRESHOLD(0.0))
+  else:
+    monkeypatch.setattr(tree_lib, "residual", lambda r, q: r)
+    # JAX caches traces by function: drop them so that the loop is traced with
+    # the wrong rule here, and again after, so that no later test reuses it.
+    jax.clear_caches()
+    try:
+      bad = tree_speculative_decode(model, target, t5, inputs, SEQ_KEY, tree=SEQ_FULL,
+                                    max_decode_len=SEQ_LEN, sampling=sampling, eos_id=SEQ_EOS)
+    finally:
+      monkeypatch.undo()
+      jax.clear_caches()
+  assert sequence_pvalue(np.asarray(bad.tokens), dist) < SIGNIFICANCE
