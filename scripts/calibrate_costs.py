@@ -20,7 +20,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from specdec_jax.dryrun import calibration  # noqa: E402
-from specdec_jax.run import script_args  # noqa: E402
+from specdec_jax.scripting import script_args  # noqa: E402
 from specdec_jax.run.cli import parse_config  # noqa: E402
 
 REPO = script_args.REPO_ROOT
