@@ -60,9 +60,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import glob
 import inspect
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -125,6 +127,7 @@ class Sizes:
   max_decode_len: int
   exact_examples: int
   exact_warmup: int
+  profile_calls: int     # timed calls traced for the first target's kernel profile
 
 
 def _bf16(name: str) -> T5Config:
@@ -143,14 +146,14 @@ FULL = Sizes(
             "large": _bf16("t5_1_1_large")},
     ks=(1, 2, 4, 8, 16), cache_len=136, position=64, input_len=64, inner=16, repeats=7,
     new_tokens=64, hf_repeats=20, bandwidth_mib=4096, demo_examples=20, demo_warmup=2,
-    max_decode_len=128, exact_examples=100, exact_warmup=2)
+    max_decode_len=128, exact_examples=100, exact_warmup=2, profile_calls=3)
 
 SMOKE = Sizes(
     targets={"xxl": _toy(64, 2), "xl": _toy(32, 2)},
     drafts={"small": _toy(16, 1)},
     ks=(1, 8), cache_len=16, position=4, input_len=8, inner=2, repeats=2,
     new_tokens=4, hf_repeats=1, bandwidth_mib=8, demo_examples=1, demo_warmup=0,
-    max_decode_len=8, exact_examples=1, exact_warmup=1)
+    max_decode_len=8, exact_examples=1, exact_warmup=1, profile_calls=1)
 
 
 # ------------------------------------------------------------------ output
@@ -382,11 +385,107 @@ def target_rows(sz: Sizes, out: Path, gbps: float, drafts: dict, draft_pieces: d
          f"{paper['speed']}X"]))
     exp_rows.append(dict(draft=dname, alpha=paper["alpha"], gamma=PAPER_GAMMA, c=c,
                          v=v_gamma, exp=exp1, exp_v=expv))
+  if i == 0 and sz.profile_calls:
+    try:
+      floor = memory.step_weight_bytes(tcfg, None, "bfloat16") / (gbps * 1e9) * 1e3
+      plines, trow["profile"] = profile_tables(tname, target, pieces, ms, floor, sz)
+      lines += ["", *plines]
+    except Exception as e:  # noqa: BLE001 (the timings above stand without it)
+      lines += ["", f"(profile failed: {type(e).__name__}: {str(e)[:200]})"]
   lines_all.append(emit(lines + [""]))
   trow.update(config=dataclasses.asdict(tcfg), passes=rows, step_ms=step, theorem=exp_rows)
   payload["targets"][tname] = trow
   record(out, "targets", payload, lines_all[-1])  # each target's rows as soon as they exist
   del target, pieces
+
+
+# ----------------------------------------------------------------- profile
+
+# Kernel names of matrix products: cuBLAS (sm90_xmma_*, nvjet_* on Hopper),
+# CUTLASS, XLA's Triton GEMM fusions and gemv kernels.
+_GEMM = re.compile(r"gemm|gemv|xmma|nvjet|cutlass|cublas|matmul|dot", re.I)
+_SUMMARY_LINES = ("XLA Modules", "XLA Ops", "Steps", "Framework", "Launch", "Source", "TensorFlow")
+
+
+def kernel_profile(fn: Callable[[], Any], calls: int) -> list[dict]:
+  """Every device kernel that ``calls`` calls of ``fn`` ran, from a
+  ``jax.profiler`` trace read back with ``jax.profiler.ProfileData``: per
+  kernel name, how many times it ran and its total time. On a GPU these are
+  the device plane's stream lines; where the trace has none (a CPU run),
+  the host's XLA thread lines stand in so that the code path is exercised."""
+  jax.block_until_ready(fn())
+  with tempfile.TemporaryDirectory(prefix="bench_gpu_trace_") as tmp:
+    jax.profiler.start_trace(tmp)
+    for _ in range(calls):
+      jax.block_until_ready(fn())
+    jax.profiler.stop_trace()
+    paths = sorted(glob.glob(f"{tmp}/**/*.xplane.pb", recursive=True))
+    data = jax.profiler.ProfileData.from_file(paths[-1])
+  on_device = [line for plane in data.planes if plane.name.startswith("/device:")
+               for line in plane.lines]
+  # Stream lines hold the kernels; the others (XLA Modules, XLA Ops, ...)
+  # repeat them grouped by program or HLO op.
+  device = ([line for line in on_device if "stream" in line.name.lower()]
+            or [line for line in on_device if not line.name.startswith(_SUMMARY_LINES)])
+  lines = device or [line for plane in data.planes if plane.name.startswith("/host:")
+                     for line in plane.lines if line.name.startswith("tf_XLA")]
+  log("profile lines: " + ", ".join(sorted({line.name for line in on_device}))[:300])
+  agg: dict[str, list] = {}
+  for line in lines:
+    for ev in line.events:
+      a = agg.setdefault(ev.name, [0, 0.0])
+      a[0] += 1
+      a[1] += ev.duration_ns / 1e6
+  return [dict(name=n, count=c, ms=ms, gemm=bool(_GEMM.search(n)), on_device=bool(device))
+          for n, (c, ms) in sorted(agg.items(), key=lambda kv: -kv[1][1])]
+
+
+def profile_rows(label: str, fn: Callable[[], Any], wall_ms: float, floor_ms: float,
+                 passes_per_call: int, calls: int, top: int = 8) -> tuple[list[str], dict]:
+  """Where one pass's time goes: kernels per pass, their busy time split into
+  matrix products and everything else, and the time no kernel ran (launch
+  gaps, host work), against the pass's measured time and its weight-bytes
+  floor; then the ``top`` kernels by time."""
+  kernels = kernel_profile(fn, calls)
+  n = calls * passes_per_call
+  busy = sum(k["ms"] for k in kernels) / n
+  gemm = sum(k["ms"] for k in kernels if k["gemm"]) / n
+  launches = sum(k["count"] for k in kernels) / n
+  summary = dict(label=label, kernels_per_pass=launches, busy_ms=busy, gemm_ms=gemm,
+                 other_ms=busy - gemm, idle_ms=max(wall_ms - busy, 0.0), wall_ms=wall_ms,
+                 floor_ms=floor_ms, on_device=bool(kernels and kernels[0]["on_device"]),
+                 top=[dict(k, count=k["count"] / n, ms=k["ms"] / n) for k in kernels[:top]])
+  lines = [script_args.markdown_row(
+      [label, f"{launches:.0f}", f"{wall_ms:.3f}", f"{floor_ms:.3f}", f"{gemm:.3f}",
+       f"{busy - gemm:.3f}", f"{max(wall_ms - busy, 0.0):.3f}",
+       f"{100 * floor_ms / gemm:.0f}%" if gemm else "-"])]
+  return lines, summary
+
+
+def profile_tables(tname: str, target: "Model", pieces: dict, ms: dict, floor_ms: float,
+                   sz: Sizes) -> tuple[list[str], list[dict]]:
+  """The per-kernel profile of the target's one-token step and γ + 1 pass."""
+  head = ["pass", "kernels per pass", "ms (timed)", "floor ms", "matrix-product kernels ms",
+          "other kernels ms", "no kernel running ms", "products at % of floor"]
+  lines = [f"Per-kernel profile of the {tname.upper()}-sized target (a jax.profiler trace of "
+           f"{sz.profile_calls} timed calls, {sz.inner} passes each; kernel times summed "
+           "per pass):", "", script_args.markdown_header(head)]
+  summaries = []
+  for k in (1, PAPER_GAMMA + 1):
+    label = "one-token step" if k == 1 else f"{k}-position pass"
+    rows, summary = profile_rows(label, pieces[("target", k)][0], ms[("target", k)], floor_ms,
+                                 sz.inner, sz.profile_calls)
+    lines += rows
+    summaries.append(dict(summary, k=k))
+  for summary in summaries:
+    lines += ["", f"Top kernels of the {summary['label']} (per pass):", "",
+              script_args.markdown_header(["kernel", "product?", "runs per pass", "ms per pass",
+                                           "% of pass"])]
+    for k in summary["top"]:
+      lines.append(script_args.markdown_row(
+          [f"`{k['name'][:70]}`", "yes" if k["gemm"] else "no", f"{k['count']:.1f}",
+           f"{k['ms']:.4f}", f"{100 * k['ms'] / summary['wall_ms']:.1f}%"]))
+  return lines, summaries
 
 
 # ---------------------------------------------------------------------- hf
@@ -705,6 +804,22 @@ def section_exactness(sz: Sizes, out: Path, smoke: bool) -> None:
   record(out, "exactness", dict(rows=rows, gamma=gamma), "\n".join(lines))
 
 
+@contextlib.contextmanager
+def matmul_precision(precision: str):
+  """JAX's default matmul precision set to ``precision`` inside the block
+  (the context manager where this jax has it, else the config option)."""
+  if hasattr(jax, "default_matmul_precision"):
+    with jax.default_matmul_precision(precision):
+      yield
+    return
+  before = jax.config.jax_default_matmul_precision
+  jax.config.update("jax_default_matmul_precision", precision)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_default_matmul_precision", before)
+
+
 def exactness_row(sz: Sizes, target: str, draft: str, shortlist: str, gamma: int, dtype: str,
                   precision: str) -> dict:
   """One setting of the exactness table: baseline and speculative decoding
@@ -718,8 +833,7 @@ def exactness_row(sz: Sizes, target: str, draft: str, shortlist: str, gamma: int
   setup = prepare(exp)
   eos = setup.target.config.eos_id
   greedy = SamplingConfig(temperature=0.0)
-  ctx = (jax.default_matmul_precision(precision) if precision != "default"
-         else contextlib.nullcontext())
+  ctx = matmul_precision(precision) if precision != "default" else contextlib.nullcontext()
   bad, secs, toks = [], [0.0, 0.0], [0, 0]
   with ctx:
     for i in range(setup.inputs.shape[0]):
