@@ -18,6 +18,8 @@
 #                   assisted generation with the same draft, outputs compared;
 #   6. exactness    T = 0 mismatches of speculative vs baseline on the demo pair at
 #                   float32 default and 'highest' matmul precision and in bfloat16.
+#   7. profile      a per-kernel profile (jax.profiler) of the drafts' one-token steps
+#                   and the XL-sized target's step beside its 2-position pass.
 # Each prints its table as it finishes and adds it to bench_gpu.json and
 # bench_gpu.md in the output folder (below).
 #
@@ -121,7 +123,8 @@ targets 200 T5 1.1 XXL- and XL-sized targets: step, v(k), c, % of the bandwidth 
 hf 160 Hugging Face on the same card and weights: the XXL-sized step and generate
 hf_compiled 110 Hugging Face generate with the static cache (compiled on a GPU)
 demo 50 the demo pair end to end: ours vs Hugging Face generate and assisted generation
-exactness 0 T = 0 mismatches, speculative vs baseline: float32 default, float32 highest, bfloat16
+exactness 40 T = 0 mismatches, speculative vs baseline: float32 default, float32 highest, bfloat16
+profile 0 per-kernel profile of the drafts' steps and the XL-sized target's step and 2-position pass
 SECTIONS
 else
   if [[ $smoke == 1 ]]; then
