@@ -497,23 +497,31 @@ def profile_tables(title: str, entries: list[tuple[str, Callable[[], Any], float
 
 def section_profile(sz: Sizes, out: Path) -> None:
   """Where the time of the passes furthest from their floor goes: the
-  small and base drafts' one-token steps (c) and the XL-sized target's
-  one-token step beside its 2-position pass (v(2) < 1)."""
+  small and base drafts' one-token steps (c) and the XL- and XXL-sized
+  targets' one-token steps beside the XL's 2-position pass (v(2) < 1), each
+  step also with ``T5Config.min_rows = 2`` (one-row products padded to two
+  rows, so that XLA keeps them matrix products): same weights, timed
+  interleaved."""
   gbps, source = bandwidth_for(sz, out)
   models = [Model.random(f"draft {n}", sz.drafts[n], sz, seed=100 + i)
             for i, n in enumerate(("small", "base")) if n in sz.drafts]
-  target = Model.random("target xl", sz.targets["xl"], sz, seed=1)
-  pieces = {(m.name, 1): m.piece(1, sz) for m in models}
-  pieces.update({(target.name, k): target.piece(k, sz) for k in (1, 2)})
+  models += [Model.random(f"target {n}", sz.targets[n], sz, seed=i)
+             for i, n in enumerate(("xl", "xxl")) if n in sz.targets]
+  padded = [dataclasses.replace(m, name=f"{m.name} (min_rows 2)",
+                                config=m.config.replace(min_rows=2)) for m in models]
+  by_name = {m.name: m for m in models + padded}
+  pieces = {(m.name, 1): m.piece(1, sz) for m in models + padded}
+  if "target xl" in by_name:
+    pieces[("target xl", 2)] = by_name["target xl"].piece(2, sz)
   ms = interleaved_medians_ms({key: fn for key, (fn, _) in pieces.items()}, sz.repeats, sz.inner)
   entries = []
   for (name, k), (fn, _) in pieces.items():
-    cfg = target.config if name == target.name else next(m.config for m in models if m.name == name)
-    floor = 1e3 * memory.step_weight_bytes(cfg, None, "bfloat16") / (gbps * 1e9)
+    m = by_name[name]
+    floor = 1e3 * memory.step_weight_bytes(m.config, None, "bfloat16") / (gbps * 1e9)
     what = "one-token step" if k == 1 else f"{k}-position pass"
-    entries.append((f"{name} {what}", fn, ms[(name, k)], floor))
-  lines, summaries = profile_tables(f"the drafts' steps and the XL-sized target (floors at "
-                                    f"{gbps:.0f} GB/s, {source})", entries, sz)
+    entries.append((f"{m.name} {what}", fn, ms[(name, k)], floor))
+  lines, summaries = profile_tables(f"the drafts' and targets' steps (floors at {gbps:.0f} "
+                                    f"GB/s, {source})", entries, sz)
   record(out, "profile", dict(gbps=gbps, rows=summaries), emit(lines))
 
 

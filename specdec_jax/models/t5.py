@@ -98,6 +98,11 @@ class T5Config:
   # decoding never passes one, so it never drops.
   dropout_rate: float = 0.0
   dtype: str = "float32"  # activation dtype; params/norms/softmax/logits stay f32
+  # Weight products run over at least this many rows (zero rows padded, then
+  # dropped): 2 keeps a batch-1 one-token step a matrix product on GPUs,
+  # where XLA rewrites a one-row product into a slower multiply-and-reduce.
+  # A runtime choice like dtype; the weights and results per row are the same.
+  min_rows: int = 1
   pad_id: int = 0
   eos_id: int = 1
   decoder_start_id: int = 0
@@ -215,9 +220,30 @@ class RelativePositionBias(nn.Module):
     return jnp.moveaxis(table[:, buckets], 0, 1)
 
 
-def _dense(features: int, dtype, name: str, fan_in: int) -> nn.Dense:
-  return nn.Dense(features, use_bias=False, dtype=dtype, param_dtype=jnp.float32,
-                  kernel_init=nn.initializers.normal(fan_in ** -0.5), name=name)
+class RowPaddedDense(nn.Dense):
+  """``nn.Dense`` (same parameters) whose product runs over at least
+  ``min_rows`` rows. XLA's GPU compiler turns a product with one row into a
+  multiply-and-reduce kernel that reads the weights far below the memory
+  bandwidth; zero rows appended (behind an optimization barrier, so that the
+  compiler cannot see that they are zero) keep it a GEMM. The extra rows are
+  dropped; no real row reads them."""
+
+  min_rows: int = 1
+
+  def __call__(self, x: Array) -> Array:
+    rows = math.prod(x.shape[:-1])
+    if rows >= self.min_rows:
+      return super().__call__(x)
+    flat = x.reshape(rows, x.shape[-1])
+    pad = jnp.zeros((self.min_rows - rows, x.shape[-1]), x.dtype)
+    y = super().__call__(jax.lax.optimization_barrier(jnp.concatenate([flat, pad])))
+    return y[:rows].reshape(x.shape[:-1] + (self.features,))
+
+
+def _dense(features: int, dtype, name: str, fan_in: int, min_rows: int = 1) -> nn.Dense:
+  return RowPaddedDense(features, use_bias=False, dtype=dtype, param_dtype=jnp.float32,
+                        kernel_init=nn.initializers.normal(fan_in ** -0.5), name=name,
+                        min_rows=min_rows)
 
 
 class Attention(nn.Module):
@@ -227,13 +253,14 @@ class Attention(nn.Module):
   head_dim: int
   d_model: int
   dtype: Any
+  min_rows: int = 1  # T5Config.min_rows
 
   def setup(self):
-    inner = self.num_heads * self.head_dim
-    self.query = _dense(inner, self.dtype, "query", self.d_model * self.head_dim)
-    self.key = _dense(inner, self.dtype, "key", self.d_model)
-    self.value = _dense(inner, self.dtype, "value", self.d_model)
-    self.out = _dense(self.d_model, self.dtype, "out", inner)
+    inner, r = self.num_heads * self.head_dim, self.min_rows
+    self.query = _dense(inner, self.dtype, "query", self.d_model * self.head_dim, r)
+    self.key = _dense(inner, self.dtype, "key", self.d_model, r)
+    self.value = _dense(inner, self.dtype, "value", self.d_model, r)
+    self.out = _dense(self.d_model, self.dtype, "out", inner, r)
 
   def _split(self, x: Array) -> Array:
     return x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
@@ -289,15 +316,17 @@ class MLP(nn.Module):
   d_ff: int
   gated: bool
   dtype: Any
+  min_rows: int = 1  # T5Config.min_rows
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
+    dense = functools.partial(_dense, dtype=self.dtype, min_rows=self.min_rows)
     if self.gated:  # T5 1.1: gelu(x wi_0) * (x wi_1), tanh-approximated gelu
-      h = (nn.gelu(_dense(self.d_ff, self.dtype, "wi_0", self.d_model)(x), approximate=True)
-           * _dense(self.d_ff, self.dtype, "wi_1", self.d_model)(x))
+      h = (nn.gelu(dense(self.d_ff, name="wi_0", fan_in=self.d_model)(x), approximate=True)
+           * dense(self.d_ff, name="wi_1", fan_in=self.d_model)(x))
     else:  # T5 1.0: relu(x wi)
-      h = nn.relu(_dense(self.d_ff, self.dtype, "wi", self.d_model)(x))
-    return _dense(self.d_model, self.dtype, "wo", self.d_ff)(h)
+      h = nn.relu(dense(self.d_ff, name="wi", fan_in=self.d_model)(x))
+    return dense(self.d_model, name="wo", fan_in=self.d_ff)(h)
 
 
 class Dropout(nn.Module):
@@ -318,9 +347,9 @@ class EncoderLayer(nn.Module):
     c = self.config
     dt = c.jnp_dtype
     self.pre_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.attention = Attention(c.num_heads, c.head_dim, c.d_model, dt)
+    self.attention = Attention(c.num_heads, c.head_dim, c.d_model, dt, c.min_rows)
     self.pre_mlp_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt)
+    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt, c.min_rows)
     self.dropout = Dropout(c.dropout_rate)
 
   def __call__(self, x: Array, mask: Array, bias: Array) -> Array:
@@ -375,11 +404,12 @@ class DecoderLayer(nn.Module):
     c = self.config
     dt = c.jnp_dtype
     self.pre_self_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.self_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt)
+    self.self_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt, c.min_rows)
     self.pre_cross_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.encoder_decoder_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt)
+    self.encoder_decoder_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt,
+                                               c.min_rows)
     self.pre_mlp_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt)
+    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt, c.min_rows)
     self.dropout = Dropout(c.dropout_rate)
 
   def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
@@ -476,9 +506,10 @@ class Decoder(nn.Module):
     self.layers = [DecoderLayer(c, name=f"layers_{i}") for i in range(c.num_decoder_layers)]
     self.decoder_norm = RMSNorm(c.layer_norm_epsilon, jnp.float32)
     if not c.logits_via_embedding:
-      self.logits_dense = nn.Dense(c.vocab_size, use_bias=False, dtype=c.jnp_dtype,
-                                   param_dtype=jnp.float32,
-                                   kernel_init=nn.initializers.normal(c.d_model ** -0.5))
+      self.logits_dense = RowPaddedDense(c.vocab_size, use_bias=False, dtype=c.jnp_dtype,
+                                         param_dtype=jnp.float32,
+                                         kernel_init=nn.initializers.normal(c.d_model ** -0.5),
+                                         min_rows=c.min_rows)
 
   def cross_kv(self, encoded: Array) -> tuple[tuple, tuple]:
     kv = [layer.cross_kv(encoded) for layer in self.layers]
