@@ -93,7 +93,9 @@ class ModelPair:
   ``draft_logical_axis_rules`` (None: ``partitioning.DATA_PARALLEL_RULES``),
   non-divisible dimensions per ``partition_fallback``. Weights are kept at
   ``param_dtype`` (the draft's at ``draft_param_dtype``, None: the same; norms
-  stay float32), activations run at ``dtype``.
+  stay float32), activations run at ``dtype``, and every weight product over
+  at least ``min_rows`` rows (``T5Config.min_rows``: 2 keeps a batch-1 step a
+  matrix product on GPUs).
 
   ``prefix`` is how the owner spells its settings in messages:
   'Experiment.' (gin bindings) or '' (``DistillJob`` fields, the flags of
@@ -116,6 +118,7 @@ class ModelPair:
   param_dtype: str = "float32"
   draft_param_dtype: Optional[str] = None
   dtype: str = "float32"
+  min_rows: int = 1
   config_dirs: tuple = ()
   prefix: str = ""
 
@@ -159,6 +162,8 @@ class ModelPair:
     if self.draft_param_dtype not in (None,) + DTYPES:
       raise ValueError(f"draft_param_dtype must be None or one of {DTYPES}, "
                        f"got {self.draft_param_dtype!r}")
+    if isinstance(self.min_rows, bool) or not isinstance(self.min_rows, int) or self.min_rows < 1:
+      raise ValueError(f"{self.spell('min_rows')} must be an int >= 1, got {self.min_rows!r}")
     if self.vocab_extra_ids < 0:
       raise ValueError(f"{self.spell('vocab_extra_ids')} must be >= 0, "
                        f"got {self.vocab_extra_ids}")
@@ -292,4 +297,4 @@ class ModelPair:
     params, config = checkpoints.load_checkpoint(self.resolve(path), fmt=fmt, config=config,
                                                  param_dtype=param_dtype,
                                                  partitioner=partitioner)
-    return T5Model(config.replace(dtype=self.dtype)), params
+    return T5Model(config.replace(dtype=self.dtype, min_rows=self.min_rows)), params

@@ -107,6 +107,25 @@ def test_k_token_decode_equals_k_single_decodes(tiny_target):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_row_padded_products_change_no_row(tiny_target):
+  """T5Config.min_rows pads one-token steps (B = 2 rows here) to 4 rows for
+  every weight product, then drops the padding: logits, greedy tokens and
+  the cache written are those of the unpadded model; a pass that already has
+  enough rows (k = 3) is the unpadded program's."""
+  model, params = tiny_target
+  padded = T5Model(model.config.replace(min_rows=4))
+  dec = _dec_inputs()
+  lg, cache = _prefill(model, params, dec, 4)
+  lgp, cachep = _prefill(padded, params, dec, 4)
+  np.testing.assert_allclose(lgp, lg, atol=1e-6, rtol=1e-6)
+  np.testing.assert_array_equal(jnp.argmax(lgp, -1), jnp.argmax(lg, -1))
+  for a, b in zip(cachep.self_k + cachep.self_v, cache.self_k + cache.self_v):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
+  lg3, _ = _decode(model, params, dec[:, 4:7], _pos(4, 3), cache)
+  lg3p, _ = _decode(padded, params, dec[:, 4:7], _pos(4, 3), cachep)
+  np.testing.assert_allclose(lg3p, lg3, atol=1e-6, rtol=1e-6)
+
+
 # ------------------------------------------------------ per-row positions
 
 

@@ -42,6 +42,19 @@ def test_one_validation_spelled_as_each_owner_spells_it(kw, message):
       p.check_values()
 
 
+@pytest.mark.parametrize("value", [0, True, 1.5])
+def test_min_rows_is_a_positive_int(value):
+  with pytest.raises(ValueError, match=rf"^Experiment.min_rows must be an int >= 1, got {value!r}"):
+    Experiment(target_checkpoint=TARGET, draft_checkpoint=DRAFT, vocab_path=VOCAB,
+               min_rows=value).pair.check_values()
+
+
+def test_min_rows_reaches_the_loaded_models():
+  exp = Experiment(target_checkpoint=TARGET, draft_checkpoint=DRAFT, vocab_path=VOCAB,
+                   min_rows=2)
+  assert exp.pair.load("draft")[0].config.min_rows == 2
+
+
 def test_paths_name_the_setting_the_value_and_where_they_were_looked_for(tmp_path, monkeypatch):
   p = pair.ModelPair(target_checkpoint="nope", vocab_path=VOCAB, config_dirs=(str(tmp_path),),
                      prefix="Experiment.")
