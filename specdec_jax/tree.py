@@ -48,6 +48,15 @@ Array = jax.Array
 MAX_NODES = 64
 
 
+def geometric_rank_rates(alpha: float, ranks: int = 8) -> list[float]:
+  """Rank acceptance rates from one α, for ``TreeShape.expected_tokens``:
+  the target's token is the draft's first choice with probability α (the
+  paper's α) and its k-th with α (1 - α)^(k - 1). An ASSUMPTION standing in
+  for measured rates, which the paper does not publish; generous to the
+  lower ranks (the rates sum to nearly 1)."""
+  return [alpha * (1 - alpha) ** k for k in range(ranks)]
+
+
 def _frozen(x: np.ndarray) -> np.ndarray:
   x.setflags(write=False)
   return x
@@ -292,6 +301,20 @@ class TreeShape:
     for g in self.sibling_groups:
       r[list(g)] = np.arange(len(g))
     return _frozen(r)
+
+  def expected_tokens(self, rates: Sequence[float]) -> float:
+    """Tokens one round yields in expectation under the positional model
+    (``from_acceptance``: the target's token is the draft's k-th choice with
+    probability ``rates[k - 1]`` at every node): the accepted path's length
+    plus the target's own token, 1 + the sum over non-root nodes of the
+    product of the rates along the node's path. For a chain at rates[0] = α
+    this is Corollary 3.6's (1 - α^(γ+1)) / (1 - α)."""
+    rank = self.sibling_rank
+    prob = [1.0] * self.num_nodes
+    for j in range(1, self.num_nodes):
+      r = int(rank[j])
+      prob[j] = prob[self.parents[j]] * (float(rates[r]) if r < len(rates) else 0.0)
+    return 1.0 + sum(prob[1:])
 
   @functools.cached_property
   def earlier_siblings(self) -> np.ndarray:

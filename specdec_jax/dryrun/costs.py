@@ -30,10 +30,11 @@ on-chip VMEM, so 'bytes accessed' counts HBM traffic.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from specdec_jax import theory
 from specdec_jax.dryrun.chips import Chip
+from specdec_jax.tree import TreeShape
 
 # XLA's fast-compile setting (no VMEM staging of weights, so 'bytes
 # accessed' is HBM traffic) and the decoder depths extrapolated from.
@@ -176,6 +177,23 @@ class Roofline:
   def baseline_ms_per_token(self) -> float:
     """The baseline's milliseconds per token: one one-position target pass."""
     return 1e3 * self.target[1].seconds(self.chip)
+
+  def tree_round_seconds(self, tree: TreeShape) -> float:
+    """One round of a token-tree run: one draft call per depth of the tree
+    and one target pass over its N nodes (``target[N]``, priced with the
+    tree's own mask)."""
+    return tree.max_depth * self.draft.seconds(self.chip) + \
+        self.target[tree.num_nodes].seconds(self.chip)
+
+  def tree_speedup(self, tree: TreeShape, rates: Sequence[float]) -> float:
+    """Theorem 3.8's accounting for a tree (§3.4 with v): tokens per round
+    (``TreeShape.expected_tokens`` at rank rates ``rates``) over the round's
+    cost in one-position target steps."""
+    return tree.expected_tokens(rates) * self.target[1].seconds(self.chip) / \
+        self.tree_round_seconds(tree)
+
+  def tree_ms_per_token(self, tree: TreeShape, rates: Sequence[float]) -> float:
+    return 1e3 * self.tree_round_seconds(tree) / tree.expected_tokens(rates)
 
   def speculative_ms_per_token(self, alpha: float, gamma: int) -> Optional[float]:
     """Milliseconds per token of speculative decoding at α and γ: a round

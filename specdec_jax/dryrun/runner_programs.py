@@ -72,7 +72,7 @@ from specdec_jax.alpha import min_pq_along
 from specdec_jax.run.settings import Experiment, is_remote
 from specdec_jax.run.setup import check_partitioning, estimate_bytes
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.tree import TreeShape
+from specdec_jax.tree import TreeShape, geometric_rank_rates
 
 # Where the dry run reads nothing: paths it swaps for a placeholder before
 # validating, so that a row whose checkpoints live elsewhere (or are unset)
@@ -132,14 +132,18 @@ class RunnerPrograms(driver.ProgramList):
   and one round of γ proposals), with the roofline pieces; ``alpha_only``:
   the baseline loop and the α pass (``specdec_jax.alpha.min_pq_along``, §4.2).
   ``programs``: a subset of those names; ``configs``: the configs' names, for
-  the report."""
+  the report; an empty ``programs`` compiles the roofline pieces alone, and
+  ``widths`` limits the target's pieces to those pass widths (default 1 ..
+  γ + 1)."""
 
   def __init__(self, exp: Experiment, alpha_only: bool = False,
                programs: Optional[Sequence[str]] = None, roofline: bool = True,
-               configs: Sequence[str] = ()):
+               configs: Sequence[str] = (), widths: Optional[Sequence[int]] = None):
     self.settings, self.alpha_only, self.roofline = exp, alpha_only, roofline
-    self.names = list(programs or (("baseline", "alpha") if alpha_only
-                                   else ("speculative", "baseline", "draft")))
+    self.widths = widths
+    self.names = list(programs if programs is not None else
+                      ("baseline", "alpha") if alpha_only
+                      else ("speculative", "baseline", "draft"))
     self.configs = [Path(c).stem for c in configs]
     self.checkable = exp
 
@@ -200,7 +204,7 @@ class RunnerPrograms(driver.ProgramList):
     names = [n for n in self.names if n != "draft" or ctx.draft_config is not None]
     specs = [Compile(LABELS[n], lowerers[n], est[n], key=n) for n in names]
     if self.roofline and not self.alpha_only:
-      specs += piece_compiles(ctx)
+      specs += piece_compiles(ctx, self.widths)
     return specs
 
   def finish(self, ctx: Context, compiled: dict) -> "RunDryRun":
@@ -224,9 +228,11 @@ class RunnerPrograms(driver.ProgramList):
 
 def dry_run(exp: Experiment, topology: str, alpha_only: bool = False,
             programs: Optional[Sequence[str]] = None, roofline: bool = True,
-            workers: Optional[int] = None) -> "RunDryRun":
+            workers: Optional[int] = None,
+            widths: Optional[Sequence[int]] = None) -> "RunDryRun":
   """``driver.dry_run`` of the run's programs (``RunnerPrograms``)."""
-  return driver.dry_run(RunnerPrograms(exp, alpha_only, programs, roofline), topology, workers)
+  return driver.dry_run(RunnerPrograms(exp, alpha_only, programs, roofline, widths=widths),
+                        topology, workers)
 
 
 # ------------------------------------------------------------ the programs
@@ -422,9 +428,25 @@ class RunDryRun(DryRun):
     return self.ctx.draft_config
 
   def predicted(self, with_v: bool = False) -> Optional[float]:
+    """Theorem 3.8 at the paper's α with the model's c (and v(γ + 1) with
+    ``with_v``); for a tree run its tree form (``Roofline.tree_speedup``, the
+    tree pass always priced) at geometric rank rates from the paper's α."""
     if self.roofline is None or self.paper is None or self.roofline.draft is None:
       return None
+    tree = self.exp.tree_shape
+    if tree is not None:
+      return self.roofline.tree_speedup(tree, geometric_rank_rates(self.paper.alpha))
     return self.roofline.speedup(self.paper.alpha, self.gamma, with_v)
+
+  def speculative_ms_per_token(self) -> Optional[float]:
+    """The model's milliseconds per token at the paper's α (a tree run: at
+    geometric rank rates from it)."""
+    if self.roofline is None or self.paper is None or self.roofline.draft is None:
+      return None
+    tree = self.exp.tree_shape
+    if tree is not None:
+      return self.roofline.tree_ms_per_token(tree, geometric_rank_rates(self.paper.alpha))
+    return self.roofline.speculative_ms_per_token(self.paper.alpha, self.gamma)
 
   def settings_lines(self) -> list[str]:
     e, s = self.exp, self.exp.sampling
@@ -507,17 +529,28 @@ def prediction_lines(r: RunDryRun) -> list[str]:
             "  no paper row for this task, draft and temperature: no α to predict at"]
   caveat = "" if e.target_preset == "t5_1_1_xxl" else (
       " (the paper's α is for T5 1.1 XXL with this draft size; these models differ)")
-  spec_ms = rl.speculative_ms_per_token(row.alpha, r.gamma)
+  spec_ms = r.speculative_ms_per_token()
   paper_theorem = float(theory.walltime_improvement(row.alpha, row.gamma, row.c))
+  tree = e.tree_shape
+  if tree is None:
+    theorem = (f"  Theorem 3.8 at the paper's α = {row.alpha} (Table 3){caveat}, "
+               f"γ = {r.gamma}: predicted {r.predicted():.2f}x (with v({r.gamma + 1}): "
+               f"{r.predicted(True):.2f}x)")
+  else:
+    rates = geometric_rank_rates(row.alpha)
+    theorem = (f"  The tree ({tree.num_nodes} nodes, depth {tree.max_depth}) at the paper's α = "
+               f"{row.alpha}{caveat}, the k-th draft choice accepted with α(1-α)^(k-1) (an "
+               f"assumption): {tree.expected_tokens(rates):.2f} tokens per round of "
+               f"{tree.max_depth} draft calls and one {tree.num_nodes}-node pass: predicted "
+               f"{r.predicted():.2f}x")
   lines = [f"  predicted c = {rl.c():.4f} (paper, Table 4: {row.c})",
-           f"  Theorem 3.8 at the paper's α = {row.alpha} (Table 3){caveat}, "
-           f"γ = {r.gamma}: predicted {r.predicted():.2f}x (with v({r.gamma + 1}): "
-           f"{r.predicted(True):.2f}x); the paper measured {row.speedup}x "
-           f"(Table 2, γ = {row.gamma}, {paper.CHIP})",
+           theorem + f"; the paper measured {row.speedup}x (Table 2, γ = {row.gamma}, "
+           f"{paper.CHIP})",
            f"  Side by side, model on {r.num_devices} {r.chip.label} chip(s) | the paper on "
            f"one {paper.CHIP}:",
            f"    ms/token: baseline {base_ms:.3f}, speculative {spec_ms:.3f} (α {row.alpha}, "
-           f"γ {r.gamma}, with v) | not published",
+           + (f"γ {r.gamma}, with v" if tree is None else f"{tree.num_nodes}-node tree")
+           + ") | not published",
            f"    c: {rl.c():.4f} | {row.c} (Table 4)",
            f"    speedup: {r.predicted():.2f}x (Theorem 3.8 at the model's c) | measured "
            f"{row.speedup}x (Table 2); Theorem 3.8 at the paper's α {row.alpha}, γ {row.gamma}, "

@@ -27,7 +27,7 @@ from specdec_jax.models.t5 import get_config
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.research.common import seconds
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.tree import TreeShape
+from specdec_jax.tree import TreeShape, geometric_rank_rates
 
 Shape = Union[int, TreeShape]  # an int is the chain of that γ (the chain engine)
 
@@ -170,12 +170,8 @@ def rank_rates(target, params, draft, inputs: np.ndarray, max_decode_len: int, r
 
 
 def geometric_rates(alpha: float, ranks: int = 8) -> list[float]:
-  """Rank acceptance rates from one α: the target's token is the draft's
-  first choice with probability α (the paper's α) and its k-th with
-  α (1 - α)^(k - 1). An ASSUMPTION standing in for measured rates
-  (``rank_rates``), which the paper does not publish; generous to the
-  lower ranks (the rates sum to nearly 1)."""
-  return [alpha * (1 - alpha) ** k for k in range(ranks)]
+  """``tree.geometric_rank_rates`` (kept under this name for the studies)."""
+  return geometric_rank_rates(alpha, ranks)
 
 
 # The demo pair's measured rank rates at T = 0 over its first-choice rate
@@ -193,17 +189,8 @@ def scaled_rates(alpha: float, profile: Sequence[float] = DEMO_RANK_PROFILE) -> 
 
 
 def expected_tokens(tree: TreeShape, rates: Sequence[float]) -> float:
-  """Tokens one round yields in expectation under the positional model
-  (``TreeShape.from_acceptance``): the accepted path's length plus the
-  target's own token, = 1 + the sum over non-root nodes of the product of
-  the rates of the ranks on the node's path. For a chain at rates[0] = α
-  this is Corollary 3.6's (1 - α^(γ+1)) / (1 - α)."""
-  parents, rank = list(tree.parents), tree.sibling_rank
-  prob = [1.0] * len(parents)
-  for j in range(1, len(parents)):
-    r = int(rank[j])
-    prob[j] = prob[parents[j]] * (rates[r] if r < len(rates) else 0.0)
-  return 1.0 + sum(prob[1:])
+  """``TreeShape.expected_tokens`` (kept under this name for the studies)."""
+  return tree.expected_tokens(rates)
 
 
 @dataclasses.dataclass(frozen=True)
