@@ -42,6 +42,8 @@ import jax  # noqa: E402
 
 from specdec_jax import theory  # noqa: E402
 from specdec_jax.dryrun import driver, runner_programs  # noqa: E402
+from specdec_jax.dryrun.chips import CHIPS  # noqa: E402
+from specdec_jax.research import trees  # noqa: E402
 from specdec_jax.scripting import script_args  # noqa: E402
 from specdec_jax.run.cli import parse_config  # noqa: E402
 
@@ -181,6 +183,25 @@ def topology_table(rows: list[str], hardware: str, cells: dict) -> str:
   return script_args.markdown_table(head, body)
 
 
+# Topologies research.trees can price (its stored one-chip T5 1.1 pieces):
+# label -> (chip, chips the target is split over).
+TREE_HARDWARE = {"v4-1": ("v4", 1), "v5e-8": ("v5e", 8)}
+
+
+def _best_tree(family: str, draft: str, alpha: Optional[float], hardware: str) -> str:
+  """The best token tree of at most 64 nodes for a T5 1.1 row's draft under
+  ``research.trees``' model (rank rates: the paper's α with the demo pair's
+  fall-off, an assumption), as text; '' where it cannot be priced."""
+  if family != "T5 1.1" or alpha is None or hardware not in TREE_HARDWARE:
+    return ""
+  chip, devices = TREE_HARDWARE[hardware]
+  model = trees.step_model(CHIPS[chip], devices, draft)
+  rates = trees.scaled_rates(alpha)
+  tree, speedup = trees.best_tree(model, rates, 64)
+  return (f"a {tree.num_nodes}-node tree (depth {tree.max_depth}): "
+          f"{model.ms_per_token(tree, rates):.2f} ms ({speedup:.2f}x)")
+
+
 def recommendations(rows: list[str], hardware: list[str], cells: dict) -> str:
   """Per topology and (family, task, temperature): the draft whose
   speculative milliseconds per token the model predicts lowest, and by how
@@ -205,6 +226,9 @@ def recommendations(rows: list[str], hardware: list[str], cells: dict) -> str:
       rest = sorted(v for k, v in ms.items() if k != best)
       if rest:
         text += f", {rest[0] / ms[best]:.2f}x faster than the next draft"
+      tree = _best_tree(family, best, cells[f"{sizes[best]}@{hw}"].get("alpha"), hw)
+      if tree:
+        text += f"; {tree}"
       line.append(text)
     body.append(line)
   return script_args.markdown_table(["family, task, T"] + [
@@ -246,7 +270,11 @@ def render(rows: list[str], hardware: list[str], cells: dict, wall_s: float) -> 
     lines += [f"Bytes read per one-position target pass over its floor (the decoder and "
               f"output-layer weights each device reads per step): {span}.", ""]
   lines += ["**The fastest draft per topology** (lowest speculative ms/token in the model, "
-            "among the rows' chains at the paper's γ):", "",
+            "among the rows' chains at the paper's γ), and for T5 1.1 on one v4 chip and on "
+            "v5e-8 the best token tree of at most 64 nodes for that draft (`scripts/"
+            "best_trees.py`'s model: the stored one-chip pieces, rank acceptance rates = the "
+            "paper's α with the demo pair's fall-off for the runner-up choices, an "
+            "assumption):", "",
             recommendations(rows, hardware, cells), ""]
   for hw in hardware:
     lines += [f"**{hw}** ({HARDWARE[hw][1]}, mesh {HARDWARE[hw][2]}):", "",
