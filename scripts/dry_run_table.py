@@ -340,21 +340,25 @@ def main() -> int:
   print(f"{len(rows)} rows x {len(hardware)} topologies: {done} cells in {cache_path}, "
         f"{len(todo)} to compile", flush=True)
   t0 = time.perf_counter()
-  # Worker processes, each given a few cells before a fresh one replaces it
-  # (the TPU compiler's memory is returned to the system only at exit).
+  # Fresh worker processes every few cells: the TPU compiler's memory is
+  # returned to the system only at exit. (A pool with max_tasks_per_child
+  # stopped replacing its worker on Python 3.11, so each batch gets a pool.)
   context = multiprocessing.get_context("spawn")
-  with concurrent.futures.ProcessPoolExecutor(max(1, args.workers), mp_context=context,
-                                              max_tasks_per_child=4) as pool:
-    futures = [(row, hw, pool.submit(cell, row, hw, args.compile_loops)) for row, hw in todo]
-    for row, hw, future in futures:
-      c = future.result()
-      cells[f"{Path(row).stem}@{hw}"] = c
-      cache_path.parent.mkdir(parents=True, exist_ok=True)
-      cache_path.write_text(json.dumps({"cells": cells,
-                                        "wall_s": spent + time.perf_counter() - t0},
-                                       indent=1, sort_keys=True))
-      print(f"[{time.perf_counter() - t0:6.0f} s] {Path(row).stem} on {hw}: {_cell_text(c)}",
-            flush=True)
+  batch = 4 * max(1, args.workers)
+  for start in range(0, len(todo), batch):
+    with concurrent.futures.ProcessPoolExecutor(max(1, args.workers),
+                                                mp_context=context) as pool:
+      futures = [(row, hw, pool.submit(cell, row, hw, args.compile_loops))
+                 for row, hw in todo[start:start + batch]]
+      for row, hw, future in futures:
+        c = future.result()
+        cells[f"{Path(row).stem}@{hw}"] = c
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        cache_path.write_text(json.dumps({"cells": cells,
+                                          "wall_s": spent + time.perf_counter() - t0},
+                                         indent=1, sort_keys=True))
+        print(f"[{time.perf_counter() - t0:6.0f} s] {Path(row).stem} on {hw}: "
+              f"{_cell_text(c)}", flush=True)
   wall = spent + time.perf_counter() - t0
   write_section(Path(args.out), render(rows, hardware, cells, wall))
   print(f"wrote {args.out} ({time.perf_counter() - t0:.0f} s this run)")
