@@ -131,15 +131,16 @@ class RunnerPrograms(driver.ProgramList):
   (``decoding.speculative_decode``, or the tree loop) and the draft (its init
   and one round of γ proposals), with the roofline pieces; ``alpha_only``:
   the baseline loop and the α pass (``specdec_jax.alpha.min_pq_along``, §4.2).
-  ``programs``: a subset of those names; ``configs``: the configs' names, for
-  the report."""
+  ``programs``: a subset of those names (empty: the roofline's pieces
+  alone); ``configs``: the configs' names, for the report."""
 
   def __init__(self, exp: Experiment, alpha_only: bool = False,
                programs: Optional[Sequence[str]] = None, roofline: bool = True,
                configs: Sequence[str] = ()):
     self.settings, self.alpha_only, self.roofline = exp, alpha_only, roofline
-    self.names = list(programs or (("baseline", "alpha") if alpha_only
-                                   else ("speculative", "baseline", "draft")))
+    # programs=(): the roofline's pieces only, no loop.
+    self.names = list(programs if programs is not None else (
+        ("baseline", "alpha") if alpha_only else ("speculative", "baseline", "draft")))
     self.configs = [Path(c).stem for c in configs]
     self.checkable = exp
 
