@@ -363,12 +363,16 @@ def table(result: dict) -> str:
     r = _ratio(model, meas)
     lines.append(f"  {q:{width}s} {_cell(meas, q):>27s} {_cell(model, q):>10s} "
                  f"{'' if r is None else f'{r:.2f}':>15s}")
+    if q.startswith("collectives"):
+      lines += collective_lines(result["collectives"])
   row = result["paper"]
   if row is None:
     lines.append("  (no paper row for this task, draft and temperature: no α for Theorem 3.8)")
   else:
     lines.append(f"  the paper (Table 2, one {paper.CHIP}): c {row['c']}, measured speedup "
-                 f"{row['speedup']}x at γ {row['gamma']}")
+                 f"{row['speedup']}x at γ {row['gamma']}"
+                 + ("" if result["paper_models"] else "; its α is for T5 1.1 XXL with this "
+                    "draft size, and these models differ"))
   fit = result["op_seconds"]
   if fit.get("error"):
     lines.append(f"Fixed cost per operation: {fit['error']}")
@@ -382,11 +386,25 @@ def table(result: dict) -> str:
   return "\n".join(lines)
 
 
+def collective_lines(collectives: Sequence[dict], most: int = 8) -> list[str]:
+  """Per collective of a loop iteration, largest share first: how many,
+  what, and its µs measured and modelled."""
+  ordered = sorted(collectives, key=lambda c: -c["per_iteration"] * c["model_us"])
+  out = [f"    {c['per_iteration']:g} x {c['kind']} of {c['bytes']} B over {c['group']} "
+         f"devices: {_cell(c['measured_us'], 'µs')} µs measured, {c['model_us']:.3g} µs "
+         "modelled, each" for c in ordered[:most]]
+  if len(ordered) > most:
+    out.append(f"    ... and {len(ordered) - most} more (calibrate.json)")
+  return out
+
+
 def compare(rl: Roofline, gamma: int, meas: Side, row: Optional[paper.Row], topology: str,
-            here: str, note: Optional[str], model_notes: Sequence[str],
-            collective_detail: Optional[dict] = None) -> dict:
+            here: str, note: Optional[str], model_notes: Sequence[str] = (),
+            collective_detail: Optional[dict] = None, paper_models: bool = True) -> dict:
   """Everything ``calibrate.json`` holds: both sides, the rows of the table,
-  the paper's row and the fitted fixed cost."""
+  each collective of a loop iteration (model and measured µs), the paper's
+  row, the model's pieces (so the model can be re-priced without compiling)
+  and the fitted fixed cost."""
   model = modelled(rl, gamma)
   fit: dict[str, Any] = {"current": rl.chip.op_seconds}
   try:
@@ -400,7 +418,7 @@ def compare(rl: Roofline, gamma: int, meas: Side, row: Optional[paper.Row], topo
   detail = collective_detail or {}
   return {
       "topology": topology, "measured_on": here, "note": note, "comparable": note is None,
-      "model_notes": list(model_notes), "gamma": gamma,
+      "model_notes": list(model_notes), "gamma": gamma, "paper_models": paper_models,
       "measured": dataclasses.asdict(meas), "model": dataclasses.asdict(model),
       "rows": rows(meas, model, gamma, row),
       "collectives": [{"kind": k, "bytes": nb, "group": g, "per_iteration": n,
@@ -408,6 +426,9 @@ def compare(rl: Roofline, gamma: int, meas: Side, row: Optional[paper.Row], topo
                        "measured_us": detail.get((k, nb, g))}
                       for (k, nb, g), n in sorted(loop.items())],
       "paper": dataclasses.asdict(row) | {"c": row.c} if row is not None else None,
+      "chip": rl.chip.name,
+      "pieces": {**{f"target k={k}": dataclasses.asdict(p) for k, p in rl.target.items()},
+                 **({"draft": dataclasses.asdict(rl.draft)} if rl.draft is not None else {})},
       "op_seconds": fit,
   }
 
@@ -458,7 +479,8 @@ def main(exp: Experiment, flag: str, workdir: str, dry_run: Optional[str] = None
   coll_us, each = measured_collectives_us(setup.partitioner, loop_collectives(r.roofline, gamma),
                                           exp.dtype, exp.cost_repeats)
   result = compare(r.roofline, gamma, measured(per_gamma, gamma, coll_us), r.paper, topology,
-                   describe(devices), machine_note(devices, topology), notes, each)
+                   describe(devices), machine_note(devices, topology), notes, each,
+                   paper_models=exp.target_preset == "t5_1_1_xxl")
   if hosts.is_writer():
     path = write(workdir, result)
     print(table(result))
