@@ -21,7 +21,7 @@ import gin  # noqa: E402
 import pytest  # noqa: E402
 
 from specdec_jax import paper  # noqa: E402
-from specdec_jax.dryrun import chips, costs  # noqa: E402
+from specdec_jax.dryrun import chips  # noqa: E402
 from specdec_jax.dryrun.costs import Piece, Roofline  # noqa: E402
 from specdec_jax.run import check_model, cli, logs  # noqa: E402
 
