@@ -143,7 +143,7 @@ def calibrate_op_seconds(target: Piece, draft: Piece, chip: Chip, c: float) -> f
   d, t = draft.seconds(free), target.seconds(free)
   denominator = draft.ops - c * target.ops
   if denominator <= 0 or c * t - d < 0:
-    raise ValueError(f"no fixed cost per operation gives c = {c}: without one c = {d / t:.4f}, "
+    raise ValueError(f"no fixed cost per operation gives c = {c:.4g}: without one c = {d / t:.4f}, "
                      f"and it tends to {draft.ops / max(target.ops, 1):.4f} as the cost grows")
   return (c * t - d) / denominator
 

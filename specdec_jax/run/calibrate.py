@@ -19,7 +19,7 @@ from specdec_jax import alpha, data
 from specdec_jax.run import account, autogamma
 from specdec_jax.run.programs import Programs, batch_indices, pad_batch
 from specdec_jax.run.setup import Setup
-from specdec_jax.timing import block, measure_costs, warm_up_widths
+from specdec_jax.timing import Costs, block, measure_costs_many, warm_up_widths
 
 Array = jax.Array
 
@@ -99,14 +99,22 @@ def warm_up(setup: Setup, progs: Programs, root: Array) -> None:
   logging.info("Warm-up (compilation included) took %.1f s", time.perf_counter() - t0)
 
 
-def costs_at(setup: Setup, gamma: int) -> dict[str, float]:
-  """c and v at ``gamma`` (``timing.measure_costs``) with the step times
-  behind them, in the form every line carries."""
+def costs_many(setup: Setup, gammas: Sequence[int]) -> dict[int, Costs]:
+  """``timing.measure_costs_many`` at each γ in ``gammas`` (one interleaved
+  measurement) on the run's first input, at the loop's cache length for the
+  largest γ, placed as the run's partitioner places the loops' arrays."""
   exp = setup.exp
-  c = measure_costs(setup.target, setup.target_params, setup.draft,
-                    pad_batch(setup.inputs, [0], exp.batch_size, exp.input_buckets),
-                    gamma, exp.sampling, cache_len=exp.max_decode_len + gamma + 1,
-                    repeats=exp.cost_repeats, partitioner=setup.partitioner)
+  return measure_costs_many(setup.target, setup.target_params, setup.draft,
+                            pad_batch(setup.inputs, [0], exp.batch_size, exp.input_buckets),
+                            gammas, exp.sampling,
+                            cache_len=exp.max_decode_len + max(gammas) + 1,
+                            repeats=exp.cost_repeats, partitioner=setup.partitioner)
+
+
+def costs_at(setup: Setup, gamma: int) -> dict[str, float]:
+  """c and v at ``gamma`` (``costs_many``) with the step times
+  behind them, in the form every line carries."""
+  c = costs_many(setup, [gamma])[gamma]
   costs = {"c": c.c, "v": c.v, "target_step_ms": 1e3 * c.target_step_s,
            "verify_ms": 1e3 * c.verify_s, "draft_token_ms": 1e3 * c.draft_token_s,
            "interplay": c.interplay}

@@ -2,7 +2,8 @@ r"""Experiment runner: speculative decoding vs the plain baseline (paper §4).
 
   python -m specdec_jax.run --config=configs/demo.gin [--config=more.gin] \
       [--gin_bindings='Experiment.gamma = 5'] [--workdir=runs/x] [--resume] \
-      [--alpha_only] [--import=my_drafts] [--verbose]
+      [--alpha_only] [--import=my_drafts] [--verbose] [--dry_run=v5e:2x4]
+      [--calibrate=v4:1x1x1]
 
 Everything an experiment varies is a binding of ``Experiment`` (listed below
 with its default). Measurement protocol (``specdec_jax.run.loop``):
@@ -15,6 +16,11 @@ with its default). Measurement protocol (``specdec_jax.run.loop``):
 * per example, one line of ``examples.jsonl`` (appended and flushed as it
   completes); ``summary.json`` is recomputed from all lines, so every number
   it holds can be recomputed from ``examples.jsonl``.
+
+``--calibrate=TOPOLOGY`` (or ``auto`` on a TPU) times c, v(k) and the loop's
+collectives on this machine and prints them beside the dry run's cost model
+for that topology, with the fixed cost per operation that would make the
+model's c match (``specdec_jax.run.check_model``); nothing is decoded.
 
 ``--alpha_only`` (paper §4.2, Table 3) generates with the target alone and
 averages sum_x min(p, q) along the generated tokens.
@@ -53,7 +59,7 @@ from absl import app, flags, logging
 
 from specdec_jax import checkpoints
 from specdec_jax.dryrun import driver, runner_programs
-from specdec_jax.run import gin_errors, hosts, logs, settings
+from specdec_jax.run import check_model, gin_errors, hosts, logs, settings
 from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
 from specdec_jax.run.report import alpha_row, conclusion, summarize, summarize_alpha, table2_row
 from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
@@ -81,6 +87,11 @@ flags.DEFINE_bool("verbose", False, "Show library INFO logs (Orbax, JAX) and the
 flags.DEFINE_string("dry_run", None, "A TPU topology, e.g. v5e:2x4: compile the run's programs "
                     "for it on this machine (needs libtpu; reads no weight or data) and report "
                     "memory, collectives and a roofline model (specdec_jax.dryrun).")
+flags.DEFINE_string("calibrate", None, "A TPU topology (as --dry_run), or 'auto' for the TPU "
+                    "it runs on: time the row's c, v(k) and the loop's collectives on this "
+                    "machine, print them beside the dry run's model for that topology and the "
+                    "fixed cost that fits it, write calibrate.json into --workdir; decodes "
+                    "nothing (specdec_jax.run.check_model).")
 
 # Bad settings, missing or malformed files: one line on stderr, no traceback.
 USER_ERRORS = (ValueError, OSError, LookupError, ImportError, checkpoints.CheckpointError)
@@ -171,15 +182,20 @@ def main(argv: Sequence[str]) -> None:
   exp = parse_config(FLAGS.config, FLAGS.gin_bindings)
   config_str = gin.config_str()
   alpha_only = FLAGS.alpha_only
+  # Every config names the run: a hardware overlay (configs/tpu_v4_8.gin) must
+  # not make two Table 2 rows share a workdir.
+  stem = "+".join(Path(c).stem for c in FLAGS.config) if FLAGS.config else "default"
+  if FLAGS.calibrate:
+    check_model.main(exp, FLAGS.calibrate,
+                     FLAGS.workdir or str(Path("runs") / f"{stem}_calibrate"),
+                     FLAGS.dry_run, alpha_only)
+    return
   if FLAGS.dry_run:
     driver.main(runner_programs.RunnerPrograms(exp, alpha_only, configs=FLAGS.config),
                 FLAGS.dry_run)
     return
   check_before_loading(exp, alpha_only)  # before any data or weights are read
   mode = "alpha_only" if alpha_only else "speculative"
-  # Every config names the run: a hardware overlay (configs/tpu_v4_8.gin) must
-  # not make two Table 2 rows share a workdir.
-  stem = "+".join(Path(c).stem for c in FLAGS.config) if FLAGS.config else "default"
   workdir_path = FLAGS.workdir or str(Path("runs") / (stem + ("_alpha" if alpha_only else "")))
   # Checks only, no writes; on several hosts process 0's results are everyone's.
   workdir = hosts.agreed(lambda: Workdir(workdir_path, config_str, FLAGS.resume, mode,
