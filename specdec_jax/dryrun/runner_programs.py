@@ -72,7 +72,7 @@ from specdec_jax.alpha import min_pq_along
 from specdec_jax.run.settings import Experiment, is_remote
 from specdec_jax.run.setup import check_partitioning, estimate_bytes
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.tree import TreeShape, geometric_rank_rates
+from specdec_jax.tree import TreeShape, scaled_rank_rates
 
 # Where the dry run reads nothing: paths it swaps for a placeholder before
 # validating, so that a row whose checkpoints live elsewhere (or are unset)
@@ -430,22 +430,23 @@ class RunDryRun(DryRun):
   def predicted(self, with_v: bool = False) -> Optional[float]:
     """Theorem 3.8 at the paper's α with the model's c (and v(γ + 1) with
     ``with_v``); for a tree run its tree form (``Roofline.tree_speedup``, the
-    tree pass always priced) at geometric rank rates from the paper's α."""
+    tree pass always priced) at rank rates from the paper's α
+    (``tree.scaled_rank_rates``, an assumption)."""
     if self.roofline is None or self.paper is None or self.roofline.draft is None:
       return None
     tree = self.exp.tree_shape
     if tree is not None:
-      return self.roofline.tree_speedup(tree, geometric_rank_rates(self.paper.alpha))
+      return self.roofline.tree_speedup(tree, scaled_rank_rates(self.paper.alpha))
     return self.roofline.speedup(self.paper.alpha, self.gamma, with_v)
 
   def speculative_ms_per_token(self) -> Optional[float]:
     """The model's milliseconds per token at the paper's α (a tree run: at
-    geometric rank rates from it)."""
+    rank rates from it, ``tree.scaled_rank_rates``)."""
     if self.roofline is None or self.paper is None or self.roofline.draft is None:
       return None
     tree = self.exp.tree_shape
     if tree is not None:
-      return self.roofline.tree_ms_per_token(tree, geometric_rank_rates(self.paper.alpha))
+      return self.roofline.tree_ms_per_token(tree, scaled_rank_rates(self.paper.alpha))
     return self.roofline.speculative_ms_per_token(self.paper.alpha, self.gamma)
 
   def settings_lines(self) -> list[str]:
@@ -537,10 +538,10 @@ def prediction_lines(r: RunDryRun) -> list[str]:
                f"γ = {r.gamma}: predicted {r.predicted():.2f}x (with v({r.gamma + 1}): "
                f"{r.predicted(True):.2f}x)")
   else:
-    rates = geometric_rank_rates(row.alpha)
+    rates = scaled_rank_rates(row.alpha)
     theorem = (f"  The tree ({tree.num_nodes} nodes, depth {tree.max_depth}) at the paper's α = "
-               f"{row.alpha}{caveat}, the k-th draft choice accepted with α(1-α)^(k-1) (an "
-               f"assumption): {tree.expected_tokens(rates):.2f} tokens per round of "
+               f"{row.alpha}{caveat}, runner-up draft choices accepted at the demo pair's "
+               f"fall-off scaled to it (an assumption): {tree.expected_tokens(rates):.2f} tokens per round of "
                f"{tree.max_depth} draft calls and one {tree.num_nodes}-node pass: predicted "
                f"{r.predicted():.2f}x")
   lines = [f"  predicted c = {rl.c():.4f} (paper, Table 4: {row.c})",

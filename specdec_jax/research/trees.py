@@ -27,6 +27,7 @@ from specdec_jax.models.t5 import get_config
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.research.common import seconds
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax import tree as tree_lib
 from specdec_jax.tree import TreeShape, geometric_rank_rates
 
 Shape = Union[int, TreeShape]  # an int is the chain of that γ (the chain engine)
@@ -174,18 +175,12 @@ def geometric_rates(alpha: float, ranks: int = 8) -> list[float]:
   return geometric_rank_rates(alpha, ranks)
 
 
-# The demo pair's measured rank rates at T = 0 over its first-choice rate
-# (``rank_rates`` on held-out verses: 0.699, 0.088, 0.028, 0.018; see
-# docs/benchmarks.md's token-tree section): how fast the runner-up choices
-# fall off for a small draft of a larger model.
-DEMO_RANK_PROFILE = (1.0, 0.088 / 0.699, 0.028 / 0.699, 0.018 / 0.699)
+DEMO_RANK_PROFILE = tree_lib.DEMO_RANK_PROFILE
 
 
 def scaled_rates(alpha: float, profile: Sequence[float] = DEMO_RANK_PROFILE) -> list[float]:
-  """Rank acceptance rates with the paper's α first and the runner-ups
-  falling off as ``profile`` (measured on the demo pair) does: α x
-  profile[k]. An ASSUMPTION: the paper's pairs' rank profile is not known."""
-  return [alpha * p for p in profile]
+  """``tree.scaled_rank_rates`` (kept under this name for the studies)."""
+  return tree_lib.scaled_rank_rates(alpha, profile)
 
 
 def expected_tokens(tree: TreeShape, rates: Sequence[float]) -> float:
