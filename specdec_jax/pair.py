@@ -293,10 +293,13 @@ class ModelPair:
 
   # --------------------------------------------------------------- loading
 
-  def load(self, role: str, partitioner: Optional[Partitioner] = None) -> tuple[T5Model, Any]:
+  def load(self, role: str, partitioner: Optional[Partitioner] = None,
+           quantize: bool = True) -> tuple[T5Model, Any]:
     """(model, params) of 'target' or 'draft', read straight into the
     partitioner's shards (one device without one) at the role's weight
-    dtype; the model computes at ``dtype``."""
+    dtype; the model computes at ``dtype``. The draft's kernels are then
+    quantized per ``quantization_of_draft`` unless ``quantize`` is False
+    (distillation trains it in float)."""
     path, fmt, preset = self.model(role)
     param_dtype = (self.draft_param_dtype if role == "draft" and self.draft_param_dtype
                    else self.param_dtype)
@@ -304,7 +307,7 @@ class ModelPair:
     params, config = checkpoints.load_checkpoint(self.resolve(path), fmt=fmt, config=config,
                                                  param_dtype=param_dtype,
                                                  partitioner=partitioner)
-    if role == "draft":
+    if role == "draft" and quantize:
       mode = self.quantization_of_draft()
       if mode is not None:
         params = quantization.quantize_params(params, mode)

@@ -44,6 +44,7 @@ QUANTIZATIONS = ("int8", "int4")
 SCALE_DTYPE = jnp.float32
 # Where a quantized export records its scheme (next to its config.json).
 RECORD_FILE = "quantization.json"
+SCHEME = "weight-only, Dense kernels, symmetric absmax per output channel (qwix)"
 
 
 def check(value: Optional[str], setting: str = "draft_quantization") -> None:
