@@ -19,11 +19,14 @@ scales, and ``models.t5.RowPaddedDense`` runs its product through
 ``qwix.dot_general``, which dequantizes inside the jitted product (XLA fuses
 the conversion into the matmul's operand).
 
-Library: qwix (Google's JAX quantization library, successor of AQT) rather
-than aqtp, because qwix is released for flax >= 0.12 and current jax and its
-``QArray`` / ``quantize`` / ``dot_general`` work on plain parameter trees,
-whereas aqtp's last release (0.9.0) targets older jax/flax and injects its
-dot_general through module configuration.
+Library: qwix 0.1.8 rather than aqtp 0.9.0: qwix's ``quantize`` (per-channel
+``QArray``) and ``dot_general`` (dequantizes a ``QArray`` operand beside a float
+one inside the product) act on a plain parameter tree, so the T5 module and its
+T5X parameter names stay as they are; aqtp serves quantized weights through a
+per-layer ``AqtDotGeneral`` whose frozen weights live in an extra variable
+collection (its CONVERT / SERVE modes), which would change the module and the
+tree. qwix 0.1.8 installs and runs with this repository's jax 0.10.2 and flax
+0.12.8.
 """
 
 from __future__ import annotations
