@@ -4,8 +4,8 @@ scale per output channel.
 Speculative decoding stays exact for any approximation model M_q (paper §2.3:
 the accepted tokens are distributed as M_p's whatever q is), so a quantized
 draft changes only α and the cost ratio c (Definition 3.7), never the output.
-A decoding step at batch 1 reads every decoder weight once (§3.4), so int8
-halves a bfloat16 draft's step bytes and int4 quarters them.
+A decoding step at batch 1 reads every decoder weight once, so int8 about
+halves a bfloat16 draft's weight bytes per step and int4 about quarters them.
 
 What is quantized: every ``Dense`` kernel (attention query/key/value/out, the
 MLP's wi / wi_0 / wi_1 / wo, T5 1.1's ``logits_dense``): symmetric absmax over
@@ -16,8 +16,9 @@ relative-position tables keep their dtype.
 Each quantized kernel is a ``qwix.QArray`` (qvalue int8/int4 + scale) in the
 parameter tree, at the kernel's place: device memory holds the integers and
 scales, and ``models.t5.RowPaddedDense`` runs its product through
-``qwix.dot_general``, which dequantizes inside the jitted product (XLA fuses
-the conversion into the matmul's operand).
+``qwix.dot_general``, which dequantizes inside the jitted product (in the TPU
+dry run the compiled draft step reads the int8 / int4 bytes, not a
+dequantized copy: its bytes fall by the weight bytes saved).
 
 Library: qwix 0.1.8 rather than aqtp 0.9.0: qwix's ``quantize`` (per-channel
 ``QArray``) and ``dot_general`` (dequantizes a ``QArray`` operand beside a float
