@@ -86,6 +86,10 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--partition_fallback", default=job.partition_fallback,
                  help="DistillJob.partition_fallback: 'error' or 'replicate' for dimensions "
                       "the mesh does not divide")
+  p.add_argument("--export_quantization", default=None, choices=("int8", "int4"),
+                 help="DistillJob.export_quantization: record that the exported draft runs "
+                 "with weight-only int8 / int4 kernels (per-channel scales); the runner "
+                 "quantizes it when it loads it")
   p.add_argument("--resume", action="store_true",
                  help="continue a run in an existing workdir/output_dir")
   p.add_argument("--smoke", action="store_true",

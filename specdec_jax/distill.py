@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec_jax import partitioning, storage, training  # noqa: F401
+from specdec_jax import partitioning, quantization, storage, training  # noqa: F401
 from specdec_jax.drafts import bridge, feature_bridge
 from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import T5Config, T5Model, shift_right
@@ -467,6 +467,11 @@ class DistillJob:
   param_dtype: str = "float32"                   # the target's weights in device memory
   logical_axis_rules: Optional[tuple] = None     # the target's; None: STANDARD_RULES
   partition_fallback: str = "error"              # or 'replicate' non-divisible dimensions
+  # Export the draft for weight-only quantization: None, 'int8' or 'int4'
+  # (specdec_jax.quantization). The weights are written as always (bfloat16)
+  # and the scheme recorded beside them (quantization.RECORD_FILE); the runner
+  # quantizes such a draft when it loads it (ModelPair.quantization_of_draft).
+  export_quantization: Optional[str] = None
 
   @property
   def pair(self) -> ModelPair:
@@ -508,6 +513,7 @@ class DistillJob:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
     pair = self.pair
     pair.check_values(PARAM_DTYPES)
+    quantization.check(self.export_quantization, "export_quantization")
     self._check_data_axis()
     for name in pair.unset(draft_needed=True) + ([] if self.source else ["source"]):
       raise ValueError(f"{name} is not set")
@@ -656,7 +662,7 @@ def _load_draft(job: DistillJob, target: T5Model, draft_part: Optional[Partition
   mesh), deepened by ``grow_*_layers``, and with its bridges (those its
   checkpoint has, zero new ones the job asks for) wrapped as in
   ``draft_forward``. Returns (draft, params, bridged)."""
-  draft, params = job.pair.load("draft", draft_part)
+  draft, params = job.pair.load("draft", draft_part, quantize=False)  # trained in float
   where = job.resolve(job.draft_checkpoint)
   has_dir = storage.is_gcs(where) or os.path.isdir(where)
   kernel = bridge.load(where) if has_dir else None
@@ -723,17 +729,24 @@ def _eval_batches(job: DistillJob, target: T5Model, target_params: Any, eval_pai
 
 def _export(job: DistillJob, config: T5Config, params: Any, bridged: bool,
             summary: dict) -> None:
-  """The distilled draft (host arrays) into ``job.output_dir``, its bridges and log."""
+  """The distilled draft (host arrays) into ``job.output_dir``, its bridges,
+  its quantization record (``export_quantization``) and log."""
   from specdec_jax import checkpoints
   # What an earlier export left must not describe the params written next if
   # this run dies midway: its log and bridge go first, and the bridge is
   # written before the params because ``save_checkpoint`` writes config.json
   # last (until then the directory does not load at all, so new params never
   # load beside an old bridge or without their own).
-  for name in ("distill_log.json", bridge.FILENAME, feature_bridge.FILENAME, "config.json"):
+  for name in ("distill_log.json", bridge.FILENAME, feature_bridge.FILENAME,
+               quantization.RECORD_FILE, "config.json"):
     path = os.path.join(job.output_dir, name)
     if os.path.exists(path):
       os.remove(path)
+  if job.export_quantization is not None:
+    os.makedirs(job.output_dir, exist_ok=True)
+    with open(os.path.join(job.output_dir, quantization.RECORD_FILE), "w") as f:
+      json.dump({"draft_quantization": job.export_quantization,
+                 "scheme": quantization.SCHEME}, f, indent=1)
   if bridged and "bridge" in params:
     bridge.save(job.output_dir, params["bridge"])
   if bridged and "feature" in params:

@@ -12,7 +12,9 @@ is allocated and no device is needed:
   planned shape, so a v5e-8 plan runs on a laptop;
 * weights are counted at ``stored_dtype`` (kernels and embedding at
   ``param_dtype``, norm scales and relative-position tables float32), caches at
-  the activation dtype.
+  the activation dtype; a quantized draft's kernels (``draft_quantization``,
+  ``specdec_jax.quantization``) as their int8 / int4 values (int4 packed two
+  per byte) plus one float32 scale per output column of each shard.
 
 Not counted: XLA temporaries (encoder activations and attention scores, logits,
 collective buffers), the per-row loop state (a few int32 per position) and the
@@ -32,7 +34,7 @@ from jax.sharding import AbstractMesh
 
 from specdec_jax.models.t5 import (DecoderCache, T5Config, T5Model, get_config,
                                    param_shapes, stored_dtype)
-from specdec_jax import partitioning
+from specdec_jax import partitioning, quantization
 from specdec_jax.partitioning import (CACHE_AXES, DATA_PARALLEL_RULES,
                                       STANDARD_RULES, Partitioner, PartitioningError,
                                       flatten_names, param_logical_axes, validate_rules)
@@ -81,17 +83,28 @@ def _param_shapes(cfg: T5Config) -> dict:
   return param_shapes(cfg)
 
 
-def param_bytes(cfg: ConfigLike, part: Partitioner, param_dtype: Any = "float32") -> int:
-  """Per-device bytes of a model's weights under ``part``, at ``stored_dtype``."""
-  return _param_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name)
+def _weight_bytes(part: Partitioner, name: str, shape: Sequence[int], param_dtype: str,
+                  quant: Optional[str]) -> int:
+  """Bytes one device holds of parameter ``name``: its shard at
+  ``stored_dtype``, or quantized (``quantization.stored_bytes``)."""
+  shard = part.sharding(param_logical_axes(name), shape,
+                        f"parameter {name}").shard_shape(tuple(shape))
+  return quantization.stored_bytes(name, shard, quant, stored_dtype(name, param_dtype))
+
+
+def param_bytes(cfg: ConfigLike, part: Partitioner, param_dtype: Any = "float32",
+                quant: Optional[str] = None) -> int:
+  """Per-device bytes of a model's weights under ``part``, at ``stored_dtype``
+  (``quant`` 'int8' / 'int4': kernels quantized, with their scales)."""
+  return _param_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name, quant)
 
 
 # Cached: a table of plans asks for the same (model, layout) many times.
 @functools.lru_cache(maxsize=None)
-def _param_bytes(cfg: T5Config, part: Partitioner, param_dtype: str) -> int:
+def _param_bytes(cfg: T5Config, part: Partitioner, param_dtype: str,
+                 quant: Optional[str] = None) -> int:
   shapes = flatten_names(_param_shapes(cfg))
-  return sum(_shard_bytes(part, param_logical_axes(name), x.shape, stored_dtype(name, param_dtype),
-                          f"parameter {name}")
+  return sum(_weight_bytes(part, name, x.shape, param_dtype, quant)
              for name, x in shapes.items())
 
 
@@ -155,18 +168,19 @@ def step_params(cfg: ConfigLike) -> int:
 
 
 def step_weight_bytes(cfg: ConfigLike, part: Optional[Partitioner] = None,
-                      param_dtype: Any = "float32") -> int:
+                      param_dtype: Any = "float32", quant: Optional[str] = None) -> int:
   """Bytes of weights each device must read per decoding step at batch 1:
   its shards (under ``part``; the whole model on one device without) of
-  the parameters ``reads_per_step`` names, at ``stored_dtype``."""
+  the parameters ``reads_per_step`` names, at ``stored_dtype`` (``quant``:
+  kernels as int8 / int4 values plus their scales)."""
   part = planning_partitioner(None) if part is None else part
-  return _step_weight_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name)
+  return _step_weight_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name, quant)
 
 
 @functools.lru_cache(maxsize=None)
-def _step_weight_bytes(cfg: T5Config, part: Partitioner, param_dtype: str) -> int:
-  return sum(_shard_bytes(part, param_logical_axes(name), x.shape,
-                          stored_dtype(name, param_dtype), f"parameter {name}")
+def _step_weight_bytes(cfg: T5Config, part: Partitioner, param_dtype: str,
+                       quant: Optional[str] = None) -> int:
+  return sum(_weight_bytes(part, name, x.shape, param_dtype, quant)
              for name, x in flatten_names(_param_shapes(cfg)).items()
              if reads_per_step(name, cfg))
 
@@ -187,13 +201,14 @@ def plan(target_cfg: ConfigLike, draft_cfg: Optional[ConfigLike],
          mesh_shape: Optional[Sequence[int]], param_dtype: str = "float32",
          dtype: str = "float32", batch: int = 1, max_input_len: int = 512,
          max_decode_len: int = 128, gamma: int = 5, rules: Optional[Sequence] = None,
-         draft_rules: Optional[Sequence] = None, fallback: str = "error") -> dict[str, int]:
+         draft_rules: Optional[Sequence] = None, fallback: str = "error",
+         draft_quantization: Optional[str] = None) -> dict[str, int]:
   """Per-device bytes of speculative decoding with ``target_cfg`` and ``draft_cfg``.
 
   Arguments mirror the runner's ``Experiment`` fields (mesh_shape,
   logical_axis_rules -> ``rules``, draft_logical_axis_rules -> ``draft_rules``,
   partition_fallback -> ``fallback``, param_dtype, dtype, batch_size,
-  max_input_len, max_decode_len, gamma); configs are ``T5Config`` or preset
+  max_input_len, max_decode_len, gamma, draft_quantization); configs are ``T5Config`` or preset
   names. ``draft_cfg`` None: a draft with no weights or cache (n-gram).
   Both caches span ``max_decode_len + gamma + 1`` positions, as in
   ``decoding.speculative_decode``.
@@ -215,7 +230,7 @@ def plan(target_cfg: ConfigLike, draft_cfg: Optional[ConfigLike],
   if draft_cfg is not None:
     draft_part = planning_partitioner(
         mesh_shape, DATA_PARALLEL_RULES if draft_rules is None else draft_rules, fallback)
-    out["draft_params"] = param_bytes(draft_cfg, draft_part, param_dtype)
+    out["draft_params"] = param_bytes(draft_cfg, draft_part, param_dtype, draft_quantization)
     out["draft_caches"] = cache_bytes(draft_cfg, draft_part, batch, max_input_len, cache_len,
                                       dtype, "draft cache")
   out["total"] = sum(out.values())

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from specdec_jax import checkpoints, data, partitioning, storage
+from specdec_jax import checkpoints, data, partitioning, quantization, storage
 from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes
 from specdec_jax.partitioning import Partitioner
 
@@ -97,6 +97,11 @@ class ModelPair:
   at least ``min_rows`` rows (``T5Config.min_rows``: 2 keeps a batch-1 step a
   matrix product on GPUs).
 
+  ``draft_quantization`` (None, 'int8' or 'int4'): the draft's kernels are
+  quantized weight-only when it loads (``specdec_jax.quantization``); None
+  keeps what the draft's checkpoint records (a quantized distillation export,
+  ``recorded_quantization``), else float. The target is never quantized.
+
   ``prefix`` is how the owner spells its settings in messages:
   'Experiment.' (gin bindings) or '' (``DistillJob`` fields, the flags of
   ``scripts/distill_draft.py``). ``config_dirs``: where relative paths are
@@ -119,6 +124,7 @@ class ModelPair:
   draft_param_dtype: Optional[str] = None
   dtype: str = "float32"
   min_rows: int = 1
+  draft_quantization: Optional[str] = None
   config_dirs: tuple = ()
   prefix: str = ""
 
@@ -162,6 +168,7 @@ class ModelPair:
     if self.draft_param_dtype not in (None,) + DTYPES:
       raise ValueError(f"draft_param_dtype must be None or one of {DTYPES}, "
                        f"got {self.draft_param_dtype!r}")
+    quantization.check(self.draft_quantization, self.spell("draft_quantization"))
     if isinstance(self.min_rows, bool) or not isinstance(self.min_rows, int) or self.min_rows < 1:
       raise ValueError(f"{self.spell('min_rows')} must be an int >= 1, got {self.min_rows!r}")
     if self.vocab_extra_ids < 0:
@@ -286,10 +293,13 @@ class ModelPair:
 
   # --------------------------------------------------------------- loading
 
-  def load(self, role: str, partitioner: Optional[Partitioner] = None) -> tuple[T5Model, Any]:
+  def load(self, role: str, partitioner: Optional[Partitioner] = None,
+           quantize: bool = True) -> tuple[T5Model, Any]:
     """(model, params) of 'target' or 'draft', read straight into the
     partitioner's shards (one device without one) at the role's weight
-    dtype; the model computes at ``dtype``."""
+    dtype; the model computes at ``dtype``. The draft's kernels are then
+    quantized per ``quantization_of_draft`` unless ``quantize`` is False
+    (distillation trains it in float)."""
     path, fmt, preset = self.model(role)
     param_dtype = (self.draft_param_dtype if role == "draft" and self.draft_param_dtype
                    else self.param_dtype)
@@ -297,4 +307,35 @@ class ModelPair:
     params, config = checkpoints.load_checkpoint(self.resolve(path), fmt=fmt, config=config,
                                                  param_dtype=param_dtype,
                                                  partitioner=partitioner)
+    if role == "draft" and quantize:
+      mode = self.quantization_of_draft()
+      if mode is not None:
+        params = quantization.quantize_params(params, mode)
     return T5Model(config.replace(dtype=self.dtype, min_rows=self.min_rows)), params
+
+  def quantization_of_draft(self) -> Optional[str]:
+    """The draft's weight-only quantization: ``draft_quantization``, else
+    what its checkpoint records (``recorded_quantization``), else None. A
+    setting that contradicts the record is a ValueError naming both."""
+    path = self.draft_checkpoint
+    where = self.resolve(path) if path and not is_remote(path) else ""
+    recorded = recorded_quantization(where) if where else None
+    if self.draft_quantization is not None and recorded not in (None, self.draft_quantization):
+      raise ValueError(f"{self.spell('draft_quantization')}={self.draft_quantization!r} but "
+                       f"the draft {path} was exported for {recorded!r} "
+                       f"({quantization.RECORD_FILE}); bind None to use the recorded one")
+    return self.draft_quantization or recorded
+
+
+def recorded_quantization(directory: str) -> Optional[str]:
+  """The quantization a distilled draft's export records in
+  ``quantization.RECORD_FILE`` ('draft_quantization'), or None (no record,
+  or ``directory`` is not a local directory)."""
+  import json
+  path = Path(directory) / quantization.RECORD_FILE
+  if not path.is_file():
+    return None
+  with open(path) as f:
+    value = json.load(f).get("draft_quantization")
+  quantization.check(value, f"{path}: draft_quantization")
+  return value

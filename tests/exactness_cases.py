@@ -22,6 +22,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from specdec_jax import drafts
 from specdec_jax.decoding import AdaptiveConfig, temperature_sample
@@ -196,6 +197,15 @@ def shortlisted(model: T5Model, params: Any, ids: np.ndarray, with_inputs: bool 
   return drafts.T5Draft(params=params, model=model,
                         shortlist=shortlist_lib.Shortlist.for_draft(model, params, ids,
                                                                     with_inputs))
+
+
+def quantized(params: Any, mode: str) -> Any:
+  """The T5 draft's params with weight-only ``mode`` kernels ('int8' / 'int4',
+  ``specdec_jax.quantization``), as ``Experiment.draft_quantization`` loads them;
+  skips without the qwix library (the 'quant' extra)."""
+  pytest.importorskip("qwix", reason="the 'quant' extra (qwix) is not installed")
+  from specdec_jax import quantization
+  return quantization.quantize_params(params, mode)
 
 
 def lookup_t5(t5: Any) -> Any:

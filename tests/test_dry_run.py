@@ -376,3 +376,21 @@ def test_a_tree_run_prices_its_own_pass(paths):
   assert r.predicted() == pytest.approx(want, rel=1e-9)
   assert r.predicted() != pytest.approx(rl.speedup(0.75, 4), rel=1e-3)
   assert f"predicted {want:.2f}x" in text and "tokens per round" in text
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantized_draft_compiles_and_reads_fewer_bytes(paths, runs, mode):
+  """Experiment.draft_quantization: the speculative loop and the draft compile
+  with the draft's kernels as int8 / int4 plus scales; the draft step's floor
+  is memory.step_weight_bytes of that layout, the compiled step reads fewer
+  bytes than the bfloat16 draft's, and the report names the quantization."""
+  r = runner_programs.dry_run(experiment(paths, draft_quantization=mode), TOPOLOGY,
+                              programs=("speculative", "draft"), workers=1)
+  assert not [p.error for p in r.programs if p.error]
+  part = memory.planning_partitioner((1, 8), partitioning.DATA_PARALLEL_RULES)
+  assert r.roofline.draft_floor == memory.step_weight_bytes(DRAFT, part, "bfloat16", mode)
+  plain = runs[((1, 8), None)].roofline
+  assert r.roofline.draft_floor < plain.draft_floor / (1.8 if mode == "int8" else 3.0)
+  assert r.roofline.draft.bytes < plain.draft.bytes
+  assert r.ctx.resident["draft weights"] == memory.param_bytes(DRAFT, part, "bfloat16", mode)
+  assert f"kernels {mode}" in driver.format_report(r)

@@ -32,7 +32,8 @@ import pytest
 
 from exactness_cases import (INPUTS, KEY, MAX_LEN, Cell, bridged, check_adaptive, check_chain,
                              check_tree, featured, lookup_t5,
-                             noisy, noisy_output_layer, pick_greedy_case, shortlisted)
+                             noisy, noisy_output_layer, pick_greedy_case, quantized,
+                             shortlisted)
 from specdec_jax import drafts
 from specdec_jax.decoding import (AdaptiveConfig)
 from specdec_jax.drafts.base import check_tree as check_tree_interface
@@ -48,7 +49,7 @@ GREEDY = SamplingConfig()
 
 def greedy_draft(name: str, target: tuple, small: tuple) -> Any:
   """The T = 0 drafts over the tiny target's vocabulary (64). ``small`` is the
-  1-layer T5 draft; 'near' is the target with noise on every weight (α ≈ 0.5:
+  1-layer T5 draft ('t5_int8' / 't5_int4': its kernels quantized); 'near' is the target with noise on every weight (α ≈ 0.5:
   rounds end both by rejection and by stopping); 'near_out' the target with
   noise on its output layer only (argmax often agrees, the runner-up sometimes
   wins: trees go deep and through siblings)."""
@@ -72,6 +73,10 @@ def greedy_draft(name: str, target: tuple, small: tuple) -> Any:
       "lookup_near_out": lambda: lookup_t5(drafts.T5Draft(params=near_out(), model=model)),
       "feature_near_out": lambda: featured(model, near_out(), model, params, scale=0.05),
       "shortlist_near_out": lambda: shortlisted(model, near_out(), SHORTLIST_IDS),
+      # Weight-only quantized drafts (Experiment.draft_quantization): q is
+      # whatever the int8 / int4 draft computes.
+      "t5_int8": lambda: drafts.build("t5", model=dm, params=quantized(dp, "int8")),
+      "t5_int4": lambda: drafts.build("t5", model=dm, params=quantized(dp, "int4")),
   }
   return builders[name]()
 
@@ -90,6 +95,8 @@ GREEDY_CELLS = [
     cell_param(Cell("chain", "prompt_lookup", 3), "prompt_lookup-g3"),
     cell_param(Cell("chain", "t5_bridge", 3), "t5_bridge-g3"),
     cell_param(Cell("chain", "lookup_t5_feature", 5), "lookup_t5_feature-g5"),
+    cell_param(Cell("chain", "t5_int8", 3), "t5_int8-g3"),
+    cell_param(Cell("chain", "t5_int4", 3), "t5_int4-g3"),
     # Adaptive: every rule, skipping, prompt lookup's own rule, lookup + T5's,
     # and the feature bridge (γ_max 4: rounds shorter and longer than its
     # staleness table).

@@ -13,8 +13,8 @@ from flax import struct
 
 from exactness_cases import (SEQ_EOS, SEQ_KEY, SEQ_LEN, SETTINGS,
                              SIGNIFICANCE, Cell, alpha, bridged, exact_sequence_distribution, featured, lookup_t5,
-                             seq_inputs,
-                             seq_models, sequence_pvalue, shortlisted)
+                             quantized,
+                             seq_inputs, seq_models, sequence_pvalue, shortlisted)
 from specdec_jax import drafts
 from specdec_jax import tree as tree_lib
 from specdec_jax.decoding import (AdaptiveConfig, speculative_decode, temperature_sample,
@@ -40,6 +40,7 @@ def seq_draft(name: str, model: T5Model, target: Any, draft_params: Any) -> Any:
       "t5_bridge": lambda: bridged(model, draft_params, model, target, seed=1, scale=1.0),
       "t5_feature": lambda: featured(model, draft_params, model, target, seed=1, scale=1.0),
       "t5_shortlist": lambda: shortlisted(model, draft_params, np.array([SEQ_EOS, 3]), False),
+      "t5_int8": lambda: drafts.T5Draft(params=quantized(draft_params, "int8"), model=model),
   }
   return builders[name]()
 
@@ -63,6 +64,8 @@ SEQ_CELLS = [
            "t5_feature-temp1"),
     cell_param(Cell("chain", "t5_shortlist", 2, setting="temp1", expect=("residual",)),
            "t5_shortlist-temp1"),
+    # A weight-only int8 draft (Experiment.draft_quantization): q is its own.
+    cell_param(Cell("chain", "t5_int8", 2, setting="temp1", expect=("alpha",)), "t5_int8-temp1"),
     cell_param(Cell("adaptive", "t5", 3, THRESHOLD(0.5, skip_below=0.5), setting="temp0.7_topk3",
                 expect=("alpha", "skips")), "t5-threshold0.5-skip0.5-temp0.7_topk3"),
     cell_param(Cell("adaptive", "t5", 3, AdaptiveConfig("cumulative", 0.2, skip_below=0.3,

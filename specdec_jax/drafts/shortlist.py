@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specdec_jax import storage
+from specdec_jax import quantization, storage
 from specdec_jax.models.t5 import T5Model
 
 Array = jax.Array
@@ -146,7 +146,8 @@ def output_columns(model: T5Model, params: Any, ids: Array) -> Array:
   if c.logits_via_embedding:
     table = params["token_embedder"]["embedding"]  # [V, d]
     return jnp.moveaxis(jnp.take(table, ids, axis=0), -1, 0) / jnp.sqrt(jnp.float32(c.d_model))
-  return jnp.take(params["decoder"]["logits_dense"]["kernel"], ids, axis=1)
+  # A quantized kernel (draft_quantization): only the shortlist's columns dequantized.
+  return quantization.take_columns(params["decoder"]["logits_dense"]["kernel"], ids)
 
 
 class Shortlist(struct.PyTreeNode):

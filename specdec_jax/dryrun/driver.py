@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 import jax
 from jax.sharding import SingleDeviceSharding
 
-from specdec_jax import checkpoints, partitioning
+from specdec_jax import checkpoints, partitioning, quantization
 from specdec_jax.dryrun import hlo
 from specdec_jax.dryrun.chips import Chip, topology_devices
 from specdec_jax.models.t5 import T5Config, param_shapes, stored_dtype
@@ -175,14 +175,24 @@ def _shapes(cfg: T5Config) -> dict:
 
 
 def abstract_params(cfg: T5Config, part: Optional[Partitioner], param_dtype: str,
-                    device: Any) -> dict:
+                    device: Any, quant: Optional[str] = None) -> dict:
   """The parameter tree as ShapeDtypeStructs: ``stored_dtype`` at
-  ``param_dtype``, each with its sharding (``part``; one device without)."""
+  ``param_dtype``, each with its sharding (``part``; one device without);
+  with ``quant`` ('int8' / 'int4', a quantized draft) each kernel is the
+  ``qwix.QArray`` ``quantization.quantize_params`` makes, its integers
+  sharded as the kernel and its [1, out] scales over the output axis."""
   one = SingleDeviceSharding(device)
-  return unflatten_names({
-      n: jax.ShapeDtypeStruct(x.shape, stored_dtype(n, param_dtype),
-                              sharding=part.param_sharding(n, x.shape) if part else one)
-      for n, x in _shapes(cfg).items()})
+
+  def leaf(n: str, shape: tuple) -> Any:
+    if quant is None or not quantization.quantized(n):
+      return jax.ShapeDtypeStruct(shape, stored_dtype(n, param_dtype),
+                                  sharding=part.param_sharding(n, shape) if part else one)
+    axes = partitioning.param_logical_axes(n)
+    return quantization.abstract_kernel(
+        shape, quant, lambda s, which: one if part is None else part.sharding(
+            axes if which == "qvalue" else quantization.scale_axes(axes), s,
+            f"parameter {n} {which}"))
+  return unflatten_names({n: leaf(n, x.shape) for n, x in _shapes(cfg).items()})
 
 
 def sharded(part: Optional[Partitioner], device: Any, axes: Sequence, shape: Sequence[int],
@@ -207,7 +217,7 @@ def abstract_key(part: Optional[Partitioner], device: Any) -> jax.ShapeDtypeStru
 def weight_bytes(params: Any) -> int:
   """Bytes per device of an abstract parameter tree: each leaf's shard shape
   (``sharding.shard_shape``) at its dtype."""
-  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+  return sum(quantization.array_bytes(x.sharding.shard_shape(x.shape), x.dtype)
              for x in jax.tree.leaves(params))
 
 

@@ -222,7 +222,8 @@ class RunnerPrograms(driver.ProgramList):
            for k in sorted({k for role, _, k in pieces if role == "target"})},
           extrapolate(pieces, "draft", 1, dcfg.num_decoder_layers, n) if dcfg else None,
           memory.step_weight_bytes(tcfg, ctx.target_part, exp.param_dtype),
-          memory.step_weight_bytes(dcfg, ctx.draft_part, exp.param_dtype) if dcfg else 0)
+          memory.step_weight_bytes(dcfg, ctx.draft_part, exp.param_dtype, draft_quant(exp))
+          if dcfg else 0)
     return out
 
 
@@ -236,6 +237,15 @@ def dry_run(exp: Experiment, topology: str, alpha_only: bool = False,
 
 
 # ------------------------------------------------------------ the programs
+
+
+def draft_quant(exp: Experiment) -> Optional[str]:
+  """The draft's weight-only quantization as the run would load it
+  (``ModelPair.quantization_of_draft``: the binding, else a local export's
+  record), None for a draft without weights."""
+  if not {"model", "params"} & set(drafts.requires(exp.draft_name)):
+    return None
+  return exp.pair.quantization_of_draft()
 
 
 def _cache(cfg: T5Config, part: Optional[Partitioner], device: Any, batch: int, input_len: int,
@@ -273,13 +283,14 @@ def _pass(model: T5Model, part: Optional[Partitioner]) -> Callable:
 
 
 def lower_pass(cfg: T5Config, part: Optional[Partitioner], device: Any, exp: Experiment,
-               k: int, cache_len: int) -> Any:
+               k: int, cache_len: int, quant: Optional[str] = None) -> Any:
   """One decoder pass over k positions (``T5Model.decode``), lowered alone,
   its weights in the layout the compiler prefers (``Layout.AUTO``): the
   loops copy a weight into another layout once per call, outside the loop
-  (``hlo.weight_copies``), so a pass in the loop reads it as stored."""
+  (``hlo.weight_copies``), so a pass in the loop reads it as stored.
+  ``quant``: the kernels quantized (a quantized draft, ``draft_quant``)."""
   b = exp.batch_size
-  params = abstract_params(cfg, part, exp.param_dtype, device)
+  params = abstract_params(cfg, part, exp.param_dtype, device, quant)
   tokens = sharded(part, device, ("batch", None), (b, k), jnp.int32, "tokens")
   cache = _cache(cfg, part, device, b, exp.max_input_len, cache_len)
   shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
@@ -325,7 +336,8 @@ def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
     kw["partitioner"] = dp
   if ctx.draft_config is not None:
     kw.update(model=T5Model(ctx.draft_config), bridge=None,
-              params=abstract_params(ctx.draft_config, dp, exp.param_dtype, device))
+              params=abstract_params(ctx.draft_config, dp, exp.param_dtype, device,
+                                     draft_quant(exp)))
   draft = drafts.build(exp.draft_name, **kw)
   inputs = sharded(tp, device, ("batch", None), (b, s), jnp.int32, "inputs")
   key = abstract_key(tp, device)
@@ -379,7 +391,7 @@ def piece_compiles(ctx: Context, widths: Optional[Sequence[int]] = None,
       dcfg = ctx.draft_config.replace(num_decoder_layers=depth, num_encoder_layers=1)
       out.append(Compile(f"draft step depth {depth}",
                          functools.partial(lower_pass, dcfg, ctx.draft_part, device, exp, 1,
-                                           cache_len), options=PIECE_OPTIONS,
+                                           cache_len, draft_quant(exp)), options=PIECE_OPTIONS,
                          key=("draft", depth, 1)))
   return out
 
@@ -390,7 +402,7 @@ def _estimates(ctx: Context) -> dict[str, int]:
   plan = memory.plan(ctx.target_config, ctx.draft_config, exp.mesh_shape, exp.param_dtype,
                      exp.dtype, exp.batch_size, exp.max_input_len, exp.max_decode_len,
                      exp.gamma_bound, exp.logical_axis_rules, exp.draft_logical_axis_rules,
-                     exp.partition_fallback)
+                     exp.partition_fallback, draft_quant(exp))
   part = memory.planning_partitioner(exp.mesh_shape, exp.logical_axis_rules,
                                      exp.partition_fallback)
   base_cache = memory.cache_bytes(ctx.target_config, part, exp.batch_size, exp.max_input_len,
@@ -454,6 +466,8 @@ class RunDryRun(DryRun):
     draft = (f"draft {e.draft_preset or e.draft_name}" if self.draft_config is not None
              else f"draft {e.draft_name} (no weights)")
     mesh = f"mesh (data, model) = {tuple(e.mesh_shape)}" if e.mesh_shape else "one device"
+    if self.draft_config is not None and draft_quant(e):
+      draft += f" (kernels {draft_quant(e)}, per-channel scales)"
     return [f"target {e.target_preset or 'from config.json'}, {draft}; {mesh}; weights "
             f"{e.param_dtype}, activations {e.dtype}; batch {e.batch_size}, input "
             f"{e.max_input_len}, decode {e.max_decode_len}, γ {self.gamma}"

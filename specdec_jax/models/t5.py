@@ -69,6 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specdec_jax import quantization
 from specdec_jax.partitioning import Partitioner, constrain_cache
 from specdec_jax.tree import TreeShape
 
@@ -226,17 +227,28 @@ class RowPaddedDense(nn.Dense):
   multiply-and-reduce kernel that reads the weights far below the memory
   bandwidth; zero rows appended (behind an optimization barrier, so that the
   compiler cannot see that they are zero) keep it a GEMM. The extra rows are
-  dropped; no real row reads them."""
+  dropped; no real row reads them.
+
+  A kernel stored quantized (a ``qwix.QArray``: ``specdec_jax.quantization``,
+  the draft's ``draft_quantization``) is dequantized inside the product, at
+  the activation dtype; a float kernel takes ``nn.Dense``'s path unchanged."""
 
   min_rows: int = 1
+
+  def _product(self, x: Array) -> Array:
+    if self.has_variable("params", "kernel"):
+      kernel = self.get_variable("params", "kernel")
+      if quantization.is_qarray(kernel):
+        return quantization.dot(x, kernel, self.dtype or x.dtype, self.precision)
+    return super().__call__(x)
 
   def __call__(self, x: Array) -> Array:
     rows = math.prod(x.shape[:-1])
     if rows >= self.min_rows:
-      return super().__call__(x)
+      return self._product(x)
     flat = x.reshape(rows, x.shape[-1])
     pad = jnp.zeros((self.min_rows - rows, x.shape[-1]), x.dtype)
-    y = super().__call__(jax.lax.optimization_barrier(jnp.concatenate([flat, pad])))
+    y = self._product(jax.lax.optimization_barrier(jnp.concatenate([flat, pad])))
     return y[:rows].reshape(x.shape[:-1] + (self.features,))
 
 

@@ -30,7 +30,7 @@ MODES = ("speculative", "alpha_only")
 PAIR_FIELDS = ("target_checkpoint", "draft_checkpoint", "target_format", "draft_format",
                "target_preset", "draft_preset", "vocab_path", "vocab_extra_ids", "mesh_shape",
                "logical_axis_rules", "draft_logical_axis_rules", "partition_fallback",
-               "param_dtype", "dtype", "min_rows")
+               "param_dtype", "dtype", "min_rows", "draft_quantization")
 # Experiment fields outside the pair that hold paths that must exist.
 _PATH_FIELDS = ("source", "ngram_corpus", "draft_shortlist")
 
@@ -94,6 +94,10 @@ class Experiment:
   # Exact for any shortlist; it trades a little α for a much cheaper draft step.
   draft_shortlist: str = ""
   draft_shortlist_inputs: bool = True
+  # Weight-only quantization of a T5 draft's kernels when it loads: None, 'int8'
+  # or 'int4' (specdec_jax.quantization; per-output-channel scales). Exact for
+  # any value: only α and the draft's cost change.
+  draft_quantization: Optional[str] = None
   ngram_corpus: Optional[str] = None
   ngram_corpus_split: str = "train"
   ngram_corpus_max_examples: Optional[int] = None
@@ -239,6 +243,11 @@ class Experiment:
                        f"approximation model {self.draft_name!r} takes no checkpoint (its "
                        "builder has no model/params argument); bind "
                        "Experiment.draft_checkpoint = '' for it")
+    if self.draft_quantization is not None and not uses_checkpoint:
+      raise ValueError(f"Experiment.draft_quantization={self.draft_quantization!r} is set but "
+                       f"approximation model {self.draft_name!r} has no weights to quantize "
+                       "(only T5 drafts do, e.g. 't5' and 'lookup_t5'); bind "
+                       "Experiment.draft_quantization = None for it")
     if self.draft_shortlist and not drafts.takes(self.draft_name, "shortlist"):
       raise ValueError(f"Experiment.draft_shortlist={self.draft_shortlist!r} is set but "
                        f"approximation model {self.draft_name!r} takes no 'shortlist' "

@@ -62,7 +62,8 @@ def estimate_bytes(exp: Experiment, alpha_only: bool = False) -> dict[str, int]:
   """Bytes per device of the weights and decoding buffers, from the configs alone.
 
   ``memory.plan`` under the experiment's mesh and rules: weights at
-  ``param_dtype`` (norms float32), KV caches (self-attention over
+  ``param_dtype`` (norms float32; a quantized draft's kernels as int8 / int4
+  plus scales), KV caches (self-attention over
   max_decode_len + γ + 1 positions, cross-attention over max_input_len) at
   ``dtype``; in ``--alpha_only`` also the teacher-forced p and q ([B, T, V]
   float32, counted unsharded). A model whose checkpoint does not say its
@@ -75,7 +76,8 @@ def estimate_bytes(exp: Experiment, alpha_only: bool = False) -> dict[str, int]:
   plan = memory.plan(cfgs["target"], cfgs["draft"], exp.mesh_shape, exp.param_dtype, exp.dtype,
                      exp.batch_size, exp.max_input_len, exp.max_decode_len, exp.gamma_bound,
                      exp.logical_axis_rules, exp.draft_logical_axis_rules,
-                     exp.partition_fallback)
+                     exp.partition_fallback,
+                     pair.quantization_of_draft() if cfgs["draft"] is not None else None)
   out = {"target weights": plan["target_params"], "target KV cache": plan["target_caches"]}
   if cfgs["draft"] is not None:
     out.update({"draft weights": plan["draft_params"], "draft KV cache": plan["draft_caches"]})

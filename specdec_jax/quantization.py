@@ -1,0 +1,178 @@
+"""Weight-only quantization of the draft: int8 or int4 kernels with one float32
+scale per output channel.
+
+Speculative decoding stays exact for any approximation model M_q (paper §2.3:
+the accepted tokens are distributed as M_p's whatever q is), so a quantized
+draft changes only α and the cost ratio c (Definition 3.7), never the output.
+A decoding step at batch 1 reads every decoder weight once, so int8 about
+halves a bfloat16 draft's weight bytes per step and int4 about quarters them.
+
+What is quantized: every ``Dense`` kernel (attention query/key/value/out, the
+MLP's wi / wi_0 / wi_1 / wo, T5 1.1's ``logits_dense``): symmetric absmax over
+the input dimension, one scale per output column ([1, out] float32). The token
+embedding (and so T5 1.0's tied output layer), the RMS-norm scales and the
+relative-position tables keep their dtype.
+
+Each quantized kernel is a ``qwix.QArray`` (qvalue int8/int4 + scale) in the
+parameter tree, at the kernel's place: device memory holds the integers and
+scales, and ``models.t5.RowPaddedDense`` runs its product through
+``qwix.dot_general``, which dequantizes inside the jitted product (in the TPU
+dry run the compiled draft step reads the int8 / int4 bytes, not a
+dequantized copy: its bytes fall by the weight bytes saved).
+
+Library: qwix 0.1.8 rather than aqtp 0.9.0: qwix's ``quantize`` (per-channel
+``QArray``) and ``dot_general`` (dequantizes a ``QArray`` operand beside a float
+one inside the product) act on a plain parameter tree, so the T5 module and its
+T5X parameter names stay as they are; aqtp serves quantized weights through a
+per-layer ``AqtDotGeneral`` whose frozen weights live in an extra variable
+collection (its CONVERT / SERVE modes), which would change the module and the
+tree. qwix 0.1.8 installs and runs with this repository's jax 0.10.2 and flax
+0.12.8.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+try:  # the 'quant' extra: pip install -e ".[quant]"
+  import qwix
+except ImportError:  # the package works without it; quantizing asks for it
+  qwix = None
+
+QUANTIZATIONS = ("int8", "int4")
+SCALE_DTYPE = jnp.float32
+# Where a quantized export records its scheme (next to its config.json).
+RECORD_FILE = "quantization.json"
+SCHEME = "weight-only, Dense kernels, symmetric absmax per output channel (qwix)"
+
+
+def check(value: Optional[str], setting: str = "draft_quantization") -> None:
+  """None or one of ``QUANTIZATIONS`` (with qwix installed); else a
+  ValueError naming ``setting`` and the value."""
+  if value is None:
+    return
+  if value not in QUANTIZATIONS:
+    raise ValueError(f"{setting} must be None or one of {QUANTIZATIONS}, got {value!r}")
+  if qwix is None:
+    raise ValueError(f"{setting}={value!r} needs the qwix library: "
+                     "pip install -e \".[quant]\"")
+
+
+def qtype(mode: str) -> jnp.dtype:
+  """The integer dtype of ``mode`` ('int8' -> int8, 'int4' -> int4)."""
+  if mode not in QUANTIZATIONS:
+    raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {mode!r}")
+  return jnp.dtype(jnp.int8 if mode == "int8" else jnp.int4)
+
+
+def bits(dtype: Any) -> int:
+  """Bits per element of ``dtype`` (int4: 4; packed two per byte on TPUs)."""
+  dtype = jnp.dtype(dtype)
+  return jnp.iinfo(dtype).bits if jnp.issubdtype(dtype, jnp.integer) else 8 * dtype.itemsize
+
+
+def array_bytes(shape: Sequence[int], dtype: Any) -> int:
+  """Bytes of an array of ``shape`` at ``dtype``, sub-byte dtypes packed."""
+  return math.ceil(math.prod(shape) * bits(dtype) / 8)
+
+
+def quantized(name: str) -> bool:
+  """Whether parameter ``name`` ('/'-joined T5X name) is quantized: the
+  ``Dense`` kernels; not the embedding, norm scales or relative-position tables."""
+  return name.endswith("/kernel")
+
+
+def is_qarray(x: Any) -> bool:
+  """Whether ``x`` is a quantized kernel (a ``qwix.QArray``)."""
+  return qwix is not None and isinstance(x, qwix.QArray)
+
+
+def quantize_kernel(kernel: jax.Array, mode: str) -> qwix.QArray:
+  """A [in, out] kernel -> QArray: qvalue [in, out] at ``qtype(mode)``, scale
+  [1, out] float32 (qwix's absmax over ``in`` / (the type's largest value + 1/2))."""
+  return qwix.quantize(jnp.asarray(kernel, jnp.float32), qtype(mode), channelwise_axes=(1,),
+                       scale_dtype=SCALE_DTYPE)
+
+
+def _name(path: tuple) -> str:
+  return "/".join(str(getattr(k, "key", k)) for k in path)
+
+
+def quantize_params(params: Any, mode: str) -> Any:
+  """The parameter tree with every kernel (``quantized``) a ``QArray``; the
+  other leaves unchanged. Jitted: run on a mesh it keeps the leaves' layout."""
+  check(mode)
+
+  def one(path, x):
+    return quantize_kernel(x, mode) if quantized(_name(path)) else x
+  return jax.jit(lambda p: jax.tree_util.tree_map_with_path(one, p))(params)
+
+
+def dequantize(x: Any, dtype: Any = jnp.float32) -> jax.Array:
+  """A QArray's float values at ``dtype`` (an array is only cast)."""
+  return (qwix.dequantize(x) if is_qarray(x) else jnp.asarray(x)).astype(dtype)
+
+
+def dequantize_params(params: Any, dtype: Any = jnp.float32) -> Any:
+  """Every QArray of a tree as a float array at ``dtype`` (other leaves kept)."""
+  return jax.tree.map(lambda x: dequantize(x, dtype) if is_qarray(x) else x, params,
+                      is_leaf=is_qarray)
+
+
+def take_columns(kernel: Any, ids: jax.Array) -> jax.Array:
+  """Columns ``ids`` of a [d, V] kernel as float32 [d, ...], reading only those
+  columns of a QArray (qvalue and scale) before dequantizing them."""
+  if not is_qarray(kernel):
+    return jnp.take(kernel, ids, axis=1)
+  part = qwix.QArray(jnp.take(kernel.qvalue, ids, axis=1), jnp.take(kernel.scale, ids, axis=1),
+                     qtype=kernel.qtype)
+  return dequantize(part)
+
+
+def dot(x: jax.Array, kernel: qwix.QArray, dtype: Any, precision: Any = None) -> jax.Array:
+  """x [..., in] @ a quantized kernel [in, out], at the activation ``dtype``:
+  the scale is cast to ``dtype`` so the dequantized operand (and the product)
+  is at it, as a float kernel is cast by ``nn.Dense``."""
+  x = x.astype(dtype)
+  return qwix.dot_general(x, kernel.astype(dtype), (((x.ndim - 1,), (0,)), ((), ())),
+                          precision=precision)
+
+
+# -------------------------------------------------------- abstract layouts
+
+
+def scale_axes(axes: Sequence[Optional[str]]) -> tuple:
+  """The logical axes of a kernel's [1, out] scale: its output axis only."""
+  return (None,) + tuple(axes[1:])
+
+
+def abstract_kernel(shape: Sequence[int], mode: str,
+                    sharding: Callable[[Sequence[Optional[int]], tuple], Any]) -> qwix.QArray:
+  """A kernel's QArray as ShapeDtypeStructs: ``sharding(shape, which)`` gives
+  the sharding of the qvalue (``which`` 'qvalue') or of the scale ('scale')."""
+  shape = tuple(shape)
+  scale = (1,) + shape[1:]
+  return qwix.QArray(jax.ShapeDtypeStruct(shape, qtype(mode), sharding=sharding(shape, "qvalue")),
+                     jax.ShapeDtypeStruct(scale, SCALE_DTYPE, sharding=sharding(scale, "scale")),
+                     qtype=qtype(mode))
+
+
+def stored_bytes(name: str, shard: Sequence[int], mode: Optional[str], dtype: Any) -> int:
+  """Bytes one device holds of parameter ``name`` whose shard is ``shard``:
+  at ``dtype`` unquantized; quantized, the integers plus the float32 scales
+  of the shard's output columns."""
+  if mode is None or not quantized(name):
+    return array_bytes(shard, dtype)
+  return array_bytes(shard, qtype(mode)) + array_bytes((1,) + tuple(shard[1:]), SCALE_DTYPE)
+
+
+def max_error(kernel: np.ndarray, mode: str) -> np.ndarray:
+  """The largest rounding error per output column: half a step, where qwix's
+  step is absmax / (the type's largest value + 1/2) (int8: 127.5, int4: 7.5)."""
+  top = (127 if mode == "int8" else 7) + 0.5
+  return np.max(np.abs(np.asarray(kernel, np.float32)), axis=0) / (2 * top)
