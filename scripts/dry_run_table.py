@@ -29,6 +29,7 @@ and a rerun compiles only what is missing (delete the file to start over).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -41,7 +42,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 from specdec_jax import theory  # noqa: E402
-from specdec_jax.dryrun import driver, runner_programs  # noqa: E402
+from specdec_jax.dryrun import costs, driver, runner_programs  # noqa: E402
 from specdec_jax.dryrun.chips import CHIPS  # noqa: E402
 from specdec_jax.research import trees  # noqa: E402
 from specdec_jax.scripting import script_args  # noqa: E402
@@ -123,6 +124,9 @@ def cell(row: str, hardware: str, compile_loop: bool = False, variant: str = "")
            "memory_from": "plan", "error": None}
   out.update(hbm=r.chip.hbm_bytes, gamma=r.gamma, wall_s=r.wall_s)
   if r.roofline is not None and r.roofline.draft is not None:
+    d = r.roofline.draft
+    # The draft step's priced terms, for the token-tree recommendation.
+    out["draft_piece"] = [d.flops, d.bytes, d.ops, [list(k) + [n] for k, n in d.collectives]]
     out.update(c=r.roofline.c(), v=r.roofline.v(r.gamma + 1),
                ratio=r.roofline.target[1].bytes / r.roofline.floor,
                baseline_ms=r.roofline.baseline_ms_per_token())
@@ -206,18 +210,48 @@ def topology_table(rows: list[str], hardware: str, cells: dict) -> str:
 TREE_HARDWARE = {"v4-1": ("v4", 1), "v5e-8": ("v5e", 8)}
 
 
-def _best_tree(family: str, draft: str, alpha: Optional[float], hardware: str) -> str:
+def _best_tree(family: str, draft: str, cell_: dict, hardware: str) -> str:
   """The best token tree of at most 64 nodes for a T5 1.1 row's draft under
   ``research.trees``' model (rank rates: the paper's α with the demo pair's
-  fall-off, an assumption), as text; '' where it cannot be priced."""
+  fall-off, an assumption), the draft's step as the cell priced it (its
+  quantization included) where the cell holds it, as text; '' where it
+  cannot be priced."""
+  alpha = cell_.get("alpha")
   if family != "T5 1.1" or alpha is None or hardware not in TREE_HARDWARE:
     return ""
   chip, devices = TREE_HARDWARE[hardware]
   model = trees.step_model(CHIPS[chip], devices, draft)
+  if cell_.get("draft_piece"):
+    flops, nbytes, ops, coll = cell_["draft_piece"]
+    model = dataclasses.replace(model, draft=costs.Piece(
+        flops, nbytes, ops, tuple(((k, b, g), n) for k, b, g, n in coll)))
   rates = trees.scaled_rates(alpha)
   tree, speedup = trees.best_tree(model, rates, 64)
   return (f"a {tree.num_nodes}-node tree (depth {tree.max_depth}): "
           f"{model.ms_per_token(tree, rates):.2f} ms ({speedup:.2f}x)")
+
+
+def tree_table(rows: list[str], cells: dict, variant: str = "int8") -> str:
+  """Per T5 1.1 row on ``TREE_HARDWARE``: the ``variant`` draft's chain at
+  the paper's γ and its best token tree (``_best_tree``) beside the paper's
+  measured speedup."""
+  head = ["row", "paper speedup (one TPU-v4)"]
+  for hw in TREE_HARDWARE:
+    head += [f"{hw}: {variant} chain, ms/token", f"{hw}: {variant} draft + best tree"]
+  body = []
+  for row in rows:
+    family, *_ = _group(Path(row).stem)
+    c0 = cells.get(key(row, next(iter(TREE_HARDWARE)), variant), {})
+    if family != "T5 1.1" or not c0.get("paper"):
+      continue
+    line = [Path(row).stem, f"{c0['paper']}x"]
+    for hw in TREE_HARDWARE:
+      c = cells.get(key(row, hw, variant), {})
+      size = _group(Path(row).stem)[2]
+      line += [f"{c['predicted_v']:.2f}x, {c['speculative_ms']:.2f}" if c.get("speculative_ms")
+               else "-", _best_tree(family, size, c, hw) or "-"]
+    body.append(line)
+  return script_args.markdown_table(head, body)
 
 
 def recommendations(rows: list[str], hardware: list[str], cells: dict) -> str:
@@ -246,7 +280,7 @@ def recommendations(rows: list[str], hardware: list[str], cells: dict) -> str:
       rest = sorted(v for k, v in ms.items() if k != best)
       if rest:
         text += f", {rest[0] / ms[best]:.2f}x faster than the next choice"
-      tree = _best_tree(family, best[0], options[best].get("alpha"), hw)
+      tree = _best_tree(family, best[0], options[best], hw)
       if tree:
         text += f"; {tree}"
       line.append(text)
@@ -298,6 +332,10 @@ def render(rows: list[str], hardware: list[str], cells: dict, wall_s: float) -> 
             "paper's α with the demo pair's fall-off for the runner-up choices, an "
             "assumption):", "",
             recommendations(rows, hardware, cells), ""]
+  if any("+" in k for k in cells):
+    lines += ["**An int8 draft with the best token tree** per T5 1.1 row (the same tree "
+              "model; the draft's step as the int8 cell priced it):", "",
+              tree_table(rows, cells), ""]
   for hw in hardware:
     lines += [f"**{hw}** ({HARDWARE[hw][1]}, mesh {HARDWARE[hw][2]}):", "",
               topology_table(rows, hw, cells), ""]
