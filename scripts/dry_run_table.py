@@ -277,9 +277,10 @@ def recommendations(rows: list[str], hardware: list[str], cells: dict) -> str:
       base = options[best]["baseline_ms"]
       name = best[0] + (f", {best[1]}" if best[1] else "")
       text = f"**{name}**: {ms[best]:.2f} ms ({base / ms[best]:.2f}x the baseline)"
-      rest = sorted(v for k, v in ms.items() if k != best)
+      rest = sorted((v, k) for k, v in ms.items() if k != best)
       if rest:
-        text += f", {rest[0] / ms[best]:.2f}x faster than the next choice"
+        nxt = rest[0][1][0] + (f", {rest[0][1][1]}" if rest[0][1][1] else "")
+        text += f"; next: {nxt}, {rest[0][0]:.2f} ms"
       tree = _best_tree(family, best[0], options[best], hw)
       if tree:
         text += f"; {tree}"
