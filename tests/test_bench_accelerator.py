@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "bench_accelerator.sh"
-GPU_SECTIONS = ("bandwidth", "targets", "hf", "hf_compiled", "demo", "exactness")
+GPU_SECTIONS = ("bandwidth", "targets", "hf", "hf_compiled", "demo", "exactness", "profile")
 RUNNER_SECTIONS = ("runner demo", "runner demo_t1", "v(k)", "γ sweep T=0", "γ sweep T=1")
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -62,6 +62,14 @@ def test_bench_accelerator_gpu_smoke_prints_every_table(tmp_path):
   assert xxl["passes"][0]["weight_bytes"] == memory.step_weight_bytes(
       bench_gpu_smoke_target(), None, "bfloat16")
   assert [r["mismatches"] for r in doc["sections"]["exactness"]["rows"]] == [0, 0, 0]
+  # The kernel profiles: the first target's step and γ + 1 pass, then the
+  # profile section's steps with and without min_rows 2 (same weights).
+  assert [r["label"] for r in xxl["profile"]] == ["one-token step", "8-position pass"]
+  labels = [r["label"] for r in doc["sections"]["profile"]["rows"]]
+  assert "target xl (min_rows 2) one-token step" in labels and "target xl 2-position pass" in labels
+  assert all(r["kernels_per_pass"] > 0 and r["wall_ms"] > 0
+             for r in xxl["profile"] + doc["sections"]["profile"]["rows"])
+  assert out.count("Per-kernel profile of") == 2
   md = (work / "bench_gpu.md").read_text()
   assert all(f"### {name}" in md for name in GPU_SECTIONS)
   assert "| device-to-device copy |" in (work / "bench_accelerator.log").read_text()
