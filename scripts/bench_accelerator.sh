@@ -130,21 +130,23 @@ else
   if [[ $smoke == 1 ]]; then
     vk=(--vk-models=demo --vk-ks=1,2 --repeats=1 --vk-inner=1)
     runner_args=(--gin_bindings="Experiment.num_warmup = 1" --gin_bindings="Experiment.num_examples = 1"
-                 --gin_bindings="Experiment.cost_repeats = 1")
-    sweep=(--gammas=2 --num_examples=1 --auto_alpha_examples=0)
+                 --gin_bindings="Experiment.cost_repeats = 1" --gin_bindings="Experiment.input_buckets = ()")
+    sweep=(--gammas=2 --num_examples=1 --auto_alpha_examples=0 --input_buckets=none)
+    runner_configs=(demo)   # demo_t1 is the same path at T = 1
     sweep_temps=(0)
     vk_what="the demo target (smoke)"
   else
     vk=(--vk-models=xl --vk-dtype=bfloat16 --vk-ks=1,2,3,4,6,8,12,16 --repeats=5 --vk-inner=8)
     runner_args=()
+    runner_configs=(demo demo_t1)
     sweep=(--gammas=1,2,3,4,6,8 --num_examples=20 --input_buckets=none --auto_alpha_examples=0)
     sweep_temps=(0 1)
     vk_what="T5 1.1 XL-sized target, random bfloat16 weights"
   fi
-  echo "## runner: configs/demo.gin"
-  section "runner demo" 120 runner demo "${runner_args[@]}"
-  echo "## runner: configs/demo_t1.gin"
-  section "runner demo_t1" 0 runner demo_t1 "${runner_args[@]}"
+  for config in "${runner_configs[@]}"; do
+    echo "## runner: configs/$config.gin"
+    section "runner $config" "$([[ $config == demo ]] && echo 120 || echo 0)" runner "$config" "${runner_args[@]}"
+  done
   echo "## v(k): $vk_what, batch 1"
   section "v(k)" 60 python scripts/bench_decode.py --vk "${vk[@]}"
   for t in "${sweep_temps[@]}"; do
