@@ -14,8 +14,11 @@ from specdec_jax.sampling import SamplingConfig
 THRESHOLD = lambda t, **kw: AdaptiveConfig("threshold", t, **kw)  # noqa: E731
 
 
-def cell_param(cell: Cell, name: str):
-  return pytest.param(cell, id=f"{cell.loop}-{name}")
+def cell_param(cell: Cell, name: str, slow: bool = False):
+  """A matrix cell as a test parameter; ``slow``: in the full suite only
+  (``-m "not slow"`` leaves it out), for cells whose property another fast
+  cell already carries."""
+  return pytest.param(cell, id=f"{cell.loop}-{name}", marks=[pytest.mark.slow] if slow else [])
 
 
 def decode(cell: Cell, model: T5Model, params: Any, draft: Any, inputs, key, eos: int,

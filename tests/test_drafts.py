@@ -94,6 +94,7 @@ def test_prompt_lookup_adaptive_proposes_its_copied_run():
     assert count(4, 0.4, skip_below=1.0) == 0  # a confidence of 1 is not > 1
 
 
+@pytest.mark.slow  # 20 s; lookup-T5's exactness is in the fast matrix (test_exactness*)
 def test_lookup_t5_copies_on_a_match_and_falls_back_to_the_t5_draft(tiny_draft):
   model, params = tiny_draft
   vocab = model.config.vocab_size

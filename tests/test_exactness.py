@@ -96,7 +96,7 @@ GREEDY_CELLS = [
     cell_param(Cell("chain", "t5_bridge", 3), "t5_bridge-g3"),
     cell_param(Cell("chain", "lookup_t5_feature", 5), "lookup_t5_feature-g5"),
     cell_param(Cell("chain", "t5_int8", 3), "t5_int8-g3"),
-    cell_param(Cell("chain", "t5_int4", 3), "t5_int4-g3"),
+    cell_param(Cell("chain", "t5_int4", 3), "t5_int4-g3", slow=True),  # int8's twin
     # Adaptive: every rule, skipping, prompt lookup's own rule, lookup + T5's,
     # and the feature bridge (γ_max 4: rounds shorter and longer than its
     # staleness table).

@@ -61,6 +61,7 @@ def test_dequantized_within_half_a_step_per_channel(tiny_draft, mode):
       assert err.max() > bound.max() / 10  # really rounded (not a float copy)
 
 
+@pytest.mark.slow  # a compile of its own; the int8 exactness cells run the quantized draft
 @pytest.mark.parametrize("mode", MODES)
 def test_model_computes_with_the_quantized_kernels(tiny_draft, mode):
   """The model with quantized params equals the model with their dequantized
