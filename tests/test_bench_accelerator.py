@@ -48,8 +48,7 @@ def test_bench_accelerator_gpu_smoke_prints_every_table(tmp_path):
   assert "| HF generate | static cache, not compiled" in out                         # hf_compiled
   assert "| 0 | HF assisted (constant γ) |" in out and "| 0 | ours speculative_decode |" in out
   assert "identical outputs: 5/5 comparisons with HF generate" in out              # demo
-  for dtype, precision in (("float32", "default"), ("float32", "highest"),
-                           ("bfloat16", "default")):
+  for dtype, precision in (("float32", "highest"), ("bfloat16", "default")):  # smoke: 2 of 3
     assert f"| {dtype} | {precision} | 1 | **" in out                                # exactness
   work = tmp_path / "bench_accelerator"
   doc = json.loads((work / "bench_gpu.json").read_text())
@@ -61,7 +60,7 @@ def test_bench_accelerator_gpu_smoke_prints_every_table(tmp_path):
   from specdec_jax import memory                              # the floor's bytes: memory's count
   assert xxl["passes"][0]["weight_bytes"] == memory.step_weight_bytes(
       bench_gpu_smoke_target(), None, "bfloat16")
-  assert [r["mismatches"] for r in doc["sections"]["exactness"]["rows"]] == [0, 0, 0]
+  assert [r["mismatches"] for r in doc["sections"]["exactness"]["rows"]] == [0, 0]
   # The kernel profiles: the first target's step and γ + 1 pass, then the
   # profile section's steps with and without min_rows 2 (same weights).
   assert [r["label"] for r in xxl["profile"]] == ["one-token step", "8-position pass"]

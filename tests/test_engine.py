@@ -61,6 +61,7 @@ def test_bridge_changes_proposals_and_reads_the_targets_encoding(tiny_target, ti
   np.testing.assert_allclose(alone.cross_k[0], given.cross_k[0], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow  # 16 s; a training/decoding agreement, not an exactness property
 def test_feature_bridge_reads_what_distillation_trains_on(tiny_target, tiny_draft):
   """The engine's draft step at position t reads the target state at s = t-1-j
   with staleness j, the indexing ``feature_bridge.teacher_forced_extra``

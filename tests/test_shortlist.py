@@ -79,6 +79,7 @@ def test_sequences_from_target_outputs_and_references(tmp_path):
     list(shortlist.sequences_from(str(tmp_path / "noref.tsv"), Vocab()))
 
 
+@pytest.mark.slow  # 20 s; the shortlist's exactness cells are in the fast matrix
 @pytest.mark.parametrize("version", ["1.1", "1.0"])
 def test_a_full_shortlist_is_the_draft_itself(version):
   """Every token shortlisted: the same tokens and q as without one, for the
