@@ -25,7 +25,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import hashlib
-import math
 import os
 import sys
 import time
