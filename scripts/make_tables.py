@@ -38,6 +38,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = script_args.parse(parser, argv)
   if args.figures and not args.out:
     parser.error("--figures writes the PNGs next to the markdown: give --out too")
+  if args.figures:
+    figures.pyplot()  # a missing matplotlib fails before anything is written
 
   files = find_summary_files(args.runs)
   if not files:

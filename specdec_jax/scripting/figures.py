@@ -25,9 +25,9 @@ from specdec_jax.scripting import tables
 FILES = ("speedup.png", "tokens_per_call.png", "acceptance.png")
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
   """matplotlib's pyplot on the file-only Agg backend, or an ImportError that
-  says which extra brings it."""
+  says which extra brings it (scripts call it first, to fail before any work)."""
   try:
     import matplotlib
   except ImportError:
@@ -123,7 +123,7 @@ def write_figures(summaries: Sequence[Dict[str, Any]], out_dir: pathlib.Path
   if not runs:
     raise ValueError("--figures: no speculative-decoding run among the summaries (α-only "
                      "runs have no speedup to draw)")
-  plt = _pyplot()
+  plt = pyplot()
   out_dir.mkdir(parents=True, exist_ok=True)
   paths = []
   for name, draw in zip(FILES, (speedup_figure, tokens_figure, acceptance_figure)):
