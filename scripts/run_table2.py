@@ -1,4 +1,4 @@
-"""Every row of Table 2 on this machine, one after another, then the table.
+r"""Every row of Table 2 on this machine, one after another, then the table.
 
 Usage:
   python scripts/run_table2.py --family=t5_1_0 --overlay=configs/tpu_v4_1.gin \
