@@ -11,7 +11,8 @@ their checkpoints with --gin_bindings). Each row runs with the runner
 (python -m specdec_jax.run --config=ROW --config=OVERLAY ... --resume) into
 ROOT/<row>. Run the same command again after an interruption or a failure: a
 row whose summary.json counts all its examples is skipped, any other resumes
-after its last complete example. At the end the Table 2 markdown of the rows
+after its last complete example (a workdir of other settings is refused: use
+another --root). At the end the Table 2 markdown of the rows
 (scripts/make_tables.py's) is printed and written to ROOT/table2.md, with
 --figures its PNGs beside it. --status prints each row's state and the table
 so far, and runs nothing.

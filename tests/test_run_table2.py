@@ -90,6 +90,30 @@ def test_rows_done_are_skipped_and_the_others_resume(tmp_path):
   assert calls[-1][4] == f"--config={overlay}"  # overlays come after the row
 
 
+def test_a_finished_row_of_other_settings_is_refused(tmp_path):
+  """A row finished under another overlay (mesh, dtypes) is not skipped as if
+  it were this command's: the command stops before running anything."""
+  _row(tmp_path / "rows", "a")
+  _row(tmp_path / "rows", "b")
+  overlay = tmp_path / "mesh.gin"
+  overlay.write_text("Experiment.mesh_shape = (1, 1)\nExperiment.param_dtype = 'bfloat16'\n")
+  workdir = tmp_path / "runs" / "b"
+  _summary(workdir, 100)
+  summary = json.loads((workdir / "summary.json").read_text())
+  summary.update(mesh_shape=[1, 4], param_dtype="bfloat16", dtype="float32", batch_size=1,
+                 temperature=0.0)
+  (workdir / "summary.json").write_text(json.dumps(summary))
+  rows = table2.find_rows(tmp_path / "rows", tmp_path / "runs")
+  calls = []
+  with pytest.raises(ValueError, match=r"mesh_shape \[1, 4\] there, \[1, 1\] here"):
+    table2.run_rows(rows, [str(overlay)], [], run=calls.append)
+  assert calls == []
+  summary["mesh_shape"] = [1, 1]  # the same settings: done, skipped
+  (workdir / "summary.json").write_text(json.dumps(summary))
+  out = table2.run_rows(rows, [str(overlay)], [], say=lambda _: None, run=lambda cmd: 0)
+  assert out.skipped == ["b"] and out.ran == ["a"]
+
+
 def test_an_alpha_only_workdir_is_refused(tmp_path):
   _row(tmp_path / "rows", "a")
   _summary(tmp_path / "runs" / "a", 5, mode="alpha_only")

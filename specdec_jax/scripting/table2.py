@@ -13,7 +13,10 @@ Resuming is the runner's own: a row whose ``summary.json`` already counts the
 row's ``Experiment.num_examples`` is skipped without starting a process; any
 other row is (re)started with ``--resume``, which continues after its last
 complete example (or, where the source ran out of examples before
-``num_examples``, prints the finished row without loading a model).
+``num_examples``, prints the finished row without loading a model), and
+refuses a workdir written with another config. A finished row whose summary
+records other settings (mesh, dtypes, batch, temperature) stops the command
+before anything runs.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import sys
 from typing import Callable, Dict, List, Optional, Sequence
 
 from specdec_jax.run import cli
-from specdec_jax.run.settings import REPO_ROOT
+from specdec_jax.run.settings import REPO_ROOT, Experiment
 
 FAMILIES: Dict[str, str] = {
     "t5_1_0": "configs/table2_t5_1_0",   # public T5 1.0 checkpoints (gs://t5-data)
@@ -71,25 +74,55 @@ def find_rows(config_dir: pathlib.Path, root: pathlib.Path,
   return [r for r in rows if not only or r.name in only]
 
 
+def row_settings(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
+  """A row's ``Experiment`` with its overlays and bindings, as the runner
+  parses them (a bad binding fails here, before any row runs)."""
+  return cli.parse_config(list(configs), list(bindings))
+
+
 def requested_examples(configs: Sequence[str], bindings: Sequence[str]) -> int:
-  """``Experiment.num_examples`` of a row with its overlays and bindings, as
-  the runner parses them (a bad binding fails here, before any row runs)."""
-  return cli.parse_config(list(configs), list(bindings)).num_examples
+  """``Experiment.num_examples`` of a row with its overlays and bindings."""
+  return row_settings(configs, bindings).num_examples
 
 
-def examples_done(row: Row) -> int:
-  """Examples counted by the row's ``summary.json`` (0 without one). The
-  runner rewrites it atomically after every batch, so it is never torn."""
+def _recorded(exp: Experiment) -> Dict[str, object]:
+  """The settings summary.json records (``run.report``) that a finished row
+  must share with this command's to count as its row."""
+  return {"mesh_shape": list(exp.mesh_shape) if exp.mesh_shape else None,
+          "param_dtype": exp.param_dtype, "dtype": exp.dtype,
+          "batch_size": exp.batch_size, "temperature": exp.sampling.temperature}
+
+
+def check_same_settings(row: Row, summary: Dict[str, object], exp: Experiment) -> None:
+  """Refuses a finished row whose summary records other settings (another
+  overlay or binding) than this command's: skipping it would put a result of
+  other settings in the table."""
+  differ = [f"{k} {summary[k]!r} there, {v!r} here" for k, v in _recorded(exp).items()
+            if k in summary and summary[k] != v]
+  if differ:
+    raise ValueError(f"{row.workdir} holds a run with other settings ({'; '.join(differ)}); "
+                     "give this command another --root, or the overlay and bindings that "
+                     "row was run with")
+
+
+def read_summary(row: Row) -> Dict[str, object]:
+  """The row's ``summary.json`` ({} without one). The runner rewrites it
+  atomically after every batch, so it is never torn."""
   path = row.workdir / "summary.json"
   if not path.is_file():
-    return 0
+    return {}
   try:
     summary = json.loads(path.read_text())
   except json.JSONDecodeError as e:
     raise ValueError(f"{path}: not valid JSON ({e}); move the row's workdir aside") from None
   if summary.get("mode", "speculative") != "speculative":
     raise ValueError(f"{path}: an --alpha_only run, not a Table 2 row; use another --root")
-  return int(summary.get("num_examples") or 0)
+  return summary
+
+
+def examples_done(row: Row) -> int:
+  """Examples counted by the row's ``summary.json`` (0 without one)."""
+  return int(read_summary(row).get("num_examples") or 0)
 
 
 def runner_command(row: Row, overlays: Sequence[str], bindings: Sequence[str]) -> List[str]:
@@ -126,9 +159,13 @@ def run_rows(rows: Sequence[Row], overlays: Sequence[str], bindings: Sequence[st
              run: Callable[[Sequence[str]], int] = run_process) -> Outcome:
   """Runs each row not yet done, in order; stops at an interrupted one."""
   out = Outcome()
-  wanted = {r.name: requested_examples([str(r.config), *overlays], bindings) for r in rows}
+  settings = {r.name: row_settings([str(r.config), *overlays], bindings) for r in rows}
+  for row in rows:  # every finished row checked before any runs
+    summary = read_summary(row)
+    if summary:
+      check_same_settings(row, summary, settings[row.name])
   for k, row in enumerate(rows, start=1):
-    done, n = examples_done(row), wanted[row.name]
+    done, n = examples_done(row), settings[row.name].num_examples
     where = f"[row {k}/{len(rows)}] {row.name}"
     if done >= n:
       say(f"{where}: done ({done} examples in {row.workdir}), skipped")
