@@ -87,7 +87,7 @@ class ModelPair:
   architecture, required for T5X formats, e.g. 't5_1_1_xxl'). ``vocab_path``
   (SentencePiece, ``vocab_extra_ids`` sentinels) holds the ids both speak.
 
-  Scale (docs/scaling.md): ``mesh_shape`` (data, model), product = the device
+  Scale (docs/sharding.md): ``mesh_shape`` (data, model), product = the device
   count, None = one device; the target under ``logical_axis_rules`` (None:
   ``partitioning.STANDARD_RULES``), the draft under
   ``draft_logical_axis_rules`` (None: ``partitioning.DATA_PARALLEL_RULES``),

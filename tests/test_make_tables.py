@@ -165,3 +165,48 @@ def test_t5_1_0_rows_are_labelled(make_tables, tmp_path, capsys):
 ])
 def test_model_family(make_tables, target, draft, family):
   assert make_tables.model_family(dict(target=target, draft=draft)) == family
+
+
+def _with_positions(root, name, accepted_evaluated):
+  """A run dir whose examples.jsonl lines carry per-position counts."""
+  lines = [json.dumps({"index": i, "accepted_at": a, "evaluated_at": e})
+           for i, (a, e) in enumerate(accepted_evaluated)]
+  (root / name / "examples.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_acceptance_by_position_sums_the_lines(runs):
+  from specdec_jax.scripting import tables
+  run = runs / "runs" / "ende_small_t0"
+  assert tables.acceptance_by_position(str(run)) is None  # no examples.jsonl
+  _with_positions(runs / "runs", "ende_small_t0", [([3, 1, 0], [4, 3, 1]), ([1, 1, 1], [2, 1, 1])])
+  assert tables.acceptance_by_position(str(run)) == pytest.approx([4 / 6, 2 / 4, 1 / 2])
+
+
+def test_figures_are_written_next_to_the_markdown(make_tables, runs, tmp_path, capsys):
+  pytest.importorskip("matplotlib", reason='the figures need matplotlib: pip install -e ".[figures]"')
+  _with_positions(runs / "runs", "ende_small_t0", [([3, 1, 0, 0, 0, 0, 0], [4, 3, 1, 1, 1, 1, 1])])
+  _with_positions(runs / "runs", "cnn_base_t1", [([2, 1, 0], [3, 2, 1])])
+  out = tmp_path / "report" / "table2.md"
+  assert make_tables.main([str(runs), "--out", str(out), "--figures"]) == 0
+  assert "Table 2" in out.read_text()
+  for name in ("speedup.png", "tokens_per_call.png", "acceptance.png"):
+    png = out.parent / name
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000, name
+  assert "speedup.png" in capsys.readouterr().err
+
+
+def test_figures_need_out_and_matplotlib(make_tables, runs, tmp_path, monkeypatch, capsys):
+  with pytest.raises(SystemExit):
+    make_tables.main([str(runs), "--figures"])
+  assert "give --out too" in capsys.readouterr().err
+  monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # as if not installed
+  with pytest.raises(ImportError, match=r'pip install -e "\.\[figures\]"'):
+    make_tables.main([str(runs), "--out", str(tmp_path / "t.md"), "--figures"])
+  assert not (tmp_path / "t.md").exists()  # refused before anything is written
+
+
+def test_figures_refuse_alpha_only_runs(runs, tmp_path):
+  from specdec_jax.scripting import figures, tables
+  summaries = tables.load_summaries(tables.find_summary_files([str(runs / "alpha")]))
+  with pytest.raises(ValueError, match="no speculative-decoding run"):
+    figures.write_figures(summaries, tmp_path)

@@ -5,7 +5,7 @@ The figures are Google Cloud's, per chip, from each version's "System
 architecture" page (the sources below): peak bfloat16 FLOP/s, HBM capacity
 and HBM bandwidth. The pages write the v5e, v5p and v6e capacities as "GB";
 the parts are 16, 95 and 32 GiB stacks and the runtimes report limits in GiB,
-so they are kept in GiB here (as ``docs/scaling.md`` and
+so they are kept in GiB here (as ``docs/memory.md`` and
 ``scripts/plan_memory.py`` do).
 
 Single chips and sub-host slices (``v4:1x1x1``, the paper's setting, or
@@ -45,7 +45,7 @@ HOP_LATENCY = 1e-6
 # paper: ``calibration.calibrate()`` recomputes it from the stored op counts
 # of the compiled T5-small and T5-XXL pieces so that the model's c for a
 # T5-small draft on one v4 chip is the paper's 0.02 (Table 4). Only T5-small
-# is used; T5-base and T5-large are predictions (docs/scaling.md).
+# is used; T5-base and T5-large are predictions (docs/cost_model.md).
 V4_OP_SECONDS = 2.9561e-07
 
 

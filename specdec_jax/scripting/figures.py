@@ -1,0 +1,136 @@
+"""Table 2's runs as figures (``scripts/make_tables.py --figures``): PNG files
+written next to the tables' markdown.
+
+* ``speedup.png``: each row's measured walltime improvement beside the
+  paper's for the same task, draft size and temperature (Table 2, one TPU-v4).
+* ``tokens_per_call.png``: tokens per target call, measured, beside Eq. (1)'s
+  (1 - α^(γ+1)) / (1 - α) at the run's own α and γ.
+* ``acceptance.png``: per draft position i, the rate at which the i-th
+  proposed token is accepted when it is evaluated (summed over the run's
+  examples.jsonl), one line per row; i.i.d. acceptance (§3.1) would make each
+  line flat at α.
+
+matplotlib is an optional dependency (``pip install -e ".[figures]"``): it is
+imported only when a figure is drawn, and its absence is one clear error.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from typing import Any, Dict, List, Optional, Sequence
+
+from specdec_jax.scripting import tables
+
+FILES = ("speedup.png", "tokens_per_call.png", "acceptance.png")
+
+
+def pyplot() -> Any:
+  """matplotlib's pyplot on the file-only Agg backend, or an ImportError that
+  says which extra brings it (scripts call it first, to fail before any work)."""
+  try:
+    import matplotlib
+  except ImportError:
+    raise ImportError('--figures needs matplotlib: pip install -e ".[figures]"') from None
+  matplotlib.use("Agg")  # files only: no display needed on a TPU VM
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def row_label(summary: Dict[str, Any]) -> str:
+  """A short name for a run: its workdir's name, else task, draft and T."""
+  workdir = summary.get("workdir")
+  if workdir:
+    return pathlib.Path(workdir).name
+  return f"{summary.get('task')} {summary.get('draft')} T={summary.get('temperature')}"
+
+
+def _number(value: Any) -> Optional[float]:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    return None
+  return float(value)
+
+
+def _runs(summaries: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+  """Speculative runs (not α-only), in the tables' row order."""
+  runs = [s for s in summaries if not tables.is_alpha_only(s)]
+  return sorted(runs, key=tables.sort_key)
+
+
+def _bars(ax: Any, labels: Sequence[str], series: Sequence[tuple[str, List[Optional[float]]]]
+          ) -> None:
+  """Horizontal grouped bars, one group per label; a None value leaves a gap."""
+  height = 0.8 / len(series)
+  for k, (name, values) in enumerate(series):
+    ys = [i + (k - (len(series) - 1) / 2) * height for i in range(len(labels))]
+    kept = [(y, v) for y, v in zip(ys, values) if v is not None]
+    ax.barh([y for y, _ in kept], [v for _, v in kept], height=height, label=name)
+  ax.set_yticks(range(len(labels)), labels=labels)
+  ax.invert_yaxis()
+  ax.legend(loc="lower right")
+  ax.grid(axis="x", alpha=0.3)
+
+
+def speedup_figure(plt: Any, runs: Sequence[Dict[str, Any]]) -> Any:
+  labels = [row_label(s) for s in runs]
+  measured = [_number(s.get("speedup")) for s in runs]
+  papers = [_number(tables.paper_row("table2", s).get("speed")) for s in runs]
+  fig, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * len(runs)))
+  _bars(ax, labels, [("measured", measured), ("the paper (Table 2, one TPU-v4)", papers)])
+  ax.axvline(1.0, color="k", lw=0.8)
+  ax.set(xlabel="walltime improvement over the baseline (X)",
+         title="Speedup: this run against the paper's")
+  return fig
+
+
+def tokens_figure(plt: Any, runs: Sequence[Dict[str, Any]]) -> Any:
+  labels = [row_label(s) for s in runs]
+  measured = [_number(s.get("tokens_per_target_call")) for s in runs]
+  eq1 = [_number(s.get("tokens_per_target_call_eq1")) for s in runs]
+  fig, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * len(runs)))
+  _bars(ax, labels, [("measured", measured), ("Eq. (1) at the run's α and γ", eq1)])
+  ax.set(xlabel="tokens per target call", title="Tokens per call of the target")
+  return fig
+
+
+def acceptance_figure(plt: Any, runs: Sequence[Dict[str, Any]]) -> Any:
+  fig, ax = plt.subplots(figsize=(8, 4.5))
+  drawn = 0
+  for s in runs:
+    rates = tables.acceptance_by_position(s["workdir"]) if s.get("workdir") else None
+    if not rates:
+      continue
+    sampled = bool(s.get("temperature"))  # T > 0 dashed: more than 10 rows reuse colours
+    ax.plot(range(1, len(rates) + 1), rates, "o--" if sampled else "o-", label=row_label(s))
+    drawn += 1
+  if not drawn:
+    ax.text(0.5, 0.5, "no run with per-position counts (examples.jsonl)", ha="center",
+            transform=ax.transAxes)
+  else:
+    ax.legend(fontsize="small", ncol=2)
+  ax.set(xlabel="draft position i", ylabel="P(accepted | evaluated)", ylim=(0, 1.02),
+         title="Acceptance per draft position")
+  ax.grid(alpha=0.3)
+  return fig
+
+
+def write_figures(summaries: Sequence[Dict[str, Any]], out_dir: pathlib.Path
+                  ) -> List[pathlib.Path]:
+  """Writes ``FILES`` into ``out_dir`` for the speculative runs among
+  ``summaries`` (as ``tables.load_summaries`` returns them) and returns their
+  paths. Raises ValueError when there is no speculative run to draw."""
+  runs = _runs(summaries)
+  if not runs:
+    raise ValueError("--figures: no speculative-decoding run among the summaries (α-only "
+                     "runs have no speedup to draw)")
+  plt = pyplot()
+  out_dir.mkdir(parents=True, exist_ok=True)
+  paths = []
+  for name, draw in zip(FILES, (speedup_figure, tokens_figure, acceptance_figure)):
+    fig = draw(plt, runs)
+    fig.tight_layout()
+    path = out_dir / name
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    paths.append(path)
+  return paths
