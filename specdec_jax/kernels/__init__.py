@@ -2,5 +2,5 @@
 selected by ``T5Config.decode_kernel = 'pallas'``; the XLA path of
 ``specdec_jax.models.t5`` is the reference they are tested against."""
 
-from specdec_jax.kernels.decode_layer import (QUERY_BLOCK, attention, covers,  # noqa: F401
-                                              decode, rows_product)
+from specdec_jax.kernels.decode_layer import (MAX_BATCH, QUERY_BLOCK, attention,  # noqa: F401
+                                              covers, decode, layer, rows_product)

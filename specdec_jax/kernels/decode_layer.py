@@ -354,6 +354,41 @@ def _check_float(params: Any) -> None:
                      "(draft_quantization); use decode_kernel='xla' for a quantized draft")
 
 
+def layer(config: Any, params: dict, x: Array, positions: Array, bias: Array,
+          k_cache: Array, v_cache: Array, cross_k: Array, cross_v: Array, enc_mask: Array,
+          interpret: Optional[bool] = None) -> tuple[Array, Array, Array]:
+  """One decoder layer (``models.t5.DecoderLayer``, chain decode with a cache)
+  in 8 kernels. params: the layer's (T5X names); x [R, d] at the activation
+  dtype, R = 16 * (batch rounded up to a power of two), batch row b's queries
+  in rows 16 b .. 16 b + 15; positions [B, 16] int32 (-1: padding); bias [B,
+  H, 16, L] float32; k_cache/v_cache [B, L, H, dh]; cross_k/cross_v [B, S, H,
+  dh]; enc_mask [B, S] int32. -> (x [R, d], k_cache, v_cache), the new rows
+  written at ``positions``."""
+  c = config
+  dt = jnp.dtype(c.dtype)
+  run = functools.partial(rows_product, dtype=dt, eps=c.layer_norm_epsilon,
+                          interpret=interpret)
+  att = functools.partial(attention, dtype=dt, interpret=interpret)
+  kern = lambda p: p["kernel"]
+  scale = lambda p: p["scale"]
+  sa, ca, mlp = params["self_attention"], params["encoder_decoder_attention"], params["mlp"]
+  q, kn, vn = run(x, [kern(sa["query"]), kern(sa["key"]), kern(sa["value"])],
+                  norm_scale=scale(params["pre_self_attention_layer_norm"]))
+  a, k_cache, v_cache = att(q, k_cache, v_cache, positions=positions, bias=bias,
+                            new_k=kn, new_v=vn)
+  x, = run(a, [kern(sa["out"])], residual=x)
+  q, = run(x, [kern(ca["query"])], norm_scale=scale(params["pre_cross_attention_layer_norm"]))
+  a = att(q, cross_k, cross_v, key_mask=enc_mask)
+  x, = run(a, [kern(ca["out"])], residual=x)
+  if c.gated:
+    h, = run(x, [kern(mlp["wi_0"]), kern(mlp["wi_1"])], act="gated",
+             norm_scale=scale(params["pre_mlp_layer_norm"]))
+  else:
+    h, = run(x, [kern(mlp["wi"])], act="relu", norm_scale=scale(params["pre_mlp_layer_norm"]))
+  x, = run(h, [kern(mlp["wo"])], residual=x)
+  return x, k_cache, v_cache
+
+
 def decode(config: Any, params: dict, x: Array, positions: Array, cache: Any,
            relpos_bias: Callable[[Array, Array], Array], embedding: Optional[Array] = None,
            interpret: Optional[bool] = None) -> tuple[Array, Any]:
@@ -381,38 +416,20 @@ def decode(config: Any, params: dict, x: Array, positions: Array, cache: Any,
   k_pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
   bias = relpos_bias(pos, k_pos).astype(jnp.float32)     # [B, H, 16, L], once per call
   enc_mask = cache.encoder_mask.astype(jnp.int32)
-  eps = c.layer_norm_epsilon
-  kern = lambda p: p["kernel"]
-  scale = lambda p: p["scale"]
-  run = functools.partial(rows_product, dtype=dt, eps=eps, interpret=interpret)
-  att = functools.partial(attention, dtype=dt, interpret=interpret)
+  run = functools.partial(rows_product, dtype=dt, eps=c.layer_norm_epsilon,
+                          interpret=interpret)
   new_k, new_v = [], []
   for i in range(c.num_decoder_layers):
-    p = params[f"layers_{i}"]
-    sa, ca = p["self_attention"], p["encoder_decoder_attention"]
-    q, kn, vn = run(x, [kern(sa["query"]), kern(sa["key"]), kern(sa["value"])],
-                    norm_scale=scale(p["pre_self_attention_layer_norm"]))
-    a, kc, vc = att(q, cache.self_k[i], cache.self_v[i], positions=pos, bias=bias,
-                    new_k=kn, new_v=vn)
+    x, kc, vc = layer(c, params[f"layers_{i}"], x, pos, bias, cache.self_k[i], cache.self_v[i],
+                      cache.cross_k[i], cache.cross_v[i], enc_mask, interpret)
     new_k.append(kc)
     new_v.append(vc)
-    x, = run(a, [kern(sa["out"])], residual=x)
-    q, = run(x, [kern(ca["query"])], norm_scale=scale(p["pre_cross_attention_layer_norm"]))
-    a = att(q, cache.cross_k[i], cache.cross_v[i], key_mask=enc_mask)
-    x, = run(a, [kern(ca["out"])], residual=x)
-    mlp = p["mlp"]
-    if c.gated:
-      h, = run(x, [kern(mlp["wi_0"]), kern(mlp["wi_1"])], act="gated",
-               norm_scale=scale(p["pre_mlp_layer_norm"]))
-    else:
-      h, = run(x, [kern(mlp["wi"])], act="relu", norm_scale=scale(p["pre_mlp_layer_norm"]))
-    x, = run(h, [kern(mlp["wo"])], residual=x)
-  final = scale(params["decoder_norm"])
+  final = params["decoder_norm"]["scale"]
   if c.logits_via_embedding:
     logits, = run(x, [embedding], norm_scale=final, transpose=True, out_dtype=jnp.float32,
                   divisor=math.sqrt(c.d_model))
   else:
-    logits, = run(x, [kern(params["logits_dense"])], norm_scale=final,
+    logits, = run(x, [params["logits_dense"]["kernel"]], norm_scale=final,
                   out_dtype=jnp.float32)
   logits = logits.reshape(batch_rows, nq, -1)[:b, :k]
   return logits, cache.replace(self_k=tuple(new_k), self_v=tuple(new_v))

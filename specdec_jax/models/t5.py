@@ -545,7 +545,9 @@ class Decoder(nn.Module):
     d] the logits are computed from (``specdec_jax.drafts.feature_bridge``).
     ``tree`` (with a cache, ``write=True``): the new tokens are tree nodes,
     written at ``tree.slots`` instead of their positions and masked by
-    ``TreeAttention`` (``T5Model.decode_tree``); None is the chain, unchanged."""
+    ``TreeAttention`` (``T5Model.decode_tree``); None is the chain, unchanged.
+    With ``decode_kernel='pallas'`` a call ``kernels.covers`` (the chain,
+    cache given, write=True) runs as ``kernels.decode``'s fused kernels."""
     c = self.config
     if c.decode_kernel == "pallas" and kernels.covers(
         c, positions.shape[0], positions.shape[1], cache, write, tree, return_hidden):

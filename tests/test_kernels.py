@@ -1,0 +1,270 @@
+"""The fused Pallas decoder kernels (``specdec_jax.kernels``) against the XLA
+path of ``models.t5``, in Pallas interpret mode on the CPU.
+
+* per kernel and per layer: the products (norm, q/k/v, gated-GELU, ReLU,
+  residual, the embedding's transposed product), self-attention with its
+  cache write (negative positions dropped) and cross-attention, and one
+  whole decoder layer, against the XLA modules;
+* per decode call (T5 1.1 and 1.0): logits and caches at batch 2 with
+  per-row positions, a padded row (-1) included, float32 to 1e-5 and
+  bfloat16 to ``BF16_ATOL``;
+* one position and k positions: a (γ+1)-position pass and γ+1 one-position
+  steps give bit-for-bit equal logits and caches (float32 and bfloat16);
+* what falls back (teacher forcing, ``decode_rows``, trees) equals the XLA
+  path bit for bit, and quantized kernels are refused;
+* speculative decoding at T = 0 with the kernels on for target and draft
+  equals the baseline token for token (bfloat16);
+* the kernels lower to Triton for CUDA without a GPU (``jax.export``), 8 per
+  layer + 1 for the logits at a T5-small-sized shape.
+
+Interpret mode compiles slowly, so the shapes are tiny and most tests are in
+the slow tier.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import kernels, quantization
+from specdec_jax.decoding import speculative_decode, temperature_sample
+from specdec_jax import drafts
+from specdec_jax.models import t5
+from specdec_jax.models.t5 import T5Config, T5Model
+from specdec_jax.tree import TreeShape
+
+# The smallest model the kernels cover: head_dim >= 16, sizes multiples of 16.
+CFG = T5Config(vocab_size=64, d_model=32, num_heads=2, head_dim=16, num_encoder_layers=1,
+               num_decoder_layers=2, d_ff=48)
+CACHE_LEN = 24
+INPUTS = (jax.random.randint(jax.random.PRNGKey(1), (2, 16), 2, 64).astype(jnp.int32)
+          .at[1, 11:].set(0))                   # row 1: 11 real encoder positions
+TOKENS = jax.random.randint(jax.random.PRNGKey(2), (2, 8), 2, 64).astype(jnp.int32)
+# Call 1 fills slots 0..3 (row 1 only 0..2: its last position is padding);
+# call 2 continues row 0 at 4 and rolls row 1 back to 2 (overwriting a slot).
+POS1 = jnp.array([[0, 1, 2, 3], [0, 1, 2, -1]], jnp.int32)
+POS2 = jnp.array([[4, 5, 6, 7], [2, 3, 4, 5]], jnp.int32)
+# bfloat16 activations: differences from the XLA path come from sums in
+# another order rounded to bf16's 8 bits (measured max ~0.03 on these logits).
+BF16_ATOL = 0.1
+
+
+def _models(version: str = "1.1", dtype: str = "float32"):
+  cfg = CFG.replace(version=version, dtype=dtype)
+  return T5Model(cfg), T5Model(cfg.replace(decode_kernel="pallas"))
+
+
+@functools.lru_cache(maxsize=None)
+def _setup(version: str = "1.1", dtype: str = "float32"):
+  """(xla model, pallas model, params, empty cache) shared by the tests."""
+  xla, pallas = _models(version, dtype)
+  params = xla.init(jax.random.PRNGKey(0), input_len=16)
+  cache = xla.init_cache(params, xla.encode(params, INPUTS), INPUTS, CACHE_LEN)
+  return xla, pallas, params, cache
+
+
+@functools.lru_cache(maxsize=None)
+def _decode(model: T5Model):
+  return jax.jit(model.decode)
+
+
+def _valid(logits, positions):
+  return np.asarray(logits, np.float32)[np.asarray(positions) >= 0]
+
+
+# ------------------------------------------------------------------ kernels
+
+
+def test_products_match_the_xla_modules():
+  """Norm + q/k/v (three outputs), gated-GELU and ReLU MLP inputs, output
+  product + residual, and T5 1.0's logits through the embedding, each one
+  kernel, against the flax modules of models.t5 (float32)."""
+  _, _, params, _ = _setup()
+  p = params["decoder"]["layers_0"]
+  rows = 32
+  x = jax.random.normal(jax.random.PRNGKey(3), (rows, CFG.d_model), jnp.float32)
+  res = jax.random.normal(jax.random.PRNGKey(4), (rows, CFG.d_model), jnp.float32)
+  dt = jnp.float32
+  norm = lambda s: t5.RMSNorm(CFG.layer_norm_epsilon, dt).apply({"params": s}, x)
+  att = t5.Attention(CFG.num_heads, CFG.head_dim, CFG.d_model, dt)
+  sa = {"params": p["self_attention"]}
+  h = norm(p["pre_self_attention_layer_norm"])
+  q, k, v = kernels.rows_product(x, [p["self_attention"][n]["kernel"]
+                                     for n in ("query", "key", "value")], dt,
+                                 norm_scale=p["pre_self_attention_layer_norm"]["scale"])
+  want_q = att.apply(sa, h, method=t5.Attention.project_q).reshape(rows, -1)
+  want_k, want_v = (w.reshape(rows, -1)
+                    for w in att.apply(sa, h, method=t5.Attention.project_kv))
+  for got, want in ((q, want_q), (k, want_k), (v, want_v)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  out, = kernels.rows_product(x, [p["self_attention"]["out"]["kernel"]], dt, residual=res)
+  np.testing.assert_allclose(out, res + x @ p["self_attention"]["out"]["kernel"],
+                             rtol=1e-5, atol=1e-5)
+  mlp = p["mlp"]
+  got, = kernels.rows_product(x, [mlp["wi_0"]["kernel"], mlp["wi_1"]["kernel"]], dt,
+                              act="gated", norm_scale=p["pre_mlp_layer_norm"]["scale"])
+  h = norm(p["pre_mlp_layer_norm"])
+  want = jax.nn.gelu(h @ mlp["wi_0"]["kernel"], approximate=True) * (h @ mlp["wi_1"]["kernel"])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  got, = kernels.rows_product(x, [mlp["wi_0"]["kernel"]], dt, act="relu")
+  np.testing.assert_allclose(got, jax.nn.relu(x @ mlp["wi_0"]["kernel"]), rtol=1e-5, atol=1e-5)
+  emb = params["token_embedder"]["embedding"]
+  got, = kernels.rows_product(x, [emb], dt, transpose=True, divisor=8.0)
+  np.testing.assert_allclose(got, x @ emb.T / 8.0, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_writes_the_cache_and_matches_xla():
+  """Self-attention over the cache with the call's rows written at their
+  positions (a negative one dropped), and cross-attention under the encoder
+  mask, against Attention.attend over the cache written by models.t5._write."""
+  b, h, dh, nq = 2, CFG.num_heads, CFG.head_dim, kernels.QUERY_BLOCK
+  key = jax.random.split(jax.random.PRNGKey(5), 6)
+  kc = jax.random.normal(key[0], (b, CACHE_LEN, h, dh))
+  vc = jax.random.normal(key[1], (b, CACHE_LEN, h, dh))
+  q, kn, vn = (jax.random.normal(kk, (b * nq, h * dh)) for kk in key[2:5])
+  pos = jnp.full((b, nq), -1, jnp.int32).at[:, :3].set(jnp.array([[5, 6, 7], [0, -1, 23]]))
+  bias = jax.random.normal(key[5], (b, h, nq, CACHE_LEN))
+  out, k2, v2 = kernels.attention(q, kc, vc, jnp.float32, positions=pos, bias=bias,
+                                  new_k=kn, new_v=vn)
+  split = lambda a: a.reshape(b, nq, h, dh)
+  want_k, want_v = t5._write(kc, split(kn), pos), t5._write(vc, split(vn), pos)
+  np.testing.assert_array_equal(k2, want_k)
+  np.testing.assert_array_equal(v2, want_v)
+  assert not np.array_equal(k2, kc)  # it wrote
+  att = t5.Attention(h, dh, CFG.d_model, jnp.float32)
+  slot = jnp.arange(CACHE_LEN)
+  mask = (slot[None, None, :] <= pos[:, :, None])[:, None]
+  # attend's dots only (its output product is the out kernel's business).
+  ident = {"params": {"out": {"kernel": jnp.eye(h * dh)}}}
+  want = att.apply(ident, split(q), want_k, want_v, mask, bias, method=t5.Attention.attend)
+  real = np.asarray(pos) >= 0
+  np.testing.assert_allclose(np.asarray(out).reshape(b, nq, -1)[real],
+                             np.asarray(want)[real], rtol=1e-5, atol=1e-5)
+  visible = jnp.ones((b, CACHE_LEN), bool).at[1, 9:].set(False)   # row 1: 9 encoder positions
+  out = kernels.attention(q, kc, vc, jnp.float32, key_mask=visible.astype(jnp.int32))
+  want = att.apply(ident, split(q), kc, vc, visible[:, None, None, :], None,
+                   method=t5.Attention.attend)
+  np.testing.assert_allclose(np.asarray(out).reshape(b, nq, -1), want, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ layers and calls
+
+
+@pytest.mark.slow
+def test_layer_matches_the_xla_layer():
+  """One decoder layer in its 8 kernels (kernels.layer) against
+  models.t5.DecoderLayer with the same cache, positions and bias (float32)."""
+  xla, _, params, cache = _setup()
+  b, nq, d = 2, kernels.QUERY_BLOCK, CFG.d_model
+  x = jax.random.normal(jax.random.PRNGKey(6), (b, 4, d))
+  pos = POS1
+  dec = params["decoder"]
+  rel = t5.RelativePositionBias(CFG.num_heads, False)
+  slot = jnp.broadcast_to(jnp.arange(CACHE_LEN), (b, CACHE_LEN))
+  bias = rel.apply({"params": dec["relpos_bias"]}, pos, slot)
+  mask = (slot[:, None, :] <= pos[:, :, None])[:, None]
+  enc = cache.encoder_mask
+  want_x, want_k, want_v = t5.DecoderLayer(CFG).apply(
+      {"params": dec["layers_0"]}, x, pos, mask, bias, cache.self_k[0], cache.self_v[0],
+      cache.cross_k[0], cache.cross_v[0], enc[:, None, None, :])
+  pad = lambda a, v: jnp.pad(a, ((0, 0), (0, nq - a.shape[1])) + ((0, 0),) * (a.ndim - 2),
+                             constant_values=v)
+  pos16 = pad(pos, -1)
+  bias16 = rel.apply({"params": dec["relpos_bias"]}, pos16, slot)
+  got_x, got_k, got_v = jax.jit(functools.partial(kernels.layer, CFG))(
+      dec["layers_0"], pad(x, 0).reshape(b * nq, d), pos16, bias16, cache.self_k[0],
+      cache.self_v[0], cache.cross_k[0], cache.cross_v[0], enc.astype(jnp.int32))
+  real = np.asarray(pos) >= 0
+  np.testing.assert_allclose(np.asarray(got_x).reshape(b, nq, d)[:, :4][real],
+                             np.asarray(want_x)[real], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got_k, want_k, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got_v, want_v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version,dtype", [("1.1", "float32"), ("1.0", "float32"),
+                                           ("1.1", "bfloat16")])
+def test_decode_matches_xla(version, dtype):
+  """Two chained decode calls (k = 4, batch 2, per-row positions, a padded
+  -1, a rollback that overwrites a slot): logits at the real positions and
+  every cache slot as the XLA path's; float32 to 1e-5, bfloat16 to BF16_ATOL
+  (logits) and one bf16 ulp of the cache entries' scale."""
+  xla, pallas, params, cache = _setup(version, dtype)
+  atol = 1e-5 if dtype == "float32" else BF16_ATOL
+  caches = {}
+  for name, model in (("xla", xla), ("pallas", pallas)):
+    c = cache
+    logits = []
+    for pos, toks in ((POS1, TOKENS[:, :4]), (POS2, TOKENS[:, 4:])):
+      l, c = _decode(model)(params, toks, pos, c)
+      logits.append(_valid(l, pos))
+    caches[name] = (logits, c)
+  (lx, cx), (lp, cp) = caches["xla"], caches["pallas"]
+  for a, b in zip(lx, lp):
+    np.testing.assert_allclose(b, a, rtol=1e-5 if dtype == "float32" else 0.05, atol=atol)
+  for a, b in zip(cx.self_k + cx.self_v, cp.self_k + cp.self_v):
+    np.testing.assert_allclose(np.asarray(b, np.float32), np.asarray(a, np.float32),
+                               rtol=1e-5 if dtype == "float32" else 1e-2, atol=atol)
+  # Row 1's padded position wrote nothing: slot 6 onward is still empty.
+  assert not np.asarray(cp.self_k[0][1, 6:], np.float32).any()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_position_equals_k_positions_bitwise(dtype):
+  """Issue-free statement of the kernels' tiling: a (γ+1)-position pass (k =
+  4) gives each position the very logits (and cache rows) of one-position
+  steps after the same prefix, bit for bit, per row (batch 2, rows at
+  different positions)."""
+  _, pallas, params, cache = _setup("1.1", dtype)
+  dec = _decode(pallas)
+  _, c0 = dec(params, TOKENS[:, :4], POS1, cache)
+  toks = TOKENS[:, 4:]
+  pass_logits, pass_cache = dec(params, toks, POS2, c0)
+  c = c0
+  for j in range(4):
+    step_logits, c = dec(params, toks[:, j:j + 1], POS2[:, j:j + 1], c)
+    np.testing.assert_array_equal(np.asarray(step_logits[:, 0]), np.asarray(pass_logits[:, j]))
+  for a, b in zip(c.self_k + c.self_v, pass_cache.self_k + pass_cache.self_v):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# ------------------------------------------------------------------ what falls back
+
+
+def test_uncovered_calls_fall_back_to_xla_and_quantized_is_refused():
+  """Teacher forcing, ``decode_rows`` (write=False) and a tree pass with
+  decode_kernel='pallas' are the XLA path's results bit for bit; k > 16 too;
+  quantized kernels are refused with a clear error."""
+  xla, pallas, params, cache = _setup()
+  dec_in = TOKENS[:, :4]
+  for run in (lambda m: m(params, INPUTS, dec_in),
+              lambda m: m.decode_rows(params, dec_in, POS1.at[1, 3].set(3), cache)[0],
+              lambda m: m.decode_tree(params, dec_in[:, :3], jnp.array([2, 3], jnp.int32),
+                                      TreeShape.parse("full:2"), cache)[0]):
+    np.testing.assert_array_equal(np.asarray(run(pallas)), np.asarray(run(xla)))
+  assert not kernels.covers(CFG, 2, 17, cache, True, None, False)
+  assert not kernels.covers(CFG, 9, 1, cache, True, None, False)
+  assert kernels.covers(CFG, 8, 16, cache, True, None, False)
+  qparams = quantization.quantize_params(params, "int8")
+  with pytest.raises(ValueError, match="does not cover quantized kernels"):
+    pallas.decode(qparams, dec_in, POS1, cache)
+
+
+def test_the_setting_reaches_both_models_and_is_checked():
+  """Experiment.decode_kernel: validated, refused on a mesh and with a
+  quantized draft, and set on both loaded models (as min_rows)."""
+  from specdec_jax.run.settings import Experiment
+  with pytest.raises(ValueError, match=r"^Experiment.decode_kernel must be one of"):
+    Experiment(decode_kernel="triton").pair.check_values()
+  with pytest.raises(ValueError, match=r"runs on one device"):
+    Experiment(decode_kernel="pallas", mesh_shape=(1, 1)).pair.check_values()
+  with pytest.raises(ValueError, match=r"does not cover quantized"):
+    Experiment(decode_kernel="pallas", draft_quantization="int8").pair.check_values()
+  with pytest.raises(ValueError, match=r"T5Config.decode_kernel must be one of"):
+    CFG.replace(decode_kernel="cuda")
