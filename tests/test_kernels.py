@@ -80,44 +80,48 @@ def _valid(logits, positions):
 # ------------------------------------------------------------------ kernels
 
 
+@pytest.mark.slow
 def test_products_match_the_xla_modules():
   """Norm + q/k/v (three outputs), gated-GELU and ReLU MLP inputs, output
   product + residual, and T5 1.0's logits through the embedding, each one
   kernel, against the flax modules of models.t5 (float32)."""
   _, _, params, _ = _setup()
   p = params["decoder"]["layers_0"]
+  sa, mlp, emb = p["self_attention"], p["mlp"], params["token_embedder"]["embedding"]
   rows = 32
   x = jax.random.normal(jax.random.PRNGKey(3), (rows, CFG.d_model), jnp.float32)
   res = jax.random.normal(jax.random.PRNGKey(4), (rows, CFG.d_model), jnp.float32)
   dt = jnp.float32
+
+  @jax.jit
+  def products(x, res):
+    run = functools.partial(kernels.rows_product, dtype=dt)
+    return (run(x, [sa[n]["kernel"] for n in ("query", "key", "value")],
+                norm_scale=p["pre_self_attention_layer_norm"]["scale"])
+            + run(x, [sa["out"]["kernel"]], residual=res)
+            + run(x, [mlp["wi_0"]["kernel"], mlp["wi_1"]["kernel"]], act="gated",
+                  norm_scale=p["pre_mlp_layer_norm"]["scale"])
+            + run(x, [mlp["wi_0"]["kernel"]], act="relu")
+            + run(x, [emb], transpose=True, divisor=8.0))
+
   norm = lambda s: t5.RMSNorm(CFG.layer_norm_epsilon, dt).apply({"params": s}, x)
   att = t5.Attention(CFG.num_heads, CFG.head_dim, CFG.d_model, dt)
-  sa = {"params": p["self_attention"]}
   h = norm(p["pre_self_attention_layer_norm"])
-  q, k, v = kernels.rows_product(x, [p["self_attention"][n]["kernel"]
-                                     for n in ("query", "key", "value")], dt,
-                                 norm_scale=p["pre_self_attention_layer_norm"]["scale"])
-  want_q = att.apply(sa, h, method=t5.Attention.project_q).reshape(rows, -1)
+  want_q = att.apply({"params": sa}, h, method=t5.Attention.project_q).reshape(rows, -1)
   want_k, want_v = (w.reshape(rows, -1)
-                    for w in att.apply(sa, h, method=t5.Attention.project_kv))
-  for got, want in ((q, want_q), (k, want_k), (v, want_v)):
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-  out, = kernels.rows_product(x, [p["self_attention"]["out"]["kernel"]], dt, residual=res)
-  np.testing.assert_allclose(out, res + x @ p["self_attention"]["out"]["kernel"],
-                             rtol=1e-5, atol=1e-5)
-  mlp = p["mlp"]
-  got, = kernels.rows_product(x, [mlp["wi_0"]["kernel"], mlp["wi_1"]["kernel"]], dt,
-                              act="gated", norm_scale=p["pre_mlp_layer_norm"]["scale"])
-  h = norm(p["pre_mlp_layer_norm"])
-  want = jax.nn.gelu(h @ mlp["wi_0"]["kernel"], approximate=True) * (h @ mlp["wi_1"]["kernel"])
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-  got, = kernels.rows_product(x, [mlp["wi_0"]["kernel"]], dt, act="relu")
-  np.testing.assert_allclose(got, jax.nn.relu(x @ mlp["wi_0"]["kernel"]), rtol=1e-5, atol=1e-5)
-  emb = params["token_embedder"]["embedding"]
-  got, = kernels.rows_product(x, [emb], dt, transpose=True, divisor=8.0)
-  np.testing.assert_allclose(got, x @ emb.T / 8.0, rtol=1e-5, atol=1e-5)
+                    for w in att.apply({"params": sa}, h, method=t5.Attention.project_kv))
+  g = norm(p["pre_mlp_layer_norm"])
+  # The MLP's first half as models.t5.MLP computes it (tanh-approximated gelu).
+  gated = jax.nn.gelu(g @ mlp["wi_0"]["kernel"], approximate=True) * (g @ mlp["wi_1"]["kernel"])
+  want = [want_q, want_k, want_v, res + x @ sa["out"]["kernel"], gated,
+          jax.nn.relu(x @ mlp["wi_0"]["kernel"]), x @ emb.T / 8.0]
+  got = products(x, res)
+  assert len(got) == len(want)
+  for g_, w_ in zip(got, want):
+    np.testing.assert_allclose(g_, w_, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_attention_writes_the_cache_and_matches_xla():
   """Self-attention over the cache with the call's rows written at their
   positions (a negative one dropped), and cross-attention under the encoder
@@ -129,8 +133,8 @@ def test_attention_writes_the_cache_and_matches_xla():
   q, kn, vn = (jax.random.normal(kk, (b * nq, h * dh)) for kk in key[2:5])
   pos = jnp.full((b, nq), -1, jnp.int32).at[:, :3].set(jnp.array([[5, 6, 7], [0, -1, 23]]))
   bias = jax.random.normal(key[5], (b, h, nq, CACHE_LEN))
-  out, k2, v2 = kernels.attention(q, kc, vc, jnp.float32, positions=pos, bias=bias,
-                                  new_k=kn, new_v=vn)
+  att_self = jax.jit(functools.partial(kernels.attention, dtype=jnp.float32))
+  out, k2, v2 = att_self(q, kc, vc, positions=pos, bias=bias, new_k=kn, new_v=vn)
   split = lambda a: a.reshape(b, nq, h, dh)
   want_k, want_v = t5._write(kc, split(kn), pos), t5._write(vc, split(vn), pos)
   np.testing.assert_array_equal(k2, want_k)
@@ -146,7 +150,7 @@ def test_attention_writes_the_cache_and_matches_xla():
   np.testing.assert_allclose(np.asarray(out).reshape(b, nq, -1)[real],
                              np.asarray(want)[real], rtol=1e-5, atol=1e-5)
   visible = jnp.ones((b, CACHE_LEN), bool).at[1, 9:].set(False)   # row 1: 9 encoder positions
-  out = kernels.attention(q, kc, vc, jnp.float32, key_mask=visible.astype(jnp.int32))
+  out = att_self(q, kc, vc, key_mask=visible.astype(jnp.int32))
   want = att.apply(ident, split(q), kc, vc, visible[:, None, None, :], None,
                    method=t5.Attention.attend)
   np.testing.assert_allclose(np.asarray(out).reshape(b, nq, -1), want, rtol=1e-5, atol=1e-5)
@@ -237,6 +241,7 @@ def test_one_position_equals_k_positions_bitwise(dtype):
 # ------------------------------------------------------------------ what falls back
 
 
+@pytest.mark.slow
 def test_uncovered_calls_fall_back_to_xla_and_quantized_is_refused():
   """Teacher forcing, ``decode_rows`` (write=False) and a tree pass with
   decode_kernel='pallas' are the XLA path's results bit for bit; k > 16 too;
@@ -268,3 +273,59 @@ def test_the_setting_reaches_both_models_and_is_checked():
     Experiment(decode_kernel="pallas", draft_quantization="int8").pair.check_values()
   with pytest.raises(ValueError, match=r"T5Config.decode_kernel must be one of"):
     CFG.replace(decode_kernel="cuda")
+
+
+# ------------------------------------------------------------------ the engine
+
+
+@pytest.mark.slow
+def test_greedy_speculative_equals_baseline_with_kernels(monkeypatch):
+  """T = 0, bfloat16, the kernels on for target and draft (a noisy copy of
+  the target, α < 1 so that rounds end by rejection): speculative decoding
+  (γ = 3) emits the baseline's tokens, token for token, at batch 4."""
+  calls = []
+  real = kernels.decode
+  monkeypatch.setattr(kernels, "decode", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+  from exactness_cases import noisy
+  cfg = CFG.replace(dtype="bfloat16", decode_kernel="pallas")
+  target = T5Model(cfg)
+  params = target.init(jax.random.PRNGKey(0), input_len=16)
+  draft = drafts.T5Draft(params=noisy(params, 0.2), model=target)
+  inputs = jnp.pad(jax.random.randint(jax.random.PRNGKey(1), (4, 12), 2, 64), ((0, 0), (0, 4)))
+  key, max_len = jax.random.PRNGKey(0), 20
+  base = temperature_sample(target, params, inputs, key, max_decode_len=max_len, eos_id=-1)
+  out = speculative_decode(target, params, draft, inputs, key, gamma=3, max_decode_len=max_len,
+                           eos_id=-1)
+  assert len(calls) >= 3  # baseline step, draft step, target pass: all on the kernels
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(base.tokens))
+  st = jax.tree_util.tree_map(np.asarray, out.stats)
+  assert 0 < st.accepted.sum() < 3 * st.target_calls.sum()  # rejections happened
+
+
+# ------------------------------------------------------------------ GPU lowering
+
+
+@pytest.mark.parametrize("version", ["1.1", pytest.param("1.0", marks=pytest.mark.slow)])
+def test_kernels_lower_to_triton_for_cuda(monkeypatch, version):
+  """Without a GPU: a T5-small-sized decoder (2 of its layers, bfloat16,
+  batch 3, a 133-slot cache, 100 encoder positions) exports for CUDA with
+  every kernel lowered to Triton, 8 per layer + 1 for the logits, for the
+  one-position step and the 8-position pass."""
+  monkeypatch.setattr(kernels.decode_layer, "interpret_mode", lambda interpret=None: False)
+  preset = "t5_1_1_small" if version == "1.1" else "t5_small"
+  cfg = t5.get_config(preset, num_decoder_layers=2, num_encoder_layers=1, dtype="bfloat16",
+                      decode_kernel="pallas")
+  model = T5Model(cfg)
+  params = jax.eval_shape(lambda: t5.cast_params(model.init(jax.random.PRNGKey(0)),
+                                                  jnp.bfloat16))
+  inputs = jax.ShapeDtypeStruct((3, 100), jnp.int32)
+  cache = jax.eval_shape(lambda p, i: model.init_cache(p, model.encode(p, i), i, 133),
+                         params, inputs)
+  allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+  for k in (1, 8):
+    toks = jax.ShapeDtypeStruct((3, k), jnp.int32)
+    exp = jax.export.export(jax.jit(model.decode), platforms=["cuda"],
+                            disabled_checks=allow)(params, toks, toks, cache)
+    names = re.findall(r'name = "(t5_\w+)"', exp.mlir_module())
+    assert len(names) == 8 * 2 + 1, names
+    assert names.count("t5_self_attention") == names.count("t5_cross_attention") == 2

@@ -74,8 +74,9 @@ _BLOCK_L = 128
 _MASK_VALUE = -1e10
 
 
-def _interpret(interpret: Optional[bool]) -> bool:
-  """Interpret mode on a CPU backend, Triton on GPUs; others are refused."""
+def interpret_mode(interpret: Optional[bool] = None) -> bool:
+  """Whether the kernels run in interpret mode: ``interpret`` if given, else
+  on a CPU backend; Triton on GPUs; other backends are refused."""
   if interpret is not None:
     return interpret
   backend = jax.default_backend()
@@ -196,7 +197,7 @@ def rows_product(x: Array, weights: Sequence[Array], dtype: Any, *,
   return pl.pallas_call(
       kernel, grid=(n // bn,), in_specs=in_specs, out_specs=[row_block] * n_out,
       out_shape=[jax.ShapeDtypeStruct((rows, n), out_dtype)] * n_out,
-      compiler_params=_compiler_params(), interpret=_interpret(interpret),
+      compiler_params=_compiler_params(), interpret=interpret_mode(interpret),
       name="t5_rows_product")(*args)
 
 
@@ -324,7 +325,7 @@ def attention(q: Array, keys: Array, values: Array, dtype: Any, *,
   out = pl.pallas_call(
       kernel, grid=(b, heads), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
       input_output_aliases=aliases, compiler_params=_compiler_params(),
-      interpret=_interpret(interpret),
+      interpret=interpret_mode(interpret),
       name="t5_self_attention" if self_attn else "t5_cross_attention")(*args)
   return tuple(out) if self_attn else out[0]
 
