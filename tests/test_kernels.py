@@ -31,9 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import kernels, quantization
+from exactness_cases import noisy
+from specdec_jax import drafts, kernels, quantization
 from specdec_jax.decoding import speculative_decode, temperature_sample
-from specdec_jax import drafts
 from specdec_jax.models import t5
 from specdec_jax.models.t5 import T5Config, T5Model
 from specdec_jax.tree import TreeShape
@@ -221,10 +221,11 @@ def test_decode_matches_xla(version, dtype):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_one_position_equals_k_positions_bitwise(dtype):
-  """Issue-free statement of the kernels' tiling: a (γ+1)-position pass (k =
-  4) gives each position the very logits (and cache rows) of one-position
-  steps after the same prefix, bit for bit, per row (batch 2, rows at
-  different positions)."""
+  """The kernels' tiling does not depend on k: a (γ+1)-position pass (k = 4)
+  gives each position the very logits (and cache rows) of one-position steps
+  after the same prefix, bit for bit, per row (batch 2, rows at different
+  positions, one rolled back). The XLA path does not have this property
+  (float32 on the CPU: these logits differ in the last bits)."""
   _, pallas, params, cache = _setup("1.1", dtype)
   dec = _decode(pallas)
   _, c0 = dec(params, TOKENS[:, :4], POS1, cache)
@@ -286,7 +287,6 @@ def test_greedy_speculative_equals_baseline_with_kernels(monkeypatch):
   calls = []
   real = kernels.decode
   monkeypatch.setattr(kernels, "decode", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-  from exactness_cases import noisy
   cfg = CFG.replace(dtype="bfloat16", decode_kernel="pallas")
   target = T5Model(cfg)
   params = target.init(jax.random.PRNGKey(0), input_len=16)

@@ -33,13 +33,15 @@ softmax and logits. Sums run in another order (and the softmax normalizes
 after the value product), so results equal the XLA path's to float rounding,
 not bitwise.
 
-What falls back. ``covers`` decides per call, at trace time: teacher forcing
-(no cache), ``write=False`` two-block attention (``decode_rows``), token
-trees (``decode_tree``), ``return_hidden``, k > 16 or batch > 8, and sizes
-the kernels cannot tile (head_dim, d_model, d_ff, the vocabulary or a
-cache/encoder length that is not a multiple of 16 or not >= 16) take the XLA
-path of ``models.t5``. Refused with an error: quantized kernels (``qwix``
-arrays) and, in ``pair.ModelPair``, a mesh (the kernels are single-device).
+What falls back. ``covers`` decides per call, at trace time, and these take
+the XLA path of ``models.t5``: teacher forcing and prefill (no cache),
+``write=False`` two-block attention (``decode_rows``: the adaptive-γ loop's
+target pass), token trees (``decode_tree``), ``return_hidden`` (drafts with
+a shortlist or the feature bridge), k > 16 or batch > 8, and sizes the
+kernels cannot tile (head_dim not a power of two >= 16; d_model, H * dh,
+d_ff or the vocabulary not a multiple of 16; a cache or encoder length
+< 16). Refused with a ValueError: quantized kernels (``qwix`` arrays) and,
+in ``pair.ModelPair``, a mesh (the kernels see one device's arrays).
 
 Lowering: Triton (``pallas.triton.CompilerParams``) on GPUs; on a CPU
 backend the kernels run in Pallas interpret mode (slow; for tests); other

@@ -69,7 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specdec_jax import kernels, quantization
+from specdec_jax import quantization
 from specdec_jax.partitioning import Partitioner, constrain_cache
 from specdec_jax.tree import TreeShape
 
@@ -549,6 +549,9 @@ class Decoder(nn.Module):
     With ``decode_kernel='pallas'`` a call ``kernels.covers`` (the chain,
     cache given, write=True) runs as ``kernels.decode``'s fused kernels."""
     c = self.config
+    if c.decode_kernel == "pallas":
+      # Imported here: only this setting needs Pallas (most of a second to import).
+      from specdec_jax import kernels
     if c.decode_kernel == "pallas" and kernels.covers(
         c, positions.shape[0], positions.shape[1], cache, write, tree, return_hidden):
       embedding = embed_attend.__self__.embedding if c.logits_via_embedding else None
