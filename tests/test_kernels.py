@@ -14,7 +14,7 @@ path of ``models.t5``, in Pallas interpret mode on the CPU.
   path bit for bit, and quantized kernels are refused;
 * speculative decoding at T = 0 with the kernels on for target and draft
   equals the baseline token for token (bfloat16);
-* the kernels lower to Triton for CUDA without a GPU (``jax.export``), 8 per
+* the kernels lower to Triton for CUDA without a GPU (``jax.export``), 6 per
   layer + 1 for the logits at a T5-small-sized shape.
 
 Interpret mode compiles slowly, so the shapes are tiny and most tests are in
@@ -123,35 +123,49 @@ def test_products_match_the_xla_modules():
 
 @pytest.mark.slow
 def test_attention_writes_the_cache_and_matches_xla():
-  """Self-attention over the cache with the call's rows written at their
-  positions (a negative one dropped), and cross-attention under the encoder
-  mask, against Attention.attend over the cache written by models.t5._write."""
-  b, h, dh, nq = 2, CFG.num_heads, CFG.head_dim, kernels.QUERY_BLOCK
-  key = jax.random.split(jax.random.PRNGKey(5), 6)
+  """RMSNorm + q/k/v products + self-attention over the cache with the
+  call's rows written at their positions (a negative one dropped), and RMSNorm
+  + query product + cross-attention under an encoder mask, each one kernel,
+  against the XLA modules over the cache written by models.t5._write."""
+  _, _, params, _ = _setup()
+  p = params["decoder"]["layers_0"]
+  sa, scale = p["self_attention"], p["pre_self_attention_layer_norm"]
+  b, h, dh, nq, d = 2, CFG.num_heads, CFG.head_dim, kernels.QUERY_BLOCK, CFG.d_model
+  key = jax.random.split(jax.random.PRNGKey(5), 4)
   kc = jax.random.normal(key[0], (b, CACHE_LEN, h, dh))
   vc = jax.random.normal(key[1], (b, CACHE_LEN, h, dh))
-  q, kn, vn = (jax.random.normal(kk, (b * nq, h * dh)) for kk in key[2:5])
+  x = jax.random.normal(key[2], (b * nq, d))
   pos = jnp.full((b, nq), -1, jnp.int32).at[:, :3].set(jnp.array([[5, 6, 7], [0, -1, 23]]))
-  bias = jax.random.normal(key[5], (b, h, nq, CACHE_LEN))
-  att_self = jax.jit(functools.partial(kernels.attention, dtype=jnp.float32))
-  out, k2, v2 = att_self(q, kc, vc, positions=pos, bias=bias, new_k=kn, new_v=vn)
-  split = lambda a: a.reshape(b, nq, h, dh)
-  want_k, want_v = t5._write(kc, split(kn), pos), t5._write(vc, split(vn), pos)
-  np.testing.assert_array_equal(k2, want_k)
-  np.testing.assert_array_equal(v2, want_v)
-  assert not np.array_equal(k2, kc)  # it wrote
-  att = t5.Attention(h, dh, CFG.d_model, jnp.float32)
-  slot = jnp.arange(CACHE_LEN)
-  mask = (slot[None, None, :] <= pos[:, :, None])[:, None]
+  bias = jax.random.normal(key[3], (b, h, nq, CACHE_LEN))
+  att = jax.jit(functools.partial(kernels.attention, dtype=jnp.float32))
+  out, k2, v2 = att(x, scale["scale"], sa["query"]["kernel"], kc, vc,
+                    w_k=sa["key"]["kernel"], w_v=sa["value"]["kernel"], positions=pos,
+                    bias=bias)
+  xla = t5.Attention(h, dh, d, jnp.float32)
+  hx = t5.RMSNorm(CFG.layer_norm_epsilon, jnp.float32).apply({"params": scale}, x)
+  hx = hx.reshape(b, nq, d)
+  q = xla.apply({"params": sa}, hx, method=t5.Attention.project_q)
+  kn, vn = xla.apply({"params": sa}, hx, method=t5.Attention.project_kv)
+  want_k, want_v = t5._write(kc, kn, pos), t5._write(vc, vn, pos)
+  np.testing.assert_allclose(k2, want_k, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(v2, want_v, rtol=1e-5, atol=1e-6)
+  untouched = np.ones((b, CACHE_LEN), bool)
+  untouched[0, 5:8] = untouched[1, 0] = untouched[1, 23] = False
+  np.testing.assert_array_equal(np.asarray(k2)[untouched], np.asarray(kc)[untouched])
+  mask = (jnp.arange(CACHE_LEN)[None, None, :] <= pos[:, :, None])[:, None]
   # attend's dots only (its output product is the out kernel's business).
   ident = {"params": {"out": {"kernel": jnp.eye(h * dh)}}}
-  want = att.apply(ident, split(q), want_k, want_v, mask, bias, method=t5.Attention.attend)
+  want = xla.apply(ident, q, want_k, want_v, mask, bias, method=t5.Attention.attend)
   real = np.asarray(pos) >= 0
   np.testing.assert_allclose(np.asarray(out).reshape(b, nq, -1)[real],
                              np.asarray(want)[real], rtol=1e-5, atol=1e-5)
+  ca, cscale = p["encoder_decoder_attention"], p["pre_cross_attention_layer_norm"]
   visible = jnp.ones((b, CACHE_LEN), bool).at[1, 9:].set(False)   # row 1: 9 encoder positions
-  out = att_self(q, kc, vc, key_mask=visible.astype(jnp.int32))
-  want = att.apply(ident, split(q), kc, vc, visible[:, None, None, :], None,
+  out = att(x, cscale["scale"], ca["query"]["kernel"], kc, vc,
+            key_mask=visible.astype(jnp.int32))
+  hx = t5.RMSNorm(CFG.layer_norm_epsilon, jnp.float32).apply({"params": cscale}, x)
+  q = xla.apply({"params": ca}, hx.reshape(b, nq, d), method=t5.Attention.project_q)
+  want = xla.apply(ident, q, kc, vc, visible[:, None, None, :], None,
                    method=t5.Attention.attend)
   np.testing.assert_allclose(np.asarray(out).reshape(b, nq, -1), want, rtol=1e-5, atol=1e-5)
 
@@ -161,7 +175,7 @@ def test_attention_writes_the_cache_and_matches_xla():
 
 @pytest.mark.slow
 def test_layer_matches_the_xla_layer():
-  """One decoder layer in its 8 kernels (kernels.layer) against
+  """One decoder layer in its 6 kernels (kernels.layer) against
   models.t5.DecoderLayer with the same cache, positions and bias (float32)."""
   xla, _, params, cache = _setup()
   b, nq, d = 2, kernels.QUERY_BLOCK, CFG.d_model
@@ -309,7 +323,7 @@ def test_greedy_speculative_equals_baseline_with_kernels(monkeypatch):
 def test_kernels_lower_to_triton_for_cuda(monkeypatch, version):
   """Without a GPU: a T5-small-sized decoder (2 of its layers, bfloat16,
   batch 3, a 133-slot cache, 100 encoder positions) exports for CUDA with
-  every kernel lowered to Triton, 8 per layer + 1 for the logits, for the
+  every kernel lowered to Triton, 6 per layer + 1 for the logits, for the
   one-position step and the 8-position pass."""
   monkeypatch.setattr(kernels.decode_layer, "interpret_mode", lambda interpret=None: False)
   preset = "t5_1_1_small" if version == "1.1" else "t5_small"
@@ -327,5 +341,5 @@ def test_kernels_lower_to_triton_for_cuda(monkeypatch, version):
     exp = jax.export.export(jax.jit(model.decode), platforms=["cuda"],
                             disabled_checks=allow)(params, toks, toks, cache)
     names = re.findall(r'name = "(t5_\w+)"', exp.mlir_module())
-    assert len(names) == 8 * 2 + 1, names
+    assert len(names) == 6 * 2 + 1, names
     assert names.count("t5_self_attention") == names.count("t5_cross_attention") == 2

@@ -1,18 +1,20 @@
 """A T5 decoder layer at decode time in a few Pallas kernels.
 
 What it fuses. One decode call (k new tokens per row at per-row positions,
-the chain decode of ``T5Model.decode``) runs each decoder layer as 8 kernels
-instead of XLA's ~34: (1) RMSNorm + query/key/value products, (2)
-self-attention over the row's KV cache with the call's new key/value rows
-written into it, (3) output product + residual, (4) RMSNorm + cross-attention
-query product, (5) cross-attention over the precomputed encoder keys/values,
-(6) output product + residual, (7) RMSNorm + the MLP's input product(s) with
-their activation (T5 1.1 gated-GELU, T5 1.0 ReLU), (8) the MLP's output
-product + residual; once per call, XLA computes the relative-position bias
-and the embedding, and one more kernel the final RMSNorm + logits (T5 1.0:
-through the embedding, scaled by 1/sqrt(d_model)). Each weight is read once
-per call: a product kernel holds all rows in one block and tiles only the
-output columns (``_BLOCK_N``) and the reduction (``_BLOCK_K``).
+the chain decode of ``T5Model.decode``) runs each decoder layer as 6 kernels
+instead of XLA's ~34: (1) RMSNorm + query/key/value products +
+self-attention over the row's KV cache, the call's new key/value rows
+written into it; (2) output product + residual; (3) RMSNorm + query product
++ cross-attention over the precomputed encoder keys/values; (4) output
+product + residual; (5) RMSNorm + the MLP's input product(s) with their
+activation (T5 1.1 gated-GELU, T5 1.0 ReLU); (6) the MLP's output product +
+residual. Once per call XLA computes the embedding and the relative-position
+bias, and one more kernel the final RMSNorm + logits (T5 1.0: through the
+embedding, scaled by 1/sqrt(d_model)). A product kernel holds all rows in
+one block and tiles only the output columns (``_BLOCK_N``) and the reduction
+(``_BLOCK_K``), so it reads each weight once; an attention kernel (grid:
+head, batch row) reads its head's slice of the q/k/v weights once per batch
+row.
 
 Same order for one position and for k. Every call runs on ``QUERY_BLOCK``
 (16) query rows per batch row (the k real ones, the rest padding at position
@@ -106,18 +108,15 @@ def _compiler_params():
 # ------------------------------------------------------------------ products
 
 
-def _rows_kernel(*refs, n_w: int, has_norm: bool, has_res: bool, act: Optional[str],
-                 transpose: bool, bk: int, eps: float, dtype, divisor: Optional[float]):
-  it = iter(refs)
-  x_ref = next(it)
-  s_ref = next(it) if has_norm else None
-  w_refs = [next(it) for _ in range(n_w)]
-  r_ref = next(it) if has_res else None
-  o_refs = list(it)
+def _normed_products(x_ref, s_ref, w_refs, bk: int, eps: float, dtype,
+                     transpose: bool = False) -> list:
+  """[RMSNorm(x)] @ w for each w (float32 sums over ``bk``-wide tiles of the
+  reduction, in order): x_ref [R, K], s_ref [K] or None, w_refs [K, N] each
+  ([N, K] with ``transpose``) -> float32 [R, N] each."""
   rows, k = x_ref.shape
   nk = k // bk
   f32 = jnp.float32
-  if has_norm:  # T5's RMSNorm, float32, over the whole row before any product
+  if s_ref is not None:  # T5's RMSNorm, float32, over the whole row before any product
     def squares(t, acc):
       xt = x_ref[:, pl.ds(t * bk, bk)].astype(f32)
       return acc + jnp.sum(xt * xt, axis=1)
@@ -126,7 +125,7 @@ def _rows_kernel(*refs, n_w: int, has_norm: bool, has_res: bool, act: Optional[s
 
   def body(t, accs):
     xt = x_ref[:, pl.ds(t * bk, bk)]
-    if has_norm:
+    if s_ref is not None:
       xt = (xt.astype(f32) * inv[:, None]) * s_ref[pl.ds(t * bk, bk)].astype(f32)[None, :]
     xt = xt.astype(dtype)
     out = []
@@ -140,8 +139,20 @@ def _rows_kernel(*refs, n_w: int, has_norm: bool, has_res: bool, act: Optional[s
       out.append(acc + p)
     return tuple(out)
 
-  bn = o_refs[0].shape[1]
-  accs = jax.lax.fori_loop(0, nk, body, tuple(jnp.zeros((rows, bn), f32) for _ in w_refs))
+  n = w_refs[0].shape[0 if transpose else 1]
+  return list(jax.lax.fori_loop(0, nk, body, tuple(jnp.zeros((rows, n), f32) for _ in w_refs)))
+
+
+def _rows_kernel(*refs, n_w: int, has_norm: bool, has_res: bool, act: Optional[str],
+                 transpose: bool, bk: int, eps: float, dtype, divisor: Optional[float]):
+  it = iter(refs)
+  x_ref = next(it)
+  s_ref = next(it) if has_norm else None
+  w_refs = [next(it) for _ in range(n_w)]
+  r_ref = next(it) if has_res else None
+  o_refs = list(it)
+  f32 = jnp.float32
+  accs = _normed_products(x_ref, s_ref, w_refs, bk, eps, dtype, transpose)
   # Epilogue at the activation dtype, as the XLA path's Dense outputs.
   if act == "gated":  # T5 1.1: gelu(x wi_0) * (x wi_1), tanh-approximated gelu
     a0, a1 = (a.astype(dtype).astype(f32) for a in accs)
@@ -206,23 +217,30 @@ def rows_product(x: Array, weights: Sequence[Array], dtype: Any, *,
 # ------------------------------------------------------------------ attention
 
 
-def _attn_kernel(*refs, self_attn: bool, bl: int, length: int, dtype):
+def _attn_kernel(*refs, self_attn: bool, bl: int, bk: int, eps: float, length: int, dtype):
   it = iter(refs)
-  q_ref, k_ref, v_ref = next(it), next(it), next(it)
+  x_ref, s_ref, wq_ref = next(it), next(it), next(it)
   if self_attn:
-    pos_ref, bias_ref, kn_ref, vn_ref = next(it), next(it), next(it), next(it)
+    wk_ref, wv_ref = next(it), next(it)
+  k_ref, v_ref = next(it), next(it)
+  if self_attn:
+    pos_ref, bias_ref = next(it), next(it)
   else:
     mask_ref = next(it)
   o_ref = next(it)
   if self_attn:
     kout_ref, vout_ref = next(it), next(it)
-  b, h = pl.program_id(0), pl.program_id(1)
+  h, b = pl.program_id(0), pl.program_id(1)
   f32 = jnp.float32
-  q = q_ref[...].astype(dtype)                                   # [Qb, dh]
-  nq = q.shape[0]
+  # RMSNorm + this head's query (and new key/value) rows: [Qb, dh] each, at
+  # the activation dtype as the XLA path's Dense outputs.
+  w_refs = [wq_ref, wk_ref, wv_ref] if self_attn else [wq_ref]
+  projected = [a.astype(dtype) for a in _normed_products(x_ref, s_ref, w_refs, bk, eps, dtype)]
+  q = projected[0]
+  nq, dh = q.shape
   if self_attn:
+    kn, vn = projected[1:]
     pos = pos_ref[0, :]                                          # [Qb] int32
-    kn, vn = kn_ref[...].astype(dtype), vn_ref[...].astype(dtype)
   n_chunks = pl.cdiv(length, bl)
 
   def body(c, carry):
@@ -237,14 +255,24 @@ def _attn_kernel(*refs, self_attn: bool, bl: int, length: int, dtype):
     if self_attn:
       # The call's new rows in the slots they are written to: what the cache
       # holds after the write (a one-hot product copies them exactly).
-      hit = slots[:, None] == pos[None, :]                       # [bl, Qb]
-      onehot = hit.astype(dtype)
-      written = jnp.sum(hit.astype(f32), axis=1)[:, None] > 0
+      hit = (slots[:, None] == pos[None, :]).astype(f32)         # [bl, Qb]
+      written = jnp.sum(hit, axis=1)[:, None] > 0
       exact = jax.lax.Precision.HIGHEST
+      onehot = hit.astype(dtype)
       kt = jnp.where(written, jnp.dot(onehot, kn, precision=exact,
                                       preferred_element_type=f32).astype(dtype), kt)
       vt = jnp.where(written, jnp.dot(onehot, vn, precision=exact,
                                       preferred_element_type=f32).astype(dtype), vt)
+
+      # The cache write: a chunk holding a new row is stored back whole
+      # (negative or out-of-range positions match no slot: dropped). A thread
+      # still reading these slots merges the same rows in, so the order of
+      # the store and those reads does not matter.
+      @pl.when(jnp.max(hit) > 0)
+      def _():
+        kout_ref[b, pl.ds(start, bl), h, :] = kt.astype(kout_ref.dtype)
+        vout_ref[b, pl.ds(start, bl), h, :] = vt.astype(vout_ref.dtype)
+
     s = jax.lax.dot_general(q, kt, (((1,), (1,)), ((), ())), preferred_element_type=f32)
     if self_attn:
       s = s + bias_ref[b, h, :, pl.ds(start, bl)]
@@ -261,71 +289,70 @@ def _attn_kernel(*refs, self_attn: bool, bl: int, length: int, dtype):
     return o, m_new, l
 
   if self_attn:
-    # Only the chunks up to the row's last query position hold visible slots;
-    # the rest would add exact zeros. At least one, so every row is finite.
+    # Only the chunks up to the row's last query position hold visible slots
+    # (and every slot written); the rest would add exact zeros. At least one,
+    # so that every row is finite.
     trips = jnp.clip(jnp.max(pos) // bl + 1, 1, n_chunks)
   else:
     trips = n_chunks
-  dh = q.shape[1]
   init = (jnp.zeros((nq, dh), f32), jnp.full((nq,), -1e30, f32), jnp.zeros((nq,), f32))
   o, _, l = jax.lax.fori_loop(0, trips, body, init)
   o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
-  if self_attn:
-    # The cache write: each new row into its slot (negative or out-of-range
-    # positions dropped). Another thread may still read that slot above; it
-    # merges the same row in, so the order does not matter.
-    for j in range(nq):
-      p_j = pos_ref[0, j]
-
-      @pl.when((p_j >= 0) & (p_j < length))
-      def _():
-        kout_ref[b, p_j, h, :] = kn_ref[j, :].astype(kout_ref.dtype)
-        vout_ref[b, p_j, h, :] = vn_ref[j, :].astype(vout_ref.dtype)
 
 
-def attention(q: Array, keys: Array, values: Array, dtype: Any, *,
-              positions: Optional[Array] = None, bias: Optional[Array] = None,
-              new_k: Optional[Array] = None, new_v: Optional[Array] = None,
-              key_mask: Optional[Array] = None, interpret: Optional[bool] = None):
-  """One kernel, grid (batch, head): T5 attention of ``QUERY_BLOCK`` query
-  rows per batch row over ``keys``/``values`` [B, L, H, dh], no 1/sqrt(dh).
+def attention(x: Array, norm_scale: Array, w_q: Array, keys: Array, values: Array,
+              dtype: Any, *, eps: float = 1e-6, w_k: Optional[Array] = None,
+              w_v: Optional[Array] = None, positions: Optional[Array] = None,
+              bias: Optional[Array] = None, key_mask: Optional[Array] = None,
+              interpret: Optional[bool] = None):
+  """One kernel, grid (head, batch): RMSNorm(x) and this head's query
+  product, then T5 attention (no 1/sqrt(dh)) of ``QUERY_BLOCK`` query rows
+  per batch row over ``keys``/``values`` [B, L, H, dh].
 
-  q [R, H*dh] (rows b*16 .. b*16+15 are batch row b's queries; R >= 16 B).
-  Self-attention (``positions`` [B, 16] int32, ``bias`` [B, H, 16, L]
-  float32, ``new_k``/``new_v`` [R, H*dh]): the new rows are written into the
-  cache at ``positions`` (negative ones dropped) and query j sees slots
-  0..positions[b, j]; -> (out [R, H*dh], keys, values) with the caches
-  updated in place. Cross-attention (``key_mask`` [B, L] int32, nonzero =
-  visible): -> out.
+  x [R, d] (rows 16 b .. 16 b + 15 are batch row b's; R >= 16 B),
+  norm_scale [d], w_q [d, H*dh]. Self-attention (``w_k``/``w_v`` [d, H*dh],
+  ``positions`` [B, 16] int32, ``bias`` [B, H, 16, L] float32): the new
+  key/value rows are written into the cache at ``positions`` (negative ones
+  dropped) and query j sees slots 0..positions[b, j]; -> (out [R, H*dh],
+  keys, values), the caches updated in place. Cross-attention (``key_mask``
+  [B, L] int32, nonzero = visible): -> out. A head's weights are read once per
+  batch row (the batch rows of a head are neighbours in the grid).
   """
   self_attn = positions is not None
   b, length, heads, dh = keys.shape
-  rows = q.shape[0]
+  rows, d = x.shape
   nq = QUERY_BLOCK
   bl = min(_BLOCK_L, _pow2_floor(length))
+  bk = _tile(d, _BLOCK_K)
   dtype = jnp.dtype(dtype)
-  kernel = functools.partial(_attn_kernel, self_attn=self_attn, bl=bl, length=length,
-                             dtype=dtype)
-  head_block = pl.BlockSpec((nq, dh), lambda i, j: (i, j))
+  kernel = functools.partial(_attn_kernel, self_attn=self_attn, bl=bl, bk=bk, eps=eps,
+                             length=length, dtype=dtype)
   whole = pl.no_block_spec   # the whole array: indexed in the kernel
-  in_specs = [head_block, whole, whole]
-  args = [q, keys, values]
+  head_w = pl.BlockSpec((d, dh), lambda i, j: (0, i))
+  in_specs = [pl.BlockSpec((nq, d), lambda i, j: (j, 0)), pl.BlockSpec((d,), lambda i, j: (0,)),
+              head_w]
+  args = [x, norm_scale, w_q]
   if self_attn:
-    in_specs += [pl.BlockSpec((1, nq), lambda i, j: (i, 0)), whole, head_block, head_block]
-    args += [positions, bias, new_k, new_v]
+    in_specs += [head_w, head_w]
+    args += [w_k, w_v]
+  in_specs += [whole, whole]
+  args += [keys, values]
+  if self_attn:
+    in_specs += [pl.BlockSpec((1, nq), lambda i, j: (j, 0)), whole]
+    args += [positions, bias]
   else:
     in_specs.append(whole)
     args.append(key_mask)
   out_shape = [jax.ShapeDtypeStruct((rows, heads * dh), dtype)]
-  out_specs = [head_block]
+  out_specs = [pl.BlockSpec((nq, dh), lambda i, j: (j, i))]
   aliases = {}
   if self_attn:
     out_shape += [jax.ShapeDtypeStruct(keys.shape, keys.dtype),
                   jax.ShapeDtypeStruct(values.shape, values.dtype)]
     out_specs += [whole, whole]
-    aliases = {1: 1, 2: 2}
+    aliases = {5: 1, 6: 2}   # keys, values -> the updated caches
   out = pl.pallas_call(
-      kernel, grid=(b, heads), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+      kernel, grid=(heads, b), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
       input_output_aliases=aliases, compiler_params=_compiler_params(),
       interpret=interpret_mode(interpret),
       name="t5_self_attention" if self_attn else "t5_cross_attention")(*args)
@@ -361,7 +388,7 @@ def layer(config: Any, params: dict, x: Array, positions: Array, bias: Array,
           k_cache: Array, v_cache: Array, cross_k: Array, cross_v: Array, enc_mask: Array,
           interpret: Optional[bool] = None) -> tuple[Array, Array, Array]:
   """One decoder layer (``models.t5.DecoderLayer``, chain decode with a cache)
-  in 8 kernels. params: the layer's (T5X names); x [R, d] at the activation
+  in 6 kernels. params: the layer's (T5X names); x [R, d] at the activation
   dtype, R = 16 * (batch rounded up to a power of two), batch row b's queries
   in rows 16 b .. 16 b + 15; positions [B, 16] int32 (-1: padding); bias [B,
   H, 16, L] float32; k_cache/v_cache [B, L, H, dh]; cross_k/cross_v [B, S, H,
@@ -371,17 +398,17 @@ def layer(config: Any, params: dict, x: Array, positions: Array, bias: Array,
   dt = jnp.dtype(c.dtype)
   run = functools.partial(rows_product, dtype=dt, eps=c.layer_norm_epsilon,
                           interpret=interpret)
-  att = functools.partial(attention, dtype=dt, interpret=interpret)
+  att = functools.partial(attention, dtype=dt, eps=c.layer_norm_epsilon,
+                          interpret=interpret)
   kern = lambda p: p["kernel"]
   scale = lambda p: p["scale"]
   sa, ca, mlp = params["self_attention"], params["encoder_decoder_attention"], params["mlp"]
-  q, kn, vn = run(x, [kern(sa["query"]), kern(sa["key"]), kern(sa["value"])],
-                  norm_scale=scale(params["pre_self_attention_layer_norm"]))
-  a, k_cache, v_cache = att(q, k_cache, v_cache, positions=positions, bias=bias,
-                            new_k=kn, new_v=vn)
+  a, k_cache, v_cache = att(x, scale(params["pre_self_attention_layer_norm"]),
+                            kern(sa["query"]), k_cache, v_cache, w_k=kern(sa["key"]),
+                            w_v=kern(sa["value"]), positions=positions, bias=bias)
   x, = run(a, [kern(sa["out"])], residual=x)
-  q, = run(x, [kern(ca["query"])], norm_scale=scale(params["pre_cross_attention_layer_norm"]))
-  a = att(q, cross_k, cross_v, key_mask=enc_mask)
+  a = att(x, scale(params["pre_cross_attention_layer_norm"]), kern(ca["query"]), cross_k,
+          cross_v, key_mask=enc_mask)
   x, = run(a, [kern(ca["out"])], residual=x)
   if c.gated:
     h, = run(x, [kern(mlp["wi_0"]), kern(mlp["wi_1"])], act="gated",
