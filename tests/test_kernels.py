@@ -288,6 +288,11 @@ def test_the_setting_reaches_both_models_and_is_checked():
     Experiment(decode_kernel="pallas", draft_quantization="int8").pair.check_values()
   with pytest.raises(ValueError, match=r"T5Config.decode_kernel must be one of"):
     CFG.replace(decode_kernel="cuda")
+  demo = Experiment(target_checkpoint="checkpoints/demo/target",
+                    draft_checkpoint="checkpoints/demo/draft_small",
+                    vocab_path="checkpoints/demo/spm.model", decode_kernel="pallas")
+  for role in ("target", "draft"):
+    assert demo.pair.load(role)[0].config.decode_kernel == "pallas"
 
 
 # ------------------------------------------------------------------ the engine
