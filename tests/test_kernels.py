@@ -49,6 +49,7 @@ TOKENS = jax.random.randint(jax.random.PRNGKey(2), (2, 8), 2, 64).astype(jnp.int
 # call 2 continues row 0 at 4 and rolls row 1 back to 2 (overwriting a slot).
 POS1 = jnp.array([[0, 1, 2, 3], [0, 1, 2, -1]], jnp.int32)
 POS2 = jnp.array([[4, 5, 6, 7], [2, 3, 4, 5]], jnp.int32)
+POS3 = jnp.array([[8], [6]], jnp.int32)     # then a one-position step
 # bfloat16 activations: differences from the XLA path come from sums in
 # another order rounded to bf16's 8 bits (measured max ~0.03 on these logits).
 BF16_ATOL = 0.1
@@ -208,8 +209,8 @@ def test_layer_matches_the_xla_layer():
 @pytest.mark.parametrize("version,dtype", [("1.1", "float32"), ("1.0", "float32"),
                                            ("1.1", "bfloat16")])
 def test_decode_matches_xla(version, dtype):
-  """Two chained decode calls (k = 4, batch 2, per-row positions, a padded
-  -1, a rollback that overwrites a slot): logits at the real positions and
+  """Three chained decode calls (k = 4, 4 and 1; batch 2, per-row positions,
+  a padded -1, a rollback that overwrites a slot): logits at the real positions and
   every cache slot as the XLA path's; float32 to 1e-5, bfloat16 to BF16_ATOL
   (logits) and one bf16 ulp of the cache entries' scale."""
   xla, pallas, params, cache = _setup(version, dtype)
@@ -218,7 +219,7 @@ def test_decode_matches_xla(version, dtype):
   for name, model in (("xla", xla), ("pallas", pallas)):
     c = cache
     logits = []
-    for pos, toks in ((POS1, TOKENS[:, :4]), (POS2, TOKENS[:, 4:])):
+    for pos, toks in ((POS1, TOKENS[:, :4]), (POS2, TOKENS[:, 4:]), (POS3, TOKENS[:, :1])):
       l, c = _decode(model)(params, toks, pos, c)
       logits.append(_valid(l, pos))
     caches[name] = (logits, c)
@@ -228,8 +229,8 @@ def test_decode_matches_xla(version, dtype):
   for a, b in zip(cx.self_k + cx.self_v, cp.self_k + cp.self_v):
     np.testing.assert_allclose(np.asarray(b, np.float32), np.asarray(a, np.float32),
                                rtol=1e-5 if dtype == "float32" else 1e-2, atol=atol)
-  # Row 1's padded position wrote nothing: slot 6 onward is still empty.
-  assert not np.asarray(cp.self_k[0][1, 6:], np.float32).any()
+  # Row 1 ends at position 6: nothing was written after it.
+  assert not np.asarray(cp.self_k[0][1, 7:], np.float32).any()
 
 
 @pytest.mark.slow
