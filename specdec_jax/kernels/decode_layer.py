@@ -23,9 +23,13 @@ the batch, never on k; a row's products, norms and attention sums therefore
 run in the same order whether the call scores one position or k, and a
 position's logits are bit for bit those of a one-position step after the
 same committed prefix (the cache rows the step reads were written by the
-same kernels). Attention visits the cache slot by slot in slot order, with
-the call's new rows merged into the slots they are written to, so what a
-query sums over is the same set in the same order as a step's.
+same kernels). Attention visits the cache in slot order, with the call's
+new rows merged into the slots they are written to, so what a query sums
+over is the same set in the same order as a step's. This is what lets
+speculative decoding at T = 0 (§2.3: the target's pass over γ+1 positions
+checks the draft against the argmax the baseline's one-token steps take)
+reproduce the baseline token for token at low precision, where the XLA
+path's step and pass may round differently near ties.
 
 Semantics are the XLA path's (``models.t5.Decoder``): cache ``[B, L, H,
 dh]`` masked by position (a query at t sees slots 0..t), writes at negative

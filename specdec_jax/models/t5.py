@@ -552,11 +552,11 @@ class Decoder(nn.Module):
     if c.decode_kernel == "pallas":
       # Imported here: only this setting needs Pallas (most of a second to import).
       from specdec_jax import kernels
-    if c.decode_kernel == "pallas" and kernels.covers(
-        c, positions.shape[0], positions.shape[1], cache, write, tree, return_hidden):
-      embedding = embed_attend.__self__.embedding if c.logits_via_embedding else None
-      return kernels.decode(c, self.variables["params"], x, positions, cache,
-                            self.relpos_bias, embedding)
+      if kernels.covers(c, positions.shape[0], positions.shape[1], cache, write, tree,
+                        return_hidden):
+        embedding = embed_attend.__self__.embedding if c.logits_via_embedding else None
+        return kernels.decode(c, self.variables["params"], x, positions, cache,
+                              self.relpos_bias, embedding)
     if cache is not None:
       k_pos = jnp.broadcast_to(jnp.arange(cache.cache_len, dtype=jnp.int32),
                                (positions.shape[0], cache.cache_len))
