@@ -5,7 +5,7 @@ path of ``models.t5``, in Pallas interpret mode on the CPU.
   residual, the embedding's transposed product), self-attention with its
   cache write (negative positions dropped) and cross-attention, and one
   whole decoder layer, against the XLA modules;
-* per decode call (T5 1.1 and 1.0): logits and caches at batch 2 with
+* per decode call (T5 1.1 and 1.0): logits and caches at batch 3 with
   per-row positions, a padded row (-1) included, float32 to 1e-5 and
   bfloat16 to ``BF16_ATOL``;
 * one position and k positions: a (γ+1)-position pass and γ+1 one-position
@@ -42,14 +42,16 @@ from specdec_jax.tree import TreeShape
 CFG = T5Config(vocab_size=64, d_model=32, num_heads=2, head_dim=16, num_encoder_layers=1,
                num_decoder_layers=2, d_ff=48)
 CACHE_LEN = 24
-INPUTS = (jax.random.randint(jax.random.PRNGKey(1), (2, 16), 2, 64).astype(jnp.int32)
+# Batch 3 (the kernels pad it to 4 rows of 16 queries).
+INPUTS = (jax.random.randint(jax.random.PRNGKey(1), (3, 16), 2, 64).astype(jnp.int32)
           .at[1, 11:].set(0))                   # row 1: 11 real encoder positions
-TOKENS = jax.random.randint(jax.random.PRNGKey(2), (2, 8), 2, 64).astype(jnp.int32)
+TOKENS = jax.random.randint(jax.random.PRNGKey(2), (3, 8), 2, 64).astype(jnp.int32)
 # Call 1 fills slots 0..3 (row 1 only 0..2: its last position is padding);
-# call 2 continues row 0 at 4 and rolls row 1 back to 2 (overwriting a slot).
-POS1 = jnp.array([[0, 1, 2, 3], [0, 1, 2, -1]], jnp.int32)
-POS2 = jnp.array([[4, 5, 6, 7], [2, 3, 4, 5]], jnp.int32)
-POS3 = jnp.array([[8], [6]], jnp.int32)     # then a one-position step
+# call 2 continues rows 0 and 2 at 4 and rolls row 1 back to 2 (overwriting a
+# slot); call 3 is a one-position step.
+POS1 = jnp.array([[0, 1, 2, 3], [0, 1, 2, -1], [0, 1, 2, 3]], jnp.int32)
+POS2 = jnp.array([[4, 5, 6, 7], [2, 3, 4, 5], [4, 5, 6, 7]], jnp.int32)
+POS3 = jnp.array([[8], [6], [8]], jnp.int32)
 # bfloat16 activations: differences from the XLA path come from sums in
 # another order rounded to bf16's 8 bits (measured max ~0.03 on these logits).
 BF16_ATOL = 0.1
@@ -179,7 +181,7 @@ def test_layer_matches_the_xla_layer():
   """One decoder layer in its 6 kernels (kernels.layer) against
   models.t5.DecoderLayer with the same cache, positions and bias (float32)."""
   xla, _, params, cache = _setup()
-  b, nq, d = 2, kernels.QUERY_BLOCK, CFG.d_model
+  b, nq, d = 3, kernels.QUERY_BLOCK, CFG.d_model
   x = jax.random.normal(jax.random.PRNGKey(6), (b, 4, d))
   pos = POS1
   dec = params["decoder"]
@@ -196,10 +198,12 @@ def test_layer_matches_the_xla_layer():
   pos16 = pad(pos, -1)
   bias16 = rel.apply({"params": dec["relpos_bias"]}, pos16, slot)
   got_x, got_k, got_v = jax.jit(functools.partial(kernels.layer, CFG))(
-      dec["layers_0"], pad(x, 0).reshape(b * nq, d), pos16, bias16, cache.self_k[0],
+      # Rows for 4 batch rows (a power of two); the fourth is padding.
+      dec["layers_0"], jnp.pad(pad(x, 0).reshape(b * nq, d), ((0, nq), (0, 0))), pos16, bias16,
+      cache.self_k[0],
       cache.self_v[0], cache.cross_k[0], cache.cross_v[0], enc.astype(jnp.int32))
   real = np.asarray(pos) >= 0
-  np.testing.assert_allclose(np.asarray(got_x).reshape(b, nq, d)[:, :4][real],
+  np.testing.assert_allclose(np.asarray(got_x)[:b * nq].reshape(b, nq, d)[:, :4][real],
                              np.asarray(want_x)[real], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(got_k, want_k, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(got_v, want_v, rtol=1e-5, atol=1e-6)
@@ -209,7 +213,7 @@ def test_layer_matches_the_xla_layer():
 @pytest.mark.parametrize("version,dtype", [("1.1", "float32"), ("1.0", "float32"),
                                            ("1.1", "bfloat16")])
 def test_decode_matches_xla(version, dtype):
-  """Three chained decode calls (k = 4, 4 and 1; batch 2, per-row positions,
+  """Three chained decode calls (k = 4, 4 and 1; batch 3, per-row positions,
   a padded -1, a rollback that overwrites a slot): logits at the real positions and
   every cache slot as the XLA path's; float32 to 1e-5, bfloat16 to BF16_ATOL
   (logits) and one bf16 ulp of the cache entries' scale."""
@@ -238,7 +242,7 @@ def test_decode_matches_xla(version, dtype):
 def test_one_position_equals_k_positions_bitwise(dtype):
   """The kernels' tiling does not depend on k: a (γ+1)-position pass (k = 4)
   gives each position the very logits (and cache rows) of one-position steps
-  after the same prefix, bit for bit, per row (batch 2, rows at different
+  after the same prefix, bit for bit, per row (batch 3, rows at different
   positions, one rolled back). The XLA path does not have this property
   (float32 on the CPU: these logits differ in the last bits)."""
   _, pallas, params, cache = _setup("1.1", dtype)
@@ -266,7 +270,7 @@ def test_uncovered_calls_fall_back_to_xla_and_quantized_is_refused():
   dec_in = TOKENS[:, :4]
   for run in (lambda m: m(params, INPUTS, dec_in),
               lambda m: m.decode_rows(params, dec_in, POS1.at[1, 3].set(3), cache)[0],
-              lambda m: m.decode_tree(params, dec_in[:, :3], jnp.array([2, 3], jnp.int32),
+              lambda m: m.decode_tree(params, dec_in[:, :3], jnp.array([2, 3, 1], jnp.int32),
                                       TreeShape.parse("full:2"), cache)[0]):
     np.testing.assert_array_equal(np.asarray(run(pallas)), np.asarray(run(xla)))
   assert not kernels.covers(CFG, 2, 17, cache, True, None, False)
