@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from specdec_jax import checkpoints, data, partitioning, quantization, storage
-from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes
+from specdec_jax.models.t5 import DECODE_KERNELS, T5Config, T5Model, get_config, param_shapes
 from specdec_jax.partitioning import Partitioner
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +95,9 @@ class ModelPair:
   ``param_dtype`` (the draft's at ``draft_param_dtype``, None: the same; norms
   stay float32), activations run at ``dtype``, and every weight product over
   at least ``min_rows`` rows (``T5Config.min_rows``: 2 keeps a batch-1 step a
-  matrix product on GPUs).
+  matrix product on GPUs). ``decode_kernel`` (``T5Config.decode_kernel``):
+  'xla', the reference, or 'pallas', both models' chain decode as fused
+  Pallas kernels (``specdec_jax.kernels``; one device, float kernels only).
 
   ``draft_quantization`` (None, 'int8' or 'int4'): the draft's kernels are
   quantized weight-only when it loads (``specdec_jax.quantization``); None
@@ -124,6 +126,7 @@ class ModelPair:
   draft_param_dtype: Optional[str] = None
   dtype: str = "float32"
   min_rows: int = 1
+  decode_kernel: str = "xla"
   draft_quantization: Optional[str] = None
   config_dirs: tuple = ()
   prefix: str = ""
@@ -171,6 +174,16 @@ class ModelPair:
     quantization.check(self.draft_quantization, self.spell("draft_quantization"))
     if isinstance(self.min_rows, bool) or not isinstance(self.min_rows, int) or self.min_rows < 1:
       raise ValueError(f"{self.spell('min_rows')} must be an int >= 1, got {self.min_rows!r}")
+    if self.decode_kernel not in DECODE_KERNELS:
+      raise ValueError(f"{self.spell('decode_kernel')} must be one of {DECODE_KERNELS}, "
+                       f"got {self.decode_kernel!r}")
+    if self.decode_kernel == "pallas" and self.mesh_shape is not None:
+      raise ValueError(f"{self.spell('decode_kernel')}='pallas' runs on one device; "
+                       f"{self.spell('mesh_shape')} is {self.mesh_shape!r} (use 'xla' on a mesh)")
+    if self.decode_kernel == "pallas" and self.draft_quantization is not None:
+      raise ValueError(f"{self.spell('decode_kernel')}='pallas' does not cover quantized "
+                       f"kernels; {self.spell('draft_quantization')} is "
+                       f"{self.draft_quantization!r} (use 'xla')")
     if self.vocab_extra_ids < 0:
       raise ValueError(f"{self.spell('vocab_extra_ids')} must be >= 0, "
                        f"got {self.vocab_extra_ids}")
@@ -311,7 +324,8 @@ class ModelPair:
       mode = self.quantization_of_draft()
       if mode is not None:
         params = quantization.quantize_params(params, mode)
-    return T5Model(config.replace(dtype=self.dtype, min_rows=self.min_rows)), params
+    return T5Model(config.replace(dtype=self.dtype, min_rows=self.min_rows,
+                                  decode_kernel=self.decode_kernel)), params
 
   def quantization_of_draft(self) -> Optional[str]:
     """The draft's weight-only quantization: ``draft_quantization``, else

@@ -76,6 +76,8 @@ from specdec_jax.tree import TreeShape
 Array = jax.Array
 # Large negative (not -inf) so that a fully-masked row gives a finite softmax.
 _MASK_VALUE = -1e10
+# T5Config.decode_kernel's values.
+DECODE_KERNELS = ("xla", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +106,10 @@ class T5Config:
   # where XLA rewrites a one-row product into a slower multiply-and-reduce.
   # A runtime choice like dtype; the weights and results per row are the same.
   min_rows: int = 1
+  # 'xla' (the reference) or 'pallas': the chain decode's layers as fused
+  # Pallas kernels (``specdec_jax.kernels``; calls it does not cover, e.g.
+  # teacher forcing, trees and ``decode_rows``, stay on XLA). A runtime choice.
+  decode_kernel: str = "xla"
   pad_id: int = 0
   eos_id: int = 1
   decoder_start_id: int = 0
@@ -111,6 +117,9 @@ class T5Config:
   def __post_init__(self):
     if self.version not in ("1.0", "1.1"):
       raise ValueError(f"T5Config.version must be '1.0' or '1.1', got {self.version!r}")
+    if self.decode_kernel not in DECODE_KERNELS:
+      raise ValueError(f"T5Config.decode_kernel must be one of {DECODE_KERNELS}, "
+                       f"got {self.decode_kernel!r}")
 
   @property
   def gated(self) -> bool:
@@ -536,8 +545,18 @@ class Decoder(nn.Module):
     d] the logits are computed from (``specdec_jax.drafts.feature_bridge``).
     ``tree`` (with a cache, ``write=True``): the new tokens are tree nodes,
     written at ``tree.slots`` instead of their positions and masked by
-    ``TreeAttention`` (``T5Model.decode_tree``); None is the chain, unchanged."""
+    ``TreeAttention`` (``T5Model.decode_tree``); None is the chain, unchanged.
+    With ``decode_kernel='pallas'`` a call ``kernels.covers`` (the chain,
+    cache given, write=True) runs as ``kernels.decode``'s fused kernels."""
     c = self.config
+    if c.decode_kernel == "pallas":
+      # Imported here: only this setting needs Pallas (most of a second to import).
+      from specdec_jax import kernels
+      if kernels.covers(c, positions.shape[0], positions.shape[1], cache, write, tree,
+                        return_hidden):
+        embedding = embed_attend.__self__.embedding if c.logits_via_embedding else None
+        return kernels.decode(c, self.variables["params"], x, positions, cache,
+                              self.relpos_bias, embedding)
     if cache is not None:
       k_pos = jnp.broadcast_to(jnp.arange(cache.cache_len, dtype=jnp.int32),
                                (positions.shape[0], cache.cache_len))

@@ -30,7 +30,7 @@ MODES = ("speculative", "alpha_only")
 PAIR_FIELDS = ("target_checkpoint", "draft_checkpoint", "target_format", "draft_format",
                "target_preset", "draft_preset", "vocab_path", "vocab_extra_ids", "mesh_shape",
                "logical_axis_rules", "draft_logical_axis_rules", "partition_fallback",
-               "param_dtype", "dtype", "min_rows", "draft_quantization")
+               "param_dtype", "dtype", "min_rows", "decode_kernel", "draft_quantization")
 # Experiment fields outside the pair that hold paths that must exist.
 _PATH_FIELDS = ("source", "ngram_corpus", "draft_shortlist")
 
@@ -130,6 +130,7 @@ class Experiment:
   dtype: str = "float32"                     # activation dtype
   param_dtype: str = "float32"               # weights in device memory; norms stay float32
   min_rows: int = 1                          # 2 on GPUs: one-row weight products padded to two
+  decode_kernel: str = "xla"                 # 'pallas': fused decoder-layer kernels (one GPU)
   # Sharding (docs/scaling.md). None: one device, exactly the unsharded path.
   mesh_shape: Optional[tuple] = None         # (data, model), product = device count
   logical_axis_rules: Optional[tuple] = None     # None: partitioning.STANDARD_RULES

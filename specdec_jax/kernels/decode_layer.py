@@ -1,0 +1,469 @@
+"""A T5 decoder layer at decode time in a few Pallas kernels.
+
+What it fuses. One decode call (k new tokens per row at per-row positions,
+the chain decode of ``T5Model.decode``) runs each decoder layer as 6 kernels
+instead of XLA's ~34: (1) RMSNorm + query/key/value products +
+self-attention over the row's KV cache, the call's new key/value rows
+written into it; (2) output product + residual; (3) RMSNorm + query product
++ cross-attention over the precomputed encoder keys/values; (4) output
+product + residual; (5) RMSNorm + the MLP's input product(s) with their
+activation (T5 1.1 gated-GELU, T5 1.0 ReLU); (6) the MLP's output product +
+residual. Once per call XLA computes the embedding and the relative-position
+bias, and one more kernel the final RMSNorm + logits (T5 1.0: through the
+embedding, scaled by 1/sqrt(d_model)). A product kernel holds all rows in
+one block and tiles only the output columns (``_BLOCK_N``) and the reduction
+(``_BLOCK_K``), so it reads each weight once; an attention kernel (grid:
+head, batch row) reads its head's slice of the q/k/v weights once per batch
+row.
+
+Same order for one position and for k. Every call runs on ``QUERY_BLOCK``
+(16) query rows per batch row (the k real ones, the rest padding at position
+-1), and every tiling depends only on the model's sizes, the cache length and
+the batch, never on k; a row's products, norms and attention sums therefore
+run in the same order whether the call scores one position or k, and a
+position's logits are bit for bit those of a one-position step after the
+same committed prefix (the cache rows the step reads were written by the
+same kernels). Attention visits the cache in slot order, with the call's
+new rows merged into the slots they are written to, so what a query sums
+over is the same set in the same order as a step's. This is what lets
+speculative decoding at T = 0 (§2.3: the target's pass over γ+1 positions
+checks the draft against the argmax the baseline's one-token steps take)
+reproduce the baseline token for token at low precision, where the XLA
+path's step and pass may round differently near ties.
+
+Semantics are the XLA path's (``models.t5.Decoder``): cache ``[B, L, H,
+dh]`` masked by position (a query at t sees slots 0..t), writes at negative
+positions dropped, the relative-position bias computed once per call, no
+1/sqrt(dh) scaling, activations at the config's dtype with float32 norms,
+softmax and logits. Sums run in another order (and the softmax normalizes
+after the value product), so results equal the XLA path's to float rounding,
+not bitwise.
+
+What falls back. ``covers`` decides per call, at trace time, and these take
+the XLA path of ``models.t5``: teacher forcing and prefill (no cache),
+``write=False`` two-block attention (``decode_rows``: the adaptive-γ loop's
+target pass), token trees (``decode_tree``), ``return_hidden`` (drafts with
+a shortlist or the feature bridge), k > 16 or batch > 8, and sizes the
+kernels cannot tile (head_dim not a power of two >= 16; d_model, H * dh,
+d_ff or the vocabulary not a multiple of 16; a cache or encoder length
+< 16). Refused with a ValueError: quantized kernels (``qwix`` arrays) and,
+in ``pair.ModelPair``, a mesh (the kernels see one device's arrays).
+
+Lowering: Triton (``pallas.triton.CompilerParams``) on GPUs; on a CPU
+backend the kernels run in Pallas interpret mode (slow; for tests); other
+backends are refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from specdec_jax import quantization
+
+Array = jax.Array
+# Query rows per batch row in every call: k <= QUERY_BLOCK new tokens, padded.
+QUERY_BLOCK = 16
+# Most batch rows a call runs on (all rows sit in one block of the products).
+MAX_BATCH = 8
+# Output-column and reduction tiles of the products (the largest power of two
+# dividing the size, capped here).
+_BLOCK_N = 64
+_BLOCK_K = 128
+# Key slots per attention step (the largest power of two <= the length, capped).
+_BLOCK_L = 128
+# As models.t5: large negative, not -inf, so a fully masked row stays finite.
+_MASK_VALUE = -1e10
+
+
+def interpret_mode(interpret: Optional[bool] = None) -> bool:
+  """Whether the kernels run in interpret mode: ``interpret`` if given, else
+  on a CPU backend; Triton on GPUs; other backends are refused."""
+  if interpret is not None:
+    return interpret
+  backend = jax.default_backend()
+  if backend == "cpu":
+    return True
+  if backend in ("gpu", "cuda", "rocm"):
+    return False
+  raise ValueError(f"decode_kernel='pallas' runs on GPUs (Triton) or in interpret mode on "
+                   f"the CPU, not on backend {backend!r}; use decode_kernel='xla'")
+
+
+def _tile(size: int, cap: int) -> int:
+  """The largest power of two that divides ``size``, at most ``cap``."""
+  return min(size & -size, cap)
+
+
+def _pow2_floor(n: int) -> int:
+  return 1 << (n.bit_length() - 1)
+
+
+def _compiler_params():
+  return plgpu.CompilerParams(num_warps=4, num_stages=2)
+
+
+# ------------------------------------------------------------------ products
+
+
+def _normed_products(x_ref, s_ref, w_refs, bk: int, eps: float, dtype,
+                     transpose: bool = False) -> list:
+  """[RMSNorm(x)] @ w for each w (float32 sums over ``bk``-wide tiles of the
+  reduction, in order): x_ref [R, K], s_ref [K] or None, w_refs [K, N] each
+  ([N, K] with ``transpose``) -> float32 [R, N] each."""
+  rows, k = x_ref.shape
+  nk = k // bk
+  f32 = jnp.float32
+  if s_ref is not None:  # T5's RMSNorm, float32, over the whole row before any product
+    def squares(t, acc):
+      xt = x_ref[:, pl.ds(t * bk, bk)].astype(f32)
+      return acc + jnp.sum(xt * xt, axis=1)
+    ss = jax.lax.fori_loop(0, nk, squares, jnp.zeros((rows,), f32))
+    inv = jax.lax.rsqrt(ss / k + eps)
+
+  def body(t, accs):
+    xt = x_ref[:, pl.ds(t * bk, bk)]
+    if s_ref is not None:
+      xt = (xt.astype(f32) * inv[:, None]) * s_ref[pl.ds(t * bk, bk)].astype(f32)[None, :]
+    xt = xt.astype(dtype)
+    out = []
+    for w_ref, acc in zip(w_refs, accs):
+      if transpose:  # w [N, K] (the embedding): contract its minor axis
+        wt = w_ref[:, pl.ds(t * bk, bk)].astype(dtype)
+        p = jax.lax.dot_general(xt, wt, (((1,), (1,)), ((), ())), preferred_element_type=f32)
+      else:
+        wt = w_ref[pl.ds(t * bk, bk), :].astype(dtype)
+        p = jnp.dot(xt, wt, preferred_element_type=f32)
+      out.append(acc + p)
+    return tuple(out)
+
+  n = w_refs[0].shape[0 if transpose else 1]
+  return list(jax.lax.fori_loop(0, nk, body, tuple(jnp.zeros((rows, n), f32) for _ in w_refs)))
+
+
+def _rows_kernel(*refs, n_w: int, has_norm: bool, has_res: bool, act: Optional[str],
+                 transpose: bool, bk: int, eps: float, dtype, divisor: Optional[float]):
+  it = iter(refs)
+  x_ref = next(it)
+  s_ref = next(it) if has_norm else None
+  w_refs = [next(it) for _ in range(n_w)]
+  r_ref = next(it) if has_res else None
+  o_refs = list(it)
+  f32 = jnp.float32
+  accs = _normed_products(x_ref, s_ref, w_refs, bk, eps, dtype, transpose)
+  # Epilogue at the activation dtype, as the XLA path's Dense outputs.
+  if act == "gated":  # T5 1.1: gelu(x wi_0) * (x wi_1), tanh-approximated gelu
+    a0, a1 = (a.astype(dtype).astype(f32) for a in accs)
+    outs = [(jax.nn.gelu(a0, approximate=True) * a1).astype(dtype)]
+  elif act == "relu":  # T5 1.0
+    outs = [jnp.maximum(accs[0].astype(dtype), 0).astype(dtype)]
+  else:
+    outs = [a.astype(dtype) for a in accs]
+  if has_res:
+    outs = [(o + r_ref[...]).astype(dtype) for o in outs]
+  if divisor is not None:
+    outs = [o.astype(f32) / divisor for o in outs]
+  for o_ref, o in zip(o_refs, outs):
+    o_ref[...] = o.astype(o_ref.dtype)
+
+
+def rows_product(x: Array, weights: Sequence[Array], dtype: Any, *,
+                 norm_scale: Optional[Array] = None, eps: float = 1e-6,
+                 act: Optional[str] = None, residual: Optional[Array] = None,
+                 transpose: bool = False, out_dtype: Any = None,
+                 divisor: Optional[float] = None,
+                 interpret: Optional[bool] = None) -> list[Array]:
+  """One kernel: ``[RMSNorm(x)] @ w`` for each w of ``weights``, then the
+  epilogue. x [R, K] (all R rows in one block; R a power of two >= 16),
+  weights [K, N] each ([N, K] with ``transpose``). ``act``: None (one output
+  per weight), 'gated' (two weights -> gelu(x w0) * (x w1)) or 'relu' (one).
+  ``residual`` [R, N] is added at ``dtype``; ``divisor`` divides the float32
+  result (T5 1.0's logits). Products take ``dtype`` inputs with float32 sums
+  over ``_BLOCK_K`` tiles, in an order independent of R's content.
+  -> the outputs [R, N] (``out_dtype``, default ``dtype``)."""
+  rows, k = x.shape
+  n = weights[0].shape[0 if transpose else 1]
+  bk, bn = _tile(k, _BLOCK_K), _tile(n, _BLOCK_N)
+  if bk < 16 or bn < 16:
+    raise ValueError(f"rows_product needs K and N multiples of 16, got K={k}, N={n}")
+  dtype = jnp.dtype(dtype)
+  out_dtype = jnp.dtype(out_dtype or dtype)
+  n_out = 1 if act else len(weights)
+  kernel = functools.partial(_rows_kernel, n_w=len(weights), has_norm=norm_scale is not None,
+                             has_res=residual is not None, act=act, transpose=transpose,
+                             bk=bk, eps=eps, dtype=dtype, divisor=divisor)
+  w_spec = (pl.BlockSpec((bn, k), lambda j: (j, 0)) if transpose
+            else pl.BlockSpec((k, bn), lambda j: (0, j)))
+  row_block = pl.BlockSpec((rows, bn), lambda j: (0, j))
+  in_specs = [pl.BlockSpec((rows, k), lambda j: (0, 0))]
+  args = [x]
+  if norm_scale is not None:
+    in_specs.append(pl.BlockSpec((k,), lambda j: (0,)))
+    args.append(norm_scale)
+  in_specs += [w_spec] * len(weights)
+  args += list(weights)
+  if residual is not None:
+    in_specs.append(row_block)
+    args.append(residual)
+  return pl.pallas_call(
+      kernel, grid=(n // bn,), in_specs=in_specs, out_specs=[row_block] * n_out,
+      out_shape=[jax.ShapeDtypeStruct((rows, n), out_dtype)] * n_out,
+      compiler_params=_compiler_params(), interpret=interpret_mode(interpret),
+      name="t5_rows_product")(*args)
+
+
+# ------------------------------------------------------------------ attention
+
+
+def _attn_kernel(*refs, self_attn: bool, bl: int, bk: int, eps: float, length: int, dtype):
+  it = iter(refs)
+  x_ref, s_ref, wq_ref = next(it), next(it), next(it)
+  if self_attn:
+    wk_ref, wv_ref = next(it), next(it)
+  k_ref, v_ref = next(it), next(it)
+  if self_attn:
+    pos_ref, bias_ref = next(it), next(it)
+  else:
+    mask_ref = next(it)
+  o_ref = next(it)
+  if self_attn:
+    kout_ref, vout_ref = next(it), next(it)
+  h, b = pl.program_id(0), pl.program_id(1)
+  f32 = jnp.float32
+  # RMSNorm + this head's query (and new key/value) rows: [Qb, dh] each, at
+  # the activation dtype as the XLA path's Dense outputs.
+  w_refs = [wq_ref, wk_ref, wv_ref] if self_attn else [wq_ref]
+  projected = [a.astype(dtype) for a in _normed_products(x_ref, s_ref, w_refs, bk, eps, dtype)]
+  q = projected[0]
+  nq, dh = q.shape
+  if self_attn:
+    kn, vn = projected[1:]
+    pos = pos_ref[0, :]                                          # [Qb] int32
+  n_chunks = pl.cdiv(length, bl)
+
+  def body(c, carry):
+    o, m, l = carry
+    # The last chunk is shifted back to end at the last slot; slots an earlier
+    # chunk already covered are masked there (exact zeros in the sums).
+    start = jnp.minimum(c * bl, length - bl)
+    slots = start + jax.lax.broadcasted_iota(jnp.int32, (bl,), 0)
+    fresh = slots >= c * bl
+    kt = k_ref[b, pl.ds(start, bl), h, :].astype(dtype)          # [bl, dh]
+    vt = v_ref[b, pl.ds(start, bl), h, :].astype(dtype)
+    if self_attn:
+      # The call's new rows in the slots they are written to: what the cache
+      # holds after the write (a one-hot product copies them exactly).
+      hit = (slots[:, None] == pos[None, :]).astype(f32)         # [bl, Qb]
+      written = jnp.sum(hit, axis=1)[:, None] > 0
+      exact = jax.lax.Precision.HIGHEST
+      onehot = hit.astype(dtype)
+      kt = jnp.where(written, jnp.dot(onehot, kn, precision=exact,
+                                      preferred_element_type=f32).astype(dtype), kt)
+      vt = jnp.where(written, jnp.dot(onehot, vn, precision=exact,
+                                      preferred_element_type=f32).astype(dtype), vt)
+
+      # The cache write: a chunk holding a new row is stored back whole
+      # (negative or out-of-range positions match no slot: dropped). A thread
+      # still reading these slots merges the same rows in, so the order of
+      # the store and those reads does not matter.
+      @pl.when(jnp.max(hit) > 0)
+      def _():
+        kout_ref[b, pl.ds(start, bl), h, :] = kt.astype(kout_ref.dtype)
+        vout_ref[b, pl.ds(start, bl), h, :] = vt.astype(vout_ref.dtype)
+
+    s = jax.lax.dot_general(q, kt, (((1,), (1,)), ((), ())), preferred_element_type=f32)
+    if self_attn:
+      s = s + bias_ref[b, h, :, pl.ds(start, bl)]
+      seen = (slots[None, :] <= pos[:, None]) & fresh[None, :]
+    else:
+      seen = jnp.broadcast_to(((mask_ref[b, pl.ds(start, bl)] != 0) & fresh)[None, :],
+                              s.shape)
+    s = jnp.where(seen, s, _MASK_VALUE)
+    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    corr = jnp.exp(m - m_new)
+    p = jnp.exp(s - m_new[:, None])
+    l = corr * l + jnp.sum(p, axis=1)
+    o = corr[:, None] * o + jnp.dot(p.astype(dtype), vt, preferred_element_type=f32)
+    return o, m_new, l
+
+  if self_attn:
+    # Only the chunks up to the row's last query position hold visible slots
+    # (and every slot written); the rest would add exact zeros. At least one,
+    # so that every row is finite.
+    trips = jnp.clip(jnp.max(pos) // bl + 1, 1, n_chunks)
+  else:
+    trips = n_chunks
+  init = (jnp.zeros((nq, dh), f32), jnp.full((nq,), -1e30, f32), jnp.zeros((nq,), f32))
+  o, _, l = jax.lax.fori_loop(0, trips, body, init)
+  o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
+
+
+def attention(x: Array, norm_scale: Array, w_q: Array, keys: Array, values: Array,
+              dtype: Any, *, eps: float = 1e-6, w_k: Optional[Array] = None,
+              w_v: Optional[Array] = None, positions: Optional[Array] = None,
+              bias: Optional[Array] = None, key_mask: Optional[Array] = None,
+              interpret: Optional[bool] = None):
+  """One kernel, grid (head, batch): RMSNorm(x) and this head's query
+  product, then T5 attention (no 1/sqrt(dh)) of ``QUERY_BLOCK`` query rows
+  per batch row over ``keys``/``values`` [B, L, H, dh].
+
+  x [R, d] (rows 16 b .. 16 b + 15 are batch row b's; R >= 16 B),
+  norm_scale [d], w_q [d, H*dh]. Self-attention (``w_k``/``w_v`` [d, H*dh],
+  ``positions`` [B, 16] int32, ``bias`` [B, H, 16, L] float32): the new
+  key/value rows are written into the cache at ``positions`` (negative ones
+  dropped) and query j sees slots 0..positions[b, j]; -> (out [R, H*dh],
+  keys, values), the caches updated in place. Cross-attention (``key_mask``
+  [B, L] int32, nonzero = visible): -> out. A head's weights are read once per
+  batch row (the batch rows of a head are neighbours in the grid).
+  """
+  self_attn = positions is not None
+  b, length, heads, dh = keys.shape
+  rows, d = x.shape
+  nq = QUERY_BLOCK
+  bl = min(_BLOCK_L, _pow2_floor(length))
+  bk = _tile(d, _BLOCK_K)
+  dtype = jnp.dtype(dtype)
+  kernel = functools.partial(_attn_kernel, self_attn=self_attn, bl=bl, bk=bk, eps=eps,
+                             length=length, dtype=dtype)
+  whole = pl.no_block_spec   # the whole array: indexed in the kernel
+  head_w = pl.BlockSpec((d, dh), lambda i, j: (0, i))
+  in_specs = [pl.BlockSpec((nq, d), lambda i, j: (j, 0)), pl.BlockSpec((d,), lambda i, j: (0,)),
+              head_w]
+  args = [x, norm_scale, w_q]
+  if self_attn:
+    in_specs += [head_w, head_w]
+    args += [w_k, w_v]
+  in_specs += [whole, whole]
+  args += [keys, values]
+  if self_attn:
+    in_specs += [pl.BlockSpec((1, nq), lambda i, j: (j, 0)), whole]
+    args += [positions, bias]
+  else:
+    in_specs.append(whole)
+    args.append(key_mask)
+  out_shape = [jax.ShapeDtypeStruct((rows, heads * dh), dtype)]
+  out_specs = [pl.BlockSpec((nq, dh), lambda i, j: (j, i))]
+  aliases = {}
+  if self_attn:
+    out_shape += [jax.ShapeDtypeStruct(keys.shape, keys.dtype),
+                  jax.ShapeDtypeStruct(values.shape, values.dtype)]
+    out_specs += [whole, whole]
+    aliases = {5: 1, 6: 2}   # keys, values -> the updated caches
+  out = pl.pallas_call(
+      kernel, grid=(heads, b), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+      input_output_aliases=aliases, compiler_params=_compiler_params(),
+      interpret=interpret_mode(interpret),
+      name="t5_self_attention" if self_attn else "t5_cross_attention")(*args)
+  return tuple(out) if self_attn else out[0]
+
+
+# ------------------------------------------------------------------ the decoder
+
+
+def covers(config: Any, batch: int, k: int, cache: Any, write: bool, tree: Any,
+           return_hidden: bool) -> bool:
+  """Whether the kernels run this decode call (else the XLA path does; see the
+  module docstring). Static: decided at trace time from shapes and flags."""
+  if cache is None or not write or tree is not None or return_hidden:
+    return False
+  if not (1 <= k <= QUERY_BLOCK and 1 <= batch <= MAX_BATCH):
+    return False
+  c = config
+  sizes = (c.d_model, c.num_heads * c.head_dim, c.d_ff, c.vocab_size)
+  lengths = (cache.cache_len, cache.cross_k[0].shape[1])
+  return (all(n % 16 == 0 for n in sizes) and c.head_dim & (c.head_dim - 1) == 0
+          and c.head_dim >= 16 and all(n >= 16 for n in lengths))
+
+
+def _check_float(params: Any) -> None:
+  leaves = jax.tree_util.tree_leaves(params, is_leaf=quantization.is_qarray)
+  if any(quantization.is_qarray(x) for x in leaves):
+    raise ValueError("decode_kernel='pallas' does not cover quantized kernels "
+                     "(draft_quantization); use decode_kernel='xla' for a quantized draft")
+
+
+def layer(config: Any, params: dict, x: Array, positions: Array, bias: Array,
+          k_cache: Array, v_cache: Array, cross_k: Array, cross_v: Array, enc_mask: Array,
+          interpret: Optional[bool] = None) -> tuple[Array, Array, Array]:
+  """One decoder layer (``models.t5.DecoderLayer``, chain decode with a cache)
+  in 6 kernels. params: the layer's (T5X names); x [R, d] at the activation
+  dtype, R = 16 * (batch rounded up to a power of two), batch row b's queries
+  in rows 16 b .. 16 b + 15; positions [B, 16] int32 (-1: padding); bias [B,
+  H, 16, L] float32; k_cache/v_cache [B, L, H, dh]; cross_k/cross_v [B, S, H,
+  dh]; enc_mask [B, S] int32. -> (x [R, d], k_cache, v_cache), the new rows
+  written at ``positions``."""
+  c = config
+  dt = jnp.dtype(c.dtype)
+  run = functools.partial(rows_product, dtype=dt, eps=c.layer_norm_epsilon,
+                          interpret=interpret)
+  att = functools.partial(attention, dtype=dt, eps=c.layer_norm_epsilon,
+                          interpret=interpret)
+  kern = lambda p: p["kernel"]
+  scale = lambda p: p["scale"]
+  sa, ca, mlp = params["self_attention"], params["encoder_decoder_attention"], params["mlp"]
+  a, k_cache, v_cache = att(x, scale(params["pre_self_attention_layer_norm"]),
+                            kern(sa["query"]), k_cache, v_cache, w_k=kern(sa["key"]),
+                            w_v=kern(sa["value"]), positions=positions, bias=bias)
+  x, = run(a, [kern(sa["out"])], residual=x)
+  a = att(x, scale(params["pre_cross_attention_layer_norm"]), kern(ca["query"]), cross_k,
+          cross_v, key_mask=enc_mask)
+  x, = run(a, [kern(ca["out"])], residual=x)
+  if c.gated:
+    h, = run(x, [kern(mlp["wi_0"]), kern(mlp["wi_1"])], act="gated",
+             norm_scale=scale(params["pre_mlp_layer_norm"]))
+  else:
+    h, = run(x, [kern(mlp["wi"])], act="relu", norm_scale=scale(params["pre_mlp_layer_norm"]))
+  x, = run(h, [kern(mlp["wo"])], residual=x)
+  return x, k_cache, v_cache
+
+
+def decode(config: Any, params: dict, x: Array, positions: Array, cache: Any,
+           relpos_bias: Callable[[Array, Array], Array], embedding: Optional[Array] = None,
+           interpret: Optional[bool] = None) -> tuple[Array, Any]:
+  """The decoder over k new tokens with the kernels: ``models.t5.Decoder``'s
+  chain decode (cache given, ``write=True``).
+
+  config: the ``T5Config``; params: the decoder's parameters (T5X names,
+  ``layers_{i}/...``, ``decoder_norm``, ``logits_dense`` for 1.1); x [B, k, d]
+  the new tokens' embeddings; positions [B, k] int32; cache: the
+  ``DecoderCache``; relpos_bias: (q_pos [B, Q], k_pos [B, L]) -> [B, H, Q, L]
+  (the decoder's table); embedding [V, d] (T5 1.0's logits).
+  -> (logits [B, k, V] float32, cache with the new rows written).
+  """
+  _check_float(params)
+  c = config
+  dt = jnp.dtype(c.dtype)
+  b, k, d = x.shape
+  nq = QUERY_BLOCK
+  batch_rows = 1 << (b - 1).bit_length()   # a power of two, for Triton's blocks
+  rows = batch_rows * nq
+  # Row r = b * 16 + j: batch row b's j-th new token; padding at position -1.
+  x = jnp.pad(x.astype(dt), ((0, batch_rows - b), (0, nq - k), (0, 0))).reshape(rows, d)
+  pos = jnp.pad(positions.astype(jnp.int32), ((0, 0), (0, nq - k)), constant_values=-1)
+  length = cache.cache_len
+  k_pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
+  bias = relpos_bias(pos, k_pos).astype(jnp.float32)     # [B, H, 16, L], once per call
+  enc_mask = cache.encoder_mask.astype(jnp.int32)
+  run = functools.partial(rows_product, dtype=dt, eps=c.layer_norm_epsilon,
+                          interpret=interpret)
+  new_k, new_v = [], []
+  for i in range(c.num_decoder_layers):
+    x, kc, vc = layer(c, params[f"layers_{i}"], x, pos, bias, cache.self_k[i], cache.self_v[i],
+                      cache.cross_k[i], cache.cross_v[i], enc_mask, interpret)
+    new_k.append(kc)
+    new_v.append(vc)
+  final = params["decoder_norm"]["scale"]
+  if c.logits_via_embedding:
+    logits, = run(x, [embedding], norm_scale=final, transpose=True, out_dtype=jnp.float32,
+                  divisor=math.sqrt(c.d_model))
+  else:
+    logits, = run(x, [params["logits_dense"]["kernel"]], norm_scale=final,
+                  out_dtype=jnp.float32)
+  logits = logits.reshape(batch_rows, nq, -1)[:b, :k]
+  return logits, cache.replace(self_k=tuple(new_k), self_v=tuple(new_v))
