@@ -43,6 +43,9 @@ def test_plain_unless_the_best_gain_exceeds_its_standard_error(ratio, want):
   rec = choice.as_record()
   assert rec["gamma"] == want and rec["predicted_se"]["2"] == pytest.approx(ratio * gain)
   assert rec["round_se"]["2"] == pytest.approx(rse)
+  # A resumed run reads the choice back from its record (its costs it times anew).
+  back = autogamma.GammaChoice.from_record(rec)
+  assert back.as_record() == rec and back == choice and back.costs == {}
 
 
 def test_costs_in_context_and_the_smallest_gamma_within_the_gap():

@@ -88,6 +88,16 @@ class GammaChoice:
             "predicted_se": per(self.predicted_se), "argmax": self.argmax,
             "gap_se": per(self.gap_se)}
 
+  @classmethod
+  def from_record(cls, record: dict) -> GammaChoice:
+    """The choice an earlier part of a run recorded (``as_record``), without
+    its costs: a resumed run times its own."""
+    # (Records of runs before the standard errors were recorded lack them.)
+    per = lambda key: {int(g): float(x) for g, x in record.get(key, {}).items()}
+    return cls(record["gamma"], record["alpha_warmup"], record["alpha_tokens"],
+               record["alpha_se"], per("c"), per("v"), per("round_se"), per("predicted"),
+               per("predicted_se"), per("gap_se"), record["argmax"])
+
 
 def in_context_costs(costs: dict[int, Costs], gammas: Sequence[int]
                      ) -> tuple[dict[int, float], dict[int, float], dict[int, float]]:

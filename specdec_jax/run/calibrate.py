@@ -45,23 +45,23 @@ class Calibration:
 
 
 def gamma_of_run(setup: Setup, records: Sequence[dict], root: Array
-                 ) -> tuple[int, Optional[dict], dict[int, Costs]]:
-  """(γ, the choice's record or None, the costs it measured) for this run:
-  the fixed one, the tree's positions less one, the one an earlier part of
-  this run chose (resume), or ``autogamma.choose_gamma`` on the held-out
-  inputs (``Setup.held_out``) or else the warm-up examples, its costs timed
-  here (``costs_many`` at γ = 1..auto_gamma_max), so that ``calibrate``
-  records the very costs the choice was made with; 0 is plain decoding. The
-  costs are empty where nothing was measured."""
+                 ) -> tuple[int, Optional[autogamma.GammaChoice]]:
+  """(γ, gamma='auto''s choice or None) for this run: the fixed one, the
+  tree's positions less one, the one an earlier part of this run chose
+  (resume: without costs), or ``autogamma.choose_gamma`` on the held-out
+  inputs (``Setup.held_out``) or else the warm-up examples, with the costs
+  timed here (``costs_many`` at γ = 1..auto_gamma_max), which ``calibrate``
+  then records: the choice and the run's prediction use one measurement.
+  0 is plain decoding."""
   exp = setup.exp
   if exp.tree_shape is not None:
-    return exp.verify_gamma, None, {}
+    return exp.verify_gamma, None
   if exp.gamma != "auto":
-    return exp.gamma, None, {}
+    return exp.gamma, None
   if records:
-    choice = records[0]["gamma_auto"]
-    logging.info("gamma='auto': resuming with the gamma chosen before, %d", choice["gamma"])
-    return choice["gamma"], choice, {}
+    choice = autogamma.GammaChoice.from_record(records[0]["gamma_auto"])
+    logging.info("gamma='auto': resuming with the gamma chosen before, %d", choice.gamma)
+    return choice.gamma, choice
   place = setup.partitioner.shard_batch if setup.partitioner else (lambda x: x)
   inputs, n = setup.inputs, exp.num_warmup
   if setup.held_out is not None:
@@ -71,7 +71,7 @@ def gamma_of_run(setup: Setup, records: Sequence[dict], root: Array
                                   exp.sampling, exp.max_decode_len, exp.auto_gamma_max,
                                   setup.partitioner,
                                   costs=costs_many(setup, range(1, exp.auto_gamma_max + 1)))
-  return choice.gamma, choice.as_record(), choice.costs
+  return choice.gamma, choice
 
 
 def warm_up(setup: Setup, progs: Programs, root: Array) -> None:
@@ -152,14 +152,14 @@ def prefill(setup: Setup, todo: Sequence[int], gamma: int, plain: bool
   return ms
 
 
-def calibrate(setup: Setup, progs: Programs, gamma_auto: Optional[dict], todo: Sequence[int],
-              root: Array, measured: Optional[dict[int, Costs]] = None) -> Calibration:
-  """Warm-up, costs and prefill, in that order, for the examples ``todo``.
-  ``measured``: the costs gamma='auto' chose with (``gamma_of_run``), which
-  the run then records instead of timing them a second time."""
+def calibrate(setup: Setup, progs: Programs, gamma_auto: Optional[autogamma.GammaChoice],
+              todo: Sequence[int], root: Array) -> Calibration:
+  """Warm-up, costs and prefill, in that order, for the examples ``todo``;
+  with gamma='auto' the costs are those its choice was made with
+  (``gamma_of_run``), not timed a second time."""
   warm_up(setup, progs, root)
   # Plain decoding: the costs at the γ the choice found best (what ruled it out).
-  cost_gamma = progs.gamma if not progs.plain else int(gamma_auto["argmax"])
-  costs = costs_at(setup, cost_gamma, measured)
-  return Calibration(progs.gamma, gamma_auto, costs,
+  cost_gamma = progs.gamma if not progs.plain else gamma_auto.argmax
+  costs = costs_at(setup, cost_gamma, gamma_auto.costs if gamma_auto is not None else None)
+  return Calibration(progs.gamma, None if gamma_auto is None else gamma_auto.as_record(), costs,
                      prefill(setup, todo, cost_gamma, progs.plain))

@@ -99,10 +99,10 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   decoding on every example not yet in ``workdir``, one line each."""
   exp = setup.exp
   root = jax.random.PRNGKey(exp.seed)
-  gamma, gamma_auto, measured = calibrate.gamma_of_run(setup, workdir.records, root)
+  gamma, gamma_auto = calibrate.gamma_of_run(setup, workdir.records, root)
   progs = programs(setup, gamma)
   todo = pending(exp, len(setup.examples), workdir, alpha_only=False)
-  cal = calibrate.calibrate(setup, progs, gamma_auto, todo, root, measured)
+  cal = calibrate.calibrate(setup, progs, gamma_auto, todo, root)
   t_start = time.perf_counter()
   processed = 0
   progress = Progress(len(setup.examples) - exp.num_warmup)
