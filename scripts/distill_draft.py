@@ -6,10 +6,11 @@
       --eval_source=data/bible/validation.tsv
 
 Flags carry the runner's ``Experiment`` names (source, split, task, vocab_path,
-*_checkpoint, *_format, *_preset, max_input_len, max_decode_len); each flag is
-the ``DistillJob`` field of its name. ``--smoke`` trains two random micro models
-for a few steps under --workdir (a check that the pipeline runs, in well under a
-minute). Relative paths to read (checkpoints, vocabulary, sources) are looked
+*_checkpoint, *_format, *_preset, max_input_len, max_decode_len, and every
+other setting of the pair the job takes, ``specdec_jax.pair.PairSettings``);
+each flag is the ``DistillJob`` field of its name. ``--smoke`` trains two
+random micro models for a few steps under --workdir (a check that the pipeline
+runs, in well under a minute). Relative paths to read (checkpoints, vocabulary, sources) are looked
 for in the working directory, then in the repository root, as the runner does;
 --output_dir and --workdir are relative to the working directory.
 
@@ -101,7 +102,8 @@ def _pair_flags(p: argparse.ArgumentParser, job: distill.DistillJob) -> None:
   """A flag for each pair setting (``PairSettings``, in its order) but those
   distillation holds fixed (``distill.FIXED_PAIR_SETTINGS``) and ``NO_FLAG``:
   a str, int or float setting (or an Optional one) is typed from its
-  annotation; any other needs its entry in ``special`` below."""
+  annotation, a bool is --name / --no-name; any other needs its entry in
+  ``special`` below."""
   special = {
       "mesh_shape": dict(type=_mesh_shape, help="DistillJob.mesh_shape: DATA,MODEL device "
                          "mesh, e.g. 1,8 (default: one device)"),
@@ -119,6 +121,8 @@ def _pair_flags(p: argparse.ArgumentParser, job: distill.DistillJob) -> None:
     kw = dict(default=getattr(job, f.name), help=f"DistillJob.{f.name}")
     if f.name in special:
       kw.update(special[f.name])
+    elif kind == [bool]:
+      kw["action"] = argparse.BooleanOptionalAction   # --name / --no-name
     elif len(kind) == 1 and kind[0] in (str, int, float):
       kw["type"] = kind[0]
     else:
