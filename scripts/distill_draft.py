@@ -6,10 +6,11 @@
       --eval_source=data/bible/validation.tsv
 
 Flags carry the runner's ``Experiment`` names (source, split, task, vocab_path,
-*_checkpoint, *_format, *_preset, max_input_len, max_decode_len); each flag is
-the ``DistillJob`` field of its name. ``--smoke`` trains two random micro models
-for a few steps under --workdir (a check that the pipeline runs, in well under a
-minute). Relative paths to read (checkpoints, vocabulary, sources) are looked
+*_checkpoint, *_format, *_preset, max_input_len, max_decode_len, and every
+other setting of the pair the job takes, ``specdec_jax.pair.PairSettings``);
+each flag is the ``DistillJob`` field of its name. ``--smoke`` trains two
+random micro models for a few steps under --workdir (a check that the pipeline
+runs, in well under a minute). Relative paths to read (checkpoints, vocabulary, sources) are looked
 for in the working directory, then in the repository root, as the runner does;
 --output_dir and --workdir are relative to the working directory.
 
@@ -34,29 +35,34 @@ that moves a weight (``specdec_jax.dryrun.distill_programs``; needs libtpu, no T
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import typing
 from typing import Optional, Sequence
 
 from specdec_jax import distill
+from specdec_jax.pair import PairSettings
 from specdec_jax.scripting import script_args
 
 # The flags that name files to read: resolved as the runner resolves paths.
 READ_PATHS = ("target_checkpoint", "draft_checkpoint", "source", "eval_source", "vocab_path")
+# Pair settings (``PairSettings``) a flag does not spell: the Python API's only.
+NO_FLAG = ("logical_axis_rules", "config_dirs")
 
 
 def parser() -> argparse.ArgumentParser:
   """The flags: every ``DistillJob`` field (its default), --max_examples,
   --eval_max_examples, --max_minutes, --smoke and --verbose."""
   p = script_args.new_parser(__doc__)
-  job = distill.DistillJob("", "", "", "")
-  for name in ("target_checkpoint", "draft_checkpoint", "output_dir", "workdir", "source",
-               "split", "task", "vocab_path", "target_format", "draft_format", "eval_split",
-               "divergence", "optimizer"):
+  job = distill.DistillJob(output_dir="", workdir="")
+  _pair_flags(p, job)
+  for name in ("output_dir", "workdir", "source", "split", "task", "eval_split", "divergence",
+               "optimizer"):
     p.add_argument(f"--{name}", default=getattr(job, name) or None, help=f"DistillJob.{name}")
-  for name in ("prefix", "target_preset", "draft_preset", "tfds_data_dir", "eval_source"):
+  for name in ("prefix", "tfds_data_dir", "eval_source"):
     p.add_argument(f"--{name}", default=None, help=f"DistillJob.{name}")
-  for name in ("vocab_extra_ids", "max_input_len", "max_decode_len", "generate_batch_size",
-               "steps", "batch_tokens", "eval_every", "seed", "grow_encoder_layers",
+  for name in ("max_input_len", "max_decode_len", "generate_batch_size", "steps",
+               "batch_tokens", "eval_every", "seed", "grow_encoder_layers",
                "grow_decoder_layers", "feature_staleness"):
     p.add_argument(f"--{name}", type=int, default=getattr(job, name), help=f"DistillJob.{name}")
   p.add_argument("--max_examples", type=int, default=None,
@@ -77,15 +83,6 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--feature_bridge", action="store_true",
                  help="DistillJob.feature_bridge: the draft also reads the target's decoder "
                       "states of the committed prefix (specdec_jax.drafts.feature_bridge)")
-  p.add_argument("--mesh_shape", type=_mesh_shape, default=None,
-                 help="DistillJob.mesh_shape: DATA,MODEL device mesh, e.g. 1,8 "
-                      "(default: one device)")
-  p.add_argument("--param_dtype", default=job.param_dtype, choices=distill.PARAM_DTYPES,
-                 help="DistillJob.param_dtype: the target's weights in device memory "
-                      "(bfloat16 halves them; the draft trains in float32)")
-  p.add_argument("--partition_fallback", default=job.partition_fallback,
-                 help="DistillJob.partition_fallback: 'error' or 'replicate' for dimensions "
-                      "the mesh does not divide")
   p.add_argument("--export_quantization", default=None, choices=("int8", "int4"),
                  help="DistillJob.export_quantization: record that the exported draft runs "
                  "with weight-only int8 / int4 kernels (per-channel scales); the runner "
@@ -99,6 +96,39 @@ def parser() -> argparse.ArgumentParser:
                       "on this machine and report their memory; reads, writes and trains "
                       "nothing (specdec_jax.dryrun.distill_programs)")
   return p
+
+
+def _pair_flags(p: argparse.ArgumentParser, job: distill.DistillJob) -> None:
+  """A flag for each pair setting (``PairSettings``, in its order) but those
+  distillation holds fixed (``distill.FIXED_PAIR_SETTINGS``) and ``NO_FLAG``:
+  a str, int or float setting (or an Optional one) is typed from its
+  annotation, a bool is --name / --no-name; any other needs its entry in
+  ``special`` below."""
+  special = {
+      "mesh_shape": dict(type=_mesh_shape, help="DistillJob.mesh_shape: DATA,MODEL device "
+                         "mesh, e.g. 1,8 (default: one device)"),
+      "param_dtype": dict(choices=distill.PARAM_DTYPES, help="DistillJob.param_dtype: the "
+                          "target's weights in device memory (bfloat16 halves them; the "
+                          "draft trains in float32)"),
+      "partition_fallback": dict(help="DistillJob.partition_fallback: 'error' or 'replicate' "
+                                 "for dimensions the mesh does not divide"),
+  }
+  hints = typing.get_type_hints(PairSettings)
+  for f in dataclasses.fields(PairSettings):
+    if f.name in NO_FLAG or f.name in distill.FIXED_PAIR_SETTINGS:
+      continue
+    kind = [t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None)]
+    kw = dict(default=getattr(job, f.name), help=f"DistillJob.{f.name}")
+    if f.name in special:
+      kw.update(special[f.name])
+    elif kind == [bool]:
+      kw["action"] = argparse.BooleanOptionalAction   # --name / --no-name
+    elif len(kind) == 1 and kind[0] in (str, int, float):
+      kw["type"] = kind[0]
+    else:
+      raise TypeError(f"pair setting {f.name} ({hints[f.name]}) has no flag: give it an entry "
+                      "in _pair_flags's special flags or in NO_FLAG")
+    p.add_argument(f"--{f.name}", **kw)
 
 
 def _mesh_shape(text: str) -> tuple[int, ...]:

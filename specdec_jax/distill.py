@@ -40,17 +40,22 @@ from specdec_jax import partitioning, quantization, storage, training  # noqa: F
 from specdec_jax.drafts import bridge, feature_bridge
 from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import T5Config, T5Model, shift_right
-from specdec_jax.pair import ModelPair, check_path, resolve_path
+from specdec_jax.pair import ModelPair, PairSettings, check_path
 from specdec_jax.partitioning import Partitioner
 from specdec_jax.sampling import SamplingConfig
 
 DIVERGENCES = ("fkl", "tv", "rkl", "none")
 OUTPUT_MODES = ("greedy", "sample")
 PARAM_DTYPES = ("float32", "bfloat16")   # the target's weights in device memory
-# The DistillJob fields its ModelPair is built from (the same names there).
-PAIR_FIELDS = ("target_checkpoint", "draft_checkpoint", "target_format", "draft_format",
-               "target_preset", "draft_preset", "vocab_path", "vocab_extra_ids", "mesh_shape",
-               "logical_axis_rules", "partition_fallback", "param_dtype")
+# Pair settings distillation holds fixed: (the values it takes, why).
+FIXED_PAIR_SETTINGS = {
+    "dtype": (("float32",), "distillation computes in float32"),
+    "draft_param_dtype": ((None, "float32"), "the draft is kept and trained in float32"),
+    "draft_logical_axis_rules": ((None,), "the draft is replicated and trained data-parallel "
+                                 "(partitioning.DATA_PARALLEL_RULES)"),
+    "draft_quantization": ((None,), "the draft trains in float; export_quantization records "
+                           "the scheme the runner quantizes it with"),
+}
 
 
 # ---------------------------------------------------------------- target outputs
@@ -391,9 +396,15 @@ def agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params:
 # ---------------------------------------------------------------- a whole job
 
 
-@dataclasses.dataclass(frozen=True)
-class DistillJob:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DistillJob(PairSettings):
   """Everything a distillation run needs; field names follow ``run.Experiment``.
+
+  The target's and the draft's settings are the pair's, inherited from
+  ``specdec_jax.pair.PairSettings`` (the runner's too); ``pair`` is them as a
+  ``ModelPair``, validated as the runner's. Those that distillation holds
+  fixed (``FIXED_PAIR_SETTINGS``: float32 activations, the draft kept in
+  float32, replicated and unquantized) are refused at any other value.
 
   The draft starts from ``draft_checkpoint`` (any format the runner loads);
   ``output_dir`` receives the distilled draft in the project's format;
@@ -408,26 +419,16 @@ class DistillJob:
   'data'. The draft is replicated, kept and trained in float32, data-parallel:
   each training batch's rows (a multiple of the 'data' axis, ``batch_tokens`` a
   cap, ``training.batch_rows``) are split over 'data' and the gradients reduced
-  across it. The target and draft settings form ``pair``
-  (``specdec_jax.pair.ModelPair``, validated as the runner's); settings, mesh
-  and vocabularies are checked before any weight is read
-  (``check_before_loading``).
+  across it. Settings, mesh and vocabularies are checked before any weight is
+  read (``check_before_loading``).
   """
 
-  target_checkpoint: str
-  draft_checkpoint: str
   output_dir: str
   workdir: str
   source: str = "data/bible/train.tsv"
   split: str = "train"
   task: str = "bible_modernize"
-  prefix: Optional[str] = None
-  vocab_path: str = "checkpoints/demo/spm.model"
-  vocab_extra_ids: int = 0
-  target_format: str = "auto"
-  target_preset: Optional[str] = None
-  draft_format: str = "auto"
-  draft_preset: Optional[str] = None
+  prefix: Optional[str] = None            # the task's input prefix; None: data.PREFIXES[task]
   tfds_data_dir: Optional[str] = None
   max_examples: Optional[int] = None
   eval_source: Optional[str] = None       # held-out pairs for the agreement log
@@ -463,10 +464,6 @@ class DistillJob:
   eval_every: int = 250
   seed: int = 0
   resume: bool = False
-  mesh_shape: Optional[tuple[int, int]] = None   # (data, model); None: one device
-  param_dtype: str = "float32"                   # the target's weights in device memory
-  logical_axis_rules: Optional[tuple] = None     # the target's; None: STANDARD_RULES
-  partition_fallback: str = "error"              # or 'replicate' non-divisible dimensions
   # Export the draft for weight-only quantization: None, 'int8' or 'int4'
   # (specdec_jax.quantization). The weights are written as always (bfloat16)
   # and the scheme recorded beside them (quantization.RECORD_FILE); the runner
@@ -478,14 +475,8 @@ class DistillJob:
     """The target and the draft as one ``ModelPair`` (messages name the
     fields, which are the script's flags): the target's weights at
     ``param_dtype`` under ``logical_axis_rules``, the draft's kept in float32
-    and replicated (``partitioning.DATA_PARALLEL_RULES``), activations float32."""
-    return ModelPair(**{f: getattr(self, f) for f in PAIR_FIELDS}, draft_param_dtype="float32",
-                     dtype="float32")
-
-  def resolve(self, path: str) -> str:
-    """A path to read as the job reads it: the working directory, else the
-    repository root (``pair.resolve_path``)."""
-    return resolve_path(path)
+    (whatever ``param_dtype`` is) and replicated, activations float32."""
+    return dataclasses.replace(self.model_pair(), draft_param_dtype="float32")
 
   def validate(self, check_paths: bool = True) -> None:
     """Checks that need no loading; fail before any work. ``check_paths``
@@ -511,6 +502,10 @@ class DistillJob:
     for name in ("grow_encoder_layers", "grow_decoder_layers"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+    for name, (allowed, why) in FIXED_PAIR_SETTINGS.items():
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"{name}={getattr(self, name)!r}: {why}; leave it at "
+                         f"{allowed[-1]!r}")
     pair = self.pair
     pair.check_values(PARAM_DTYPES)
     quantization.check(self.export_quantization, "export_quantization")
@@ -793,8 +788,9 @@ def smoke_job(workdir: str, log_fn: Callable[[str], None] = print,
     save_checkpoint(os.path.join(workdir, name), T5Model(cfg).init(jax.random.PRNGKey(0)),
                     cfg, overwrite=True)
   job = DistillJob(
-      os.path.join(workdir, "target"), os.path.join(workdir, "draft"),
-      os.path.join(workdir, "distilled"), os.path.join(workdir, "run"),
+      target_checkpoint=os.path.join(workdir, "target"),
+      draft_checkpoint=os.path.join(workdir, "draft"),
+      output_dir=os.path.join(workdir, "distilled"), workdir=os.path.join(workdir, "run"),
       source=os.path.join(repo, "data/bible/validation.tsv"), max_examples=48,
       eval_source=os.path.join(repo, "data/bible/test.tsv"), eval_max_examples=16,
       vocab_path=os.path.join(repo, "checkpoints/demo/spm.model"), max_input_len=32,

@@ -4,11 +4,13 @@ before any weight is read.
 
 Speculative decoding (paper §2) pairs a target M_p with an approximation
 model M_q that speaks the target's token ids; distillation trains such a draft
-toward its target. The runner's ``Experiment`` and distillation's
-``DistillJob`` keep their own settings (gin bindings and script flags) and
-build their ``ModelPair`` from them; every check of those shared settings, the
+toward its target. The pair's settings are declared once, in
+``PairSettings``: the runner's ``Experiment`` and distillation's
+``DistillJob`` inherit them (so each is a gin binding ``Experiment.<name>``
+and a ``DistillJob`` field, a flag of ``scripts/distill_draft.py``), and
+``ModelPair`` is them with everything done with them: every check, the
 architectures peeked from the checkpoints, the partitioners over one mesh and
-the loading of either model live here, once.
+the loading of either model, once. An owner's ``pair`` is its ``ModelPair``.
 
 Relative paths to read are looked up in the working directory, then in each
 directory of ``config_dirs`` (the ``--config`` files', last first), then in
@@ -78,9 +80,11 @@ def check_path(setting: str, value: str, config_dirs: Sequence[str] = (),
 # ------------------------------------------------------------------- the pair
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelPair:
-  """The target and the draft, as their owner's settings name them.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PairSettings:
+  """The settings of a target and its draft, declared once: ``ModelPair``,
+  ``run.Experiment`` and ``distill.DistillJob`` inherit them, so a new one
+  is a field here (and its use in ``ModelPair``), nothing else.
 
   Each model: a checkpoint path (the draft's '' for an approximation model
   that reads none), its format (``checkpoints.FORMATS``) and preset (the
@@ -91,23 +95,23 @@ class ModelPair:
   count, None = one device; the target under ``logical_axis_rules`` (None:
   ``partitioning.STANDARD_RULES``), the draft under
   ``draft_logical_axis_rules`` (None: ``partitioning.DATA_PARALLEL_RULES``),
-  non-divisible dimensions per ``partition_fallback``. Weights are kept at
-  ``param_dtype`` (the draft's at ``draft_param_dtype``, None: the same; norms
-  stay float32), activations run at ``dtype``, and every weight product over
-  at least ``min_rows`` rows (``T5Config.min_rows``: 2 keeps a batch-1 step a
-  matrix product on GPUs). ``decode_kernel`` (``T5Config.decode_kernel``):
-  'xla', the reference, or 'pallas', both models' chain decode as fused
-  Pallas kernels (``specdec_jax.kernels``; one device, float kernels only).
+  non-divisible dimensions per ``partition_fallback`` ('error' or
+  'replicate', logged). Weights are kept at ``param_dtype`` (the draft's at
+  ``draft_param_dtype``, None: the same; norms stay float32), activations run
+  at ``dtype``, and every weight product over at least ``min_rows`` rows
+  (``T5Config.min_rows``: 2 keeps a batch-1 step a matrix product on GPUs).
+  ``decode_kernel`` (``T5Config.decode_kernel``): 'xla', the reference, or
+  'pallas', both models' chain decode as fused Pallas kernels
+  (``specdec_jax.kernels``; one device, float kernels only).
 
   ``draft_quantization`` (None, 'int8' or 'int4'): the draft's kernels are
   quantized weight-only when it loads (``specdec_jax.quantization``); None
   keeps what the draft's checkpoint records (a quantized distillation export,
   ``recorded_quantization``), else float. The target is never quantized.
+  Exact for any value: only α and the draft's cost change.
 
-  ``prefix`` is how the owner spells its settings in messages:
-  'Experiment.' (gin bindings) or '' (``DistillJob`` fields, the flags of
-  ``scripts/distill_draft.py``). ``config_dirs``: where relative paths are
-  looked for after the working directory (see ``candidates``).
+  ``config_dirs`` is not a setting: the owner sets it to where relative paths
+  are looked for after the working directory (see ``candidates``).
   """
 
   target_checkpoint: str = ""
@@ -116,7 +120,7 @@ class ModelPair:
   draft_format: str = "auto"
   target_preset: Optional[str] = None
   draft_preset: Optional[str] = None
-  vocab_path: str = ""
+  vocab_path: str = "checkpoints/demo/spm.model"
   vocab_extra_ids: int = 0
   mesh_shape: Optional[tuple] = None
   logical_axis_rules: Optional[tuple] = None
@@ -129,23 +133,47 @@ class ModelPair:
   decode_kernel: str = "xla"
   draft_quantization: Optional[str] = None
   config_dirs: tuple = ()
-  prefix: str = ""
+
+  def model_pair(self, owner: str = "") -> ModelPair:
+    """These settings as a ``ModelPair`` whose messages spell them as
+    ``owner`` does (see ``ModelPair.owner``)."""
+    return ModelPair(**{f.name: getattr(self, f.name)
+                        for f in dataclasses.fields(PairSettings)}, owner=owner)
+
+  def resolve(self, path: str) -> str:
+    """``path`` as it will be read (``resolve_path`` with ``config_dirs``)."""
+    return resolve_path(path, self.config_dirs)
+
+  def weight_dtype(self, role: str) -> str:
+    """The dtype 'target' or 'draft' keeps its weights in (norms aside):
+    ``param_dtype``, the draft's ``draft_param_dtype`` where set."""
+    return self.draft_param_dtype if role == "draft" and self.draft_param_dtype \
+        else self.param_dtype
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelPair(PairSettings):
+  """The target and the draft (``PairSettings``), validated and loaded.
+
+  ``owner`` names whose settings these are, for messages: 'Experiment'
+  (they are spelled as its gin bindings, ``Experiment.draft_checkpoint``) or
+  '' (``DistillJob`` fields, the flags of ``scripts/distill_draft.py``: the
+  bare name).
+  """
+
+  owner: str = ""
 
   # --------------------------------------------------------------- naming
 
   def spell(self, setting: str) -> str:
     """``setting`` as the user writes it (``Experiment.draft_checkpoint``)."""
-    return self.prefix + setting
+    return f"{self.owner}.{setting}" if self.owner else setting
 
   def _named(self, setting: str, message: str) -> str:
     """``message`` led by the setting's name (once: a message that already
     starts with it is left as it is)."""
     name = self.spell(setting)
     return message if message.startswith(name) else f"{name}: {message}"
-
-  def resolve(self, path: str) -> str:
-    """``path`` as it will be read (``resolve_path`` with ``config_dirs``)."""
-    return resolve_path(path, self.config_dirs)
 
   def model(self, role: str) -> tuple[str, str, Optional[str]]:
     """(checkpoint, format, preset) of 'target' or 'draft'."""
@@ -169,7 +197,7 @@ class ModelPair:
         raise ValueError(f"{self.spell(name)} must be one of {allowed}, "
                          f"got {getattr(self, name)!r}")
     if self.draft_param_dtype not in (None,) + DTYPES:
-      raise ValueError(f"draft_param_dtype must be None or one of {DTYPES}, "
+      raise ValueError(f"{self.spell('draft_param_dtype')} must be None or one of {DTYPES}, "
                        f"got {self.draft_param_dtype!r}")
     quantization.check(self.draft_quantization, self.spell("draft_quantization"))
     if isinstance(self.min_rows, bool) or not isinstance(self.min_rows, int) or self.min_rows < 1:
@@ -314,11 +342,9 @@ class ModelPair:
     quantized per ``quantization_of_draft`` unless ``quantize`` is False
     (distillation trains it in float)."""
     path, fmt, preset = self.model(role)
-    param_dtype = (self.draft_param_dtype if role == "draft" and self.draft_param_dtype
-                   else self.param_dtype)
     config = get_config(preset, dtype=self.dtype) if preset else None
     params, config = checkpoints.load_checkpoint(self.resolve(path), fmt=fmt, config=config,
-                                                 param_dtype=param_dtype,
+                                                 param_dtype=self.weight_dtype(role),
                                                  partitioner=partitioner)
     if role == "draft" and quantize:
       mode = self.quantization_of_draft()

@@ -230,24 +230,44 @@ def prediction_gap_se(alpha: float, c: Mapping[int, float], v: Mapping[int, floa
   measurements, so their variances add. All zero without standard errors.
   """
   c_se, v_se = c_se or {}, v_se or {}
-  h = 1e-5
-  lo, hi = max(alpha - h, 0.0), min(alpha + h, 1.0 - 1e-12)
-
-  def dS_dalpha(g):
-    return (walltime_improvement(hi, g, c[g], v[g])
-            - walltime_improvement(lo, g, c[g], v[g])) / (hi - lo)
-
-  def timing_var(g):
-    # S = E / (γ c + v): dS/dc = -S γ / (γ c + v), dS/dv = -S / (γ c + v).
-    denom = g * c[g] + v[g]
-    s = walltime_improvement(alpha, g, c[g], v[g])
-    return ((s * g / denom * c_se.get(g, 0.0)) ** 2 + (s / denom * v_se.get(g, 0.0)) ** 2)
-
   out = {}
   for g in sorted(c):
     if g == best:
       out[g] = 0.0
       continue
-    var = ((dS_dalpha(best) - dS_dalpha(g)) * alpha_se) ** 2 + timing_var(best) + timing_var(g)
+    var = (((_dS_dalpha(alpha, best, c[best], v[best]) - _dS_dalpha(alpha, g, c[g], v[g]))
+            * alpha_se) ** 2
+           + _timing_var(alpha, best, c[best], v[best], c_se.get(best, 0.0), v_se.get(best, 0.0))
+           + _timing_var(alpha, g, c[g], v[g], c_se.get(g, 0.0), v_se.get(g, 0.0)))
     out[g] = float(np.sqrt(var))
   return out
+
+
+def improvement_se(alpha: float, gamma: int, c: float, v: float, alpha_se: float = 0.0,
+                   c_se: float = 0.0, v_se: float = 0.0) -> float:
+  """Standard error of one prediction S = (1 - α^(γ+1)) / ((1 - α)(γ c + v))
+  (Theorem 3.8 generalized by v, ``walltime_improvement``), by first-order
+  error propagation with α, c and v measured independently:
+
+    se(S)² = (∂S/∂α · se(α))² + (S γ/(γ c + v) · se(c))² + (S/(γ c + v) · se(v))²
+
+  (∂S/∂α by a central difference). What a measured prediction must clear to
+  tell a gain from noise: S - 1 > se(S)."""
+  a = min(float(_check_alpha(alpha)), 1.0 - 1e-12)
+  var = (_dS_dalpha(a, gamma, c, v) * alpha_se) ** 2 + _timing_var(a, gamma, c, v, c_se, v_se)
+  return float(np.sqrt(var))
+
+
+def _dS_dalpha(alpha: float, gamma: int, c: float, v: float, h: float = 1e-5) -> float:
+  """∂S/∂α of ``walltime_improvement`` by a central difference inside [0, 1)."""
+  lo, hi = max(alpha - h, 0.0), min(alpha + h, 1.0 - 1e-12)
+  return (walltime_improvement(hi, gamma, c, v) - walltime_improvement(lo, gamma, c, v)) / (hi - lo)
+
+
+def _timing_var(alpha: float, gamma: int, c: float, v: float, c_se: float, v_se: float
+                ) -> float:
+  """S's variance from c's and v's: S = E / (γ c + v), so ∂S/∂c = -S γ / (γ c + v)
+  and ∂S/∂v = -S / (γ c + v)."""
+  denom = gamma * c + v
+  s = walltime_improvement(alpha, gamma, c, v)
+  return (s * gamma / denom * c_se) ** 2 + (s / denom * v_se) ** 2

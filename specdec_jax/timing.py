@@ -77,6 +77,9 @@ class Costs(NamedTuple):
   # apart, γ draft steps + one verify: > 1 where the models slow each other
   # down, e.g. by evicting each other's weights from a shared cache.
   interplay: float = 1.0
+  # Standard error of a round timed whole over the one-token step, i.e. of
+  # γ c_in_context + v_in_context (``median_se`` of the per-repeat ratios).
+  round_se: float = 0.0
 
   @property
   def c_in_context(self) -> float:
@@ -270,9 +273,10 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
     # spread is the noise of c and v.
     c_reps = [d / g / s for d, s in zip(times[("draft", g)], times["step"])]
     v_reps = [vf / s for vf, s in zip(times[("verify", g)], times["step"])]
+    r_reps = [r / s for r, s in zip(times[("round", g)], times["step"])]
     interplay = median(times[("round", g)]) / n / (g * t_draft + t_verify)
     out[g] = Costs(t_step, t_verify, t_draft, t_draft / t_step, t_verify / t_step,
-                   median_se(c_reps), median_se(v_reps), interplay)
+                   median_se(c_reps), median_se(v_reps), interplay, median_se(r_reps))
   return out
 
 

@@ -257,3 +257,28 @@ def test_grow_layers_preserves_the_function_and_trains(tiny_draft):
   assert float(jnp.abs(new["mlp"]["wo"]["kernel"]).max()) > 0
   with pytest.raises(ValueError, match="decoder=-1"):
     distill.grow_layers(params, model.config, decoder_layers=-1)
+
+
+def test_script_has_a_flag_for_each_pair_setting_it_takes():
+  """scripts/distill_draft.py: every pair setting (``PairSettings``) is a flag
+  of its name, typed from its annotation, but those distillation holds fixed
+  and NO_FLAG's; each flag reaches the DistillJob field of its name."""
+  import dataclasses
+  import importlib.util
+  from pathlib import Path
+  from specdec_jax.pair import PairSettings
+  from specdec_jax.scripting import script_args
+  path = Path(__file__).resolve().parent.parent / "scripts" / "distill_draft.py"
+  spec = importlib.util.spec_from_file_location("distill_draft", path)
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  flags = {a.dest for a in script.parser()._actions}
+  pair = {f.name for f in dataclasses.fields(PairSettings)}
+  assert pair - flags == set(distill.FIXED_PAIR_SETTINGS) | set(script.NO_FLAG)
+  args = script_args.parse(script.parser(), [
+      "--target_checkpoint=t", "--draft_checkpoint=d", "--output_dir=o", "--workdir=w",
+      "--min_rows=2", "--mesh_shape=1,2", "--vocab_extra_ids=3", "--draft_preset=t5_1_1_small"])
+  job = script._job(args)
+  assert (job.target_checkpoint, job.draft_checkpoint, job.min_rows, job.mesh_shape,
+          job.vocab_extra_ids, job.draft_preset, job.dtype) == (
+              "t", "d", 2, (1, 2), 3, "t5_1_1_small", "float32")

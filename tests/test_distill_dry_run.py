@@ -153,7 +153,8 @@ def test_a_program_that_does_not_fit_gets_a_smaller_batch(paths, monkeypatch):
   """The search for settings that fit halves the batch until a compile fits
   (the compile faked here: bytes proportional to the batch)."""
   ctx = driver.check(distill_programs.DistillPrograms(distill.DistillJob(
-      paths["target"], paths["draft"], paths["out"], paths["out"], source="x",
+      target_checkpoint=paths["target"], draft_checkpoint=paths["draft"],
+      output_dir=paths["out"], workdir=paths["out"], source="x",
       vocab_path="x", mesh_shape=MESH, generate_batch_size=64, batch_tokens=4096,
       max_input_len=32, max_decode_len=16)), TOPOLOGY)
   hbm = ctx.chip.hbm_bytes
@@ -215,9 +216,9 @@ def _job(paths, **kw) -> distill.DistillJob:
                 mesh_shape=MESH, param_dtype="bfloat16", max_input_len=32, max_decode_len=16,
                 generate_batch_size=8, batch_tokens=512)
   fields.update(kw)
-  return distill.DistillJob(fields.pop("target", paths["target"]),
-                            fields.pop("draft", paths["draft"]), paths["out"], paths["out"],
-                            **fields)
+  return distill.DistillJob(target_checkpoint=fields.pop("target", paths["target"]),
+                            draft_checkpoint=fields.pop("draft", paths["draft"]),
+                            output_dir=paths["out"], workdir=paths["out"], **fields)
 
 
 def _one_line(excinfo) -> str:

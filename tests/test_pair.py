@@ -20,8 +20,9 @@ def _owners(**kw):
   """The same pair settings as the runner's and as distillation's."""
   exp = dataclasses.replace(Experiment(target_checkpoint=TARGET, draft_checkpoint=DRAFT,
                                        vocab_path=VOCAB), **kw)
-  job = dataclasses.replace(distill.DistillJob(TARGET, DRAFT, "out", "wd", vocab_path=VOCAB),
-                            **kw)
+  job = dataclasses.replace(distill.DistillJob(target_checkpoint=TARGET, draft_checkpoint=DRAFT,
+                                               output_dir="out", workdir="wd",
+                                               vocab_path=VOCAB), **kw)
   return exp.pair, job.pair
 
 
@@ -57,7 +58,7 @@ def test_min_rows_reaches_the_loaded_models():
 
 def test_paths_name_the_setting_the_value_and_where_they_were_looked_for(tmp_path, monkeypatch):
   p = pair.ModelPair(target_checkpoint="nope", vocab_path=VOCAB, config_dirs=(str(tmp_path),),
-                     prefix="Experiment.")
+                     owner="Experiment")
   with pytest.raises(FileNotFoundError) as e:
     p.check_paths()
   assert str(e.value).startswith("Experiment.target_checkpoint: 'nope' does not exist "
@@ -107,3 +108,92 @@ def test_weights_at_each_roles_dtype():
   assert tp["token_embedder"]["embedding"].dtype == "bfloat16"
   assert dp["token_embedder"]["embedding"].dtype == "float32"
   assert target.config.dtype == draft.config.dtype == "float32"
+
+
+# ------------------------------------------------------------------- declared once
+
+
+PAIR = [f.name for f in dataclasses.fields(pair.PairSettings)]
+
+
+@pytest.mark.parametrize("owner", [pair.ModelPair, Experiment, distill.DistillJob])
+def test_each_pair_setting_is_declared_once(owner):
+  """The runner's Experiment, distillation's DistillJob and ModelPair hold
+  the pair's settings by inheriting them from PairSettings: the very field
+  objects, none declared again in the owner's own class body (a setting
+  declared a second time fails here)."""
+  fields = owner.__dataclass_fields__
+  assert [n for n in fields if n in PAIR] == PAIR
+  for name in PAIR:
+    assert fields[name] is pair.PairSettings.__dataclass_fields__[name], name
+  own = set(vars(owner).get("__annotations__", {}))
+  assert not own & set(PAIR), f"{owner.__name__} declares {sorted(own & set(PAIR))} again"
+  if owner is pair.ModelPair:
+    assert list(fields) == PAIR + ["owner"]
+
+
+def _distinct_values() -> dict:
+  """A value for every pair setting that no default has (validity aside)."""
+  out = {}
+  for f in dataclasses.fields(pair.PairSettings):
+    out[f.name] = (7 if isinstance(f.default, int) else (f.name, 1)
+                   if f.name in ("mesh_shape", "config_dirs") or "rules" in f.name
+                   else f"v_{f.name}")
+  return out
+
+
+def test_one_conversion_carries_every_setting():
+  """``Experiment.pair`` and ``DistillJob.pair`` carry every pair setting
+  (one added later included); distillation keeps its draft in float32."""
+  values = _distinct_values()
+  exp = dataclasses.replace(Experiment(), **values)
+  job = dataclasses.replace(distill.DistillJob(output_dir="o", workdir="w"), **values)
+  assert {n: getattr(exp.pair, n) for n in PAIR} == values and exp.pair.owner == "Experiment"
+  assert {n: getattr(job.pair, n) for n in PAIR} == dict(values, draft_param_dtype="float32")
+  assert job.pair.owner == ""
+
+
+def test_no_second_list_of_the_pairs_settings_in_the_code():
+  """No module spells out the pair's settings as a list (the mirror that once
+  kept three declarations in step): no literal tuple, list or set of string
+  constants naming six or more of them."""
+  import ast
+  found = []
+  for path in sorted([*(REPO / "specdec_jax").rglob("*.py"), *(REPO / "scripts").glob("*.py")]):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        names = {e.value for e in node.elts if isinstance(e, ast.Constant)} & set(PAIR)
+        if len(names) >= 6:
+          found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+  assert not found, f"a list of the pair's settings: {found}"
+
+
+def test_the_names_users_write_are_unchanged():
+  """Bindings ``Experiment.<setting>`` and DistillJob keywords keep working;
+  a message names the setting as each owner spells it; the old positional
+  DistillJob(target, draft, output_dir, workdir) fails rather than
+  misassigning."""
+  import gin
+  from specdec_jax import run
+  exp = run.parse_config([], ["Experiment.target_checkpoint = 't'", "Experiment.min_rows = 2",
+                              "Experiment.draft_param_dtype = 'bfloat16'"])
+  gin.clear_config()
+  assert (exp.target_checkpoint, exp.pair.min_rows, exp.pair.weight_dtype("draft"),
+          exp.pair.weight_dtype("target")) == ("t", 2, "bfloat16", "float32")
+  with pytest.raises(ValueError, match=r"^Experiment.draft_param_dtype must be None or one of"):
+    dataclasses.replace(exp, draft_param_dtype="int8").pair.check_values()
+  with pytest.raises(TypeError):
+    distill.DistillJob("t", "d", "o", "w")  # pylint: disable=too-many-function-args
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(dtype="bfloat16"), r"^dtype='bfloat16': distillation computes in float32"),
+    (dict(draft_param_dtype="bfloat16"), r"^draft_param_dtype='bfloat16': the draft is kept"),
+    (dict(draft_quantization="int8"), r"^draft_quantization='int8': .*export_quantization"),
+    (dict(draft_logical_axis_rules=()), r"^draft_logical_axis_rules=\(\): the draft is"),
+])
+def test_distillation_refuses_the_pair_settings_it_holds_fixed(kw, message):
+  job = distill.DistillJob(target_checkpoint=TARGET, draft_checkpoint=DRAFT, output_dir="o",
+                           workdir="w", vocab_path=VOCAB, source="data/bible/train.tsv", **kw)
+  with pytest.raises(ValueError, match=message):
+    job.validate(check_paths=False)

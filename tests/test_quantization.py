@@ -96,7 +96,8 @@ def test_bad_values_and_drafts_without_weights_are_refused():
       Experiment(draft_name=name, draft_checkpoint="",
                  draft_quantization="int8").validate()
   with pytest.raises(ValueError, match="export_quantization.*'fp8'"):
-    DistillJob("t", "d", "o", "w", export_quantization="fp8").validate(check_paths=False)
+    DistillJob(target_checkpoint="t", draft_checkpoint="d", output_dir="o", workdir="w",
+               export_quantization="fp8").validate(check_paths=False)
 
 
 def test_memory_counts_integers_and_scales(tiny_draft):
@@ -142,7 +143,8 @@ def test_export_records_quantization_and_the_runner_loads_it(tiny_draft, tmp_pat
   distillation, continuing it, in float); a contradicting binding is refused."""
   model, params = tiny_draft
   out = str(tmp_path / "distilled")
-  job = DistillJob("t", "d", out, str(tmp_path / "w"), export_quantization="int8")
+  job = DistillJob(target_checkpoint="t", draft_checkpoint="d", output_dir=out,
+                   workdir=str(tmp_path / "w"), export_quantization="int8")
   _export(job, model.config, jax.tree.map(np.asarray, params), False, {"steps": 0})
   assert quantization.RECORD_FILE in {p.name for p in (tmp_path / "distilled").iterdir()}
   pair = ModelPair(draft_checkpoint=out)
@@ -154,9 +156,10 @@ def test_export_records_quantization_and_the_runner_loads_it(tiny_draft, tmp_pat
   assert not quantization.is_qarray(floats["decoder"]["logits_dense"]["kernel"])
   with pytest.raises(ValueError, match=r"draft_quantization='int4'.*'int8'"):
     ModelPair(draft_checkpoint=out, draft_quantization="int4",
-              prefix="Experiment.").quantization_of_draft()
+              owner="Experiment").quantization_of_draft()
   # An export without the option leaves no record (and removes an old one).
-  _export(DistillJob("t", "d", out, str(tmp_path / "w")), model.config,
+  _export(DistillJob(target_checkpoint="t", draft_checkpoint="d", output_dir=out,
+                     workdir=str(tmp_path / "w")), model.config,
           jax.tree.map(np.asarray, params), False, {"steps": 0})
   assert ModelPair(draft_checkpoint=out).quantization_of_draft() is None
   assert checkpoints.load_checkpoint(out)[1].d_model == model.config.d_model

@@ -552,8 +552,8 @@ def test_help_lists_settings_and_library_info_is_quiet():
 
 
 def _forced_costs(costs):
-  """A stand-in for ``timing.measure_costs_many`` that returns ``costs`` for every γ."""
-  return lambda target, params, draft, x, gammas, *a, **k: {g: costs for g in gammas}
+  """A stand-in for ``calibrate.costs_many`` that returns ``costs`` for every γ."""
+  return lambda setup, gammas: {g: costs for g in gammas}
 
 
 def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsys, caplog,
@@ -568,8 +568,8 @@ def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsy
   import logging as std_logging
   from specdec_jax import timing
   from specdec_jax.run import autogamma
-  cheap = timing.Costs(1e-3, 1e-3, 5e-5, 0.05, 1.0, 0.01, 0.05)
-  monkeypatch.setattr(autogamma, "measure_costs_many", _forced_costs(cheap))
+  cheap = timing.Costs(1e-3, 1e-3, 5e-5, 0.05, 1.0, 0.01, 0.05, 1.0, 0.02)
+  monkeypatch.setattr(run.calibrate, "costs_many", _forced_costs(cheap))
   caplog.set_level(std_logging.WARNING)
   w = tmp_path / "auto"
   args = [f"--config={env / 'exp.gin'}", f"--workdir={w}",
@@ -586,13 +586,20 @@ def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsy
   for g in ("1", "2", "3"):
     assert auto["predicted"][g] == pytest.approx(theory.walltime_improvement(
         min(auto["alpha_warmup"], 1 - 1e-12), int(g), auto["c"][g], auto["v"][g]))
+    assert auto["predicted_se"][g] == pytest.approx(theory.improvement_se(
+        auto["alpha_warmup"], int(g), auto["c"][g], auto["v"][g], auto["alpha_se"], 0.0,
+        auto["round_se"][g]))
   best = max(auto["predicted"].values())
   assert auto["argmax"] == min(int(g) for g, x in auto["predicted"].items() if x == best)
-  # The choice: the smallest γ within one standard error of the argmax's prediction.
+  # The choice: the smallest γ within one standard error of the argmax's prediction
+  # whose gain exceeds its own standard error (all do here: the costs are cheap).
   assert auto["alpha_se"] >= 0 and auto["gap_se"][str(auto["argmax"])] == 0
+  assert all(x - 1 > auto["predicted_se"][g] for g, x in auto["predicted"].items())
   assert best >= 1 and auto["gamma"] == min(int(g) for g, x in auto["predicted"].items()
                                            if best - x <= auto["gap_se"][g])
   assert s["gamma"] == auto["gamma"]
+  # The run records the costs the choice was made with (one measurement).
+  assert s["c"] == pytest.approx(0.05) and s["v"] == pytest.approx(1.0)
   assert auto["alpha_tokens"] < autogamma.MIN_ALPHA_TOKENS
   assert any(f"only {auto['alpha_tokens']} target tokens" in r.getMessage()
              for r in caplog.records)
@@ -623,7 +630,7 @@ def test_gamma_auto_chooses_plain_decoding_where_no_gamma_pays(env, capsys, tmp_
   from specdec_jax import timing
   from specdec_jax.run import autogamma
   slow = timing.Costs(1e-3, 5e-3, 9e-4, 0.9, 5.0)
-  monkeypatch.setattr(autogamma, "measure_costs_many", _forced_costs(slow))
+  monkeypatch.setattr(run.calibrate, "costs_many", _forced_costs(slow))
   monkeypatch.setattr(run.programs, "speculative_decode",
                       lambda *a, **k: pytest.fail("speculative decoding ran"))
   w = tmp_path / "plain"
@@ -644,6 +651,41 @@ def test_gamma_auto_chooses_plain_decoding_where_no_gamma_pays(env, capsys, tmp_
     assert r["gamma_auto"] == auto
   assert "0 (plain decoding)" in out and "gamma='auto' chose plain decoding (γ = 0)" in out
   assert "decoded with the target alone" in out
+
+
+def test_gamma_auto_speculates_only_on_a_gain_beyond_its_standard_error(env, capsys, tmp_path,
+                                                                       monkeypatch):
+  """gamma='auto' with α forced to 0.6 ± 0.01 and costs forced to c 0.2, v 1
+  (Theorem 3.8 then predicts 1.33×, 1.40×, 1.36× for γ = 1, 2, 3): where the
+  round's timing error (s.e. 0.6 one-token steps) makes every gain smaller
+  than its own standard error, it chooses plain decoding; with s.e. 0.01 it
+  chooses the best γ, 2. Both runs' outputs equal the baseline's and each
+  other's, token for token (T = 0)."""
+  from specdec_jax import timing
+  from specdec_jax.run import autogamma
+  monkeypatch.setattr(autogamma, "estimate_alpha", lambda *a, **k: (0.6, 1000, 0.01))
+  outputs = {}
+  for name, round_se, want in (("noisy", 0.6, 0), ("clear", 0.01, 2)):
+    costs = timing.Costs(1e-3, 1e-3, 2e-4, 0.2, 1.0, 0.0, 0.0, 1.0, round_se)
+    monkeypatch.setattr(run.calibrate, "costs_many", _forced_costs(costs))
+    w = tmp_path / name
+    rc, _, err = _cli(capsys, f"--config={env / 'exp.gin'}", f"--workdir={w}",
+                      f"--gin_bindings=Experiment.draft_checkpoint = '{env / 'draft_near'}'",
+                      "--gin_bindings=Experiment.gamma = 'auto'",
+                      "--gin_bindings=Experiment.auto_gamma_max = 3",
+                      "--gin_bindings=Experiment.num_examples = 3")
+    assert rc == 0, err
+    s = json.loads((w / "summary.json").read_text())
+    auto = s["gamma_auto"]
+    assert [round(auto["predicted"][g], 2) for g in "123"] == [1.33, 1.40, 1.36]
+    assert auto["argmax"] == 2 and auto["gamma"] == s["gamma"] == want
+    gain, se = auto["predicted"]["2"] - 1, auto["predicted_se"]["2"]
+    assert (gain < se) if want == 0 else (gain > 10 * se)
+    recs = _lines(w / "examples.jsonl")
+    assert all(r["matches_baseline"] and r["gamma"] == want for r in recs)
+    assert (sum(r["draft_calls"] for r in recs) > 0) == (want > 0)
+    outputs[name] = [r["output"] for r in recs]
+  assert outputs["noisy"] == outputs["clear"]
 
 
 def _summary(**kw):

@@ -5,14 +5,28 @@ given α and c. On real hardware the target's pass over γ + 1 tokens is not
 free (its cost relative to a one-token step is v(γ), see ``timing``), so the
 choice maximizes the v-generalized form
 
-    (1 - α^(γ+1)) / ((1 - α)(γ c(γ) + v(γ)))
+    S(γ) = (1 - α^(γ+1)) / ((1 - α)(γ c(γ) + v(γ)))
 
 over γ = 1..γ_max, with α estimated on the warm-up examples or a held-out
 source (``specdec_jax.alpha``: Corollary 3.6's E[Σ_x min(p(x), q(x))] along
 the target's own outputs) and c(γ), v(γ) timed with the jitted pieces the loop
-runs, scaled by what the two cost together when they alternate as in a round
-(``timing.Costs.interplay``). Where no γ is predicted to beat plain decoding
-the choice is γ = 0, and the run decodes with the target alone.
+runs, in context: the round's two models timed alternating, as a round runs
+them (``timing.Costs.interplay``), so γ c(γ) + v(γ) is a round timed whole,
+in one-token steps.
+
+Each prediction carries a standard error, by first-order propagation through
+S (``theory.improvement_se``) of two measured errors: α's (over the warm-up
+sequences as clusters, never below the binomial sqrt(α(1 - α)/n),
+``alpha.alpha_standard_error``) and the round's (the spread of the round /
+step ratio over the interleaved repeats, ``timing.Costs.round_se``; a round is
+timed whole, so its error enters as the denominator's). The choice speculates
+only where that error cannot explain the gain: γ = 0 (plain decoding, the run
+decodes with the target alone) unless the best prediction beats 1 by more than
+its own standard error, S(γ*) - 1 > se(S(γ*)); otherwise the smallest γ whose
+gap to the best is within one standard error of that gap
+(``theory.gamma_curve``) and whose own gain exceeds its own error. The costs
+the choice used are the run's costs (``GammaChoice.costs``): the prediction in
+``summary.json`` and the choice come from one measurement.
 """
 
 from __future__ import annotations
@@ -42,8 +56,9 @@ MIN_ALPHA_TOKENS = 500
 class GammaChoice:
   """The outcome of ``choose_gamma``: what was measured and what it implies.
 
-  ``gamma`` 0 is plain decoding: the prediction is below 1 for every γ
-  considered, so the run decodes with the target alone (``plain``)."""
+  ``gamma`` 0 is plain decoding: no γ considered is predicted to beat it by
+  more than the prediction's standard error, so the run decodes with the
+  target alone (``plain``)."""
 
   gamma: int                         # the choice; 0: plain decoding
   alpha: float                       # Σmin(p, q) / tokens on the warm-up outputs
@@ -51,13 +66,17 @@ class GammaChoice:
   alpha_se: float                    # its standard error (``alpha.alpha_standard_error``)
   c: dict[int, float]                # in context (``timing.Costs.c_in_context``)
   v: dict[int, float]                # in context (``timing.Costs.v_in_context``)
+  round_se: dict[int, float]         # s.e. of γ c + v, the round timed whole
   predicted: dict[int, float]        # v-generalized Theorem 3.8 per γ
-  gap_se: dict[int, float]           # s.e. of predicted[best] - predicted[γ]
-  argmax: int                        # the curve's argmax (gamma is within gap_se of it)
+  predicted_se: dict[int, float]     # its standard error (``theory.improvement_se``)
+  gap_se: dict[int, float]           # s.e. of predicted[argmax] - predicted[γ]
+  argmax: int                        # the curve's argmax
+  # The one cost measurement behind the choice, per γ: the run's costs too.
+  costs: dict[int, Costs] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   @property
   def plain(self) -> bool:
-    """No γ ≤ γ_max is predicted to beat plain decoding: decode without a draft."""
+    """No γ ≤ γ_max is predicted to beat plain decoding beyond its error."""
     return self.gamma == 0
 
   def as_record(self) -> dict:
@@ -65,35 +84,63 @@ class GammaChoice:
     per = lambda d: {str(g): float(x) for g, x in sorted(d.items())}
     return {"gamma": self.gamma, "plain": self.plain, "alpha_warmup": self.alpha,
             "alpha_tokens": self.tokens, "alpha_se": self.alpha_se, "c": per(self.c),
-            "v": per(self.v), "predicted": per(self.predicted), "argmax": self.argmax,
+            "v": per(self.v), "round_se": per(self.round_se), "predicted": per(self.predicted),
+            "predicted_se": per(self.predicted_se), "argmax": self.argmax,
             "gap_se": per(self.gap_se)}
+
+  @classmethod
+  def from_record(cls, record: dict) -> GammaChoice:
+    """The choice an earlier part of a run recorded (``as_record``), without
+    its costs: a resumed run times its own."""
+    # (Records of runs before the standard errors were recorded lack them.)
+    per = lambda key: {int(g): float(x) for g, x in record.get(key, {}).items()}
+    return cls(record["gamma"], record["alpha_warmup"], record["alpha_tokens"],
+               record["alpha_se"], per("c"), per("v"), per("round_se"), per("predicted"),
+               per("predicted_se"), per("gap_se"), record["argmax"])
 
 
 def in_context_costs(costs: dict[int, Costs], gammas: Sequence[int]
-                     ) -> tuple[dict[int, float], ...]:
-  """(c, v, c_se, v_se) per γ with the two models timed alternating, as a
-  round runs them (``timing.Costs.interplay``). The interplay grows with γ
-  where the draft's steps evict the target's weights, so ignoring it favours
-  long γ."""
+                     ) -> tuple[dict[int, float], dict[int, float], dict[int, float]]:
+  """(c, v, round_se) per γ with the two models timed alternating, as a round
+  runs them (``timing.Costs.interplay``): γ c + v is the round timed whole, in
+  one-token steps, and ``round_se`` its standard error. The interplay grows
+  with γ where the draft's steps evict the target's weights, so ignoring it
+  favours long γ."""
   c = {g: costs[g].c_in_context for g in gammas}
   v = {g: costs[g].v_in_context for g in gammas}
-  c_se = {g: costs[g].c_se * costs[g].interplay for g in gammas}
-  v_se = {g: costs[g].v_se * costs[g].interplay for g in gammas}
-  return c, v, c_se, v_se
+  return c, v, {g: costs[g].round_se for g in gammas}
+
+
+def decide(alpha: float, tokens: int, alpha_se: float, costs: dict[int, Costs],
+           gamma_max: int) -> GammaChoice:
+  """The choice from α (``tokens``, ``alpha_se``) and ``costs`` for γ =
+  1..γ_max, by the rule in this module's docstring: plain decoding unless
+  the best prediction's gain exceeds its standard error."""
+  gammas = range(1, gamma_max + 1)
+  c, v, round_se = in_context_costs(costs, gammas)
+  # The round is timed whole: its error is the denominator's, which S takes as v's.
+  _, argmax, curve, gap_se = theory.gamma_curve(alpha, c, v, alpha_se, {}, round_se)
+  se = {g: theory.improvement_se(alpha, g, c[g], v[g], alpha_se, 0.0, round_se[g])
+        for g in gammas}
+  pays = lambda g: curve[g] - 1.0 > se[g]
+  gamma = 0
+  if pays(argmax):
+    gamma = min(g for g in gammas if pays(g) and curve[argmax] - curve[g] <= gap_se[g])
+  return GammaChoice(gamma, alpha, tokens, alpha_se, c, v, round_se, curve, se, gap_se, argmax,
+                     dict(costs))
 
 
 def choose_gamma(target: T5Model, params: Any, draft: Any,
                  batches: Sequence[tuple[Array, int]], key: Array, sampling: SamplingConfig,
                  max_decode_len: int, gamma_max: int, partitioner: Any = None,
-                 costs: Optional[dict[int, Costs]] = None) -> GammaChoice:
+                 costs: Optional[dict[int, Costs]] = None, repeats: int = 15) -> GammaChoice:
   """α on ``batches`` (the warm-up examples, see ``alpha.estimate_alpha``),
-  c(γ) and v(γ) for γ = 1..γ_max (timed on the first batch), and the γ that
-  maximizes the v-generalized Theorem 3.8 (``theory.gamma_curve``) — the
-  smallest γ within one standard error of the maximum, the errors being α's
-  (over warm-up sequences) and the timings' (over repeats). Where the
-  prediction is below 1 for every γ (a slow verification, an expensive or
-  poorly aligned draft), the choice is γ = 0: plain decoding, which no γ
-  considered is predicted to beat.
+  c(γ) and v(γ) for γ = 1..γ_max (timed on the first batch, ``repeats``
+  interleaved repeats, at the loop's cache length for γ_max), and the choice
+  (``decide``): plain decoding unless the best γ's predicted gain exceeds its
+  standard error, else the smallest γ within one standard error of the best
+  that does too. The returned ``costs`` are the ones the choice used: a run
+  records and predicts with them rather than timing again.
 
   ``costs`` reuses measurements already made (e.g. by a sweep; pass all of
   1..γ_max from one ``measure_costs_many`` so they are comparable); missing γ
@@ -109,25 +156,24 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
   missing = [g for g in range(1, gamma_max + 1) if g not in costs]
   if missing:
     costs.update(measure_costs_many(target, params, draft, batches[0][0], missing, sampling,
-                                    cache_len=max_decode_len + gamma_max + 1,
+                                    cache_len=max_decode_len + gamma_max + 1, repeats=repeats,
                                     partitioner=partitioner))
-  c, v, c_se, v_se = in_context_costs(costs, range(1, gamma_max + 1))
-  gamma, argmax, curve, gap_se = theory.gamma_curve(alpha, c, v, alpha_se, c_se, v_se)
+  choice = decide(alpha, tokens, alpha_se, costs, gamma_max)
   if tokens < MIN_ALPHA_TOKENS:
     # Tokens of one sequence are correlated, so the true error is larger still.
     logging.warning("gamma='auto': alpha estimated on only %d target tokens (standard error "
                     "at least %.3f); the choice may be off on a flat curve. Raise "
                     "Experiment.num_warmup (>= %d tokens recommended)", tokens,
                     float(np.sqrt(alpha * (1 - alpha) / max(tokens, 1))), MIN_ALPHA_TOKENS)
+  curve, se, best = choice.predicted, choice.predicted_se, choice.argmax
   logging.info("gamma='auto': alpha %.3f +- %.3f on %d warm-up tokens; predicted "
-               "improvement by gamma (+- s.e. of its gap to the best): %s -> argmax %d, "
-               "best within one s.e. %d", alpha, alpha_se, tokens,
-               ", ".join(f"{g}: {s:.2f}x +- {gap_se[g]:.2f}" for g, s in curve.items()),
-               argmax, gamma)
-  if curve[argmax] < 1.0:
-    gamma = 0
+               "improvement by gamma (+- its s.e.): %s -> argmax %d, chosen %d", alpha,
+               alpha_se, tokens, ", ".join(f"{g}: {s:.2f}x +- {se[g]:.2f}"
+                                           for g, s in curve.items()), best, choice.gamma)
+  if choice.plain:
     logging.warning("gamma='auto' chose plain decoding (gamma 0): no gamma in 1..%d is "
-                    "predicted to beat it (best %.2fx at gamma %d with alpha %.3f, c %.3f and "
-                    "v %.2f in context); the run decodes with the target alone",
-                    gamma_max, curve[argmax], argmax, alpha, c[argmax], v[argmax])
-  return GammaChoice(gamma, alpha, tokens, alpha_se, c, v, curve, gap_se, argmax)
+                    "predicted to beat it by more than the prediction's standard error "
+                    "(best %.2fx +- %.2f at gamma %d with alpha %.3f, c %.3f and v %.2f in "
+                    "context); the run decodes with the target alone", gamma_max, curve[best],
+                    se[best], best, alpha, choice.c[best], choice.v[best])
+  return choice

@@ -33,7 +33,8 @@ class Calibration:
   gamma_auto: ``autogamma.GammaChoice.as_record()`` for gamma='auto', else None.
   costs: c, v, the step and verification times and the interplay
     (``report.COST_KEYS``), measured at ``gamma`` (plain decoding: at the γ
-    the choice found best, the costs that ruled speculation out).
+    the choice found best, the costs that ruled speculation out); with
+    gamma='auto', taken from the measurement the choice was made with.
   prefill: input width -> (baseline ms, speculative ms) before the first step.
   """
 
@@ -44,20 +45,23 @@ class Calibration:
 
 
 def gamma_of_run(setup: Setup, records: Sequence[dict], root: Array
-                  ) -> tuple[int, Optional[dict]]:
-  """(γ, the choice's record or None) for this run: the fixed one, the tree's
-  positions less one, the one an earlier part of this run chose (resume), or
-  ``autogamma.choose_gamma`` on the held-out inputs (``Setup.held_out``) or
-  else the warm-up examples; 0 is plain decoding."""
+                 ) -> tuple[int, Optional[autogamma.GammaChoice]]:
+  """(γ, gamma='auto''s choice or None) for this run: the fixed one, the
+  tree's positions less one, the one an earlier part of this run chose
+  (resume: without costs), or ``autogamma.choose_gamma`` on the held-out
+  inputs (``Setup.held_out``) or else the warm-up examples, with the costs
+  timed here (``costs_many`` at γ = 1..auto_gamma_max), which ``calibrate``
+  then records: the choice and the run's prediction use one measurement.
+  0 is plain decoding."""
   exp = setup.exp
   if exp.tree_shape is not None:
     return exp.verify_gamma, None
   if exp.gamma != "auto":
     return exp.gamma, None
   if records:
-    choice = records[0]["gamma_auto"]
-    logging.info("gamma='auto': resuming with the gamma chosen before, %d", choice["gamma"])
-    return choice["gamma"], choice
+    choice = autogamma.GammaChoice.from_record(records[0]["gamma_auto"])
+    logging.info("gamma='auto': resuming with the gamma chosen before, %d", choice.gamma)
+    return choice.gamma, choice
   place = setup.partitioner.shard_batch if setup.partitioner else (lambda x: x)
   inputs, n = setup.inputs, exp.num_warmup
   if setup.held_out is not None:
@@ -65,8 +69,9 @@ def gamma_of_run(setup: Setup, records: Sequence[dict], root: Array
   batches = [(place(x), rows) for x, rows in alpha.alpha_batches(inputs, n, exp.batch_size)]
   choice = autogamma.choose_gamma(setup.target, setup.target_params, setup.draft, batches, root,
                                   exp.sampling, exp.max_decode_len, exp.auto_gamma_max,
-                                  setup.partitioner)
-  return choice.gamma, choice.as_record()
+                                  setup.partitioner,
+                                  costs=costs_many(setup, range(1, exp.auto_gamma_max + 1)))
+  return choice.gamma, choice
 
 
 def warm_up(setup: Setup, progs: Programs, root: Array) -> None:
@@ -111,10 +116,12 @@ def costs_many(setup: Setup, gammas: Sequence[int]) -> dict[int, Costs]:
                             repeats=exp.cost_repeats, partitioner=setup.partitioner)
 
 
-def costs_at(setup: Setup, gamma: int) -> dict[str, float]:
-  """c and v at ``gamma`` (``costs_many``) with the step times
-  behind them, in the form every line carries."""
-  c = costs_many(setup, [gamma])[gamma]
+def costs_at(setup: Setup, gamma: int, measured: Optional[dict[int, Costs]] = None
+             ) -> dict[str, float]:
+  """c and v at ``gamma`` with the step times behind them, in the form every
+  line carries: from ``measured`` where it holds ``gamma`` (the choice's
+  measurement), else timed now (``costs_many``)."""
+  c = (measured or {}).get(gamma) or costs_many(setup, [gamma])[gamma]
   costs = {"c": c.c, "v": c.v, "target_step_ms": 1e3 * c.target_step_s,
            "verify_ms": 1e3 * c.verify_s, "draft_token_ms": 1e3 * c.draft_token_s,
            "interplay": c.interplay}
@@ -145,12 +152,14 @@ def prefill(setup: Setup, todo: Sequence[int], gamma: int, plain: bool
   return ms
 
 
-def calibrate(setup: Setup, progs: Programs, gamma_auto: Optional[dict], todo: Sequence[int],
-              root: Array) -> Calibration:
-  """Warm-up, costs and prefill, in that order, for the examples ``todo``."""
+def calibrate(setup: Setup, progs: Programs, gamma_auto: Optional[autogamma.GammaChoice],
+              todo: Sequence[int], root: Array) -> Calibration:
+  """Warm-up, costs and prefill, in that order, for the examples ``todo``;
+  with gamma='auto' the costs are those its choice was made with
+  (``gamma_of_run``), not timed a second time."""
   warm_up(setup, progs, root)
   # Plain decoding: the costs at the γ the choice found best (what ruled it out).
-  cost_gamma = progs.gamma if not progs.plain else int(gamma_auto["argmax"])
-  costs = costs_at(setup, cost_gamma)
-  return Calibration(progs.gamma, gamma_auto, costs,
+  cost_gamma = progs.gamma if not progs.plain else gamma_auto.argmax
+  costs = costs_at(setup, cost_gamma, gamma_auto.costs if gamma_auto is not None else None)
+  return Calibration(progs.gamma, None if gamma_auto is None else gamma_auto.as_record(), costs,
                      prefill(setup, todo, cost_gamma, progs.plain))

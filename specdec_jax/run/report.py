@@ -300,14 +300,19 @@ def slowdown_reason(s: dict) -> str:
 def plain_reason(s: dict) -> str:
   """Why gamma='auto' chose plain decoding (γ = 0), from the choice it
   recorded: the best γ's prediction (v-generalized Theorem 3.8 at the α and
-  the in-context c and v it measured) was below 1."""
+  the in-context c and v it measured) did not beat 1 by more than its
+  standard error (``autogamma``)."""
   auto = s["gamma_auto"]
   best = int(auto["argmax"])
   key = str(best)
+  se = auto.get("predicted_se", {}).get(key)   # absent in records of older runs
   return (f"gamma='auto' chose plain decoding (γ = 0): with α {auto['alpha_warmup']:.2f} "
           f"measured on {auto['alpha_tokens']} tokens, Theorem 3.8 predicts at most "
-          f"{auto['predicted'][key]:.2f}× for any γ ≤ {max(int(g) for g in auto['predicted'])} "
-          f"(at γ = {best}: {_cost_words(best + 1, auto['v'][key], auto['c'][key])})")
+          f"{auto['predicted'][key]:.2f}×" + (f" ± {se:.2f}" if se is not None else "")
+          + f" for any γ ≤ {max(int(g) for g in auto['predicted'])} "
+          f"(at γ = {best}: {_cost_words(best + 1, auto['v'][key], auto['c'][key])})"
+          + (", a gain within its standard error" if se is not None
+             and auto["predicted"][key] > 1 else ""))
 
 
 class Progress:

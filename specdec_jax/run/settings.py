@@ -18,19 +18,14 @@ import gin
 from specdec_jax import data, drafts, pair as pair_lib
 from specdec_jax.decoding import AdaptiveConfig
 # Path lookup is the pair's; the runner and scripts import it from here too.
-from specdec_jax.pair import (ModelPair, candidates, check_path, is_remote,  # noqa: F401
-                              resolve_path)
+from specdec_jax.pair import (ModelPair, PairSettings, candidates, check_path,  # noqa: F401
+                              is_remote, resolve_path)
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.tree import TreeShape
 
 REPO_ROOT = pair_lib.REPO_ROOT
 DTYPES = pair_lib.DTYPES   # activation and weight dtypes
 MODES = ("speculative", "alpha_only")
-# The Experiment fields its ModelPair is built from (the same names there).
-PAIR_FIELDS = ("target_checkpoint", "draft_checkpoint", "target_format", "draft_format",
-               "target_preset", "draft_preset", "vocab_path", "vocab_extra_ids", "mesh_shape",
-               "logical_axis_rules", "draft_logical_axis_rules", "partition_fallback",
-               "param_dtype", "dtype", "min_rows", "decode_kernel", "draft_quantization")
 # Experiment fields outside the pair that hold paths that must exist.
 _PATH_FIELDS = ("source", "ngram_corpus", "draft_shortlist")
 
@@ -59,18 +54,18 @@ def adaptive_config(rule: str = gin.REQUIRED, threshold: Optional[float] = None,
 
 @gin.configurable(denylist=["config_dirs"])
 @dataclasses.dataclass(frozen=True)
-class Experiment:
+class Experiment(PairSettings):
   """One experiment. Every field is a gin binding (``Experiment.<field>``)
   except ``config_dirs``, which ``parse_config`` sets to the ``--config``
   files' directories (where relative paths are looked for, ``resolve``).
 
-  Models: a checkpoint path + format ('auto', 'specdec', 't5x', 't5x_orbax',
-  'hf') + preset (required for T5X formats, e.g. 't5_1_1_xxl'); the draft is an
-  approximation model by name ('t5', 'unigram', 'bigram', 'prompt_lookup', 'lookup_t5').
-  unigram/bigram are estimated from ``ngram_corpus`` (a source like
-  ``source``; its references are the corpus). The target and draft settings,
-  with the mesh and dtypes, form ``pair`` (``specdec_jax.pair.ModelPair``,
-  validated as distillation's).
+  The target's and the draft's settings (checkpoints, formats, presets,
+  vocabulary, mesh, dtypes, ``min_rows``, ``draft_quantization``) are the
+  pair's, declared in ``specdec_jax.pair.PairSettings`` and inherited here:
+  ``pair`` is them as a ``ModelPair``, validated as distillation's. The draft
+  is an approximation model by name ('t5', 'unigram', 'bigram',
+  'prompt_lookup', 'lookup_t5'); unigram/bigram are estimated from
+  ``ngram_corpus`` (a source like ``source``; its references are the corpus).
   """
 
   task: str = "bible_modernize"
@@ -78,26 +73,14 @@ class Experiment:
   split: str = "test"                        # for seqio sources
   tfds_data_dir: Optional[str] = None
   prefix: Optional[str] = None               # default: data.PREFIXES[task]
-  vocab_path: str = "checkpoints/demo/spm.model"
-  vocab_extra_ids: int = 0
-  target_checkpoint: str = ""
-  target_format: str = "auto"
-  target_preset: Optional[str] = None
   target_label: Optional[str] = None         # name in tables; default: path basename
   draft_name: str = "t5"
-  draft_checkpoint: str = ""
-  draft_format: str = "auto"
-  draft_preset: Optional[str] = None
   draft_label: Optional[str] = None
   # A T5 draft's vocabulary shortlist (specdec_jax.drafts.shortlist; scripts/make_shortlist.py):
   # q only over these tokens, plus each input's own with draft_shortlist_inputs.
   # Exact for any shortlist; it trades a little α for a much cheaper draft step.
   draft_shortlist: str = ""
   draft_shortlist_inputs: bool = True
-  # Weight-only quantization of a T5 draft's kernels when it loads: None, 'int8'
-  # or 'int4' (specdec_jax.quantization; per-output-channel scales). Exact for
-  # any value: only α and the draft's cost change.
-  draft_quantization: Optional[str] = None
   ngram_corpus: Optional[str] = None
   ngram_corpus_split: str = "train"
   ngram_corpus_max_examples: Optional[int] = None
@@ -127,15 +110,6 @@ class Experiment:
   input_buckets: tuple = ()
   max_decode_len: int = 128
   on_too_long: str = "truncate"              # or 'error'
-  dtype: str = "float32"                     # activation dtype
-  param_dtype: str = "float32"               # weights in device memory; norms stay float32
-  min_rows: int = 1                          # 2 on GPUs: one-row weight products padded to two
-  decode_kernel: str = "xla"                 # 'pallas': fused decoder-layer kernels (one GPU)
-  # Sharding (docs/scaling.md). None: one device, exactly the unsharded path.
-  mesh_shape: Optional[tuple] = None         # (data, model), product = device count
-  logical_axis_rules: Optional[tuple] = None     # None: partitioning.STANDARD_RULES
-  draft_logical_axis_rules: Optional[tuple] = None  # None: DATA_PARALLEL_RULES
-  partition_fallback: str = "error"          # or 'replicate' (logged) for non-divisible dims
   multihost: bool = False                    # jax.distributed.initialize() before anything
   coordinator_address: Optional[str] = None  # multihost off Cloud TPU VMs: 'host:port'
   num_processes: Optional[int] = None
@@ -148,19 +122,11 @@ class Experiment:
   # prefill before the timed examples; fewer is quicker and noisier.
   cost_repeats: int = 15
 
-  config_dirs: tuple = ()   # not a binding: set by parse_config (see above)
-
   @property
   def pair(self) -> ModelPair:
     """The target and draft settings as one ``ModelPair`` (messages name them
     as bindings, ``Experiment.<field>``)."""
-    return ModelPair(**{f: getattr(self, f) for f in PAIR_FIELDS}, config_dirs=self.config_dirs,
-                     prefix="Experiment.")
-
-  def resolve(self, path: str) -> str:
-    """A path as the run reads it: the working directory, then next to each
-    ``--config`` file (last first), then the repository root (``resolve_path``)."""
-    return resolve_path(path, self.config_dirs)
+    return self.model_pair("Experiment")
 
   def validate(self) -> None:
     """Cheap checks that fail before any long work starts (types, values, paths)."""
