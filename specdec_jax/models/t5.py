@@ -104,6 +104,14 @@ class T5Config:
   # where XLA rewrites a one-row product into a slower multiply-and-reduce.
   # A runtime choice like dtype; the weights and results per row are the same.
   min_rows: int = 1
+  # 0: a decode call scores its own k positions. R > 0: every cached decode
+  # call (the one-token step, the (γ+1)-position pass, a tree pass) scores
+  # exactly R positions, the real ones then padding that writes nothing and
+  # that no real query sees, so every call is one compiled shape and each
+  # position's logits reduce in one order whatever k is: the baseline's step
+  # and the speculative pass agree bit for bit (T = 0 identical at any
+  # dtype). Costs v(R) per call where a k-position pass is dearer than a step.
+  fixed_positions: int = 0
   pad_id: int = 0
   eos_id: int = 1
   decoder_start_id: int = 0
@@ -111,6 +119,10 @@ class T5Config:
   def __post_init__(self):
     if self.version not in ("1.0", "1.1"):
       raise ValueError(f"T5Config.version must be '1.0' or '1.1', got {self.version!r}")
+    if (isinstance(self.fixed_positions, bool) or not isinstance(self.fixed_positions, int)
+        or self.fixed_positions < 0):
+      raise ValueError(f"T5Config.fixed_positions must be an int >= 0 (0: off), got "
+                       f"{self.fixed_positions!r}")
 
   @property
   def gated(self) -> bool:
@@ -428,7 +440,7 @@ class DecoderLayer(nn.Module):
     return self.encoder_decoder_attention.project_kv(encoded)
 
   def __call__(self, x, positions, self_mask, bias, k_cache, v_cache, cross_k, cross_v,
-               cross_mask, new_mask=None, new_bias=None):
+               cross_mask, new_mask=None, new_bias=None, rows_only=False):
     """One decoder layer over k new tokens.
 
     With k_cache None (teacher forcing) keys are the new tokens themselves;
@@ -437,7 +449,11 @@ class DecoderLayer(nn.Module):
     ``new_mask`` (and ``new_bias``) [B,1,k,k] the cache is only read: the
     queries attend over the cache (``self_mask``/``bias``: committed
     positions only) and the new keys as a second block, and the new rows
-    (k, v) [B,k,H,dh] are returned in place of the cache.
+    (k, v) [B,k,H,dh] are returned in place of the cache. ``rows_only``
+    (``T5Config.fixed_positions``) returns the rows too, but attends as a
+    write does (over a written copy of the cache): one softmax form for
+    every call, so a position reduces in the same order however it is
+    scored.
     """
     h = self.pre_self_attention_layer_norm(x)
     q = self.self_attention.project_q(h)
@@ -447,11 +463,14 @@ class DecoderLayer(nn.Module):
           q, [(k_cache, v_cache, self_mask, bias), (k, v, new_mask, new_bias)])
       k_cache, v_cache = k, v
     else:
+      rows = k, v
       if k_cache is not None:
         k_cache = _write(k_cache, k, positions)
         v_cache = _write(v_cache, v, positions)
         k, v = k_cache, v_cache
       attn = self.self_attention.attend(q, k, v, self_mask, bias)
+      if rows_only:
+        k_cache, v_cache = rows
     x = x + self.dropout(attn)
     h = self.pre_cross_attention_layer_norm(x)
     q = self.encoder_decoder_attention.project_q(h)
@@ -508,6 +527,26 @@ def _write(cache: Array, new: Array, positions: Array) -> Array:
   return jax.vmap(write_row)(cache, new.astype(cache.dtype), pos)
 
 
+def _pad_call(tokens: Array, positions: Array, extra: Optional[Array],
+              tree: Optional[TreeAttention], r: int) -> tuple:
+  """A decode call's k positions padded to r (``T5Config.fixed_positions``):
+  padding sits at position -1, so its keys/values are never written (and so
+  never seen), its query sees nothing, and a tree's padding nodes write
+  nowhere and see nothing. Real positions keep their place in the call."""
+  k = tokens.shape[1]
+  if k > r:
+    raise ValueError(f"a decode call scores {k} positions but T5Config.fixed_positions is "
+                     f"{r}: set it to at least {k} (gamma + 1, or a tree's node count)")
+  pad = lambda a, value=0: jnp.pad(a, ((0, 0), (0, r - k)) + ((0, 0),) * (a.ndim - 2),
+                                   constant_values=value)
+  if extra is not None:
+    extra = pad(extra)
+  if tree is not None:
+    tree = tree._replace(slots=pad(tree.slots, -1),
+                         visible=jnp.pad(tree.visible, ((0, r - k), (0, 0))))
+  return pad(tokens), pad(positions, -1), extra, tree
+
+
 class Decoder(nn.Module):
   config: T5Config
 
@@ -554,7 +593,8 @@ class Decoder(nn.Module):
       k_pos, self_mask = tree.keys_and_mask(cache.cache_len)
       write_at = tree.slots
     new_mask = new_bias = None
-    if cache is not None and not write:
+    rows_only = cache is not None and not write and c.fixed_positions > 0
+    if cache is not None and not write and not rows_only:
       # Cache block: only the positions before the first new token (later ones
       # are stale rows of rejected proposals); the new tokens are block two.
       self_mask = self_mask & (k_pos[:, None, :] < positions[:, :1, None])
@@ -567,7 +607,7 @@ class Decoder(nn.Module):
       kc = cache.self_k[i] if cache is not None else None
       vc = cache.self_v[i] if cache is not None else None
       x, kc, vc = layer(x, write_at, self_mask, bias, kc, vc, cross_k[i], cross_v[i],
-                        cross_mask, new_mask, new_bias)
+                        cross_mask, new_mask, new_bias, rows_only)
       new_k.append(kc)
       new_v.append(vc)
     y = self.decoder_norm(x)
@@ -620,8 +660,17 @@ class T5(nn.Module):
   def decode(self, tokens: Array, positions: Array, cache: DecoderCache, write: bool = True,
              extra: Optional[Array] = None, return_hidden: bool = False,
              tree: Optional[TreeAttention] = None):
-    return self.decoder(self._embed(tokens, extra), positions, cache, None,
-                        self.token_embedder.attend, write, return_hidden, tree)
+    k, r = tokens.shape[1], self.config.fixed_positions
+    if r:
+      tokens, positions, extra, tree = _pad_call(tokens, positions, extra, tree, r)
+    out = self.decoder(self._embed(tokens, extra), positions, cache, None,
+                       self.token_embedder.attend, write, return_hidden, tree)
+    if not r:
+      return out
+    # Drop the padding positions' logits, rows and hidden states.
+    cut = lambda a: a[:, :k]
+    rows = out[1] if write else jax.tree.map(cut, out[1])
+    return (cut(out[0]), rows) + tuple(cut(a) for a in out[2:])
 
   def __call__(self, inputs: Array, decoder_inputs: Array,
                encoder_extra: Optional[Array] = None, decoder_extra: Optional[Array] = None,
