@@ -95,7 +95,11 @@ class ModelPair:
   ``param_dtype`` (the draft's at ``draft_param_dtype``, None: the same; norms
   stay float32), activations run at ``dtype``, and every weight product over
   at least ``min_rows`` rows (``T5Config.min_rows``: 2 keeps a batch-1 step a
-  matrix product on GPUs).
+  matrix product on GPUs). ``fixed_positions`` > 0 makes every target decode
+  call score exactly that many positions (``T5Config.fixed_positions``, at
+  least γ + 1 or a tree's node count): the one-token step and the
+  (γ + 1)-position pass then reduce each position in one order, so T = 0 is
+  identical to the baseline in bfloat16 too; 0 (default) scores k positions.
 
   ``draft_quantization`` (None, 'int8' or 'int4'): the draft's kernels are
   quantized weight-only when it loads (``specdec_jax.quantization``); None
@@ -124,6 +128,7 @@ class ModelPair:
   draft_param_dtype: Optional[str] = None
   dtype: str = "float32"
   min_rows: int = 1
+  fixed_positions: int = 0
   draft_quantization: Optional[str] = None
   config_dirs: tuple = ()
   prefix: str = ""
@@ -171,6 +176,10 @@ class ModelPair:
     quantization.check(self.draft_quantization, self.spell("draft_quantization"))
     if isinstance(self.min_rows, bool) or not isinstance(self.min_rows, int) or self.min_rows < 1:
       raise ValueError(f"{self.spell('min_rows')} must be an int >= 1, got {self.min_rows!r}")
+    if (isinstance(self.fixed_positions, bool) or not isinstance(self.fixed_positions, int)
+        or self.fixed_positions < 0):
+      raise ValueError(f"{self.spell('fixed_positions')} must be an int >= 0 (0: off), got "
+                       f"{self.fixed_positions!r}")
     if self.vocab_extra_ids < 0:
       raise ValueError(f"{self.spell('vocab_extra_ids')} must be >= 0, "
                        f"got {self.vocab_extra_ids}")
@@ -311,7 +320,13 @@ class ModelPair:
       mode = self.quantization_of_draft()
       if mode is not None:
         params = quantization.quantize_params(params, mode)
-    return T5Model(config.replace(dtype=self.dtype, min_rows=self.min_rows)), params
+    return T5Model(self.runtime(config, role)), params
+
+  def runtime(self, config: T5Config, role: str) -> T5Config:
+    """``config`` with the runtime choices that change no weight: the
+    activation dtype, ``min_rows`` and (the target's) ``fixed_positions``."""
+    fixed = self.fixed_positions if role == "target" else 0
+    return config.replace(dtype=self.dtype, min_rows=self.min_rows, fixed_positions=fixed)
 
   def quantization_of_draft(self) -> Optional[str]:
     """The draft's weight-only quantization: ``draft_quantization``, else

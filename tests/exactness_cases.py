@@ -78,6 +78,7 @@ class Cell:
   shape: Optional[TreeShape] = None
   setting: str = "greedy"       # a key of SETTINGS at T > 0
   expect: tuple[str, ...] = ()
+  fixed: int = 0                # the target's T5Config.fixed_positions (0: off)
 
 
 def check_chain(st: Any, base: Any, gamma: int) -> None:

@@ -23,6 +23,8 @@ def cell_param(cell: Cell, name: str, slow: bool = False):
 
 def decode(cell: Cell, model: T5Model, params: Any, draft: Any, inputs, key, eos: int,
            max_len: int, sampling: SamplingConfig):
+  if cell.fixed:  # every target call scores cell.fixed positions
+    model = T5Model(model.config.replace(fixed_positions=cell.fixed))
   if cell.loop == "tree":
     return tree_speculative_decode(model, params, draft, inputs, key, tree=cell.shape,
                                    max_decode_len=max_len, sampling=sampling, eos_id=eos)

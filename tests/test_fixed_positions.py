@@ -13,6 +13,7 @@ so a position's logits do not depend on how many positions the call scores.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -152,3 +153,16 @@ def test_bf16_adaptive_differs_without_the_setting(bf16_case):
                                   pytest.param(dict(gamma=R - 1), id="chain-g7")])
 def test_bf16_identical_with_the_setting(bf16_case, loop):
   assert _rows_differing(bf16_case, R, **loop) == 0
+
+
+# ----------------------------------------------------------------- the setting
+
+def test_the_setting_reaches_the_target_only():
+  from specdec_jax.run.settings import Experiment  # pylint: disable=g-import-not-at-top
+  exp = Experiment(target_checkpoint="checkpoints/demo/target",
+                   draft_checkpoint="checkpoints/demo/draft_small",
+                   vocab_path="checkpoints/demo/spm.model", fixed_positions=8)
+  assert exp.pair.load("target")[0].config.fixed_positions == 8
+  assert exp.pair.load("draft")[0].config.fixed_positions == 0
+  with pytest.raises(ValueError, match=r"^Experiment.fixed_positions must be an int >= 0"):
+    dataclasses.replace(exp, fixed_positions=-1).pair.check_values()

@@ -30,7 +30,8 @@ MODES = ("speculative", "alpha_only")
 PAIR_FIELDS = ("target_checkpoint", "draft_checkpoint", "target_format", "draft_format",
                "target_preset", "draft_preset", "vocab_path", "vocab_extra_ids", "mesh_shape",
                "logical_axis_rules", "draft_logical_axis_rules", "partition_fallback",
-               "param_dtype", "dtype", "min_rows", "draft_quantization")
+               "param_dtype", "dtype", "min_rows", "fixed_positions",
+               "draft_quantization")
 # Experiment fields outside the pair that hold paths that must exist.
 _PATH_FIELDS = ("source", "ngram_corpus", "draft_shortlist")
 
@@ -130,6 +131,9 @@ class Experiment:
   dtype: str = "float32"                     # activation dtype
   param_dtype: str = "float32"               # weights in device memory; norms stay float32
   min_rows: int = 1                          # 2 on GPUs: one-row weight products padded to two
+  # > 0: every target decode call scores exactly this many positions (>= γ + 1):
+  # T = 0 identical to the baseline in bfloat16 too (T5Config.fixed_positions).
+  fixed_positions: int = 0
   # Sharding (docs/scaling.md). None: one device, exactly the unsharded path.
   mesh_shape: Optional[tuple] = None         # (data, model), product = device count
   logical_axis_rules: Optional[tuple] = None     # None: partitioning.STANDARD_RULES
