@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from specdec_jax import checkpoints, data, partitioning, quantization, storage
-from specdec_jax.models.t5 import T5Config, T5Model, get_config, param_shapes
+from specdec_jax.models.t5 import T5Config, T5Model, fuse_projections, get_config, param_shapes
 from specdec_jax.partitioning import Partitioner
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -100,6 +100,9 @@ class ModelPair:
   least γ + 1 or a tree's node count): the one-token step and the
   (γ + 1)-position pass then reduce each position in one order, so T = 0 is
   identical to the baseline in bfloat16 too; 0 (default) scores k positions.
+  ``fused_projections``: both models run self-attention's query/key/value and
+  the gated MLP's wi_0/wi_1 as one product each, their kernels fused in
+  memory after loading (``t5.fuse_projections``; one device only).
 
   ``draft_quantization`` (None, 'int8' or 'int4'): the draft's kernels are
   quantized weight-only when it loads (``specdec_jax.quantization``); None
@@ -129,6 +132,7 @@ class ModelPair:
   dtype: str = "float32"
   min_rows: int = 1
   fixed_positions: int = 0
+  fused_projections: bool = False
   draft_quantization: Optional[str] = None
   config_dirs: tuple = ()
   prefix: str = ""
@@ -180,6 +184,13 @@ class ModelPair:
         or self.fixed_positions < 0):
       raise ValueError(f"{self.spell('fixed_positions')} must be an int >= 0 (0: off), got "
                        f"{self.fixed_positions!r}")
+    if not isinstance(self.fused_projections, bool):
+      raise ValueError(f"{self.spell('fused_projections')} must be True or False, got "
+                       f"{self.fused_projections!r}")
+    if self.fused_projections and self.mesh_shape is not None:
+      raise ValueError(f"{self.spell('fused_projections')} runs on one device only: a fused "
+                       f"kernel's columns would not split by head over {self.spell('mesh_shape')}"
+                       f"={self.mesh_shape!r}")
     if self.vocab_extra_ids < 0:
       raise ValueError(f"{self.spell('vocab_extra_ids')} must be >= 0, "
                        f"got {self.vocab_extra_ids}")
@@ -316,6 +327,11 @@ class ModelPair:
     params, config = checkpoints.load_checkpoint(self.resolve(path), fmt=fmt, config=config,
                                                  param_dtype=param_dtype,
                                                  partitioner=partitioner)
+    if self.fused_projections:  # before quantizing: the same per-column scales
+      if partitioner is not None:
+        raise ValueError(f"{self.spell('fused_projections')} runs on one device only, not on "
+                         "a partitioner's mesh")
+      params = fuse_projections(params)
     if role == "draft" and quantize:
       mode = self.quantization_of_draft()
       if mode is not None:
@@ -323,10 +339,12 @@ class ModelPair:
     return T5Model(self.runtime(config, role)), params
 
   def runtime(self, config: T5Config, role: str) -> T5Config:
-    """``config`` with the runtime choices that change no weight: the
-    activation dtype, ``min_rows`` and (the target's) ``fixed_positions``."""
+    """``config`` with the runtime choices that change no weight value: the
+    activation dtype, ``min_rows``, (the target's) ``fixed_positions`` and
+    ``fused_projections``."""
     fixed = self.fixed_positions if role == "target" else 0
-    return config.replace(dtype=self.dtype, min_rows=self.min_rows, fixed_positions=fixed)
+    return config.replace(dtype=self.dtype, min_rows=self.min_rows, fixed_positions=fixed,
+                          fused_projections=self.fused_projections)
 
   def quantization_of_draft(self) -> Optional[str]:
     """The draft's weight-only quantization: ``draft_quantization``, else

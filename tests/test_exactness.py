@@ -99,6 +99,8 @@ GREEDY_CELLS = [
     cell_param(Cell("chain", "t5_int4", 3), "t5_int4-g3", slow=True),  # int8's twin
     # Every target call at a fixed 8 positions (Experiment.fixed_positions).
     cell_param(Cell("chain", "t5", 3, fixed=8), "t5-g3-fixed8"),
+    # The target's q/k/v and wi_0/wi_1 fused (Experiment.fused_projections).
+    cell_param(Cell("chain", "t5", 3, fused=True), "t5-g3-fused", slow=True),
     # Adaptive: every rule, skipping, prompt lookup's own rule, lookup + T5's,
     # and the feature bridge (γ_max 4: rounds shorter and longer than its
     # staleness table).

@@ -69,6 +69,8 @@ SEQ_CELLS = [
     # Every target call at a fixed 4 positions (Experiment.fixed_positions).
     cell_param(Cell("chain", "t5", 2, setting="temp1", expect=("alpha",), fixed=4),
                "t5-temp1-fixed4", slow=True),
+    cell_param(Cell("chain", "t5", 2, setting="temp1", expect=("alpha",), fused=True),
+               "t5-temp1-fused", slow=True),
     cell_param(Cell("adaptive", "t5", 3, THRESHOLD(0.5, skip_below=0.5), setting="temp0.7_topk3",
                 expect=("alpha", "skips")), "t5-threshold0.5-skip0.5-temp0.7_topk3"),
     cell_param(Cell("adaptive", "t5", 3, AdaptiveConfig("cumulative", 0.2, skip_below=0.3,

@@ -166,3 +166,39 @@ def test_the_setting_reaches_the_target_only():
   assert exp.pair.load("draft")[0].config.fixed_positions == 0
   with pytest.raises(ValueError, match=r"^Experiment.fixed_positions must be an int >= 0"):
     dataclasses.replace(exp, fixed_positions=-1).pair.check_values()
+
+
+# ------------------------------------------------------ command buffers
+
+@pytest.mark.slow
+def test_command_buffer_loops_decode_the_same(tiny_target, tiny_draft):
+  """The loops compiled with command buffers (forced as for a GPU backend;
+  the CPU compiler accepts and ignores the GPU options) are the same
+  programs: same tokens. Off, or on another backend, the loop is itself."""
+  from specdec_jax.decoding import (command_buffer_options,  # pylint: disable=g-import-not-at-top
+                                    with_command_buffers)
+  model, params = tiny_target
+  draft = drafts.build("t5", model=tiny_draft[0], params=tiny_draft[1])
+  inputs = jax.random.randint(jax.random.PRNGKey(1), (2, 6), 2, 64)
+  key = jax.random.PRNGKey(0)
+  assert with_command_buffers(speculative_decode, 0, "gpu") is speculative_decode
+  assert with_command_buffers(speculative_decode, 2, "cpu") is speculative_decode
+  graphed = with_command_buffers(speculative_decode, 2, "gpu")
+  assert graphed is not speculative_decode
+  kw = dict(gamma=3, max_decode_len=8, eos_id=-1)
+  np.testing.assert_array_equal(graphed(model, params, draft, inputs, key, **kw).tokens,
+                                speculative_decode(model, params, draft, inputs, key, **kw).tokens)
+  assert command_buffer_options(2)["xla_gpu_graph_min_graph_size"] == 2
+  with pytest.raises(ValueError, match="minimum graph size >= 1"):
+    command_buffer_options(0)
+  with pytest.raises(ValueError, match="takes one of the decoding loops"):
+    with_command_buffers(len, 1, "gpu")
+
+
+def test_command_buffers_setting_is_checked():
+  from specdec_jax.run.settings import Experiment  # pylint: disable=g-import-not-at-top
+  exp = Experiment(target_checkpoint="checkpoints/demo/target",
+                   draft_checkpoint="checkpoints/demo/draft_small",
+                   vocab_path="checkpoints/demo/spm.model", command_buffers=-1)
+  with pytest.raises(ValueError, match=r"^Experiment.command_buffers must be an int >= 0"):
+    exp.validate()

@@ -112,6 +112,11 @@ class T5Config:
   # and the speculative pass agree bit for bit (T = 0 identical at any
   # dtype). Costs v(R) per call where a k-position pass is dearer than a step.
   fixed_positions: int = 0
+  # Self-attention's query/key/value as one product ('qkv' [d, 3·H·dh]) and the
+  # gated MLP's wi_0/wi_1 as one ('wi_fused' [d, 2·d_ff]): fewer, larger
+  # kernels per step. The parameters are T5X's, fused in memory once after
+  # loading (``fuse_projections``); checkpoints keep the separate names.
+  fused_projections: bool = False
   pad_id: int = 0
   eos_id: int = 1
   decoder_start_id: int = 0
@@ -278,12 +283,16 @@ class Attention(nn.Module):
   d_model: int
   dtype: Any
   min_rows: int = 1  # T5Config.min_rows
+  fused: bool = False  # self-attention with T5Config.fused_projections: one 'qkv' kernel
 
   def setup(self):
     inner, r = self.num_heads * self.head_dim, self.min_rows
-    self.query = _dense(inner, self.dtype, "query", self.d_model * self.head_dim, r)
-    self.key = _dense(inner, self.dtype, "key", self.d_model, r)
-    self.value = _dense(inner, self.dtype, "value", self.d_model, r)
+    if self.fused:
+      self.qkv = _dense(3 * inner, self.dtype, "qkv", self.d_model, r)
+    else:
+      self.query = _dense(inner, self.dtype, "query", self.d_model * self.head_dim, r)
+      self.key = _dense(inner, self.dtype, "key", self.d_model, r)
+      self.value = _dense(inner, self.dtype, "value", self.d_model, r)
     self.out = _dense(self.d_model, self.dtype, "out", inner, r)
 
   def _split(self, x: Array) -> Array:
@@ -294,6 +303,12 @@ class Attention(nn.Module):
 
   def project_kv(self, x: Array) -> tuple[Array, Array]:
     return self._split(self.key(x)), self._split(self.value(x))
+
+  def project_qkv(self, x: Array) -> tuple[Array, Array, Array]:
+    """Self-attention's (q, k, v) from one input: one product when fused."""
+    if not self.fused:
+      return (self.project_q(x),) + self.project_kv(x)
+    return tuple(map(self._split, jnp.split(self.qkv(x), 3, axis=-1)))
 
   def attend(self, q: Array, k: Array, v: Array, mask: Array,
              bias: Optional[Array]) -> Array:
@@ -330,9 +345,7 @@ class Attention(nn.Module):
     return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
 
   def __call__(self, x: Array, mask: Array, bias: Optional[Array]) -> Array:
-    q = self.project_q(x)
-    k, v = self.project_kv(x)
-    return self.attend(q, k, v, mask, bias)
+    return self.attend(*self.project_qkv(x), mask, bias)
 
 
 class MLP(nn.Module):
@@ -341,11 +354,15 @@ class MLP(nn.Module):
   gated: bool
   dtype: Any
   min_rows: int = 1  # T5Config.min_rows
+  fused: bool = False  # T5Config.fused_projections: wi_0 and wi_1 as one 'wi_fused' kernel
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     dense = functools.partial(_dense, dtype=self.dtype, min_rows=self.min_rows)
-    if self.gated:  # T5 1.1: gelu(x wi_0) * (x wi_1), tanh-approximated gelu
+    if self.gated and self.fused:
+      h0, h1 = jnp.split(dense(2 * self.d_ff, name="wi_fused", fan_in=self.d_model)(x), 2, -1)
+      h = nn.gelu(h0, approximate=True) * h1
+    elif self.gated:  # T5 1.1: gelu(x wi_0) * (x wi_1), tanh-approximated gelu
       h = (nn.gelu(dense(self.d_ff, name="wi_0", fan_in=self.d_model)(x), approximate=True)
            * dense(self.d_ff, name="wi_1", fan_in=self.d_model)(x))
     else:  # T5 1.0: relu(x wi)
@@ -371,9 +388,10 @@ class EncoderLayer(nn.Module):
     c = self.config
     dt = c.jnp_dtype
     self.pre_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.attention = Attention(c.num_heads, c.head_dim, c.d_model, dt, c.min_rows)
+    self.attention = Attention(c.num_heads, c.head_dim, c.d_model, dt, c.min_rows,
+                               c.fused_projections)
     self.pre_mlp_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt, c.min_rows)
+    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt, c.min_rows, c.fused_projections)
     self.dropout = Dropout(c.dropout_rate)
 
   def __call__(self, x: Array, mask: Array, bias: Array) -> Array:
@@ -428,12 +446,13 @@ class DecoderLayer(nn.Module):
     c = self.config
     dt = c.jnp_dtype
     self.pre_self_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.self_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt, c.min_rows)
+    self.self_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt, c.min_rows,
+                                    c.fused_projections)
     self.pre_cross_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
     self.encoder_decoder_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt,
                                                c.min_rows)
     self.pre_mlp_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt, c.min_rows)
+    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt, c.min_rows, c.fused_projections)
     self.dropout = Dropout(c.dropout_rate)
 
   def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
@@ -456,8 +475,7 @@ class DecoderLayer(nn.Module):
     scored.
     """
     h = self.pre_self_attention_layer_norm(x)
-    q = self.self_attention.project_q(h)
-    k, v = self.self_attention.project_kv(h)
+    q, k, v = self.self_attention.project_qkv(h)
     if new_mask is not None:
       attn = self.self_attention.attend_blocks(
           q, [(k_cache, v_cache, self_mask, bias), (k, v, new_mask, new_bias)])
@@ -887,6 +905,45 @@ def cast_params(params: Any, param_dtype: Any) -> Any:
     name = "/".join(str(getattr(k, "key", k)) for k in path)
     return x.astype(stored_dtype(name, param_dtype))
   return jax.tree_util.tree_map_with_path(cast, params)
+
+
+# Self-attention modules whose query/key/value fuse, and the fused names.
+_FUSED = (("attention", ("query", "key", "value"), "qkv"),
+          ("self_attention", ("query", "key", "value"), "qkv"),
+          ("mlp", ("wi_0", "wi_1"), "wi_fused"))
+
+
+def fuse_projections(params: Any) -> Any:
+  """A T5X parameter tree (``T5Config.fused_projections`` off) as the fused
+  model reads it: in every encoder layer's ``attention`` and decoder layer's
+  ``self_attention``, query/key/value become one ``qkv`` kernel (columns
+  side by side), and a gated MLP's wi_0/wi_1 one ``wi_fused``. Cross-attention
+  and every other parameter are unchanged. Pure; concatenation copies values
+  only, so each output column is computed from the same weights. Float kernels
+  only: quantize after fusing (per-output-column scales are the same)."""
+  def fuse_layer(layer: dict) -> dict:
+    layer = dict(layer)
+    for module, parts, fused in _FUSED:
+      sub = layer.get(module)
+      if sub is None or not all(p in sub for p in parts):
+        continue
+      kernels = [sub[p]["kernel"] for p in parts]
+      if any(quantization.is_qarray(k) for k in kernels):
+        raise ValueError(f"fuse_projections takes float kernels; {module}/{parts[0]}/kernel is "
+                         "quantized: fuse before quantizing")
+      sub = {k: v for k, v in sub.items() if k not in parts}
+      sub[fused] = {"kernel": jnp.concatenate(kernels, axis=1)}
+      layer[module] = sub
+    return layer
+
+  out = dict(params)
+  for stack in ("encoder", "decoder"):
+    if stack not in out:
+      raise ValueError(f"fuse_projections: no '{stack}' in the parameter tree (keys: "
+                       f"{sorted(out)})")
+    out[stack] = {name: fuse_layer(v) if name.startswith("layers_") else v
+                  for name, v in out[stack].items()}
+  return out
 
 
 def count_params(params: Any) -> int:

@@ -31,7 +31,7 @@ PAIR_FIELDS = ("target_checkpoint", "draft_checkpoint", "target_format", "draft_
                "target_preset", "draft_preset", "vocab_path", "vocab_extra_ids", "mesh_shape",
                "logical_axis_rules", "draft_logical_axis_rules", "partition_fallback",
                "param_dtype", "dtype", "min_rows", "fixed_positions",
-               "draft_quantization")
+               "fused_projections", "draft_quantization")
 # Experiment fields outside the pair that hold paths that must exist.
 _PATH_FIELDS = ("source", "ngram_corpus", "draft_shortlist")
 
@@ -134,6 +134,12 @@ class Experiment:
   # > 0: every target decode call scores exactly this many positions (>= γ + 1):
   # T = 0 identical to the baseline in bfloat16 too (T5Config.fixed_positions).
   fixed_positions: int = 0
+  # Self-attention q/k/v and the MLP's wi_0/wi_1 as one product each, fused in
+  # memory after loading (T5Config.fused_projections; one device only).
+  fused_projections: bool = False
+  # >= 1: the decoding loops run from XLA command buffers (CUDA graphs) on a GPU,
+  # any run of at least this many kernels one graph; 0 off (decoding.with_command_buffers).
+  command_buffers: int = 0
   # Sharding (docs/scaling.md). None: one device, exactly the unsharded path.
   mesh_shape: Optional[tuple] = None         # (data, model), product = device count
   logical_axis_rules: Optional[tuple] = None     # None: partitioning.STANDARD_RULES
@@ -185,6 +191,10 @@ class Experiment:
     data.check_input_buckets(self.input_buckets, self.max_input_len, "Experiment.input_buckets")
     if self.num_warmup < 0:
       raise ValueError(f"Experiment.num_warmup must be >= 0, got {self.num_warmup}")
+    if (isinstance(self.command_buffers, bool) or not isinstance(self.command_buffers, int)
+        or self.command_buffers < 0):
+      raise ValueError(f"Experiment.command_buffers must be an int >= 0 (0: off, else the "
+                       f"fewest kernels per graph), got {self.command_buffers!r}")
     if self.on_too_long not in ("truncate", "error"):
       raise ValueError(f"Experiment.on_too_long must be 'truncate' or 'error', "
                        f"got {self.on_too_long!r}")
