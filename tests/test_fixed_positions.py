@@ -202,3 +202,15 @@ def test_command_buffers_setting_is_checked():
                    vocab_path="checkpoints/demo/spm.model", command_buffers=-1)
   with pytest.raises(ValueError, match=r"^Experiment.command_buffers must be an int >= 0"):
     exp.validate()
+
+
+def test_fixed_positions_must_hold_a_round():
+  from specdec_jax.run.settings import Experiment  # pylint: disable=g-import-not-at-top
+  exp = Experiment(target_checkpoint="checkpoints/demo/target",
+                   draft_checkpoint="checkpoints/demo/draft_small",
+                   vocab_path="checkpoints/demo/spm.model", gamma=7, fixed_positions=7)
+  with pytest.raises(ValueError, match=r"^Experiment.fixed_positions = 7 cannot hold γ \+ 1 = 8"):
+    exp.validate()
+  dataclasses.replace(exp, fixed_positions=8).validate()
+  with pytest.raises(ValueError, match=r"cannot hold the tree's 11 nodes"):
+    dataclasses.replace(exp, tree="full:2,2,1", fixed_positions=8).validate()

@@ -183,6 +183,7 @@ class Experiment:
     self._check_gamma()
     if self.tree:
       self._check_tree()
+    self._check_fixed_positions()
     self._check_draft()
     for name in ("batch_size", "max_input_len", "max_decode_len", "num_examples",
                  "alpha_only_tokens", "cost_repeats"):
@@ -227,6 +228,20 @@ class Experiment:
         raise ValueError(f"Experiment.adaptive (rule {self.adaptive.rule!r}): {e}") from None
     if not 0 < self.lenience <= 1:
       raise ValueError(f"Experiment.lenience must be in (0, 1] (1 is exact), got {self.lenience}")
+
+  def _check_fixed_positions(self) -> None:
+    """Fixed positions hold every target call: γ + 1 (γ_max + 1, 'auto''s
+    auto_gamma_max + 1) or the tree's node count."""
+    if not self.fixed_positions:
+      return
+    if self.tree:
+      need, what = self.tree_shape.num_nodes, f"the tree's {self.tree_shape.num_nodes} nodes"
+    else:
+      g = self.auto_gamma_max if self.gamma == "auto" else self.gamma
+      need, what = g + 1, f"γ + 1 = {g + 1} positions"
+    if self.fixed_positions < need:
+      raise ValueError(f"Experiment.fixed_positions = {self.fixed_positions} cannot hold {what} "
+                       f"a target call scores: bind at least {need} (or 0: off)")
 
   def _check_tree(self) -> None:
     """A token tree: well formed, alone (no adaptive γ, lenience or 'auto'), and room for it."""
