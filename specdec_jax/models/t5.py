@@ -31,7 +31,10 @@ contract of ``models.base.TargetModel``):
   read: rollback is just the caller moving its per-row index back, and the stale
   entries are overwritten by the next write. Negative positions are not written
   (their logits are garbage and must be ignored); this lets a caller pad a
-  variable-length write to a fixed k.
+  variable-length write to a fixed k. ``T5Config.fixed_positions`` = R pads
+  every call so to R positions itself: one compiled shape for the one-token
+  step and every k-position pass, so a position's logits are bit-equal
+  whichever call scores it.
 
 Relative-position bias is computed for the actual (query, key) positions of a
 call, ``[B, H, k, cache_len]``, never as a full ``[L, L]`` table per step.
@@ -753,7 +756,8 @@ class T5Model:
     prefix; ``positions`` must be consecutive per row) and the new tokens
     causally: the same attention as ``decode``, which writes the rows first
     (one softmax over both blocks; sums in another order, equal to float
-    rounding). Why: inside ``lax.switch`` a branch that writes the cache makes
+    rounding; with ``T5Config.fixed_positions`` it attends over a written copy
+    of the cache instead, as ``decode`` does, so bit for bit). Why: inside ``lax.switch`` a branch that writes the cache makes
     XLA copy the whole cache each call; a branch that returns rows does not,
     and the write happens once after the switch (``decoding.speculative_decode``'s
     adaptive widths).
