@@ -32,7 +32,7 @@ contract of ``models.base.TargetModel``):
   entries are overwritten by the next write. Negative positions are not written
   (their logits are garbage and must be ignored); this lets a caller pad a
   variable-length write to a fixed k. ``T5Config.fixed_positions`` = R pads
-  every call so to R positions itself: one compiled shape for the one-token
+  every call to R positions itself: one compiled shape for the one-token
   step and every k-position pass, so a position's logits are bit-equal
   whichever call scores it.
 
