@@ -35,7 +35,7 @@ def _logits(model, params, inputs, dec):
 
 
 @pytest.mark.parametrize("version,dtype,quant", [
-    ("1.1", "float32", None),
+    pytest.param("1.1", "float32", None, marks=pytest.mark.slow),
     pytest.param("1.0", "bfloat16", None, marks=pytest.mark.slow),
     pytest.param("1.1", "bfloat16", "int8", marks=pytest.mark.slow)])
 def test_fused_logits_are_bit_equal(version, dtype, quant):
