@@ -206,8 +206,10 @@ def _baseline_step(loop: _Loop, params: Any, s: _BaselineState) -> _BaselineStat
                                    cache, key), loop.partitioner)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_decode_len", "sampling",
-                                             "eos_id", "partitioner"))
+_BASELINE_STATIC = ("model", "max_decode_len", "sampling", "eos_id", "partitioner")
+
+
+@functools.partial(jax.jit, static_argnames=_BASELINE_STATIC)
 def temperature_sample(model: TargetModel, params: Any, inputs: Array, key: Array, *,
                        max_decode_len: int, sampling: SamplingConfig = SamplingConfig(),
                        eos_id: int = 1, partitioner: Partitioner | None = None) -> DecodeOutput:
@@ -618,8 +620,11 @@ def _wants_states(draft: ApproximationModel) -> bool:
   return bool(getattr(draft, "wants_target_states", False))
 
 
-@functools.partial(jax.jit, static_argnames=("target", "gamma", "max_decode_len", "sampling",
-                                             "lenience", "eos_id", "partitioner", "adaptive"))
+_CHAIN_STATIC = ("target", "gamma", "max_decode_len", "sampling", "lenience", "eos_id",
+                 "partitioner", "adaptive")
+
+
+@functools.partial(jax.jit, static_argnames=_CHAIN_STATIC)
 def speculative_decode(target: TargetModel, target_params: Any, draft: ApproximationModel,
                        inputs: Array, key: Array, *, gamma: int, max_decode_len: int,
                        sampling: SamplingConfig = SamplingConfig(), lenience: float = 1.0,
@@ -777,8 +782,10 @@ def _tree_round(loop: _Loop, target_params: Any, draft: ApproximationModel,
                     loop.partitioner)
 
 
-@functools.partial(jax.jit, static_argnames=("target", "tree", "max_decode_len", "sampling",
-                                             "eos_id", "partitioner"))
+_TREE_STATIC = ("target", "tree", "max_decode_len", "sampling", "eos_id", "partitioner")
+
+
+@functools.partial(jax.jit, static_argnames=_TREE_STATIC)
 def tree_speculative_decode(target: TargetModel, target_params: Any, draft: ApproximationModel,
                             inputs: Array, key: Array, *, tree: TreeShape, max_decode_len: int,
                             sampling: SamplingConfig = SamplingConfig(), eos_id: int = 1,
@@ -812,3 +819,41 @@ def tree_speculative_decode(target: TargetModel, target_params: Any, draft: Appr
   state = jax.lax.while_loop(_running, functools.partial(_tree_round, loop, target_params, draft),
                              state)
   return TreeSpecOutput(*_finish(state, max_decode_len), state.stats)
+
+
+# ------------------------------------------------------ compiler options
+
+
+# XLA's GPU command buffers (CUDA graphs): a loop's kernels, and with WHILE and
+# CONDITIONAL its while_loop and lax.switch, are recorded once and replayed as
+# one launch, so the per-kernel launch cost of a step of hundreds of small
+# kernels is paid once per graph. Profiling turns them off: time them with
+# the clock.
+COMMAND_BUFFER_COMMANDS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
+_LOOP_STATIC = {temperature_sample: _BASELINE_STATIC, speculative_decode: _CHAIN_STATIC,
+                tree_speculative_decode: _TREE_STATIC}
+
+
+def command_buffer_options(min_graph_size: int) -> dict[str, Any]:
+  """XLA compiler options that put a compiled function's GPU kernels into
+  command buffers, any run of at least ``min_graph_size`` kernels (>= 1)."""
+  if isinstance(min_graph_size, bool) or not isinstance(min_graph_size, int) or min_graph_size < 1:
+    raise ValueError(f"command buffers need a minimum graph size >= 1, got {min_graph_size!r}")
+  return {"xla_gpu_enable_command_buffer": COMMAND_BUFFER_COMMANDS,
+          "xla_gpu_graph_min_graph_size": min_graph_size}
+
+
+@functools.lru_cache(maxsize=None)
+def with_command_buffers(loop: Any, min_graph_size: int, backend: Optional[str] = None) -> Any:
+  """``loop`` (``temperature_sample``, ``speculative_decode`` or
+  ``tree_speculative_decode``) compiled with XLA's command buffers
+  (``command_buffer_options``) when the backend (default: JAX's default
+  backend) is a GPU; the loop itself, unchanged, for ``min_graph_size`` 0 or
+  another backend. Same arguments, same results: only how the kernels are
+  launched changes."""
+  if loop not in _LOOP_STATIC:
+    raise ValueError(f"with_command_buffers takes one of the decoding loops, got {loop!r}")
+  options = command_buffer_options(min_graph_size) if min_graph_size else None
+  if options is None or (backend or jax.default_backend()) != "gpu":
+    return loop
+  return jax.jit(loop.__wrapped__, static_argnames=_LOOP_STATIC[loop], compiler_options=options)

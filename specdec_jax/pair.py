@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from specdec_jax import checkpoints, data, partitioning, quantization, storage
-from specdec_jax.models.t5 import DECODE_KERNELS, T5Config, T5Model, get_config, param_shapes
+from specdec_jax.models.t5 import (DECODE_KERNELS, T5Config, T5Model, fuse_projections,
+                                     get_config, param_shapes)
 from specdec_jax.partitioning import Partitioner
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -96,13 +97,21 @@ class PairSettings:
   ``partitioning.STANDARD_RULES``), the draft under
   ``draft_logical_axis_rules`` (None: ``partitioning.DATA_PARALLEL_RULES``),
   non-divisible dimensions per ``partition_fallback`` ('error' or
-  'replicate', logged). Weights are kept at ``param_dtype`` (the draft's at
-  ``draft_param_dtype``, None: the same; norms stay float32), activations run
-  at ``dtype``, and every weight product over at least ``min_rows`` rows
-  (``T5Config.min_rows``: 2 keeps a batch-1 step a matrix product on GPUs).
+  'replicate', logged). Weights are kept at
+  ``param_dtype`` (the draft's at ``draft_param_dtype``, None: the same; norms
+  stay float32), activations run at ``dtype``, and every weight product over
+  at least ``min_rows`` rows (``T5Config.min_rows``: 2 keeps a batch-1 step a
+  matrix product on GPUs). ``fixed_positions`` > 0 makes every target decode
+  call score exactly that many positions (``T5Config.fixed_positions``, at
+  least γ + 1 or a tree's node count): the one-token step and the
+  (γ + 1)-position pass then reduce each position in one order, so T = 0 is
+  identical to the baseline in bfloat16 too; 0 (default) scores k positions.
+  ``fused_projections``: both models run self-attention's query/key/value and
+  the gated MLP's wi_0/wi_1 as one product each, their kernels fused in
+  memory after loading (``t5.fuse_projections``; one device only).
   ``decode_kernel`` (``T5Config.decode_kernel``): 'xla', the reference, or
   'pallas', both models' chain decode as fused Pallas kernels
-  (``specdec_jax.kernels``; one device, float kernels only).
+  (``specdec_jax.kernels``; one device, float kernels, unfused projections).
 
   ``draft_quantization`` (None, 'int8' or 'int4'): the draft's kernels are
   quantized weight-only when it loads (``specdec_jax.quantization``); None
@@ -131,6 +140,8 @@ class PairSettings:
   dtype: str = "float32"
   min_rows: int = 1
   decode_kernel: str = "xla"
+  fixed_positions: int = 0
+  fused_projections: bool = False
   draft_quantization: Optional[str] = None
   config_dirs: tuple = ()
 
@@ -212,6 +223,21 @@ class ModelPair(PairSettings):
       raise ValueError(f"{self.spell('decode_kernel')}='pallas' does not cover quantized "
                        f"kernels; {self.spell('draft_quantization')} is "
                        f"{self.draft_quantization!r} (use 'xla')")
+    if (isinstance(self.fixed_positions, bool) or not isinstance(self.fixed_positions, int)
+        or self.fixed_positions < 0):
+      raise ValueError(f"{self.spell('fixed_positions')} must be an int >= 0 (0: off), got "
+                       f"{self.fixed_positions!r}")
+    if not isinstance(self.fused_projections, bool):
+      raise ValueError(f"{self.spell('fused_projections')} must be True or False, got "
+                       f"{self.fused_projections!r}")
+    if self.fused_projections and self.mesh_shape is not None:
+      raise ValueError(f"{self.spell('fused_projections')} runs on one device only: a fused "
+                       f"kernel's columns would not split by head over {self.spell('mesh_shape')}"
+                       f"={self.mesh_shape!r}")
+    if self.decode_kernel == "pallas" and self.fused_projections:
+      raise ValueError(f"{self.spell('decode_kernel')}='pallas' reads the unfused T5X kernels; "
+                       f"{self.spell('fused_projections')} is True (the kernels fuse their own "
+                       "products)")
     if self.vocab_extra_ids < 0:
       raise ValueError(f"{self.spell('vocab_extra_ids')} must be >= 0, "
                        f"got {self.vocab_extra_ids}")
@@ -346,12 +372,25 @@ class ModelPair(PairSettings):
     params, config = checkpoints.load_checkpoint(self.resolve(path), fmt=fmt, config=config,
                                                  param_dtype=self.weight_dtype(role),
                                                  partitioner=partitioner)
+    if self.fused_projections:  # before quantizing: the same per-column scales
+      if partitioner is not None:
+        raise ValueError(f"{self.spell('fused_projections')} runs on one device only, not on "
+                         "a partitioner's mesh")
+      params = fuse_projections(params)
     if role == "draft" and quantize:
       mode = self.quantization_of_draft()
       if mode is not None:
         params = quantization.quantize_params(params, mode)
-    return T5Model(config.replace(dtype=self.dtype, min_rows=self.min_rows,
-                                  decode_kernel=self.decode_kernel)), params
+    return T5Model(self.runtime(config, role)), params
+
+  def runtime(self, config: T5Config, role: str) -> T5Config:
+    """``config`` with the runtime choices that change no weight value: the
+    activation dtype, ``min_rows``, (the target's) ``fixed_positions``,
+    ``fused_projections`` and ``decode_kernel``."""
+    fixed = self.fixed_positions if role == "target" else 0
+    return config.replace(dtype=self.dtype, min_rows=self.min_rows, fixed_positions=fixed,
+                          fused_projections=self.fused_projections,
+                          decode_kernel=self.decode_kernel)
 
   def quantization_of_draft(self) -> Optional[str]:
     """The draft's weight-only quantization: ``draft_quantization``, else

@@ -78,6 +78,8 @@ class Cell:
   shape: Optional[TreeShape] = None
   setting: str = "greedy"       # a key of SETTINGS at T > 0
   expect: tuple[str, ...] = ()
+  fixed: int = 0                # the target's T5Config.fixed_positions (0: off)
+  fused: bool = False           # the target's T5Config.fused_projections
 
 
 def check_chain(st: Any, base: Any, gamma: int) -> None:

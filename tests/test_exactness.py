@@ -97,6 +97,10 @@ GREEDY_CELLS = [
     cell_param(Cell("chain", "lookup_t5_feature", 5), "lookup_t5_feature-g5"),
     cell_param(Cell("chain", "t5_int8", 3), "t5_int8-g3"),
     cell_param(Cell("chain", "t5_int4", 3), "t5_int4-g3", slow=True),  # int8's twin
+    # Every target call at a fixed 8 positions (Experiment.fixed_positions).
+    cell_param(Cell("chain", "t5", 3, fixed=8), "t5-g3-fixed8"),
+    # The target's q/k/v and wi_0/wi_1 fused (Experiment.fused_projections).
+    cell_param(Cell("chain", "t5", 3, fused=True), "t5-g3-fused", slow=True),
     # Adaptive: every rule, skipping, prompt lookup's own rule, lookup + T5's,
     # and the feature bridge (γ_max 4: rounds shorter and longer than its
     # staleness table).
@@ -111,6 +115,10 @@ GREEDY_CELLS = [
     cell_param(Cell("adaptive", "lookup_near", 7, AdaptiveConfig("cumulative", 0.6),
                 expect=("varies_in_total",)), "lookup_near-cumulative0.6-g7"),
     cell_param(Cell("adaptive", "t5_feature", 4, THRESHOLD(0.4)), "t5_feature-threshold0.4-g4"),
+    # Fixed positions: the switch's cache-only passes attend as a write does.
+    cell_param(Cell("adaptive", "near", 4, THRESHOLD(0.9, skip_below=0.8), fixed=5,
+                expect=("alpha", "varies", "skips")), "near-threshold0.9-skip0.8-g4-fixed5",
+               slow=True),
     # Tree: full, spine and fan shapes; T5 drafts go deep and (but for
     # lookup + T5, whose copies are one-hot) through runner-up siblings; the
     # shortlist (half the vocabulary, plus the inputs' tokens) leaves out
@@ -119,6 +127,8 @@ GREEDY_CELLS = [
     cell_param(Cell("tree", "lookup_near_out", shape=SPINE, expect=("deep", "no_siblings")),
            "lookup_near_out-spine"),
     cell_param(Cell("tree", "prompt_lookup", shape=SPINE), "prompt_lookup-spine"),
+    cell_param(Cell("tree", "near_out", shape=FULL, expect=("deep", "siblings"), fixed=12),
+               "near_out-full-fixed12", slow=True),
     cell_param(Cell("tree", "prompt_lookup", shape=FAN, expect=("siblings",)), "prompt_lookup-fan"),
     cell_param(Cell("tree", "feature_near_out", shape=FULL, expect=("deep", "siblings")),
            "feature_near_out-full"),

@@ -66,6 +66,11 @@ SEQ_CELLS = [
            "t5_shortlist-temp1"),
     # A weight-only int8 draft (Experiment.draft_quantization): q is its own.
     cell_param(Cell("chain", "t5_int8", 2, setting="temp1", expect=("alpha",)), "t5_int8-temp1"),
+    # Every target call at a fixed 4 positions (Experiment.fixed_positions).
+    cell_param(Cell("chain", "t5", 2, setting="temp1", expect=("alpha",), fixed=4),
+               "t5-temp1-fixed4", slow=True),
+    cell_param(Cell("chain", "t5", 2, setting="temp1", expect=("alpha",), fused=True),
+               "t5-temp1-fused", slow=True),
     cell_param(Cell("adaptive", "t5", 3, THRESHOLD(0.5, skip_below=0.5), setting="temp0.7_topk3",
                 expect=("alpha", "skips")), "t5-threshold0.5-skip0.5-temp0.7_topk3"),
     cell_param(Cell("adaptive", "t5", 3, AdaptiveConfig("cumulative", 0.2, skip_below=0.3,
@@ -74,6 +79,9 @@ SEQ_CELLS = [
            "t5-cumulative_drawn0.2-skip0.3-temp1_topp0.8"),
     cell_param(Cell("adaptive", "t5", 3, AdaptiveConfig("schedule", initial_gamma=1),
                 setting="temp1", expect=("alpha",)), "t5-schedule-temp1"),
+    cell_param(Cell("adaptive", "t5", 3, AdaptiveConfig("schedule", initial_gamma=1),
+                setting="temp1", expect=("alpha",), fixed=4), "t5-schedule-temp1-fixed4",
+               slow=True),
     cell_param(Cell("adaptive", "lookup_t5", 3, AdaptiveConfig("cumulative", 0.5),
                 setting="temp1_topp0.8"), "lookup_t5-cumulative0.5-temp1_topp0.8"),
     cell_param(Cell("tree", "t5", shape=SEQ_FULL, setting="temp1_topp0.8"), "t5-full-temp1_topp0.8"),

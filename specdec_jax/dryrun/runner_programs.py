@@ -120,11 +120,10 @@ def _checkable(exp: Experiment) -> tuple[Experiment, list]:
 def _architecture(exp: Experiment, role: str) -> T5Config:
   path = getattr(exp, f"{role}_checkpoint")
   local = exp.resolve(path) if path and not path.startswith(PLACEHOLDER) else ""
-  # min_rows and decode_kernel are runtime choices, as at load (ModelPair.load).
-  return driver.architecture(role, local, getattr(exp, f"{role}_format"),
-                             getattr(exp, f"{role}_preset"), exp.dtype,
-                             ("bind", "Experiment.")).replace(
-                                 min_rows=exp.min_rows, decode_kernel=exp.decode_kernel)
+  # The runtime choices (min_rows, fixed_positions, ...), as at load (ModelPair.load).
+  return exp.pair.runtime(driver.architecture(role, local, getattr(exp, f"{role}_format"),
+                                              getattr(exp, f"{role}_preset"), exp.dtype,
+                                              ("bind", "Experiment.")), role)
 
 
 class RunnerPrograms(driver.ProgramList):

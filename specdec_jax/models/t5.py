@@ -31,7 +31,10 @@ contract of ``models.base.TargetModel``):
   read: rollback is just the caller moving its per-row index back, and the stale
   entries are overwritten by the next write. Negative positions are not written
   (their logits are garbage and must be ignored); this lets a caller pad a
-  variable-length write to a fixed k.
+  variable-length write to a fixed k. ``T5Config.fixed_positions`` = R pads
+  every call to R positions itself: one compiled shape for the one-token
+  step and every k-position pass, so a position's logits are bit-equal
+  whichever call scores it.
 
 Relative-position bias is computed for the actual (query, key) positions of a
 call, ``[B, H, k, cache_len]``, never as a full ``[L, L]`` table per step.
@@ -110,6 +113,19 @@ class T5Config:
   # Pallas kernels (``specdec_jax.kernels``; calls it does not cover, e.g.
   # teacher forcing, trees and ``decode_rows``, stay on XLA). A runtime choice.
   decode_kernel: str = "xla"
+  # 0: a decode call scores its own k positions. R > 0: every cached decode
+  # call (the one-token step, the (γ+1)-position pass, a tree pass) scores
+  # exactly R positions, the real ones then padding that writes nothing and
+  # that no real query sees, so every call is one compiled shape and each
+  # position's logits reduce in one order whatever k is: the baseline's step
+  # and the speculative pass agree bit for bit (T = 0 identical at any
+  # dtype). Costs v(R) per call where a k-position pass is dearer than a step.
+  fixed_positions: int = 0
+  # Self-attention's query/key/value as one product ('qkv' [d, 3·H·dh]) and the
+  # gated MLP's wi_0/wi_1 as one ('wi_fused' [d, 2·d_ff]): fewer, larger
+  # kernels per step. The parameters are T5X's, fused in memory once after
+  # loading (``fuse_projections``); checkpoints keep the separate names.
+  fused_projections: bool = False
   pad_id: int = 0
   eos_id: int = 1
   decoder_start_id: int = 0
@@ -120,6 +136,10 @@ class T5Config:
     if self.decode_kernel not in DECODE_KERNELS:
       raise ValueError(f"T5Config.decode_kernel must be one of {DECODE_KERNELS}, "
                        f"got {self.decode_kernel!r}")
+    if (isinstance(self.fixed_positions, bool) or not isinstance(self.fixed_positions, int)
+        or self.fixed_positions < 0):
+      raise ValueError(f"T5Config.fixed_positions must be an int >= 0 (0: off), got "
+                       f"{self.fixed_positions!r}")
 
   @property
   def gated(self) -> bool:
@@ -275,12 +295,16 @@ class Attention(nn.Module):
   d_model: int
   dtype: Any
   min_rows: int = 1  # T5Config.min_rows
+  fused: bool = False  # self-attention with T5Config.fused_projections: one 'qkv' kernel
 
   def setup(self):
     inner, r = self.num_heads * self.head_dim, self.min_rows
-    self.query = _dense(inner, self.dtype, "query", self.d_model * self.head_dim, r)
-    self.key = _dense(inner, self.dtype, "key", self.d_model, r)
-    self.value = _dense(inner, self.dtype, "value", self.d_model, r)
+    if self.fused:
+      self.qkv = _dense(3 * inner, self.dtype, "qkv", self.d_model, r)
+    else:
+      self.query = _dense(inner, self.dtype, "query", self.d_model * self.head_dim, r)
+      self.key = _dense(inner, self.dtype, "key", self.d_model, r)
+      self.value = _dense(inner, self.dtype, "value", self.d_model, r)
     self.out = _dense(self.d_model, self.dtype, "out", inner, r)
 
   def _split(self, x: Array) -> Array:
@@ -291,6 +315,12 @@ class Attention(nn.Module):
 
   def project_kv(self, x: Array) -> tuple[Array, Array]:
     return self._split(self.key(x)), self._split(self.value(x))
+
+  def project_qkv(self, x: Array) -> tuple[Array, Array, Array]:
+    """Self-attention's (q, k, v) from one input: one product when fused."""
+    if not self.fused:
+      return (self.project_q(x),) + self.project_kv(x)
+    return tuple(map(self._split, jnp.split(self.qkv(x), 3, axis=-1)))
 
   def attend(self, q: Array, k: Array, v: Array, mask: Array,
              bias: Optional[Array]) -> Array:
@@ -327,9 +357,7 @@ class Attention(nn.Module):
     return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
 
   def __call__(self, x: Array, mask: Array, bias: Optional[Array]) -> Array:
-    q = self.project_q(x)
-    k, v = self.project_kv(x)
-    return self.attend(q, k, v, mask, bias)
+    return self.attend(*self.project_qkv(x), mask, bias)
 
 
 class MLP(nn.Module):
@@ -338,11 +366,15 @@ class MLP(nn.Module):
   gated: bool
   dtype: Any
   min_rows: int = 1  # T5Config.min_rows
+  fused: bool = False  # T5Config.fused_projections: wi_0 and wi_1 as one 'wi_fused' kernel
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     dense = functools.partial(_dense, dtype=self.dtype, min_rows=self.min_rows)
-    if self.gated:  # T5 1.1: gelu(x wi_0) * (x wi_1), tanh-approximated gelu
+    if self.gated and self.fused:
+      h0, h1 = jnp.split(dense(2 * self.d_ff, name="wi_fused", fan_in=self.d_model)(x), 2, -1)
+      h = nn.gelu(h0, approximate=True) * h1
+    elif self.gated:  # T5 1.1: gelu(x wi_0) * (x wi_1), tanh-approximated gelu
       h = (nn.gelu(dense(self.d_ff, name="wi_0", fan_in=self.d_model)(x), approximate=True)
            * dense(self.d_ff, name="wi_1", fan_in=self.d_model)(x))
     else:  # T5 1.0: relu(x wi)
@@ -368,9 +400,10 @@ class EncoderLayer(nn.Module):
     c = self.config
     dt = c.jnp_dtype
     self.pre_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.attention = Attention(c.num_heads, c.head_dim, c.d_model, dt, c.min_rows)
+    self.attention = Attention(c.num_heads, c.head_dim, c.d_model, dt, c.min_rows,
+                               c.fused_projections)
     self.pre_mlp_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt, c.min_rows)
+    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt, c.min_rows, c.fused_projections)
     self.dropout = Dropout(c.dropout_rate)
 
   def __call__(self, x: Array, mask: Array, bias: Array) -> Array:
@@ -425,19 +458,20 @@ class DecoderLayer(nn.Module):
     c = self.config
     dt = c.jnp_dtype
     self.pre_self_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.self_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt, c.min_rows)
+    self.self_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt, c.min_rows,
+                                    c.fused_projections)
     self.pre_cross_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
     self.encoder_decoder_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt,
                                                c.min_rows)
     self.pre_mlp_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt, c.min_rows)
+    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt, c.min_rows, c.fused_projections)
     self.dropout = Dropout(c.dropout_rate)
 
   def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
     return self.encoder_decoder_attention.project_kv(encoded)
 
   def __call__(self, x, positions, self_mask, bias, k_cache, v_cache, cross_k, cross_v,
-               cross_mask, new_mask=None, new_bias=None):
+               cross_mask, new_mask=None, new_bias=None, rows_only=False):
     """One decoder layer over k new tokens.
 
     With k_cache None (teacher forcing) keys are the new tokens themselves;
@@ -446,21 +480,27 @@ class DecoderLayer(nn.Module):
     ``new_mask`` (and ``new_bias``) [B,1,k,k] the cache is only read: the
     queries attend over the cache (``self_mask``/``bias``: committed
     positions only) and the new keys as a second block, and the new rows
-    (k, v) [B,k,H,dh] are returned in place of the cache.
+    (k, v) [B,k,H,dh] are returned in place of the cache. ``rows_only``
+    (``T5Config.fixed_positions``) returns the rows too, but attends as a
+    write does (over a written copy of the cache): one softmax form for
+    every call, so a position reduces in the same order however it is
+    scored.
     """
     h = self.pre_self_attention_layer_norm(x)
-    q = self.self_attention.project_q(h)
-    k, v = self.self_attention.project_kv(h)
+    q, k, v = self.self_attention.project_qkv(h)
     if new_mask is not None:
       attn = self.self_attention.attend_blocks(
           q, [(k_cache, v_cache, self_mask, bias), (k, v, new_mask, new_bias)])
       k_cache, v_cache = k, v
     else:
+      rows = k, v
       if k_cache is not None:
         k_cache = _write(k_cache, k, positions)
         v_cache = _write(v_cache, v, positions)
         k, v = k_cache, v_cache
       attn = self.self_attention.attend(q, k, v, self_mask, bias)
+      if rows_only:
+        k_cache, v_cache = rows
     x = x + self.dropout(attn)
     h = self.pre_cross_attention_layer_norm(x)
     q = self.encoder_decoder_attention.project_q(h)
@@ -515,6 +555,26 @@ def _write(cache: Array, new: Array, positions: Array) -> Array:
   # updated in place on each device with no all-gather of the new rows.
   write_row = lambda c, n, p: c.at[p].set(n, mode="drop")
   return jax.vmap(write_row)(cache, new.astype(cache.dtype), pos)
+
+
+def _pad_call(tokens: Array, positions: Array, extra: Optional[Array],
+              tree: Optional[TreeAttention], r: int) -> tuple:
+  """A decode call's k positions padded to r (``T5Config.fixed_positions``):
+  padding sits at position -1, so its keys/values are never written (and so
+  never seen), its query sees nothing, and a tree's padding nodes write
+  nowhere and see nothing. Real positions keep their place in the call."""
+  k = tokens.shape[1]
+  if k > r:
+    raise ValueError(f"a decode call scores {k} positions but T5Config.fixed_positions is "
+                     f"{r}: set it to at least {k} (gamma + 1, or a tree's node count)")
+  pad = lambda a, value=0: jnp.pad(a, ((0, 0), (0, r - k)) + ((0, 0),) * (a.ndim - 2),
+                                   constant_values=value)
+  if extra is not None:
+    extra = pad(extra)
+  if tree is not None:
+    tree = tree._replace(slots=pad(tree.slots, -1),
+                         visible=jnp.pad(tree.visible, ((0, r - k), (0, 0))))
+  return pad(tokens), pad(positions, -1), extra, tree
 
 
 class Decoder(nn.Module):
@@ -573,7 +633,8 @@ class Decoder(nn.Module):
       k_pos, self_mask = tree.keys_and_mask(cache.cache_len)
       write_at = tree.slots
     new_mask = new_bias = None
-    if cache is not None and not write:
+    rows_only = cache is not None and not write and c.fixed_positions > 0
+    if cache is not None and not write and not rows_only:
       # Cache block: only the positions before the first new token (later ones
       # are stale rows of rejected proposals); the new tokens are block two.
       self_mask = self_mask & (k_pos[:, None, :] < positions[:, :1, None])
@@ -586,7 +647,7 @@ class Decoder(nn.Module):
       kc = cache.self_k[i] if cache is not None else None
       vc = cache.self_v[i] if cache is not None else None
       x, kc, vc = layer(x, write_at, self_mask, bias, kc, vc, cross_k[i], cross_v[i],
-                        cross_mask, new_mask, new_bias)
+                        cross_mask, new_mask, new_bias, rows_only)
       new_k.append(kc)
       new_v.append(vc)
     y = self.decoder_norm(x)
@@ -639,8 +700,17 @@ class T5(nn.Module):
   def decode(self, tokens: Array, positions: Array, cache: DecoderCache, write: bool = True,
              extra: Optional[Array] = None, return_hidden: bool = False,
              tree: Optional[TreeAttention] = None):
-    return self.decoder(self._embed(tokens, extra), positions, cache, None,
-                        self.token_embedder.attend, write, return_hidden, tree)
+    k, r = tokens.shape[1], self.config.fixed_positions
+    if r:
+      tokens, positions, extra, tree = _pad_call(tokens, positions, extra, tree, r)
+    out = self.decoder(self._embed(tokens, extra), positions, cache, None,
+                       self.token_embedder.attend, write, return_hidden, tree)
+    if not r:
+      return out
+    # Drop the padding positions' logits, rows and hidden states.
+    cut = lambda a: a[:, :k]
+    rows = out[1] if write else jax.tree.map(cut, out[1])
+    return (cut(out[0]), rows) + tuple(cut(a) for a in out[2:])
 
   def __call__(self, inputs: Array, decoder_inputs: Array,
                encoder_extra: Optional[Array] = None, decoder_extra: Optional[Array] = None,
@@ -705,7 +775,8 @@ class T5Model:
     prefix; ``positions`` must be consecutive per row) and the new tokens
     causally: the same attention as ``decode``, which writes the rows first
     (one softmax over both blocks; sums in another order, equal to float
-    rounding). Why: inside ``lax.switch`` a branch that writes the cache makes
+    rounding; with ``T5Config.fixed_positions`` it attends over a written copy
+    of the cache instead, as ``decode`` does, so bit for bit). Why: inside ``lax.switch`` a branch that writes the cache makes
     XLA copy the whole cache each call; a branch that returns rows does not,
     and the write happens once after the switch (``decoding.speculative_decode``'s
     adaptive widths).
@@ -857,6 +928,45 @@ def cast_params(params: Any, param_dtype: Any) -> Any:
     name = "/".join(str(getattr(k, "key", k)) for k in path)
     return x.astype(stored_dtype(name, param_dtype))
   return jax.tree_util.tree_map_with_path(cast, params)
+
+
+# Self-attention modules whose query/key/value fuse, and the fused names.
+_FUSED = (("attention", ("query", "key", "value"), "qkv"),
+          ("self_attention", ("query", "key", "value"), "qkv"),
+          ("mlp", ("wi_0", "wi_1"), "wi_fused"))
+
+
+def fuse_projections(params: Any) -> Any:
+  """A T5X parameter tree (``T5Config.fused_projections`` off) as the fused
+  model reads it: in every encoder layer's ``attention`` and decoder layer's
+  ``self_attention``, query/key/value become one ``qkv`` kernel (columns
+  side by side), and a gated MLP's wi_0/wi_1 one ``wi_fused``. Cross-attention
+  and every other parameter are unchanged. Pure; concatenation copies values
+  only, so each output column is computed from the same weights. Float kernels
+  only: quantize after fusing (per-output-column scales are the same)."""
+  def fuse_layer(layer: dict) -> dict:
+    layer = dict(layer)
+    for module, parts, fused in _FUSED:
+      sub = layer.get(module)
+      if sub is None or not all(p in sub for p in parts):
+        continue
+      kernels = [sub[p]["kernel"] for p in parts]
+      if any(quantization.is_qarray(k) for k in kernels):
+        raise ValueError(f"fuse_projections takes float kernels; {module}/{parts[0]}/kernel is "
+                         "quantized: fuse before quantizing")
+      sub = {k: v for k, v in sub.items() if k not in parts}
+      sub[fused] = {"kernel": jnp.concatenate(kernels, axis=1)}
+      layer[module] = sub
+    return layer
+
+  out = dict(params)
+  for stack in ("encoder", "decoder"):
+    if stack not in out:
+      raise ValueError(f"fuse_projections: no '{stack}' in the parameter tree (keys: "
+                       f"{sorted(out)})")
+    out[stack] = {name: fuse_layer(v) if name.startswith("layers_") else v
+                  for name, v in out[stack].items()}
+  return out
 
 
 def count_params(params: Any) -> int:

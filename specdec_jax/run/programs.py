@@ -11,7 +11,8 @@ import jax
 import numpy as np
 
 from specdec_jax import data
-from specdec_jax.decoding import speculative_decode, temperature_sample, tree_speculative_decode
+from specdec_jax.decoding import (speculative_decode, temperature_sample, tree_speculative_decode,
+                                  with_command_buffers)
 from specdec_jax.run.setup import Setup
 
 Array = jax.Array
@@ -57,21 +58,23 @@ class Programs:
 def programs(setup: Setup, gamma: int) -> Programs:
   """The baseline and the run's speculative loop (chain at ``gamma``, the
   configured tree, or with ``gamma`` 0 the baseline again), on the target's
-  partitioner."""
+  partitioner; both from command buffers on a GPU with
+  ``Experiment.command_buffers``."""
   exp = setup.exp
+  loop = lambda fn: with_command_buffers(fn, exp.command_buffers)
   target, tparams, draft = setup.target, setup.target_params, setup.draft
   kw = dict(max_decode_len=exp.max_decode_len, sampling=exp.sampling,
             eos_id=target.config.eos_id, partitioner=setup.partitioner)
   place = setup.partitioner.shard_batch if setup.partitioner else (lambda x: x)
-  base_fn = lambda x, k: temperature_sample(target, tparams, place(x), k, **kw)
+  base_fn = lambda x, k: loop(temperature_sample)(target, tparams, place(x), k, **kw)
   tree = exp.tree_shape
   if tree is not None:
-    spec_fn = lambda x, k: tree_speculative_decode(target, tparams, draft, place(x), k,
-                                                   tree=tree, **kw)
+    spec_fn = lambda x, k: loop(tree_speculative_decode)(target, tparams, draft, place(x), k,
+                                                         tree=tree, **kw)
   elif gamma == 0:
     spec_fn = base_fn
   else:
-    spec_fn = lambda x, k: speculative_decode(target, tparams, draft, place(x), k,
-                                              gamma=gamma, lenience=exp.lenience,
-                                              adaptive=exp.adaptive, **kw)
+    spec_fn = lambda x, k: loop(speculative_decode)(target, tparams, draft, place(x), k,
+                                                    gamma=gamma, lenience=exp.lenience,
+                                                    adaptive=exp.adaptive, **kw)
   return Programs(base_fn, spec_fn, gamma)

@@ -110,6 +110,9 @@ class Experiment(PairSettings):
   input_buckets: tuple = ()
   max_decode_len: int = 128
   on_too_long: str = "truncate"              # or 'error'
+  # >= 1: the decoding loops run from XLA command buffers (CUDA graphs) on a GPU,
+  # any run of at least this many kernels one graph; 0 off (decoding.with_command_buffers).
+  command_buffers: int = 0
   multihost: bool = False                    # jax.distributed.initialize() before anything
   coordinator_address: Optional[str] = None  # multihost off Cloud TPU VMs: 'host:port'
   num_processes: Optional[int] = None
@@ -140,6 +143,7 @@ class Experiment(PairSettings):
     self._check_gamma()
     if self.tree:
       self._check_tree()
+    self._check_fixed_positions()
     self._check_draft()
     for name in ("batch_size", "max_input_len", "max_decode_len", "num_examples",
                  "alpha_only_tokens", "cost_repeats"):
@@ -148,6 +152,10 @@ class Experiment(PairSettings):
     data.check_input_buckets(self.input_buckets, self.max_input_len, "Experiment.input_buckets")
     if self.num_warmup < 0:
       raise ValueError(f"Experiment.num_warmup must be >= 0, got {self.num_warmup}")
+    if (isinstance(self.command_buffers, bool) or not isinstance(self.command_buffers, int)
+        or self.command_buffers < 0):
+      raise ValueError(f"Experiment.command_buffers must be an int >= 0 (0: off, else the "
+                       f"fewest kernels per graph), got {self.command_buffers!r}")
     if self.on_too_long not in ("truncate", "error"):
       raise ValueError(f"Experiment.on_too_long must be 'truncate' or 'error', "
                        f"got {self.on_too_long!r}")
@@ -180,6 +188,20 @@ class Experiment(PairSettings):
         raise ValueError(f"Experiment.adaptive (rule {self.adaptive.rule!r}): {e}") from None
     if not 0 < self.lenience <= 1:
       raise ValueError(f"Experiment.lenience must be in (0, 1] (1 is exact), got {self.lenience}")
+
+  def _check_fixed_positions(self) -> None:
+    """Fixed positions hold every target call: γ + 1 (γ_max + 1, 'auto''s
+    auto_gamma_max + 1) or the tree's node count."""
+    if not self.fixed_positions:
+      return
+    if self.tree:
+      need, what = self.tree_shape.num_nodes, f"the tree's {self.tree_shape.num_nodes} nodes"
+    else:
+      g = self.auto_gamma_max if self.gamma == "auto" else self.gamma
+      need, what = g + 1, f"γ + 1 = {g + 1} positions"
+    if self.fixed_positions < need:
+      raise ValueError(f"Experiment.fixed_positions = {self.fixed_positions} cannot hold {what} "
+                       f"a target call scores: bind at least {need} (or 0: off)")
 
   def _check_tree(self) -> None:
     """A token tree: well formed, alone (no adaptive γ, lenience or 'auto'), and room for it."""
