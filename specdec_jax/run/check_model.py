@@ -102,8 +102,9 @@ def topology_of(devices: Sequence[Any]) -> str:
 
 
 def run_devices(exp: Experiment) -> list:
-  """The devices a run of ``exp`` uses: every device under a mesh, else the first."""
-  return list(jax.devices()) if exp.mesh_shape else list(jax.devices())[:1]
+  """The devices a run of ``exp`` uses: the mesh's (the first ones, as
+  ``partitioning.make_mesh`` takes them), else the first."""
+  return list(jax.devices())[:math.prod(exp.mesh_shape) if exp.mesh_shape else 1]
 
 
 def machine_note(devices: Sequence[Any], topology: str) -> Optional[str]:
