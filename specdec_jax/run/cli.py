@@ -212,6 +212,8 @@ def main(argv: Sequence[str]) -> None:
     _print_result(summarize_alpha(exp, workdir.records, len(d.examples) - exp.num_warmup)
                   if alpha_only else summarize(exp, workdir.records), workdir)
     return
+  if workdir.records:
+    logging.info("Resuming: %d examples already in %s", len(workdir.records), workdir.path)
   logging.info("Loading the target and the draft (%s)…", weights_words(exp))
   setup = load_models(exp, d)  # all loading and checking before the workdir is touched
   for i in sorted(d.truncated):
@@ -263,6 +265,10 @@ def _message(e: BaseException) -> str:
 def cli(argv: Sequence[str]) -> int:
   """Runs ``main``; a user error ends in one line on stderr and exit status 2."""
   logs.quiet_libraries(not FLAGS.verbose)
+  # The progress lines are INFO records: shown under absl.app (the command
+  # line) and, in process (tests, notebooks), wherever a handler takes them.
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.INFO)
   try:
     # Before JAX starts a backend: an installed libtpu stays quiet off a TPU.
     logs.quiet_libtpu(*[t for t in (FLAGS.dry_run, FLAGS.calibrate) if t and t != "auto"][:1])
