@@ -937,7 +937,8 @@ def test_one_chip_of_a_multi_device_machine_runs_a_row(tmp_path):
   """One chip of a multi-chip VM (the paper's setting on a v4-8): on 4
   forced CPU devices, the demo with the one-chip overlay (configs/tpu_v4_1.gin:
   mesh (1, 1), bfloat16) at tiny sizes runs end to end on the first device,
-  saying so in one line; a mesh larger than the machine is still refused."""
+  saying so in one line; a mesh larger than the machine is still refused, and
+  so is a smaller one over several processes."""
   e = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
            XLA_FLAGS="--xla_force_host_platform_device_count=4")
   w = tmp_path / "one_chip"
@@ -954,6 +955,13 @@ s = json.load(open("{w}/summary.json"))
 print("SUMMARY", json.dumps(s))
 code = cli.run_args(args[:2] + ["--workdir={w}_big", "--gin_bindings=Experiment.mesh_shape = (1, 8)"])
 print("BIG", code)
+import jax
+from specdec_jax import partitioning
+jax.process_count = lambda: 2   # as on a multi-host slice: every device, or an error
+try:
+  partitioning.make_mesh((1, 1))
+except partitioning.PartitioningError as e:
+  print("MULTIHOST", e)
 """
   res = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=e, capture_output=True,
                        text=True, timeout=900)
@@ -965,3 +973,5 @@ print("BIG", code)
   assert "BIG 2" in res.stdout
   assert "error: Experiment.mesh_shape: mesh_shape (1, 8) has 8 devices but there are 4 " \
          "(cpu); choose (data, model) with data * model <= 4" in res.stderr
+  assert "MULTIHOST mesh_shape (1, 1) has 1 devices but there are 4 (cpu) over 2 processes; " \
+         "a multi-host run uses every device" in res.stdout

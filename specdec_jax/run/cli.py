@@ -25,6 +25,12 @@ model's c match (``specdec_jax.run.check_model``); nothing is decoded.
 ``--alpha_only`` (paper §4.2, Table 3) generates with the target alone and
 averages sum_x min(p, q) along the generated tokens.
 
+Output: on stderr, a line naming the run, then each long step before it
+starts (with its size and, where something measured allows, about how long it
+takes) and the progress of the timed examples; on stdout, the Table 2 row
+(with Theorem 3.8's prediction at the measured c and v) and a closing
+sentence. ``--verbose`` adds the cost account (also in ``summary.json``).
+
 Workdir integrity: nothing is written before the first result; ``config.gin``
 (the run's gin config) is written atomically with it, so a workdir's files
 always describe its results. A workdir holds one mode (speculative or
@@ -83,8 +89,10 @@ flags.DEFINE_multi_string("import", [], "A Python module to import before the co
                           "parsed, by name (found in the working directory or sys.path) or "
                           "as path/to/file.py, e.g. one that registers an approximation "
                           "model; may repeat.")
-flags.DEFINE_bool("verbose", False, "Show library INFO logs (Orbax, JAX) and the traceback "
-                  "of user errors.")
+flags.DEFINE_bool("verbose", False, "Also print the cost account under the row (EXP with c "
+                  "alone, EXP in context, the whole-run factors; all of it is in summary.json "
+                  "either way), each step's measurements, library INFO logs (Orbax, JAX) with "
+                  "their logging prefix, and the traceback of user errors.")
 flags.DEFINE_string("dry_run", None, "A TPU topology, e.g. v5e:2x4: compile the run's programs "
                     "for it on this machine (needs libtpu; reads no weight or data) and report "
                     "memory, collectives and a roofline model (specdec_jax.dryrun).")
@@ -192,6 +200,8 @@ def main(argv: Sequence[str]) -> None:
                      FLAGS.dry_run, alpha_only)
     return
   if FLAGS.dry_run:
+    logging.info("Dry run for %s: the run's programs compiled for it on this machine (no "
+                 "weight or data is read)…", FLAGS.dry_run)
     driver.main(runner_programs.RunnerPrograms(exp, alpha_only, configs=FLAGS.config),
                 FLAGS.dry_run)
     return
@@ -271,7 +281,7 @@ def cli(argv: Sequence[str]) -> int:
     logging.set_verbosity(logging.INFO)
   try:
     # Before JAX starts a backend: an installed libtpu stays quiet off a TPU.
-    logs.quiet_libtpu(*[t for t in (FLAGS.dry_run, FLAGS.calibrate) if t and t != "auto"][:1])
+    logs.quiet_libtpu(FLAGS.dry_run or FLAGS.calibrate)
     main(argv)
     return 0
   except KeyboardInterrupt:

@@ -26,7 +26,7 @@ import functools
 import logging as std_logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from absl import logging
 
@@ -107,11 +107,16 @@ def quiet_libraries(quiet: bool) -> None:
 _previous_unraisablehook = sys.__unraisablehook__
 
 
-def quiet_libtpu(topology: str = chips.DEFAULT_TOPOLOGY) -> None:
+def quiet_libtpu(topology: Optional[str] = None) -> None:
   """Before JAX starts a backend: on a machine without a TPU, tells an
   installed libtpu what it would otherwise probe for and print warnings
-  about (``chips.quiet_libtpu``, ``topology`` the one a dry run compiles
-  for); on a TPU VM it changes nothing."""
+  about (``chips.quiet_libtpu``; ``topology`` the one a dry run compiles
+  for, if it names one: a bad name is left for the dry run to refuse); on
+  a TPU VM it changes nothing."""
+  try:
+    chips.parse_topology(topology or "")
+  except ValueError:
+    topology = chips.DEFAULT_TOPOLOGY
   chips.quiet_libtpu(topology)
 
 
