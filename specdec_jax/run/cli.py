@@ -224,7 +224,8 @@ def main(argv: Sequence[str]) -> None:
     return
   if workdir.records:
     logging.info("Resuming: %d examples already in %s", len(workdir.records), workdir.path)
-  logging.info("Loading the target and the draft (%s)…", weights_words(exp))
+  logging.info("Loading the target and %s (%s)…", "the draft" if exp.draft_checkpoint else
+               f"building the draft {exp.draft_name!r}", weights_words(exp))
   setup = load_models(exp, d)  # all loading and checking before the workdir is touched
   for i in sorted(d.truncated):
     logging.warning("Example id=%r (index %d) was truncated to max_input_len=%d tokens",
@@ -261,7 +262,8 @@ def weights_words(exp: Experiment) -> str:
   if not n:
     return "sizes known once read"
   per = " per device" if exp.mesh_shape and math.prod(exp.mesh_shape) > 1 else ""
-  return (f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB") + \
+  return (f"{n / 2**30:.1f} GiB" if n >= 2**30 else
+          f"{n / 2**20:.{0 if n >= 10 * 2**20 else 1}f} MiB") + \
       f" of weights{per}"
 
 
