@@ -196,8 +196,8 @@ def calibrate(setup: Setup, progs: Programs, gamma_auto: Optional[dict], todo: S
   cost_gamma = progs.gamma if not progs.plain else int(gamma_auto["argmax"])
   # timing.measure_costs_many's pieces (step, verify, draft, round), and
   # account.prefill_ms's two per input width: each a few steps, not a whole
-  # loop, and about half a loop program's compile and run (0.4 to 0.6 on the
-  # demo on a 2-core CPU, loaded and not).
+  # loop, and about half a loop program's compile and run (0.4 to 0.85 of it
+  # in three runs on a loaded 2-core CPU, demo and toy models).
   pieces = 4 + 2 * prefill_widths(setup, todo)
   logging.info("Measuring c, v and the prefill (%d small programs to compile, then %d "
                "interleaved repeats; about %.0f s at the warm-up's pace)…", pieces,
