@@ -78,10 +78,9 @@ def warm_up(setup: Setup, progs: Programs, root: Array) -> float:
   the first batch), on every input bucket the examples use, and for an
   adaptive run every verification width (its code is generated on its first
   run, per program: ``timing.warm_up_widths``). Says what it compiles, then
-  each input width's time as it is done (with, after the first, about how
-  long the others will take); returns the seconds per compiled program (the
-  first width's, compilation and one run), the pace later steps are
-  estimated at."""
+  each input width's time as it is done, with about how long the others
+  will take at the fastest width's pace; returns that pace per compiled
+  program (compilation and one run), which later steps are estimated at."""
   exp = setup.exp
   t0 = time.perf_counter()
   warm = [pad_batch(setup.inputs, idx, exp.batch_size, exp.input_buckets)
@@ -112,9 +111,10 @@ def warm_up(setup: Setup, progs: Programs, root: Array) -> float:
     left = len(widths) - len(done)
     times = (f"{done[width]:.1f} s" if progs.plain else
              f"baseline {t_base:.1f} s, speculative {done[width] - t_base:.1f} s")
+    # The fastest width so far: the first may also pay one-time costs.
     logging.info("  width %d: %s%s", width, times,
-                 f" (about {left * done[widths[0]]:.0f} s more for the other {left})"
-                 if len(done) == 1 and left else "")
+                 f" (about {left * min(done.values()):.0f} s more for the other {left})"
+                 if left else "")
 
   for x in warm + bucketed:
     run_both(x)
@@ -129,7 +129,7 @@ def warm_up(setup: Setup, progs: Programs, root: Array) -> float:
                    sorted(seen), length, extra=logs.DETAIL)
   logging.info("Warm-up (compilation included) took %.1f s", time.perf_counter() - t0,
                extra=logs.DETAIL)
-  return done[widths[0]] / (1 if progs.plain else 2)
+  return min(done.values()) / (1 if progs.plain else 2)
 
 
 def costs_many(setup: Setup, gammas: Sequence[int]) -> dict[int, Costs]:
