@@ -224,8 +224,9 @@ def main(argv: Sequence[str]) -> None:
     return
   if workdir.records:
     logging.info("Resuming: %d examples already in %s", len(workdir.records), workdir.path)
-  logging.info("Loading the target and %s (%s)…", "the draft" if exp.draft_checkpoint else
-               f"building the draft {exp.draft_name!r}", weights_words(exp))
+  size = weights_words(exp)
+  logging.info("Loading the target and %s%s…", "the draft" if exp.draft_checkpoint else
+               f"building the draft {exp.draft_name!r}", f" ({size})" if size else "")
   setup = load_models(exp, d)  # all loading and checking before the workdir is touched
   for i in sorted(d.truncated):
     logging.warning("Example id=%r (index %d) was truncated to max_input_len=%d tokens",
@@ -253,14 +254,15 @@ def intro(exp: Experiment, alpha_only: bool, workdir: str) -> str:
 
 
 def weights_words(exp: Experiment) -> str:
-  """The weights about to be read, in words ("12 MiB of weights")."""
+  """The weights about to be read, in words ("12 MiB of weights"); '' where
+  a checkpoint does not say its architecture."""
   try:
     parts = estimate_bytes(exp)
   except (ValueError, OSError):
     parts = {}
   n = sum(v for k, v in parts.items() if k.endswith("weights"))
   if not n:
-    return "sizes known once read"
+    return ""
   per = " per device" if exp.mesh_shape and math.prod(exp.mesh_shape) > 1 else ""
   return (f"{n / 2**30:.1f} GiB" if n >= 2**30 else
           f"{n / 2**20:.{0 if n >= 10 * 2**20 else 1}f} MiB") + \
