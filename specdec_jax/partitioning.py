@@ -133,21 +133,41 @@ def validate_rules(rules: Sequence[Sequence[Any]]) -> Rules:
 
 
 def make_mesh(shape: Sequence[int], devices: Optional[Sequence[Any]] = None) -> Mesh:
-  """A ('data', 'model') mesh over all (or the given) devices.
+  """A ('data', 'model') mesh over the given devices, or over this machine's.
 
-  The product of ``shape`` must equal the number of devices: a mesh that left
-  devices idle would be a silent waste, one larger than the machine an error.
+  Given ``devices`` (a dry run's topology), the product of ``shape`` must
+  equal their number. Without, a mesh smaller than the machine takes its
+  first devices, saying so once (one chip of a multi-chip VM: the paper's
+  single-chip setting on the VM users get); on several processes it must
+  span them all, since every process takes part in each jitted loop.
   """
   shape = tuple(int(s) for s in shape)
   if len(shape) != 2 or any(s < 1 for s in shape):
     raise PartitioningError(f"mesh_shape must be two positive sizes (data, model), got {shape}")
+  n = math.prod(shape)
+  given = devices is not None
   devices = list(jax.devices() if devices is None else devices)
-  if math.prod(shape) != len(devices):
+  if not given and n < len(devices) and jax.process_count() == 1:
+    devices = devices[:n]
+    if (shape, len(jax.devices())) not in _SUBSET_SAID:
+      _SUBSET_SAID.add((shape, len(jax.devices())))
+      logging.info("mesh_shape %s uses %d of the %d %s devices (the first %d)", shape, n,
+                   len(jax.devices()), devices[0].platform, n)
+  if n != len(devices):
+    why = ""
+    if not given and n < len(devices):
+      why = (f" over {jax.process_count()} processes; a multi-host run uses every device, "
+             "since each process takes part in every jitted loop")
     raise PartitioningError(
-        f"mesh_shape {shape} has {math.prod(shape)} devices but there are {len(devices)} "
-        f"({devices[0].platform}); choose (data, model) with data * model = {len(devices)}")
+        f"mesh_shape {shape} has {n} devices but there are {len(devices)} "
+        f"({devices[0].platform}){why}; choose (data, model) with data * model "
+        f"{'=' if given or why else '<='} {len(devices)}")
   axis_types = (jax.sharding.AxisType.Auto,) * 2
   return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+
+
+# (mesh shape, device count) already reported as a subset of the machine.
+_SUBSET_SAID: set = set()
 
 
 def abstract_mesh(shape: Sequence[int]) -> jax.sharding.AbstractMesh:

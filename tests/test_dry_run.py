@@ -15,6 +15,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import re
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -296,9 +297,12 @@ def test_row_that_does_not_fit(paths, no_compile):
   assert "does not fit" in text and "16 GiB of HBM" in text
 
 
-def test_command_line_alpha_only(paths, runs, capsys):
+def test_command_line_alpha_only(paths, runs, capsys, caplog):
   """``--dry_run`` through the runner's command line, with ``--alpha_only``:
-  the target's generation and the α pass (§4.2), no roofline."""
+  the target's generation and the α pass (§4.2), no roofline; it says what
+  it compiles, then each program's name and compile time as it is done."""
+  import logging as std_logging  # pylint: disable=import-outside-toplevel
+  caplog.set_level(std_logging.INFO)
   del runs  # the baseline loop is compiled (and cached) there
   from specdec_jax.run.cli import run_args  # pylint: disable=import-outside-toplevel
   bindings = [f"Experiment.target_checkpoint = '{paths['target']}'",
@@ -315,6 +319,13 @@ def test_command_line_alpha_only(paths, runs, capsys):
   assert code == 0
   assert "baseline loop" in out and "α pass (§4.2)" in out and "Roofline" not in out
   assert "no collective moves a weight" in out
+  said = [r.getMessage() for r in caplog.records]
+  start = next(i for i, m in enumerate(said) if m.startswith(f"Compiling 2 programs for "
+                                                              f"{TOPOLOGY}, "))
+  done = [m for m in said[start + 1:] if m.startswith("  ")]
+  assert len(done) == 2 and {m.split(":")[0].strip() for m in done} == {
+      "baseline loop", "α pass (§4.2)"}, said
+  assert all(re.search(r": \d+ s \([12]/2\)$", m) for m in done), done
 
 
 def test_command_line_bad_topology(capsys):
@@ -396,3 +407,23 @@ def test_quantized_draft_compiles_and_reads_fewer_bytes(paths, runs, mode):
   assert r.roofline.draft.bytes < plain.draft.bytes
   assert r.ctx.resident["draft weights"] == memory.param_bytes(DRAFT, part, "bfloat16", mode)
   assert f"kernels {mode}" in driver.format_report(r)
+
+
+def test_compile_all_names_each_program_as_it_is_done(caplog):
+  """Before compiling, the list; then, as each compile finishes, its name and
+  compile time (two tiny programs for one v5e chip: no `runs` fixture)."""
+  import logging as std_logging  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  caplog.set_level(std_logging.INFO)
+  _, devices = chips.topology_devices("v5e:1x1")
+  x = jax.ShapeDtypeStruct((8, 128), jnp.float32,
+                           sharding=jax.sharding.SingleDeviceSharding(devices[0]))
+  specs = [driver.Compile(name, lambda f=f: jax.jit(f).lower(x))
+           for name, f in (("double", lambda a: a * 2), ("total", lambda a: a.sum()))]
+  programs = driver.compile_all("v5e:1x1", specs, workers=1)
+  assert [p.name for p in programs] == ["double", "total"] and not any(p.error for p in programs)
+  said = [r.getMessage() for r in caplog.records]
+  assert "Compiling 2 programs for v5e:1x1, 1 at a time: double, total…" in said
+  assert [m for m in said if m.startswith("  ")] == [
+      f"  double: {programs[0].compile_s:.0f} s (1/2)",
+      f"  total: {programs[1].compile_s:.0f} s (2/2)"]

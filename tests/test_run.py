@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -56,6 +57,20 @@ def test_run_writes_results_and_resumes_after_a_kill(env):
   w = env / "w_full"
   res = _run(env, f"--workdir={w}")
   assert "| TASK | M_q | TEMP |" in res.stdout and "| toy | draft | 0 | 3 |" in res.stdout
+  # By default: the row and the closing sentence on stdout; on stderr each
+  # step announced before it runs, as plain lines (no logging prefix).
+  out = res.stdout.strip().splitlines()
+  assert len(out) == 5 and out[3].startswith("Speculative decoding was "), res.stdout
+  assert "EXP in context" not in res.stdout and "Whole run" not in res.stdout
+  err = res.stderr.splitlines()
+  steps = ["Speculative decoding vs the baseline: target target, draft draft, γ 3, T 0, 4 "
+           "examples of toy", "Loading the target and the draft (",
+           "Compiling the baseline and speculative programs for 1 input width (24)",
+           "  width 24: baseline ", "Measuring c, v and the prefill (6 small programs",
+           "Timing the baseline and speculative decoding on 4 examples", "[4/4] "]
+  at = [next((i for i, l in enumerate(err) if l.startswith(p)), None) for p in steps]
+  assert None not in at and at == sorted(at), res.stderr
+  assert not [l for l in err if re.match(r"[IWEF]\d{4} ", l)], res.stderr
   s = json.loads((w / "summary.json").read_text())
   assert SUMMARY_KEYS <= set(s)
   recs = _lines(w / "examples.jsonl")
@@ -72,14 +87,18 @@ def test_run_writes_results_and_resumes_after_a_kill(env):
   assert s["interplay"] == pytest.approx(np.median([r["interplay"] for r in recs]))
   assert s["expected_speedup_in_context"] == pytest.approx(
       s["expected_speedup_v"] / s["interplay"], rel=1e-9)
-  assert "EXP in context: " in res.stdout
   assert s["tokens_per_target_call_eq1"] == pytest.approx(
       (1 - s["alpha"] ** 4) / (1 - s["alpha"]))  # γ 3
   assert all(r["prefill_baseline_ms"] > 0 and r["prefill_speculative_ms"] > 0 for r in recs)
   whole = accounting.attribute(recs, accounting.prefill_of(recs),
                                [r["input_width"] for r in recs])
   assert s["expected_speedup_whole_run"] == pytest.approx(whole.expected_whole_run)
-  assert f"= {whole.expected_whole_run:.2f}X; SPEED / whole run" in res.stdout
+  # The cost account, under --verbose, from summary.json alone.
+  account = run.report.table2_row(s, verbose=True)
+  assert "| EXP (Thm 3.8) | EXP (with v) | mismatches |" in account
+  assert f"EXP in context: {s['expected_speedup_in_context']:.2f}X" in account
+  assert f"= {whole.expected_whole_run:.2f}X; SPEED / whole run" in account
+  assert f"| {s['expected_speedup_v']:.2f}X |" in res.stdout
   assert "Experiment.gamma = 3" in (w / "config.gin").read_text()
 
   # 2) Kill midway, leave a torn last line, resume: nothing lost or duplicated.
@@ -129,7 +148,8 @@ BAD = {
     "missing checkpoint": ("Experiment.target_checkpoint = '/nonexistent/ckpt'",
                            "target_checkpoint"),
     "vocab mismatch": ("Experiment.draft_checkpoint = '{env}/draft_v65'", "vocab_size"),
-    "gamma < 1": ("Experiment.gamma = 0", "gamma must be >= 1"),
+    "gamma < 1": ("Experiment.gamma = 0", "gamma must be >= 1 .*, got 0; .*'auto' chooses "
+                  r"plain decoding \(γ = 0\)"),
     "temperature < 0": ("SamplingConfig.temperature = -0.5", "temperature must be >= 0"),
     "topp outside (0, 1]": ("SamplingConfig.topp = 1.5", "topp must be in"),
     "topk with topp": ("SamplingConfig.topk = 5\nSamplingConfig.topp = 0.9", "cannot both be set"),
@@ -940,3 +960,60 @@ def test_runner_decodes_exactly_with_a_draft_shortlist(env, tmp_path):
   s = json.loads((w / "summary.json").read_text())
   assert s["mismatches_vs_baseline"] == 0 and s["num_examples"] == 4
   assert s["draft_shortlist"] == str(path) and s["draft"] == "draft+shortlist"
+
+
+def test_eta_is_the_first_batchs_pace_then_the_pace_since(monkeypatch):
+  """The first ETA comes after the first timed batch, at its pace; later ones
+  leave the first batch out (it may still pay a one-time cost)."""
+  from specdec_jax.run import loop
+  clock = iter([0.0, 10.0, 12.0, 14.0])
+  monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
+  eta = loop.ETA(10)
+  assert eta.update(1) == pytest.approx(10.0 * 9)   # 10 s for the first of 10
+  assert eta.update(2) == pytest.approx(2.0 * 8)    # 2 s each since
+  assert eta.update(3) == pytest.approx(2.0 * 7)
+
+
+@pytest.mark.slow
+def test_one_chip_of_a_multi_device_machine_runs_a_row(tmp_path):
+  """One chip of a multi-chip VM (the paper's setting on a v4-8): on 4
+  forced CPU devices, the demo with the one-chip overlay (configs/tpu_v4_1.gin:
+  mesh (1, 1), bfloat16) at tiny sizes runs end to end on the first device,
+  saying so in one line; a mesh larger than the machine is still refused, and
+  so is a smaller one over several processes."""
+  e = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
+           XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  w = tmp_path / "one_chip"
+  small = ["Experiment.num_warmup = 1", "Experiment.num_examples = 2",
+           "Experiment.max_decode_len = 16", "Experiment.cost_repeats = 3",
+           "Experiment.max_input_len = 48", "Experiment.input_buckets = (48,)"]
+  script = f"""
+import json, sys
+from specdec_jax.run import cli
+args = ["--config=configs/demo.gin", "--config=configs/tpu_v4_1.gin", "--workdir={w}"]
+args += ["--gin_bindings=" + b for b in {small!r}]
+assert cli.run_args(args) == 0
+s = json.load(open("{w}/summary.json"))
+print("SUMMARY", json.dumps(s))
+code = cli.run_args(args[:2] + ["--workdir={w}_big", "--gin_bindings=Experiment.mesh_shape = (1, 8)"])
+print("BIG", code)
+import jax
+from specdec_jax import partitioning
+jax.process_count = lambda: 2   # as on a multi-host slice: every device, or an error
+try:
+  partitioning.make_mesh((1, 1))
+except partitioning.PartitioningError as e:
+  print("MULTIHOST", e)
+"""
+  res = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=e, capture_output=True,
+                       text=True, timeout=900)
+  assert res.returncode == 0, res.stderr[-3000:]
+  s = json.loads(next(l for l in res.stdout.splitlines() if l.startswith("SUMMARY "))[8:])
+  assert s["mesh_shape"] == [1, 1] and s["param_dtype"] == "bfloat16"
+  assert s["num_examples"] == 2 and s["speedup"] > 0 and 0 <= s["alpha"] <= 1
+  assert "mesh_shape (1, 1) uses 1 of the 4 cpu devices (the first 1)" in res.stderr
+  assert "BIG 2" in res.stdout
+  assert "error: Experiment.mesh_shape: mesh_shape (1, 8) has 8 devices but there are 4 " \
+         "(cpu); choose (data, model) with data * model <= 4" in res.stderr
+  assert "MULTIHOST mesh_shape (1, 1) has 1 devices but there are 4 (cpu) over 2 processes; " \
+         "a multi-host run uses every device" in res.stdout

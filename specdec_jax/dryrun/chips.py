@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
 import importlib.util
 import math
 import os
@@ -144,8 +145,36 @@ def host_bounds(chip: Chip, grid: tuple[int, ...]) -> tuple[int, ...]:
   return chip.host_bounds
 
 
-def _on_tpu_vm() -> bool:
-  return os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
+# The device nodes a TPU VM's chips appear as (v4: /dev/accel*; v5e, v5p,
+# v6e: /dev/vfio/<n>); what ``on_tpu_vm`` reads.
+TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
+
+# What libtpu is told off a TPU VM when no dry run names a topology.
+DEFAULT_TOPOLOGY = "v4:2x2x1"
+
+
+def on_tpu_vm() -> bool:
+  """Whether this machine has a TPU chip (one of ``TPU_DEVICE_GLOBS`` exists)."""
+  return any(glob.glob(g) for g in TPU_DEVICE_GLOBS)
+
+
+def quiet_libtpu(topology: str = DEFAULT_TOPOLOGY) -> bool:
+  """Off a TPU VM, sets (unless already set) what libtpu would otherwise
+  probe the cloud metadata server and the host for, and print warnings
+  about when it finds neither: the accelerator type (``topology``'s),
+  the worker hostnames, no metadata query; and lets several processes load
+  it (its one-process lock only guards a chip). Call it before JAX starts a
+  backend or loads libtpu. On a TPU VM it changes nothing. Returns whether
+  it set the defaults."""
+  if on_tpu_vm():
+    return False
+  chip, grid = parse_topology(topology)
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE",
+                        f"{chip.accelerator_type}-{math.prod(grid) * chip.tensorcores}")
+  return True
 
 
 def topology_devices(topology: str) -> tuple[Chip, tuple[Any, ...]]:
@@ -164,17 +193,9 @@ def _topology_devices(topology: str) -> tuple[Chip, tuple[Any, ...]]:
   if importlib.util.find_spec("libtpu") is None:
     raise ValueError(f"--dry_run={topology}: the TPU compiler is not installed; "
                      "pip install -e '.[tpu]' (or jax[tpu] at this jax's version)")
-  if not _on_tpu_vm():
-    # Off a TPU VM libtpu would probe the cloud metadata server for the host's
-    # TPU and print warnings; say what it is instead. With no chip to guard,
-    # libtpu's one-process lock would only stop two dry runs (or a dry run
-    # and the tests) from compiling at the same time.
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    chips = math.prod(grid)
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE",
-                          f"{chip.accelerator_type}-{chips * chip.tensorcores}")
+  # Off a TPU VM libtpu would probe the cloud metadata server for the host's
+  # TPU and print warnings; say what it is instead.
+  quiet_libtpu(topology)
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
   try:
     devices = topologies.get_topology_desc(

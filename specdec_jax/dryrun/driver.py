@@ -27,10 +27,12 @@ import functools
 import hashlib
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable, Optional, Sequence, TextIO
 
 import jax
+from absl import logging
 from jax.sharding import SingleDeviceSharding
 
 from specdec_jax import checkpoints, partitioning, quantization
@@ -157,12 +159,29 @@ def default_workers() -> int:
 def compile_all(topology: str, specs: Sequence[Compile],
                 workers: Optional[int] = None) -> list[Program]:
   """Each spec lowered here and compiled in a worker thread as soon as it is
-  lowered, so lowering overlaps compiling; the programs in ``specs``' order."""
+  lowered, so lowering overlaps compiling; the programs in ``specs``' order.
+  Says what it compiles, then each program's name and compile time as it
+  finishes."""
   workers = default_workers() if workers is None else max(1, workers)
+  logging.info("Compiling %d program%s for %s, %d at a time: %s…", len(specs),
+               "s" if len(specs) != 1 else "", topology, workers,
+               ", ".join(s.name for s in specs))
+  done: list[str] = []
+
+  def one(s: Compile, lowered: Any) -> Program:
+    p = compile_program(s.name, lowered, topology, s.estimate, s.options, s.backward)
+    with _LOCK:
+      done.append(s.name)
+      logging.info("  %s: %s (%d/%d)", s.name, "NOT COMPILED" if p.error else
+                   f"{p.compile_s:.0f} s", len(done), len(specs))
+    return p
+
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    futures = [pool.submit(compile_program, s.name, s.lower(), topology, s.estimate, s.options,
-                           s.backward) for s in specs]
+    futures = [pool.submit(one, s, s.lower()) for s in specs]
     return [f.result() for f in futures]
+
+
+_LOCK = threading.Lock()   # one progress line at a time, counted in order
 
 
 # ----------------------------------------------------------- abstract arrays

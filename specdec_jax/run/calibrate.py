@@ -13,10 +13,11 @@ import time
 from typing import Optional, Sequence
 
 import jax
+import numpy as np
 from absl import logging
 
 from specdec_jax import alpha, data
-from specdec_jax.run import account, autogamma
+from specdec_jax.run import account, autogamma, logs
 from specdec_jax.run.programs import Programs, batch_indices, pad_batch
 from specdec_jax.run.setup import Setup
 from specdec_jax.timing import Costs, block, measure_costs_many, warm_up_widths
@@ -67,6 +68,9 @@ def gamma_of_run(setup: Setup, records: Sequence[dict], root: Array
   if setup.held_out is not None:
     inputs, n = setup.held_out, len(setup.held_out)
   batches = [(place(x), rows) for x, rows in alpha.alpha_batches(inputs, n, exp.batch_size)]
+  logging.info("Choosing γ (§3.5): α along the target's outputs for %d example%s, then c and v "
+               "for γ = 1..%d (each compiled once)…", n, "s" if n != 1 else "",
+               exp.auto_gamma_max)
   choice = autogamma.choose_gamma(setup.target, setup.target_params, setup.draft, batches, root,
                                   exp.sampling, exp.max_decode_len, exp.auto_gamma_max,
                                   setup.partitioner,
@@ -74,34 +78,63 @@ def gamma_of_run(setup: Setup, records: Sequence[dict], root: Array
   return choice.gamma, choice
 
 
-def warm_up(setup: Setup, progs: Programs, root: Array) -> None:
+def warm_up(setup: Setup, progs: Programs, root: Array) -> float:
   """Compiles and runs both programs, untimed: on the warm-up examples (or
   the first batch), on every input bucket the examples use, and for an
   adaptive run every verification width (its code is generated on its first
-  run, per program: ``timing.warm_up_widths``)."""
+  run, per program: ``timing.warm_up_widths``). Says what it compiles, then
+  each input width's time as it is done, with about how long the others
+  will take at the fastest width's pace; returns that pace per compiled
+  program (compilation and one run), which later steps are estimated at."""
   exp = setup.exp
   t0 = time.perf_counter()
-  for idx in (list(batch_indices(exp.num_warmup, 0, exp.batch_size)) or [[0]]):
-    x = pad_batch(setup.inputs, idx, exp.batch_size, exp.input_buckets)
-    block(progs.baseline(x, root))
-    block(progs.speculative(x, root))
+  warm = [pad_batch(setup.inputs, idx, exp.batch_size, exp.input_buckets)
+          for idx in (list(batch_indices(exp.num_warmup, 0, exp.batch_size)) or [[0]])]
   adaptive = exp.adaptive
+  bucketed = []
   if exp.input_buckets or adaptive is not None:
     batches = [pad_batch(setup.inputs, idx, exp.batch_size, exp.input_buckets)
                for idx in batch_indices(len(setup.examples), 0, exp.batch_size)]
     groups = data.by_width(batches)  # one program per input bucket
+    if exp.input_buckets:
+      bucketed = [batches[group[0]] for group in groups.values()]
+  widths = list(dict.fromkeys(int(x.shape[1]) for x in warm + bucketed))
+  what = "the baseline program" if progs.plain else "the baseline and speculative programs"
+  logging.info("Compiling %s for %d input width%s (%s) and warming them up…", what,
+               len(widths), "s" if len(widths) > 1 else "", ", ".join(map(str, widths)))
+  done: dict[int, float] = {}
+
+  def run_both(x: np.ndarray) -> None:
+    t = time.perf_counter()
+    block(progs.baseline(x, root))
+    t_base = time.perf_counter() - t
+    block(progs.speculative(x, root))
+    width = int(x.shape[1])
+    if width in done:
+      return
+    done[width] = time.perf_counter() - t
+    left = len(widths) - len(done)
+    times = (f"{done[width]:.1f} s" if progs.plain else
+             f"baseline {t_base:.1f} s, speculative {done[width] - t_base:.1f} s")
+    # The fastest width so far: the first may also pay one-time costs.
+    logging.info("  width %d: %s%s", width, times,
+                 f" (about {left * min(done.values()):.0f} s more for the other {left})"
+                 if left else "")
+
+  for x in warm + bucketed:
+    run_both(x)
   if exp.input_buckets:
-    for group in groups.values():
-      block(progs.baseline(batches[group[0]], root))
-      block(progs.speculative(batches[group[0]], root))
-    logging.info("Input buckets used: %s", sorted(groups))
+    logging.info("Input buckets used: %s", sorted(groups), extra=logs.DETAIL)
   if adaptive is not None:
+    logging.info("Running each verification width of the adaptive program once…")
     for length, group in sorted(groups.items()):
       seen = warm_up_widths(lambda x: progs.speculative(x, root), (batches[i] for i in group),
                             adaptive.verify_widths(progs.gamma))
       logging.info("Adaptive warm-up ran verification widths %s (inputs of length %d)",
-                   sorted(seen), length)
-  logging.info("Warm-up (compilation included) took %.1f s", time.perf_counter() - t0)
+                   sorted(seen), length, extra=logs.DETAIL)
+  logging.info("Warm-up (compilation included) took %.1f s", time.perf_counter() - t0,
+               extra=logs.DETAIL)
+  return min(done.values()) / (1 if progs.plain else 2)
 
 
 def costs_many(setup: Setup, gammas: Sequence[int]) -> dict[int, Costs]:
@@ -127,7 +160,7 @@ def costs_at(setup: Setup, gamma: int, measured: Optional[dict[int, Costs]] = No
            "interplay": c.interplay}
   logging.info("Costs: c %.3f, v %.2f (target step %.2f ms, verification %.2f ms, draft "
                "token %.3f ms), interplay %.2f", c.c, c.v, costs["target_step_ms"],
-               costs["verify_ms"], costs["draft_token_ms"], c.interplay)
+               costs["verify_ms"], costs["draft_token_ms"], c.interplay, extra=logs.DETAIL)
   return costs
 
 
@@ -148,18 +181,37 @@ def prefill(setup: Setup, todo: Sequence[int], gamma: int, plain: bool
   if plain:
     ms = {w: (b, b) for w, (b, _) in ms.items()}
   logging.info("Prefill ms (baseline, speculative) by input width: %s",
-               {w: (round(b, 2), round(p, 2)) for w, (b, p) in ms.items()})
+               {w: (round(b, 2), round(p, 2)) for w, (b, p) in ms.items()}, extra=logs.DETAIL)
   return ms
+
+
+def prefill_widths(setup: Setup, todo: Sequence[int]) -> int:
+  """How many input widths the batches of ``todo`` are padded to."""
+  exp = setup.exp
+  return len({int(pad_batch(setup.inputs, [todo[i] for i in idx], exp.batch_size,
+                            exp.input_buckets).shape[1])
+              for idx in batch_indices(len(todo), 0, exp.batch_size)})
 
 
 def calibrate(setup: Setup, progs: Programs, gamma_auto: Optional[autogamma.GammaChoice],
               todo: Sequence[int], root: Array) -> Calibration:
   """Warm-up, costs and prefill, in that order, for the examples ``todo``;
   with gamma='auto' the costs are those its choice was made with
-  (``gamma_of_run``), not timed a second time."""
-  warm_up(setup, progs, root)
+  (``gamma_of_run``), not timed a second time. Says before the costs how many
+  programs they compile and about how long that takes at the warm-up's pace."""
+  pace = warm_up(setup, progs, root)
   # Plain decoding: the costs at the γ the choice found best (what ruled it out).
   cost_gamma = progs.gamma if not progs.plain else gamma_auto.argmax
-  costs = costs_at(setup, cost_gamma, gamma_auto.costs if gamma_auto is not None else None)
+  reused = gamma_auto.costs if gamma_auto is not None else None
+  # timing's cost pieces (step, verify, draft, round) unless reused, and
+  # account.prefill_ms's two per input width: each a few steps, not a whole
+  # loop, and about half a loop program's compile and run (0.4 to 0.85 of it
+  # in three runs on a loaded 2-core CPU, demo and toy models).
+  pieces = (0 if reused is not None else 4) + 2 * prefill_widths(setup, todo)
+  logging.info("Measuring %sthe prefill (%d small programs to compile, then %d "
+               "interleaved repeats; about %.0f s at the warm-up's pace)…",
+               "" if reused is not None else "c, v and ", pieces, setup.exp.cost_repeats,
+               pieces * pace / 2)
+  costs = costs_at(setup, cost_gamma, reused)
   return Calibration(progs.gamma, None if gamma_auto is None else gamma_auto.as_record(), costs,
                      prefill(setup, todo, cost_gamma, progs.plain))

@@ -38,6 +38,7 @@ from typing import Any, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from specdec_jax import paper, storage, theory, timing
@@ -102,8 +103,9 @@ def topology_of(devices: Sequence[Any]) -> str:
 
 
 def run_devices(exp: Experiment) -> list:
-  """The devices a run of ``exp`` uses: every device under a mesh, else the first."""
-  return list(jax.devices()) if exp.mesh_shape else list(jax.devices())[:1]
+  """The devices a run of ``exp`` uses: the mesh's (the first ones, as
+  ``partitioning.make_mesh`` takes them), else the first."""
+  return list(jax.devices())[:math.prod(exp.mesh_shape) if exp.mesh_shape else 1]
 
 
 def machine_note(devices: Sequence[Any], topology: str) -> Optional[str]:
@@ -472,9 +474,13 @@ def main(exp: Experiment, flag: str, workdir: str, dry_run: Optional[str] = None
                      "--calibrate compares a chain (unbind Experiment.tree)")
   devices = run_devices(exp)
   topology = topology_of(devices) if flag == AUTO else flag
+  logging.info("Compiling the row's pieces for %s (the dry run's cost model)…", topology)
   r, notes = model_side(exp, topology)
   gamma = r.gamma
+  logging.info("Loading the target and the draft…")
   setup = load_models(exp, load_data(exp))
+  logging.info("Timing c and v for γ = 1..%d on %s (%d interleaved repeats), then the "
+               "loop's collectives…", gamma, describe(devices), exp.cost_repeats)
   per_gamma = calibrate.costs_many(setup, range(1, gamma + 1))
   coll_us, each = measured_collectives_us(setup.partitioner, loop_collectives(r.roofline, gamma),
                                           exp.dtype, exp.cost_repeats)

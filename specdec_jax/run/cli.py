@@ -25,6 +25,12 @@ model's c match (``specdec_jax.run.check_model``); nothing is decoded.
 ``--alpha_only`` (paper §4.2, Table 3) generates with the target alone and
 averages sum_x min(p, q) along the generated tokens.
 
+Output: on stderr, a line naming the run, then each long step before it
+starts (with its size and, where something measured allows, about how long it
+takes) and the progress of the timed examples; on stdout, the Table 2 row
+(with Theorem 3.8's prediction at the measured c and v) and a closing
+sentence. ``--verbose`` adds the cost account (also in ``summary.json``).
+
 Workdir integrity: nothing is written before the first result; ``config.gin``
 (the run's gin config) is written atomically with it, so a workdir's files
 always describe its results. A workdir holds one mode (speculative or
@@ -45,6 +51,7 @@ import dataclasses
 import importlib
 import inspect
 import importlib.util
+import math
 import os
 import re
 import sys
@@ -63,7 +70,7 @@ from specdec_jax.run import check_model, gin_errors, hosts, logs, settings
 from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
 from specdec_jax.run.report import alpha_row, conclusion, summarize, summarize_alpha, table2_row
 from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
-from specdec_jax.run.setup import check_before_loading, load_data, load_models
+from specdec_jax.run.setup import check_before_loading, estimate_bytes, load_data, load_models
 from specdec_jax.run.workdir import Workdir
 
 # ---------------------------------------------------------------- main
@@ -82,8 +89,10 @@ flags.DEFINE_multi_string("import", [], "A Python module to import before the co
                           "parsed, by name (found in the working directory or sys.path) or "
                           "as path/to/file.py, e.g. one that registers an approximation "
                           "model; may repeat.")
-flags.DEFINE_bool("verbose", False, "Show library INFO logs (Orbax, JAX) and the traceback "
-                  "of user errors.")
+flags.DEFINE_bool("verbose", False, "Also print the cost account under the row (EXP with c "
+                  "alone, EXP in context, the whole-run factors; all of it is in summary.json "
+                  "either way), each step's measurements, library INFO logs (Orbax, JAX) with "
+                  "their logging prefix, and the traceback of user errors.")
 flags.DEFINE_string("dry_run", None, "A TPU topology, e.g. v5e:2x4: compile the run's programs "
                     "for it on this machine (needs libtpu; reads no weight or data) and report "
                     "memory, collectives and a roofline model (specdec_jax.dryrun).")
@@ -168,7 +177,7 @@ def _configurables() -> dict[str, list[str]]:
 def _print_result(s: dict, workdir: Workdir) -> None:
   if not hosts.is_writer():
     return
-  print(alpha_row(s) if s.get("mode") == "alpha_only" else table2_row(s))
+  print(alpha_row(s) if s.get("mode") == "alpha_only" else table2_row(s, FLAGS.verbose))
   print(conclusion(s, str(workdir.path)))
   sys.stdout.flush()
 
@@ -191,12 +200,16 @@ def main(argv: Sequence[str]) -> None:
                      FLAGS.dry_run, alpha_only)
     return
   if FLAGS.dry_run:
+    logging.info("Dry run for %s: the run's programs compiled for it on this machine (no "
+                 "weight or data is read)…", FLAGS.dry_run)
     driver.main(runner_programs.RunnerPrograms(exp, alpha_only, configs=FLAGS.config),
                 FLAGS.dry_run)
     return
-  check_before_loading(exp, alpha_only)  # before any data or weights are read
   mode = "alpha_only" if alpha_only else "speculative"
   workdir_path = FLAGS.workdir or str(Path("runs") / (stem + ("_alpha" if alpha_only else "")))
+  if hosts.is_writer():
+    logging.info("%s", intro(exp, alpha_only, workdir_path))
+  check_before_loading(exp, alpha_only)  # before any data or weights are read
   # Checks only, no writes; on several hosts process 0's results are everyone's.
   workdir = hosts.agreed(lambda: Workdir(workdir_path, config_str, FLAGS.resume, mode,
                                          num_indices=exp.num_warmup + exp.num_examples),
@@ -209,13 +222,51 @@ def main(argv: Sequence[str]) -> None:
     _print_result(summarize_alpha(exp, workdir.records, len(d.examples) - exp.num_warmup)
                   if alpha_only else summarize(exp, workdir.records), workdir)
     return
+  if workdir.records:
+    logging.info("Resuming: %d examples already in %s", len(workdir.records), workdir.path)
+  size = weights_words(exp)
+  logging.info("Loading the target and %s%s…", "the draft" if exp.draft_checkpoint else
+               f"building the draft {exp.draft_name!r}", f" ({size})" if size else "")
   setup = load_models(exp, d)  # all loading and checking before the workdir is touched
   for i in sorted(d.truncated):
     logging.warning("Example id=%r (index %d) was truncated to max_input_len=%d tokens",
                     d.examples[i].id, i, exp.max_input_len)
-  logging.info("Workdir %s (%d examples already done)", workdir.path, len(workdir.records))
+  logging.info("Workdir %s (%d examples already done)", workdir.path, len(workdir.records),
+               extra=logs.DETAIL)
   s = run_alpha_only(setup, workdir) if alpha_only else run_speculative(setup, workdir)
   _print_result(s, workdir)
+
+
+def intro(exp: Experiment, alpha_only: bool, workdir: str) -> str:
+  """The run's first line: what it compares, on what, and where the results go."""
+  target, draft = exp.labels
+  if alpha_only:
+    return (f"Measuring α (§4.2): target {target}, draft {draft}, T "
+            f"{exp.sampling.temperature:g}, up to {exp.alpha_only_tokens} target tokens of "
+            f"{exp.task} → {workdir}")
+  if exp.tree:
+    how = f"tree {exp.tree}"
+  else:
+    how = "γ chosen by measurement" if exp.gamma == "auto" else f"γ {exp.gamma}"
+  return (f"Speculative decoding vs the baseline: target {target}, draft {draft}, {how}, T "
+          f"{exp.sampling.temperature:g}, {exp.num_examples} examples of {exp.task} → "
+          f"{workdir}")
+
+
+def weights_words(exp: Experiment) -> str:
+  """The weights about to be read, in words ("12 MiB of weights"); '' where
+  a checkpoint does not say its architecture."""
+  try:
+    parts = estimate_bytes(exp)
+  except (ValueError, OSError):
+    parts = {}
+  n = sum(v for k, v in parts.items() if k.endswith("weights"))
+  if not n:
+    return ""
+  per = " per device" if exp.mesh_shape and math.prod(exp.mesh_shape) > 1 else ""
+  return (f"{n / 2**30:.1f} GiB" if n >= 2**30 else
+          f"{n / 2**20:.{0 if n >= 10 * 2**20 else 1}f} MiB") + \
+      f" of weights{per}"
 
 
 def _message(e: BaseException) -> str:
@@ -228,7 +279,13 @@ def _message(e: BaseException) -> str:
 def cli(argv: Sequence[str]) -> int:
   """Runs ``main``; a user error ends in one line on stderr and exit status 2."""
   logs.quiet_libraries(not FLAGS.verbose)
+  # The progress lines are INFO records: shown under absl.app (the command
+  # line) and, in process (tests, notebooks), wherever a handler takes them.
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.INFO)
   try:
+    # Before JAX starts a backend: an installed libtpu stays quiet off a TPU.
+    logs.quiet_libtpu(FLAGS.dry_run or FLAGS.calibrate)
     main(argv)
     return 0
   except KeyboardInterrupt:
@@ -237,8 +294,6 @@ def cli(argv: Sequence[str]) -> int:
   except USER_ERRORS as e:
     if FLAGS.verbose:
       traceback.print_exc()
-    else:
-      print("(run with --verbose for the traceback)", file=sys.stderr)
     print(f"error: {_message(e)}", file=sys.stderr)
     return 2
 

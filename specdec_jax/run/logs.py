@@ -4,13 +4,20 @@ Under ``absl.app`` (the runner) INFO records reach stderr through absl's
 handler; ``script_logging`` gives the scripts, which parse their flags with
 argparse, the same behaviour.
 
-``quiet_libraries(True)`` hides the INFO records of other libraries (Orbax
-writes dozens per checkpoint, JAX a few per compilation) on absl's handler and
-on the ``orbax``, ``jax`` and ``absl`` loggers, keeping this package's own INFO
-records and every warning and error; it also drops the reports TensorStore
+``quiet_libraries(True)`` (the default) is what a reader sees: this package's
+own INFO records as plain lines (``PlainFormatter``: no logging prefix), every
+warning and error, and nothing else. It hides the INFO records of other
+libraries (Orbax writes dozens per checkpoint, JAX a few per compilation) and
+this package's own details (records logged with ``extra=DETAIL``: the costs
+behind each step, what the warm-up ran), on absl's handler and on the
+``orbax``, ``jax`` and ``absl`` loggers; it also drops the reports TensorStore
 makes from its threads after Orbax closed their event loop (see
-``quiet_unraisable``). ``quiet_libraries(False)`` (``--verbose``) undoes both.
-Calling it again with the same value changes nothing.
+``quiet_unraisable``). ``quiet_libraries(False)`` (``--verbose``) undoes all
+of it: every record, with absl's prefix. Calling it again with the same value
+changes nothing.
+
+``quiet_libtpu`` keeps libtpu's probing for a TPU off the screen on a machine
+that has none (``specdec_jax.dryrun.chips.quiet_libtpu``).
 """
 
 from __future__ import annotations
@@ -19,17 +26,23 @@ import functools
 import logging as std_logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from absl import logging
+
+from specdec_jax.dryrun import chips
 
 _LIBRARY_LOGGERS = ("orbax", "jax", "absl")
 
 
+# ``logging.info(..., extra=DETAIL)``: a record only ``--verbose`` shows.
+DETAIL = {"detail": True}
+
+
 class LibraryFilter:
   """Passes warnings and errors, and INFO records that originate in this
-  package or in the repository's ``scripts/``; drops the INFO records of
-  every other library.
+  package or in the repository's ``scripts/`` (except details, ``DETAIL``);
+  drops the INFO records of every other library.
 
   Origin is the logging module's record of the source file, compared with
   the package's installed location (``OWN_DIRS``), never a substring of the
@@ -38,7 +51,20 @@ class LibraryFilter:
   """
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    return record.levelno >= std_logging.WARNING or is_own(record.pathname)
+    if record.levelno >= std_logging.WARNING:
+      return True
+    return is_own(record.pathname) and not getattr(record, "detail", False)
+
+
+class PlainFormatter(std_logging.Formatter):
+  """A record as a reader wants it: an INFO record's message alone,
+  a warning or an error after 'warning: ' or 'error: '."""
+
+  def format(self, record: std_logging.LogRecord) -> str:
+    text = super().format(record)
+    if record.levelno >= std_logging.ERROR:
+      return f"error: {text}"
+    return f"warning: {text}" if record.levelno >= std_logging.WARNING else text
 
 
 # The package's own directory, and the scripts that ship beside it in a clone.
@@ -58,9 +84,12 @@ def is_own(pathname: str) -> bool:
 
 def quiet_libraries(quiet: bool) -> None:
   """Adds (``quiet``) or removes (``--verbose``) ``LibraryFilter`` on absl's
-  handler and the library loggers, and installs (or restores the hook it
-  replaced) ``quiet_unraisable`` as ``sys.unraisablehook``."""
-  targets = [logging.get_absl_handler()] + [std_logging.getLogger(n) for n in _LIBRARY_LOGGERS]
+  handler and the library loggers, gives absl's handler ``PlainFormatter``
+  (or back absl's own), and installs (or restores the hook it replaced)
+  ``quiet_unraisable`` as ``sys.unraisablehook``."""
+  handler = logging.get_absl_handler()
+  handler.setFormatter(PlainFormatter() if quiet else logging.PythonFormatter())
+  targets = [handler] + [std_logging.getLogger(n) for n in _LIBRARY_LOGGERS]
   for t in targets:
     for f in [f for f in t.filters if isinstance(f, LibraryFilter)]:
       t.removeFilter(f)
@@ -78,11 +107,26 @@ def quiet_libraries(quiet: bool) -> None:
 _previous_unraisablehook = sys.__unraisablehook__
 
 
+def quiet_libtpu(topology: Optional[str] = None) -> None:
+  """Before JAX starts a backend: on a machine without a TPU, tells an
+  installed libtpu what it would otherwise probe for and print warnings
+  about (``chips.quiet_libtpu``; ``topology`` the one a dry run compiles
+  for, if it names one: a bad name is left for the dry run to refuse); on
+  a TPU VM it changes nothing."""
+  try:
+    chips.parse_topology(topology or "")
+  except ValueError:
+    topology = chips.DEFAULT_TOPOLOGY
+  chips.quiet_libtpu(topology)
+
+
 def script_logging(verbose: bool) -> None:
   """The logging of an entry point outside ``absl.app``: warnings and errors
   on stderr, as always; with ``verbose``, every library's INFO records too (a
   stderr handler on the root logger, which otherwise has none, at INFO);
-  without, ``quiet_libraries(True)``."""
+  without, ``quiet_libraries(True)``. Off a TPU, libtpu is quieted
+  (``quiet_libtpu``)."""
+  quiet_libtpu()
   root = std_logging.getLogger()
   if verbose:
     if not root.handlers:

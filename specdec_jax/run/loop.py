@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from absl import logging
 
 from specdec_jax import alpha
 from specdec_jax.decoding import temperature_sample
@@ -89,6 +90,24 @@ def example_line(setup: Setup, i: int, j: int, x: np.ndarray, seconds: tuple[flo
   }
 
 
+class ETA:
+  """Seconds left in the timed loop, from the batches timed so far: the
+  first batch's pace until a second is done, then the pace since the first
+  (which may still pay a one-time cost: memory first touched, caches filled)."""
+
+  def __init__(self, total: int):
+    self.total, self.start = total, time.perf_counter()
+    self.first: tuple[int, float] | None = None   # (examples, time) after the first batch
+
+  def update(self, done: int) -> float:
+    now = time.perf_counter()
+    if self.first is None:
+      self.first = (done, now)
+      return (now - self.start) / done * (self.total - done)
+    n0, t0 = self.first
+    return (now - t0) / max(done - n0, 1) * (self.total - done)
+
+
 def _progress_text(s: dict, eta: float) -> str:
   alpha_text = "" if s["alpha"] is None or np.isnan(s["alpha"]) else f"α {s['alpha']:.2f}  "
   return f"{alpha_text}speedup {s['speedup']:.2f}x  ETA {eta:.0f} s"
@@ -103,8 +122,11 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
   progs = programs(setup, gamma)
   todo = pending(exp, len(setup.examples), workdir, alpha_only=False)
   cal = calibrate.calibrate(setup, progs, gamma_auto, todo, root)
-  t_start = time.perf_counter()
+  logging.info("Timing the baseline and %s on %d example%s (the ETA follows the first)…",
+               "plain decoding" if progs.plain else "speculative decoding", len(todo),
+               "s" if len(todo) != 1 else "")
   processed = 0
+  eta = ETA(len(todo))
   progress = Progress(len(setup.examples) - exp.num_warmup)
   for idx in batch_indices(len(todo), 0, exp.batch_size):
     rows = [todo[i] for i in idx]
@@ -119,8 +141,7 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
                                   len(rows)))
     processed += len(rows)
     s = summarize(exp, workdir.records)
-    eta = (time.perf_counter() - t_start) / processed * (len(todo) - processed)
-    progress.update(len(workdir.records), _progress_text(s, eta))
+    progress.update(len(workdir.records), _progress_text(s, eta.update(processed)))
     workdir.write_summary(s)
   summary = summarize(exp, workdir.records)
   workdir.write_summary(summary)
@@ -161,6 +182,8 @@ def run_alpha_only(setup: Setup, workdir: Workdir) -> dict:
   exp = setup.exp
   root = jax.random.PRNGKey(exp.seed)
   todo = pending(exp, len(setup.examples), workdir, alpha_only=True)
+  logging.info("Generating with the target and summing min(p, q) along its outputs until %d "
+               "tokens (the first batch compiles both)…", exp.alpha_only_tokens)
   progress = Progress(exp.alpha_only_tokens)
   for idx in batch_indices(len(todo), 0, exp.batch_size):
     if sum(r["tokens"] for r in workdir.records) >= exp.alpha_only_tokens:

@@ -171,7 +171,9 @@ class Experiment(PairSettings):
     if isinstance(self.gamma, str) and self.gamma != "auto":
       raise ValueError(f"Experiment.gamma must be an int >= 1 or 'auto', got {self.gamma!r}")
     if not isinstance(self.gamma, str) and self.gamma < 1:
-      raise ValueError(f"Experiment.gamma must be >= 1, got {self.gamma}")
+      raise ValueError(f"Experiment.gamma must be >= 1 (draft tokens per round), got "
+                       f"{self.gamma}; every run times plain decoding as its baseline, and "
+                       "Experiment.gamma = 'auto' chooses plain decoding (γ = 0) where no γ pays")
     if self.auto_gamma_max < 1:
       raise ValueError(f"Experiment.auto_gamma_max must be >= 1, got {self.auto_gamma_max}")
     if self.auto_alpha_source and self.auto_alpha_examples < 1:
