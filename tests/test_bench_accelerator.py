@@ -1,6 +1,8 @@
 """scripts/bench_accelerator.sh: the GPU benchmark (scripts/bench_gpu.py) and
 the earlier runner set, each at toy sizes on the CPU (--smoke), each section
-printing its table; and its sections each run even when an earlier one fails."""
+printing its table; its sections each run even when an earlier one fails;
+the steered approximation model the loops section times (exact at T = 0,
+acceptance at the steer's α)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "bench_accelerator.sh"
-GPU_SECTIONS = ("bandwidth", "targets", "hf", "hf_compiled", "demo", "exactness", "profile")
+GPU_SECTIONS = ("loops", "variant_min_rows", "hf", "demo")
+MORE_SECTIONS = ("bandwidth", "targets", "exactness", "profile")
 RUNNER_SECTIONS = ("runner demo", "runner demo_t1", "v(k)", "γ sweep T=0", "γ sweep T=1")
-
-sys.path.insert(0, str(REPO / "scripts"))
 
 
 def _env(tmp_path: Path) -> dict:
