@@ -46,13 +46,14 @@
 #   bash scripts/bench_accelerator.sh --sections=all --smoke
 #   bash scripts/bench_accelerator.sh --runner [--smoke]  # the earlier set
 #
-# Wheels: where $BENCH_WHEELS (default wheels/, filled by
+# Wheels: on a GPU machine where $BENCH_WHEELS (default wheels/, filled by
 # scripts/fetch_bench_wheels.sh: a transformers whose assisted generation
-# works, what it needs, gin-config) holds wheels, each is installed without
-# an index into a folder of its own, put first on PYTHONPATH; where that
-# fails or there are none, the installed packages are used. Their versions
-# are printed first. Programs compiled by one section are kept for the next
-# in a compilation cache ($JAX_COMPILATION_CACHE_DIR, else a temporary one).
+# works, what it needs, gin-config) holds wheels, they are installed without
+# an index (the user site where there is one, else the environment); where
+# that fails or there are none, the installed packages are used. The
+# versions are printed first. Programs compiled by one section are kept for
+# the next in a compilation cache ($JAX_COMPILATION_CACHE_DIR, else a
+# temporary one).
 #
 # Time budget: BENCH_BUDGET_S seconds in all (default 470, --runner 420,
 # --smoke 3600). Each section runs under `timeout` with what is left of it,
@@ -155,23 +156,23 @@ runner() {
 export work summary_py
 export -f runner
 
-# Wheels from $BENCH_WHEELS into a folder of their own, first on PYTHONPATH
-# (each on its own: one for another platform fails alone); none, or a
-# transformers that does not import from there: the installed packages.
+# On a GPU machine (the image's transformers may be one whose assisted
+# generation fails), the wheels in $BENCH_WHEELS installed without an index
+# or dependencies: into the user site where the interpreter reads one (it
+# shadows the environment's), else into the environment; all at once, else
+# without the platform-specific ones. None there: the installed packages.
 wheels="${BENCH_WHEELS:-wheels}"
-if compgen -G "$wheels/*.whl" >/dev/null; then
-  site="$(mktemp -d)/site"
-  for whl in "$wheels"/*.whl; do
-    python -m pip install --quiet --disable-pip-version-check --no-index --no-deps \
-      --target "$site" "$whl" >/dev/null 2>&1 || echo "# wheel $(basename "$whl") not installed"
-  done
-  if PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" python -c "import transformers" 2>/dev/null; then
-    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-    echo "# wheels from $wheels installed in $site, first on PYTHONPATH"
+if [[ $smoke == 0 ]] && command -v nvidia-smi >/dev/null && compgen -G "$wheels/*.whl" >/dev/null; then
+  where=()
+  python -c "import site, sys; sys.exit(0 if site.ENABLE_USER_SITE else 1)" 2>/dev/null && where=(--user)
+  pip_install() { python -m pip install --quiet --disable-pip-version-check --no-index --no-deps \
+                    --upgrade "${where[@]}" "$@"; }
+  if pip_install "$wheels"/*.whl || pip_install "$wheels"/*-none-any.whl; then
+    echo "# wheels from $wheels installed (${where[*]:-into the environment})"
   else
-    echo "# wheels from $wheels: transformers does not import from them; the installed packages are used"
+    echo "# wheels from $wheels could not be installed: the installed packages are used"
   fi
-else
+elif [[ $smoke == 0 ]] && command -v nvidia-smi >/dev/null; then
   echo "# no wheels in $wheels (scripts/fetch_bench_wheels.sh): the installed packages are used"
 fi
 # Programs one section compiled, loaded (not compiled again) by the next.

@@ -243,7 +243,7 @@ def section_hf(sz: Sizes, out: Path, smoke: bool = False) -> None:
   ours_step = ((earlier(out, "loops") or {}).get("step_ms"))
 
   def row(impl, what, secs, ref=None, bold=False):
-    ratio = "-" if ref is None or secs is None else f"{ref / secs:.2f}x"
+    ratio = "-" if ref is None or secs is None else f"{secs / ref:.2f}x"
     if bold and ratio != "-":
       ratio = f"**{ratio}**"
     if secs is None:

@@ -102,6 +102,8 @@ def section_variant(name: str, sz: Sizes, out: Path, smoke: bool = False) -> Non
   gbps, source = bandwidth_for(sz, out)
   models = []
   for i, (tname, cfg) in enumerate(sz.targets.items()):
+    if smoke and i:  # smoke: one target shows the path
+      continue
     models.append((f"target {tname}", cfg, i, (1, PAPER_GAMMA + 1)))
   for dname, cfg in sz.drafts.items():
     models.append((f"draft {dname}", cfg, draft_seed(dname), (1,)))
