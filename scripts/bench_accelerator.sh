@@ -4,31 +4,36 @@
 # of value (every section runs even if an earlier one failed):
 #
 # The default, the GPU benchmark (scripts/bench_gpu.py, one process per
-# section; specdec_jax/research/bench says what each measures). About 8
-# minutes on one H100 or H200 by estimate, a 470 s budget, most of it
-# compilation (each section prints its programs' compile times):
-#   1. loops             Table 2's six T = 0 rows with the real compiled loops:
-#                        a T5 1.1 XXL-sized target and small/base/large-sized
-#                        drafts (random bfloat16 weights, batch 1, 64 new
+# section; specdec_jax/research/bench says what each measures), within a
+# 470 s budget. Estimated times on one H100 (no GPU run of these sections
+# yet: mostly compilation, guessed at about 15 s per XXL-sized decoding loop;
+# each section prints its programs' compile times):
+#   1. loops             Table 2's EnDe rows at T = 0 with the real compiled
+#                        loops: a T5 1.1 XXL-sized target and small/base/large-
+#                        sized drafts (random bfloat16 weights, batch 1, 64 new
 #                        tokens, EOS ignored), acceptance steered to the row's
 #                        α; the chain at the paper's γ and the row's best tree
 #                        against our baseline, Theorem 3.8 with the measured
-#                        α, c and v beside them (about 200 s);
+#                        α, c and v beside them (about 160 s);
 #   2. variant_min_rows  one section per kernel variant: XXL and XL targets'
 #                        step and 8-position pass and the drafts' steps with
 #                        and without it, interleaved, as % of the bandwidth
 #                        floor; T = 0 mismatches in bfloat16 with and without
-#                        it (demo pair; 100 XXL-sized random inputs) (150 s);
+#                        it (demo pair; 100 XXL-sized random inputs) (160 s);
 #   3. hf                an XXL-sized target on Hugging Face: our baseline vs
 #                        HF generate (dynamic cache; static cache compiled),
 #                        our speculative loop vs HF assisted generation with a
-#                        small-sized assistant (100 s);
+#                        small-sized assistant (110 s);
 #   4. demo              the demo pair end to end: ours vs HF generate and HF
-#                        assisted generation with the same draft (20 s).
-# Each prints its table as it finishes and adds it to bench_gpu.json and
-# bench_gpu.md in the output folder (below). --sections=NAME,... runs those
+#                        assisted generation with the same draft (25 s);
+#   5. loops_cnndm       Table 2's CNN/DM rows at T = 0, as loops (130 s: at
+#                        these estimates the budget cuts it; then run it alone,
+#                        --sections=loops_cnndm, about 2.5 minutes).
+# Each prints its table (or its rows) as it finishes and adds it to
+# bench_gpu.json and bench_gpu.md in the output folder (below); a section cut
+# by the budget keeps the rows it printed. --sections=NAME,... runs those
 # instead, in that order; 'more' stands for the earlier tables (bandwidth,
-# targets, exactness, profile), 'all' for the default then those.
+# targets, exactness, profile), 'all' for the default ones then those.
 #
 # --runner, the earlier set (6 minutes on one H200, a 420 s budget):
 #   1. the demo pair's runner rows at T = 0 and T = 1 (configs/demo.gin,
@@ -42,8 +47,8 @@
 #      (scripts/bench_speculative.py).
 #
 #   bash scripts/bench_accelerator.sh                     # the GPU benchmark
-#   bash scripts/bench_accelerator.sh --smoke             # every section at toy sizes (a CPU test)
-#   bash scripts/bench_accelerator.sh --sections=all --smoke
+#   bash scripts/bench_accelerator.sh --smoke             # the default sections at toy sizes
+#   bash scripts/bench_accelerator.sh --sections=all --smoke   # every section (a CPU test)
 #   bash scripts/bench_accelerator.sh --runner [--smoke]  # the earlier set
 #
 # Wheels: on a GPU machine where $BENCH_WHEELS (default wheels/, filled by
@@ -89,13 +94,14 @@ loops 120 the paper's T = 0 rows (Table 2) with the real loops at XXL size, α s
 variant_min_rows 100 kernel variant min_rows: steps, passes and T = 0 mismatches with and without it
 hf 50 Hugging Face on the same card: XXL-sized generate (static cache, compiled) and assisted generation
 demo 20 the demo pair end to end: ours vs Hugging Face generate and assisted generation
+loops_cnndm 100 the paper's T = 0 rows of CNN/DM with the real loops at XXL size, α steered
 bandwidth 10 memory bandwidth (device-to-device copy)
 targets 100 T5 1.1 XXL- and XL-sized targets: step, v(k), c, % of the bandwidth floor, Theorem 3.8
 exactness 40 T = 0 mismatches, speculative vs baseline: float32 default, float32 highest, bfloat16
 profile 40 per-kernel profile of the drafts' steps and the XL-sized target's step and 2-position pass
 SECTIONS
 )
-default_sections="loops variant_min_rows hf demo"
+default_sections="loops variant_min_rows hf demo loops_cnndm"
 more_sections="bandwidth targets exactness profile"
 case $chosen in
   default) chosen=$default_sections ;;

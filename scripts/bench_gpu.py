@@ -12,9 +12,9 @@ to DIR/bench_gpu.json (one key per section) and DIR/bench_gpu.md.
 
 Default sections (``specdec_jax.research.bench``; each module says more):
 
-  loops          Table 2's six T = 0 rows with the real compiled loops: an
-                 XXL-sized target, small/base/large-sized drafts steered to
-                 the row's α, the chain at the paper's γ and the row's best
+  loops          Table 2's EnDe rows at T = 0 with the real compiled loops:
+                 an XXL-sized target, small/base/large-sized drafts steered
+                 to the row's α, the chain at the paper's γ and the row's best
                  tree, each against our baseline; Theorem 3.8 with the
                  measured α, c and v beside them (``bench.loops``).
   variant_NAME   one per kernel variant (``bench.variants.VARIANTS``): the
@@ -27,6 +27,8 @@ Default sections (``specdec_jax.research.bench``; each module says more):
                  generation with a small-sized assistant (``bench.hf``).
   demo           the demo pair end to end against HF generate and HF
                  assisted generation with the same draft.
+  loops_cnndm    Table 2's CNN/DM rows at T = 0, as loops (last: a tight
+                 budget cuts it first).
 
 More (``--section`` by name; ``bench_accelerator.sh --sections=...``):
 bandwidth (the card's copy bandwidth, the floors' rate), targets (v(k) for

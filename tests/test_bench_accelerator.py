@@ -21,7 +21,7 @@ from specdec_jax.research.bench import sections, variants
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "bench_accelerator.sh"
-GPU_SECTIONS = ("loops", "variant_min_rows", "hf", "demo")
+GPU_SECTIONS = ("loops", "variant_min_rows", "hf", "demo", "loops_cnndm")
 MORE_SECTIONS = ("bandwidth", "targets", "exactness", "profile")
 RUNNER_SECTIONS = ("runner demo", "runner demo_t1", "v(k)", "γ sweep T=0", "γ sweep T=1")
 
@@ -58,6 +58,10 @@ def test_bench_accelerator_gpu_smoke_prints_every_table(tmp_path):
   assert row["chain_identical"] and row["tree_identical"], row
   assert row["chain_speedup"] > 0 and row["tree_speedup"] > 0 and 0 <= row["alpha"] <= 1
   assert "| ende small | 0.75 | 7 |" in out and "chain identical, tree identical" in out
+  (row,) = doc["sections"]["loops_cnndm"]["rows"]
+  assert (row["task"], row["draft"], row["gamma"]) == ("cnndm", "small", 5)
+  assert row["chain_identical"] and row["tree_identical"], row
+  assert "| cnndm small | 0.65 | 5 |" in out
   # variant_min_rows: every pass with and without it; mismatches both ways.
   var = doc["sections"]["variant_min_rows"]
   assert [(p["model"], p["k"]) for p in var["passes"]] == [

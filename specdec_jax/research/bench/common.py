@@ -88,7 +88,7 @@ SMOKE = Sizes(
     ks=(1, 8), cache_len=16, position=4, input_len=8, inner=2, repeats=2,
     new_tokens=8, hf_repeats=1, bandwidth_mib=8, demo_examples=1, demo_warmup=0,
     max_decode_len=8, exact_examples=1, exact_warmup=1, profile_calls=1,
-    loop_rows=(("ende", "small"),), loop_repeats=1, tree_max_nodes=8, mismatch_inputs=1,
+    loop_rows=(("ende", "small"), ("cnndm", "small")), loop_repeats=1, tree_max_nodes=8, mismatch_inputs=1,
     mismatch_tokens=8, hf_gamma=2)
 
 

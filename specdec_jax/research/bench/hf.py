@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -240,7 +240,7 @@ def section_hf(sz: Sizes, out: Path, smoke: bool = False) -> None:
   counter.remove()
 
   base_s, spec_s = ours_ms["base"] / 1e3, ours_ms["spec"] / 1e3
-  ours_step = ((earlier(out, "loops") or {}).get("step_ms"))
+  ours_step = (earlier(out, "loops") or {}).get("step_ms")
 
   def row(impl, what, secs, ref=None, bold=False):
     ratio = "-" if ref is None or secs is None else f"{secs / ref:.2f}x"

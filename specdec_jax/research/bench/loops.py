@@ -1,5 +1,6 @@
 """The paper's T = 0 rows (Table 2) timed with the real compiled loops at the
-paper's size: a T5 1.1 XXL-sized target and small/base/large-sized drafts,
+paper's size, one section per task (``loops``: EnDe, the rows the paper
+leads with; ``loops_cnndm``: CNN/DM, which a tight time budget can cut): a T5 1.1 XXL-sized target and small/base/large-sized drafts,
 random bfloat16 weights, batch 1, EOS ignored, ``Sizes.new_tokens`` new
 tokens, acceptance steered to each row's α (``steered.SteeredDraft``).
 
@@ -64,9 +65,18 @@ def verdict(out: Any, reference: np.ndarray) -> str:
   return "identical" if d is None else f"first differs at token {d}"
 
 
-def section_loops(sz: Sizes, out: Path, smoke: bool = False) -> None:
+def section_name(task: str) -> str:
+  """'loops' for EnDe (Table 2's first rows), 'loops_cnndm' for CNN/DM."""
+  return "loops" if task == "ende" else f"loops_{task}"
+
+
+def section_loops(task: str, sz: Sizes, out: Path, smoke: bool = False) -> None:
+  """The rows of ``task`` among ``sz.loop_rows`` (module docstring)."""
   del smoke
-  rows = [paper.table2_row(task, draft, 0) for task, draft in sz.loop_rows]
+  rows = [paper.table2_row(t, draft, 0) for t, draft in sz.loop_rows if t == task]
+  if not rows:
+    raise ValueError(f"no T = 0 rows of task {task!r} in {sz.loop_rows}")
+  name = section_name(task)
   tcfg = sz.targets["xxl"]
   target = T5Model(tcfg)
   t0 = time.perf_counter()
@@ -116,12 +126,12 @@ def section_loops(sz: Sizes, out: Path, smoke: bool = False) -> None:
                          baseline, piece_ms))
     lines.append(script_args.markdown_row(done[-1]["cells"]))
     print(lines[-1], flush=True)
-    record(out, "loops", dict(rows=done, step_ms=step, pieces_ms={
+    record(out, name, dict(rows=done, step_ms=step, pieces_ms={
         f"{kind} {what}": ms for (kind, what), ms in piece_ms.items()},
         baseline_first_call_s=base_s, new_tokens=n), None)
   lines += ["", "Speedups are over our baseline (`temperature_sample`, same weights and "
             "input) in the same process; 'paper speedup' is Table 2's on one TPU-v4."]
-  record(out, "loops", dict(rows=done, step_ms=step, pieces_ms={
+  record(out, name, dict(rows=done, step_ms=step, pieces_ms={
       f"{kind} {what}": ms for (kind, what), ms in piece_ms.items()},
       baseline_first_call_s=base_s, new_tokens=n), "\n".join(lines))
 

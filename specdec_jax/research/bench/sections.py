@@ -13,17 +13,19 @@ from typing import Callable
 from specdec_jax.research.bench import common, exactness, hf, loops, targets, variants
 
 SECTIONS: dict[str, Callable[..., None]] = {
-    "loops": loops.section_loops,
+    "loops": functools.partial(loops.section_loops, "ende"),
     **{variants.section_name(v): functools.partial(variants.section_variant, v)
        for v in variants.VARIANTS},
     "hf": hf.section_hf,
     "demo": hf.section_demo,
+    "loops_cnndm": functools.partial(loops.section_loops, "cnndm"),
     "bandwidth": common.section_bandwidth,
     "targets": targets.section_targets,
     "exactness": exactness.section_exactness,
     "profile": targets.section_profile,
 }
-DEFAULT = ("loops", *(variants.section_name(v) for v in variants.VARIANTS), "hf", "demo")
+DEFAULT = ("loops", *(variants.section_name(v) for v in variants.VARIANTS), "hf", "demo",
+           "loops_cnndm")
 MORE = tuple(s for s in SECTIONS if s not in DEFAULT)
 # Sections that put torch beside JAX on the card: JAX must not preallocate.
 TORCH_SECTIONS = ("hf", "demo")
