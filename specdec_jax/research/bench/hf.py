@@ -45,7 +45,7 @@ from specdec_jax.research.bench.common import (PAPER_GAMMA, Sizes, describe, dra
 from specdec_jax.research.bench.exactness import demo_pair
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
-from specdec_jax.timing import interleaved_medians_ms, median, timed
+from specdec_jax.timing import interleaved_medians_ms, median, time_call, timed
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -137,16 +137,14 @@ def hf_generate_timed(model, input_ids, new_tokens: int, repeats: int, warmup: i
   args = dict(attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
               do_sample=False, num_beams=1, decoder_start_token_id=cfg.decoder_start_token_id,
               eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id, **kw)
-  times = []
+  outs = []
+
+  def call():
+    outs.append(model.generate(input_ids, **args))
+    hf_sync(model)  # the clock stops when the card is done
   with torch.inference_mode():
-    for i in range(warmup + repeats):
-      hf_sync(model)
-      t0 = time.perf_counter()
-      out = model.generate(input_ids, **args)
-      hf_sync(model)
-      if i >= warmup:
-        times.append(time.perf_counter() - t0)
-  return out[0, 1:].cpu().numpy(), median(times)
+    times = time_call(call, repeats, warmup)
+  return outs[-1][0, 1:].cpu().numpy(), median(times)
 
 
 def hf_setup(sz: Sizes):
