@@ -57,7 +57,8 @@
 # an index (the user site where there is one, else the environment); where
 # that fails or there are none, the installed packages are used. The
 # versions are printed first. Programs compiled by one section are kept for
-# the next in a compilation cache ($JAX_COMPILATION_CACHE_DIR, else a
+# the next, and for a later command on the same machine, in a compilation
+# cache ($JAX_COMPILATION_CACHE_DIR, else .bench_jax_cache/; --smoke: a
 # temporary one).
 #
 # Time budget: BENCH_BUDGET_S seconds in all (default 470, --runner 420,
@@ -181,8 +182,11 @@ if [[ $smoke == 0 ]] && command -v nvidia-smi >/dev/null && compgen -G "$wheels/
 elif [[ $smoke == 0 ]] && command -v nvidia-smi >/dev/null; then
   echo "# no wheels in $wheels (scripts/fetch_bench_wheels.sh): the installed packages are used"
 fi
-# Programs one section compiled, loaded (not compiled again) by the next.
-export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$(mktemp -d)}"
+# Programs one section compiled, loaded (not compiled again) by the next
+# section, and by a later command on the same machine (a gitignored folder).
+cache=.bench_jax_cache
+[[ $smoke == 1 ]] && cache=$(mktemp -d)
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$cache}"
 
 versions_py='import importlib.metadata as m
 import jax

@@ -76,7 +76,7 @@ def section_loops(task: str, sz: Sizes, out: Path, smoke: bool = False) -> None:
   rows = [paper.table2_row(t, draft, 0) for t, draft in sz.loop_rows if t == task]
   if not rows:
     raise ValueError(f"no T = 0 rows of task {task!r} in {sz.loop_rows}")
-  name = section_name(task)
+  section = section_name(task)
   tcfg = sz.targets["xxl"]
   target = T5Model(tcfg)
   t0 = time.perf_counter()
@@ -126,12 +126,12 @@ def section_loops(task: str, sz: Sizes, out: Path, smoke: bool = False) -> None:
                          baseline, piece_ms))
     lines.append(script_args.markdown_row(done[-1]["cells"]))
     print(lines[-1], flush=True)
-    record(out, name, dict(rows=done, step_ms=step, pieces_ms={
+    record(out, section, dict(rows=done, step_ms=step, pieces_ms={
         f"{kind} {what}": ms for (kind, what), ms in piece_ms.items()},
         baseline_first_call_s=base_s, new_tokens=n), None)
   lines += ["", "Speedups are over our baseline (`temperature_sample`, same weights and "
             "input) in the same process; 'paper speedup' is Table 2's on one TPU-v4."]
-  record(out, name, dict(rows=done, step_ms=step, pieces_ms={
+  record(out, section, dict(rows=done, step_ms=step, pieces_ms={
       f"{kind} {what}": ms for (kind, what), ms in piece_ms.items()},
       baseline_first_call_s=base_s, new_tokens=n), "\n".join(lines))
 
