@@ -167,14 +167,18 @@ export -f runner
 # generation fails), the wheels in $BENCH_WHEELS installed without an index
 # or dependencies: into the user site where the interpreter reads one (it
 # shadows the environment's), else into the environment; all at once, else
-# without the platform-specific ones. None there: the installed packages.
+# without the platform-specific ones. None there, or none installed: the
+# installed packages (the versions line says which).
 wheels="${BENCH_WHEELS:-wheels}"
 if [[ $smoke == 0 ]] && command -v nvidia-smi >/dev/null && compgen -G "$wheels/*.whl" >/dev/null; then
   where=()
   python -c "import site, sys; sys.exit(0 if site.ENABLE_USER_SITE else 1)" 2>/dev/null && where=(--user)
   pip_install() { python -m pip install --quiet --disable-pip-version-check --no-index --no-deps \
                     --upgrade "${where[@]}" "$@"; }
-  if pip_install "$wheels"/*.whl || pip_install "$wheels"/*-none-any.whl; then
+  # An externally managed Python (PEP 668) takes them with --break-system-packages
+  # (the device machine is a fresh one each time).
+  if pip_install "$wheels"/*.whl || pip_install --break-system-packages "$wheels"/*.whl ||
+     pip_install "$wheels"/*-none-any.whl; then
     echo "# wheels from $wheels installed (${where[*]:-into the environment})"
   else
     echo "# wheels from $wheels could not be installed: the installed packages are used"
