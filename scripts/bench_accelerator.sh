@@ -4,24 +4,36 @@
 # of value (every section runs even if an earlier one failed):
 #
 # The default, the GPU benchmark (scripts/bench_gpu.py, one process per
-# section; about 7 minutes on one H100 or H200 by estimate, a 460 s budget):
-#   1. bandwidth    the card's achievable memory bandwidth (a device-to-device copy);
-#   2. targets      T5 1.1 XXL- and XL-sized targets with random bfloat16 weights,
-#                   batch 1: the one-token step, v(k) for k = 1, 2, 4, 8, 16, the
-#                   steps of small/base/large-sized drafts and c, each pass as a
-#                   % of its weight-bytes floor at that bandwidth; Theorem 3.8's
-#                   speedup at the paper's α (Table 2, EnDe, T = 0, γ 7);
-#   3. hf           Hugging Face transformers on the same card and weights: the
-#                   XXL-sized target's step and greedy generate tokens/s, beside ours;
-#   4. hf_compiled  HF generate with the static cache, which transformers compiles on a GPU;
-#   5. demo         the demo pair end to end: ours against HF generate and HF
-#                   assisted generation with the same draft, outputs compared;
-#   6. exactness    T = 0 mismatches of speculative vs baseline on the demo pair at
-#                   float32 default and 'highest' matmul precision and in bfloat16.
-#   7. profile      a per-kernel profile (jax.profiler) of the drafts' one-token steps
-#                   and the XL-sized target's step beside its 2-position pass.
-# Each prints its table as it finishes and adds it to bench_gpu.json and
-# bench_gpu.md in the output folder (below).
+# section; specdec_jax/research/bench says what each measures), within a
+# 470 s budget. Estimated times on one H100 (no GPU run of these sections
+# yet: mostly compilation, guessed at about 15 s per XXL-sized decoding loop;
+# each section prints its programs' compile times):
+#   1. loops             Table 2's EnDe rows at T = 0 with the real compiled
+#                        loops: a T5 1.1 XXL-sized target and small/base/large-
+#                        sized drafts (random bfloat16 weights, batch 1, 64 new
+#                        tokens, EOS ignored), acceptance steered to the row's
+#                        α; the chain at the paper's γ and the row's best tree
+#                        against our baseline, Theorem 3.8 with the measured
+#                        α, c and v beside them (about 160 s);
+#   2. variant_min_rows  one section per kernel variant: XXL and XL targets'
+#                        step and 8-position pass and the drafts' steps with
+#                        and without it, interleaved, as % of the bandwidth
+#                        floor; T = 0 mismatches in bfloat16 with and without
+#                        it (demo pair; 100 XXL-sized random inputs) (160 s);
+#   3. hf                an XXL-sized target on Hugging Face: our baseline vs
+#                        HF generate (dynamic cache; static cache compiled),
+#                        our speculative loop vs HF assisted generation with a
+#                        small-sized assistant (110 s);
+#   4. demo              the demo pair end to end: ours vs HF generate and HF
+#                        assisted generation with the same draft (25 s);
+#   5. loops_cnndm       Table 2's CNN/DM rows at T = 0, as loops (130 s: at
+#                        these estimates the budget cuts it; then run it alone,
+#                        --sections=loops_cnndm, about 2.5 minutes).
+# Each prints its table (or its rows) as it finishes and adds it to
+# bench_gpu.json and bench_gpu.md in the output folder (below); a section cut
+# by the budget keeps the rows it printed. --sections=NAME,... runs those
+# instead, in that order; 'more' stands for the earlier tables (bandwidth,
+# targets, exactness, profile), 'all' for the default ones then those.
 #
 # --runner, the earlier set (6 minutes on one H200, a 420 s budget):
 #   1. the demo pair's runner rows at T = 0 and T = 1 (configs/demo.gin,
@@ -35,13 +47,25 @@
 #      (scripts/bench_speculative.py).
 #
 #   bash scripts/bench_accelerator.sh                     # the GPU benchmark
-#   bash scripts/bench_accelerator.sh --smoke             # every section at toy sizes (a CPU test)
+#   bash scripts/bench_accelerator.sh --smoke             # the default sections at toy sizes
+#   bash scripts/bench_accelerator.sh --sections=all --smoke   # every section (a CPU test)
 #   bash scripts/bench_accelerator.sh --runner [--smoke]  # the earlier set
 #
-# Time budget: BENCH_BUDGET_S seconds in all (default 460, --runner 420,
+# Wheels: on a GPU machine where $BENCH_WHEELS (default wheels/, filled by
+# scripts/fetch_bench_wheels.sh: a transformers whose assisted generation
+# works, what it needs, gin-config) holds wheels, they are installed without
+# an index (the user site where there is one, else the environment); where
+# that fails or there are none, the installed packages are used. The
+# versions are printed first. Programs compiled by one section are kept for
+# the next, and for a later command on the same machine, in a compilation
+# cache ($JAX_COMPILATION_CACHE_DIR, else .bench_jax_cache/; --smoke: a
+# temporary one).
+#
+# Time budget: BENCH_BUDGET_S seconds in all (default 470, --runner 420,
 # --smoke 3600). Each section runs under `timeout` with what is left of it,
 # less a reserve kept for the sections after it; a section that fails or
-# runs out prints '# section NAME failed (exit N)' and the next one starts.
+# runs out prints '# section NAME failed (exit N)' and the next one starts
+# (the rows it printed and recorded before stay).
 # The exit status is 1 if any section failed or was skipped, else 0.
 #
 # Output goes to $BENCH_WORKDIR/bench_accelerator if set, else
@@ -53,17 +77,49 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 smoke=0
 set_=gpu
+chosen=default
+usage="usage: bash scripts/bench_accelerator.sh [--runner] [--smoke] [--sections=default|more|all|NAME,...]"
 for arg in "$@"; do
   case $arg in
     --smoke) smoke=1 ;;
     --runner) set_=runner ;;
-    *) echo "usage: bash scripts/bench_accelerator.sh [--runner] [--smoke]" >&2; exit 2 ;;
+    --sections=*) chosen=${arg#--sections=} ;;
+    *) echo "$usage" >&2; exit 2 ;;
   esac
+done
+# The GPU benchmark's sections: NAME MIN_S TITLE, the default ones first in
+# order of value, then the earlier tables ('more'). MIN_S is the time kept
+# for a section while the ones before it run (its useful minimum on one H100).
+sections_table=$(cat <<'SECTIONS'
+loops 120 the paper's T = 0 rows (Table 2) with the real loops at XXL size, α steered
+variant_min_rows 100 kernel variant min_rows: steps, passes and T = 0 mismatches with and without it
+hf 50 Hugging Face on the same card: XXL-sized generate (static cache, compiled) and assisted generation
+demo 20 the demo pair end to end: ours vs Hugging Face generate and assisted generation
+loops_cnndm 100 the paper's T = 0 rows of CNN/DM with the real loops at XXL size, α steered
+bandwidth 10 memory bandwidth (device-to-device copy)
+targets 100 T5 1.1 XXL- and XL-sized targets: step, v(k), c, % of the bandwidth floor, Theorem 3.8
+exactness 40 T = 0 mismatches, speculative vs baseline: float32 default, float32 highest, bfloat16
+profile 40 per-kernel profile of the drafts' steps and the XL-sized target's step and 2-position pass
+SECTIONS
+)
+default_sections="loops variant_min_rows hf demo loops_cnndm"
+more_sections="bandwidth targets exactness profile"
+case $chosen in
+  default) chosen=$default_sections ;;
+  more) chosen=$more_sections ;;
+  all) chosen="$default_sections $more_sections" ;;
+  *) chosen=${chosen//,/ } ;;
+esac
+for name in $chosen; do
+  if ! grep -q "^$name " <<<"$sections_table"; then
+    echo "unknown section '$name'; sections: $(cut -d' ' -f1 <<<"$sections_table" | tr '\n' ' ')" >&2
+    exit 2
+  fi
 done
 work="${BENCH_WORKDIR:-${OUT:-$(mktemp -d)}}/bench_accelerator"
 mkdir -p "$work" || exit 1
 exec > >(tee -a "$work/bench_accelerator.log") 2> >(tee -a "$work/bench_accelerator.log" >&2)
-default_budget=$([[ $set_ == gpu ]] && echo 460 || echo 420)
+default_budget=$([[ $set_ == gpu ]] && echo 470 || echo 420)
 budget="${BENCH_BUDGET_S:-$([[ $smoke == 1 ]] && echo 3600 || echo "$default_budget")}"
 start=$SECONDS
 failed=()
@@ -107,25 +163,62 @@ runner() {
 export work summary_py
 export -f runner
 
-section devices 0 python -c "import jax; d = jax.devices()[0]; print(f'# accelerator: {d.device_kind} x {jax.device_count()} ({jax.default_backend()}), jax {jax.__version__}')"
+# On a GPU machine (the image's transformers may be one whose assisted
+# generation fails), the wheels in $BENCH_WHEELS installed without an index
+# or dependencies: into the user site where the interpreter reads one (it
+# shadows the environment's), else into the environment; all at once, else
+# without the platform-specific ones. None there, or none installed: the
+# installed packages (the versions line says which).
+wheels="${BENCH_WHEELS:-wheels}"
+if [[ $smoke == 0 ]] && command -v nvidia-smi >/dev/null && compgen -G "$wheels/*.whl" >/dev/null; then
+  where=()
+  python -c "import site, sys; sys.exit(0 if site.ENABLE_USER_SITE else 1)" 2>/dev/null && where=(--user)
+  pip_install() { python -m pip install --quiet --disable-pip-version-check --no-index --no-deps \
+                    --upgrade "${where[@]}" "$@"; }
+  # An externally managed Python (PEP 668) takes them with --break-system-packages
+  # (the device machine is a fresh one each time).
+  if pip_install "$wheels"/*.whl || pip_install --break-system-packages "$wheels"/*.whl ||
+     pip_install "$wheels"/*-none-any.whl; then
+    echo "# wheels from $wheels installed (${where[*]:-into the environment})"
+  else
+    echo "# wheels from $wheels could not be installed: the installed packages are used"
+  fi
+elif [[ $smoke == 0 ]] && command -v nvidia-smi >/dev/null; then
+  echo "# no wheels in $wheels (scripts/fetch_bench_wheels.sh): the installed packages are used"
+fi
+# Programs one section compiled, loaded (not compiled again) by the next
+# section, and by a later command on the same machine (a gitignored folder).
+cache=.bench_jax_cache
+[[ $smoke == 1 ]] && cache=$(mktemp -d)
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$cache}"
+
+versions_py='import importlib.metadata as m
+import jax
+d = jax.devices()[0]
+print(f"# accelerator: {d.device_kind} x {jax.device_count()} ({jax.default_backend()}), jax {jax.__version__}")
+def version(p):
+  try:
+    return m.version(p)
+  except m.PackageNotFoundError:
+    return "absent"
+print("# " + ", ".join(f"{p} {version(p)}" for p in ("jaxlib", "flax", "torch", "transformers",
+                                                     "huggingface-hub", "tokenizers", "gin-config")))'
+section devices 0 python -c "$versions_py"
 
 if [[ $set_ == gpu ]]; then
   gpu=(--out="$work")
   [[ $smoke == 1 ]] && gpu+=(--smoke)
-  # NAME RESERVE_S TITLE, in order of value; the reserve keeps time for the
-  # sections after it (their expected length on one H100).
-  while read -r name reserve title; do
-    echo "## $title"
+  read -r -a names <<<"$chosen"
+  for i in "${!names[@]}"; do
+    name=${names[$i]}
+    # Keep for the sections after this one their minimum times.
+    reserve=0
+    for later in "${names[@]:$((i + 1))}"; do
+      reserve=$(( reserve + $(grep "^$later " <<<"$sections_table" | cut -d' ' -f2) ))
+    done
+    echo "## $(grep "^$name " <<<"$sections_table" | cut -d' ' -f3-)"
     section "$name" "$reserve" python scripts/bench_gpu.py --section="$name" "${gpu[@]}" </dev/null
-  done <<'SECTIONS'
-bandwidth 360 memory bandwidth (device-to-device copy)
-targets 200 T5 1.1 XXL- and XL-sized targets: step, v(k), c, % of the bandwidth floor, Theorem 3.8
-hf 160 Hugging Face on the same card and weights: the XXL-sized step and generate
-hf_compiled 110 Hugging Face generate with the static cache (compiled on a GPU)
-demo 50 the demo pair end to end: ours vs Hugging Face generate and assisted generation
-exactness 40 T = 0 mismatches, speculative vs baseline: float32 default, float32 highest, bfloat16
-profile 0 per-kernel profile of the drafts' steps and the XL-sized target's step and 2-position pass
-SECTIONS
+  done
 else
   if [[ $smoke == 1 ]]; then
     vk=(--vk-models=demo --vk-ks=1,2 --repeats=1 --vk-inner=1)

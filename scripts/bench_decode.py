@@ -68,7 +68,8 @@ import numpy as np
 from specdec_jax import memory, timing
 from specdec_jax.checkpoints import load_checkpoint
 from specdec_jax.decoding import temperature_sample
-from specdec_jax.models.t5 import PRESETS, T5Config, T5Model, count_params, stored_dtype
+from specdec_jax.models.t5 import PRESETS, T5Config, T5Model, count_params
+from specdec_jax.research.bench.common import decode_loop, random_params
 from specdec_jax.scripting import script_args
 from specdec_jax.scripting.script_args import load_average, machine_description, markdown_header
 from specdec_jax.sampling import SamplingConfig
@@ -186,31 +187,6 @@ def load_t5_module(path: str):
   return mod
 
 
-@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
-def _normal(key, scale, shape: tuple, dtype):
-  return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
-
-
-def random_params(model, key, param_dtype) -> dict:
-  """Random weights in ``model.init``'s tree, leaves in ``stored_dtype``
-  (as ``cast_params(model.init(key), param_dtype)`` keeps them): arrays of
-  two or more dimensions normal with standard deviation 1/sqrt(first
-  dimension), vectors (norm scales) ones. For timing, where values do not
-  matter: one small program per distinct shape, where Flax's ``init`` of an
-  XL-sized model is one program that took a minute to compile on a CPU.
-  """
-  shapes = jax.eval_shape(model.init, key)
-  flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-  keys = jax.random.split(key, len(flat))
-  leaves = []
-  for i, (path, leaf) in enumerate(flat):
-    dtype = stored_dtype("/".join(str(getattr(p, "key", p)) for p in path), param_dtype)
-    shape = tuple(leaf.shape)
-    leaves.append(jnp.ones(shape, dtype) if len(shape) < 2
-                  else _normal(keys[i], 1.0 / np.sqrt(shape[0]), shape, dtype))
-  return jax.tree_util.tree_unflatten(treedef, leaves)
-
-
 def step_kernels(params: dict, config: T5Config) -> tuple[list[tuple], Any, bool]:
   """The matrices one cached decode step multiplies by, per decoder layer.
 
@@ -255,23 +231,6 @@ def _matmul_steps(layers, logits_w, x0, transposed: bool, n: int):
   return jax.lax.fori_loop(0, n, body, jnp.float32(0))
 
 
-@functools.partial(jax.jit, static_argnames=("model", "k", "position", "n"))
-def _decode_steps(model, params, cache, k: int, position: int, n: int):
-  """n cached k-token ``decode`` calls, the cache carried from one to the next.
-
-  Positions alternate between position.. and position+1.. so that masks and
-  the relative-position bias are recomputed every call, as in the loops.
-  """
-  tokens = 3 + jnp.arange(k, dtype=jnp.int32)[None]
-  pos0 = position + jnp.arange(k, dtype=jnp.int32)[None]
-
-  def body(i, carry):
-    cache, acc, off = carry
-    logits, cache = model.decode(params, tokens, pos0 + off, cache)
-    return cache, acc + jnp.sum(logits), 1 - off
-  return jax.lax.fori_loop(0, n, body, (cache, jnp.float32(0), jnp.int32(0)))[1]
-
-
 def vk_rows(label: str, params: dict, config: T5Config, models: dict, ks: list[int],
             cache_len: int, position: int, input_len: int, inner: int,
             repeats: int) -> list[dict]:
@@ -286,8 +245,8 @@ def vk_rows(label: str, params: dict, config: T5Config, models: dict, ks: list[i
     cache = jax.jit(lambda p, x, m=model: m.init_cache(p, m.encode(p, x), x, cache_len))(
         params, inputs)
     for k in ks:
-      pieces[(name, k)] = functools.partial(_decode_steps, model, params, cache, k, position,
-                                            inner)
+      pieces[(name, k)] = functools.partial(jax.jit(decode_loop(model, k, position, inner)),
+                                            params, cache)
   for k in ks:
     # Distinct rows: identical ones would let XLA compute one and copy it.
     x0 = jax.random.normal(jax.random.PRNGKey(k), (k, config.d_model), config.dtype)
@@ -298,11 +257,9 @@ def vk_rows(label: str, params: dict, config: T5Config, models: dict, ks: list[i
     jax.block_until_ready(fn())
     print(f"# v(k) piece {name} k={k}: compiled and run once in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr, flush=True)
-  times: dict[tuple[str, int], list[float]] = {key: [] for key in pieces}
-  for _ in range(repeats):
-    for key, fn in pieces.items():
-      times[key].append(_median_time(fn, 1) / inner)
-  med = {key: timing.median(v) for key, v in times.items()}
+  # Medians of interleaved calls, ms per inner call -> seconds.
+  med = {key: ms / 1e3 for key, ms in timing.interleaved_medians_ms(pieces, repeats,
+                                                                   inner).items()}
   rows = []
   for name in list(models) + ["matmul"]:
     for k in ks:

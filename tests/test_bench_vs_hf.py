@@ -1,4 +1,6 @@
-"""scripts/bench_vs_hf.py: its Hugging Face path agrees with ours on a tiny model.
+"""The Hugging Face comparison (``specdec_jax.research.bench.vs_hf``, used by
+scripts/bench_vs_hf.py and the accelerator benchmark): its Hugging Face path
+agrees with ours on a tiny model.
 
 The tiny random target/draft (vocab 64, d_model 32, from conftest) are exported
 with ``export_hf`` and loaded into transformers; at temperature 0 HF greedy
@@ -9,8 +11,6 @@ with ``export_hf`` and loaded into transformers; at temperature 0 HF greedy
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -19,12 +19,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-
-import bench_vs_hf as bvh  # noqa: E402
-import bench_gpu  # noqa: E402,F401 (scripts/bench_gpu.py)
-
 from specdec_jax.drafts import T5Draft  # noqa: E402
+from specdec_jax.research.bench import hf as bench_hf  # noqa: E402
+from specdec_jax.research.bench import vs_hf as bvh  # noqa: E402
 
 MAX_DECODE_LEN = 16
 GAMMA = 3
@@ -156,15 +153,14 @@ def test_refuses_a_bridged_draft(tiny_target, tiny_draft, tmp_path):
 
 
 def test_hf_model_built_from_params_equals_the_exported_one(setup, tiny_target):
-  """scripts/bench_gpu.py builds the Hugging Face model in memory from our
+  """The accelerator benchmark builds the Hugging Face model in memory from our
   params through export_hf's name map: the same weights as export_hf +
   from_pretrained, so the same logits and the same greedy tokens as ours."""
   import torch
-  import bench_gpu
   ours, hf_target, _, inputs, _ = setup
   _, tparams = tiny_target
   cfg = ours.config
-  built = bench_gpu.hf_from_params(tparams, cfg, "float32")
+  built = bench_hf.hf_from_params(tparams, cfg, "float32")
   exported = dict(hf_target.state_dict())
   for key, value in built.state_dict().items():
     assert torch.equal(value, exported[key]), key
