@@ -15,25 +15,31 @@
 #                        α; the chain at the paper's γ and the row's best tree
 #                        against our baseline, Theorem 3.8 with the measured
 #                        α, c and v beside them (about 160 s);
-#   2. variant_min_rows  one section per kernel variant: XXL and XL targets'
-#                        step and 8-position pass and the drafts' steps with
-#                        and without it, interleaved, as % of the bandwidth
-#                        floor; T = 0 mismatches in bfloat16 with and without
-#                        it (demo pair; 100 XXL-sized random inputs) (160 s);
+#   2. variant_pallas, variant_fixed_positions, variant_fused_projections,
+#      variant_command_buffers: one section per kernel variant
+#                        (specdec_jax/research/bench/variants.py VARIANTS):
+#                        XXL and XL targets' step and 8-position pass and the
+#                        drafts' steps with and without it, interleaved, as %
+#                        of the bandwidth floor; for pallas and fixed_positions
+#                        also T = 0 mismatches in bfloat16 with and without it
+#                        (demo pair; 100 XXL-sized random inputs) (160 s each
+#                        with the counts, 60 s without);
 #   3. hf                an XXL-sized target on Hugging Face: our baseline vs
 #                        HF generate (dynamic cache; static cache compiled),
 #                        our speculative loop vs HF assisted generation with a
 #                        small-sized assistant (110 s);
 #   4. demo              the demo pair end to end: ours vs HF generate and HF
 #                        assisted generation with the same draft (25 s);
-#   5. loops_cnndm       Table 2's CNN/DM rows at T = 0, as loops (130 s: at
-#                        these estimates the budget cuts it; then run it alone,
-#                        --sections=loops_cnndm, about 2.5 minutes).
+#   5. loops_cnndm       Table 2's CNN/DM rows at T = 0, as loops (130 s).
+# At these estimates the 470 s budget reaches about the first two variants;
+# the rest run in a second call on the same warm machine (compiled programs
+# are cached in .bench_jax_cache/):
+#   bash scripts/bench_accelerator.sh --sections=variant_fused_projections,variant_command_buffers,hf,demo,loops_cnndm
 # Each prints its table (or its rows) as it finishes and adds it to
 # bench_gpu.json and bench_gpu.md in the output folder (below); a section cut
 # by the budget keeps the rows it printed. --sections=NAME,... runs those
-# instead, in that order; 'more' stands for the earlier tables (bandwidth,
-# targets, exactness, profile), 'all' for the default ones then those.
+# instead, in that order; 'more' stands for the earlier tables (variant_min_rows,
+# bandwidth, targets, exactness, profile), 'all' for the default ones then those.
 #
 # --runner, the earlier set (6 minutes on one H200, a 420 s budget):
 #   1. the demo pair's runner rows at T = 0 and T = 1 (configs/demo.gin,
@@ -92,18 +98,22 @@ done
 # for a section while the ones before it run (its useful minimum on one H100).
 sections_table=$(cat <<'SECTIONS'
 loops 120 the paper's T = 0 rows (Table 2) with the real loops at XXL size, α steered
-variant_min_rows 100 kernel variant min_rows: steps, passes and T = 0 mismatches with and without it
+variant_pallas 100 kernel variant pallas (fused decoder-layer kernels): steps, passes and T = 0 mismatches with and without it
+variant_fixed_positions 100 kernel variant fixed_positions 8: steps, passes and T = 0 mismatches with and without it
+variant_fused_projections 40 kernel variant fused_projections: steps and passes with and without it
+variant_command_buffers 40 kernel variant command_buffers (CUDA graphs): steps and passes with and without it
 hf 50 Hugging Face on the same card: XXL-sized generate (static cache, compiled) and assisted generation
 demo 20 the demo pair end to end: ours vs Hugging Face generate and assisted generation
 loops_cnndm 100 the paper's T = 0 rows of CNN/DM with the real loops at XXL size, α steered
+variant_min_rows 40 kernel variant min_rows 2: steps and passes with and without it
 bandwidth 10 memory bandwidth (device-to-device copy)
 targets 100 T5 1.1 XXL- and XL-sized targets: step, v(k), c, % of the bandwidth floor, Theorem 3.8
 exactness 40 T = 0 mismatches, speculative vs baseline: float32 default, float32 highest, bfloat16
 profile 40 per-kernel profile of the drafts' steps and the XL-sized target's step and 2-position pass
 SECTIONS
 )
-default_sections="loops variant_min_rows hf demo loops_cnndm"
-more_sections="bandwidth targets exactness profile"
+default_sections="loops variant_pallas variant_fixed_positions variant_fused_projections variant_command_buffers hf demo loops_cnndm"
+more_sections="variant_min_rows bandwidth targets exactness profile"
 case $chosen in
   default) chosen=$default_sections ;;
   more) chosen=$more_sections ;;

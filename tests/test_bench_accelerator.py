@@ -21,8 +21,9 @@ from specdec_jax.research.bench import sections, variants
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "bench_accelerator.sh"
-GPU_SECTIONS = ("loops", "variant_min_rows", "hf", "demo", "loops_cnndm")
-MORE_SECTIONS = ("bandwidth", "targets", "exactness", "profile")
+GPU_SECTIONS = ("loops", "variant_pallas", "variant_fixed_positions", "variant_fused_projections",
+                "variant_command_buffers", "hf", "demo", "loops_cnndm")
+MORE_SECTIONS = ("variant_min_rows", "bandwidth", "targets", "exactness", "profile")
 RUNNER_SECTIONS = ("runner demo", "runner demo_t1", "v(k)", "γ sweep T=0", "γ sweep T=1")
 
 
@@ -61,14 +62,19 @@ def test_bench_accelerator_gpu_smoke_prints_every_table(tmp_path):
   assert row["chain_identical"] and row["tree_identical"], row
   assert row["chain_speedup"] > 0 and row["tree_speedup"] > 0 and 0 <= row["alpha"] <= 1
   assert "| ende small | 0.75 | 7 |" in out and "chain identical, tree identical" in out
-  # variant_min_rows: every pass with and without it; mismatches both ways.
-  var = doc["sections"]["variant_min_rows"]
-  assert [(p["model"], p["k"]) for p in var["passes"]] == [
-      ("target xxl", 1), ("target xxl", 8), ("draft small", 1)]
-  assert all(p["default_ms"] > 0 and p["variant_ms"] > 0 for p in var["passes"])
-  assert "| target xxl | one-token step |" in out and "| min_rows |" in out
-  counts = var["mismatches"]  # the variant's (smoke mode does not count the default's)
-  assert counts["demo"]["mismatches"] == 0 and counts["random"]["mismatches"] == 0, counts
+  # Each variant: every pass with and without it; mismatches where counted.
+  for name in variants.VARIANTS:
+    var = doc["sections"][variants.section_name(name)]
+    assert [(p["model"], p["k"]) for p in var["passes"]] == [
+        ("target xxl", 1), ("target xxl", 8), ("draft small", 1)], name
+    assert all(p["default_ms"] > 0 and p["variant_ms"] > 0 for p in var["passes"]), name
+    assert f"| {name} |" in out
+    if name in variants.COUNTED:  # the variant's (smoke mode does not count the default's)
+      counts = var["mismatches"]
+      assert counts["demo"]["mismatches"] == 0 and counts["random"]["mismatches"] == 0, counts
+    else:
+      assert "mismatches" not in var, name
+  assert "| target xxl | one-token step |" in out
   assert "| default | - | - | not counted in smoke mode |" in out
   # hf: our baseline against HF's static cache, ours against HF assisted.
   hf = doc["sections"]["hf"]

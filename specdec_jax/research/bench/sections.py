@@ -24,8 +24,8 @@ SECTIONS: dict[str, Callable[..., None]] = {
     "exactness": exactness.section_exactness,
     "profile": targets.section_profile,
 }
-DEFAULT = ("loops", *(variants.section_name(v) for v in variants.VARIANTS), "hf", "demo",
-           "loops_cnndm")
+DEFAULT = ("loops", *(variants.section_name(v) for v in variants.VARIANTS
+                      if v not in variants.TIMED_BEFORE), "hf", "demo", "loops_cnndm")
 MORE = tuple(s for s in SECTIONS if s not in DEFAULT)
 # Sections that put torch beside JAX on the card: JAX must not preallocate.
 TORCH_SECTIONS = ("hf", "demo")

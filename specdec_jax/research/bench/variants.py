@@ -7,7 +7,7 @@ section times, interleaved in one process with the same weights, the
 one-token step and the γ + 1 = 8-position pass of the XXL- and XL-sized
 targets and the one-token steps of the small/base/large-sized drafts, with
 and without the variant, each also as a percentage of its weight-bytes floor
-(``common.bandwidth_for``); then counts T = 0 mismatches (speculative output
+(``common.bandwidth_for``); then, for the variants in ``COUNTED``, counts T = 0 mismatches (speculative output
 against the baseline's) in bfloat16 with and without it: on configs/demo.gin's
 pair (``exactness.exactness_row``, γ 3) and on ``Sizes.mismatch_inputs``
 random inputs of the XXL-sized target with a small-sized draft steered to
@@ -29,9 +29,9 @@ import jax
 import numpy as np
 
 from specdec_jax import memory
-from specdec_jax.decoding import speculative_decode, temperature_sample
+from specdec_jax.decoding import command_buffer_options, speculative_decode, temperature_sample
 from specdec_jax.drafts import T5Draft
-from specdec_jax.models.t5 import T5Config, T5Model
+from specdec_jax.models.t5 import T5Config, T5Model, fuse_projections
 from specdec_jax.research.bench.common import (PAPER_GAMMA, Model, Sizes, bandwidth_for,
                                                decode_loop, draft_seed, earlier, emit, log,
                                                pass_name, random_inputs, random_params, record)
@@ -43,24 +43,38 @@ from specdec_jax.scripting import script_args
 from specdec_jax.timing import interleaved_medians_ms
 
 # A variant's overrides of the default path, by kind (any may be left out):
-#   config            T5Config fields: the timed pieces and the XXL-sized loops;
+#   config            T5Config fields of both models: the timed pieces and the
+#                     XXL-sized loops (``fused_projections`` fuses the same weights);
+#   target_config     T5Config fields of the targets alone (on top of config);
 #   experiment        Experiment fields: the demo pair's run (run.prepare);
 #   compiler_options  XLA options for the timed pieces' compile
 #                     (``jax.stages.Lowered.compile(compiler_options=...)``).
 VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
+    # The Pallas decoder layer (specdec_jax.kernels), both models.
+    "pallas": dict(config=dict(decode_kernel="pallas"),
+                   experiment=dict(decode_kernel="pallas")),
+    # Every target call scores 8 positions: step and pass logits bit-equal.
+    "fixed_positions": dict(target_config=dict(fixed_positions=8),
+                            experiment=dict(fixed_positions=8)),
+    # Query/key/value and wi_0/wi_1 as one product each (same weights, fused).
+    "fused_projections": dict(config=dict(fused_projections=True),
+                              experiment=dict(fused_projections=True)),
+    # XLA command buffers (CUDA graphs), timed by the clock.
+    "command_buffers": dict(compiler_options=command_buffer_options(1),
+                            experiment=dict(command_buffers=1)),
     # One-row weight products padded to two rows (T5Config.min_rows).
     "min_rows": dict(config=dict(min_rows=2), experiment=dict(min_rows=2)),
 }
-# Variants being built elsewhere whose settings are not final yet: each
-# becomes an entry of VARIANTS, and a line of scripts/bench_accelerator.sh's
-# section list, when it is merged.
-PENDING_VARIANTS = ("fused_projections", "fixed_positions", "command_buffers",
-                    "pallas_decoder_layer")
+# Variants already timed on a card: among the earlier tables ('more').
+TIMED_BEFORE = ("min_rows",)
+# The variants whose T = 0 mismatches are counted (the paths that claim or
+# may change T = 0 identity); the others are timed only.
+COUNTED = ("fixed_positions", "pallas")
 
 GREEDY = SamplingConfig(temperature=0.0)
 DEMO_GAMMA = 3            # configs/demo.gin's
 MISMATCH_ALPHA = 0.75     # Table 2's EnDe small row
-KINDS = ("config", "experiment", "compiler_options")
+KINDS = ("config", "target_config", "experiment", "compiler_options")
 
 
 def section_name(variant: str) -> str:
@@ -75,12 +89,26 @@ def check_variant(name: str) -> dict[str, dict[str, Any]]:
   bad = [k for k in v if k not in KINDS]
   if bad:
     raise ValueError(f"variant {name!r}: unknown kind(s) {bad}; a variant overrides {KINDS}")
-  for kind, cls in (("config", T5Config), ("experiment", Experiment)):
+  for kind, cls in (("config", T5Config), ("target_config", T5Config),
+                    ("experiment", Experiment)):
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(v.get(kind, {})) - fields)
     if unknown:
       raise ValueError(f"variant {name!r}: {cls.__name__} has no field(s) {unknown}")
   return v
+
+
+def variant_config(cfg: T5Config, v: dict, role: str) -> T5Config:
+  """``cfg`` (of a 'target' or 'draft') with the variant's config overrides."""
+  over = dict(v.get("config", {}))
+  if role == "target":
+    over.update(v.get("target_config", {}))
+  return cfg.replace(**over)
+
+
+def variant_params(cfg: T5Config, params: Any) -> Any:
+  """The default path's ``params`` as the variant's model ``cfg`` reads them."""
+  return fuse_projections(params) if cfg.fused_projections else params
 
 
 def variant_piece(m: Model, k: int, sz: Sizes, options: dict | None
@@ -98,20 +126,21 @@ def variant_piece(m: Model, k: int, sz: Sizes, options: dict | None
 
 def section_variant(name: str, sz: Sizes, out: Path, smoke: bool = False) -> None:
   v = check_variant(name)
-  config_over, options = v.get("config", {}), v.get("compiler_options")
+  options = v.get("compiler_options")
   gbps, source = bandwidth_for(sz, out)
   models = []
   for i, (tname, cfg) in enumerate(sz.targets.items()):
     if smoke and i:  # smoke: one target shows the path
       continue
-    models.append((f"target {tname}", cfg, i, (1, PAPER_GAMMA + 1)))
+    models.append((f"target {tname}", cfg, i, (1, PAPER_GAMMA + 1), "target"))
   for dname, cfg in sz.drafts.items():
-    models.append((f"draft {dname}", cfg, draft_seed(dname), (1,)))
+    models.append((f"draft {dname}", cfg, draft_seed(dname), (1,), "draft"))
   pieces, compile_s, configs = {}, {}, {}
-  for label, cfg, seed, ks in models:
+  for label, cfg, seed, ks, role in models:
     base = Model.random(label, cfg, sz, seed)
-    var = Model.random(f"{label} ({name})", cfg.replace(**config_over), sz, seed,
-                       params=base.params)
+    vcfg = variant_config(cfg, v, role)
+    var = Model.random(f"{label} ({name})", vcfg, sz, seed,
+                       params=variant_params(vcfg, base.params))
     configs[label] = cfg
     for k in ks:
       pieces[(label, k, "default")], compile_s[(label, k, "default")] = base.piece(k, sz)
@@ -124,7 +153,7 @@ def section_variant(name: str, sz: Sizes, out: Path, smoke: bool = False) -> Non
            f"medians of {sz.repeats} interleaved calls; floors at {gbps:.0f} GB/s ({source}).",
            "", script_args.markdown_header(head)]
   rows = []
-  for label, _, _, ks in models:
+  for label, _, _, ks, _ in models:
     floor = 1e3 * memory.step_weight_bytes(configs[label], None, "bfloat16") / (gbps * 1e9)
     for k in ks:
       d, w = ms[(label, k, "default")], ms[(label, k, name)]
@@ -138,6 +167,8 @@ def section_variant(name: str, sz: Sizes, out: Path, smoke: bool = False) -> Non
   record(out, section_name(name), payload, None)
   del pieces
 
+  if name not in COUNTED:
+    return
   # T = 0 mismatches in bfloat16, the default path's from an earlier variant
   # section of this run where there is one.
   default = earlier(out, "default_path") or {}
@@ -190,7 +221,7 @@ def mismatch_counts(sz: Sizes, v: dict, smoke: bool) -> dict:
   except Exception as e:  # noqa: BLE001 (a row of the table, not the end of the section)
     out["demo"] = dict(error=f"{type(e).__name__}: {str(e)[:200]}")
   try:
-    out["random"] = random_mismatches(sz, v.get("config", {}))
+    out["random"] = random_mismatches(sz, v)
   except Exception as e:  # noqa: BLE001
     out["random"] = dict(error=f"{type(e).__name__}: {str(e)[:200]}")
   for part, c in out.items():
@@ -198,16 +229,19 @@ def mismatch_counts(sz: Sizes, v: dict, smoke: bool) -> dict:
   return out
 
 
-def random_mismatches(sz: Sizes, config_over: dict) -> dict:
+def random_mismatches(sz: Sizes, v: dict) -> dict:
   """Inputs (of ``sz.mismatch_inputs`` random ones) whose speculative output
-  differs from the baseline's: the XXL-sized target (with ``config_over``)
-  and a small-sized draft steered to ``MISMATCH_ALPHA``, batch 1."""
-  tcfg = sz.targets["xxl"].replace(**config_over)
+  differs from the baseline's: the XXL-sized target and a small-sized draft
+  steered to ``MISMATCH_ALPHA``, batch 1, on the path ``v`` overrides (the
+  same weights on every path)."""
+  base = sz.targets["xxl"]
+  tcfg = variant_config(base, v, "target")
   target = T5Model(tcfg)
-  params = random_params(target, jax.random.PRNGKey(0), "bfloat16")
-  dmodel = T5Model(sz.drafts["small"].replace(**config_over))
-  draft = T5Draft(params=random_params(dmodel, jax.random.PRNGKey(draft_seed("small")),
-                                       "bfloat16"), model=dmodel)
+  params = variant_params(tcfg, random_params(T5Model(base), jax.random.PRNGKey(0), "bfloat16"))
+  dbase = sz.drafts["small"]
+  dmodel = T5Model(variant_config(dbase, v, "draft"))
+  draft = T5Draft(params=variant_params(dmodel.config, random_params(
+      T5Model(dbase), jax.random.PRNGKey(draft_seed("small")), "bfloat16")), model=dmodel)
   n, key = sz.mismatch_tokens, jax.random.PRNGKey(2)
   bad = []
   t0 = time.perf_counter()
