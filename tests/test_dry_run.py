@@ -26,7 +26,8 @@ pytest.importorskip("libtpu", reason="the dry run compiles with libtpu (requirem
 from specdec_jax import memory, paper, partitioning, theory  # noqa: E402
 from specdec_jax.decoding import AdaptiveConfig  # noqa: E402
 from specdec_jax.models.t5 import T5Config  # noqa: E402
-from specdec_jax.dryrun import calibration, chips, costs, driver, hlo, runner_programs  # noqa: E402
+from specdec_jax.dryrun import calibration, chips, costs, driver, hlo  # noqa: E402
+from specdec_jax.run import dry_run_programs  # noqa: E402
 from specdec_jax.run.settings import Experiment  # noqa: E402
 from specdec_jax.tree import scaled_rank_rates  # noqa: E402
 
@@ -80,7 +81,7 @@ def runs(paths):
   def run(case):
     mesh, adaptive = case
     full = mesh == (1, 8) and adaptive is None
-    return runner_programs.dry_run(experiment(paths, mesh, adaptive), TOPOLOGY,
+    return dry_run_programs.dry_run(experiment(paths, mesh, adaptive), TOPOLOGY,
                           programs=("speculative", "baseline") if full else ("speculative",),
                           roofline=full, workers=1)
   with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the compiler releases the GIL
@@ -154,7 +155,7 @@ def test_depth_extrapolation_is_exact(runs, paths):
   for depth in (1, 2, 3):
     cfg = TARGET.replace(num_decoder_layers=depth, num_encoder_layers=1)
     got[("target", depth, 1)] = driver.compile_program(
-        "piece", runner_programs.lower_pass(cfg, part, dev, exp, 1, 8 + GAMMA + 1), TOPOLOGY,
+        "piece", dry_run_programs.lower_pass(cfg, part, dev, exp, 1, 8 + GAMMA + 1), TOPOLOGY,
         options=costs.PIECE_OPTIONS)
   extrapolated = costs.extrapolate(got, "target", 1, 3)
   assert extrapolated.flops == pytest.approx(got[("target", 3, 1)].flops, rel=1e-6)
@@ -269,20 +270,20 @@ def _one_line(excinfo) -> str:
     ("v5e:3x3", "libtpu cannot build this topology: INVALID_ARGUMENT")])
 def test_unknown_topology(paths, no_compile, topology, says):
   with pytest.raises(ValueError) as e:
-    runner_programs.dry_run(experiment(paths), topology)
+    dry_run_programs.dry_run(experiment(paths), topology)
   assert says in _one_line(e)
 
 
 def test_mesh_does_not_match_the_topology(paths, no_compile):
   with pytest.raises(ValueError) as e:
-    runner_programs.dry_run(experiment(paths, mesh=(1, 4)), TOPOLOGY)
+    dry_run_programs.dry_run(experiment(paths, mesh=(1, 4)), TOPOLOGY)
   text = _one_line(e)
   assert "mesh_shape (1, 4) has 4 devices but there are 8" in text and TOPOLOGY in text
 
 
 def test_dimension_the_mesh_does_not_divide(paths, no_compile):
   with pytest.raises(ValueError) as e:
-    runner_programs.dry_run(experiment(paths, target_checkpoint=paths["heads6"]), TOPOLOGY)
+    dry_run_programs.dry_run(experiment(paths, target_checkpoint=paths["heads6"]), TOPOLOGY)
   text = _one_line(e)
   assert "cannot shard the target" in text and "not divisible by mesh axis 'model'" in text
 
@@ -291,7 +292,7 @@ def test_row_that_does_not_fit(paths, no_compile):
   exp = experiment(paths, target_checkpoint=paths["huge"], draft_name="prompt_lookup",
                    draft_checkpoint="", mesh_shape=None, param_dtype="float32")
   with pytest.raises(ValueError) as e:
-    runner_programs.dry_run(exp, TOPOLOGY)
+    dry_run_programs.dry_run(exp, TOPOLOGY)
   text = _one_line(e)
   assert "does not fit" in text and "16 GiB of HBM" in text
 
@@ -328,7 +329,7 @@ def test_a_tree_run_compiles_its_own_loop(paths):
   """With Experiment.tree the dry run compiles the tree loop and the draft's
   tree proposal, prices the pass of N positions (γ = N - 1), moves no weight,
   and its memory estimate holds."""
-  r = runner_programs.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
+  r = dry_run_programs.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
                      programs=("speculative", "draft"), roofline=False, workers=1)
   assert r.gamma == 4  # 1 + 2 + 2 nodes
   for p in r.programs:
@@ -343,7 +344,7 @@ def test_one_chip_the_papers_setting(paths):
   the tiny pair on one v5e chip, mesh (1, 1), as the paper measured on one
   chip; the report puts the model's ms per token, c and speedup beside the
   paper's measured speedup and Theorem 3.8 at the paper's own α, γ and c."""
-  r = runner_programs.dry_run(experiment(paths, mesh=(1, 1)), "v5e:1x1",
+  r = dry_run_programs.dry_run(experiment(paths, mesh=(1, 1)), "v5e:1x1",
                               programs=("speculative",), workers=1)
   assert r.num_devices == 1 and r.fits
   p = r.programs[0]
@@ -361,7 +362,7 @@ def test_a_tree_run_prices_its_own_pass(paths):
   """With Experiment.tree the roofline compiles a one-position pass and the
   tree's own pass over its N nodes (``T5Model.decode_tree``, the tree's
   attention mask), not a chain of N positions."""
-  r = runner_programs.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
+  r = dry_run_programs.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
                               programs=("draft",), workers=1)
   rl = r.roofline
   assert sorted(rl.target) == [1, 5] and rl.draft is not None
@@ -385,7 +386,7 @@ def test_quantized_draft_compiles_and_reads_fewer_bytes(paths, runs, mode):
   is memory.step_weight_bytes of that layout, the compiled step reads fewer
   bytes than the bfloat16 draft's, and the report names the quantization
   (int4 compiles the draft alone: the loop around it is int8's)."""
-  r = runner_programs.dry_run(experiment(paths, draft_quantization=mode), TOPOLOGY,
+  r = dry_run_programs.dry_run(experiment(paths, draft_quantization=mode), TOPOLOGY,
                               programs=("speculative", "draft") if mode == "int8" else ("draft",),
                               workers=1)
   assert not [p.error for p in r.programs if p.error]

@@ -62,7 +62,7 @@ from jax.experimental.layout import Format, Layout
 from specdec_jax import data, drafts, memory, paper, partitioning, theory
 from specdec_jax.decoding import speculative_decode, temperature_sample, tree_speculative_decode
 from specdec_jax.drafts.base import tree_proposal
-from specdec_jax.dryrun import driver
+from specdec_jax.dryrun import calibration, driver
 from specdec_jax.dryrun.costs import PIECE_DEPTHS, PIECE_OPTIONS, Roofline, extrapolate
 from specdec_jax.dryrun.driver import (GiB, Compile, Context, DryRun, abstract_key,
                                        abstract_params, gib, sharded, size)
@@ -575,3 +575,28 @@ def prediction_lines(r: RunDryRun) -> list[str]:
     lines.append("  adaptive draft lengths are not Theorem 3.8's fixed γ: the prediction "
                  "above is for a fixed γ = γ_max")
   return lines
+
+
+def calibration_pieces(experiments: dict[str, Experiment], workers: Optional[int] = None
+                       ) -> dict[str, dict[str, float]]:
+  """Compiles the one-position pieces on one v4 chip and returns them in
+  ``dryrun.calibration.PIECES``' form: ``experiments`` maps each draft size
+  to its row's ``Experiment`` (with the one-chip overlay); the target's step
+  is compiled from the first."""
+  topology = calibration.TOPOLOGY
+  out: dict[str, dict[str, float]] = {}
+  for i, (name, exp) in enumerate(experiments.items()):
+    ctx = driver.check(RunnerPrograms(exp), topology)
+    roles = ("target", "draft") if i == 0 else ("draft",)
+    specs = piece_compiles(ctx, widths=(1,), roles=roles)
+    compiled = driver.compile_all(topology, specs, workers)
+    got = {s.key: p for s, p in zip(specs, compiled)}
+    bad = [p for p in compiled if p.error]
+    if bad:
+      raise ValueError(f"{bad[0].name}: {bad[0].error}")
+    if i == 0:
+      out["target"] = calibration.as_stored(
+          extrapolate(got, "target", 1, ctx.target_config.num_decoder_layers))
+    out[name] = calibration.as_stored(
+        extrapolate(got, "draft", 1, ctx.draft_config.num_decoder_layers))
+  return out
