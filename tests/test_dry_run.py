@@ -29,6 +29,7 @@ from specdec_jax.models.t5 import T5Config  # noqa: E402
 from specdec_jax.dryrun import calibration, chips, costs, driver, hlo  # noqa: E402
 from specdec_jax.run import dry_run_programs  # noqa: E402
 from specdec_jax.run.settings import Experiment  # noqa: E402
+from specdec_jax.measured import DEMO_RANK_PROFILE  # noqa: E402
 from specdec_jax.tree import scaled_rank_rates  # noqa: E402
 
 TOPOLOGY = "v5e:2x4"
@@ -371,7 +372,7 @@ def test_a_tree_run_prices_its_own_pass(paths):
   assert "target tree pass, N=5" in text
   # Its prediction is the tree's (tokens per round of depth draft calls and
   # one N-node pass), not the chain formula at γ = N - 1.
-  tree, rates = r.exp.tree_shape, scaled_rank_rates(0.75)
+  tree, rates = r.exp.tree_shape, scaled_rank_rates(0.75, DEMO_RANK_PROFILE)
   round_s = tree.max_depth * rl.draft.seconds(r.chip) + rl.target[5].seconds(r.chip)
   want = tree.expected_tokens(rates) * rl.target[1].seconds(r.chip) / round_s
   assert r.predicted() == pytest.approx(want, rel=1e-9)

@@ -24,6 +24,7 @@ from specdec_jax.dryrun import calibration
 from specdec_jax.dryrun.chips import Chip
 from specdec_jax.dryrun.costs import Piece
 from specdec_jax.models.t5 import get_config
+from specdec_jax.measured import DEMO_RANK_PROFILE
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.research.common import seconds
 from specdec_jax.sampling import SamplingConfig
@@ -173,9 +174,6 @@ def rank_rates(target, params, draft, inputs: np.ndarray, max_decode_len: int, r
 def geometric_rates(alpha: float, ranks: int = 8) -> list[float]:
   """``tree.geometric_rank_rates`` (kept under this name for the studies)."""
   return geometric_rank_rates(alpha, ranks)
-
-
-DEMO_RANK_PROFILE = tree_lib.DEMO_RANK_PROFILE
 
 
 def scaled_rates(alpha: float, profile: Sequence[float] = DEMO_RANK_PROFILE) -> list[float]:

@@ -72,6 +72,7 @@ from specdec_jax.alpha import min_pq_along
 from specdec_jax.run.settings import Experiment, is_remote
 from specdec_jax.run.setup import check_partitioning, estimate_bytes
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.measured import DEMO_RANK_PROFILE
 from specdec_jax.tree import TreeShape, scaled_rank_rates
 
 # Where the dry run reads nothing: paths it swaps for a placeholder before
@@ -449,7 +450,8 @@ class RunDryRun(DryRun):
       return None
     tree = self.exp.tree_shape
     if tree is not None:
-      return self.roofline.tree_speedup(tree, scaled_rank_rates(self.paper.alpha))
+      return self.roofline.tree_speedup(
+          tree, scaled_rank_rates(self.paper.alpha, DEMO_RANK_PROFILE))
     return self.roofline.speedup(self.paper.alpha, self.gamma, with_v)
 
   def speculative_ms_per_token(self) -> Optional[float]:
@@ -459,7 +461,8 @@ class RunDryRun(DryRun):
       return None
     tree = self.exp.tree_shape
     if tree is not None:
-      return self.roofline.tree_ms_per_token(tree, scaled_rank_rates(self.paper.alpha))
+      return self.roofline.tree_ms_per_token(
+          tree, scaled_rank_rates(self.paper.alpha, DEMO_RANK_PROFILE))
     return self.roofline.speculative_ms_per_token(self.paper.alpha, self.gamma)
 
   def settings_lines(self) -> list[str]:
@@ -553,7 +556,7 @@ def prediction_lines(r: RunDryRun) -> list[str]:
                f"γ = {r.gamma}: predicted {r.predicted():.2f}x (with v({r.gamma + 1}): "
                f"{r.predicted(True):.2f}x)")
   else:
-    rates = scaled_rank_rates(row.alpha)
+    rates = scaled_rank_rates(row.alpha, DEMO_RANK_PROFILE)
     theorem = (f"  The tree ({tree.num_nodes} nodes, depth {tree.max_depth}) at the paper's α = "
                f"{row.alpha}{caveat}, runner-up draft choices accepted at the demo pair's "
                f"fall-off scaled to it (an assumption): {tree.expected_tokens(rates):.2f} tokens per round of "
