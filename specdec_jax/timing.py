@@ -200,7 +200,7 @@ def measure_costs(target: T5Model, target_params: Any, draft: ApproximationModel
   ``position``, each the mean of ``inner`` back-to-back runs in one jit call.
   inputs [B, S] int32; returns the ``Costs`` of that γ (c as Definition 3.7).
 
-  Pass the decoding loop's ``cache_len`` (max_decode_len + γ + 1) so that
+  Pass the decoding loop's ``cache_len`` (``decoding.cache_length``) so that
   attention spans what it does there.
   """
   return measure_costs_many(target, target_params, draft, inputs, [gamma], sampling,

@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specdec_jax.decoding import AdaptiveConfig, speculative_decode, temperature_sample
+from specdec_jax.decoding import (AdaptiveConfig, cache_length, speculative_decode,
+                                  temperature_sample)
 from specdec_jax.drafts.base import ApproximationModel, adaptive_proposal, init_draft
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig
@@ -279,7 +280,7 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
       raise AssertionError(f"example {i}: the replayed rounds' widths differ from the rule's")
     examples.append((x, k, jnp.asarray(w), jnp.asarray(shuffled)))
 
-  cache_len = max_decode_len + gamma_max + 1
+  cache_len = cache_length(max_decode_len, gamma_max)
   settings: dict[str, Callable[[Any], Callable]] = {
       "baseline": lambda e: lambda x, k: temperature_sample(target, params, x, k, **kw),
       "prefill": lambda e: lambda x, k: speculative_prefill(target, params, draft, x, cache_len),

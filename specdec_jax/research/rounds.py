@@ -46,7 +46,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.decoding import speculative_decode
+from specdec_jax.decoding import cache_length, speculative_decode
 from specdec_jax.drafts.base import ApproximationModel, gather_positions
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.research.common import pick, seconds, total
@@ -215,7 +215,7 @@ def profile_round(target: T5Model, params: Any, draft: ApproximationModel,
   compilation); the first is also where the pieces' caches come from.
   """
   key = jax.random.PRNGKey(seed)
-  cache_len = max_decode_len + gamma + 1
+  cache_len = cache_length(max_decode_len, gamma)
   fns = piece_fns(target, params, draft, examples[0], gamma, sampling, cache_len, position,
                   inner, key)
 

@@ -60,7 +60,8 @@ import jax.numpy as jnp
 from jax.experimental.layout import Format, Layout
 
 from specdec_jax import data, drafts, memory, paper, partitioning, theory
-from specdec_jax.decoding import speculative_decode, temperature_sample, tree_speculative_decode
+from specdec_jax.decoding import (cache_length, speculative_decode, temperature_sample,
+                                  tree_speculative_decode)
 from specdec_jax.drafts.base import tree_proposal
 from specdec_jax.dryrun import calibration, driver
 from specdec_jax.dryrun.costs import PIECE_DEPTHS, PIECE_OPTIONS, Roofline, extrapolate
@@ -356,7 +357,7 @@ def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
       tree_speculative_decode.lower(target, tparams, draft, inputs, key, tree=exp.tree_shape,
                                     **loop_kw),
       "draft": lambda: draft_round.lower(draft, inputs, key, gamma=gamma,
-                                         cache_len=t + gamma + 1, sampling=exp.sampling,
+                                         cache_len=cache_length(t, gamma), sampling=exp.sampling,
                                          tree=exp.tree_shape),
       "alpha": lambda: min_pq_along.lower(
           target, tparams, draft, inputs,
@@ -372,7 +373,7 @@ def piece_compiles(ctx: Context, widths: Optional[Sequence[int]] = None,
   ``PIECE_DEPTHS`` (keys (role, depth, k)); ``roles``: which of the two."""
   exp, device = ctx.settings, ctx.device
   gamma, tree = exp.gamma_bound, exp.tree_shape
-  cache_len = exp.max_decode_len + gamma + 1
+  cache_len = cache_length(exp.max_decode_len, gamma)
   if widths is None:  # a tree run: a one-position pass and the tree's own pass
     widths = (1, gamma + 1) if tree is not None else tuple(range(1, gamma + 2))
   out = []
