@@ -26,8 +26,8 @@ from specdec_jax.dryrun.costs import Piece
 from specdec_jax.models.t5 import get_config
 from specdec_jax.measured import DEMO_RANK_PROFILE
 from specdec_jax.models.t5 import T5Config
-from specdec_jax.research.common import seconds
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.timing import timed
 from specdec_jax import tree as tree_lib
 from specdec_jax.tree import TreeShape, geometric_rank_rates
 
@@ -79,13 +79,13 @@ def compare(target, params, draft, inputs: np.ndarray, shapes: Mapping[str, Shap
   base = lambda: temperature_sample(target, params, inputs, key, max_decode_len=max_decode_len,
                                     sampling=sampling, eos_id=eos_id)
   want = jax.block_until_ready(base())
-  base_s = seconds(base)
+  base_s = timed(base)[1]
   rows = []
   for label, shape in shapes.items():
     call = lambda: _run(target, params, draft, inputs, key, shape, sampling, max_decode_len,
                         eos_id)
     out = jax.block_until_ready(call())
-    secs = seconds(call)
+    secs = timed(call)[1]
     if sampling.greedy and not np.array_equal(np.asarray(out.tokens), np.asarray(want.tokens)):
       raise AssertionError(f"{label}: output differs from the baseline's at temperature 0")
     st = out.stats

@@ -270,7 +270,7 @@ def time_collectives(mesh: Mesh, keys: Sequence[tuple], dtype: str = "bfloat16",
     spec = PartitionSpec(("rest", "group"))
     body = _collective_body(kind, group)
     loop = jax.jit(jax.shard_map(
-        lambda x, body=body: jax.lax.fori_loop(0, inner, lambda i, y: body(y), x),
+        lambda x, body=body: timing.repeat(lambda i, y: (body(y), ()), x, inner)[0],
         mesh=sub, in_specs=spec, out_specs=spec, check_vma=False))
     x = jax.device_put(jnp.zeros((m * sub.devices.size,), dt), NamedSharding(sub, spec))
     fns[key] = functools.partial(loop, x)
