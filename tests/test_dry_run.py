@@ -30,7 +30,7 @@ from specdec_jax.dryrun import calibration, chips, costs, driver, hlo  # noqa: E
 from specdec_jax.run import dry_run_programs  # noqa: E402
 from specdec_jax.run.settings import Experiment  # noqa: E402
 from specdec_jax.measured import DEMO_RANK_PROFILE  # noqa: E402
-from specdec_jax.tree import scaled_rank_rates  # noqa: E402
+from specdec_jax.tree import TreeShape, scaled_rank_rates  # noqa: E402
 
 TOPOLOGY = "v5e:2x4"
 # Small, but with weights (MiBs per device) well above XLA's fixed scratch.
@@ -161,6 +161,33 @@ def test_depth_extrapolation_is_exact(runs, paths):
   extrapolated = costs.extrapolate(got, "target", 1, 3)
   assert extrapolated.flops == pytest.approx(got[("target", 3, 1)].flops, rel=1e-6)
   assert extrapolated.bytes == pytest.approx(got[("target", 3, 1)].bytes, rel=0.02)
+
+
+def test_one_round_cost_model_prices_chains_and_trees():
+  """``costs.RoundCost`` is Theorem 3.8 with v: a chain round at γ priced
+  from three prices equals ``theory.walltime_improvement`` at the c and v
+  those prices give; a tree's round is depth draft calls and one pass over
+  its N nodes, so a chain written as a tree costs the chain's round; the
+  roofline and the research studies' step model price through it."""
+  rc = costs.RoundCost(2e-3, 1e-4, lambda k: 2e-3 * (1 + 0.02 * (k - 1)))
+  for alpha, gamma in ((0.6, 3), (0.8, 7)):
+    tokens = float(theory.expected_tokens(alpha, gamma))
+    want = float(theory.walltime_improvement(alpha, gamma, rc.c, rc.v(gamma + 1)))
+    assert rc.speedup(tokens, *rc.chain(gamma)) == pytest.approx(want, rel=1e-12)
+    assert rc.ms_per_token(tokens, *rc.chain(gamma)) == pytest.approx(
+        1e3 * rc.step_s / want, rel=1e-12)
+  assert costs.RoundCost.tree(TreeShape.chain(4)) == costs.RoundCost.chain(4) == (4, 5)
+  tree = TreeShape.from_acceptance(scaled_rank_rates(0.7, DEMO_RANK_PROFILE), 8, 3)
+  assert rc.round_seconds(*rc.tree(tree)) == pytest.approx(
+      tree.max_depth * 1e-4 + 2e-3 * (1 + 0.02 * (tree.num_nodes - 1)))
+  piece = lambda s: costs.Piece(0.0, s * chips.CHIPS["v4"].hbm_bandwidth)
+  rl = costs.Roofline(chips.CHIPS["v4"], {k: piece(rc.pass_s(k)) for k in (1, 5, tree.num_nodes)},
+                      piece(rc.draft_s), floor=0)
+  rates = scaled_rank_rates(0.7, DEMO_RANK_PROFILE)
+  assert rl.tree_speedup(tree, rates) == pytest.approx(
+      rc.speedup(tree.expected_tokens(rates), *rc.tree(tree)), rel=1e-9)
+  assert rl.speculative_ms_per_token(0.6, 4) == pytest.approx(
+      rc.ms_per_token(float(theory.expected_tokens(0.6, 4)), *rc.chain(4)), rel=1e-9)
 
 
 def test_collective_and_fixed_cost_arithmetic():

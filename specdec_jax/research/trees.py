@@ -22,7 +22,7 @@ from specdec_jax.decoding import (speculative_decode, temperature_sample,
                                   tree_speculative_decode)
 from specdec_jax.dryrun import calibration
 from specdec_jax.dryrun.chips import Chip
-from specdec_jax.dryrun.costs import Piece
+from specdec_jax.dryrun.costs import Piece, RoundCost
 from specdec_jax.models.t5 import get_config
 from specdec_jax.measured import DEMO_RANK_PROFILE
 from specdec_jax.models.t5 import T5Config
@@ -124,12 +124,13 @@ def roofline_speedup(row: Row, target_cfg: T5Config, draft_cfg: T5Config, chip: 
   ``devices`` chips, the draft replicated on each (as the engine runs them).
   A T5 draft's tree call feeds a whole depth of nodes: priced as one pass of
   that draft."""
-  step = pass_seconds(target_cfg, chip, devices, 1, cache_len, input_len)
+  target_pass = lambda k: pass_seconds(target_cfg, chip, devices, k, cache_len, input_len)
   # The engine replicates the draft (partitioning.DATA_PARALLEL_RULES): each
   # chip reads all of its weights per step, however many chips there are.
-  c = pass_seconds(draft_cfg, chip, 1, 1, cache_len, input_len) / step
-  v = pass_seconds(target_cfg, chip, devices, row.width, cache_len, input_len) / step
-  return {"c": c, "v": v, "speedup": row.tokens_per_call / (row.draft_per_call * c + v)}
+  model = RoundCost(target_pass(1), pass_seconds(draft_cfg, chip, 1, 1, cache_len, input_len),
+                    target_pass)
+  return {"c": model.c, "v": model.v(row.width),
+          "speedup": model.speedup(row.tokens_per_call, row.draft_per_call, row.width)}
 
 
 def trim_padding(inputs: np.ndarray) -> np.ndarray:
@@ -211,19 +212,19 @@ class StepModel:
   def draft_seconds(self) -> float:
     return self.draft.seconds(self.chip)
 
+  def round_cost(self) -> RoundCost:
+    """These prices as the one round-cost model (``dryrun.costs.RoundCost``)."""
+    return RoundCost(self.target_seconds(1), self.draft_seconds(), self.target_seconds)
+
   def ms_per_token(self, tree: TreeShape, rates: Sequence[float]) -> float:
     """Milliseconds per token: a round (one draft call per depth, one pass
     over the N nodes) over its expected tokens."""
-    round_s = tree.max_depth * self.draft_seconds() + self.target_seconds(tree.num_nodes)
-    return 1e3 * round_s / expected_tokens(tree, rates)
+    return self.round_cost().ms_per_token(expected_tokens(tree, rates), *RoundCost.tree(tree))
 
   def speedup(self, tree: TreeShape, rates: Sequence[float]) -> float:
-    """Tokens per round over the round's cost in target steps: one draft
-    call per depth of the tree (c each) and one pass over its N nodes
-    (v(N)); Theorem 3.8's accounting with v (§3.4)."""
-    step = self.target_seconds(1)
-    c, v = self.draft_seconds() / step, self.target_seconds(tree.num_nodes) / step
-    return expected_tokens(tree, rates) / (tree.max_depth * c + v)
+    """Tokens per round over the round's cost in target steps (a chain is
+    ``TreeShape.chain``); Theorem 3.8's accounting with v (§3.4)."""
+    return self.round_cost().speedup(expected_tokens(tree, rates), *RoundCost.tree(tree))
 
 
 def step_model(chip: Chip, devices: int, draft: str) -> StepModel:
