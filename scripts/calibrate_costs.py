@@ -20,6 +20,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from specdec_jax.dryrun import calibration  # noqa: E402
+from specdec_jax.run import dry_run_programs  # noqa: E402
 from specdec_jax.scripting import script_args  # noqa: E402
 from specdec_jax.run.cli import parse_config  # noqa: E402
 
@@ -36,7 +37,7 @@ def main() -> int:
   if args.recompile:
     exps = {d: parse_config([str(REPO / f"configs/table2/ende_{d}_t0.gin"),
                              str(REPO / OVERLAY)], []) for d in calibration.DRAFTS}
-    stored = calibration.measure(exps)
+    stored = dry_run_programs.calibration_pieces(exps)
     print("PIECES =", json.dumps(stored, indent=2))
   print(calibration.table(stored))
   return 0

@@ -8,7 +8,7 @@ Usage:
       [--hardware=v4-1 ...] [--rows=ende_small_t0,...] [--out=docs/dry_run_tables.md]
       [--cache=runs/dry_run_table.json] [--workers=2] [--compile_loops] [--render_only]
 
-Each cell is ``specdec_jax.dryrun.runner_programs.dry_run`` of the row's
+Each cell is ``specdec_jax.run.dry_run_programs.dry_run`` of the row's
 config with the hardware's overlay (``configs/tpu_*.gin``) for its topology.
 By default it compiles the cost model's pieces alone (a target pass over 1
 and over γ + 1 positions and a draft step, each at 1 and 2 decoder layers,
@@ -42,7 +42,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 from specdec_jax import theory  # noqa: E402
-from specdec_jax.dryrun import costs, driver, runner_programs  # noqa: E402
+from specdec_jax.dryrun import costs, driver  # noqa: E402
+from specdec_jax.run import dry_run_programs  # noqa: E402
 from specdec_jax.dryrun.chips import CHIPS  # noqa: E402
 from specdec_jax.research import trees  # noqa: E402
 from specdec_jax.scripting import script_args  # noqa: E402
@@ -88,7 +89,7 @@ def cell(row: str, hardware: str, compile_loop: bool = False, variant: str = "")
   try:
     exp = parse_config([row, str(REPO / HARDWARE[hardware][0])], list(VARIANTS.get(variant, ())))
     widths = (1, exp.gamma_bound + 1)
-    r = runner_programs.dry_run(exp, topology, programs=("speculative",) if compile_loop else (),
+    r = dry_run_programs.dry_run(exp, topology, programs=("speculative",) if compile_loop else (),
                                 workers=1, widths=widths)
   except ValueError as e:
     return {"error": str(e)}

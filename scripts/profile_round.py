@@ -69,6 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.decoding import cache_length
 from specdec_jax.research import accounting as research_accounting
 from specdec_jax.research import probes, replay, stopping
 from specdec_jax.research.contention import (cache_contention, contention_markdown,
@@ -241,7 +242,8 @@ def main(argv: list[str] | None = None) -> None:
       rows = replay.adaptive_pieces(
           setup.target, setup.target_params, setup.draft, jnp.asarray(setup.inputs[:1]), ks,
           max(gammas), SamplingConfig(temperature=temp),
-          args.max_decode_len + max(gammas) + 1, inner=args.inner, repeats=args.repeats)
+          cache_length(args.max_decode_len, max(gammas)), inner=args.inner,
+          repeats=args.repeats)
       print(f"T={temp:g}, γ_max {max(gammas)}, load average {load_average()}\n"
             f"{replay.adaptive_pieces_markdown(rows)}\n", flush=True)
     return

@@ -620,6 +620,15 @@ def _wants_states(draft: ApproximationModel) -> bool:
   return bool(getattr(draft, "wants_target_states", False))
 
 
+def cache_length(max_decode_len: int, gamma: int) -> int:
+  """Self-attention cache slots per row of the speculative loop at γ (γ_max
+  when adaptive): rows finish at most at ``max_decode_len`` and a round
+  writes γ + 1 positions past a row's length (§2.3: the target scores
+  x_1..x_γ and one more). What every cost, memory and timing of that loop
+  sizes its caches with; a tree's is ``TreeShape.cache_len``."""
+  return max_decode_len + gamma + 1
+
+
 _CHAIN_STATIC = ("target", "gamma", "max_decode_len", "sampling", "lenience", "eos_id",
                  "partitioner", "adaptive")
 
@@ -669,7 +678,7 @@ def speculative_decode(target: TargetModel, target_params: Any, draft: Approxima
                gamma=gamma, lenience=lenience, adaptive=adaptive, widths=widths)
   # Rows finish at most at max_decode_len; a round writes γ+1 past the length.
   state = _start(target, target_params, draft, inputs, key, buf_len=max_decode_len + gamma + 2,
-                 cache_len=max_decode_len + gamma + 1, stats=SpecStats.zeros(b, gamma),
+                 cache_len=cache_length(max_decode_len, gamma), stats=SpecStats.zeros(b, gamma),
                  partitioner=partitioner, gamma_row=gamma_row)
   state = jax.lax.while_loop(_running, functools.partial(_chain_round, loop, target_params, draft),
                              state)

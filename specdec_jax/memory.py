@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh
 
+from specdec_jax.decoding import cache_length
 from specdec_jax.models.t5 import (DecoderCache, T5Config, T5Model, get_config,
                                    param_shapes, stored_dtype)
 from specdec_jax import partitioning, quantization
@@ -210,7 +211,7 @@ def plan(target_cfg: ConfigLike, draft_cfg: Optional[ConfigLike],
   partition_fallback -> ``fallback``, param_dtype, dtype, batch_size,
   max_input_len, max_decode_len, gamma, draft_quantization); configs are ``T5Config`` or preset
   names. ``draft_cfg`` None: a draft with no weights or cache (n-gram).
-  Both caches span ``max_decode_len + gamma + 1`` positions, as in
+  Both caches span ``decoding.cache_length`` positions, as in
   ``decoding.speculative_decode``.
 
   Returns {'target_params', 'draft_params', 'target_caches', 'draft_caches',
@@ -221,7 +222,7 @@ def plan(target_cfg: ConfigLike, draft_cfg: Optional[ConfigLike],
   if gamma < 1 or max_decode_len < 1 or batch < 1 or max_input_len < 1:
     raise ValueError(f"gamma, max_decode_len, batch and max_input_len must be >= 1, got "
                      f"{gamma}, {max_decode_len}, {batch}, {max_input_len}")
-  cache_len = max_decode_len + gamma + 1
+  cache_len = cache_length(max_decode_len, gamma)
   target_part = planning_partitioner(mesh_shape, rules, fallback)
   out = dict(target_params=param_bytes(target_cfg, target_part, param_dtype),
              target_caches=cache_bytes(target_cfg, target_part, batch, max_input_len,

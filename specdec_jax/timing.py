@@ -91,17 +91,26 @@ class Costs(NamedTuple):
     return self.v * self.interplay
 
 
-def interleaved_medians_ms(fns: dict[Any, Callable[[], Any]], repeats: int,
-                           inner: int = 1) -> dict[Any, float]:
-  """Median ms per inner call of each piece: compiled first (untimed), then
-  ``repeats`` interleaved passes over all pieces, so drift hits them alike."""
+def interleaved_times(fns: dict[Any, Callable[[], Any]], repeats: int,
+                      inner: int = 1) -> dict[Any, list[float]]:
+  """THE way to time pieces against each other: each piece is called once
+  untimed (compile, warm-up), then ``repeats`` passes call every piece in
+  turn, each call blocked until ready, so machine drift hits all pieces
+  alike. -> {key: seconds per inner call in each pass} (``inner``: how many
+  runs one call makes, e.g. ``repeat``'s n)."""
   for fn in fns.values():
     block(fn())
   times: dict[Any, list[float]] = {key: [] for key in fns}
   for _ in range(repeats):
     for key, fn in fns.items():
-      times[key].append(1e3 * timed(fn)[1] / inner)
-  return {key: median(v) for key, v in times.items()}
+      times[key].append(timed(fn)[1] / inner)
+  return times
+
+
+def interleaved_medians_ms(fns: dict[Any, Callable[[], Any]], repeats: int,
+                           inner: int = 1) -> dict[Any, float]:
+  """Median ms per inner call of each piece (``interleaved_times``)."""
+  return {key: 1e3 * median(v) for key, v in interleaved_times(fns, repeats, inner).items()}
 
 
 def median_se(xs: list[float]) -> float:
@@ -115,38 +124,51 @@ def median_se(xs: list[float]) -> float:
   return 1.2533 * 1.4826 * mad / len(xs) ** 0.5
 
 
-# Each piece runs `n` times inside one jitted fori_loop, so the per-call
-# dispatch overhead of a Python -> XLA call is not counted (the decoding loops
-# never pay it), and a value derived from every output is returned so that XLA
-# cannot drop any of the work.
+def total(tree: Any) -> Array:
+  """The sum of every leaf of ``tree`` as one float32 scalar (0 for no leaves)."""
+  return sum((jnp.sum(a.astype(jnp.float32)) for a in jax.tree_util.tree_leaves(tree)),
+             jnp.float32(0))
+
+
+def repeat(body: Callable[[Array, Any], tuple[Any, Any]], carry: Any, n: int
+           ) -> tuple[Any, Array]:
+  """THE way to time a piece: call it inside the piece's jitted function, and
+  it runs ``body(i, carry) -> (carry, outputs)`` for i = 0..n-1 in one
+  ``lax.fori_loop``. Python's per-call dispatch is then not counted (the
+  decoding loops never pay it); the carry (caches, draft state) passes from
+  one run to the next as in the loops; every run's outputs are summed
+  (``total``) into the result, so XLA can drop none of the work. Vary the
+  inputs with i (e.g. alternate two positions): a loop-invariant input lets
+  XLA hoist work out of the loop that every real step does. -> (the final
+  carry, the sum of the outputs)."""
+  def step(i, state):
+    carry, acc = state
+    carry, out = body(i, carry)
+    return carry, acc + total(out)
+  return jax.lax.fori_loop(0, n, step, (carry, jnp.float32(0)))
 
 
 @functools.partial(jax.jit, static_argnames=("model", "sampling", "n", "partitioner"))
 def target_steps(model: T5Model, params, cache, tokens, positions, key, sampling, n,
                  partitioner: Optional[Partitioner] = None):
-  """n decode calls (+ standardize + sample) in one jitted loop; returns a
-  value that depends on every output, so none of the work can be dropped."""
-  def body(i, carry):
-    cache, acc = carry
-    # Alternate between two positions: with a loop-invariant position XLA hoists
-    # the masks and the relative-position bias out of the loop, and the timing
-    # would leave out work every real decoding step does.
+  """n decode calls (+ standardize + sample) in one jitted loop (``repeat``),
+  positions alternating between ``positions`` and ``positions + 1``."""
+  def body(i, cache):
     logits, cache = model.decode(params, tokens, positions + i % 2, cache)
     cache = constrain_cache(cache, partitioner, "target cache")  # the loops' layout
     probs = standardize(logits, sampling)
     tok = sample(jax.random.fold_in(key, i), probs[:, -1], sampling)
-    return cache, acc + jnp.sum(tok) + jnp.sum(probs[..., 0])
-  return jax.lax.fori_loop(0, n, body, (cache, 0.0))[1]
+    return cache, (tok, probs[..., 0])
+  return repeat(body, cache, n)[1]
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "sampling", "n"))
 def _proposes(draft: ApproximationModel, state, seq, length, key, gamma, sampling, n):
-  def body(i, carry):
-    state, acc = carry
+  def body(i, state):
     tokens, q, state = draft.propose(state, seq, length + i % 2, gamma, sampling,
                                      jax.random.fold_in(key, i))
-    return state, acc + jnp.sum(tokens) + jnp.sum(q[..., 0])
-  return jax.lax.fori_loop(0, n, body, (state, 0.0))[1]
+    return state, (tokens, q[..., 0])
+  return repeat(body, state, n)[1]
 
 
 @functools.partial(jax.jit, static_argnames=("model", "gamma", "sampling", "n", "partitioner"))
@@ -161,7 +183,7 @@ def _rounds(model: T5Model, params, cache, draft: ApproximationModel, state, seq
   first = jnp.full((b, 1), 3, jnp.int32)
 
   def body(i, carry):
-    cache, state, acc = carry
+    cache, state = carry
     k_draft, k_target = jax.random.split(jax.random.fold_in(key, i))
     tokens, q, state = draft.propose(state, seq, length + i % 2, gamma, sampling, k_draft)
     pos = length[:, None] + i % 2 + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
@@ -169,8 +191,8 @@ def _rounds(model: T5Model, params, cache, draft: ApproximationModel, state, seq
     cache = constrain_cache(cache, partitioner, "target cache")
     probs = standardize(logits, sampling)
     tok = sample(k_target, probs[:, -1], sampling)
-    return cache, state, acc + jnp.sum(tok) + jnp.sum(q[..., 0]) + jnp.sum(probs[..., 0])
-  return jax.lax.fori_loop(0, n, body, (cache, state, 0.0))[2]
+    return (cache, state), (tok, q[..., 0], probs[..., 0])
+  return repeat(body, (cache, state), n)[1]
 
 
 @functools.partial(jax.jit, static_argnames=("model", "cache_len"))
@@ -203,7 +225,7 @@ def measure_costs(target: T5Model, target_params: Any, draft: ApproximationModel
   ``position``, each the mean of ``inner`` back-to-back runs in one jit call.
   inputs [B, S] int32; returns the ``Costs`` of that γ (c as Definition 3.7).
 
-  Pass the decoding loop's ``cache_len`` (max_decode_len + γ + 1) so that
+  Pass the decoding loop's ``cache_len`` (``decoding.cache_length``) so that
   attention spans what it does there.
   """
   return measure_costs_many(target, target_params, draft, inputs, [gamma], sampling,
@@ -257,24 +279,18 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
     pieces[("round", g)] = (lambda g=g: _rounds(target, target_params, cache, draft, dstate,
                                                  seq, length, key, g, sampling, n,
                                                  partitioner))
-  for fn in pieces.values():  # compile + warm up
-    block(fn())
-  # Interleaved: machine drift hits every piece alike.
-  times: dict[Any, list[float]] = {k: [] for k in pieces}
-  for _ in range(repeats):
-    for k, fn in pieces.items():
-      times[k] += time_call(fn, repeats=1, warmup=0)
-  t_step = median(times["step"]) / n
+  times = interleaved_times(pieces, repeats, n)  # seconds per run of each piece
+  t_step = median(times["step"])
   out = {}
   for g in gammas:
-    t_verify = median(times[("verify", g)]) / n
-    t_draft = median(times[("draft", g)]) / n / g
+    t_verify = median(times[("verify", g)])
+    t_draft = median(times[("draft", g)]) / g
     # Each repeat's ratio pairs pieces timed under the same load: their
     # spread is the noise of c and v.
     c_reps = [d / g / s for d, s in zip(times[("draft", g)], times["step"])]
     v_reps = [vf / s for vf, s in zip(times[("verify", g)], times["step"])]
     r_reps = [r / s for r, s in zip(times[("round", g)], times["step"])]
-    interplay = median(times[("round", g)]) / n / (g * t_draft + t_verify)
+    interplay = median(times[("round", g)]) / (g * t_draft + t_verify)
     out[g] = Costs(t_step, t_verify, t_draft, t_draft / t_step, t_verify / t_step,
                    median_se(c_reps), median_se(v_reps), interplay, median_se(r_reps))
   return out

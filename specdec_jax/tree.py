@@ -57,17 +57,11 @@ def geometric_rank_rates(alpha: float, ranks: int = 8) -> list[float]:
   return [alpha * (1 - alpha) ** k for k in range(ranks)]
 
 
-# The demo pair's measured rank rates at T = 0 over its first-choice rate
-# (``research.trees.rank_rates`` on held-out verses: 0.699, 0.088, 0.028,
-# 0.018): how fast the runner-up choices fall off for a small draft of a
-# larger model.
-DEMO_RANK_PROFILE = (1.0, 0.088 / 0.699, 0.028 / 0.699, 0.018 / 0.699)
-
-
-def scaled_rank_rates(alpha: float, profile: Sequence[float] = DEMO_RANK_PROFILE) -> list[float]:
+def scaled_rank_rates(alpha: float, profile: Sequence[float]) -> list[float]:
   """Rank acceptance rates with the paper's α first and the runner-ups
-  falling off as ``profile`` (measured on the demo pair) does: α x
-  profile[k]. An ASSUMPTION: the paper's pairs' rank profile is not known;
+  falling off as ``profile`` (a measured pair's rates over its first-choice
+  rate, e.g. ``measured.DEMO_RANK_PROFILE``) does: α x profile[k]. An
+  ASSUMPTION: the paper's pairs' rank profile is not known;
   ``geometric_rank_rates`` is the generous alternative."""
   return [alpha * p for p in profile]
 

@@ -56,6 +56,14 @@ def main(pid: int, port: int, env: str, out: str) -> None:
   if pid == 0:
     with open(f"{out}/distill/mesh_2x2.json", "w", encoding="utf-8") as f:
       json.dump({"steps": summary["steps"], "log": summary["log"]}, f)
+  # Leave together. At exit JAX shuts the distributed system down behind a
+  # barrier that aborts every process ("Shutdown barrier has failed") when
+  # the last one arrives more than the service's shutdown timeout (300 s)
+  # after the first. Process 0's own work above (the export, its files) would
+  # run while process 1 already waits there, on a clock that load stretches;
+  # met here first, the processes reach it together.
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  multihost_utils.sync_global_devices("multihost_worker: done")
 
 
 if __name__ == "__main__":

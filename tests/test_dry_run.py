@@ -27,9 +27,11 @@ pytest.importorskip("libtpu", reason="the dry run compiles with libtpu (requirem
 from specdec_jax import memory, paper, partitioning, theory  # noqa: E402
 from specdec_jax.decoding import AdaptiveConfig  # noqa: E402
 from specdec_jax.models.t5 import T5Config  # noqa: E402
-from specdec_jax.dryrun import calibration, chips, costs, driver, hlo, runner_programs  # noqa: E402
+from specdec_jax.dryrun import calibration, chips, costs, driver, hlo  # noqa: E402
+from specdec_jax.run import dry_run_programs  # noqa: E402
 from specdec_jax.run.settings import Experiment  # noqa: E402
-from specdec_jax.tree import scaled_rank_rates  # noqa: E402
+from specdec_jax.measured import DEMO_RANK_PROFILE  # noqa: E402
+from specdec_jax.tree import TreeShape, scaled_rank_rates  # noqa: E402
 
 TOPOLOGY = "v5e:2x4"
 # Small, but with weights (MiBs per device) well above XLA's fixed scratch.
@@ -81,7 +83,7 @@ def runs(paths):
   def run(case):
     mesh, adaptive = case
     full = mesh == (1, 8) and adaptive is None
-    return runner_programs.dry_run(experiment(paths, mesh, adaptive), TOPOLOGY,
+    return dry_run_programs.dry_run(experiment(paths, mesh, adaptive), TOPOLOGY,
                           programs=("speculative", "baseline") if full else ("speculative",),
                           roofline=full, workers=1)
   with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the compiler releases the GIL
@@ -155,11 +157,38 @@ def test_depth_extrapolation_is_exact(runs, paths):
   for depth in (1, 2, 3):
     cfg = TARGET.replace(num_decoder_layers=depth, num_encoder_layers=1)
     got[("target", depth, 1)] = driver.compile_program(
-        "piece", runner_programs.lower_pass(cfg, part, dev, exp, 1, 8 + GAMMA + 1), TOPOLOGY,
+        "piece", dry_run_programs.lower_pass(cfg, part, dev, exp, 1, 8 + GAMMA + 1), TOPOLOGY,
         options=costs.PIECE_OPTIONS)
   extrapolated = costs.extrapolate(got, "target", 1, 3)
   assert extrapolated.flops == pytest.approx(got[("target", 3, 1)].flops, rel=1e-6)
   assert extrapolated.bytes == pytest.approx(got[("target", 3, 1)].bytes, rel=0.02)
+
+
+def test_one_round_cost_model_prices_chains_and_trees():
+  """``costs.RoundCost`` is Theorem 3.8 with v: a chain round at γ priced
+  from three prices equals ``theory.walltime_improvement`` at the c and v
+  those prices give; a tree's round is depth draft calls and one pass over
+  its N nodes, so a chain written as a tree costs the chain's round; the
+  roofline and the research studies' step model price through it."""
+  rc = costs.RoundCost(2e-3, 1e-4, lambda k: 2e-3 * (1 + 0.02 * (k - 1)))
+  for alpha, gamma in ((0.6, 3), (0.8, 7)):
+    tokens = float(theory.expected_tokens(alpha, gamma))
+    want = float(theory.walltime_improvement(alpha, gamma, rc.c, rc.v(gamma + 1)))
+    assert rc.speedup(tokens, *rc.chain(gamma)) == pytest.approx(want, rel=1e-12)
+    assert rc.ms_per_token(tokens, *rc.chain(gamma)) == pytest.approx(
+        1e3 * rc.step_s / want, rel=1e-12)
+  assert costs.RoundCost.tree(TreeShape.chain(4)) == costs.RoundCost.chain(4) == (4, 5)
+  tree = TreeShape.from_acceptance(scaled_rank_rates(0.7, DEMO_RANK_PROFILE), 8, 3)
+  assert rc.round_seconds(*rc.tree(tree)) == pytest.approx(
+      tree.max_depth * 1e-4 + 2e-3 * (1 + 0.02 * (tree.num_nodes - 1)))
+  piece = lambda s: costs.Piece(0.0, s * chips.CHIPS["v4"].hbm_bandwidth)
+  rl = costs.Roofline(chips.CHIPS["v4"], {k: piece(rc.pass_s(k)) for k in (1, 5, tree.num_nodes)},
+                      piece(rc.draft_s), floor=0)
+  rates = scaled_rank_rates(0.7, DEMO_RANK_PROFILE)
+  assert rl.tree_speedup(tree, rates) == pytest.approx(
+      rc.speedup(tree.expected_tokens(rates), *rc.tree(tree)), rel=1e-9)
+  assert rl.speculative_ms_per_token(0.6, 4) == pytest.approx(
+      rc.ms_per_token(float(theory.expected_tokens(0.6, 4)), *rc.chain(4)), rel=1e-9)
 
 
 def test_collective_and_fixed_cost_arithmetic():
@@ -270,20 +299,20 @@ def _one_line(excinfo) -> str:
     ("v5e:3x3", "libtpu cannot build this topology: INVALID_ARGUMENT")])
 def test_unknown_topology(paths, no_compile, topology, says):
   with pytest.raises(ValueError) as e:
-    runner_programs.dry_run(experiment(paths), topology)
+    dry_run_programs.dry_run(experiment(paths), topology)
   assert says in _one_line(e)
 
 
 def test_mesh_does_not_match_the_topology(paths, no_compile):
   with pytest.raises(ValueError) as e:
-    runner_programs.dry_run(experiment(paths, mesh=(1, 4)), TOPOLOGY)
+    dry_run_programs.dry_run(experiment(paths, mesh=(1, 4)), TOPOLOGY)
   text = _one_line(e)
   assert "mesh_shape (1, 4) has 4 devices but there are 8" in text and TOPOLOGY in text
 
 
 def test_dimension_the_mesh_does_not_divide(paths, no_compile):
   with pytest.raises(ValueError) as e:
-    runner_programs.dry_run(experiment(paths, target_checkpoint=paths["heads6"]), TOPOLOGY)
+    dry_run_programs.dry_run(experiment(paths, target_checkpoint=paths["heads6"]), TOPOLOGY)
   text = _one_line(e)
   assert "cannot shard the target" in text and "not divisible by mesh axis 'model'" in text
 
@@ -292,7 +321,7 @@ def test_row_that_does_not_fit(paths, no_compile):
   exp = experiment(paths, target_checkpoint=paths["huge"], draft_name="prompt_lookup",
                    draft_checkpoint="", mesh_shape=None, param_dtype="float32")
   with pytest.raises(ValueError) as e:
-    runner_programs.dry_run(exp, TOPOLOGY)
+    dry_run_programs.dry_run(exp, TOPOLOGY)
   text = _one_line(e)
   assert "does not fit" in text and "16 GiB of HBM" in text
 
@@ -339,7 +368,7 @@ def test_a_tree_run_compiles_its_own_loop(paths):
   """With Experiment.tree the dry run compiles the tree loop and the draft's
   tree proposal, prices the pass of N positions (γ = N - 1), moves no weight,
   and its memory estimate holds."""
-  r = runner_programs.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
+  r = dry_run_programs.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
                      programs=("speculative", "draft"), roofline=False, workers=1)
   assert r.gamma == 4  # 1 + 2 + 2 nodes
   for p in r.programs:
@@ -354,7 +383,7 @@ def test_one_chip_the_papers_setting(paths):
   the tiny pair on one v5e chip, mesh (1, 1), as the paper measured on one
   chip; the report puts the model's ms per token, c and speedup beside the
   paper's measured speedup and Theorem 3.8 at the paper's own α, γ and c."""
-  r = runner_programs.dry_run(experiment(paths, mesh=(1, 1)), "v5e:1x1",
+  r = dry_run_programs.dry_run(experiment(paths, mesh=(1, 1)), "v5e:1x1",
                               programs=("speculative",), workers=1)
   assert r.num_devices == 1 and r.fits
   p = r.programs[0]
@@ -372,7 +401,7 @@ def test_a_tree_run_prices_its_own_pass(paths):
   """With Experiment.tree the roofline compiles a one-position pass and the
   tree's own pass over its N nodes (``T5Model.decode_tree``, the tree's
   attention mask), not a chain of N positions."""
-  r = runner_programs.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
+  r = dry_run_programs.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
                               programs=("draft",), workers=1)
   rl = r.roofline
   assert sorted(rl.target) == [1, 5] and rl.draft is not None
@@ -381,7 +410,7 @@ def test_a_tree_run_prices_its_own_pass(paths):
   assert "target tree pass, N=5" in text
   # Its prediction is the tree's (tokens per round of depth draft calls and
   # one N-node pass), not the chain formula at γ = N - 1.
-  tree, rates = r.exp.tree_shape, scaled_rank_rates(0.75)
+  tree, rates = r.exp.tree_shape, scaled_rank_rates(0.75, DEMO_RANK_PROFILE)
   round_s = tree.max_depth * rl.draft.seconds(r.chip) + rl.target[5].seconds(r.chip)
   want = tree.expected_tokens(rates) * rl.target[1].seconds(r.chip) / round_s
   assert r.predicted() == pytest.approx(want, rel=1e-9)
@@ -396,7 +425,7 @@ def test_quantized_draft_compiles_and_reads_fewer_bytes(paths, runs, mode):
   is memory.step_weight_bytes of that layout, the compiled step reads fewer
   bytes than the bfloat16 draft's, and the report names the quantization
   (int4 compiles the draft alone: the loop around it is int8's)."""
-  r = runner_programs.dry_run(experiment(paths, draft_quantization=mode), TOPOLOGY,
+  r = dry_run_programs.dry_run(experiment(paths, draft_quantization=mode), TOPOLOGY,
                               programs=("speculative", "draft") if mode == "int8" else ("draft",),
                               workers=1)
   assert not [p.error for p in r.programs if p.error]

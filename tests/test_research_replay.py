@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -46,9 +48,11 @@ def test_adaptive_replay_reproduces_the_rules_rounds(tiny_target, tiny_draft):
   names = [r.setting for r in result.rows]
   assert names == ["rule", "replay", "shuffled", "width 0", "width 1", "width 2", "width 3",
                    "fixed 1", "fixed 2", "fixed 3"]
-  assert all(r.ms_per_round > 0 and r.tokens_per_call >= 1 for r in result.rows)
+  # ms per round is a setting's time less the prefill's: with these tiny
+  # models its sign is up to the machine's load, so only its presence is checked.
+  assert all(math.isfinite(r.ms_per_round) and r.tokens_per_call >= 1 for r in result.rows)
   hist = result.gamma_hist
-  assert sum(hist) > 0 and result.predicted_ms > 0
+  assert sum(hist) > 0 and math.isfinite(result.predicted_ms)
   # The rule's tokens per call equal the replay's (same rounds).
   assert result.rows[0].tokens_per_call == result.rows[1].tokens_per_call
   assert "predicted" in adaptive_replay_markdown(result)

@@ -6,10 +6,10 @@ T5-small draft (Table 4: 0.02 on one TPU-v4) and nothing else.
 without compiling anything: for T5 1.1 XXL (the target) and each T5 1.1
 draft, one one-position decoding step on one v4 chip (``v4:1x1x1``) at the
 EnDe rows' settings (input 512, cache 136 = decode 128 + γ 7 + 1), as
-compiled by the dry run (``runner_programs.piece_compiles`` at depths 1
-and 2, extrapolated to the full depth): XLA's flops and bytes accessed, and
-the operations it launches (``hlo.op_count``). ``measure`` recompiles them
-(``scripts/calibrate_costs.py --recompile``).
+compiled by the runner's dry run (``run.dry_run_programs.piece_compiles`` at depths
+1 and 2, extrapolated to the full depth): XLA's flops and bytes accessed, and
+the operations it launches (``hlo.op_count``). ``run.dry_run_programs.calibration_pieces``
+recompiles them (``scripts/calibrate_costs.py --recompile``).
 
 ``calibrate`` solves the model's c (Definition 3.7) = 0.02 for the fixed
 cost with the T5-small and T5-XXL pieces only (``costs.calibrate_op_seconds``);
@@ -20,12 +20,11 @@ with no further fitting, to be set beside the paper's 0.04 and 0.11.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Optional
 
 from specdec_jax import paper
-from specdec_jax.dryrun import driver
 from specdec_jax.dryrun.chips import CHIPS, Chip
-from specdec_jax.dryrun.costs import Piece, calibrate_op_seconds, extrapolate
+from specdec_jax.dryrun.costs import Piece, calibrate_op_seconds
 
 TOPOLOGY = "v4:1x1x1"
 CALIBRATED_ON = "small"   # the only draft whose paper c is used
@@ -82,28 +81,6 @@ def table(stored: Optional[dict] = None) -> str:
   return "\n".join(lines)
 
 
-def measure(experiments: dict[str, Any], workers: Optional[int] = None) -> dict:
-  """Compiles the one-position pieces on one v4 chip and returns them in
-  ``PIECES``' form: ``experiments`` maps each draft size to its row's
-  ``Experiment`` (with the one-chip overlay); the target's step is
-  compiled from the first."""
-  from specdec_jax.dryrun import runner_programs  # pylint: disable=import-outside-toplevel
-  out: dict[str, dict[str, float]] = {}
-  for i, (name, exp) in enumerate(experiments.items()):
-    ctx = driver.check(runner_programs.RunnerPrograms(exp), TOPOLOGY)
-    roles = ("target", "draft") if i == 0 else ("draft",)
-    specs = runner_programs.piece_compiles(ctx, widths=(1,), roles=roles)
-    compiled = driver.compile_all(TOPOLOGY, specs, workers)
-    got = {s.key: p for s, p in zip(specs, compiled)}
-    bad = [p for p in compiled if p.error]
-    if bad:
-      raise ValueError(f"{bad[0].name}: {bad[0].error}")
-    if i == 0:
-      out["target"] = _stored(extrapolate(got, "target", 1,
-                                          ctx.target_config.num_decoder_layers))
-    out[name] = _stored(extrapolate(got, "draft", 1, ctx.draft_config.num_decoder_layers))
-  return out
-
-
-def _stored(p: Piece) -> dict[str, float]:
+def as_stored(p: Piece) -> dict[str, float]:
+  """A compiled piece in ``PIECES``' form."""
   return {"flops": p.flops, "bytes": p.bytes, "ops": p.ops}

@@ -1,7 +1,7 @@
 """The dry-run driver: check a job for a TPU topology, compile its list of
 programs for the topology's devices on any machine, and report.
 
-A job is a ``ProgramList``: the runner's (``runner_programs``) or the
+A job is a ``ProgramList``: the runner's (``specdec_jax.run.dry_run_programs``) or the
 distillation's (``distill_programs``). The driver does what both share:
 
 * ``check``: every check before a compile, each failure one line

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.research.common import pick
-from specdec_jax.timing import interleaved_medians_ms
+from specdec_jax.timing import interleaved_medians_ms, repeat
 
 Array = jax.Array
 
@@ -52,16 +52,20 @@ def _polluted_target_loop(model: T5Model, params, cache, tokens, positions, junk
   cache); the read feeds the carry so neither can be dropped or hoisted."""
   def body(i, carry):
     cache, acc = carry
-    acc = acc + jnp.sum(junk * (1.0 + acc * 1e-30)) * 1e-9
+    acc = _read(junk, acc)
     logits, cache = model.decode(params, pick(tokens, i), pick(positions, i), cache)
-    return cache, acc + jnp.sum(logits[..., :8]) * 1e-9
-  return jax.lax.fori_loop(0, n, body, (cache, jnp.float32(0)))[1]
+    return (cache, acc + jnp.sum(logits[..., :8]) * 1e-9), ()
+  return repeat(body, (cache, jnp.float32(0)), n)[0][1]
+
+
+def _read(junk: Array, prev: Array) -> Array:
+  """A full read of ``junk`` that depends on the previous one (not hoisted)."""
+  return prev + jnp.sum(junk * (1.0 + prev * 1e-30)) * 1e-9
 
 
 @functools.partial(jax.jit, static_argnames=("n",))
 def _read_loop(junk, n: int):
-  return jax.lax.fori_loop(
-      0, n, lambda i, acc: acc + jnp.sum(junk * (1.0 + acc * 1e-30)) * 1e-9, jnp.float32(0))
+  return repeat(lambda i, read: (_read(junk, read), ()), jnp.float32(0), n)[0]
 
 
 def cache_contention(model: T5Model, params: Any, inputs: Array, ks: Sequence[int],

@@ -21,11 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specdec_jax.decoding import AdaptiveConfig, speculative_decode, temperature_sample
+from specdec_jax.decoding import (AdaptiveConfig, cache_length, speculative_decode,
+                                  temperature_sample)
 from specdec_jax.drafts.base import ApproximationModel, adaptive_proposal, init_draft
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.timing import interleaved_medians_ms, speculative_prefill, warm_up_widths
+from specdec_jax.timing import (interleaved_medians_ms, repeat, speculative_prefill,
+                                warm_up_widths)
 
 Array = jax.Array
 
@@ -43,17 +45,16 @@ class AdaptivePieceRow(NamedTuple):
 @functools.partial(jax.jit, static_argnames=("gamma", "sampling", "n", "adaptive"))
 def _propose_loop(draft, state, seq, limit, gamma: int, sampling: SamplingConfig, n: int,
                   adaptive: bool, position: int = 32):
-  def body(i, carry):
-    state, acc = carry
+  def body(i, state):
     length = jnp.full((seq.shape[0],), position, jnp.int32) + i % 2
     key = jax.random.PRNGKey(i)
     if adaptive:
       xs, _, count, _, state = draft.propose_adaptive(state, seq, length, gamma, sampling, key,
                                                       limit, 0.0)
-      return state, acc + jnp.sum(xs[:, 0]) + jnp.sum(count)
+      return state, (xs[:, 0], count)
     xs, _, state = draft.propose(state, seq, length, gamma, sampling, key)
-    return state, acc + jnp.sum(xs[:, 0])
-  return jax.lax.fori_loop(0, n, body, (state, 0))[1]
+    return state, xs[:, 0]
+  return repeat(body, state, n)[1]
 
 
 @functools.partial(jax.jit, static_argnames=("model", "k", "widths", "n"))
@@ -69,17 +70,16 @@ def _verify_loop(model: T5Model, params, cache, branch, k: int, widths: tuple, n
     logits, rows = model.decode_rows(params, jnp.full((b, w + 1), 3, jnp.int32), pos, cache)
     return (jnp.sum(logits[..., :8]),) + T5Model.pad_rows(rows, pos, g + 1)
 
-  def body(i, carry):
-    cache, acc = carry
+  def body(i, cache):
     start = position + i % 2
     if not widths:
       pos = start + jnp.broadcast_to(jnp.arange(k + 1, dtype=jnp.int32), (b, k + 1))
       logits, cache = model.decode(params, jnp.full((b, k + 1), 3, jnp.int32), pos, cache)
-      return cache, acc + jnp.sum(logits[..., :8])
+      return cache, logits[..., :8]
     x, rows, rpos = jax.lax.switch(branch, [functools.partial(rows_at, w) for w in widths],
                                    cache, start)
-    return model.write_rows(cache, rows, rpos), acc + x
-  return jax.lax.fori_loop(0, n, body, (cache, jnp.float32(0)))[1]
+    return model.write_rows(cache, rows, rpos), x
+  return repeat(body, cache, n)[1]
 
 
 def adaptive_pieces(target: T5Model, params: Any, draft: ApproximationModel, inputs: Array,
@@ -279,7 +279,7 @@ def adaptive_replay(target: T5Model, params: Any, draft: ApproximationModel, inp
       raise AssertionError(f"example {i}: the replayed rounds' widths differ from the rule's")
     examples.append((x, k, jnp.asarray(w), jnp.asarray(shuffled)))
 
-  cache_len = max_decode_len + gamma_max + 1
+  cache_len = cache_length(max_decode_len, gamma_max)
   settings: dict[str, Callable[[Any], Callable]] = {
       "baseline": lambda e: lambda x, k: temperature_sample(target, params, x, k, **kw),
       "prefill": lambda e: lambda x, k: speculative_prefill(target, params, draft, x, cache_len),

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -20,8 +19,9 @@ import jax.numpy as jnp
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import speculative as speculative_lib
-from specdec_jax.research.common import pick, seconds, total
+from specdec_jax.research.common import pick
 from specdec_jax.sampling import SamplingConfig, standardize
+from specdec_jax.timing import interleaved_medians_ms, repeat
 
 
 def modules_at(rev: str) -> tuple[ModuleType, ModuleType]:
@@ -53,21 +53,20 @@ def _acceptance_loop(key, xs, q, logits, mods: tuple, temperature: float, n: int
   samp, spec = mods
   config = samp.SamplingConfig(temperature=temperature)
 
-  def body(i, acc):
+  def body(i, carry):
     p = samp.standardize(pick(logits, i), config)
-    out = spec.speculative_sampling(jax.random.fold_in(key, i), pick(xs, i), pick(q, i), p,
-                                    1.0, config.greedy)
-    return acc + total(out)
-  return jax.lax.fori_loop(0, n, body, jnp.float32(0))
+    return carry, spec.speculative_sampling(jax.random.fold_in(key, i), pick(xs, i), pick(q, i),
+                                            p, 1.0, config.greedy)
+  return repeat(body, (), n)[1]
 
 
 @functools.partial(jax.jit, static_argnames=("samp", "n"))
 def _draw_loop(key, logits, samp: ModuleType, n: int):
   """n runs of softmax + sample_any on one row, as a draft step at T > 0."""
-  def body(i, acc):
+  def body(i, carry):
     probs = jax.nn.softmax(pick(logits, i), axis=-1)
-    return acc + jnp.sum(samp.sample_any(jax.random.fold_in(key, i), probs)) + probs[0, 0]
-  return jax.lax.fori_loop(0, n, body, jnp.float32(0))
+    return carry, (samp.sample_any(jax.random.fold_in(key, i), probs), probs[0, 0])
+  return repeat(body, (), n)[1]
 
 
 def compare_acceptance(rev: str, vocab_size: int, gammas: Sequence[int],
@@ -101,13 +100,7 @@ def compare_acceptance(rev: str, vocab_size: int, gammas: Sequence[int],
   rows = jax.random.normal(jax.random.PRNGKey(3), (2, 1, vocab_size))
   for name, (samp, _) in mods.items():
     fns[("draw", name)] = functools.partial(_draw_loop, jax.random.PRNGKey(4), rows, samp, inner)
-  for fn in fns.values():  # compile + warm up
-    jax.block_until_ready(fn())
-  times: dict[tuple, list[float]] = {k: [] for k in fns}
-  for _ in range(repeats):
-    for k, fn in fns.items():
-      times[k].append(seconds(fn) / inner)
-  us = {k: 1e6 * statistics.median(v) for k, v in times.items()}
+  us = {k: 1e3 * ms for k, ms in interleaved_medians_ms(fns, repeats, inner).items()}
   result = [dict(what="standardize p + kernel", temperature=t, gamma=g, rev_us=us[(t, g, "rev")],
                  now_us=us[(t, g, "now")], identical=same[(t, g)])
             for t in temperatures for g in gammas]

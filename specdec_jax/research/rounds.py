@@ -19,8 +19,8 @@ round starts at n + accepted + 1 of a fixed token sequence):
   interplay   = chained pieces - sum of the pieces timed alone
   bookkeeping = full round - chained pieces
 
-Each piece runs ``inner`` times back to back inside one jitted ``fori_loop``
-(the caches carried from one call to the next, inputs alternating between
+Each piece runs ``inner`` times back to back inside one jitted loop
+(``timing.repeat``; the caches carried from one call to the next, inputs alternating between
 two prepared sets so that nothing is loop-invariant), so Python dispatch is
 not counted, as in the decoding loop. A piece's outputs are summed into the
 loop carry so XLA cannot drop any of its work; the sum is a few µs, counted
@@ -31,8 +31,9 @@ standardize p = (standardize p + kernel) - kernel.
 The full round is measured on the real loop: ``speculative_decode`` on
 examples (batch 1), minus the same example's prefill (encoders, cross K/V,
 empty caches; timed by its own jitted call), divided by the target calls.
-Every timing is the median over ``repeats`` interleaved passes (pieces and
-examples alternate, so machine drift hits all alike); compile excluded;
+Every timing is the median over ``repeats`` interleaved passes
+(``timing.interleaved_times``: pieces and examples alternate, so machine
+drift hits all alike); compile excluded;
 ``block_until_ready`` before reading the clock.
 """
 
@@ -46,13 +47,13 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.decoding import speculative_decode
+from specdec_jax.decoding import cache_length, speculative_decode
 from specdec_jax.drafts.base import ApproximationModel, gather_positions
 from specdec_jax.models.t5 import T5Model
-from specdec_jax.research.common import pick, seconds, total
+from specdec_jax.research.common import pick
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.speculative import speculative_sampling
-from specdec_jax.timing import speculative_prefill
+from specdec_jax.timing import interleaved_times, repeat, speculative_prefill
 
 Array = jax.Array
 
@@ -93,42 +94,37 @@ class RoundProfile:
 @functools.partial(jax.jit, static_argnames=("gamma", "sampling", "n"))
 def _draft_loop(draft: ApproximationModel, state, seqs, lengths, key, gamma: int,
                 sampling: SamplingConfig, n: int):
-  def body(i, carry):
-    state, acc = carry
+  def body(i, state):
     tokens, q, state = draft.propose(state, pick(seqs, i), pick(lengths, i), gamma, sampling,
                                      jax.random.fold_in(key, i))
-    return state, acc + total((tokens, q))
-  return jax.lax.fori_loop(0, n, body, (state, jnp.float32(0)))[1]
+    return state, (tokens, q)
+  return repeat(body, state, n)[1]
 
 
 @functools.partial(jax.jit, static_argnames=("model", "n"))
 def _target_loop(model: T5Model, params, cache, tokens, positions, n: int):
-  def body(i, carry):
-    cache, acc = carry
+  def body(i, cache):
     logits, cache = model.decode(params, pick(tokens, i), pick(positions, i), cache)
-    return cache, acc + jnp.sum(logits)
-  return jax.lax.fori_loop(0, n, body, (cache, jnp.float32(0)))[1]
+    return cache, logits
+  return repeat(body, cache, n)[1]
 
 
 @functools.partial(jax.jit, static_argnames=("sampling", "n"))
 def _standardize_q_loop(logits_rows, sampling: SamplingConfig, n: int):
   """n standardize calls on one [B, V] row each (as the draft makes them)."""
-  def body(i, acc):
-    return acc + jnp.sum(standardize(pick(logits_rows, i), sampling))
-  return jax.lax.fori_loop(0, n, body, jnp.float32(0))
+  return repeat(lambda i, c: (c, standardize(pick(logits_rows, i), sampling)), (), n)[1]
 
 
 @functools.partial(jax.jit, static_argnames=("sampling", "with_standardize", "n"))
 def _kernel_loop(key, xs, q, p_or_logits, sampling: SamplingConfig, with_standardize: bool,
                  n: int):
-  def body(i, acc):
+  def body(i, carry):
     p = pick(p_or_logits, i)
     if with_standardize:
       p = standardize(p, sampling)
-    out = speculative_sampling(jax.random.fold_in(key, i), pick(xs, i), pick(q, i), p,
-                               1.0, sampling.greedy)
-    return acc + total(out)
-  return jax.lax.fori_loop(0, n, body, jnp.float32(0))
+    return carry, speculative_sampling(jax.random.fold_in(key, i), pick(xs, i), pick(q, i), p,
+                                       1.0, sampling.greedy)
+  return repeat(body, (), n)[1]
 
 
 @functools.partial(jax.jit, static_argnames=("target", "gamma", "sampling", "n"))
@@ -142,7 +138,7 @@ def _chain_loop(target: T5Model, params, draft: ApproximationModel, tcache, dsta
   limit = tcache.cache_len - gamma - 2
 
   def body(i, carry):
-    tcache, dstate, length, acc = carry
+    tcache, dstate, length = carry
     k_draft, k_kernel = jax.random.split(jax.random.fold_in(key, i))
     xs, q, dstate = draft.propose(dstate, seq, length, gamma, sampling, k_draft)
     pos = length[:, None] + offsets
@@ -152,9 +148,8 @@ def _chain_loop(target: T5Model, params, draft: ApproximationModel, tcache, dsta
                                sampling.greedy)
     length = length + out.num_accepted + 1
     length = jnp.where(length > limit, start, length)
-    return tcache, dstate, length, acc + total(out)
-  length = jnp.full((b,), start, jnp.int32)
-  return jax.lax.fori_loop(0, n, body, (tcache, dstate, length, jnp.float32(0)))[3]
+    return (tcache, dstate, length), out
+  return repeat(body, (tcache, dstate, jnp.full((b,), start, jnp.int32)), n)[1]
 
 
 @functools.partial(jax.jit, static_argnames=("target", "gamma", "sampling"))
@@ -215,7 +210,7 @@ def profile_round(target: T5Model, params: Any, draft: ApproximationModel,
   compilation); the first is also where the pieces' caches come from.
   """
   key = jax.random.PRNGKey(seed)
-  cache_len = max_decode_len + gamma + 1
+  cache_len = cache_length(max_decode_len, gamma)
   fns = piece_fns(target, params, draft, examples[0], gamma, sampling, cache_len, position,
                   inner, key)
 
@@ -227,21 +222,18 @@ def profile_round(target: T5Model, params: Any, draft: ApproximationModel,
   def prefill(x):
     return speculative_prefill(target, params, draft, x, cache_len)
 
-  for fn in fns.values():  # compile + warm up
-    jax.block_until_ready(fn())
   outs = [jax.block_until_ready(spec(x)) for x in examples]
-  jax.block_until_ready(prefill(examples[0]))
   rounds = sum(int(o.stats.target_calls[0]) for o in outs)
   tokens = sum(int(o.length[0]) for o in outs)
-  times: dict[str, list[float]] = {k: [] for k in list(fns) + ["round"]}
-  for _ in range(repeats):
-    for name, fn in fns.items():
-      times[name].append(seconds(fn) / inner)
-    loop_s = 0.0
-    for x in examples:  # each example back to back with its own prefill
-      loop_s += seconds(lambda: spec(x)) - seconds(lambda: prefill(x))
-    times["round"].append(loop_s / rounds)
-  med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+  timed_fns: dict[Any, Callable[[], Any]] = dict(fns)
+  for j, x in enumerate(examples):  # each example back to back with its own prefill
+    timed_fns[("spec", j)] = functools.partial(spec, x)
+    timed_fns[("prefill", j)] = functools.partial(prefill, x)
+  times = interleaved_times(timed_fns, repeats)
+  per_run = {name: [t / inner for t in times[name]] for name in fns}
+  per_run["round"] = [sum(times[("spec", j)][r] - times[("prefill", j)][r]
+                          for j in range(len(examples))) / rounds for r in range(repeats)]
+  med = {k: 1e3 * statistics.median(v) for k, v in per_run.items()}
   return RoundProfile(
       temperature=sampling.temperature, gamma=gamma, draft_ms=med["draft"],
       standardize_q_ms=med["standardize_q"], target_ms=med["target"],

@@ -22,11 +22,12 @@ from specdec_jax.decoding import (speculative_decode, temperature_sample,
                                   tree_speculative_decode)
 from specdec_jax.dryrun import calibration
 from specdec_jax.dryrun.chips import Chip
-from specdec_jax.dryrun.costs import Piece
+from specdec_jax.dryrun.costs import Piece, RoundCost
 from specdec_jax.models.t5 import get_config
+from specdec_jax.measured import DEMO_RANK_PROFILE
 from specdec_jax.models.t5 import T5Config
-from specdec_jax.research.common import seconds
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.timing import timed
 from specdec_jax import tree as tree_lib
 from specdec_jax.tree import TreeShape, geometric_rank_rates
 
@@ -78,13 +79,13 @@ def compare(target, params, draft, inputs: np.ndarray, shapes: Mapping[str, Shap
   base = lambda: temperature_sample(target, params, inputs, key, max_decode_len=max_decode_len,
                                     sampling=sampling, eos_id=eos_id)
   want = jax.block_until_ready(base())
-  base_s = seconds(base)
+  base_s = timed(base)[1]
   rows = []
   for label, shape in shapes.items():
     call = lambda: _run(target, params, draft, inputs, key, shape, sampling, max_decode_len,
                         eos_id)
     out = jax.block_until_ready(call())
-    secs = seconds(call)
+    secs = timed(call)[1]
     if sampling.greedy and not np.array_equal(np.asarray(out.tokens), np.asarray(want.tokens)):
       raise AssertionError(f"{label}: output differs from the baseline's at temperature 0")
     st = out.stats
@@ -123,12 +124,13 @@ def roofline_speedup(row: Row, target_cfg: T5Config, draft_cfg: T5Config, chip: 
   ``devices`` chips, the draft replicated on each (as the engine runs them).
   A T5 draft's tree call feeds a whole depth of nodes: priced as one pass of
   that draft."""
-  step = pass_seconds(target_cfg, chip, devices, 1, cache_len, input_len)
+  target_pass = lambda k: pass_seconds(target_cfg, chip, devices, k, cache_len, input_len)
   # The engine replicates the draft (partitioning.DATA_PARALLEL_RULES): each
   # chip reads all of its weights per step, however many chips there are.
-  c = pass_seconds(draft_cfg, chip, 1, 1, cache_len, input_len) / step
-  v = pass_seconds(target_cfg, chip, devices, row.width, cache_len, input_len) / step
-  return {"c": c, "v": v, "speedup": row.tokens_per_call / (row.draft_per_call * c + v)}
+  model = RoundCost(target_pass(1), pass_seconds(draft_cfg, chip, 1, 1, cache_len, input_len),
+                    target_pass)
+  return {"c": model.c, "v": model.v(row.width),
+          "speedup": model.speedup(row.tokens_per_call, row.draft_per_call, row.width)}
 
 
 def trim_padding(inputs: np.ndarray) -> np.ndarray:
@@ -175,9 +177,6 @@ def geometric_rates(alpha: float, ranks: int = 8) -> list[float]:
   return geometric_rank_rates(alpha, ranks)
 
 
-DEMO_RANK_PROFILE = tree_lib.DEMO_RANK_PROFILE
-
-
 def scaled_rates(alpha: float, profile: Sequence[float] = DEMO_RANK_PROFILE) -> list[float]:
   """``tree.scaled_rank_rates`` (kept under this name for the studies)."""
   return tree_lib.scaled_rank_rates(alpha, profile)
@@ -213,19 +212,19 @@ class StepModel:
   def draft_seconds(self) -> float:
     return self.draft.seconds(self.chip)
 
+  def round_cost(self) -> RoundCost:
+    """These prices as the one round-cost model (``dryrun.costs.RoundCost``)."""
+    return RoundCost(self.target_seconds(1), self.draft_seconds(), self.target_seconds)
+
   def ms_per_token(self, tree: TreeShape, rates: Sequence[float]) -> float:
     """Milliseconds per token: a round (one draft call per depth, one pass
     over the N nodes) over its expected tokens."""
-    round_s = tree.max_depth * self.draft_seconds() + self.target_seconds(tree.num_nodes)
-    return 1e3 * round_s / expected_tokens(tree, rates)
+    return self.round_cost().ms_per_token(expected_tokens(tree, rates), *RoundCost.tree(tree))
 
   def speedup(self, tree: TreeShape, rates: Sequence[float]) -> float:
-    """Tokens per round over the round's cost in target steps: one draft
-    call per depth of the tree (c each) and one pass over its N nodes
-    (v(N)); Theorem 3.8's accounting with v (§3.4)."""
-    step = self.target_seconds(1)
-    c, v = self.draft_seconds() / step, self.target_seconds(tree.num_nodes) / step
-    return expected_tokens(tree, rates) / (tree.max_depth * c + v)
+    """Tokens per round over the round's cost in target steps (a chain is
+    ``TreeShape.chain``); Theorem 3.8's accounting with v (§3.4)."""
+    return self.round_cost().speedup(expected_tokens(tree, rates), *RoundCost.tree(tree))
 
 
 def step_model(chip: Chip, devices: int, draft: str) -> StepModel:

@@ -36,6 +36,7 @@ import jax
 import numpy as np
 
 from specdec_jax import theory
+from specdec_jax.decoding import cache_length
 from specdec_jax.drafts.base import ApproximationModel
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.timing import baseline_prefill, interleaved_medians_ms, speculative_prefill
@@ -50,12 +51,12 @@ def prefill_ms(target: T5Model, params: Any, draft: ApproximationModel,
   per padded width (each width is its own compiled program in the runner);
   medians over ``repeats`` passes that interleave every width and both loops,
   compile excluded. Cache lengths are the loops' own (``max_decode_len`` for
-  the baseline, + γ + 1 for speculative decoding)."""
+  the baseline, ``decoding.cache_length`` for speculative decoding)."""
   fns = {}
   for w, x in inputs.items():
     fns[(w, 0)] = functools.partial(baseline_prefill, target, params, x, max_decode_len)
     fns[(w, 1)] = functools.partial(speculative_prefill, target, params, draft, x,
-                                    max_decode_len + gamma + 1)
+                                    cache_length(max_decode_len, gamma))
   med = interleaved_medians_ms(fns, repeats)
   return {w: (med[(w, 0)], med[(w, 1)]) for w in inputs}
 

@@ -40,6 +40,7 @@ from absl import logging
 
 from specdec_jax import theory
 from specdec_jax.alpha import estimate_alpha
+from specdec_jax.decoding import cache_length
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.timing import Costs, measure_costs_many
@@ -156,7 +157,8 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
   missing = [g for g in range(1, gamma_max + 1) if g not in costs]
   if missing:
     costs.update(measure_costs_many(target, params, draft, batches[0][0], missing, sampling,
-                                    cache_len=max_decode_len + gamma_max + 1, repeats=repeats,
+                                    cache_len=cache_length(max_decode_len, gamma_max),
+                                    repeats=repeats,
                                     partitioner=partitioner))
   choice = decide(alpha, tokens, alpha_se, costs, gamma_max)
   if tokens < MIN_ALPHA_TOKENS:

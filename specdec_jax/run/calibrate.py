@@ -17,6 +17,7 @@ import numpy as np
 from absl import logging
 
 from specdec_jax import alpha, data
+from specdec_jax.decoding import cache_length
 from specdec_jax.run import account, autogamma, logs
 from specdec_jax.run.programs import Programs, batch_indices, pad_batch
 from specdec_jax.run.setup import Setup
@@ -145,7 +146,7 @@ def costs_many(setup: Setup, gammas: Sequence[int]) -> dict[int, Costs]:
   return measure_costs_many(setup.target, setup.target_params, setup.draft,
                             pad_batch(setup.inputs, [0], exp.batch_size, exp.input_buckets),
                             gammas, exp.sampling,
-                            cache_len=exp.max_decode_len + max(gammas) + 1,
+                            cache_len=cache_length(exp.max_decode_len, max(gammas)),
                             repeats=exp.cost_repeats, partitioner=setup.partitioner)
 
 

@@ -13,7 +13,7 @@ iteration of the speculative loop (γ draft steps and one target pass over
 γ+1 positions, ``loop_collectives``) is timed on that mesh
 (``time_collectives``); on one device there are none. The model's side is
 the dry run's priced pieces for the same row and the named topology
-(``runner_programs.dry_run`` with no loop: ``costs.Roofline``). ``table``
+(``run.dry_run_programs.dry_run`` with no loop: ``costs.Roofline``). ``table``
 prints both with their ratio, Theorem 3.8's speedup from each at the
 paper's α for the row (``specdec_jax.paper``), the fixed cost per operation
 that makes the model's c equal the measured one
@@ -42,9 +42,9 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from specdec_jax import paper, storage, theory, timing
-from specdec_jax.dryrun import chips, costs, runner_programs
+from specdec_jax.dryrun import chips, costs
 from specdec_jax.dryrun.costs import Roofline
-from specdec_jax.run import calibrate, hosts
+from specdec_jax.run import calibrate, dry_run_programs, hosts
 from specdec_jax.run.settings import Experiment
 from specdec_jax.run.setup import check_before_loading, load_data, load_models
 from specdec_jax.run.workdir import check_writable
@@ -178,7 +178,7 @@ def measured(per_gamma: dict, gamma: int, collectives_us: Optional[float]) -> Si
   return Side(1e3 * at.target_step_s, v, 1e3 * at.draft_token_s, at.c, collectives_us)
 
 
-def model_side(exp: Experiment, topology: str) -> tuple[runner_programs.RunDryRun, list[str]]:
+def model_side(exp: Experiment, topology: str) -> tuple[dry_run_programs.RunDryRun, list[str]]:
   """The dry run's priced pieces (no loop) for ``exp`` on ``topology``, and
   notes on what the model leaves out of this row. A draft shortlist is
   dropped (the dry run prices the full-vocabulary draft)."""
@@ -188,7 +188,7 @@ def model_side(exp: Experiment, topology: str) -> tuple[runner_programs.RunDryRu
                  "uses a shortlist)")
     exp = dataclasses.replace(exp, draft_shortlist="")
   try:
-    r = runner_programs.dry_run(exp, topology, programs=(), roofline=True)
+    r = dry_run_programs.dry_run(exp, topology, programs=(), roofline=True)
   except ValueError as e:
     raise ValueError(str(e).replace(f"--dry_run={topology}", f"--calibrate={topology}")) \
         from None
@@ -272,7 +272,7 @@ def time_collectives(mesh: Mesh, keys: Sequence[tuple], dtype: str = "bfloat16",
     spec = PartitionSpec(("rest", "group"))
     body = _collective_body(kind, group)
     loop = jax.jit(jax.shard_map(
-        lambda x, body=body: jax.lax.fori_loop(0, inner, lambda i, y: body(y), x),
+        lambda x, body=body: timing.repeat(lambda i, y: (body(y), ()), x, inner)[0],
         mesh=sub, in_specs=spec, out_specs=spec, check_vma=False))
     x = jax.device_put(jnp.zeros((m * sub.devices.size,), dt), NamedSharding(sub, spec))
     fns[key] = functools.partial(loop, x)

@@ -65,8 +65,8 @@ import gin
 from absl import app, flags, logging
 
 from specdec_jax import checkpoints
-from specdec_jax.dryrun import driver, runner_programs
-from specdec_jax.run import check_model, gin_errors, hosts, logs, settings
+from specdec_jax.dryrun import driver
+from specdec_jax.run import check_model, dry_run_programs, gin_errors, hosts, logs, settings
 from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
 from specdec_jax.run.report import alpha_row, conclusion, summarize, summarize_alpha, table2_row
 from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
@@ -202,7 +202,7 @@ def main(argv: Sequence[str]) -> None:
   if FLAGS.dry_run:
     logging.info("Dry run for %s: the run's programs compiled for it on this machine (no "
                  "weight or data is read)…", FLAGS.dry_run)
-    driver.main(runner_programs.RunnerPrograms(exp, alpha_only, configs=FLAGS.config),
+    driver.main(dry_run_programs.RunnerPrograms(exp, alpha_only, configs=FLAGS.config),
                 FLAGS.dry_run)
     return
   mode = "alpha_only" if alpha_only else "speculative"

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints, data, drafts, memory, partitioning, storage  # noqa: F401
+from specdec_jax.decoding import cache_length
 from specdec_jax.drafts import bridge as bridge_lib
 from specdec_jax.drafts import feature_bridge as feature_lib
 from specdec_jax.drafts import shortlist as shortlist_lib
@@ -122,7 +123,7 @@ def partitioners(exp: Experiment) -> tuple[Optional[partitioning.Partitioner],
 def decode_shape(exp: Experiment) -> tuple[int, int, int]:
   """(rows, input length, self-attention cache length) of a decoding batch:
   what the mesh must divide besides the weights."""
-  return exp.batch_size, exp.max_input_len, exp.max_decode_len + exp.gamma_bound + 1
+  return exp.batch_size, exp.max_input_len, cache_length(exp.max_decode_len, exp.gamma_bound)
 
 
 def check_partitioning(exp: Experiment, target_part, draft_part) -> None:
@@ -252,7 +253,7 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
   # Built-in drafts are tested elsewhere: trace them (free) but skip the run.
   drafts.check_interface(exp.draft_name, draft, jnp.asarray(d.inputs[:1].repeat(
       exp.batch_size, 0)), target.config.vocab_size, exp.gamma_bound,
-      exp.max_decode_len + exp.gamma_bound + 1, exp.sampling,
+      cache_length(exp.max_decode_len, exp.gamma_bound), exp.sampling,
       concrete=exp.draft_name not in drafts.BUILTIN, target_width=target.config.d_model)
   if exp.tree_shape is not None:
     drafts.check_tree(exp.draft_name, draft, exp.tree_shape)

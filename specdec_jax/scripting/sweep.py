@@ -16,8 +16,8 @@ import jax
 import numpy as np
 
 from specdec_jax import alpha, data, theory
-from specdec_jax.decoding import (CONFIDENCE_RULES, AdaptiveConfig, speculative_decode,
-                                  temperature_sample)
+from specdec_jax.decoding import (CONFIDENCE_RULES, AdaptiveConfig, cache_length,
+                                  speculative_decode, temperature_sample)
 from specdec_jax.run import autogamma
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.timing import block, measure_costs_many, timed, warm_up_widths
@@ -122,7 +122,7 @@ def _settings(target, target_params, named: Mapping[Any, Any], parsed: Sequence[
   settings, spec, costs, choices = [], {}, {}, {}
   for name, d in named.items():
     costs[name] = measure_costs_many(target, target_params, d, x0, sorted(needed), sampling,
-                                     cache_len=max_decode_len + max(needed) + 1
+                                     cache_len=cache_length(max_decode_len, max(needed))
                                      ) if needed else {}
     if auto:
       choices[name] = autogamma.choose_gamma(target, target_params, d, batches,

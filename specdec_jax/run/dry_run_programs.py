@@ -60,9 +60,10 @@ import jax.numpy as jnp
 from jax.experimental.layout import Format, Layout
 
 from specdec_jax import data, drafts, memory, paper, partitioning, theory
-from specdec_jax.decoding import speculative_decode, temperature_sample, tree_speculative_decode
+from specdec_jax.decoding import (cache_length, speculative_decode, temperature_sample,
+                                  tree_speculative_decode)
 from specdec_jax.drafts.base import tree_proposal
-from specdec_jax.dryrun import driver
+from specdec_jax.dryrun import calibration, driver
 from specdec_jax.dryrun.costs import PIECE_DEPTHS, PIECE_OPTIONS, Roofline, extrapolate
 from specdec_jax.dryrun.driver import (GiB, Compile, Context, DryRun, abstract_key,
                                        abstract_params, gib, sharded, size)
@@ -72,6 +73,7 @@ from specdec_jax.alpha import min_pq_along
 from specdec_jax.run.settings import Experiment, is_remote
 from specdec_jax.run.setup import check_partitioning, estimate_bytes
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.measured import DEMO_RANK_PROFILE
 from specdec_jax.tree import TreeShape, scaled_rank_rates
 
 # Where the dry run reads nothing: paths it swaps for a placeholder before
@@ -355,7 +357,7 @@ def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
       tree_speculative_decode.lower(target, tparams, draft, inputs, key, tree=exp.tree_shape,
                                     **loop_kw),
       "draft": lambda: draft_round.lower(draft, inputs, key, gamma=gamma,
-                                         cache_len=t + gamma + 1, sampling=exp.sampling,
+                                         cache_len=cache_length(t, gamma), sampling=exp.sampling,
                                          tree=exp.tree_shape),
       "alpha": lambda: min_pq_along.lower(
           target, tparams, draft, inputs,
@@ -371,7 +373,7 @@ def piece_compiles(ctx: Context, widths: Optional[Sequence[int]] = None,
   ``PIECE_DEPTHS`` (keys (role, depth, k)); ``roles``: which of the two."""
   exp, device = ctx.settings, ctx.device
   gamma, tree = exp.gamma_bound, exp.tree_shape
-  cache_len = exp.max_decode_len + gamma + 1
+  cache_len = cache_length(exp.max_decode_len, gamma)
   if widths is None:  # a tree run: a one-position pass and the tree's own pass
     widths = (1, gamma + 1) if tree is not None else tuple(range(1, gamma + 2))
   out = []
@@ -449,7 +451,8 @@ class RunDryRun(DryRun):
       return None
     tree = self.exp.tree_shape
     if tree is not None:
-      return self.roofline.tree_speedup(tree, scaled_rank_rates(self.paper.alpha))
+      return self.roofline.tree_speedup(
+          tree, scaled_rank_rates(self.paper.alpha, DEMO_RANK_PROFILE))
     return self.roofline.speedup(self.paper.alpha, self.gamma, with_v)
 
   def speculative_ms_per_token(self) -> Optional[float]:
@@ -459,7 +462,8 @@ class RunDryRun(DryRun):
       return None
     tree = self.exp.tree_shape
     if tree is not None:
-      return self.roofline.tree_ms_per_token(tree, scaled_rank_rates(self.paper.alpha))
+      return self.roofline.tree_ms_per_token(
+          tree, scaled_rank_rates(self.paper.alpha, DEMO_RANK_PROFILE))
     return self.roofline.speculative_ms_per_token(self.paper.alpha, self.gamma)
 
   def settings_lines(self) -> list[str]:
@@ -553,7 +557,7 @@ def prediction_lines(r: RunDryRun) -> list[str]:
                f"γ = {r.gamma}: predicted {r.predicted():.2f}x (with v({r.gamma + 1}): "
                f"{r.predicted(True):.2f}x)")
   else:
-    rates = scaled_rank_rates(row.alpha)
+    rates = scaled_rank_rates(row.alpha, DEMO_RANK_PROFILE)
     theorem = (f"  The tree ({tree.num_nodes} nodes, depth {tree.max_depth}) at the paper's α = "
                f"{row.alpha}{caveat}, runner-up draft choices accepted at the demo pair's "
                f"fall-off scaled to it (an assumption): {tree.expected_tokens(rates):.2f} tokens per round of "
@@ -575,3 +579,28 @@ def prediction_lines(r: RunDryRun) -> list[str]:
     lines.append("  adaptive draft lengths are not Theorem 3.8's fixed γ: the prediction "
                  "above is for a fixed γ = γ_max")
   return lines
+
+
+def calibration_pieces(experiments: dict[str, Experiment], workers: Optional[int] = None
+                       ) -> dict[str, dict[str, float]]:
+  """Compiles the one-position pieces on one v4 chip and returns them in
+  ``dryrun.calibration.PIECES``' form: ``experiments`` maps each draft size
+  to its row's ``Experiment`` (with the one-chip overlay); the target's step
+  is compiled from the first."""
+  topology = calibration.TOPOLOGY
+  out: dict[str, dict[str, float]] = {}
+  for i, (name, exp) in enumerate(experiments.items()):
+    ctx = driver.check(RunnerPrograms(exp), topology)
+    roles = ("target", "draft") if i == 0 else ("draft",)
+    specs = piece_compiles(ctx, widths=(1,), roles=roles)
+    compiled = driver.compile_all(topology, specs, workers)
+    got = {s.key: p for s, p in zip(specs, compiled)}
+    bad = [p for p in compiled if p.error]
+    if bad:
+      raise ValueError(f"{bad[0].name}: {bad[0].error}")
+    if i == 0:
+      out["target"] = calibration.as_stored(
+          extrapolate(got, "target", 1, ctx.target_config.num_decoder_layers))
+    out[name] = calibration.as_stored(
+        extrapolate(got, "draft", 1, ctx.draft_config.num_decoder_layers))
+  return out
