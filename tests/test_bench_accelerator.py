@@ -68,7 +68,7 @@ def test_bench_accelerator_gpu_smoke_prints_every_table(tmp_path):
     assert [(p["model"], p["k"]) for p in var["passes"]] == [
         ("target xxl", 1), ("target xxl", 8), ("draft small", 1)], name
     assert all(p["default_ms"] > 0 and p["variant_ms"] > 0 for p in var["passes"]), name
-    assert f"| {name} |" in out
+    assert f"| {name} ms |" in out, name
     if name in variants.COUNTED:  # the variant's (smoke mode does not count the default's)
       counts = var["mismatches"]
       assert counts["demo"]["mismatches"] == 0 and counts["random"]["mismatches"] == 0, counts
