@@ -22,7 +22,7 @@ import numpy as np
 from specdec_jax import distill, training
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.timing import target_steps, time_call
+from specdec_jax.timing import interleaved_medians_ms, target_steps
 
 
 def greedy_outputs(model: T5Model, params: Any, inputs: Sequence[Sequence[int]],
@@ -35,22 +35,32 @@ def greedy_outputs(model: T5Model, params: Any, inputs: Sequence[Sequence[int]],
   return [out[(i, "greedy")] for i in range(len(inputs))]
 
 
-def decode_step_seconds(model: T5Model, params: Any, src_len: int = 64, cache_len: int = 128,
-                        reps: int = 15, position: int = 40, inner: int = 32) -> float:
-  """Seconds of one single-token cached decode step (with its greedy
-  standardize and sample), batch 1: the median over ``reps`` of ``inner``
-  steps run inside one jitted loop (``timing.target_steps``), as the decoding
-  loops run them. Timed as single calls from Python instead, the per-call
-  dispatch would weigh most on the smallest model and make the draft/target
-  ratio noisy."""
+STEP_INNER = 32    # single-token steps per timed call (one jitted loop)
+STEP_REPEATS = 15  # interleaved timed calls per model and pass
+
+
+def decode_step_piece(model: T5Model, params: Any, src_len: int = 64, cache_len: int = 128,
+                      position: int = 40) -> Callable[[], Any]:
+  """One timed call: ``STEP_INNER`` single-token cached decode steps (with
+  their greedy standardize and sample), batch 1, inside one jitted loop
+  (``timing.target_steps``), as the decoding loops run them. Timed as single
+  calls from Python instead, the per-call dispatch would weigh most on the
+  smallest model and make the draft/target ratio noisy."""
   inputs = jnp.ones((1, src_len), jnp.int32)
   cache = model.init_cache(params, model.encode(params, inputs), inputs, cache_len)
   tokens = jnp.ones((1, 1), jnp.int32)
   pos = jnp.full((1, 1), position, jnp.int32)
   key = jax.random.PRNGKey(0)
-  times = time_call(lambda: target_steps(model, params, cache, tokens, pos, key,
-                                         SamplingConfig(), inner), repeats=reps)
-  return float(np.median(times)) / inner
+  return lambda: target_steps(model, params, cache, tokens, pos, key, SamplingConfig(),
+                              STEP_INNER)
+
+
+def decode_step_ms(models: dict[str, tuple[T5Model, Any]], passes: int = 1) -> dict[str, float]:
+  """Median ms of one single-token step of each model, batch 1, the models
+  timed interleaved (``timing.interleaved_medians_ms``: load from other
+  processes hits every model alike), ``passes`` x ``STEP_REPEATS`` calls each."""
+  pieces = {name: decode_step_piece(model, params) for name, (model, params) in models.items()}
+  return interleaved_medians_ms(pieces, passes * STEP_REPEATS, STEP_INNER)
 
 
 def evaluate_models(models: dict[str, tuple[T5Model, Any]], target: str,
@@ -85,13 +95,8 @@ def evaluate_models(models: dict[str, tuple[T5Model, Any]], target: str,
   for name, (model, params) in models.items():
     if name != target:
       out[name].update(distill.agreement(tmodel, tparams, model, params, along))
-  # Interleaved repeats: load from other processes hits every model alike.
-  times: dict[str, list[float]] = {n: [] for n in models}
-  for _ in range(timing_repeats):
-    for name, (model, params) in models.items():
-      times[name].append(decode_step_seconds(model, params))
+  ms = decode_step_ms(models, timing_repeats)
   for name in models:
-    out[name]["decode_step_ms_b1"] = 1e3 * float(np.median(times[name]))
-    out[name]["target_step_over_this"] = float(np.median(times[target]) /
-                                               np.median(times[name]))
+    out[name]["decode_step_ms_b1"] = ms[name]
+    out[name]["target_step_over_this"] = ms[target] / ms[name]
   return out
