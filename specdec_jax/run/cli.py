@@ -207,9 +207,13 @@ def main(argv: Sequence[str]) -> None:
     return
   mode = "alpha_only" if alpha_only else "speculative"
   workdir_path = FLAGS.workdir or str(Path("runs") / (stem + ("_alpha" if alpha_only else "")))
-  if hosts.is_writer():
+  # The first line at once; on several hosts only after jax.distributed starts
+  # (in check_before_loading: no JAX call may come before it), from process 0.
+  if not exp.multihost:
     logging.info("%s", intro(exp, alpha_only, workdir_path))
   check_before_loading(exp, alpha_only)  # before any data or weights are read
+  if exp.multihost and hosts.is_writer():
+    logging.info("%s", intro(exp, alpha_only, workdir_path))
   # Checks only, no writes; on several hosts process 0's results are everyone's.
   workdir = hosts.agreed(lambda: Workdir(workdir_path, config_str, FLAGS.resume, mode,
                                          num_indices=exp.num_warmup + exp.num_examples),
