@@ -447,24 +447,29 @@ class RunDryRun(DryRun):
     ``with_v``); for a tree run its tree form (``Roofline.tree_speedup``, the
     tree pass always priced) at rank rates from the paper's α
     (``tree.scaled_rank_rates``, an assumption)."""
-    if self.roofline is None or self.paper is None or self.roofline.draft is None:
+    if not self._priced():
       return None
-    tree = self.exp.tree_shape
-    if tree is not None:
-      return self.roofline.tree_speedup(
-          tree, scaled_rank_rates(self.paper.alpha, DEMO_RANK_PROFILE))
+    if self.exp.tree_shape is not None:
+      return self.roofline.tree_speedup(self.exp.tree_shape, self._rank_rates())
     return self.roofline.speedup(self.paper.alpha, self.gamma, with_v)
 
   def speculative_ms_per_token(self) -> Optional[float]:
     """The model's milliseconds per token at the paper's α (a tree run: at
     rank rates from it, ``tree.scaled_rank_rates``)."""
-    if self.roofline is None or self.paper is None or self.roofline.draft is None:
+    if not self._priced():
       return None
-    tree = self.exp.tree_shape
-    if tree is not None:
-      return self.roofline.tree_ms_per_token(
-          tree, scaled_rank_rates(self.paper.alpha, DEMO_RANK_PROFILE))
+    if self.exp.tree_shape is not None:
+      return self.roofline.tree_ms_per_token(self.exp.tree_shape, self._rank_rates())
     return self.roofline.speculative_ms_per_token(self.paper.alpha, self.gamma)
+
+  def _priced(self) -> bool:
+    """Whether the model prices this row: a roofline with a draft and a paper row."""
+    return self.roofline is not None and self.paper is not None and \
+        self.roofline.draft is not None
+
+  def _rank_rates(self) -> list[float]:
+    """A tree run's rank rates at the paper's α (``tree.scaled_rank_rates``)."""
+    return scaled_rank_rates(self.paper.alpha, DEMO_RANK_PROFILE)
 
   def settings_lines(self) -> list[str]:
     e, s = self.exp, self.exp.sampling
