@@ -40,6 +40,7 @@ from typing import NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from specdec_jax.sampling import argmax, inverse_cdf
 
@@ -419,7 +420,7 @@ class TreeOutput(NamedTuple):
   last_node: Array
 
 
-def _check_inputs(shape: TreeShape, tokens: Array, *dists: Array) -> None:
+def _check_inputs(shape: "TreeShape | RoundTree", tokens: Array, *dists: Array) -> None:
   if tokens.ndim != 2 or tokens.shape[1] != shape.num_nodes:
     raise ValueError(f"tokens must be [B, {shape.num_nodes}] (one per node of the tree), got "
                      f"{tokens.shape}")
@@ -447,14 +448,15 @@ def residual(r: Array, q: Array) -> Array:
   return jnp.where(mass > 0, res / jnp.where(mass > 0, mass, 1.0), r)
 
 
-def tree_speculative_sampling(key: Array, shape: TreeShape, tokens: Array, q: Array, p: Array,
+def tree_speculative_sampling(key: Array, shape: TreeShape | RoundTree, tokens: Array, q: Array, p: Array,
                               valid: Array | None = None) -> TreeOutput:
   """Multi-candidate speculative sampling over a token tree, batched.
 
   Args:
     key: PRNG key (one uniform per node is drawn: node c's acceptance coin,
       and node 0's slot for the emitted token).
-    shape: the static tree.
+    shape: the static tree, or this round's tree as data (``RoundTree``,
+      one per row).
     tokens: [B, N] int32, the token proposed at each node (node 0 unused).
     q: [B, N, V], q[:, c] = the distribution node c's token was drawn from
       (row 0 unused). Siblings drawn i.i.d.: the draft's (standardized)
@@ -473,7 +475,7 @@ def tree_speculative_sampling(key: Array, shape: TreeShape, tokens: Array, q: Ar
   return tree_sampling_with(jax.random.uniform(key, tokens.shape), shape, tokens, q, p, valid)
 
 
-def tree_sampling_with(u: Array, shape: TreeShape, tokens: Array, q: Array, p: Array,
+def tree_sampling_with(u: Array, shape: TreeShape | RoundTree, tokens: Array, q: Array, p: Array,
                        valid: Array | None = None) -> TreeOutput:
   """``tree_speculative_sampling`` with its uniforms given: u [B, N] in [0, 1).
 
@@ -485,16 +487,17 @@ def tree_sampling_with(u: Array, shape: TreeShape, tokens: Array, q: Array, p: A
   _check_inputs(shape, tokens, q, p)
   b, n_nodes = tokens.shape
   rows = jnp.arange(b)
+  shape = round_tree(shape, b)
   q = q.astype(jnp.float32)
   p = p.astype(jnp.float32)
   coin = 1.0 - u.astype(jnp.float32)  # in (0, 1]
   valid = jnp.ones((b, n_nodes), bool) if valid is None else valid.astype(bool)
-  children = jnp.asarray(shape.children_table)
+  children = shape.children_table                                    # [B, N, K]
   k_max, depth = shape.max_branching, shape.max_depth
 
   def level(d, carry):
     cur, live, r, path, n = carry
-    kids = children[cur]                                            # [B, K]
+    kids = children[rows, cur]                                      # [B, K]
 
     def sibling(k, inner):
       found, chosen, r = inner
@@ -520,7 +523,7 @@ def tree_sampling_with(u: Array, shape: TreeShape, tokens: Array, q: Array, p: A
   return _finish(tokens, path, n, inverse_cdf(r, u[:, 0]), last)
 
 
-def tree_greedy_kernel(shape: TreeShape, tokens: Array, target_tokens: Array,
+def tree_greedy_kernel(shape: TreeShape | RoundTree, tokens: Array, target_tokens: Array,
                        valid: Array | None = None) -> TreeOutput:
   """Tree verification at temperature 0 from the target's argmax tokens alone.
 
@@ -537,20 +540,20 @@ def tree_greedy_kernel(shape: TreeShape, tokens: Array, target_tokens: Array,
   _check_inputs(shape, tokens)
   b = tokens.shape[0]
   rows = jnp.arange(b)
-  parents = np.maximum(np.asarray(shape.parents), 0)
-  match = tokens == target_tokens[:, parents]
+  shape = round_tree(shape, b)
+  parents = jnp.maximum(shape.parents, 0)
+  match = tokens == jnp.take_along_axis(target_tokens, parents, axis=1)
   if valid is not None:
     match &= valid.astype(bool)
   match = match.at[:, 0].set(True)
-  anc = jnp.asarray(shape.ancestor_mask)
-  agree = ~jnp.any(anc[None] & ~match[:, None, :], axis=-1)           # [B, N]
-  depths = jnp.asarray(shape.depths)
-  best = argmax(jnp.where(agree, depths[None], -1))
-  path = jnp.asarray(shape.ancestors_by_depth)[best][:, 1:]
-  return _finish(tokens, path, depths[best], target_tokens[rows, best], best)
+  agree = ~jnp.any(shape.ancestor_mask & ~match[:, None, :], axis=-1)     # [B, N]
+  depths = shape.depths
+  best = argmax(jnp.where(agree, depths, -1))
+  path = shape.ancestors_by_depth[rows, best][:, 1:]
+  return _finish(tokens, path, depths[rows, best], target_tokens[rows, best], best)
 
 
-def without_replacement(shape: TreeShape, q: Array, tokens: Array) -> Array:
+def without_replacement(shape: TreeShape | RoundTree, q: Array, tokens: Array) -> Array:
   """Per-node proposal distributions for siblings drawn without replacement.
 
   q [B, N, V]: q[:, c] = the draft's distribution at c's parent (as for i.i.d.
@@ -565,10 +568,177 @@ def without_replacement(shape: TreeShape, q: Array, tokens: Array) -> Array:
   """
   _check_inputs(shape, tokens, q)
   b, n_nodes, v = q.shape
-  earlier = jnp.asarray(shape.earlier_siblings)                       # [N, K-1]
-  drop = jnp.where(earlier[None] >= 0, tokens[:, jnp.maximum(earlier, 0)], v)  # [B, N, K-1]
   rows = jnp.arange(b)[:, None, None]
+  earlier = round_tree(shape, b).earlier_siblings                      # [B, N, K-1]
+  drop = jnp.where(earlier >= 0, tokens[rows, jnp.maximum(earlier, 0)], v)  # [B, N, K-1]
   nodes = jnp.arange(n_nodes)[None, :, None]
   q = q.astype(jnp.float32).at[rows, nodes, drop].set(0.0, mode="drop")
   mass = jnp.sum(q, axis=-1, keepdims=True)
   return jnp.where(mass > 0, q / jnp.where(mass > 0, mass, 1.0), 0.0)
+
+
+# ------------------------------------------------------------ trees as data
+
+@struct.dataclass
+class RoundTree:
+  """One round's token tree given by its parent indices as data: a tree whose
+  shape may change every round (EAGLE-2's per-round trees; ``DynamicTree``),
+  with the node count N, a bound D on the depth and a bound K on any node's
+  children static (fixed shapes: everything compiles once). A static
+  ``TreeShape`` is the special case whose parents are the same every round
+  and row (``RoundTree.of``).
+
+  parents:            [B, N] int32, parents[:, 0] = -1, 0 <= parents[:, i] < i.
+  depths:             [B, N] int32, each node's depth (root 0), <= D.
+  ancestor_mask:      [B, N, N] bool, [b, i, j] iff j is i or an ancestor of i.
+  ancestors_by_depth: [B, N, D+1] int32, [b, i, d] = i's ancestor at depth d, -1 past depth(i).
+  children_table:     [B, N, K] int32, [b, i, k] = i's k-th child (index order), -1 past the last.
+  sibling_rank:       [B, N] int32, a node's place among its siblings (root 0).
+  earlier_siblings:   [B, N, max(K-1, 1)] int32, the siblings tried before a node, -1 padded.
+  """
+
+  parents: Array
+  depths: Array
+  ancestor_mask: Array
+  ancestors_by_depth: Array
+  children_table: Array
+  sibling_rank: Array
+  earlier_siblings: Array
+
+  @property
+  def num_nodes(self) -> int:
+    return self.parents.shape[1]
+
+  @property
+  def max_depth(self) -> int:
+    return self.ancestors_by_depth.shape[2] - 1
+
+  @property
+  def max_branching(self) -> int:
+    return self.children_table.shape[2]
+
+  @property
+  def position_offsets(self) -> Array:
+    """[B, N] int32: node i sits at position (prefix length + depth(i))."""
+    return self.depths
+
+  @classmethod
+  def of(cls, shape: TreeShape, batch: int) -> RoundTree:
+    """A static ``TreeShape``'s tables, the same for every row."""
+    tile = lambda x: jnp.broadcast_to(jnp.asarray(x), (batch,) + np.shape(x))
+    return cls(tile(np.asarray(shape.parents, np.int32)), tile(shape.depths),
+               tile(shape.ancestor_mask), tile(shape.ancestors_by_depth),
+               tile(shape.children_table), tile(shape.sibling_rank),
+               tile(shape.earlier_siblings))
+
+  @classmethod
+  def from_parents(cls, parents: Array, max_depth: int, max_branching: int) -> RoundTree:
+    """The tables of parents [B, N] int32 (each parent precedes its child; the
+    caller guarantees depth <= ``max_depth`` and at most ``max_branching``
+    children per node; children beyond K would never be tried)."""
+    parents = jnp.asarray(parents, jnp.int32)
+    b, n = parents.shape
+    idx = jnp.arange(n, dtype=jnp.int32)
+    par = parents.at[:, 0].set(-1)
+    # Ancestor mask row by row: row i = {i} | row parent(i) (parents precede).
+    mask = jnp.zeros((b, n, n), bool).at[:, 0, 0].set(True)
+    rows = jnp.arange(b)
+    for i in range(1, n):
+      mask = mask.at[:, i].set(mask[rows, jnp.maximum(par[:, i], 0)].at[:, i].set(True))
+    depths = jnp.sum(mask, axis=-1).astype(jnp.int32) - 1                      # [B, N]
+    at_depth = mask[:, :, None, :] & (depths[:, None, None, :]
+                                      == jnp.arange(max_depth + 1)[None, None, :, None])
+    by_depth = jnp.where(jnp.any(at_depth, -1), jnp.argmax(at_depth, -1), -1).astype(jnp.int32)
+    is_child = (par[:, None, :] == idx[None, :, None]) & (idx[None, None, :] > 0)  # [B, P, I]
+    order = jnp.cumsum(is_child, axis=-1) - 1                                  # rank among kids
+    slot = is_child[:, :, None, :] & (order[:, :, None, :]
+                                      == jnp.arange(max_branching)[None, None, :, None])
+    children = jnp.where(jnp.any(slot, -1), jnp.argmax(slot, -1), -1).astype(jnp.int32)
+    rank = jnp.take_along_axis(order, jnp.maximum(par, 0)[:, None, :], axis=1)[:, 0]
+    rank = jnp.where(idx[None] > 0, rank, 0).astype(jnp.int32)                # [B, N]
+    k1 = max(max_branching - 1, 1)
+    sib = children[rows[:, None], jnp.maximum(par, 0)]                        # [B, N, K]
+    sib = jnp.pad(sib, ((0, 0), (0, 0), (0, max(k1 - max_branching, 0))), constant_values=-1)
+    earlier = jnp.where(jnp.arange(k1)[None, None] < rank[..., None], sib[..., :k1], -1)
+    earlier = jnp.where(idx[None, :, None] > 0, earlier, -1).astype(jnp.int32)
+    return cls(par, depths, mask, by_depth, children, rank, earlier)
+
+
+def round_tree(shape: TreeShape | RoundTree, batch: int) -> RoundTree:
+  """``shape`` as a ``RoundTree`` (a static shape's tables broadcast to the batch)."""
+  return shape if isinstance(shape, RoundTree) else RoundTree.of(shape, batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTree:
+  """EAGLE-2-style draft trees chosen per round under a fixed node budget.
+
+  widths: (W_1, ..., W_D): the tree holds W_d nodes at depth d every round,
+    N = 1 + ΣW_d nodes in all (static shapes). Which parents they hang from
+    is chosen each round by the draft: at depth d every one of the W_{d-1}
+    nodes is expanded by the draft, its children are ranked by the draft's
+    probability, and the W_d children of highest cumulative draft
+    probability (the product of the draft's probabilities along the path)
+    are kept; the parents become data (``RoundTree``). The nodes of depth d
+    sit at indices 1 + ΣW_{<d} .. ΣW_{≤d}, ordered by parent, then rank, so
+    the layout (and each node's position) is the spine's
+    (``TreeShape.spine(widths)``, the ``skeleton``), which is also the tree a
+    draft that cannot choose per round fills. Exactness: docs/exactness_trees.md.
+  """
+
+  widths: tuple[int, ...]
+
+  def __post_init__(self):
+    widths = tuple(int(w) for w in self.widths)
+    object.__setattr__(self, "widths", widths)
+    TreeShape.spine(widths)  # validates: non-empty, >= 1 each, <= MAX_NODES nodes
+
+  @classmethod
+  def parse(cls, text: str) -> DynamicTree:
+    """'dynamic:W1,W2,...' (nodes per depth)."""
+    kind, _, rest = str(text).partition(":")
+    try:
+      assert kind.strip() == "dynamic"
+      return cls(tuple(int(v) for v in rest.split(",")))
+    except (AssertionError, ValueError):
+      raise ValueError(f"tree {text!r}: expected 'dynamic:W1,W2,...' (nodes per depth, "
+                       "integers >= 1)") from None
+
+  @functools.cached_property
+  def skeleton(self) -> TreeShape:
+    """The static tree of the same layout (``TreeShape.spine(widths)``)."""
+    return TreeShape.spine(self.widths)
+
+  @property
+  def num_nodes(self) -> int:
+    return 1 + sum(self.widths)
+
+  @property
+  def max_depth(self) -> int:
+    return len(self.widths)
+
+  @property
+  def max_branching(self) -> int:
+    return max(self.widths)
+
+  @property
+  def parents(self) -> tuple[int, ...]:
+    return self.skeleton.parents
+
+  def level(self, depth: int) -> tuple[int, int]:
+    """(first, end) node indices of ``depth`` (0: the root)."""
+    first = 1 + sum(self.widths[:depth - 1]) if depth else 0
+    return first, first + (self.widths[depth - 1] if depth else 1)
+
+  def cache_len(self, max_decode_len: int) -> int:
+    return self.skeleton.cache_len(max_decode_len)
+
+  def check_room(self, max_decode_len: int) -> None:
+    self.skeleton.check_room(max_decode_len)
+
+
+def parse_tree(text: str) -> TreeShape | DynamicTree:
+  """``TreeShape.parse``, or 'dynamic:W1,W2,...' (``DynamicTree``)."""
+  if str(text).partition(":")[0].strip() == "dynamic":
+    return DynamicTree.parse(text)
+  return TreeShape.parse(text)

@@ -29,7 +29,7 @@ from specdec_jax.decoding import AdaptiveConfig, temperature_sample
 from specdec_jax.drafts import shortlist as shortlist_lib
 from specdec_jax.models.t5 import T5Config, T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
-from specdec_jax.tree import TreeShape
+from specdec_jax.tree import DynamicTree, TreeShape
 from stat_tests import pooled_chisquare_pvalue
 
 # ------------------------------------------------------------------- T = 0
@@ -75,7 +75,7 @@ class Cell:
   draft: str
   gamma: int = 0
   adaptive: Optional[AdaptiveConfig] = None
-  shape: Optional[TreeShape] = None
+  shape: Optional[TreeShape | DynamicTree] = None
   setting: str = "greedy"       # a key of SETTINGS at T > 0
   expect: tuple[str, ...] = ()
   fixed: int = 0                # the target's T5Config.fixed_positions (0: off)

@@ -38,7 +38,7 @@ from specdec_jax import drafts
 from specdec_jax.decoding import (AdaptiveConfig)
 from specdec_jax.drafts.base import check_tree as check_tree_interface
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.tree import TreeShape
+from specdec_jax.tree import DynamicTree, TreeShape
 
 from exactness_matrix import THRESHOLD, cell_param, decode
 
@@ -85,6 +85,7 @@ SHORTLIST_IDS = np.arange(0, 64, 2)      # half the vocabulary
 FULL = TreeShape.parse("full:2,2,1")     # 1 + 2 + 4 + 4 = 11 nodes, depth 3
 SPINE = TreeShape.parse("spine:3,2,2")   # 1 + 7 nodes, depth 3
 FAN = TreeShape.parse("parents:-1,0,0,0,1,2,3,4,5,6")  # three chains of 3 from the root
+DYNAMIC = DynamicTree.parse("dynamic:3,3,3")  # 10 nodes, depth 3, parents chosen per round
 
 
 GREEDY_CELLS = [
@@ -134,6 +135,18 @@ GREEDY_CELLS = [
            "feature_near_out-full"),
     cell_param(Cell("tree", "shortlist_near_out", shape=SPINE,
                 expect=("deep", "siblings", "shortlist_misses")), "shortlist_near_out-spine"),
+    # Trees chosen per round (parents as data): T5 drafts, lookup + T5 (the
+    # copy always kept, T5 alternatives around it), prompt lookup (no
+    # per-round choice: the static layout), the target at fixed positions.
+    cell_param(Cell("tree", "near_out", shape=DYNAMIC, expect=("deep", "siblings")),
+               "near_out-dynamic"),
+    cell_param(Cell("tree", "lookup_near_out", shape=DYNAMIC, expect=("deep",)),
+               "lookup_near_out-dynamic"),
+    cell_param(Cell("tree", "prompt_lookup", shape=DYNAMIC), "prompt_lookup-dynamic"),
+    cell_param(Cell("tree", "feature_near_out", shape=DYNAMIC, expect=("deep", "siblings")),
+               "feature_near_out-dynamic", slow=True),
+    cell_param(Cell("tree", "near_out", shape=DYNAMIC, expect=("deep", "siblings"), fixed=12),
+               "near_out-dynamic-fixed12", slow=True),
 ]
 
 

@@ -21,7 +21,7 @@ from specdec_jax.decoding import (AdaptiveConfig, speculative_decode, temperatur
                                   tree_speculative_decode)
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import standardize
-from specdec_jax.tree import TreeShape
+from specdec_jax.tree import DynamicTree, TreeShape
 
 from exactness_matrix import THRESHOLD, cell_param, decode
 
@@ -49,6 +49,7 @@ def seq_draft(name: str, model: T5Model, target: Any, draft_params: Any) -> Any:
 NEVER_PROPOSED = {"t5_shortlist": [0, 2, 4, 5, 6, 7]}
 SEQ_FULL = TreeShape.parse("full:2,2")    # 7 nodes, depth 2
 SEQ_SPINE = TreeShape.parse("spine:3,2")  # 6 nodes, depth 2
+SEQ_DYNAMIC = DynamicTree.parse("dynamic:2,3")  # 6 nodes, depth 2, parents chosen per round
 
 # Adaptive cells run γ_max = 3 (widths 1, 2, 3) with thresholds chosen per
 # setting so that rounds of several lengths occur (asserted): rows stop early
@@ -88,6 +89,12 @@ SEQ_CELLS = [
     cell_param(Cell("tree", "lookup_t5", shape=SEQ_SPINE, setting="temp0.7_topk3"),
            "lookup_t5-spine-temp0.7_topk3"),
     cell_param(Cell("tree", "t5_feature", shape=SEQ_FULL, setting="temp1"), "t5_feature-full-temp1"),
+    cell_param(Cell("tree", "t5", shape=SEQ_DYNAMIC, setting="temp1_topp0.8"),
+               "t5-dynamic-temp1_topp0.8"),
+    cell_param(Cell("tree", "t5", shape=SEQ_DYNAMIC, setting="temp0.7_topk3"),
+               "t5-dynamic-temp0.7_topk3"),
+    cell_param(Cell("tree", "lookup_t5", shape=SEQ_DYNAMIC, setting="temp1"),
+               "lookup_t5-dynamic-temp1"),
 ]
 
 

@@ -16,11 +16,12 @@ from flax import struct
 from specdec_jax.decoding.state import (Loop, SpecState, cut, finish, pin_state, round_keys,
                                         running, start)
 from specdec_jax.drafts.base import (ApproximationModel, capabilities, commit_draft, commit_tree,
-                                     gather_positions, tree_proposal)
+                                     dynamic_tree_proposal, gather_positions, tree_proposal)
 from specdec_jax.models.base import TargetModel, commit_path, decode_tree
 from specdec_jax.partitioning import Partitioner
 from specdec_jax.sampling import SamplingConfig, argmax, standardize
-from specdec_jax.tree import TreeOutput, TreeShape, tree_greedy_kernel, tree_speculative_sampling
+from specdec_jax.tree import (DynamicTree, RoundTree, TreeOutput, TreeShape, tree_greedy_kernel,
+                              tree_speculative_sampling)
 
 Array = jax.Array
 
@@ -64,11 +65,12 @@ class TreeLoop(Loop):
 
   states_wanted: the draft reads the target's decoder states
     (``feature_bridge``), passed through ``commit_with_target``;
-  tree: the static ``TreeShape`` every round fills.
+  tree: the static ``TreeShape`` every round fills, or a ``DynamicTree``
+    (the draft chooses each round's parents under its fixed node budget).
   """
 
   states_wanted: bool
-  tree: TreeShape
+  tree: TreeShape | DynamicTree
 
 
 def _path_states(hidden: Array, n: Array, out: TreeOutput) -> tuple[Array, Array]:
@@ -82,14 +84,14 @@ def _path_states(hidden: Array, n: Array, out: TreeOutput) -> tuple[Array, Array
   return states, jnp.where(nodes >= 0, n[:, None] + offsets, -1)
 
 
-def _tree_stats(st: TreeStats, tree: TreeShape, out: TreeOutput, live: Array, steps: Any,
+def _tree_stats(st: TreeStats, tree: RoundTree, out: TreeOutput, live: Array, steps: Any,
                 count: Array) -> TreeStats:
   """``TreeStats`` after one round, over the accepted nodes that produced
   committed tokens (the cut at EOS included; count [B] from ``_cut``)."""
   depth = tree.max_depth
   kept = jnp.minimum(out.num_accepted, count)
   on_path = live[:, None] & (jnp.arange(1, depth + 1)[None] <= kept[:, None])  # --> [B, D]
-  ranks = jnp.asarray(tree.sibling_rank)[jnp.maximum(out.path, 0)]
+  ranks = jnp.take_along_axis(tree.sibling_rank, jnp.maximum(out.path, 0), axis=1)
   return TreeStats(
       target_calls=st.target_calls + live,
       draft_calls=st.draft_calls + live * steps,
@@ -106,12 +108,18 @@ def _tree_round(loop: TreeLoop, target_params: Any, draft: ApproximationModel,
   """One tree round: the draft fills the tree, ONE target pass scores every
   node, the kernel keeps a path and emits one more token, both caches move
   the path into place, cut at EOS / max length."""
-  tree, target = loop.tree, loop.target
+  target = loop.target
   b = s.seq.shape[0]
   key, k_draft, k_kernel = round_keys(s.key, loop.sampling.greedy, 3)
   n, live = s.length, ~s.done
-  tokens, q, valid, steps, draft_state = tree_proposal(draft, s.draft_state, s.seq, n, tree,
-                                                       loop.sampling, k_draft)
+  if isinstance(loop.tree, DynamicTree):  # this round's parents come from the draft
+    tokens, q, valid, parents, steps, draft_state = dynamic_tree_proposal(
+        draft, s.draft_state, s.seq, n, loop.tree, loop.sampling, k_draft)
+    tree = RoundTree.from_parents(parents, loop.tree.max_depth, loop.tree.max_branching)
+  else:
+    tokens, q, valid, steps, draft_state = tree_proposal(draft, s.draft_state, s.seq, n,
+                                                         loop.tree, loop.sampling, k_draft)
+    tree = RoundTree.of(loop.tree, b)
   tokens = tokens.at[:, 0].set(gather_positions(s.seq, n[:, None])[:, 0])  # the root
   logits, target_cache, hidden = decode_tree(target, target_params, tokens, n, tree,
                                              s.target_cache, hidden=loop.states_wanted,
@@ -143,7 +151,8 @@ TREE_STATIC = ("target", "tree", "max_decode_len", "sampling", "eos_id", "partit
 
 @functools.partial(jax.jit, static_argnames=TREE_STATIC)
 def tree_speculative_decode(target: TargetModel, target_params: Any, draft: ApproximationModel,
-                            inputs: Array, key: Array, *, tree: TreeShape, max_decode_len: int,
+                            inputs: Array, key: Array, *, tree: TreeShape | DynamicTree,
+                            max_decode_len: int,
                             sampling: SamplingConfig = SamplingConfig(), eos_id: int = 1,
                             partitioner: Partitioner | None = None) -> TreeSpecOutput:
   """Speculative decoding over a token tree: one target pass scores every node.
@@ -164,8 +173,8 @@ def tree_speculative_decode(target: TargetModel, target_params: Any, draft: Appr
   token at temperature 0) for any draft keeping the ``propose_tree``
   contract; proof: docs/exactness.md, section 10.
   """
-  if not isinstance(tree, TreeShape):
-    raise ValueError(f"tree must be a TreeShape, got {tree!r}")
+  if not isinstance(tree, (TreeShape, DynamicTree)):
+    raise ValueError(f"tree must be a TreeShape or a DynamicTree, got {tree!r}")
   cache_len = tree.cache_len(max_decode_len)  # also checks that the tree fits
   loop = TreeLoop(target, sampling, eos_id, max_decode_len, partitioner,
                   capabilities(draft).target_states, tree)

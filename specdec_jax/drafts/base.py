@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.tree import TreeOutput, TreeShape
+from specdec_jax.tree import DynamicTree, TreeOutput, TreeShape
 
 Array = jax.Array
 
@@ -120,6 +120,15 @@ class Capabilities:
     -> state``, ``commit`` told which nodes were accepted
     (``tree.TreeOutput``) in the round that started at ``start``, for a
     draft that decoded the tree into its own cache. Default ``commit``.
+  propose_dynamic_tree: ``propose_dynamic_tree(state, seq, length, tree,
+    sampling, key) -> (tokens, q, valid, parents, steps, state)`` for trees
+    chosen per round (``tree.DynamicTree``): as ``propose_tree``, and parents
+    [B, N] int32, the tree the draft chose this round, W_d nodes at depth d
+    at the indices ``DynamicTree.level(d)``, ordered by parent; whether a
+    node exists is decided before its token is drawn, from the prefix and
+    earlier draws only (``expand_level``; docs/exactness_trees.md). Default
+    (``dynamic_tree_proposal``): the static ``skeleton`` through
+    ``tree_proposal``.
   tree_unsupported: ``tree_unsupported(tree) -> str | None``, the reason the
     draft cannot fill ``tree`` (None: it can), asked before any work
     (``check_tree``). Default: every tree it can fill.
@@ -129,6 +138,7 @@ class Capabilities:
   target_states: bool = False
   propose_adaptive: bool = False
   propose_tree: bool = False
+  propose_dynamic_tree: bool = False
   commit_tree: bool = False
   tree_unsupported: bool = False
 
@@ -140,7 +150,7 @@ def capabilities(draft: Any) -> Capabilities:
       init_with_target=has("init_with_target"),
       target_states=bool(getattr(draft, "wants_target_states", False)),
       propose_adaptive=has("propose_adaptive"), propose_tree=has("propose_tree"),
-      commit_tree=has("commit_tree"), tree_unsupported=has("tree_unsupported"))
+      propose_dynamic_tree=has("propose_dynamic_tree"), commit_tree=has("commit_tree"), tree_unsupported=has("tree_unsupported"))
 
 
 def init_draft(draft: Any, inputs: Array, cache_len: int, target_encoded: Array) -> Any:
@@ -356,6 +366,90 @@ def tree_proposal(draft: Any, state: Any, seq: Array, length: Array, tree: TreeS
   return tokens, q, valid, jnp.asarray(tree.max_depth, jnp.int32), state
 
 
+class Level(NamedTuple):
+  """A dynamic tree under construction (``expand_level``), [B, N] each.
+
+  tokens, valid, parents: as ``propose_dynamic_tree`` returns them.
+  q:     [B, N, V], the distribution each node's token was drawn from.
+  value: the cumulative draft probability of each node's path (root 1).
+  rank:  each node's place among its siblings.
+  """
+
+  tokens: Array
+  q: Array
+  valid: Array
+  parents: Array
+  value: Array
+  rank: Array
+
+  @classmethod
+  def empty(cls, batch: int, num_nodes: int, vocab: int) -> "Level":
+    z = jnp.zeros((batch, num_nodes), jnp.int32)
+    return cls(z, jnp.zeros((batch, num_nodes, vocab), jnp.float32),
+               jnp.ones((batch, num_nodes), bool), z, jnp.ones((batch, num_nodes), jnp.float32), z)
+
+
+def expand_level(tree: DynamicTree, depth: int, level: Level, probs: Array, first: Array,
+                 first_q: Array, first_score: Array, first_value: Array) -> Level:
+  """Chooses and fills depth ``depth``'s W_d nodes of a ``DynamicTree``
+  (EAGLE-2's expansion and reranking under a fixed budget).
+
+  The W_{d-1} nodes of depth d - 1 (the frontier, m of them) were fed to the
+  draft: probs [B, m, V] ranks their candidate children (the draft's
+  probabilities: its softmax at T = 0, its q at T > 0). Frontier node a's
+  candidates are its first child first [B, m] (drawn from first_q [B, m, V],
+  or copied) and then the W_d - 1 next-best tokens of probs[a] other than
+  it, each proposed with its one-hot as q (deterministic). A candidate's
+  score is value(a) times, for the first child, first_score [B, m] (the top
+  of probs[a], known BEFORE the first child is drawn: its token never
+  decides whether it exists) and for the others their probability. The W_d
+  candidates of highest score are kept (ties: the lower parent, then the
+  lower rank: a parent's kept children are its first ones), ordered by
+  parent, then rank; a kept candidate of score 0 (or an invalid parent's)
+  is marked invalid. A kept node's value is value(a) times first_value (the
+  drawn first child's probability) or its own probability: what the next
+  depth ranks by, after this depth's tokens are drawn.
+  """
+  b, m, _ = probs.shape
+  (f0, _), (c0, c1) = tree.level(depth - 1), tree.level(depth)
+  w = c1 - c0
+  rows = jnp.arange(b)[:, None]
+  par_value = jnp.where(level.valid[:, f0:f0 + m], level.value[:, f0:f0 + m], 0.0)  # [B, m]
+  tok, score, val = first[..., None], first_score[..., None], first_value[..., None]
+  if w > 1:
+    alt = next_best(probs, first[..., None], w - 1)                           # [B, m, w-1]
+    alt_p = jnp.take_along_axis(probs.astype(jnp.float32), alt, axis=-1)
+    tok = jnp.concatenate([tok, alt], -1)
+    score, val = jnp.concatenate([score, alt_p], -1), jnp.concatenate([val, alt_p], -1)
+  score = (par_value[..., None] * score).reshape(b, m * w)
+  _, sel = jax.lax.top_k(score, w)
+  sel = jnp.sort(sel, axis=-1)                                                 # [B, w]
+  a, rank = sel // w, (sel % w).astype(jnp.int32)
+  token = tok.reshape(b, m * w)[rows, sel]
+  qa = jnp.where((rank == 0)[..., None], first_q[rows, a].astype(jnp.float32),
+                 jax.nn.one_hot(token, probs.shape[-1], dtype=jnp.float32))
+  return Level(level.tokens.at[:, c0:c1].set(token), level.q.at[:, c0:c1].set(qa),
+               level.valid.at[:, c0:c1].set(score[rows, sel] > 0),
+               level.parents.at[:, c0:c1].set((f0 + a).astype(jnp.int32)),
+               level.value.at[:, c0:c1].set(par_value[rows, a] * val.reshape(b, m * w)[rows, sel]),
+               level.rank.at[:, c0:c1].set(rank))
+
+
+def dynamic_tree_proposal(draft: Any, state: Any, seq: Array, length: Array, tree: DynamicTree,
+                          sampling: SamplingConfig, key: Array
+                          ) -> tuple[Array, Array, Array, Array, Array, Any]:
+  """``draft.propose_dynamic_tree`` if the draft has it, else its
+  ``tree_proposal`` of the static ``tree.skeleton`` (the same layout, the
+  same parents every round). -> (tokens [B, N], q [B, N, V], valid [B, N],
+  parents [B, N], steps, state)."""
+  if capabilities(draft).propose_dynamic_tree:
+    return draft.propose_dynamic_tree(state, seq, length, tree, sampling, key)
+  tokens, q, valid, steps, state = tree_proposal(draft, state, seq, length, tree.skeleton,
+                                                 sampling, key)
+  parents = jnp.broadcast_to(jnp.asarray(tree.skeleton.parents, jnp.int32), tokens.shape)
+  return tokens, q, valid, parents, steps, state
+
+
 def commit_tree(draft: Any, state: Any, seq: Array, length: Array, start: Array,
                 out: TreeOutput) -> Any:
   """``draft.commit_tree`` if the draft has it, else ``draft.commit``."""
@@ -364,17 +458,20 @@ def commit_tree(draft: Any, state: Any, seq: Array, length: Array, start: Array,
   return draft.commit(state, seq, length)
 
 
-def check_tree(name: str, draft: Any, tree: TreeShape) -> None:
+def check_tree(name: str, draft: Any, tree: TreeShape | DynamicTree) -> None:
   """Raises ``DraftInterfaceError`` (before any work) when ``draft`` cannot
   propose ``tree``: a draft without ``propose_tree`` fills spine trees only,
   and a draft may refuse a tree (its ``tree_unsupported(tree)`` returning the
   reason as a string)."""
   where = f"approximation model {name!r} ({type(draft).__qualname__})"
   caps = capabilities(draft)
+  dynamic = isinstance(tree, DynamicTree) and caps.propose_dynamic_tree
+  if isinstance(tree, DynamicTree):
+    tree = tree.skeleton  # the layout; a draft without per-round trees fills it as it is
   why = draft.tree_unsupported(tree) if caps.tree_unsupported else None
   if why:
     raise DraftInterfaceError(f"{where} cannot propose the token tree {tree.parents}: {why}")
-  if not caps.propose_tree and not tree.is_spine:
+  if not caps.propose_tree and not dynamic and not tree.is_spine:
     raise DraftInterfaceError(
         f"{where} proposes chains only, so it can fill spine trees (a chain with sibling "
         f"leaves, e.g. 'spine:4,2,2,1') but not {tree.parents}")

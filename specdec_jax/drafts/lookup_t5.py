@@ -29,6 +29,7 @@ from flax import struct
 from specdec_jax.drafts.prompt_lookup import lookup_continuation
 from specdec_jax.drafts.t5_draft import T5Draft
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.tree import DynamicTree
 
 Array = jax.Array
 
@@ -36,6 +37,7 @@ Array = jax.Array
 class LookupT5State(struct.PyTreeNode):
   inputs: Array          # [B, S] encoder inputs, searched by the lookup
   cache: Any            # the T5 draft's state (its cache, or a FeatureState)
+  tree_round: Array = None  # [] bool: the last proposal decoded a tree into the cache
 
 
 @struct.dataclass
@@ -52,11 +54,12 @@ class LookupT5Draft:
     return self.t5.vocab_size
 
   def init(self, inputs: Array, cache_len: int) -> LookupT5State:
-    return LookupT5State(inputs, self.t5.init(inputs, cache_len))
+    return LookupT5State(inputs, self.t5.init(inputs, cache_len), jnp.asarray(False))
 
   def init_with_target(self, inputs: Array, cache_len: int,
                        target_encoded: Array | None) -> LookupT5State:
-    return LookupT5State(inputs, self.t5.init_with_target(inputs, cache_len, target_encoded))
+    return LookupT5State(inputs, self.t5.init_with_target(inputs, cache_len, target_encoded),
+                         jnp.asarray(False))
 
   def copy_plan(self, state: LookupT5State, seq: Array, length: Array,
                 gamma: int) -> tuple[Array, Array]:
@@ -82,7 +85,30 @@ class LookupT5Draft:
               sampling: SamplingConfig, key: Array) -> tuple[Array, Array, LookupT5State]:
     tokens, q, cache = self.t5.propose(state.cache, seq, length, gamma, sampling, key,
                                        override=self._override(state, seq, length, gamma))
-    return tokens, q, state.replace(cache=cache)
+    return tokens, q, state.replace(cache=cache, tree_round=jnp.asarray(False))
+
+  def propose_dynamic_tree(self, state: LookupT5State, seq: Array, length: Array,
+                           tree: DynamicTree, sampling: SamplingConfig, key: Array
+                           ) -> tuple[Array, Array, Array, Array, Array, LookupT5State]:
+    """A tree chosen per round (``T5Draft.propose_dynamic_tree``) whose copied
+    path (``copy_plan`` of depth D) is the first child at every depth with
+    probability 1: the copy is always in the tree, the T5 draft's best
+    alternatives fill the rest of the budget. Exact as ``propose``: the copy
+    depends only on the context and the path above it."""
+    plan = self.copy_plan(state, seq, length, tree.max_depth)
+    *out, cache = self.t5.propose_dynamic_tree(state.cache, seq, length, tree, sampling, key,
+                                               copy=plan)
+    return (*out, state.replace(cache=cache, tree_round=jnp.asarray(True)))
+
+  def commit_tree(self, state: LookupT5State, seq: Array, length: Array, start: Array,
+                  path: Array, num_accepted: Array) -> LookupT5State:
+    """After a round of ``propose_dynamic_tree`` the accepted path moves into
+    place in the T5 draft's cache (``T5Draft.commit_tree``); after a chain
+    proposal (a static spine tree) the cache already holds it."""
+    moved = self.t5.commit_tree(state.cache, seq, length, start, path, num_accepted)
+    cache = jax.tree.map(lambda a, b: jnp.where(state.tree_round, a, b), moved,
+                         self.t5.commit(state.cache, seq, length))
+    return state.replace(cache=cache)
 
   def propose_adaptive(self, state: LookupT5State, seq: Array, length: Array, gamma: int,
                        sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
@@ -99,7 +125,7 @@ class LookupT5Draft:
         state.cache, seq, length, gamma, sampling, key, limit, threshold,
         skip_below=skip_below, cumulative=cumulative, drawn=drawn,
         override=self._override(state, seq, length, gamma))
-    return tokens, q, count, steps, state.replace(cache=cache)
+    return tokens, q, count, steps, state.replace(cache=cache, tree_round=jnp.asarray(False))
 
   def commit(self, state: LookupT5State, seq: Array, length: Array) -> LookupT5State:
     return state.replace(cache=self.t5.commit(state.cache, seq, length))

@@ -11,12 +11,12 @@ from flax import struct
 from specdec_jax.drafts import bridge as bridge_lib
 from specdec_jax.drafts import feature_bridge as feature_lib
 from specdec_jax.drafts import shortlist as shortlist_lib
-from specdec_jax.drafts.base import (drawn_probability, fill_children, gather_positions,
-                                     skip_unsure, top_probability)
+from specdec_jax.drafts.base import (Level, drawn_probability, expand_level, fill_children,
+                                     gather_positions, skip_unsure, top_probability)
 from specdec_jax.models.t5 import DecoderCache, T5Model
 from specdec_jax.partitioning import Partitioner, constrain_cache
 from specdec_jax.sampling import SamplingConfig, sample_with, standardize
-from specdec_jax.tree import TreeShape
+from specdec_jax.tree import DynamicTree, RoundTree, TreeShape
 
 Array = jax.Array
 # (i, q_i, x_i) -> (x_i, q_i, certain): see T5Draft.propose.
@@ -312,13 +312,15 @@ class T5Draft:
       return "an observed T5 draft (profiling) proposes chains only"
     return None
 
-  def _decode_tree(self, tokens: Array, length: Array, tree: TreeShape, cache: DecoderCache,
+  def _decode_tree(self, tokens: Array, length: Array, tree: TreeShape | RoundTree,
+                   cache: DecoderCache,
                    nodes: tuple[int, ...], states: Array | None, part: Any
                    ) -> tuple[Array, DecoderCache]:
     """``T5Model.decode_tree`` of ``nodes`` (tokens [B, m]) -> (logits [B, m, V],
     cache), through the shortlist and with the feature bridge's extra at the
     nodes' positions, as ``_decode`` for a chain."""
-    positions = length[:, None] + jnp.asarray(tree.depths[list(nodes)])[None]
+    offsets = jnp.asarray(tree.position_offsets, jnp.int32)               # [N] or [B, N]
+    positions = length[:, None] + offsets[..., list(nodes)]
     extra = self._extra(states, length, positions)
     if self.shortlist is None:
       return self.model.decode_tree(self.params, tokens, length, tree, cache, nodes=nodes,
@@ -374,6 +376,66 @@ class T5Draft:
     cache = constrain_cache(cache, self.partitioner, "draft cache")
     steps = jnp.asarray(tree.max_depth, jnp.int32)
     return tokens, q, valid, steps, self._join(cache, states, part)
+
+  def propose_dynamic_tree(self, state: Any, seq: Array, length: Array, tree: DynamicTree,
+                           sampling: SamplingConfig, key: Array,
+                           copy: tuple[Array, Array] | None = None
+                           ) -> tuple[Array, Array, Array, Array, Array, Any]:
+    """A token tree chosen this round (EAGLE-2): one draft call per depth.
+
+    The first call feeds positions n-1 and n (the root); then, for d = 1..D,
+    ``base.expand_level`` keeps the W_d children of highest cumulative draft
+    probability among the top candidates of every depth-(d-1) node, and one
+    ``T5Model.decode_tree`` call (the parents as data, ``tree.RoundTree``)
+    feeds them. A node's first child is drawn from the draft's standardized q
+    there (its argmax at T = 0), its later children are the next-best tokens
+    with one-hot q; ranking uses the draft's softmax at T = 0 and q at T > 0.
+    ``copy`` = (tokens [B, D], copy [B, D] bool) (``LookupT5Draft``): a node
+    on the copied path takes the copy at the next depth as its first child,
+    one-hot, with probability 1. Returns (tokens [B, N], q [B, N, V], valid
+    [B, N], parents [B, N], steps = D, state); node 0's token is the engine's.
+    """
+    why = self.tree_unsupported(tree.skeleton)
+    if why:
+      raise ValueError(f"T5Draft cannot propose a token tree: {why}")
+    b, n_nodes, v = length.shape[0], tree.num_nodes, self.vocab_size
+    us = (jnp.zeros((b, n_nodes), jnp.float32) if sampling.greedy
+          else jax.random.uniform(key, (b, n_nodes)))
+    cache, states, part = self._split(state)
+    level = Level.empty(b, n_nodes, v)
+    on_copy = jnp.zeros((b, n_nodes), bool).at[:, 0].set(copy is not None)
+    pos = length[:, None] + jnp.arange(-1, 1, dtype=jnp.int32)[None, :]
+    logits, cache = self._decode(gather_positions(seq, pos), pos, cache,
+                                 self._extra(states, length, pos), part)
+    logits = logits[:, None]
+    for depth in range(1, tree.max_depth + 1):
+      f0, f1 = tree.level(depth - 1)
+      q_f = standardize(logits, sampling)                                  # [B, m, V]
+      probs = jax.nn.softmax(logits.astype(jnp.float32), -1) if sampling.greedy else q_f
+      first = sample_with(us[:, f0:f1], q_f, sampling)                     # [B, m]
+      first_q, first_value = q_f, jnp.take_along_axis(probs, first[..., None], -1)[..., 0]
+      first_score = jnp.max(probs, axis=-1)
+      copied = jnp.zeros(first.shape, bool)
+      if copy is not None:
+        copied = on_copy[:, f0:f1] & copy[1][:, depth - 1:depth]
+        cont = jnp.broadcast_to(copy[0][:, depth - 1:depth], first.shape)
+        first = jnp.where(copied, cont, first)
+        first_q = jnp.where(copied[..., None], jax.nn.one_hot(cont, v, dtype=q_f.dtype), q_f)
+        first_score = jnp.where(copied, 1.0, first_score)
+        first_value = jnp.where(copied, 1.0, first_value)
+      level = expand_level(tree, depth, level, probs, first, first_q, first_score, first_value)
+      c0, c1 = tree.level(depth)
+      par = level.parents[:, c0:c1]
+      on_copy = on_copy.at[:, c0:c1].set(
+          jnp.take_along_axis(copied, par - f0, 1) & (level.rank[:, c0:c1] == 0))
+      if depth < tree.max_depth:
+        shape = RoundTree.from_parents(level.parents, tree.max_depth, tree.max_branching)
+        logits, cache = self._decode_tree(level.tokens[:, c0:c1], length, shape, cache,
+                                          tuple(range(c0, c1)), states, part)
+    cache = constrain_cache(cache, self.partitioner, "draft cache")
+    steps = jnp.asarray(tree.max_depth, jnp.int32)
+    return (level.tokens, level.q, level.valid, level.parents, steps,
+            self._join(cache, states, part))
 
   def commit_tree(self, state: Any, seq: Array, length: Array, start: Array, path: Array,
                   num_accepted: Array) -> Any:

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.partitioning import Partitioner, constrain_cache
-from specdec_jax.tree import TreeShape
+from specdec_jax.tree import RoundTree, TreeShape
 
 Array = jax.Array
 Cache = Any  # a pytree of fixed shape, e.g. ``models.t5.DecoderCache``
@@ -62,7 +62,7 @@ class TargetModel(Protocol):
 
   def decode(self, params: Any, tokens: Array, positions: Array, cache: Cache, *,
              return_hidden: bool = False, write: bool = True,
-             tree: Optional[TreeShape] = None) -> tuple:
+             tree: Optional[TreeShape | RoundTree] = None) -> tuple:
     """tokens [B, k] at positions [B, k] -> (logits [B, k, V] float32, the cache
     with the k rows written); ``return_hidden`` appends the final decoder
     states [B, k, d] (for drafts that read them).
@@ -102,15 +102,17 @@ def pad_rows(rows: Rows, slots: Array, width: int) -> tuple[Rows, Array]:
   return jax.tree.map(pad, rows), jnp.pad(slots, ((0, 0), (0, extra)), constant_values=-1)
 
 
-def decode_tree(target: TargetModel, params: Any, tokens: Array, lengths: Array, tree: TreeShape,
-                cache: Cache, *, hidden: bool = False,
+def decode_tree(target: TargetModel, params: Any, tokens: Array, lengths: Array,
+                tree: TreeShape | RoundTree, cache: Cache, *, hidden: bool = False,
                 partitioner: Optional[Partitioner] = None) -> tuple[Array, Cache, Optional[Array]]:
   """One pass over a token tree (SpecInfer's tree attention): tokens [B, N] of
   the tree's nodes (node 0 the last committed token) at committed lengths [B]
   -> (logits [B, N, V] float32, cache with node j at slot lengths + j, final
   decoder states [B, N, d] if ``hidden`` else None). With a ``partitioner``
-  the cache is pinned to its layout, as the loops pin a decode's."""
-  offsets = jnp.asarray(tree.position_offsets, jnp.int32)[None]
+  the cache is pinned to its layout, as the loops pin a decode's. A
+  ``RoundTree`` (this round's parents as data) places node j at its own
+  depth per row."""
+  offsets = jnp.asarray(tree.position_offsets, jnp.int32)          # [N] or [B, N]
   positions = lengths.astype(jnp.int32)[:, None] + offsets
   out = target.decode(params, tokens, positions, cache, return_hidden=hidden, tree=tree)
   return out[0], constrain_cache(out[1], partitioner, "tree cache"), (out[2] if hidden else None)

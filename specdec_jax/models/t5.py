@@ -64,7 +64,7 @@ import functools
 import itertools
 import math
 import operator
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence, Union
 
 import flax.linen as nn
 import jax
@@ -75,7 +75,7 @@ from flax import struct
 from specdec_jax import quantization
 from specdec_jax.models import base
 from specdec_jax.partitioning import Partitioner, constrain_cache
-from specdec_jax.tree import TreeShape
+from specdec_jax.tree import RoundTree, TreeShape
 
 Array = jax.Array
 # Large negative (not -inf) so that a fully-masked row gives a finite softmax.
@@ -521,9 +521,11 @@ class TreeAttention(NamedTuple):
   start:       [B] int32, the first scratch slot per row (= committed length).
   slots:       [B, k] int32, where the call's nodes are written (n + node index).
   key_offsets: [N] int32, scratch slot n + j holds a key at position n +
-               key_offsets[j] (the node's depth).
+               key_offsets[j] (the node's depth); [B, N] for a tree given as
+               data (``tree.RoundTree``).
   visible:     [k, N] bool, the call's node i sees scratch slot n + j iff
-               visible[i, j] (rows of ``TreeShape.ancestor_mask``).
+               visible[i, j] (rows of ``TreeShape.ancestor_mask``); [B, k, N]
+               for a tree given as data.
   """
 
   start: Array
@@ -536,11 +538,16 @@ class TreeAttention(NamedTuple):
     every cache slot's position and whether each of the k queries sees it."""
     slot = jnp.arange(cache_len, dtype=jnp.int32)[None]
     rel = slot - self.start[:, None]                                   # [B, L]
-    n = self.key_offsets.shape[0]
+    n = self.key_offsets.shape[-1]
     in_tree = (rel >= 0) & (rel < n)
     j = jnp.clip(rel, 0, n - 1)
-    k_pos = jnp.where(in_tree, self.start[:, None] + self.key_offsets[j], slot)
-    seen = jnp.moveaxis(self.visible[:, j], 0, 1)                      # [B, k, L]
+    if self.visible.ndim == 3:  # a tree given as data, per row
+      offsets = jnp.take_along_axis(jnp.broadcast_to(self.key_offsets, (rel.shape[0], n)), j, 1)
+      seen = jnp.take_along_axis(self.visible, jnp.broadcast_to(
+          j[:, None], (j.shape[0], self.visible.shape[1], j.shape[1])), axis=2)
+    else:
+      offsets, seen = self.key_offsets[j], jnp.moveaxis(self.visible[:, j], 0, 1)
+    k_pos = jnp.where(in_tree, self.start[:, None] + offsets, slot)    # seen: [B, k, L]
     return k_pos, (rel < 0)[:, None, :] | (in_tree[:, None, :] & seen)
 
 
@@ -573,8 +580,9 @@ def _pad_call(tokens: Array, positions: Array, extra: Optional[Array],
   if extra is not None:
     extra = pad(extra)
   if tree is not None:
+    rows = ((0, 0),) * (tree.visible.ndim - 2)  # a tree given as data has a batch axis
     tree = tree._replace(slots=pad(tree.slots, -1),
-                         visible=jnp.pad(tree.visible, ((0, r - k), (0, 0))))
+                         visible=jnp.pad(tree.visible, rows + ((0, r - k), (0, 0))))
   return pad(tokens), pad(positions, -1), extra, tree
 
 
@@ -818,7 +826,8 @@ class T5Model:
         self_k=tuple(_write(c, n, positions) for c, n in zip(cache.self_k, ks)),
         self_v=tuple(_write(c, n, positions) for c, n in zip(cache.self_v, vs)))
 
-  def decode_tree(self, params: dict, tokens: Array, lengths: Array, tree: TreeShape,
+  def decode_tree(self, params: dict, tokens: Array, lengths: Array,
+                  tree: Union[TreeShape, RoundTree],
                   cache: DecoderCache, nodes: Optional[Sequence[int]] = None,
                   return_hidden: bool = False,
                   partitioner: Optional[Partitioner] = None,
@@ -843,6 +852,8 @@ class T5Model:
     ``decode``, and ``extra`` [B, k, d] (added to the nodes' embeddings) as
     ``decode``'s. With a ``partitioner`` the returned cache is pinned to its
     layout (``partitioning.constrain_cache``), as the loops pin a decode's.
+    A ``tree.RoundTree`` (parents as data, per row) reads its depths and
+    ancestor mask from its arrays.
     """
     n_nodes = tree.num_nodes
     nodes = tuple(range(n_nodes)) if nodes is None else tuple(int(j) for j in nodes)
@@ -856,10 +867,11 @@ class T5Model:
                        f"nodes; size it with TreeShape.cache_len(max_decode_len)")
     idx = np.asarray(nodes, np.int32)
     start = lengths.astype(jnp.int32)
-    positions = start[:, None] + jnp.asarray(tree.position_offsets[idx])[None]
+    offsets = jnp.asarray(tree.position_offsets, jnp.int32)                # [N] or [B, N]
+    positions = start[:, None] + offsets[..., idx]
     att = TreeAttention(start=start, slots=start[:, None] + jnp.asarray(idx)[None],
-                        key_offsets=jnp.asarray(tree.position_offsets),
-                        visible=jnp.asarray(tree.ancestor_mask[idx]))
+                        key_offsets=offsets,
+                        visible=jnp.asarray(tree.ancestor_mask)[..., idx, :])
     out = self.module.apply({"params": params}, tokens, positions, cache, True, extra,
                             return_hidden, att, method=T5.decode)
     return (out[0], constrain_cache(out[1], partitioner, "tree cache")) + out[2:]
