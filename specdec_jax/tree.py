@@ -699,10 +699,11 @@ class DynamicTree:
     kind, _, rest = str(text).partition(":")
     try:
       assert kind.strip() == "dynamic"
-      return cls(tuple(int(v) for v in rest.split(",")))
+      widths = tuple(int(v) for v in rest.split(","))
     except (AssertionError, ValueError):
       raise ValueError(f"tree {text!r}: expected 'dynamic:W1,W2,...' (nodes per depth, "
                        "integers >= 1)") from None
+    return cls(widths)
 
   @functools.cached_property
   def skeleton(self) -> TreeShape:

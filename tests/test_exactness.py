@@ -142,7 +142,7 @@ GREEDY_CELLS = [
                "near_out-dynamic"),
     cell_param(Cell("tree", "lookup_near_out", shape=DYNAMIC, expect=("deep",)),
                "lookup_near_out-dynamic"),
-    cell_param(Cell("tree", "prompt_lookup", shape=DYNAMIC), "prompt_lookup-dynamic"),
+    cell_param(Cell("tree", "prompt_lookup", shape=DYNAMIC), "prompt_lookup-dynamic", slow=True),
     cell_param(Cell("tree", "feature_near_out", shape=DYNAMIC, expect=("deep", "siblings")),
                "feature_near_out-dynamic", slow=True),
     cell_param(Cell("tree", "near_out", shape=DYNAMIC, expect=("deep", "siblings"), fixed=12),

@@ -389,6 +389,16 @@ class Level(NamedTuple):
                jnp.ones((batch, num_nodes), bool), z, jnp.ones((batch, num_nodes), jnp.float32), z)
 
 
+def first_child_score(probs: Array, first: Array) -> Array:
+  """What a dynamic tree ranks a first child by (``expand_level``): the top
+  of the draft's probabilities probs [..., V] at its parent, never the
+  probability of the token drawn, first [...] (choosing by that would keep a
+  sampled node only when its own token is likely: not exact,
+  docs/exactness_trees.md)."""
+  del first
+  return jnp.max(probs, axis=-1)
+
+
 def expand_level(tree: DynamicTree, depth: int, level: Level, probs: Array, first: Array,
                  first_q: Array, first_score: Array, first_value: Array) -> Level:
   """Chooses and fills depth ``depth``'s W_d nodes of a ``DynamicTree``

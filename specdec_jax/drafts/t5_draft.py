@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specdec_jax.drafts import base as base_lib
 from specdec_jax.drafts import bridge as bridge_lib
 from specdec_jax.drafts import feature_bridge as feature_lib
 from specdec_jax.drafts import shortlist as shortlist_lib
@@ -414,7 +415,7 @@ class T5Draft:
       probs = jax.nn.softmax(logits.astype(jnp.float32), -1) if sampling.greedy else q_f
       first = sample_with(us[:, f0:f1], q_f, sampling)                     # [B, m]
       first_q, first_value = q_f, jnp.take_along_axis(probs, first[..., None], -1)[..., 0]
-      first_score = jnp.max(probs, axis=-1)
+      first_score = base_lib.first_child_score(probs, first)
       copied = jnp.zeros(first.shape, bool)
       if copy is not None:
         copied = on_copy[:, f0:f1] & copy[1][:, depth - 1:depth]
