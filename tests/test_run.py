@@ -826,34 +826,36 @@ def test_adaptive_bad_input_fails_before_work(env, monkeypatch, binding, message
     run.prepare(run.parse_config([str(env / "exp.gin")], binding.splitlines()))
 
 
-def test_tree_run_records_depths_and_branches(env, capsys, tmp_path):
-  """A token-tree run (Experiment.tree) at T=0: 0 mismatches, per-example
-  depth histograms whose rounds add up to the target calls, branch (sibling
-  rank) counts that add up to the accepted tokens, and make_tables shows the
-  row beside chain rows."""
+@pytest.mark.parametrize("tree,nodes", [("full:2,2", 7), ("dynamic:2,4", 7)])
+def test_tree_run_records_depths_and_branches(env, capsys, tmp_path, tree, nodes):
+  """A token-tree run (Experiment.tree, static or chosen per round) at T=0:
+  0 mismatches, per-example depth histograms whose rounds add up to the
+  target calls, branch (sibling rank) counts that add up to the accepted
+  tokens, and make_tables shows the row beside chain rows."""
   w = tmp_path / "tree"
   rc, out, err = _cli(capsys, f"--config={env / 'exp.gin'}", f"--workdir={w}",
-                      "--gin_bindings=Experiment.tree = 'full:2,2'",
+                      f"--gin_bindings=Experiment.tree = '{tree}'",
                       "--gin_bindings=Experiment.num_examples = 2")
   assert rc == 0, err
   recs = _lines(w / "examples.jsonl")
   s = json.loads((w / "summary.json").read_text())
   for r in recs:
-    assert r["matches_baseline"] and r["tree_nodes"] == 7
+    assert r["matches_baseline"] and r["tree_nodes"] == nodes
     assert sum(r["depth_hist"]) == r["target_calls"] and len(r["depth_hist"]) == 3
     assert sum(r["rank_hist"]) == r["accepted"] == sum(j * n for j, n in
                                                        enumerate(r["depth_hist"]))
-  assert s["tree"] == "full:2,2" and s["gamma"] is None and s["mismatches_vs_baseline"] == 0
+  assert s["tree"] == tree and s["gamma"] is None and s["mismatches_vs_baseline"] == 0
   assert s["expected_speedup"] is None  # Theorem 3.8 is for a chain
-  assert "tree full:2,2" in out
+  assert f"tree {tree}" in out
   sys.path.insert(0, str(REPO / "scripts"))
   import make_tables
-  assert "tree full:2,2" in make_tables.build_markdown([s])
+  assert f"tree {tree}" in make_tables.build_markdown([s])
 
 
 @pytest.mark.parametrize("binding,message", [
     ("Experiment.tree = 'bushy:3'", "Experiment.tree: tree 'bushy:3': expected"),
     ("Experiment.tree = 'parents:-1,0,2'", "node 2's parent 2 does not precede it"),
+    ("Experiment.tree = 'dynamic:2,x'", "expected 'dynamic:W1,W2,...'"),
     ("Experiment.tree = 'full:2,2,2'\nExperiment.max_decode_len = 2",
      "does not fit max_decode_len 2"),
     ("Experiment.tree = 'full:2'\nExperiment.lenience = 0.5", "trees are verified exactly"),

@@ -21,7 +21,7 @@ from specdec_jax.decoding import AdaptiveConfig
 from specdec_jax.pair import (ModelPair, PairSettings, candidates, check_path,  # noqa: F401
                               is_remote, resolve_path)
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.tree import TreeShape
+from specdec_jax.tree import DynamicTree, TreeShape, parse_tree
 
 REPO_ROOT = pair_lib.REPO_ROOT
 DTYPES = pair_lib.DTYPES   # activation and weight dtypes
@@ -98,8 +98,9 @@ class Experiment(PairSettings):
   # ``@AdaptiveConfig()`` with ``AdaptiveConfig.rule`` etc. bound; gamma is then γ_max.
   adaptive: Optional[AdaptiveConfig] = None
   lenience: float = 1.0
-  # A token tree verified in one target pass per round (specdec_jax.tree.TreeShape.parse):
-  # '' (the chain of gamma), 'spine:4,2,2,1', 'full:3,2,1', 'parents:-1,0,0,1'.
+  # A token tree verified in one target pass per round (specdec_jax.tree.parse_tree):
+  # '' (the chain of gamma), 'spine:4,2,2,1', 'full:3,2,1', 'parents:-1,0,0,1', or
+  # 'dynamic:4,4,4' (W_d nodes at depth d, the draft choosing the tree each round).
   # Replaces gamma; exact for every draft that can fill it (README, "Token trees").
   tree: str = ""
   batch_size: int = 1
@@ -267,13 +268,13 @@ class Experiment(PairSettings):
                        f"--gin_bindings=\"{example} = '/path/...'\"")
 
   @property
-  def tree_shape(self) -> Optional[TreeShape]:
+  def tree_shape(self) -> Optional[TreeShape | DynamicTree]:
     """``tree`` parsed (None for the chain); a bad one raises ``ValueError``
     naming Experiment.tree."""
     if not self.tree:
       return None
     try:
-      return TreeShape.parse(self.tree)
+      return parse_tree(self.tree)
     except ValueError as e:
       raise ValueError(f"Experiment.tree: {e}") from None
 
