@@ -139,6 +139,7 @@ class WriterHold:
     self.flag = flag
     self.remote = storage.is_gcs(path)
     self.path = path.rstrip("/") if self.remote else str(Path(path).absolute())
+    self.shown = path.rstrip("/") if self.remote else str(Path(path))  # in messages
     self.lock_path = storage.join(self.path, HOLD_NAME)
     self.lost: Optional[str] = None
     now = time.time()
@@ -188,7 +189,7 @@ class WriterHold:
       os.pwrite(fd, data, 0)
       self._fd, self._created_dir = fd, created
       return
-    raise WorkdirInUseError(f"{self.flag} {self.path}: could not take {HOLD_NAME} (other "
+    raise WorkdirInUseError(f"{self.flag} {self.shown}: could not take {HOLD_NAME} (other "
                             "runs keep taking and releasing it); try again")
 
   @staticmethod
@@ -209,12 +210,12 @@ class WriterHold:
         try:
           holder = json.loads(data.decode())
         except (UnicodeDecodeError, json.JSONDecodeError):
-          raise WorkdirInUseError(f"{self.flag} {self.path}: {self.lock_path} is not a hold "
+          raise WorkdirInUseError(f"{self.flag} {self.shown}: {self.lock_path} is not a hold "
                                   "this runner wrote; remove it if no run uses the workdir")
         why = abandoned(holder)
         if why is None:
           raise self._in_use(holder)
-        logging.warning("%s: taking over the hold of %s: %s", self.path,
+        logging.warning("%s: taking over the hold of %s: %s", self.shown,
                         describe_holder(holder), why)
       new = storage.write_if(self.lock_path, json.dumps(self.record).encode(), generation)
       if new is not None:
@@ -223,7 +224,7 @@ class WriterHold:
                                         name=f"hold {self.path}")
         self._thread.start()
         return
-    raise WorkdirInUseError(f"{self.flag} {self.path}: could not take {HOLD_NAME} (other "
+    raise WorkdirInUseError(f"{self.flag} {self.shown}: could not take {HOLD_NAME} (other "
                             "runs keep changing it); try again")
 
   def _heartbeat(self) -> None:
@@ -236,7 +237,7 @@ class WriterHold:
           new = storage.write_if(self.lock_path, json.dumps(self.record).encode(),
                                  self._generation)
         except storage.StorageError as e:  # tried again at the next beat
-          logging.warning("%s: could not refresh the hold (%s)", self.path, e)
+          logging.warning("%s: could not refresh the hold (%s)", self.shown, e)
           continue
         if new is None:
           self.lost = "another run took it over (this run had not refreshed it in time)"
@@ -248,14 +249,14 @@ class WriterHold:
     if self.remote and isinstance(holder.get("refreshed_s"), (int, float)):
       who += (f", refreshed {max(time.time() - holder['refreshed_s'], 0):.0f} s ago (taken "
               f"over after {STALE_S:.0f} s without a refresh)")
-    return WorkdirInUseError(f"{self.flag} {self.path} is in use by {who}; wait for it to "
+    return WorkdirInUseError(f"{self.flag} {self.shown} is in use by {who}; wait for it to "
                              f"end or stop it, or choose another {self.flag} (nothing was "
                              "changed)")
 
   def check(self) -> None:
     """Raises ``WorkdirInUseError`` if the hold was lost."""
     if self.lost:
-      raise WorkdirInUseError(f"{self.path}: this run no longer holds the workdir "
+      raise WorkdirInUseError(f"{self.shown}: this run no longer holds the workdir "
                               f"({self.lost}); it stops, writing nothing more")
 
   def release(self) -> None:
@@ -272,7 +273,7 @@ class WriterHold:
             storage.write_if(self.lock_path, None, self._generation)
           except storage.StorageError as e:
             logging.warning("%s: could not remove the hold (%s); the next run takes it over "
-                            "as abandoned", self.path, e)
+                            "as abandoned", self.shown, e)
         self._generation = b""
         return
       if self._fd is None:
