@@ -111,7 +111,7 @@ def _adaptive(exp: Experiment, records: list[dict]) -> dict:
           "adaptive_skip_below": a.skip_below, "adaptive_confidence": a.confidence,
           "gamma_hist": hist.tolist(),       # rounds that proposed j tokens, at j
           "mean_gamma": float(np.dot(np.arange(len(hist)), hist) / max(hist.sum(), 1)),
-          "gamma_label": (f"≤{exp.gamma} {a.rule}"
+          "gamma_label": (f"≤{exp.gamma_max} {a.rule}"
                           + (f" {a.threshold:g}" if a.threshold is not None else "")
                           + (f" skip {a.skip_below:g}" if a.skip_below is not None else "")
                           + (" drawn" if a.confidence == "drawn" else ""))}
