@@ -103,12 +103,12 @@ def cell(row: str, hardware: str, compile_loop: bool = False, variant: str = "")
     plan = sum(r.ctx.resident.values())
     out = {"memory": plan, "estimate": plan, "fits": plan <= r.chip.hbm_bytes,
            "memory_from": "plan", "error": None}
-  out.update(hbm=r.chip.hbm_bytes, gamma=r.gamma, wall_s=r.wall_s)
+  out.update(hbm=r.chip.hbm_bytes, gamma=r.exp.gamma_max, wall_s=r.wall_s)
   if r.roofline is not None and r.roofline.draft is not None:
     d = r.roofline.draft
     # The draft step's priced terms, for the token-tree recommendation.
     out["draft_piece"] = [d.flops, d.bytes, d.ops, [list(k) + [n] for k, n in d.collectives]]
-    out.update(c=r.roofline.c(), v=r.roofline.v(r.gamma + 1),
+    out.update(c=r.roofline.c(), v=r.roofline.v(r.exp.gamma_max + 1),
                ratio=r.roofline.target[1].bytes / r.roofline.floor,
                baseline_ms=r.roofline.baseline_ms_per_token())
   if r.paper is not None:

@@ -380,7 +380,7 @@ def test_a_tree_run_compiles_its_own_loop(paths):
   and its memory estimate holds."""
   r = dry_run_programs.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
                      programs=("speculative", "draft"), roofline=False, workers=1)
-  assert r.gamma == 4  # 1 + 2 + 2 nodes
+  assert r.exp.gamma_max == 4  # 1 + 2 + 2 nodes
   for p in r.programs:
     assert not p.error, p.error
     assert p.weight_moves == [], p.weight_moves

@@ -476,7 +476,7 @@ def main(exp: Experiment, flag: str, workdir: str, dry_run: Optional[str] = None
   topology = topology_of(devices) if flag == AUTO else flag
   logging.info("Compiling the row's pieces for %s (the dry run's cost model)…", topology)
   r, notes = model_side(exp, topology)
-  gamma = r.gamma
+  gamma = r.exp.gamma_max
   logging.info("Loading the target and the draft…")
   setup = load_models(exp, load_data(exp))
   logging.info("Timing c and v for γ = 1..%d on %s (%d interleaved repeats), then the "

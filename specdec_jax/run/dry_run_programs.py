@@ -433,10 +433,6 @@ class RunDryRun(DryRun):
     return self.ctx.settings
 
   @property
-  def gamma(self) -> int:
-    return self.exp.gamma_max
-
-  @property
   def target_config(self) -> T5Config:
     return self.ctx.target_config
 
@@ -450,7 +446,7 @@ class RunDryRun(DryRun):
     if not self._priced():
       return None
     tree = self.exp.tree_shape
-    return self.roofline.round_cost(self.gamma) if tree is None else \
+    return self.roofline.round_cost(self.exp.gamma_max) if tree is None else \
         self.roofline.tree_round_cost(tree)
 
   def tokens_per_round(self) -> float:
@@ -492,9 +488,9 @@ class RunDryRun(DryRun):
       draft += f" (kernels {draft_quant(e)}, per-channel scales)"
     return [f"target {e.target_preset or 'from config.json'}, {draft}; {mesh}; weights "
             f"{e.param_dtype}, activations {e.dtype}; batch {e.batch_size}, input "
-            f"{e.max_input_len}, decode {e.max_decode_len}, γ {self.gamma}"
+            f"{e.max_input_len}, decode {e.max_decode_len}, γ {e.gamma_max}"
             + (" (γ_max; adaptive widths "
-               f"{e.adaptive.verify_widths(self.gamma)})" if e.adaptive else "")
+               f"{e.adaptive.verify_widths(e.gamma_max)})" if e.adaptive else "")
             + (" ('auto' compiles the γ it picks; this is its largest)"
                if e.gamma == "auto" else "")
             + f", temperature {s.temperature:g}",
@@ -571,7 +567,7 @@ def prediction_lines(r: RunDryRun) -> list[str]:
   tree = e.tree_shape
   if tree is None:
     theorem = (f"  Theorem 3.8 at the paper's α = {row.alpha} (Table 3){caveat}, "
-               f"γ = {r.gamma}: predicted {r.predicted():.2f}x (with v({r.gamma + 1}): "
+               f"γ = {e.gamma_max}: predicted {r.predicted():.2f}x (with v({e.gamma_max + 1}): "
                f"{r.predicted(True):.2f}x)")
   else:
     rates = scaled_rank_rates(row.alpha, DEMO_RANK_PROFILE)
@@ -586,7 +582,7 @@ def prediction_lines(r: RunDryRun) -> list[str]:
            f"  Side by side, model on {r.num_devices} {r.chip.label} chip(s) | the paper on "
            f"one {paper.CHIP}:",
            f"    ms/token: baseline {base_ms:.3f}, speculative {spec_ms:.3f} (α {row.alpha}, "
-           + (f"γ {r.gamma}, with v" if tree is None else f"{tree.num_nodes}-node tree")
+           + (f"γ {e.gamma_max}, with v" if tree is None else f"{tree.num_nodes}-node tree")
            + ") | not published",
            f"    c: {rl.c():.4f} | {row.c} (Table 4)",
            f"    speedup: {r.predicted():.2f}x (Theorem 3.8 at the model's c) | measured "
