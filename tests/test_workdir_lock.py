@@ -160,6 +160,15 @@ def test_gcs_hold_of_another_host_is_taken_over_only_when_stale(gcs):
   assert wd.abandoned({**other, "host": socket.gethostname(), "refreshed_s": now}) == \
       "its host has restarted since"
   assert wd.abandoned({**other, "refreshed_s": now}) is None
+  # A process that ended, on this host: abandoned; unless it ran in another pid
+  # namespace (another container of this host), where its pid says nothing here.
+  ended = subprocess.Popen(["true"])
+  ended.wait()
+  here = {**other, "host": socket.gethostname(), "boot_id": wd._boot_id(), "pid": ended.pid,
+          "pid_ns": wd._pid_namespace(), "refreshed_s": now}
+  assert wd.abandoned(here) == "its process is gone"
+  assert wd.abandoned({**here, "pid_ns": "pid:[1]"}) is None
+  assert wd.abandoned({**here, "pid": os.getpid()}) is None
 
 
 def test_gcs_hold_is_refreshed_and_a_writer_that_lost_it_stops(gcs, monkeypatch):

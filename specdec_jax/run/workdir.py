@@ -25,11 +25,11 @@ one line naming the holder. How a hold left by a run that died is told apart:
   ``ifGenerationMatch=0`` precondition) and refreshed every ``HEARTBEAT_S``
   seconds by its holder, each refresh conditioned on the generation it wrote
   last. A hold is abandoned when its process is gone from this very host
-  (same host name and boot, pid not running), when its host has restarted,
-  or when it has not been refreshed for ``STALE_S`` seconds (a lost VM: the
-  hosts' clocks are compared, which NTP keeps within a second); the next run
-  then replaces it, again conditioned on the generation it read, so of two
-  runs taking over the same hold one wins.
+  (same host name, boot and pid namespace, pid not running), when its host
+  has restarted, or when it has not been refreshed for ``STALE_S`` seconds
+  (a lost VM: the hosts' clocks are compared, which NTP keeps within a
+  second); the next run then replaces it, again conditioned on the
+  generation it read, so of two runs taking over the same hold one wins.
 
 Results are never replaced by another writer: on ``gs://`` each rewrite of
 ``examples.jsonl`` is conditioned on the generation this run read or wrote
@@ -77,6 +77,14 @@ def _boot_id() -> str:
     return ""
 
 
+def _pid_namespace() -> str:
+  """This process's pid namespace (Linux): pids of another (a container) are not ours to see."""
+  try:
+    return os.readlink("/proc/self/ns/pid")
+  except OSError:
+    return ""
+
+
 def _running(pid: int) -> bool:
   """Whether process ``pid`` of this host is running (a zombie is not)."""
   try:
@@ -107,13 +115,15 @@ def describe_holder(holder: dict) -> str:
 
 def abandoned(holder: dict, now: Optional[float] = None) -> Optional[str]:
   """Why a ``gs://`` hold is abandoned (its holder is dead or lost), or None
-  while it may be alive: a process gone from this host, a host restarted
-  since, or no refresh for ``STALE_S`` seconds."""
+  while it may be alive: a process gone from this host (same host name, boot
+  and pid namespace), a host restarted since, or no refresh for ``STALE_S``
+  seconds."""
   now = time.time() if now is None else now
   same_host = holder.get("host") == socket.gethostname()
   if same_host and holder.get("boot_id") and holder.get("boot_id") != _boot_id():
     return "its host has restarted since"
-  if (same_host and holder.get("boot_id") == _boot_id() and isinstance(holder.get("pid"), int)
+  if (same_host and holder.get("boot_id") == _boot_id()
+      and holder.get("pid_ns") == _pid_namespace() and isinstance(holder.get("pid"), int)
       and not _running(holder["pid"])):
     return "its process is gone"
   refreshed = holder.get("refreshed_s")
@@ -144,7 +154,8 @@ class WriterHold:
     self.lost: Optional[str] = None
     now = time.time()
     self.record = {"host": socket.gethostname(), "pid": os.getpid(), "boot_id": _boot_id(),
-                   "command": command, "started_s": now, "refreshed_s": now}
+                   "pid_ns": _pid_namespace(), "command": command, "started_s": now,
+                   "refreshed_s": now}
     previous = _HOLDS.pop(self.path, None)
     if previous is not None:  # an earlier hold of this process: superseded
       previous.release()
