@@ -100,6 +100,7 @@ def bench(args) -> str:
       lines.append([f"{temp:g}", label, kind, shape.num_nodes, shape.max_depth,
                     f"{per_call:.3f}", gain, int(st.rank_hist[:, 1:].sum()),
                     f"{secs:.2f} ({base_s:.2f})", f"{base_s / secs:.2f}x"])
+      print("# row: " + " | ".join(str(x) for x in lines[-1]), flush=True)  # progress
     jax.clear_caches()
   return script_args.markdown_table(headers, lines)
 
