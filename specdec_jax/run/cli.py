@@ -66,7 +66,8 @@ from absl import app, flags, logging
 
 from specdec_jax import checkpoints
 from specdec_jax.dryrun import driver
-from specdec_jax.run import check_model, dry_run_programs, gin_errors, hosts, logs, settings
+from specdec_jax.run import (beam_run, check_model, dry_run_programs, gin_errors, hosts, logs,
+                             settings)
 from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
 from specdec_jax.run.report import alpha_row, conclusion, summarize, summarize_alpha, table2_row
 from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
@@ -177,6 +178,10 @@ def _configurables() -> dict[str, list[str]]:
 def _print_result(s: dict, workdir: Workdir) -> None:
   if not hosts.is_writer():
     return
+  if s.get("mode") == "beam":
+    print(beam_run.row(s))
+    sys.stdout.flush()
+    return
   print(alpha_row(s) if s.get("mode") == "alpha_only" else table2_row(s, FLAGS.verbose))
   print(conclusion(s, str(workdir.path)))
   sys.stdout.flush()
@@ -206,6 +211,8 @@ def main(argv: Sequence[str]) -> None:
                 FLAGS.dry_run)
     return
   mode = "alpha_only" if alpha_only else "speculative"
+  if exp.decode_method == "beam" and not alpha_only:
+    mode = "beam"
   workdir_path = FLAGS.workdir or str(Path("runs") / (stem + ("_alpha" if alpha_only else "")))
   # The first line at once; on several hosts only after jax.distributed starts
   # (in check_before_loading: no JAX call may come before it), from process 0.
@@ -223,6 +230,9 @@ def main(argv: Sequence[str]) -> None:
   if workdir.records and not pending(exp, len(d.examples), workdir, alpha_only):
     logging.info("%s: the run is finished (%d examples); nothing to do", workdir.path,
                  len(workdir.records))
+    if mode == "beam":
+      _print_result(beam_run.summarize(exp, workdir.records), workdir)
+      return
     _print_result(summarize_alpha(exp, workdir.records, len(d.examples) - exp.num_warmup)
                   if alpha_only else summarize(exp, workdir.records), workdir)
     return
@@ -237,7 +247,10 @@ def main(argv: Sequence[str]) -> None:
                     d.examples[i].id, i, exp.max_input_len)
   logging.info("Workdir %s (%d examples already done)", workdir.path, len(workdir.records),
                extra=logs.DETAIL)
-  s = run_alpha_only(setup, workdir) if alpha_only else run_speculative(setup, workdir)
+  if mode == "beam":
+    s = beam_run.run_beam(setup, workdir)
+  else:
+    s = run_alpha_only(setup, workdir) if alpha_only else run_speculative(setup, workdir)
   _print_result(s, workdir)
 
 

@@ -25,7 +25,7 @@ from absl import logging
 
 from specdec_jax import storage
 
-MODES = ("speculative", "alpha_only")
+MODES = ("speculative", "alpha_only", "beam")
 
 
 def _record_mode(record: dict) -> str:
