@@ -150,7 +150,8 @@ def test_beam_search_equals_t5x(pair, w, alpha):
 
 
 @pytest.mark.parametrize("w,u,gamma,alpha", [
-    (4, 6, 3, 0.6), (2, 3, 1, 0.0),
+    (4, 6, 3, 0.6),
+    pytest.param(2, 3, 1, 0.0, marks=pytest.mark.slow),
     pytest.param(2, 2, 3, 0.6, marks=pytest.mark.slow),
     pytest.param(4, 4, 2, 0.0, marks=pytest.mark.slow)])
 def test_speculative_beam_search_equals_beam_search(pair, w, u, gamma, alpha):
@@ -174,6 +175,7 @@ def test_speculative_beam_search_equals_beam_search(pair, w, u, gamma, alpha):
   assert np.all(np.asarray(stats.draft_calls) == gamma * np.asarray(stats.rounds))
 
 
+@pytest.mark.slow
 def test_self_draft_accepts_every_step(pair):
   """The target as its own draft at u = w: its beams are the target's, so every
   round takes γ + 1 steps (but the last, cut by the stop)."""
@@ -194,3 +196,53 @@ def test_bad_settings_are_refused(pair):
                                  draft_beam_size=2, gamma=2, max_decode_len=M)
   with pytest.raises(ValueError, match="alpha"):
     beam.beam_search(target, t_params, x, beam_size=2, alpha=-1.0, max_decode_len=M)
+
+
+# ------------------------------------------------------------------- the runner
+
+
+def _beam_experiment(**kw):
+  from specdec_jax.run.settings import Experiment  # pylint: disable=g-import-not-at-top
+  fields = dict(target_checkpoint="checkpoints/demo/target",
+                draft_checkpoint="checkpoints/demo/draft_tiny",
+                vocab_path="checkpoints/demo/spm.model", decode_method="beam", gamma=2)
+  return Experiment(**{**fields, **kw})
+
+
+def test_beam_settings_are_checked():
+  _beam_experiment().validate()
+  assert _beam_experiment().draft_beam_width == 4
+  assert _beam_experiment(draft_beam_size=8).draft_beam_width == 8
+  for kw, message in [
+      (dict(decode_method="greedy"), r"^Experiment.decode_method must be 'sample' or 'beam'"),
+      (dict(beam_size=0), r"^Experiment.beam_size must be >= 1"),
+      (dict(draft_beam_size=2), r"^Experiment.draft_beam_size \(2\) must be >= "),
+      (dict(beam_alpha=-0.5), r"^Experiment.beam_alpha must be >= 0"),
+      (dict(tree="full:2,1"), r"cannot run with Experiment.tree="),
+      (dict(draft_shortlist="checkpoints/demo/draft_shortlist.json"),
+       r"cannot run with Experiment.draft_shortlist="),
+      (dict(draft_name="bigram", draft_checkpoint=""), r"needs draft_name='t5'")]:
+    with pytest.raises(ValueError, match=message):
+      _beam_experiment(**kw).validate()
+
+
+@pytest.mark.slow
+def test_runner_beam_mode(tmp_path):
+  """configs/demo_beam.gin through the runner on 2 examples: summary.json's
+  counts are the lines' and every beam matched."""
+  import json  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  work = tmp_path / "run"
+  subprocess.run([sys.executable, "-m", "specdec_jax.run", "--config=configs/demo_beam.gin",
+                  "--gin_bindings=Experiment.num_examples = 2",
+                  "--gin_bindings=Experiment.num_warmup = 1",
+                  "--gin_bindings=Experiment.max_decode_len = 24", f"--workdir={work}"],
+                 check=True, capture_output=True, text=True)
+  s = json.loads((work / "summary.json").read_text())
+  lines = [json.loads(l) for l in (work / "examples.jsonl").read_text().splitlines()]
+  assert s["mode"] == "beam" and s["examples"] == len(lines) == 2
+  assert s["matches_baseline"] == 2
+  assert s["beam_steps"] == sum(l["steps"] for l in lines)
+  assert s["target_calls"] == sum(l["target_calls"] for l in lines) < s["beam_steps"]
+  assert s["target_calls_per_step"] == pytest.approx(s["target_calls"] / s["beam_steps"])

@@ -261,6 +261,10 @@ def intro(exp: Experiment, alpha_only: bool, workdir: str) -> str:
     return (f"Measuring α (§4.2): target {target}, draft {draft}, T "
             f"{exp.sampling.temperature:g}, up to {exp.alpha_only_tokens} target tokens of "
             f"{exp.task} → {workdir}")
+  if exp.decode_method == "beam":
+    return (f"Beam search vs speculative beam search: target {target}, draft {draft}, width "
+            f"{exp.beam_size}, draft width {exp.draft_beam_width}, γ {exp.gamma}, alpha "
+            f"{exp.beam_alpha:g}, {exp.num_examples} examples of {exp.task} → {workdir}")
   if exp.tree:
     how = f"tree {exp.tree}"
   else:
