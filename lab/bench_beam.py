@@ -73,8 +73,11 @@ def main() -> None:
   ap.add_argument("--sweep", default="4:1,4:2,8:1,8:2,16:2",
                   help="draft beam widths and draft steps, u:gamma,...")
   ap.add_argument("--out", default="", help="JSON file for the numbers")
+  ap.add_argument("--gin_bindings", action="append", default=[],
+                  help="extra bindings, e.g. \"Experiment.draft_checkpoint = '...'\"")
   args = ap.parse_args()
-  exp = parse_config([args.config], [f"Experiment.num_examples = {args.num_examples}"])
+  exp = parse_config([args.config], [f"Experiment.num_examples = {args.num_examples}"]
+                     + args.gin_bindings)
   exp.validate()
   d = load_data(exp)
   setup = load_models(exp, d)
@@ -130,7 +133,7 @@ def main() -> None:
                                        spr, m, input_len),
         predicted_h200=predicted_speedup(target.config, dmodel.config, H200, w, u, g, spr, m,
                                          input_len)))
-  head = (f"w = {w}, alpha = {exp.beam_alpha}, {len(batches)} examples, "
+  head = (f"draft {exp.labels[1]}, w = {w}, alpha = {exp.beam_alpha}, {len(batches)} examples, "
           f"{platform.processor() or platform.machine()}, jax {jax.__version__}, "
           f"{jax.devices()[0].platform}")
   print(head)
