@@ -199,6 +199,9 @@ def main(argv: Sequence[str]) -> None:
   # Every config names the run: a hardware overlay (configs/tpu_v4_8.gin) must
   # not make two Table 2 rows share a workdir.
   stem = "+".join(Path(c).stem for c in FLAGS.config) if FLAGS.config else "default"
+  if exp.decode_method == "beam" and (FLAGS.calibrate or FLAGS.dry_run):
+    raise ValueError("--calibrate and --dry_run do not cover Experiment.decode_method='beam'; "
+                     "run it without them")
   if FLAGS.calibrate:
     check_model.main(exp, FLAGS.calibrate,
                      FLAGS.workdir or str(Path("runs") / f"{stem}_calibrate"),
