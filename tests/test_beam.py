@@ -237,7 +237,9 @@ def test_runner_beam_mode(tmp_path):
   subprocess.run([sys.executable, "-m", "specdec_jax.run", "--config=configs/demo_beam.gin",
                   "--gin_bindings=Experiment.num_examples = 2",
                   "--gin_bindings=Experiment.num_warmup = 1",
-                  "--gin_bindings=Experiment.max_decode_len = 24", f"--workdir={work}"],
+                  "--gin_bindings=Experiment.max_decode_len = 24",
+                  "--gin_bindings=Experiment.draft_beam_size = 8",
+                  "--gin_bindings=Experiment.gamma = 2", f"--workdir={work}"],
                  check=True, capture_output=True, text=True)
   s = json.loads((work / "summary.json").read_text())
   lines = [json.loads(l) for l in (work / "examples.jsonl").read_text().splitlines()]
