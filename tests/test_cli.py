@@ -146,3 +146,80 @@ def test_a_run_starts_quietly_with_libtpu_installed_and_no_tpu(tmp_path):
   assert len(lines) == 2, res.stderr
   assert lines[0].startswith("Speculative decoding vs the baseline: target demo-target")
   assert lines[1].startswith("error: Experiment.mesh_shape: mesh_shape (2, 1) has 2 devices")
+
+
+@pytest.mark.parametrize("given,meant", [
+    ("configs/dmo.gin", "configs/demo.gin"),
+    ("config/demo_t1.gin", "configs/demo_t1.gin"),
+    ("configs/table2_t5_1_0/t5_1_0_ende_smal_t0.gin",
+     "configs/table2_t5_1_0/t5_1_0_ende_small_t0.gin"),
+])
+def test_a_wrong_config_path_names_the_nearest_existing_one(capsys, no_loading, given, meant):
+  rc, err = _run(capsys, f"--config={given}")
+  assert rc == 2
+  assert err.strip() == f"error: --config={given}: no such file; did you mean --config={meant}?"
+  assert (REPO / meant).is_file()
+
+
+def test_a_repeated_command_gets_a_fresh_default_workdir(tmp_path):
+  """Without --workdir: runs/<name>, then runs/<name>-2, ... (a command can be
+  repeated); --resume takes the last that holds results."""
+  runs = tmp_path / "runs"
+  assert cli.default_workdir("demo", False, str(runs)) == str(runs / "demo")
+  assert cli.default_workdir("demo", True, str(runs)) == str(runs / "demo")
+  (runs / "demo").mkdir(parents=True)  # an empty directory holds nothing: reused
+  assert cli.default_workdir("demo", False, str(runs)) == str(runs / "demo")
+  (runs / "demo" / "examples.jsonl").write_text("{}\n")
+  assert cli.default_workdir("demo", False, str(runs)) == str(runs / "demo-2")
+  (runs / "demo-2").mkdir()
+  (runs / "demo-2" / "examples.jsonl").write_text("{}\n")
+  assert cli.default_workdir("demo", False, str(runs)) == str(runs / "demo-3")
+  assert cli.default_workdir("demo", True, str(runs)) == str(runs / "demo-2")
+  assert cli.default_workdir("demo_t1", False, str(runs)) == str(runs / "demo_t1")
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+  import toy_env
+  return toy_env.build(tmp_path_factory.mktemp("cli"))
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_what_is_on_disk_and_the_command_that_continues(toy, tmp_path, capsys,
+                                                                     monkeypatch):
+  """Before the first result: nothing written, and it says so. After one of
+  two examples: the workdir holds it, and the printed command (run as
+  printed, from the same directory) finishes the run."""
+  from specdec_jax.run import calibrate, workdir as workdir_lib
+  monkeypatch.chdir(tmp_path)
+  args = [f"--config={toy / 'exp.gin'}", "--gin_bindings=Experiment.num_examples = 2"]
+
+  def interrupt(*a, **k):
+    raise KeyboardInterrupt
+  with monkeypatch.context() as m:
+    m.setattr(calibrate, "block", interrupt)
+    rc, err = _run(capsys, *args)
+  assert rc == 130 and not (tmp_path / "runs").exists()
+  assert err.strip().splitlines()[-1] == (
+      "interrupted before the first result: nothing was written in runs/exp; the same "
+      "command starts the run again")
+  append = workdir_lib.Workdir.append
+
+  def append_then_interrupt(self, record):
+    append(self, record)
+    raise KeyboardInterrupt
+  with monkeypatch.context() as m:
+    m.setattr(workdir_lib.Workdir, "append", append_then_interrupt)
+    rc, err = _run(capsys, *args)
+  assert rc == 130
+  lines = err.strip().splitlines()
+  assert lines[-2] == ("interrupted: runs/exp/ holds 1 of 2 examples, each complete "
+                       "(examples.jsonl, summary.json and config.gin); to continue:")
+  command = lines[-1].strip()
+  assert command.startswith("python -m specdec_jax.run ") and command.endswith(
+      " --workdir=runs/exp --resume")
+  assert len((tmp_path / "runs" / "exp" / "examples.jsonl").read_text().splitlines()) == 1
+  import shlex
+  rc, err = _run(capsys, *shlex.split(command)[3:])
+  assert rc == 0, err
+  assert len((tmp_path / "runs" / "exp" / "examples.jsonl").read_text().splitlines()) == 2

@@ -51,15 +51,17 @@ import dataclasses
 import importlib
 import inspect
 import importlib.util
+import itertools
 import math
 import os
 import re
+import shlex
 import sys
 import tokenize
 import traceback
 import typing
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import gin
 from absl import app, flags, logging
@@ -154,9 +156,12 @@ def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
   if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())  # so a config's `import my_module` line finds it
   files = [resolve_path(c) for c in configs]
-  for f in files:
+  for c, f in zip(configs, files):
     if not Path(f).is_file():
-      raise FileNotFoundError(f"--config={f}: no such file")
+      near = gin_errors.nearest_path(c, _config_files(c))
+      raise FileNotFoundError(f"--config={c}: no such file"
+                              + (f"; did you mean --config={near}?" if near else
+                                 f" (looked for {f})"))
   try:
     gin.parse_config_files_and_bindings(files, bindings)
   except (SyntaxError, ValueError, KeyError, OSError, tokenize.TokenError) as e:
@@ -165,6 +170,19 @@ def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
       raise
     raise explained from None
   return Experiment(config_dirs=settings.config_dirs(files))
+
+
+def _config_files(given: str) -> list[str]:
+  """The gin files a mistyped ``--config`` may have meant, spelled as the
+  user would type them: the repository's and the working directory's
+  ``configs/`` and top-level files, and the files beside ``given``."""
+  found: list[str] = []
+  folder = Path(given).parent
+  for base in (Path.cwd(), REPO_ROOT):
+    beside = folder if folder.is_absolute() else base / folder
+    for p in [*base.glob("*.gin"), *base.glob("configs/**/*.gin"), *beside.glob("*.gin")]:
+      found.append(str(p) if folder.is_absolute() else os.path.relpath(p, base))
+  return sorted(set(found))
 
 
 def _configurables() -> dict[str, list[str]]:
@@ -206,18 +224,25 @@ def main(argv: Sequence[str]) -> None:
                 FLAGS.dry_run)
     return
   mode = "alpha_only" if alpha_only else "speculative"
-  workdir_path = FLAGS.workdir or str(Path("runs") / (stem + ("_alpha" if alpha_only else "")))
+  name = stem + ("_alpha" if alpha_only else "")
   # The first line at once; on several hosts only after jax.distributed starts
-  # (in check_before_loading: no JAX call may come before it), from process 0.
+  # (in check_before_loading: no JAX call may come before it), from process 0,
+  # whose choice of a default workdir is everyone's.
   if not exp.multihost:
-    logging.info("%s", intro(exp, alpha_only, workdir_path))
+    _state.workdir = FLAGS.workdir or default_workdir(name, FLAGS.resume)
+    logging.info("%s", intro(exp, alpha_only, _state.workdir))
   check_before_loading(exp, alpha_only)  # before any data or weights are read
-  if exp.multihost and hosts.is_writer():
-    logging.info("%s", intro(exp, alpha_only, workdir_path))
+  if exp.multihost:
+    _state.workdir = FLAGS.workdir or hosts.broadcast_json(default_workdir(name, FLAGS.resume))
+    if hosts.is_writer():
+      logging.info("%s", intro(exp, alpha_only, _state.workdir))
+  workdir_path = _state.workdir
+  _state.num_examples = 0 if alpha_only else exp.num_examples
   # Checks only, no writes; on several hosts process 0's results are everyone's.
   workdir = hosts.agreed(lambda: Workdir(workdir_path, config_str, FLAGS.resume, mode,
                                          num_indices=exp.num_warmup + exp.num_examples),
                          "opening the workdir")
+  _state.opened = workdir
   workdir.records = hosts.broadcast_json(workdir.records)
   d = load_data(exp)
   if workdir.records and not pending(exp, len(d.examples), workdir, alpha_only):
@@ -239,6 +264,57 @@ def main(argv: Sequence[str]) -> None:
                extra=logs.DETAIL)
   s = run_alpha_only(setup, workdir) if alpha_only else run_speculative(setup, workdir)
   _print_result(s, workdir)
+
+
+def default_workdir(name: str, resume: bool, root: str = "runs") -> str:
+  """The workdir when ``--workdir`` is not given, so that a command can be
+  repeated: ``runs/<name>`` if it holds nothing, else the first of
+  ``runs/<name>-2``, ``-3``, ... that holds nothing (a fresh run each time).
+  With ``--resume``: the last of them that holds results (the run the same
+  command last wrote), else ``runs/<name>``."""
+  paths = [Path(root) / name] + [Path(root) / f"{name}-{i}" for i in range(2, 10_000)]
+  used = lambda p: p.is_dir() and any(p.iterdir())
+  if resume:
+    held = list(itertools.takewhile(used, paths))
+    return str(held[-1] if held else paths[0])
+  return str(next(p for p in paths if not used(p)))
+
+
+@dataclasses.dataclass
+class _Run:
+  """What an interrupted run reports (``interrupted_words``): its workdir,
+  once chosen, the ``Workdir`` once opened, and how many examples it was to time."""
+
+  workdir: Optional[str] = None
+  opened: Optional[Workdir] = None
+  num_examples: int = 0
+
+
+_state = _Run()
+
+
+def continue_command(workdir: str) -> str:
+  """The command line that continues this run in ``workdir``: its flags as
+  given, with ``--workdir`` spelled out and ``--resume``."""
+  args = [f"--config={c}" for c in FLAGS.config]
+  args += [f"--gin_bindings={b}" for b in FLAGS.gin_bindings]
+  args += [f"--import={m}" for m in FLAGS["import"].value]
+  args += ["--alpha_only"] * FLAGS.alpha_only + ["--verbose"] * FLAGS.verbose
+  args += [f"--workdir={workdir}", "--resume"]
+  return " ".join(["python -m specdec_jax.run", *map(shlex.quote, args)])
+
+
+def interrupted_words(state: _Run) -> str:
+  """What Ctrl-C left on disk, in words, and the command that continues it."""
+  done = len(state.opened.records) if state.opened is not None else 0
+  if state.workdir is None or not done:
+    where = f" in {state.workdir}" if state.workdir else ""
+    return (f"interrupted before the first result: nothing was written{where}; the same "
+            "command starts the run again")
+  files = "examples.jsonl, summary.json and config.gin"
+  of = f" of {state.num_examples}" if state.num_examples else ""
+  return (f"interrupted: {state.workdir}/ holds {done}{of} examples, each complete ({files}); "
+          f"to continue:\n  {continue_command(state.workdir)}")
 
 
 def intro(exp: Experiment, alpha_only: bool, workdir: str) -> str:
@@ -282,6 +358,8 @@ def _message(e: BaseException) -> str:
 
 def cli(argv: Sequence[str]) -> int:
   """Runs ``main``; a user error ends in one line on stderr and exit status 2."""
+  global _state
+  _state = _Run()
   logs.quiet_libraries(not FLAGS.verbose)
   # The progress lines are INFO records: shown under absl.app (the command
   # line) and, in process (tests, notebooks), wherever a handler takes them.
@@ -293,7 +371,7 @@ def cli(argv: Sequence[str]) -> int:
     main(argv)
     return 0
   except KeyboardInterrupt:
-    print("interrupted (the workdir holds only complete results)", file=sys.stderr)
+    print(interrupted_words(_state), file=sys.stderr)
     return 130
   except USER_ERRORS as e:
     if FLAGS.verbose:
