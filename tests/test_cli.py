@@ -223,3 +223,36 @@ def test_ctrl_c_says_what_is_on_disk_and_the_command_that_continues(toy, tmp_pat
   rc, err = _run(capsys, *shlex.split(command)[3:])
   assert rc == 0, err
   assert len((tmp_path / "runs" / "exp" / "examples.jsonl").read_text().splitlines()) == 2
+
+
+def _summary(**kw):
+  s = {"num_examples": 100, "speedup": 1.39, "alpha": 0.72, "gamma": 3, "temperature": 0.0,
+       "v": 2.63, "c": 0.038, "expected_speedup_v": 0.9, "mismatches_vs_baseline": 0,
+       "task": "bible_modernize", "draft": "draft_tiny", "interplay": 1.0}
+  return {**s, **kw}
+
+
+@pytest.mark.parametrize("speedup", [0.997, 1.0, 1.004, 0.9951])
+def test_a_speedup_that_rounds_to_one_is_the_same_speed(speedup):
+  from specdec_jax.run import report
+  text = report.conclusion(_summary(speedup=speedup), "runs/x")
+  assert text.startswith("Speculative decoding ran at the same speed as the baseline on 100 "
+                         "held-out examples (α 0.72, γ 3, T = 0). Outputs identical"), text
+  assert "slower" not in text and "faster" not in text
+
+
+def test_a_speedup_just_off_one_keeps_its_direction():
+  from specdec_jax.run import report
+  assert report.conclusion(_summary(speedup=1 / 1.006), "r").startswith(
+      "Speculative decoding was 1.01× slower than the baseline")
+  assert report.conclusion(_summary(speedup=1.006), "r").startswith(
+      "Speculative decoding was 1.01× faster than the baseline")
+
+
+def test_the_default_row_shows_v_and_c_beside_exp():
+  from specdec_jax.run import report
+  head, _, row = report.table2_row(_summary()).splitlines()
+  cells = lambda line: [c.strip() for c in line.strip("|").split("|")]
+  assert dict(zip(cells(head), cells(row))) == {
+      "TASK": "bible_modernize", "M_q": "draft_tiny", "TEMP": "0", "γ": "3", "α": "0.72",
+      "SPEED": "1.39X", "v": "2.63", "c": "0.038", "EXP (Thm 3.8 at this v and c)": "0.90X"}
