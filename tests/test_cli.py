@@ -26,7 +26,54 @@ def test_help_exits_0_and_lists_every_runner_flag():
   for flag in ("--config", "--gin_bindings", "--workdir", "--resume", "--alpha_only",
                "--import", "--verbose", "--dry_run"):
     assert re.search(rf"^  --(\[no\])?{flag[2:]}:", res.stdout, re.M), flag
-  assert "Experiment settings" in res.stdout and "  gamma: " in res.stdout
+  assert "Experiment settings" in res.stdout and "  gamma = 5: draft tokens per round" in res.stdout
+
+
+def test_help_describes_every_setting_in_one_line_from_its_docstring():
+  """Every Experiment (its pair's too), SamplingConfig and AdaptiveConfig
+  setting: exactly one line of --help, its name, its default and the first
+  sentence of its docstring entry (in the class that declares it)."""
+  import dataclasses
+  from specdec_jax.decoding import AdaptiveConfig
+  from specdec_jax.pair import PairSettings
+  from specdec_jax.run import settings
+  from specdec_jax.sampling import SamplingConfig
+  text = cli.help_text()
+  for cls in (settings.Experiment, PairSettings, SamplingConfig, AdaptiveConfig):
+    docs = settings.setting_docs(cls)
+    for f in dataclasses.fields(cls):
+      if f.name == "config_dirs":
+        continue
+      doc = docs.get(f.name)
+      assert doc and doc.endswith(".") and len(doc) < 200, (cls.__name__, f.name, doc)
+      lines = [l for l in text.splitlines() if re.match(rf"  {f.name} (=|@|\(required)", l)]
+      assert len(lines) == 1 and lines[0].endswith(f": {doc}"), (f.name, lines)
+  assert "  rule (required): how a row's draft length is chosen" in text
+  assert "  temperature = 0.0: the temperature the logits are divided by" in text
+  assert "  fixed_positions = 0: positions every target decode call scores" in text
+
+
+def test_sampling_and_adaptive_settings_are_their_dataclasses_bound_by_gin():
+  """The gin names are the dataclasses' own: their fields are the bindings
+  (a misspelt one gets 'did you mean'), an int or a list is held as the
+  field's type, a wrong type and an unset rule are one line each."""
+  from specdec_jax.decoding import AdaptiveConfig
+  from specdec_jax.sampling import SamplingConfig
+  try:
+    exp = cli.parse_config([DEMO], ["SamplingConfig.temperature = 1", "SamplingConfig.topk = 4",
+                                    "Experiment.adaptive = @AdaptiveConfig()",
+                                    "AdaptiveConfig.rule = 'cumulative'",
+                                    "AdaptiveConfig.threshold = 1", "AdaptiveConfig.widths = [1, 2]"])
+    assert type(exp.sampling) is SamplingConfig and exp.sampling == SamplingConfig(1.0, 4)
+    assert isinstance(exp.sampling.temperature, float)
+    assert exp.adaptive == AdaptiveConfig("cumulative", threshold=1.0, widths=(1, 2))
+    assert hash(exp.adaptive) == hash(AdaptiveConfig("cumulative", threshold=1.0, widths=(1, 2)))
+    with pytest.raises(ValueError, match=r"^AdaptiveConfig.rule is not set; bind it"):
+      cli.parse_config([DEMO], ["Experiment.adaptive = @AdaptiveConfig()"])
+    with pytest.raises(ValueError, match=r"SamplingConfig.topk must be int, got 2.5 \(float\)"):
+      cli.parse_config([DEMO], ["SamplingConfig.topk = 2.5"])
+  finally:
+    gin.clear_config()
 
 
 @pytest.fixture

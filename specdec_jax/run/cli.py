@@ -5,8 +5,10 @@ r"""Experiment runner: speculative decoding vs the plain baseline (paper §4).
       [--alpha_only] [--import=my_drafts] [--verbose] [--dry_run=v5e:2x4]
       [--calibrate=v4:1x1x1]
 
-Everything an experiment varies is a binding of ``Experiment`` (listed below
-with its default). Measurement protocol (``specdec_jax.run.loop``):
+Everything an experiment varies is a gin binding: of ``Experiment``, of
+``SamplingConfig`` or of ``AdaptiveConfig``, each listed below in one line
+with its default (from the docstring of the class that declares it).
+Measurement protocol (``specdec_jax.run.loop``):
 
 * the first ``num_warmup`` examples compile and warm both loops, untimed;
 * each timed batch is decoded by the baseline and by speculative decoding with
@@ -49,17 +51,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 import importlib.util
 import itertools
 import math
 import os
-import re
 import shlex
 import sys
 import tokenize
 import traceback
-import typing
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -67,6 +66,7 @@ import gin
 from absl import app, flags, logging
 
 from specdec_jax import checkpoints
+from specdec_jax.decoding import AdaptiveConfig
 from specdec_jax.dryrun import driver
 from specdec_jax.run import check_model, dry_run_programs, gin_errors, hosts, logs, settings
 from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
@@ -74,6 +74,7 @@ from specdec_jax.run.report import alpha_row, conclusion, summarize, summarize_a
 from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
 from specdec_jax.run.setup import check_before_loading, estimate_bytes, load_data, load_models
 from specdec_jax.run.workdir import Workdir
+from specdec_jax.sampling import SamplingConfig
 
 # ---------------------------------------------------------------- main
 
@@ -188,8 +189,8 @@ def _config_files(given: str) -> list[str]:
 def _configurables() -> dict[str, list[str]]:
   """The runner's gin configurables and their parameters (for "did you mean")."""
   return {"Experiment": [f.name for f in _settings()],
-          "SamplingConfig": list(inspect.signature(settings.sampling_config).parameters),
-          "AdaptiveConfig": list(inspect.signature(settings.adaptive_config).parameters)}
+          **{c.__name__: [f.name for f in dataclasses.fields(c)]
+             for c in (SamplingConfig, AdaptiveConfig)}}
 
 
 def _print_result(s: dict, workdir: Workdir) -> None:
@@ -392,22 +393,7 @@ def _settings() -> list[dataclasses.Field]:
   return [f for f in dataclasses.fields(Experiment) if f.name != "config_dirs"]
 
 
-def _settings_help() -> str:
-  hints = typing.get_type_hints(Experiment)
-  short = lambda t: re.sub(r"[\w.]+\.(\w+)", r"\1",
-                           str(t).replace("<class '", "").replace("'>", ""))
-  lines = ["", "Experiment settings (--gin_bindings='Experiment.<name> = <value>'; defaults):"]
-  for f in _settings():
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-    lines.append(f"  {f.name}: {short(hints[f.name])} = {default!r}")
-  lines += ["", "Sampling (§2.2): SamplingConfig.temperature (0: argmax), .topk, .topp.",
-            "Adaptive draft length: Experiment.adaptive = @AdaptiveConfig() with",
-            "  AdaptiveConfig.rule ('threshold', 'cumulative', 'schedule'), .threshold,",
-            "  .skip_below, .confidence ('top', 'drawn'), .initial_gamma, .widths."]
-  return "\n".join(lines) + "\n"
-
-
-__doc__ += _settings_help()
+__doc__ += settings.settings_help()
 
 
 HELP_FLAGS = ("-h", "--help", "--helpshort", "-?")
@@ -419,8 +405,8 @@ def wants_help(args: Sequence[str]) -> bool:
 
 
 def help_text() -> str:
-  """The usage text: this module's docstring (protocol and every ``Experiment``
-  setting with its default), then every runner flag with its help."""
+  """The usage text: this module's docstring (protocol and every setting
+  with its default, ``settings.settings_help``), then every runner flag with its help."""
   flags_text = FLAGS.module_help(__name__)
   return f"{__doc__.rstrip()}\n\nFlags (library flags: --helpfull):\n{flags_text}\n"
 
