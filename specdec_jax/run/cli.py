@@ -97,8 +97,10 @@ flags.DEFINE_bool("verbose", False, "Also print the cost account under the row (
                   "either way), each step's measurements, library INFO logs (Orbax, JAX) with "
                   "their logging prefix, and the traceback of user errors.")
 flags.DEFINE_string("dry_run", None, "A TPU topology, e.g. v5e:2x4: compile the run's programs "
-                    "for it on this machine (needs libtpu; reads no weight or data) and report "
-                    "memory, collectives and a roofline model (specdec_jax.dryrun).")
+                    "for it on this machine (needs libtpu; reads no weight or data) and say "
+                    "whether they fit the chips' memory and what a cost model predicts; with "
+                    "--verbose, each program's memory, its collectives and the model's pieces "
+                    "(specdec_jax.dryrun).")
 flags.DEFINE_string("calibrate", None, "A TPU topology (as --dry_run), or 'auto' for the TPU "
                     "it runs on: time the row's c, v(k) and the loop's collectives on this "
                     "machine, print them beside the dry run's model for that topology and the "
@@ -222,7 +224,7 @@ def main(argv: Sequence[str]) -> None:
     logging.info("Dry run for %s: the run's programs compiled for it on this machine (no "
                  "weight or data is read)…", FLAGS.dry_run)
     driver.main(dry_run_programs.RunnerPrograms(exp, alpha_only, configs=FLAGS.config),
-                FLAGS.dry_run)
+                FLAGS.dry_run, full=FLAGS.verbose)
     return
   mode = "alpha_only" if alpha_only else "speculative"
   name = stem + ("_alpha" if alpha_only else "")

@@ -497,11 +497,31 @@ class RunDryRun(DryRun):
     return ("estimate: memory.plan's weights and caches, which leaves out XLA temporaries; "
             "arguments include the inputs and the key; ")
 
+  def summary_lines(self) -> list[str]:
+    return summary_lines(self)
+
   def closing_lines(self) -> list[str]:
     fits = "fits" if self.fits else "does NOT fit"
     return roofline_lines(self) + [
         "", f"Largest program: {gib(self.memory)} per device, {fits} in "
         f"{self.chip.hbm_bytes / GiB:.0f} GiB. Dry run took {self.wall_s:.0f} s."]
+
+
+def summary_lines(r: RunDryRun) -> list[str]:
+  """The prediction in one sentence for the short report: the cost model's c
+  and Theorem 3.8 at the paper's α beside what the paper measured (or why
+  there is no speedup to predict)."""
+  rl, row = r.roofline, r.paper
+  if rl is None or rl.draft is None:
+    return []
+  head = (f"Prediction (a cost model, not a measurement): the draft costs c = {rl.c():.3f} of "
+          f"a target step, the baseline {rl.baseline_ms_per_token():.3f} ms per token")
+  if row is None:
+    return [head + "; the paper has no row for this task, draft and temperature, so no α "
+            "to predict a speedup at."]
+  return [head + f"; at the paper's α = {row.alpha} that predicts {r.predicted(True):.2f}× "
+          f"over the baseline (the paper measured {row.speedup}× with c = {row.c} on one "
+          f"{paper.CHIP})."]
 
 
 def roofline_lines(r: RunDryRun) -> list[str]:
