@@ -303,3 +303,46 @@ def test_the_default_row_shows_v_and_c_beside_exp():
   assert dict(zip(cells(head), cells(row))) == {
       "TASK": "bible_modernize", "M_q": "draft_tiny", "TEMP": "0", "γ": "3", "α": "0.72",
       "SPEED": "1.39X", "v": "2.63", "c": "0.038", "EXP (Thm 3.8 at this v and c)": "0.90X"}
+
+
+def test_native_noise_filter_drops_only_the_credentials_line(capfd):
+  """Inside quiet_native_noise, fd 2 loses TensorStore's 'no credentials
+  file' line and nothing else: other native lines (a real auth error from the
+  same file included) and a last partial line pass, in order (Python's
+  lines, on fd 2 in a process, are the subprocess test's)."""
+  noise = (b"E1128 14:12:23.060103   27746 google_auth_provider.cc:188] Could not find the "
+           b"credentials file in the standard gcloud location [/root/.config/gcloud/x.json].\n")
+  real = (b"E1128 14:12:23.070000   27746 google_auth_provider.cc:201] PERMISSION_DENIED: "
+          b"bad token\n")
+  with logs.quiet_native_noise():
+    os.write(2, b"first\n" + noise + b"second\n")
+    os.write(2, real + b"E1128 partial")
+  err = capfd.readouterr().err
+  assert err == "first\nsecond\n" + real.decode() + "E1128 partial"
+  with logs.quiet_native_noise(False):  # --verbose: everything
+    os.write(2, noise)
+  assert capfd.readouterr().err == noise.decode()
+
+
+@pytest.mark.slow
+def test_an_offline_gs_run_prints_no_native_line_before_its_error(tmp_path):
+  """A gs:// checkpoint with no credentials and no reachable Cloud Storage
+  (a closed local port stands in for it): the run's first line, then its
+  one-line error, and no line from TensorStore's C++ logging; --verbose shows it."""
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST",
+                      "GOOGLE_AUTH_TOKEN_FOR_TESTING")}
+  env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", HOME=str(tmp_path),
+             TENSORSTORE_GCS_HTTP_URL="http://127.0.0.1:9", GCE_METADATA_HOST="127.0.0.1:9",
+             GCE_METADATA_ROOT="127.0.0.1:9")
+  cmd = [sys.executable, "-m", "specdec_jax.run", f"--config={DEMO}",
+         "--gin_bindings=Experiment.target_checkpoint = 'gs://offline-bucket/target'",
+         f"--workdir={tmp_path / 'w'}"]
+  res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+  lines = res.stderr.strip().splitlines()
+  assert res.returncode == 2 and len(lines) == 2, res.stderr
+  assert lines[0].startswith("Speculative decoding vs the baseline")
+  assert lines[1].startswith("error: ") and "gs://offline-bucket" in lines[1]
+  verbose = subprocess.run(cmd + ["--verbose"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+  assert "google_auth_provider.cc" in verbose.stderr  # quiet by default, not lost

@@ -49,6 +49,7 @@ the repository root.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -265,6 +266,7 @@ def main(argv: Sequence[str]) -> None:
                     d.examples[i].id, i, exp.max_input_len)
   logging.info("Workdir %s (%d examples already done)", workdir.path, len(workdir.records),
                extra=logs.DETAIL)
+  _state.quiet.close()  # the timed loop's progress line redraws on a terminal
   s = run_alpha_only(setup, workdir) if alpha_only else run_speculative(setup, workdir)
   _print_result(s, workdir)
 
@@ -286,11 +288,14 @@ def default_workdir(name: str, resume: bool, root: str = "runs") -> str:
 @dataclasses.dataclass
 class _Run:
   """What an interrupted run reports (``interrupted_words``): its workdir,
-  once chosen, the ``Workdir`` once opened, and how many examples it was to time."""
+  once chosen, the ``Workdir`` once opened, and how many examples it was to
+  time; and ``quiet``, the filter of native noise on stderr while loading
+  (``logs.quiet_native_noise``), closed before the timed loop."""
 
   workdir: Optional[str] = None
   opened: Optional[Workdir] = None
   num_examples: int = 0
+  quiet: contextlib.ExitStack = dataclasses.field(default_factory=contextlib.ExitStack)
 
 
 _state = _Run()
@@ -371,7 +376,9 @@ def cli(argv: Sequence[str]) -> int:
   try:
     # Before JAX starts a backend: an installed libtpu stays quiet off a TPU.
     logs.quiet_libtpu(FLAGS.dry_run or FLAGS.calibrate)
-    main(argv)
+    with _state.quiet:  # until the timed loop: no native noise before a one-line error
+      _state.quiet.enter_context(logs.quiet_native_noise(not FLAGS.verbose))
+      main(argv)
     return 0
   except KeyboardInterrupt:
     print(interrupted_words(_state), file=sys.stderr)
