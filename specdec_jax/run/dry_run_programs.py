@@ -508,20 +508,21 @@ class RunDryRun(DryRun):
 
 
 def summary_lines(r: RunDryRun) -> list[str]:
-  """The prediction in one sentence for the short report: the cost model's c
-  and Theorem 3.8 at the paper's α beside what the paper measured (or why
-  there is no speedup to predict)."""
+  """The prediction in one sentence for the short report: the cost model's c,
+  milliseconds per token and Theorem 3.8 at the paper's α beside what the
+  paper measured (or why there is no speedup to predict)."""
   rl, row = r.roofline, r.paper
   if rl is None or rl.draft is None:
     return []
   head = (f"Prediction (a cost model, not a measurement): the draft costs c = {rl.c():.3f} of "
-          f"a target step, the baseline {rl.baseline_ms_per_token():.3f} ms per token")
+          "a target step")
+  base = rl.baseline_ms_per_token()
   if row is None:
-    return [head + "; the paper has no row for this task, draft and temperature, so no α "
-            "to predict a speedup at."]
-  return [head + f"; at the paper's α = {row.alpha} that predicts {r.predicted(True):.2f}× "
-          f"over the baseline (the paper measured {row.speedup}× with c = {row.c} on one "
-          f"{paper.CHIP})."]
+    return [head + f", the baseline {base:.3f} ms per token; the paper has no row for this "
+            "task, draft and temperature, so no α to predict a speedup at."]
+  return [head + f"; at the paper's α = {row.alpha}, {r.speculative_ms_per_token():.3f} ms per "
+          f"token against the baseline's {base:.3f}, {r.predicted(True):.2f}× (the paper "
+          f"measured {row.speedup}× with c = {row.c} on one {paper.CHIP})."]
 
 
 def roofline_lines(r: RunDryRun) -> list[str]:
