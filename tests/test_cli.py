@@ -260,8 +260,8 @@ def test_ctrl_c_says_what_is_on_disk_and_the_command_that_continues(toy, tmp_pat
     rc, err = _run(capsys, *args)
   assert rc == 130
   lines = err.strip().splitlines()
-  assert lines[-2] == ("interrupted: runs/exp/ holds 1 of 2 examples, each complete "
-                       "(examples.jsonl, summary.json and config.gin); to continue:")
+  assert lines[-2] == ("interrupted: runs/exp/examples.jsonl holds 1 of 2 examples, each "
+                       "complete (summary.json is recomputed from them); to continue:")
   command = lines[-1].strip()
   assert command.startswith("python -m specdec_jax.run ") and command.endswith(
       " --workdir=runs/exp --resume")

@@ -39,7 +39,9 @@ always describe its results. A workdir holds one mode (speculative or
 ``--alpha_only``); the other mode, a different config, or a corrupt line is
 refused before any work, with nothing changed. ``--resume`` may raise
 ``Experiment.num_examples`` (the run is extended); on a finished run it prints
-the table without loading any model.
+the table without loading any model. Without ``--workdir`` a repeated command
+starts a new run beside the last (``default_workdir``); Ctrl-C says what is on
+disk and prints the command that continues the run.
 
 Relative paths in configs (checkpoints, vocabulary, data) are looked up in the
 working directory, then next to each ``--config`` file (last first), then in
@@ -85,7 +87,9 @@ flags.DEFINE_multi_string("config", [], "Gin config file(s); later files overrid
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, e.g. 'Experiment.gamma = 5'.")
 flags.DEFINE_string("workdir", None, "Output directory (default: runs/ and the --config file "
                     "stems joined by '+', e.g. runs/ende_small_t0+tpu_v5e_8; '_alpha' "
-                    "appended with --alpha_only).")
+                    "appended with --alpha_only; where that holds results, the first of its "
+                    "-2, -3, ... that does not, so a command can be repeated; with --resume, "
+                    "the last that does).")
 flags.DEFINE_bool("resume", False, "Continue after the last complete line of examples.jsonl "
                   "(Experiment.num_examples may be raised; a finished run just prints).")
 flags.DEFINE_bool("alpha_only", False, "Only measure alpha along target generations (§4.2).")
@@ -319,10 +323,10 @@ def interrupted_words(state: _Run) -> str:
     where = f" in {state.workdir}" if state.workdir else ""
     return (f"interrupted before the first result: nothing was written{where}; the same "
             "command starts the run again")
-  files = "examples.jsonl, summary.json and config.gin"
   of = f" of {state.num_examples}" if state.num_examples else ""
-  return (f"interrupted: {state.workdir}/ holds {done}{of} examples, each complete ({files}); "
-          f"to continue:\n  {continue_command(state.workdir)}")
+  return (f"interrupted: {state.opened.examples_path} holds {done}{of} examples, each "
+          f"complete (summary.json is recomputed from them); to continue:\n"
+          f"  {continue_command(state.workdir)}")
 
 
 def intro(exp: Experiment, alpha_only: bool, workdir: str) -> str:

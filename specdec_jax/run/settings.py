@@ -1,5 +1,8 @@
 """Experiment settings: one frozen dataclass bound by gin, validated before
-any data or weight is read, and how its relative paths are found.
+any data or weight is read, and how its relative paths are found; the
+engine's ``SamplingConfig`` and ``AdaptiveConfig`` bound by gin as they are
+(``gin_dataclass``); every setting's one-line help, read from the docstring
+of the class that declares it (``setting_docs``, ``settings_help``).
 
 Relative paths in configs (checkpoints, vocabulary, data) are looked up in the
 working directory, then next to each ``--config`` file (last first), then in
