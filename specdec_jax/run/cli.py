@@ -30,8 +30,8 @@ averages sum_x min(p, q) along the generated tokens.
 Output: on stderr, a line naming the run, then each long step before it
 starts (with its size and, where something measured allows, about how long it
 takes) and the progress of the timed examples; on stdout, the Table 2 row
-(with Theorem 3.8's prediction at the measured c and v) and a closing
-sentence. ``--verbose`` adds the cost account (also in ``summary.json``).
+(with the measured v and c, and Theorem 3.8's prediction from them) and a
+closing sentence. ``--verbose`` adds the cost account (also in ``summary.json``).
 
 Workdir integrity: nothing is written before the first result; ``config.gin``
 (the run's gin config) is written atomically with it, so a workdir's files
