@@ -146,6 +146,13 @@ def test_roofline_model(runs):
   text = driver.format_report(r)
   assert "MODEL, not a measurement" in text and "the paper measured 3.4x" in text
   assert "Collectives in one iteration of the speculative loop" in text
+  # The short report: the same prediction in one sentence beside the paper's.
+  short = driver.summary_report(r).splitlines()
+  assert short[-2] == (
+      f"Prediction (a cost model, not a measurement): the draft costs c = {rl.c():.3f} of a "
+      f"target step; at the paper's α = 0.75, {r.speculative_ms_per_token():.3f} ms per token "
+      f"against the baseline's {rl.baseline_ms_per_token():.3f}, {r.predicted(True):.2f}× (the "
+      f"paper measured 3.4× with c = 0.02 on one {paper.CHIP}).")
 
 
 def test_depth_extrapolation_is_exact(runs, paths):
