@@ -246,7 +246,7 @@ def test_ctrl_c_says_what_is_on_disk_and_the_command_that_continues(toy, tmp_pat
   with monkeypatch.context() as m:
     m.setattr(calibrate, "block", interrupt)
     rc, err = _run(capsys, *args)
-  assert rc == 130 and not (tmp_path / "runs").exists()
+  assert rc == 130 and not (tmp_path / "runs" / "exp").exists()
   assert err.strip().splitlines()[-1] == (
       "interrupted before the first result: nothing was written in runs/exp; the same "
       "command starts the run again")
