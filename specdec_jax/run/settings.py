@@ -161,6 +161,12 @@ class Experiment(PairSettings):
     ('' the chain of gamma; 'spine:4,2,2,1', 'full:3,2,1', 'parents:-1,0,0,1';
     ``specdec_jax.tree.TreeShape.parse``). It replaces gamma, and is exact for
     every draft that can fill it (README, "Token trees").
+  decode_method: 'sample' (``SamplingConfig``) or 'beam': T5X's beam search
+    against speculative beam search (Appendix A.4, ``specdec_jax.beam``). With
+    'beam' the draft is a plain T5 model and ``gamma`` its steps per round.
+  beam_size: the beam width w of 'beam'.
+  beam_alpha: the brevity penalty's exponent of 'beam' ((5 + length) / 6)^alpha.
+  draft_beam_size: the draft's beam width u >= w of 'beam' (0: ``beam_size``).
   batch_size: examples decoded together (rows accept independently).
   max_input_len: the longest input in tokens (longer ones per ``on_too_long``).
   input_buckets: the input lengths each batch is padded to, the smallest
@@ -206,10 +212,6 @@ class Experiment(PairSettings):
   adaptive: Optional[AdaptiveConfig] = None
   lenience: float = 1.0
   tree: str = ""
-  # 'sample' (temperature sampling, SamplingConfig) or 'beam': beam search with T5X's
-  # semantics against speculative beam search (paper A.4): width beam_size, brevity
-  # penalty alpha beam_alpha, the draft's width draft_beam_size (0: beam_size), gamma
-  # draft steps per round (specdec_jax.beam; a plain T5 draft).
   decode_method: str = "sample"
   beam_size: int = 4
   beam_alpha: float = 0.6
