@@ -59,6 +59,7 @@ import importlib.util
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -69,10 +70,12 @@ from specdec_jax import memory, timing
 from specdec_jax.checkpoints import load_checkpoint
 from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import PRESETS, T5Config, T5Model, count_params
-from specdec_jax.research.bench.common import decode_loop, random_params
 from specdec_jax.scripting import script_args
 from specdec_jax.scripting.script_args import load_average, machine_description, markdown_header
 from specdec_jax.sampling import SamplingConfig
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside scripts/ (not installed)
+from lab.bench.common import decode_loop, random_params  # noqa: E402
 
 SIZES = {"small": "t5_1_1_small", "base": "t5_1_1_base"}
 

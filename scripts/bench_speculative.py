@@ -15,7 +15,7 @@ so drift on a noisy machine hits all columns alike); compile time is excluded
 reports totals (tokens / total seconds) and the median per-example speedup.
 ``--drafts`` compares several approximation models the same way: all of
 them, every γ, interleaved per example beside one baseline.
-The measuring loop lives in ``specdec_jax.scripting.sweep``.
+The measuring loop lives in ``lab.sweep``.
 
 Columns: tokens/s of each; speedup; measured α (both estimators); tokens per
 target call; c (draft time per token / target step); v (target pass over γ+1
@@ -26,6 +26,7 @@ overhead: 1.0 means none).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import jax
@@ -37,7 +38,9 @@ from specdec_jax.run import (Experiment, check_before_loading, held_out_inputs, 
 from specdec_jax.run.setup import partitioners
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
-from specdec_jax.scripting.sweep import gamma_sweep, markdown_table, parse_widths
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside scripts/ (not installed)
+from lab.sweep import gamma_sweep, markdown_table, parse_widths  # noqa: E402
 
 
 def bench(args) -> str:

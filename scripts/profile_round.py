@@ -1,5 +1,5 @@
 r"""Per-round overhead of speculative decoding: draft, target pass, standardize,
-kernel and the rest of a round, in ms per round (``specdec_jax.research.rounds``).
+kernel and the rest of a round, in ms per round (``lab.rounds``).
 
   python scripts/profile_round.py                  # the demo pair
   python scripts/profile_round.py --gammas=1,3,5 --temperatures=0,1 \
@@ -63,6 +63,8 @@ interplay, the measured tokens per target call, and each example's prefill
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import os
 
 import jax
@@ -70,18 +72,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.decoding import cache_length
-from specdec_jax.research import accounting as research_accounting
-from specdec_jax.research import probes, replay, stopping
-from specdec_jax.research.contention import (cache_contention, contention_markdown,
-                                             decode_working_set_mb)
-from specdec_jax.research.revisions import compare_acceptance
-from specdec_jax.research.rounds import markdown, profile_round
 from specdec_jax.run import Experiment, held_out_inputs, prepare
 from specdec_jax.run import account as accounting
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
 from specdec_jax.scripting.script_args import comma_list, load_average, markdown_header
-from specdec_jax.scripting.sweep import parse_setting
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside scripts/ (not installed)
+from lab import accounting as research_accounting  # noqa: E402
+from lab import probes, replay, stopping  # noqa: E402
+from lab.contention import (cache_contention, contention_markdown,
+                                             decode_working_set_mb)  # noqa: E402
+from lab.revisions import compare_acceptance  # noqa: E402
+from lab.rounds import markdown, profile_round  # noqa: E402
+from lab.sweep import parse_setting  # noqa: E402
 
 
 def compare(args, gammas: list[int], temperatures: list[float]) -> None:

@@ -178,7 +178,7 @@ def _rounds(model: T5Model, params, cache, draft: ApproximationModel, state, seq
   pass over the γ+1 positions holding the proposal (+ standardize + sample,
   as in the verify piece). The proposal feeds the target and the caches are
   carried, so the two models alternate exactly as in a round; the kernel and
-  bookkeeping (``research.rounds`` times them) are left out."""
+  bookkeeping (``lab.rounds`` times them) are left out."""
   b = seq.shape[0]
   first = jnp.full((b, 1), 3, jnp.int32)
 

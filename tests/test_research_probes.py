@@ -1,4 +1,4 @@
-"""Acceptance probes (specdec_jax.research.probes): the engine's rounds read
+"""Acceptance probes (lab.probes): the engine's rounds read
 right, the AUC, and acceptance heads that find what the hidden state knows."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from specdec_jax import drafts
 from specdec_jax.decoding import speculative_decode
 from specdec_jax.models.t5 import shift_right
-from specdec_jax.research.probes import (EngineRecords, along_outputs, auc, confidence_auc,
+from lab.probes import (EngineRecords, along_outputs, auc, confidence_auc,
                                          engine_records, head_auc)
 from specdec_jax.sampling import SamplingConfig
 

@@ -1,5 +1,5 @@
 """Adaptive rounds' machinery and a rule's rounds replayed
-(specdec_jax.research.replay)."""
+(lab.replay)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from specdec_jax import drafts
 from specdec_jax.decoding import AdaptiveConfig
 from specdec_jax.drafts.base import init_draft
-from specdec_jax.research.replay import (WidthSchedule, adaptive_pieces, adaptive_pieces_markdown,
+from lab.replay import (WidthSchedule, adaptive_pieces, adaptive_pieces_markdown,
                                          adaptive_replay, adaptive_replay_markdown)
 from specdec_jax.sampling import SamplingConfig
 

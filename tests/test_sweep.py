@@ -9,7 +9,7 @@ import pytest
 
 from specdec_jax import drafts
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.scripting.sweep import gamma_sweep, markdown_table
+from lab.sweep import gamma_sweep, markdown_table
 
 
 def test_sweep_rows_and_the_factors_of_measured_over_predicted(tiny_target, tiny_draft):
@@ -58,7 +58,7 @@ def test_costs_for_several_gammas_share_one_interleaved_step(tiny_target, tiny_d
 
 
 def test_parse_setting():
-  from specdec_jax.scripting.sweep import parse_setting
+  from lab.sweep import parse_setting
   assert parse_setting("3", 7) == ("3", 3, None)
   label, g, cfg = parse_setting("threshold:0.4:0.3", 7)
   assert (label, g, cfg.threshold, cfg.skip_below) == ("≤7 thr 0.4 skip 0.3", 7, 0.4, 0.3)
@@ -68,7 +68,7 @@ def test_parse_setting():
   label, _, cfg = parse_setting("cumulative:0.3:0.4", 7)
   assert (label, cfg.rule, cfg.threshold, cfg.skip_below) == (
       "≤7 cum 0.3 skip 0.4", "cumulative", 0.3, 0.4)
-  from specdec_jax.scripting.sweep import parse_widths
+  from lab.sweep import parse_widths
   assert parse_widths("all", 4) == (1, 2, 3, 4) and parse_widths("default", 4) == ()
   assert parse_widths("1,3", 4) == (1, 3)
   assert parse_setting("cumulative:0.3", 4, parse_widths("all", 4))[2].verify_widths(4) == (

@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from specdec_jax.decoding import cache_length, speculative_decode
 from specdec_jax.drafts.base import ApproximationModel, gather_positions
 from specdec_jax.models.t5 import T5Model
-from specdec_jax.research.common import pick
+from lab.common import pick
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.speculative import speculative_sampling
 from specdec_jax.timing import interleaved_times, repeat, speculative_prefill

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.models.t5 import T5Model
-from specdec_jax.research.common import pick
+from lab.common import pick
 from specdec_jax.timing import interleaved_medians_ms, repeat
 
 Array = jax.Array

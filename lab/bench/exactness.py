@@ -16,7 +16,7 @@ import numpy as np
 from specdec_jax import checkpoints, data
 from specdec_jax.decoding import speculative_decode, temperature_sample
 from specdec_jax.models.t5 import T5Config, T5Model
-from specdec_jax.research.bench.common import Sizes, record
+from lab.bench.common import Sizes, record
 from specdec_jax.run import Experiment, prepare
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args

@@ -6,7 +6,7 @@ tokens, acceptance steered to each row's α (``steered.SteeredDraft``).
 
 Per row: ``temperature_sample`` (the baseline), ``speculative_decode`` at the
 row's γ and ``tree_speculative_decode`` with the row's best tree under the
-one-TPU-v4 cost model of ``scripts/best_trees.py`` (``research.trees``), all
+one-TPU-v4 cost model of ``scripts/best_trees.py`` (``lab.trees``), all
 three timed interleaved (medians); beside them Theorem 3.8 with the measured
 α, c (a draft step over the target's) and v(γ + 1) (the target's γ + 1
 pass over its step), timed as pieces in the same process.
@@ -30,10 +30,10 @@ from specdec_jax.decoding import speculative_decode, temperature_sample, tree_sp
 from specdec_jax.drafts import T5Draft
 from specdec_jax.dryrun.chips import CHIPS
 from specdec_jax.models.t5 import T5Model
-from specdec_jax.research import trees
-from specdec_jax.research.bench.common import (Model, Sizes, describe, draft_seed, log,
+from lab import trees
+from lab.bench.common import (Model, Sizes, describe, draft_seed, log,
                                                random_inputs, random_params, record)
-from specdec_jax.research.bench.steered import SteeredDraft
+from lab.bench.steered import SteeredDraft
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
 from specdec_jax.timing import interleaved_medians_ms, timed

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import speculative as speculative_lib
-from specdec_jax.research.common import pick
+from lab.common import pick
 from specdec_jax.sampling import SamplingConfig, standardize
 from specdec_jax.timing import interleaved_medians_ms, repeat
 

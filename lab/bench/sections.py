@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from specdec_jax.research.bench import common, exactness, hf, loops, targets, variants
+from lab.bench import common, exactness, hf, loops, targets, variants
 
 SECTIONS: dict[str, Callable[..., None]] = {
     "loops": functools.partial(loops.section_loops, "ende"),
