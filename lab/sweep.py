@@ -16,47 +16,31 @@ import jax
 import numpy as np
 
 from specdec_jax import alpha, data, theory
-from specdec_jax.decoding import (CONFIDENCE_RULES, AdaptiveConfig, cache_length,
-                                  speculative_decode, temperature_sample)
+from specdec_jax.decoding import (AdaptiveConfig, cache_length, speculative_decode,
+                                  temperature_sample)
 from specdec_jax.run import autogamma
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.timing import block, measure_costs_many, timed, warm_up_widths
 
 
-def parse_setting(text: Union[int, str], gamma_max: int, widths: Sequence[int] = ()
-                  ) -> tuple[str, int, Optional[AdaptiveConfig]]:
-  """'3' | 'auto' | 'threshold[:t[:s[:drawn]]]' | 'cumulative[:t[:s[:drawn]]]' |
-  'schedule[:initial γ]' -> (label, γ, adaptive).
-
-  Adaptive settings run with γ_max = ``gamma_max``; 'auto' is resolved later.
-  'threshold:t:s' (and 'cumulative:t:s') also skips a round when q_1's
-  confidence is <= s (``AdaptiveConfig.skip_below``: the round is a plain
-  target step); s may be empty ('cumulative:0.25::drawn'). A last field
-  'drawn' reads the drawn token's probability instead of the top one
-  (``AdaptiveConfig.confidence``). ``widths``: the adaptive settings'
-  compiled verification widths (``AdaptiveConfig.widths``; () = its default).
-  """
+def parse_gamma(text: Union[int, str]) -> tuple[str, int]:
+  """A fixed setting: '3' -> ('3', 3); 'auto' -> ('auto', 0), resolved later."""
   text = str(text).strip()
   if text.isdigit():
-    return text, int(text), None
+    return text, int(text)
   if text == "auto":
-    return text, 0, None
-  rule, _, arg = text.partition(":")
-  if rule in CONFIDENCE_RULES:
-    t, _, rest = arg.partition(":")
-    skip, _, confidence = rest.partition(":")
-    cfg = AdaptiveConfig(rule, threshold=float(t or 0.4),
-                         skip_below=float(skip) if skip else None, widths=tuple(widths),
-                         confidence=confidence or "top")
-    label = f"≤{gamma_max} {'thr' if rule == 'threshold' else 'cum'} {cfg.threshold:g}"
-    return (label + (f" skip {cfg.skip_below:g}" if skip else "")
-            + (" drawn" if cfg.confidence == "drawn" else "")), gamma_max, cfg
-  if rule == "schedule":
-    cfg = AdaptiveConfig("schedule", initial_gamma=int(arg) if arg else None,
-                         widths=tuple(widths))
-    return f"≤{gamma_max} sched" + (f" from {arg}" if arg else ""), gamma_max, cfg
-  raise ValueError(f"unknown γ setting {text!r}: a number, 'auto', 'threshold[:t[:s]]', "
-                   "'cumulative[:t[:s]]' or 'schedule[:initial γ]'")
+    return text, 0
+  raise ValueError(f"unknown γ {text!r}: a number or 'auto' (adaptive settings are "
+                   "AdaptiveConfig's, e.g. --adaptive_rule=threshold --adaptive_threshold=0.4)")
+
+
+def adaptive_label(cfg: AdaptiveConfig, gamma_max: int) -> str:
+  """A row label for an adaptive setting, e.g. '≤7 thr 0.4 skip 0.3 drawn'."""
+  if cfg.rule == "schedule":
+    return f"≤{gamma_max} sched" + (f" from {cfg.initial_gamma}" if cfg.initial_gamma else "")
+  return (f"≤{gamma_max} {'thr' if cfg.rule == 'threshold' else 'cum'} {cfg.threshold:g}"
+          + ("" if cfg.skip_below is None else f" skip {cfg.skip_below:g}")
+          + (" drawn" if cfg.confidence == "drawn" else ""))
 
 
 def parse_widths(text: str, gamma_max: int) -> tuple[int, ...]:
@@ -219,7 +203,7 @@ def gamma_sweep(target, target_params, draft: Union[Any, Mapping[str, Any]],
                 inputs: np.ndarray, gammas: Sequence[Union[int, str]],
                 sampling: SamplingConfig, max_decode_len: int, seed: int = 0,
                 gamma_max: int = 8, alpha_inputs: Optional[np.ndarray] = None,
-                alpha_batch: int = 8, adaptive_widths: Sequence[int] = (),
+                alpha_batch: int = 8, adaptive: Sequence[AdaptiveConfig] = (),
                 input_buckets: Sequence[int] = ()) -> list[dict]:
   """One row per (draft, γ setting): measured tokens/s, α, c, v and Theorem 3.8's
   prediction.
@@ -233,22 +217,22 @@ def gamma_sweep(target, target_params, draft: Union[Any, Mapping[str, Any]],
   inputs [N, S]: row 0 is the warm-up example (untimed), rows 1.. are timed.
   Speedup = speculative tokens/s over baseline tokens/s on the same examples
   (equal to the time ratio at temperature 0, where outputs are identical).
-  Settings (``parse_setting``): a fixed γ; 'auto', the γ that
+  Settings: each of ``gammas``, a fixed γ or 'auto', the γ that
   ``autogamma.choose_gamma`` picks from α on ``alpha_inputs`` (e.g. held-out
   validation examples, in batches of ``alpha_batch``; default: the warm-up
   example alone, a noisy estimate) and timed pieces (c, v for 1..gamma_max),
   labelled 'auto→γ' and timed like the others ('auto→plain' where it chose
   plain decoding: the baseline runs as its row);
-  'threshold[:t]' / 'cumulative[:t]' / 'schedule' (``decoding.AdaptiveConfig``, γ_max =
-  ``gamma_max``), whose rows report the mean γ used and no prediction
-  (Theorem 3.8 is for a fixed γ), verifying at ``adaptive_widths`` (()
-  = ``AdaptiveConfig``'s default). All settings run back to back per example.
+  then each of ``adaptive`` (``decoding.AdaptiveConfig``, γ_max = ``gamma_max``),
+  whose rows report the mean γ used and no prediction (Theorem 3.8 is for a
+  fixed γ). All settings run back to back per example.
   ``input_buckets``: each example's inputs are cut to the smallest bucket that
   holds them (``data.fit_to_bucket``; the runner's ``Experiment.input_buckets``),
   every bucket used compiled before timing; () keeps the full width S.
   """
   examples = [data.fit_to_bucket(inputs[i:i + 1], input_buckets) for i in range(len(inputs))]
-  parsed = [parse_setting(g, gamma_max, adaptive_widths) for g in gammas]
+  parsed = ([(*parse_gamma(g), None) for g in gammas]
+            + [(adaptive_label(a, gamma_max), gamma_max, a) for a in adaptive])
   named = dict(draft) if isinstance(draft, Mapping) else {None: draft}
   base = lambda x, k: temperature_sample(target, target_params, x, k,
                                          max_decode_len=max_decode_len, sampling=sampling,

@@ -4,6 +4,8 @@ r"""Speculative decoding vs the baseline at several γ, side by side in one run.
   python scripts/bench_speculative.py --target=... --draft=... --source=... \
       --gammas=1,2,3,5,7,auto --temperatures=0,1 --num_examples=20
   python scripts/bench_speculative.py --gammas=1,2,3,4,5,6,7,auto --adaptive --gamma_max=7
+  python scripts/bench_speculative.py --gammas=3,5 --gamma_max=7 \
+      --adaptive_rule=threshold,cumulative --adaptive_threshold=0.6,0.5 --adaptive_skip_below=0.3
   python scripts/bench_speculative.py --gammas=3,4 \
       --drafts=t5:checkpoints/demo/draft_small,t5:checkpoints/demo/draft_tiny,prompt_lookup
   python scripts/bench_speculative.py --gammas=3 --drafts=full=t5:checkpoints/demo/draft_tiny_feat,\
@@ -14,7 +16,9 @@ so drift on a noisy machine hits all columns alike); compile time is excluded
 (one warm-up example); every call ends in ``block_until_ready``; the table
 reports totals (tokens / total seconds) and the median per-example speedup.
 ``--drafts`` compares several approximation models the same way: all of
-them, every γ, interleaved per example beside one baseline.
+them, every γ, interleaved per example beside one baseline. Adaptive settings
+(``AdaptiveConfig``, γ_max = ``--gamma_max``) are its fields as flags,
+``--adaptive_<field>``, each with one value per setting or one for all.
 The measuring loop lives in ``lab.sweep``.
 
 Columns: tokens/s of each; speedup; measured α (both estimators); tokens per
@@ -26,6 +30,7 @@ overhead: 1.0 means none).
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -33,6 +38,7 @@ import jax
 
 from specdec_jax import drafts
 from specdec_jax.data import parse_input_buckets
+from specdec_jax.decoding import AdaptiveConfig
 from specdec_jax.run import (Experiment, check_before_loading, held_out_inputs, load_data,
                              load_draft, load_models)
 from specdec_jax.run.setup import partitioners
@@ -43,11 +49,26 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside script
 from lab.sweep import gamma_sweep, markdown_table, parse_widths  # noqa: E402
 
 
-def bench(args) -> str:
-  gammas = args.gammas.split(",")
+# --adaptive: six settings, as if given by their flags.
+ADAPTIVE_PRESET = dict(rule="threshold,threshold,threshold,cumulative,cumulative,schedule",
+                       threshold="0.4,0.7,0.4,0.3,0.3,none",
+                       skip_below="none,none,0.4,none,0.4,none")
+
+
+def adaptive_settings(args) -> list[AdaptiveConfig]:
+  """The adaptive settings of the --adaptive_<field> flags (or --adaptive's),
+  each verifying at --adaptive_widths."""
   if args.adaptive:
-    gammas += ["threshold:0.4", "threshold:0.7", "threshold:0.4:0.4", "cumulative:0.3",
-               "cumulative:0.3:0.4", "schedule"]
+    for name, values in ADAPTIVE_PRESET.items():
+      setattr(args, f"adaptive_{name}", values)
+  return script_args.dataclasses_from_flags(
+      AdaptiveConfig, args, prefix="adaptive_",
+      widths=parse_widths(args.adaptive_widths, args.gamma_max))
+
+
+def bench(args) -> str:
+  gammas = script_args.comma_list(args.gammas)
+  adaptive = adaptive_settings(args)
   numeric = [int(g) for g in gammas if g.isdigit()]
   specs = (parse_drafts(args.drafts) if args.drafts
            else {None: (args.draft_name, args.draft, args.draft_shortlist)})
@@ -79,8 +100,7 @@ def bench(args) -> str:
     rows += gamma_sweep(setup.target, setup.target_params, draft, setup.inputs, gammas,
                         SamplingConfig(temperature=temp), exp.max_decode_len, args.seed,
                         gamma_max=args.gamma_max, alpha_inputs=alpha_inputs,
-                        adaptive_widths=parse_widths(args.adaptive_widths, args.gamma_max),
-                        input_buckets=buckets)
+                        adaptive=adaptive, input_buckets=buckets)
     # A temperature's programs are not run again: dropping them keeps the
     # compiled code (one program per draft x setting x bucket) within the
     # process's memory maps (--drafts help).
@@ -136,7 +156,8 @@ def parse_drafts(text: str) -> dict[str, tuple[str, str, str]]:
   return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
+  """The script's flags."""
   p = script_args.new_parser(__doc__)
   script_args.add_pair_arguments(p)
   p.add_argument("--draft_name", default="t5",
@@ -158,10 +179,7 @@ def main(argv: list[str] | None = None) -> None:
   script_args.add_decoding_arguments(
       p, gammas="1,2,3,5,7,auto",
       gammas_help="'auto' adds the row of the γ chosen by specdec_jax.run.autogamma (§3.5 "
-                  "with measured c and v); adaptive: 'threshold:t' (stop after a draft token "
-                  "with confidence <= t), 'threshold:t:s' (also propose nothing when q_1's "
-                  "confidence <= s), 'cumulative:t[:s]' (stop once the product of the round's "
-                  "confidences is <= t), 'schedule'")
+                  "with measured c and v); adaptive settings: the --adaptive_<field> flags")
   p.add_argument("--gamma_max", type=int, default=8,
                  help="largest γ 'auto' considers; γ_max of the adaptive settings")
   p.add_argument("--auto_alpha_source", default=script_args.ALPHA_SOURCE,
@@ -170,17 +188,23 @@ def main(argv: list[str] | None = None) -> None:
   p.add_argument("--auto_alpha_examples", type=int, default=32,
                  help="how many of them; 0: the warm-up example alone")
   p.add_argument("--adaptive", action="store_true",
-                 help="add the adaptive settings threshold:0.4, threshold:0.7, "
-                      "threshold:0.4:0.4, cumulative:0.3, cumulative:0.3:0.4 and schedule "
-                      "(also selectable one by one in --gammas)")
+                 help="six adaptive settings, as if given by their flags: "
+                      + "; ".join(f"--adaptive_{k}={v}" for k, v in ADAPTIVE_PRESET.items()))
+  script_args.dataclass_flags(p, AdaptiveConfig, prefix="adaptive_", many=True,
+                              skip=("widths",))
   p.add_argument("--adaptive_widths", default="all",
                  help="verification widths the adaptive settings compile: 'all' (1..γ_max: "
                       "a round verifies exactly its longest proposal, what batch 1 wants "
                       "where v(k) grows with k, as on a CPU), 'default' (powers of two and "
-                      "γ_max: fewer compilations), or a list such as 1,2,4,7")
+                      "γ_max: fewer compilations), or a list such as 1,2,4,7 "
+                      "(AdaptiveConfig.widths)")
   p.add_argument("--num_examples", type=int, default=20, help="timed examples")
   p.add_argument("--dtype", default="float32", help="activation dtype")
-  args = script_args.parse(p, argv, paths=("auto_alpha_source", "ngram_corpus"))
+  return p
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = script_args.parse(parser(), argv, paths=("auto_alpha_source", "ngram_corpus"))
   who = f"drafts={args.drafts}" if args.drafts else f"draft={args.draft_name}:{args.draft}"
   print(f"# bench_speculative: target={args.target} {who} "
         f"examples={args.num_examples} device={jax.devices()[0].device_kind} "

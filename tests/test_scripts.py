@@ -56,12 +56,23 @@ def test_help_from_outside_the_repository(helps, name):
     assert res.stdout.startswith("usage:"), res.stdout[:500]
 
 
+# The one edit of the import path a script may make: lab/ (not installed) is
+# found beside scripts/, after the installed package.
+LAB_PATH = "sys.path.append(str(Path(__file__).resolve().parents[1]))"
+
+
 def test_no_script_or_doc_edits_the_import_path():
-  """Scripts import specdec_jax as installed; no doc tells anyone to set PYTHONPATH."""
+  """Scripts import specdec_jax as installed (a script that uses lab/ appends
+  the repository root, once, after it); no doc tells anyone to set PYTHONPATH."""
   files = SCRIPTS + [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
   bad = [f.relative_to(REPO) for f in files
          if "sys.path.insert" in f.read_text() or "PYTHONPATH" in f.read_text()]
   assert not bad, bad
+  for f in SCRIPTS:
+    text = f.read_text()
+    uses_lab = "\nfrom lab" in text or "\n  from lab" in text or "\nimport lab" in text
+    assert text.count("sys.path") == (1 if uses_lab else 0), f.name
+    assert (LAB_PATH in text) == uses_lab, f.name
 
 
 def _parser_with_pair():
