@@ -9,6 +9,7 @@ from pathlib import Path
 
 from specdec_jax.run import account, cli, programs
 from specdec_jax.run import setup as setup_lib
+from specdec_jax.scripting.script_args import load_average
 
 
 def attribute_run(workdir: str, repeats: int = 15) -> account.Attribution:
@@ -42,3 +43,9 @@ def attribute_run(workdir: str, repeats: int = 15) -> account.Attribution:
   prefill = account.prefill_ms(setup.target, setup.target_params, setup.draft, first,
                        exp.max_decode_len, int(records[0]["gamma"]), repeats)
   return account.attribute(records, prefill, widths)
+
+
+def report(workdir: str, repeats: int) -> None:
+  """``scripts/account_run.py``: prints ``attribute_run``'s account."""
+  a = attribute_run(workdir, repeats=repeats)
+  print(f"# {workdir}: load average {load_average()}\n{account.markdown(a)}", flush=True)

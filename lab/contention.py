@@ -15,8 +15,10 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.models.t5 import T5Model
-from lab.common import pick
+from specdec_jax.scripting.script_args import comma_list, load_average
 from specdec_jax.timing import interleaved_medians_ms, repeat
+
+from lab.common import pick, prepare_pair
 
 Array = jax.Array
 
@@ -112,3 +114,24 @@ def contention_markdown(rows: Sequence[ContentionRow]) -> str:
     lines.append(f"| {r.k} | {r.megabytes:g} | {r.pass_ms:.3f} | {r.alone_ms:.3f} "
                  f"| {r.slowdown:.2f}x | {r.read_ms:.3f} |")
   return "\n".join(lines)
+
+
+def report(args: Any) -> None:
+  """``scripts/cache_contention.py``: the target pass's slowdown at each
+  --ks width after each --megabytes read, on the pair of
+  ``common.study_parser``'s flags, as a table."""
+  _, setup = prepare_pair(args)
+  draft_cfg = getattr(getattr(setup.draft, "model", None), "config", None)
+  print(f"# cache contention: target={args.target} (decode working set "
+        f"{decode_working_set_mb(setup.target.config):.1f} MB)"
+        + (f", draft={args.draft} ({decode_working_set_mb(draft_cfg):.1f} MB)" if draft_cfg
+           else "")
+        + f"; batch 1, inner {args.inner}, repeats {args.repeats}; load average "
+        f"{load_average()}\n", flush=True)
+  ks = comma_list(args.ks, int)
+  rows = cache_contention(setup.target, setup.target_params, jnp.asarray(setup.inputs[:1]),
+                          ks, comma_list(args.megabytes, float),
+                          # the runner's cache length at γ = k - 1, as the other pieces
+                          cache_len=args.max_decode_len + max(ks), position=args.position,
+                          inner=args.inner, repeats=args.repeats)
+  print(f"{contention_markdown(rows)}\n\nload average at end {load_average()}")

@@ -21,7 +21,11 @@ from specdec_jax.decoding import speculative_decode
 from specdec_jax.drafts.base import (ApproximationModel, drawn_probability, init_draft,
                                      top_probability)
 from specdec_jax.models.t5 import T5Model
+from specdec_jax.run import held_out_inputs
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.scripting.script_args import comma_list, markdown_header
+
+from lab.common import prepare_pair
 
 Array = jax.Array
 
@@ -295,3 +299,44 @@ def head_auc(train: EngineRecords, test: EngineRecords, l2: float = 1e-3) -> dic
     predict = fit_logistic(_head_features(train, hidden), train.accepted.astype(float), l2)
     out[name] = auc(predict(_head_features(test, hidden)), test.accepted)
   return out
+
+
+def confidence_report(args: Any) -> None:
+  """``scripts/confidence_auc.py``: ``confidence_auc`` at each T of
+  --temperatures and γ of --gammas, as a table."""
+  _, setup = prepare_pair(args)
+  print(markdown_header(["T", "γ", "rounds", "acceptance of x_i given evaluated, i = 1..γ",
+                         "AUC max q_i ('top')", "AUC q_i(x_i) ('drawn')"]))
+  for temp in comma_list(args.temperatures, float):
+    for gamma in comma_list(args.gammas, int):
+      r = confidence_auc(setup.target, setup.target_params, setup.draft,
+                         jax.numpy.asarray(setup.inputs), jax.random.PRNGKey(0), gamma,
+                         SamplingConfig(temperature=temp), args.max_decode_len)
+      print(f"| {temp:g} | {gamma} | {r.rounds} | "
+            f"{' / '.join(f'{a:.3f}' for a in r.acceptance)} | {r.auc['top']:.3f} | "
+            f"{r.auc['drawn']:.3f} |", flush=True)
+
+
+def head_report(args: Any) -> None:
+  """``scripts/acceptance_head.py``: acceptance heads fitted on
+  --head_source's rounds, scored on --source's (``head_auc``), per T of
+  --temperatures at γ = max of --gammas, as a table."""
+  exp, setup = prepare_pair(args)
+  gamma = max(comma_list(args.gammas, int))
+  train_inputs = held_out_inputs(exp, args.head_source, args.num_examples)
+  print(f"Acceptance of x_i predicted from what the draft knows after x_i, in the engine's "
+        f"own γ={gamma} rounds: fitted on {args.num_examples} inputs of {args.head_source}, "
+        f"AUC on {len(setup.inputs)} of {args.source} (probes.head_auc)\n\n"
+        + markdown_header(["T", "positions fitted / scored", "acceptance", "AUC top probability",
+                           "AUC logistic on softmax statistics + i",
+                           "AUC the same + hidden state"]))
+  for temp in comma_list(args.temperatures, float):
+    kw = dict(key=jax.random.PRNGKey(0), gamma=gamma, sampling=SamplingConfig(temperature=temp),
+              max_decode_len=args.max_decode_len)
+    train = engine_records(setup.target, setup.target_params, setup.draft,
+                           jax.numpy.asarray(train_inputs), **kw)
+    test = engine_records(setup.target, setup.target_params, setup.draft,
+                          jax.numpy.asarray(setup.inputs), **kw)
+    a = head_auc(train, test)
+    print(f"| {temp:g} | {len(train.top)} / {len(test.top)} | {test.accepted.mean():.3f} | "
+          f"{a['top']:.3f} | {a['scalars']:.3f} | {a['hidden']:.3f} |", flush=True)

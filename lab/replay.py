@@ -26,8 +26,12 @@ from specdec_jax.decoding import (AdaptiveConfig, cache_length, speculative_deco
 from specdec_jax.drafts.base import ApproximationModel, adaptive_proposal, init_draft
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.scripting.script_args import comma_list, load_average, markdown_header
 from specdec_jax.timing import (interleaved_medians_ms, repeat, speculative_prefill,
                                 warm_up_widths)
+
+from lab import probes, stopping
+from lab.common import prepare_pair
 
 Array = jax.Array
 
@@ -341,3 +345,82 @@ def adaptive_replay_markdown(result: ReplayResult) -> str:
   lines.append(f"\nrule's rounds per width (0..γ_max): {result.gamma_hist}; predicted ms "
                f"per round from the constant widths: {result.predicted_ms:.3f}")
   return "\n".join(lines)
+
+
+def pieces_report(args: Any) -> None:
+  """``scripts/adaptive_pieces.py``: ``adaptive_pieces`` at each --ks and
+  each T of --temperatures (γ_max = max of --gammas), as tables."""
+  _, setup = prepare_pair(args)
+  gamma_max = max(comma_list(args.gammas, int))
+  for temp in comma_list(args.temperatures, float):
+    rows = adaptive_pieces(setup.target, setup.target_params, setup.draft,
+                           jnp.asarray(setup.inputs[:1]), comma_list(args.ks, int), gamma_max,
+                           SamplingConfig(temperature=temp),
+                           cache_length(args.max_decode_len, gamma_max), inner=args.inner,
+                           repeats=args.repeats)
+    print(f"T={temp:g}, γ_max {gamma_max}, load average {load_average()}\n"
+          f"{adaptive_pieces_markdown(rows)}\n", flush=True)
+
+
+def replay_report(args: Any, rule: AdaptiveConfig) -> None:
+  """``scripts/adaptive_replay.py``: ``adaptive_replay`` of ``rule`` at each T
+  of --temperatures (γ_max = max of --gammas), and at T = 0 the stopping rules
+  replayed offline with the widths' measured ms (``stopping_table``)."""
+  _, setup = prepare_pair(args)
+  gamma_max = max(comma_list(args.gammas, int))
+  for temp in comma_list(args.temperatures, float):
+    load = load_average()
+    result = adaptive_replay(setup.target, setup.target_params, setup.draft,
+                             jnp.asarray(setup.inputs[1:]), jax.random.PRNGKey(0), rule,
+                             gamma_max, SamplingConfig(temperature=temp), args.max_decode_len,
+                             repeats=args.repeats)
+    print(f"{rule}, T={temp:g}, γ_max {gamma_max}, {len(setup.inputs) - 1} examples × "
+          f"{args.repeats} passes; load average {load} → {load_average()}\n"
+          f"{adaptive_replay_markdown(result)}\n", flush=True)
+    if temp == 0 and hasattr(setup.draft, "model"):
+      print(stopping_table(setup, result, gamma_max, args.max_decode_len, rule.skip_below),
+            flush=True)
+
+
+def stopping_table(setup: Any, result: ReplayResult, gamma_max: int, max_decode_len: int,
+                   skip_below: Any = None) -> str:
+  """Offline T=0 replay of stopping rules (``stopping.simulate_stopping``)
+  priced with the constant-width ms per round of ``result``."""
+  round_ms = {int(r.setting.split()[1]): r.ms_per_round for r in result.rows
+              if r.setting.startswith("width ")}
+  # Fixed γ is priced by the fixed-γ loop's own rounds, the rules by the
+  # adaptive loop's constant widths: the comparison the benchmark makes.
+  fixed_ms = {int(r.setting.split()[1]): r.ms_per_round for r in result.rows
+              if r.setting.startswith("fixed ")}
+  # The engine's own fixed-γ_max rounds at T=0: the draft's confidences as
+  # the rules read them (with its bridges and shortlist) and the verdicts.
+  rec = probes.engine_records(setup.target, setup.target_params, setup.draft,
+                              jnp.asarray(setup.inputs[1:]), jax.random.PRNGKey(0), gamma_max,
+                              SamplingConfig(), max_decode_len)
+  conf, ok, seen = probes.along_outputs(rec)
+  bonus = sum(int((~m).sum()) for m in seen)
+  fixed = {g: stopping.simulate_stopping(conf, ok, fixed_ms, "fixed", g) for g in fixed_ms}
+  best = min(fixed, key=lambda g: fixed[g].ms_per_token)
+  acc = np.concatenate(ok)
+  lines = [f"Stopping rules replayed offline along the target's greedy outputs (T=0, "
+           f"{len(acc)} positions, draft accepts {acc.mean():.3f}; the draft's confidences and "
+           f"verdicts from the engine's own γ={gamma_max} rounds; {bonus} bonus positions, which "
+           f"no draft step saw, count as accepted with confidence 1), with the ms per round of "
+           f"the adaptive loop's constant widths above (fixed γ: the fixed loop's); relative "
+           f"to the best fixed γ ({best}):\n",
+           markdown_header(["rule", "ms per token", "tokens per round", "mean width",
+                            "vs best fixed"])]
+  rows = [(f"fixed {g}", r) for g, r in fixed.items()]
+  # With a measured width-0 round (the rule has skip_below), also the
+  # threshold rules with that skip_below.
+  skips = [None] + ([skip_below] if skip_below is not None and 0 in round_ms else [])
+  for rule in ("threshold", "cumulative"):
+    for skip in skips:
+      for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8):
+        rows.append((f"{rule} {t:g}" + ("" if skip is None else f" skip {skip:g}"),
+                     stopping.simulate_stopping(conf, ok, round_ms, rule, gamma_max, t, skip)))
+  rows.append(("oracle (perfect acceptance predictor)",
+               stopping.simulate_stopping(conf, ok, round_ms, "oracle", gamma_max)))
+  lines += [f"| {name} | {r.ms_per_token:.3f} | {r.tokens_per_round:.2f} | {r.mean_width:.2f} "
+            f"| {fixed[best].ms_per_token / r.ms_per_token:.3f}x |" for name, r in rows]
+  return "\n".join(lines) + "\n"

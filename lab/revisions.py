@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Sequence
 
@@ -19,9 +20,13 @@ import jax.numpy as jnp
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import speculative as speculative_lib
-from lab.common import pick
 from specdec_jax.sampling import SamplingConfig, standardize
+from specdec_jax.scripting.script_args import load_average, markdown_header
 from specdec_jax.timing import interleaved_medians_ms, repeat
+
+from lab.common import pick
+
+REPO = Path(__file__).resolve().parents[1]   # the checkout this lab/ is in
 
 
 def modules_at(rev: str) -> tuple[ModuleType, ModuleType]:
@@ -30,7 +35,7 @@ def modules_at(rev: str) -> tuple[ModuleType, ModuleType]:
   mods = []
   for name in ("sampling", "speculative"):
     src = subprocess.run(["git", "show", f"{rev}:specdec_jax/{name}.py"], check=True,
-                         capture_output=True, text=True).stdout
+                         capture_output=True, text=True, cwd=REPO).stdout
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
       f.write(src)
     mod_name = f"_{name}_at_{rev.replace('-', '_').replace('~', '_')}"
@@ -107,3 +112,19 @@ def compare_acceptance(rev: str, vocab_size: int, gammas: Sequence[int],
   result.append(dict(what="softmax + sample_any (one row)", temperature=None, gamma=None,
                      rev_us=us[("draw", "rev")], now_us=us[("draw", "now")], identical=None))
   return result
+
+
+def report(rev: str, vocab_size: int, gammas: Sequence[int],
+           temperatures: Sequence[float]) -> None:
+  """``scripts/compare_revision.py``: prints ``compare_acceptance`` as a table."""
+  print(f"# {rev} vs working tree: V={vocab_size}, batch 1, 64 calls per timed jit call, 30 "
+        f"interleaved repeats (medians); load average {load_average()}\n")
+  print(markdown_header(["piece", "T", "γ", f"{rev} µs", "now µs", "change",
+                         "kernel outputs identical (n, next, accepted, min_pq)"]))
+  for r in compare_acceptance(rev, vocab_size, gammas, temperatures):
+    t = "" if r["temperature"] is None else f"{r['temperature']:g}"
+    g = "" if r["gamma"] is None else r["gamma"]
+    same = "" if r["identical"] is None else ", ".join(map(str, r["identical"]))
+    print(f"| {r['what']} | {t} | {g} | {r['rev_us']:.1f} | {r['now_us']:.1f} "
+          f"| {100 * (r['now_us'] / r['rev_us'] - 1):+.0f}% | {same} |")
+  print(f"\nload average at end {load_average()}")

@@ -50,10 +50,12 @@ import jax.numpy as jnp
 from specdec_jax.decoding import cache_length, speculative_decode
 from specdec_jax.drafts.base import ApproximationModel, gather_positions
 from specdec_jax.models.t5 import T5Model
-from lab.common import pick
 from specdec_jax.sampling import SamplingConfig, standardize
+from specdec_jax.scripting.script_args import comma_list, load_average
 from specdec_jax.speculative import speculative_sampling
 from specdec_jax.timing import interleaved_times, repeat, speculative_prefill
+
+from lab.common import pick, prepare_pair
 
 Array = jax.Array
 
@@ -259,3 +261,26 @@ def markdown(rows: Sequence[RoundProfile]) -> str:
         f"| {pct(r.standardize_p_ms + r.kernel_ms)} | {r.rounds} "
         f"| {r.tokens / r.rounds:.2f} |")
   return "\n".join(lines)
+
+
+def report(args: Any) -> None:
+  """``scripts/profile_round.py``: prints the profile of every (T, γ) of
+  --temperatures x --gammas on the pair of ``common.study_parser``'s flags,
+  row by row, then the table."""
+  exp, setup = prepare_pair(args)
+  # The warm-up example is skipped, as the runner does.
+  examples = [jnp.asarray(setup.inputs[i:i + 1]) for i in range(1, len(setup.inputs))]
+  print(f"# profile_round: target={args.target} draft={args.draft} "
+        f"shortlist={exp.draft_shortlist or 'none'} examples={len(examples)} "
+        f"batch 1, max_decode_len {args.max_decode_len}, inner {args.inner}, repeats "
+        f"{args.repeats}; backend={jax.default_backend()}; load average {load_average()}",
+        flush=True)
+  rows = []
+  for temp in comma_list(args.temperatures, float):
+    for gamma in comma_list(args.gammas, int):
+      rows.append(profile_round(setup.target, setup.target_params, setup.draft, examples, gamma,
+                                SamplingConfig(temperature=temp), args.max_decode_len,
+                                position=args.position, inner=args.inner,
+                                repeats=args.repeats))
+      print(markdown(rows[-1:]).split("\n")[-1], flush=True)
+  print(f"\n{markdown(rows)}\n\nload average at end {load_average()}")

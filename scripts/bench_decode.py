@@ -11,7 +11,8 @@ matches), this prints a markdown table with:
   input;
 * MB/step: bytes of weights one decode step must read (accounting below);
 * implied GB/s = MB/step / ms/step, next to the machine's measured memory read
-  bandwidth (median of several passes over a large array, same script);
+  bandwidth (the fastest read pass of ``lab.bench.common.Bandwidth``, the
+  accelerator benchmark's measurement);
 * ratio = ms/step / (bytes / bandwidth): 1.0 means the step runs at the speed
   of streaming its weights from memory once. The machine may be shared, so
   each timed decode call is followed by one bandwidth pass (the reader that
@@ -53,10 +54,8 @@ same interleaving, for a before/after in one process:
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import importlib.util
-import os
 import sys
 import time
 from pathlib import Path
@@ -64,7 +63,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specdec_jax import memory, timing
 from specdec_jax.checkpoints import load_checkpoint
@@ -75,7 +73,7 @@ from specdec_jax.scripting.script_args import load_average, machine_description,
 from specdec_jax.sampling import SamplingConfig
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside scripts/ (not installed)
-from lab.bench.common import decode_loop, random_params  # noqa: E402
+from lab.bench.common import Bandwidth, decode_loop, random_params  # noqa: E402
 
 SIZES = {"small": "t5_1_1_small", "base": "t5_1_1_base"}
 
@@ -83,51 +81,6 @@ SIZES = {"small": "t5_1_1_small", "base": "t5_1_1_base"}
 def _median_time(fn, repeats: int) -> float:
   """Median seconds of ``repeats`` calls of ``fn`` (``timing.time_call``, no warm-up)."""
   return timing.median(timing.time_call(fn, repeats, warmup=0))
-
-
-class Bandwidth:
-  """Memory bandwidth (GB/s, 1e9 bytes) over an ``mb`` MiB float32 array.
-
-  Several readers, because a single thread may not saturate memory: a jitted
-  jnp.sum, an XLA matrix-vector product (the decode step's access pattern),
-  numpy sum on one thread and on one thread per core (numpy releases the GIL),
-  and a numpy copy (read + write, counted as 2x the bytes; not a read rate).
-  The arrays stay allocated so single passes can be interleaved with the
-  decode timings (the machine is shared: both must see the same load).
-  """
-
-  def __init__(self, mb: int):
-    n = mb * 2**20 // 4
-    self.a = np.random.default_rng(0).random(n, dtype=np.float32)
-    self.nbytes = self.a.nbytes
-    self.x = jnp.asarray(self.a)
-    cols = 4096
-    self.m = self.x[: (n // cols) * cols].reshape(-1, cols)
-    self.v = jnp.ones((cols,), jnp.float32)
-    self._sum = jax.jit(jnp.sum)
-    self._gemv = jax.jit(lambda m, v: m @ v)
-    jax.block_until_ready((self._sum(self.x), self._gemv(self.m, self.v)))
-    self.workers = os.cpu_count() or 1
-    self.parts = np.array_split(self.a, self.workers)
-    self.pool = concurrent.futures.ThreadPoolExecutor(self.workers)
-    self.b = np.empty_like(self.a)
-    self.readers = {
-        "jax_sum_read": (self.nbytes, lambda: self._sum(self.x)),
-        "jax_gemv_read": (self.m.size * 4, lambda: self._gemv(self.m, self.v)),
-        "numpy_sum_read_1thread": (self.nbytes, lambda: self.a.sum()),
-        f"numpy_sum_read_{self.workers}threads":
-            (self.nbytes, lambda: list(self.pool.map(np.sum, self.parts))),
-    }
-
-  def once(self, name: str) -> float:
-    nbytes, fn = self.readers[name]
-    return nbytes / _median_time(fn, 1) / 1e9
-
-  def measure_all(self, repeats: int) -> dict:
-    out = {k: nb / _median_time(fn, repeats) / 1e9 for k, (nb, fn) in self.readers.items()}
-    out["numpy_copy_rw"] = 2 * self.nbytes / _median_time(
-        lambda: np.copyto(self.b, self.a), repeats) / 1e9
-    return out
 
 
 def bench_one(size: str, dtype: str, steps: int, repeats: int, input_len: int,
@@ -352,9 +305,9 @@ def main():
   print(f"Machine: {machine_description()}")
   bw = Bandwidth(args.bandwidth_mb)
   rates = bw.measure_all(max(args.repeats, 5))
-  reader = max((k for k in rates if k != "numpy_copy_rw"), key=rates.get)
-  print(f"Memory bandwidth (GB/s, median of >=5 passes over {args.bandwidth_mb} MiB): "
-        + ", ".join(f"{k}={v:.2f}" for k, v in rates.items())
+  reader = max(bw.reads, key=rates.get)
+  print(f"Memory bandwidth (GB/s, median of >=5 passes over {args.bandwidth_mb} MiB; "
+        f"lab.bench.common.Bandwidth): " + ", ".join(f"{k} {v:.2f}" for k, v in rates.items())
         + f"; reference reader = fastest read = {reader}")
   print(f"batch 1, input length {args.input_len}, {args.steps} greedy steps (eos_id=-1), "
         f"{args.repeats} timed calls after 1 compile call, each followed by one "

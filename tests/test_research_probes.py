@@ -111,7 +111,7 @@ def test_auc_counts_ties_half():
 
 
 def test_confidence_auc_reads_the_rounds_verdicts(tiny_target, tiny_draft):
-  """``--confidence_auc``: a draft equal to the target has every evaluated
+  """``scripts/confidence_auc.py``: a draft equal to the target has every evaluated
   proposal accepted (q = p passes Algorithm 1's test surely), so the counts
   read off successive rounds' starts are right; the target with noise on
   its weights is rejected at times, and both confidences are scored."""

@@ -17,7 +17,7 @@ from specdec_jax.sampling import SamplingConfig
 
 
 def test_adaptive_pieces_times_both_paths(tiny_target, tiny_draft):
-  """``--adaptive_pieces``: one row per k with all four pieces timed; the
+  """``scripts/adaptive_pieces.py``: one row per k with all four pieces timed; the
   switch branch computes what ``decode`` does (checked in test_model), so here
   only that every piece ran and was timed."""
   model, params = tiny_target
@@ -33,7 +33,7 @@ def test_adaptive_pieces_times_both_paths(tiny_target, tiny_draft):
 
 
 def test_adaptive_replay_reproduces_the_rules_rounds(tiny_target, tiny_draft):
-  """``--adaptive_replay``: the rule's recorded widths, replayed as a fixed
+  """``scripts/adaptive_replay.py``: the rule's recorded widths, replayed as a fixed
   schedule, give the same tokens and widths (``adaptive_replay`` raises
   otherwise; checked here against a schedule that is *not* the rule's, so the
   check can fail), and every setting is timed."""

@@ -125,25 +125,6 @@ def metadata_tree(directory: str) -> dict:
   return unflatten(leaves)
 
 
-def _reader(leaf: StoredArray, name: str, directory: str) -> placement.ChunkedReader:
-  """Opens the array once; each call reads one region (whole chunks)."""
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  try:
-    store = ts.open(leaf.spec, open=True, read=True,
-                    context=leaf.context or storage.context()).result(
-        timeout=storage.TIMEOUT_S)
-  except Exception as e:  # pylint: disable=broad-except
-    raise CheckpointError(f"{directory}: cannot open the array {name}: {root_cause(e)}") from e
-
-  def read(index: placement.Index) -> np.ndarray:
-    try:
-      return store[index].read().result()
-    except Exception as e:  # a missing or corrupt chunk
-      raise CheckpointError(f"{directory}: corrupt or unreadable checkpoint data for {name}: "
-                            f"{root_cause(e)}") from e
-  return placement.ts_chunked_reader(store, read)
-
-
 def restore(directory: str, meta_tree: Mapping, subtree: tuple[str, ...], param_dtype: Any,
             partitioner: Optional[Partitioner]) -> dict:
   """``meta_tree[subtree...]`` (from ``metadata_tree``) placed in its shards and
@@ -151,8 +132,8 @@ def restore(directory: str, meta_tree: Mapping, subtree: tuple[str, ...], param_
   sub: Any = meta_tree
   for key in subtree:
     sub = sub[key]
-  sources = {name: placement.ArraySource(leaf.shape,
-                                         functools.partial(_reader, leaf, name, directory))
+  sources = {name: placement.ArraySource(leaf.shape, functools.partial(
+      placement.tensorstore_reader, leaf.spec, directory, name, leaf.context))
              for name, leaf in flatten(sub).items()}
   return placement.place_arrays(sources, param_dtype, partitioner,
                                 placement.in_flight_for(directory))

@@ -21,6 +21,7 @@ import platform
 import subprocess
 import sys
 import traceback
+import types
 import typing
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
@@ -137,7 +138,8 @@ def field_help(cls: type) -> dict[str, str]:
 
 def _kinds(hint: Any) -> list[Any]:
   """The annotation's types without None (Optional[int] -> [int])."""
-  return [t for t in typing.get_args(hint) or (hint,) if t is not type(None)]
+  union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+  return [t for t in (typing.get_args(hint) if union else (hint,)) if t is not type(None)]
 
 
 def _parse_value(hint: Any, text: str) -> Any:
