@@ -4,7 +4,7 @@
 # of value (every section runs even if an earlier one failed):
 #
 # The default, the GPU benchmark (scripts/bench_gpu.py, one process per
-# section; specdec_jax/research/bench says what each measures), within a
+# section; lab/bench says what each measures), within a
 # 470 s budget. Estimated times on one H100 (no GPU run of these sections
 # yet: mostly compilation, guessed at about 15 s per XXL-sized decoding loop;
 # each section prints its programs' compile times):
@@ -17,7 +17,7 @@
 #                        α, c and v beside them (about 160 s);
 #   2. variant_pallas, variant_fixed_positions, variant_fused_projections,
 #      variant_command_buffers: one section per kernel variant
-#                        (specdec_jax/research/bench/variants.py VARIANTS):
+#                        (lab/bench/variants.py VARIANTS):
 #                        XXL and XL targets' step and 8-position pass and the
 #                        drafts' steps with and without it, interleaved, as %
 #                        of the bandwidth floor; for pallas and fixed_positions
