@@ -10,7 +10,7 @@ import pytest
 
 from specdec_jax.models.t5 import T5Config, param_shapes
 from lab.contention import (cache_contention, contention_markdown,
-                                             decode_working_set_mb)
+                            decode_working_set_mb)
 
 
 @pytest.mark.parametrize("tied", [False, True])

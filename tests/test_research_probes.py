@@ -12,7 +12,7 @@ from specdec_jax import drafts
 from specdec_jax.decoding import speculative_decode
 from specdec_jax.models.t5 import shift_right
 from lab.probes import (EngineRecords, along_outputs, auc, confidence_auc,
-                                         engine_records, head_auc)
+                        engine_records, head_auc)
 from specdec_jax.sampling import SamplingConfig
 
 

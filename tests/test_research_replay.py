@@ -12,7 +12,7 @@ from specdec_jax import drafts
 from specdec_jax.decoding import AdaptiveConfig
 from specdec_jax.drafts.base import init_draft
 from lab.replay import (WidthSchedule, adaptive_pieces, adaptive_pieces_markdown,
-                                         adaptive_replay, adaptive_replay_markdown)
+                        adaptive_replay, adaptive_replay_markdown)
 from specdec_jax.sampling import SamplingConfig
 
 

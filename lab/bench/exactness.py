@@ -16,11 +16,12 @@ import numpy as np
 from specdec_jax import checkpoints, data
 from specdec_jax.decoding import speculative_decode, temperature_sample
 from specdec_jax.models.t5 import T5Config, T5Model
-from lab.bench.common import Sizes, record
 from specdec_jax.run import Experiment, prepare
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
 from specdec_jax.timing import timed
+
+from lab.bench.common import Sizes, record
 
 
 def toy_checkpoints(root: Path, vocab_size: int) -> tuple[str, str]:

@@ -30,13 +30,14 @@ from specdec_jax.decoding import speculative_decode, temperature_sample, tree_sp
 from specdec_jax.drafts import T5Draft
 from specdec_jax.dryrun.chips import CHIPS
 from specdec_jax.models.t5 import T5Model
-from lab import trees
-from lab.bench.common import (Model, Sizes, describe, draft_seed, log,
-                                               random_inputs, random_params, record)
-from lab.bench.steered import SteeredDraft
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
 from specdec_jax.timing import interleaved_medians_ms, timed
+
+from lab import trees
+from lab.bench.common import (Model, Sizes, describe, draft_seed, log,
+                              random_inputs, random_params, record)
+from lab.bench.steered import SteeredDraft
 
 GREEDY = SamplingConfig(temperature=0.0)
 # The tree of each row: the best under the cost model of one TPU v4 chip,

@@ -16,10 +16,11 @@ import jax
 
 from specdec_jax import memory, theory
 from specdec_jax.models.t5 import T5Config
-from lab.bench.common import (PAPER_ENDE_T0, PAPER_GAMMA, Model, Sizes,
-                                               bandwidth_for, describe, emit, log, record)
 from specdec_jax.scripting import script_args
 from specdec_jax.timing import interleaved_medians_ms
+
+from lab.bench.common import (PAPER_ENDE_T0, PAPER_GAMMA, Model, Sizes,
+                              bandwidth_for, describe, emit, log, record)
 
 
 def section_targets(sz: Sizes, out: Path, smoke: bool = False) -> None:

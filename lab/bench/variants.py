@@ -32,15 +32,16 @@ from specdec_jax import memory
 from specdec_jax.decoding import command_buffer_options, speculative_decode, temperature_sample
 from specdec_jax.drafts import T5Draft
 from specdec_jax.models.t5 import T5Config, T5Model, fuse_projections
-from lab.bench.common import (PAPER_GAMMA, Model, Sizes, bandwidth_for,
-                                               decode_loop, draft_seed, earlier, emit, log,
-                                               pass_name, random_inputs, random_params, record)
-from lab.bench.exactness import demo_pair, exactness_row
-from lab.bench.steered import SteeredDraft
 from specdec_jax.run import Experiment
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
 from specdec_jax.timing import interleaved_medians_ms
+
+from lab.bench.common import (PAPER_GAMMA, Model, Sizes, bandwidth_for,
+                              decode_loop, draft_seed, earlier, emit, log,
+                              pass_name, random_inputs, random_params, record)
+from lab.bench.exactness import demo_pair, exactness_row
+from lab.bench.steered import SteeredDraft
 
 # A variant's overrides of the default path, by kind (any may be left out):
 #   config            T5Config fields of both models: the timed pieces and the

@@ -99,7 +99,7 @@ def open_store(spec: Any, where: str, name: str, context: Any = None) -> Any:
   try:
     return ts.open(spec, open=True, read=True, context=context or storage.context()).result(
         timeout=storage.TIMEOUT_S)
-  except Exception as e:  # pylint: disable=broad-except  # tensorstore raises ValueError and friends
+  except Exception as e:  # pylint: disable=broad-except  # ValueError and friends
     raise CheckpointError(f"{where}: cannot open the array {name}: {root_cause(e)}") from e
 
 
