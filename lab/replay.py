@@ -32,6 +32,7 @@ from specdec_jax.timing import (interleaved_medians_ms, repeat, speculative_pref
 
 from lab import probes, stopping
 from lab.common import prepare_pair
+from lab.sweep import adaptive_label
 
 Array = jax.Array
 
@@ -374,7 +375,7 @@ def replay_report(args: Any, rule: AdaptiveConfig) -> None:
                              jnp.asarray(setup.inputs[1:]), jax.random.PRNGKey(0), rule,
                              gamma_max, SamplingConfig(temperature=temp), args.max_decode_len,
                              repeats=args.repeats)
-    print(f"{rule}, T={temp:g}, γ_max {gamma_max}, {len(setup.inputs) - 1} examples × "
+    print(f"{adaptive_label(rule, gamma_max)}, T={temp:g}, {len(setup.inputs) - 1} examples × "
           f"{args.repeats} passes; load average {load} → {load_average()}\n"
           f"{adaptive_replay_markdown(result)}\n", flush=True)
     if temp == 0 and hasattr(setup.draft, "model"):
