@@ -47,7 +47,7 @@
 #   2. v(k), the cost of scoring k positions in one pass relative to one step
 #      (paper §3.4), for a T5 1.1 XL-sized target with random bfloat16 weights,
 #      k = 1, 2, 3, 4, 6, 8, 12, 16, beside the bare matmuls
-#      (scripts/bench_decode.py --vk);
+#      (scripts/bench_vk.py);
 #   3. a γ sweep (1, 2, 3, 4, 6, 8) on the demo pair, T = 0 then T = 1, 20
 #      verses each, inputs padded to 128 tokens (one compiled program per γ)
 #      (scripts/bench_speculative.py).
@@ -251,7 +251,7 @@ else
     section "runner $config" "$([[ $config == demo ]] && echo 120 || echo 0)" runner "$config" "${runner_args[@]}"
   done
   echo "## v(k): $vk_what, batch 1"
-  section "v(k)" 60 python scripts/bench_decode.py --vk "${vk[@]}"
+  section "v(k)" 60 python scripts/bench_vk.py "${vk[@]}"
   for t in "${sweep_temps[@]}"; do
     echo "## γ sweep on the demo pair, T = $t"
     section "γ sweep T=$t" 0 python scripts/bench_speculative.py --temperatures="$t" "${sweep[@]}"

@@ -49,7 +49,7 @@ def test_every_script_is_listed():
           # one study per script (lab/)
           "compare_revision.py", "cache_contention.py", "adaptive_pieces.py",
           "adaptive_replay.py", "confidence_auc.py", "acceptance_head.py",
-          "account_run.py"} <= names
+          "account_run.py", "bench_vk.py"} <= names
 
 
 @pytest.mark.parametrize("name", [s.name for s in SCRIPTS])
