@@ -106,7 +106,7 @@ hf 50 Hugging Face on the same card: XXL-sized generate (static cache, compiled)
 demo 20 the demo pair end to end: ours vs Hugging Face generate and assisted generation
 loops_cnndm 100 the paper's T = 0 rows of CNN/DM with the real loops at XXL size, α steered
 variant_min_rows 40 kernel variant min_rows 2: steps and passes with and without it
-bandwidth 10 memory bandwidth (device-to-device copy)
+bandwidth 10 memory bandwidth (copy, xor, sum and matrix-vector passes; floors at the faster of copy and xor)
 targets 100 T5 1.1 XXL- and XL-sized targets: step, v(k), c, % of the bandwidth floor, Theorem 3.8
 exactness 40 T = 0 mismatches, speculative vs baseline: float32 default, float32 highest, bfloat16
 profile 40 per-kernel profile of the drafts' steps and the XL-sized target's step and 2-position pass
