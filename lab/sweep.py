@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import jax
 import numpy as np
 
-from specdec_jax import alpha, data, theory
+from specdec_jax import alpha, data, drafts, theory
 from specdec_jax.decoding import (AdaptiveConfig, cache_length, speculative_decode,
                                   temperature_sample)
-from specdec_jax.run import autogamma
+from specdec_jax.data import parse_input_buckets
+from specdec_jax.run import (Experiment, autogamma, check_before_loading, held_out_inputs,
+                             load_data, load_draft, load_models)
+from specdec_jax.run.setup import partitioners
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.scripting import script_args
 from specdec_jax.timing import block, measure_costs_many, timed, warm_up_widths
 
 
@@ -286,3 +291,112 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     cells.append("-" if r["mismatches"] is None else str(r["mismatches"]))
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
+
+
+# --adaptive: six settings, as if given by their flags.
+ADAPTIVE_PRESET = dict(rule="threshold,threshold,threshold,cumulative,cumulative,schedule",
+                       threshold="0.4,0.7,0.4,0.3,0.3,none",
+                       skip_below="none,none,0.4,none,0.4,none")
+
+
+def adaptive_settings(args) -> list[AdaptiveConfig]:
+  """The adaptive settings of the --adaptive_<field> flags (or --adaptive's),
+  each verifying at --adaptive_widths."""
+  if args.adaptive:
+    for name, values in ADAPTIVE_PRESET.items():
+      setattr(args, f"adaptive_{name}", values)
+  return script_args.dataclasses_from_flags(
+      AdaptiveConfig, args, prefix="adaptive_",
+      widths=parse_widths(args.adaptive_widths, args.gamma_max))
+
+
+def report(args: Any) -> str:
+  """``scripts/bench_speculative.py``: the sweep of its flags at each of
+  --temperatures, as a markdown table, and what each 'auto' row saw."""
+  gammas = script_args.comma_list(args.gammas)
+  adaptive = adaptive_settings(args)
+  numeric = [int(g) for g in gammas if g.isdigit()]
+  specs = (parse_drafts(args.drafts) if args.drafts
+           else {None: (args.draft_name, args.draft, args.draft_shortlist)})
+  exps = {label: Experiment(
+      task=args.task, source=args.source, vocab_path=args.vocab,
+      target_checkpoint=args.target, draft_name=name,
+      draft_checkpoint=ckpt if ckpt and drafts.takes(name, "model") else "",
+      draft_shortlist=shortlist,
+      max_input_len=args.max_input_len, max_decode_len=args.max_decode_len,
+      num_warmup=1, num_examples=args.num_examples, dtype=args.dtype,
+      gamma=max(numeric + [args.gamma_max]), ngram_corpus=args.ngram_corpus)
+      for label, (name, ckpt, shortlist) in specs.items()}
+  for e in exps.values():   # every draft checked before anything is loaded
+    check_before_loading(e)
+  exp = next(iter(exps.values()))
+  data = load_data(exp)
+  setup = load_models(exp, data)   # the target once; each further draft beside it
+  _, draft_part = partitioners(exp)
+  named = {label: setup.draft if e is exp
+           else load_draft(e, data, setup.target, draft_part, setup.target_params)
+           for label, e in exps.items()}
+  draft = setup.draft if args.drafts is None else named
+  alpha_inputs = None
+  if "auto" in gammas and args.auto_alpha_examples > 0:
+    alpha_inputs = held_out_inputs(exp, args.auto_alpha_source, args.auto_alpha_examples)
+  buckets = parse_input_buckets(args.input_buckets, args.max_input_len)
+  rows = []
+  for temp in script_args.comma_list(args.temperatures, float):
+    rows += gamma_sweep(setup.target, setup.target_params, draft, setup.inputs, gammas,
+                        SamplingConfig(temperature=temp), exp.max_decode_len, args.seed,
+                        gamma_max=args.gamma_max, alpha_inputs=alpha_inputs,
+                        adaptive=adaptive, input_buckets=buckets)
+    # A temperature's programs are not run again: dropping them keeps the
+    # compiled code (one program per draft x setting x bucket) within the
+    # process's memory maps (--drafts help).
+    jax.clear_caches()
+  lines = [markdown_table(rows)]
+  for r in rows:
+    if "auto" in r:  # what 'auto' saw and why it chose its γ (autogamma.GammaChoice)
+      a = r["auto"]
+      curve = ", ".join(f"{g}: {x:.2f}x ± {a['gap_se'][g]:.2f}"
+                        for g, x in a["predicted"].items())
+      who = f" {r['draft']}" if "draft" in r else ""
+      lines.append(f"\nT={r['temperature']:g}{who} auto: α {a['alpha_warmup']:.3f} ± "
+                   f"{a['alpha_se']:.3f} on {a['alpha_tokens']} tokens; predicted (± s.e. of "
+                   f"the gap to the best) "
+                   f"{curve}; argmax {a['argmax']}, chosen {a['gamma']}"
+                   + (" (plain decoding: no γ is predicted to pay)" if a["gamma"] == 0 else ""))
+  return "\n".join(lines)
+
+
+def parse_drafts(text: str) -> dict[str, tuple[str, str, str]]:
+  """'t5:ckpt_a,t5:ckpt_b,prompt_lookup' -> {row label: (draft name,
+  checkpoint, shortlist)}; 't5:ckpt@list.json' gives the draft a vocabulary
+  shortlist (Experiment.draft_shortlist).
+
+  A label is the checkpoint's directory name for 't5' ('+shortlist' added
+  with one), 'name:dir' for other drafts that take a checkpoint (lookup_t5),
+  the bare name otherwise; or given: 'old=t5:ckpt_a' (two checkpoints in
+  directories of one name).
+  """
+  out: dict[str, tuple[str, str, str]] = {}
+  for item in (t.strip() for t in text.split(",")):
+    if not item:
+      continue
+    given, eq, rest = item.partition("=")
+    if not eq:
+      given, rest = "", item
+    name, _, ckpt = rest.partition(":")
+    ckpt, _, shortlist = ckpt.partition("@")
+    if name not in drafts.REGISTRY:
+      raise ValueError(f"--drafts: unknown draft {name!r} in {item!r}; registered: "
+                       f"{', '.join(sorted(drafts.REGISTRY))}")
+    if "model" in drafts.requires(name) and not ckpt:
+      raise ValueError(f"--drafts: {name!r} needs a checkpoint: write {name}:<path>")
+    base = Path(ckpt.rstrip("/")).name if ckpt else ""
+    label = given or ((base if name == "t5" else f"{name}:{base}" if base else name)
+                      + ("+shortlist" if shortlist else ""))
+    if label in out:
+      raise ValueError(f"--drafts: two drafts would both be labelled {label!r}; name them: "
+                       f"label=name:checkpoint")
+    out[label] = (name, ckpt, shortlist)
+  if not out:
+    raise ValueError(f"--drafts: no draft in {text!r}")
+  return out

@@ -37,123 +37,11 @@ from pathlib import Path
 import jax
 
 from specdec_jax import drafts
-from specdec_jax.data import parse_input_buckets
 from specdec_jax.decoding import AdaptiveConfig
-from specdec_jax.run import (Experiment, check_before_loading, held_out_inputs, load_data,
-                             load_draft, load_models)
-from specdec_jax.run.setup import partitioners
-from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside scripts/ (not installed)
-from lab.sweep import gamma_sweep, markdown_table, parse_widths  # noqa: E402
-
-
-# --adaptive: six settings, as if given by their flags.
-ADAPTIVE_PRESET = dict(rule="threshold,threshold,threshold,cumulative,cumulative,schedule",
-                       threshold="0.4,0.7,0.4,0.3,0.3,none",
-                       skip_below="none,none,0.4,none,0.4,none")
-
-
-def adaptive_settings(args) -> list[AdaptiveConfig]:
-  """The adaptive settings of the --adaptive_<field> flags (or --adaptive's),
-  each verifying at --adaptive_widths."""
-  if args.adaptive:
-    for name, values in ADAPTIVE_PRESET.items():
-      setattr(args, f"adaptive_{name}", values)
-  return script_args.dataclasses_from_flags(
-      AdaptiveConfig, args, prefix="adaptive_",
-      widths=parse_widths(args.adaptive_widths, args.gamma_max))
-
-
-def bench(args) -> str:
-  gammas = script_args.comma_list(args.gammas)
-  adaptive = adaptive_settings(args)
-  numeric = [int(g) for g in gammas if g.isdigit()]
-  specs = (parse_drafts(args.drafts) if args.drafts
-           else {None: (args.draft_name, args.draft, args.draft_shortlist)})
-  exps = {label: Experiment(
-      task=args.task, source=args.source, vocab_path=args.vocab,
-      target_checkpoint=args.target, draft_name=name,
-      draft_checkpoint=ckpt if ckpt and drafts.takes(name, "model") else "",
-      draft_shortlist=shortlist,
-      max_input_len=args.max_input_len, max_decode_len=args.max_decode_len,
-      num_warmup=1, num_examples=args.num_examples, dtype=args.dtype,
-      gamma=max(numeric + [args.gamma_max]), ngram_corpus=args.ngram_corpus)
-      for label, (name, ckpt, shortlist) in specs.items()}
-  for e in exps.values():   # every draft checked before anything is loaded
-    check_before_loading(e)
-  exp = next(iter(exps.values()))
-  data = load_data(exp)
-  setup = load_models(exp, data)   # the target once; each further draft beside it
-  _, draft_part = partitioners(exp)
-  named = {label: setup.draft if e is exp
-           else load_draft(e, data, setup.target, draft_part, setup.target_params)
-           for label, e in exps.items()}
-  draft = setup.draft if args.drafts is None else named
-  alpha_inputs = None
-  if "auto" in gammas and args.auto_alpha_examples > 0:
-    alpha_inputs = held_out_inputs(exp, args.auto_alpha_source, args.auto_alpha_examples)
-  buckets = parse_input_buckets(args.input_buckets, args.max_input_len)
-  rows = []
-  for temp in script_args.comma_list(args.temperatures, float):
-    rows += gamma_sweep(setup.target, setup.target_params, draft, setup.inputs, gammas,
-                        SamplingConfig(temperature=temp), exp.max_decode_len, args.seed,
-                        gamma_max=args.gamma_max, alpha_inputs=alpha_inputs,
-                        adaptive=adaptive, input_buckets=buckets)
-    # A temperature's programs are not run again: dropping them keeps the
-    # compiled code (one program per draft x setting x bucket) within the
-    # process's memory maps (--drafts help).
-    jax.clear_caches()
-  lines = [markdown_table(rows)]
-  for r in rows:
-    if "auto" in r:  # what 'auto' saw and why it chose its γ (autogamma.GammaChoice)
-      a = r["auto"]
-      curve = ", ".join(f"{g}: {x:.2f}x ± {a['gap_se'][g]:.2f}"
-                        for g, x in a["predicted"].items())
-      who = f" {r['draft']}" if "draft" in r else ""
-      lines.append(f"\nT={r['temperature']:g}{who} auto: α {a['alpha_warmup']:.3f} ± "
-                   f"{a['alpha_se']:.3f} on {a['alpha_tokens']} tokens; predicted (± s.e. of "
-                   f"the gap to the best) "
-                   f"{curve}; argmax {a['argmax']}, chosen {a['gamma']}"
-                   + (" (plain decoding: no γ is predicted to pay)" if a["gamma"] == 0 else ""))
-  return "\n".join(lines)
-
-
-def parse_drafts(text: str) -> dict[str, tuple[str, str, str]]:
-  """'t5:ckpt_a,t5:ckpt_b,prompt_lookup' -> {row label: (draft name,
-  checkpoint, shortlist)}; 't5:ckpt@list.json' gives the draft a vocabulary
-  shortlist (Experiment.draft_shortlist).
-
-  A label is the checkpoint's directory name for 't5' ('+shortlist' added
-  with one), 'name:dir' for other drafts that take a checkpoint (lookup_t5),
-  the bare name otherwise; or given: 'old=t5:ckpt_a' (two checkpoints in
-  directories of one name).
-  """
-  out: dict[str, tuple[str, str, str]] = {}
-  for item in (t.strip() for t in text.split(",")):
-    if not item:
-      continue
-    given, eq, rest = item.partition("=")
-    if not eq:
-      given, rest = "", item
-    name, _, ckpt = rest.partition(":")
-    ckpt, _, shortlist = ckpt.partition("@")
-    if name not in drafts.REGISTRY:
-      raise ValueError(f"--drafts: unknown draft {name!r} in {item!r}; registered: "
-                       f"{', '.join(sorted(drafts.REGISTRY))}")
-    if "model" in drafts.requires(name) and not ckpt:
-      raise ValueError(f"--drafts: {name!r} needs a checkpoint: write {name}:<path>")
-    base = Path(ckpt.rstrip("/")).name if ckpt else ""
-    label = given or ((base if name == "t5" else f"{name}:{base}" if base else name)
-                      + ("+shortlist" if shortlist else ""))
-    if label in out:
-      raise ValueError(f"--drafts: two drafts would both be labelled {label!r}; name them: "
-                       f"label=name:checkpoint")
-    out[label] = (name, ckpt, shortlist)
-  if not out:
-    raise ValueError(f"--drafts: no draft in {text!r}")
-  return out
+from lab import sweep  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:
@@ -189,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
                  help="how many of them; 0: the warm-up example alone")
   p.add_argument("--adaptive", action="store_true",
                  help="six adaptive settings, as if given by their flags: "
-                      + "; ".join(f"--adaptive_{k}={v}" for k, v in ADAPTIVE_PRESET.items()))
+                      + "; ".join(f"--adaptive_{k}={v}" for k, v in sweep.ADAPTIVE_PRESET.items()))
   script_args.dataclass_flags(p, AdaptiveConfig, prefix="adaptive_", many=True,
                               skip=("widths",))
   p.add_argument("--adaptive_widths", default="all",
@@ -209,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
   print(f"# bench_speculative: target={args.target} {who} "
         f"examples={args.num_examples} device={jax.devices()[0].device_kind} "
         f"backend={jax.default_backend()}")
-  print(bench(args))
+  print(sweep.report(args))
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def test_adaptive_settings_are_the_dataclass_fields_as_flags():
   from lab.sweep import adaptive_label, parse_gamma, parse_widths
   from specdec_jax.decoding import AdaptiveConfig
   mod = _bench_speculative()
-  settings = lambda *argv: mod.adaptive_settings(mod.parser().parse_args(argv))
+  from lab.sweep import adaptive_settings
+  settings = lambda *argv: adaptive_settings(mod.parser().parse_args(argv))
   assert settings() == []
   thr, cum = settings("--adaptive_rule=threshold,cumulative", "--adaptive_threshold=0.4,0.3",
                       "--adaptive_skip_below=0.3,none", "--gamma_max=7")
@@ -125,7 +126,7 @@ def test_several_drafts_share_one_baseline_in_one_sweep(tiny_target, tiny_draft)
 
 
 def test_bench_speculative_parses_its_drafts_flag():
-  mod = _bench_speculative()
+  from lab import sweep as mod
   assert mod.parse_drafts("t5:ck/draft_small,t5:ck/draft_tiny/,prompt_lookup,lookup_t5:ck/x") == {
       "draft_small": ("t5", "ck/draft_small", ""), "draft_tiny": ("t5", "ck/draft_tiny/", ""),
       "prompt_lookup": ("prompt_lookup", "", ""), "lookup_t5:x": ("lookup_t5", "ck/x", "")}
