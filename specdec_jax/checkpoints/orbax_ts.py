@@ -125,6 +125,11 @@ def metadata_tree(directory: str) -> dict:
   return unflatten(leaves)
 
 
+def _reader(leaf: StoredArray, name: str, directory: str) -> placement.ChunkedReader:
+  """Opens the array once; each call reads one region (whole chunks)."""
+  return placement.tensorstore_reader(leaf.spec, directory, name, leaf.context)
+
+
 def restore(directory: str, meta_tree: Mapping, subtree: tuple[str, ...], param_dtype: Any,
             partitioner: Optional[Partitioner]) -> dict:
   """``meta_tree[subtree...]`` (from ``metadata_tree``) placed in its shards and
@@ -132,8 +137,8 @@ def restore(directory: str, meta_tree: Mapping, subtree: tuple[str, ...], param_
   sub: Any = meta_tree
   for key in subtree:
     sub = sub[key]
-  sources = {name: placement.ArraySource(leaf.shape, functools.partial(
-      placement.tensorstore_reader, leaf.spec, directory, name, leaf.context))
+  sources = {name: placement.ArraySource(leaf.shape,
+                                         functools.partial(_reader, leaf, name, directory))
              for name, leaf in flatten(sub).items()}
   return placement.place_arrays(sources, param_dtype, partitioner,
                                 placement.in_flight_for(directory))

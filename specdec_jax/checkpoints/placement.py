@@ -91,31 +91,32 @@ class ChunkedReader:
   dtype: np.dtype
 
 
-def open_store(spec: Any, where: str, name: str, context: Any = None) -> Any:
-  """The TensorStore array ``spec`` opened for reading (``context``: default
-  ``storage.context()``); a failure is one ``CheckpointError`` naming the
-  checkpoint ``where`` and the array ``name``."""
+def open_tensorstore(spec: Any, directory: str, name: str, context: Any = None) -> Any:
+  """THE way a checkpoint's TensorStore array is opened (T5X's and Orbax's):
+  for reading, in ``context`` (default ``storage.context()``), within
+  ``storage.TIMEOUT_S``; a failure is a ``CheckpointError`` naming
+  ``directory`` and the array ``name``."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   try:
     return ts.open(spec, open=True, read=True, context=context or storage.context()).result(
         timeout=storage.TIMEOUT_S)
-  except Exception as e:  # pylint: disable=broad-except  # ValueError and friends
-    raise CheckpointError(f"{where}: cannot open the array {name}: {root_cause(e)}") from e
+  except Exception as e:  # tensorstore raises ValueError and friends
+    raise CheckpointError(f"{directory}: cannot open the array {name}: {root_cause(e)}") from e
 
 
-def tensorstore_reader(spec: Any, where: str, name: str, context: Any = None) -> ChunkedReader:
-  """The one read path of a TensorStore array (T5X legacy and Orbax
-  checkpoints): opened once (``open_store``); each call reads one region
-  (whole chunks), a missing or corrupt chunk one ``CheckpointError``; with the
-  array's read chunk shape (0 for a dimension TensorStore does not chunk) and
-  dtype."""
-  store = open_store(spec, where, name, context)
+def tensorstore_reader(spec: Any, directory: str, name: str, context: Any = None
+                       ) -> ChunkedReader:
+  """Opens the array once (``open_tensorstore``); each call reads one region
+  (whole chunks), with the array's read chunk shape (0 for a dimension
+  TensorStore does not chunk) and dtype. A missing or corrupt chunk is a
+  ``CheckpointError`` naming ``directory`` and ``name``."""
+  store = open_tensorstore(spec, directory, name, context)
 
   def read(index: Index) -> np.ndarray:
     try:
       return store[index].read().result()
-    except Exception as e:  # pylint: disable=broad-except  # a missing or corrupt chunk
-      raise CheckpointError(f"{where}: corrupt or unreadable checkpoint data for {name}: "
+    except Exception as e:  # a missing or corrupt chunk
+      raise CheckpointError(f"{directory}: corrupt or unreadable checkpoint data for {name}: "
                             f"{root_cause(e)}") from e
   chunks = tuple(int(c or 0) for c in store.chunk_layout.read_chunk.shape)
   return ChunkedReader(read, chunks, np.dtype(store.dtype.numpy_dtype))

@@ -57,16 +57,20 @@ def resolve_ts_spec(spec: Mapping, step_dir: str) -> dict:
   return spec
 
 
+def _where(resolved: dict, name: str) -> str:
+  return f"{name} at {resolved['kvstore']}"
+
+
 def _ts_shape(spec: Mapping, resolved: dict, name: str, step_dir: str) -> tuple[int, ...]:
   meta = spec.get("metadata")
   if isinstance(meta, Mapping) and "shape" in meta:
     return tuple(int(s) for s in meta["shape"])
-  return tuple(placement.open_store(resolved, step_dir, _ts_name(name, resolved)).shape)
+  return tuple(placement.open_tensorstore(resolved, step_dir, _where(resolved, name)).shape)
 
 
-def _ts_name(name: str, resolved: dict) -> str:
-  """An array's name in errors: its parameter and where TensorStore reads it."""
-  return f"{name} at {resolved['kvstore']}"
+def _ts_reader(resolved: dict, name: str, step_dir: str) -> placement.ChunkedReader:
+  """Opens the array once; the reader fetches one region (whole chunks) per call."""
+  return placement.tensorstore_reader(resolved, step_dir, _where(resolved, name))
 
 
 def _inline_reader(arr: np.ndarray) -> placement.SliceReader:
@@ -117,8 +121,7 @@ def load_t5x(step_dir: str, config: T5Config, param_dtype: Any,
       resolved = resolve_ts_spec(leaf, step_dir)
       sources[name] = placement.ArraySource(
           _ts_shape(leaf, resolved, name, step_dir),
-          functools.partial(placement.tensorstore_reader, resolved, step_dir,
-                            _ts_name(name, resolved)))
+          functools.partial(_ts_reader, resolved, name, step_dir))
     else:
       arr = np.asarray(leaf)
       sources[name] = placement.ArraySource(arr.shape, functools.partial(_inline_reader, arr))
