@@ -117,25 +117,6 @@ def add_decoding_arguments(parser: argparse.ArgumentParser, gammas: Optional[str
     parser.add_argument("--seed", type=int, default=0, help="PRNG seed of the sampling keys")
 
 
-def field_help(cls: type) -> dict[str, str]:
-  """Each field's description in the docstring of the dataclass ``cls``: a
-  line ``  name: text`` and the lines indented below it, joined."""
-  names = {f.name for f in dataclasses.fields(cls)}
-  out: dict[str, str] = {}
-  current = None
-  for line in (cls.__doc__ or "").splitlines():
-    body = line.strip()
-    head, colon, rest = body.partition(": ")
-    if line.startswith("  ") and not line.startswith("   ") and colon and head in names:
-      current = head
-      out[head] = rest.strip()
-    elif current and line.startswith("    ") and body:
-      out[current] += " " + body
-    else:
-      current = None
-  return out
-
-
 def _kinds(hint: Any) -> list[Any]:
   """The annotation's types without None (Optional[int] -> [int])."""
   union = typing.get_origin(hint) in (typing.Union, types.UnionType)
@@ -165,12 +146,13 @@ def dataclass_flags(parser: argparse.ArgumentParser, cls: type, defaults: Any = 
   int, float, bool, a tuple of one of them as a comma-separated list, or an
   Optional of one, 'none' for None), defaulted as ``defaults``'s value of it
   (else the field's default; a field without one is required), its help the
-  field's description in the docstring (``field_help``). ``many``: each flag
+  field's description in the docstring (``settings.setting_docs``, as the
+  runner's --help). ``many``: each flag
   takes a comma-separated list, one value per setting (``dataclasses_from_flags``).
   ``special``: name -> ``add_argument`` keywords replacing the generated ones.
   Returns the fields that got a flag."""
   hints = typing.get_type_hints(cls)
-  docs = field_help(cls)
+  docs = settings.setting_docs(cls)
   names = []
   for f in dataclasses.fields(cls):
     if f.name in skip:
