@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax.drafts.base import (ApproximationModel, adaptive_proposal, commit_tree,
-                                     gather_positions, init_draft, tree_proposal)
+                                     gather_positions, init_draft, proposal_steps, tree_proposal)
 from specdec_jax.models.base import TargetModel
 from specdec_jax.partitioning import Partitioner, constrain_batch, constrain_cache
 from specdec_jax.sampling import SamplingConfig, argmax, sample, standardize
@@ -467,7 +467,8 @@ def _propose(loop: _Loop, draft: ApproximationModel, s: _SpecState, key: Array
   gamma, adaptive = loop.gamma, loop.adaptive
   if adaptive is None:
     xs, q, draft_state = draft.propose(s.draft_state, s.seq, s.length, gamma, loop.sampling, key)
-    return xs, q, jnp.full((s.seq.shape[0],), gamma, jnp.int32), gamma, draft_state
+    return (xs, q, jnp.full((s.seq.shape[0],), gamma, jnp.int32), proposal_steps(draft, gamma),
+            draft_state)
   limit = jnp.where(~s.done, gamma if s.gamma_row is None else s.gamma_row, 0)
   threshold = adaptive.threshold if adaptive.rule in CONFIDENCE_RULES else 0.0
   xs, q, proposed, steps, draft_state = adaptive_proposal(

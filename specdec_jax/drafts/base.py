@@ -83,6 +83,13 @@ Optionally, for token trees (``decoding.tree_speculative_decode``):
   (``TreeShape.spine``): ``propose`` of depth D, and next-best siblings of
   each position's q (exact: each sibling's q is its one-hot).
 
+Optionally, for drafts whose chain proposal is not γ calls (a block draft,
+``specdec_jax.drafts.t5_block``):
+
+* ``proposal_steps(gamma) -> int``: the draft calls ``propose`` of γ tokens
+  runs (``proposal_steps`` below: γ when absent). The engine counts it in
+  ``draft_calls``, and the cost model prices a round with it.
+
 Nothing in the engine depends on which model it is, so a new approximation
 model needs no engine change: implement these three methods and register it
 with ``specdec_jax.drafts.register`` (README, "Adding an approximation
@@ -126,6 +133,13 @@ def init_draft(draft: Any, inputs: Array, cache_len: int, target_encoded: Array)
   if method is not None:
     return method(inputs, cache_len, target_encoded)
   return draft.init(inputs, cache_len)
+
+
+def proposal_steps(draft: Any, gamma: int) -> int:
+  """Draft calls one ``propose`` of γ tokens costs: ``draft.proposal_steps(γ)``
+  if the draft declares it (a block draft: 1), else γ (one call a token)."""
+  method = getattr(draft, "proposal_steps", None)
+  return gamma if method is None else int(method(gamma))
 
 
 def gather_positions(seq: Array, positions: Array) -> Array:
