@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.decoding import SpecOutput, speculative_decode, temperature_sample
+from specdec_jax.drafts.base import capabilities
 from specdec_jax.models.t5 import T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
 
@@ -64,7 +65,7 @@ def min_pq_along(target: T5Model, params: Any, draft: Any, inputs: Array, tokens
   prefix; both standardized as in decoding (§2.2). Divided by the token count
   this is the α estimate of Corollary 3.6 (paper §4.2's method).
   """
-  if getattr(draft, "wants_target_states", False):
+  if capabilities(draft).target_states:
     raise ValueError("this draft reads the target's decoder states (feature bridge): its q "
                      "depends on where a round starts, so α is measured in the engine's "
                      "rounds (min_pq_in_rounds), not along fixed outputs")
@@ -121,7 +122,7 @@ def estimate_alpha(target: T5Model, params: Any, draft: Any,
   rounds at ``rounds_gamma`` instead (``min_pq_in_rounds``; tokens are then
   the evaluated positions)."""
   sums, lengths = [], []
-  in_rounds = bool(getattr(draft, "wants_target_states", False))
+  in_rounds = capabilities(draft).target_states
   for i, (inputs, n) in enumerate(batches):
     k = jax.random.fold_in(key, i)
     if in_rounds:

@@ -90,14 +90,22 @@ Optionally, for drafts whose chain proposal is not γ calls (a block draft,
   runs (``proposal_steps`` below: γ when absent). The engine counts it in
   ``draft_calls``, and the cost model prices a round with it.
 
+Which optional methods a model has is asked in one place, ``capabilities``
+(a ``Capabilities`` record); the engine, α and the runner read the record, and
+reach the optional methods only through the functions here that fall back to
+the defaults above (``init_draft``, ``commit_draft``, ``adaptive_proposal``,
+``tree_proposal``, ``commit_tree``, ``check_tree``, ``proposal_steps``).
+
 Nothing in the engine depends on which model it is, so a new approximation
-model needs no engine change: implement these three methods and register it
-with ``specdec_jax.drafts.register`` (README, "Adding an approximation
-model"). The runner calls ``check_interface`` once before compiling anything.
+model needs no engine change: implement the three required methods and
+register it with ``specdec_jax.drafts.register`` (README, "Adding an
+approximation model"). The runner calls ``check_interface`` once before
+compiling anything.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any, Protocol
 
@@ -127,19 +135,70 @@ class ApproximationModel(Protocol):
     ...
 
 
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+  """An approximation model's optional methods (the module docstring), each
+  with a default, so a model needs none of them.
+
+  init_with_target: ``init_with_target(inputs, cache_len, target_encoded)``;
+    default ``init``.
+  target_states: ``wants_target_states`` is true: the engine hands it the
+    target's decoder states through ``commit_with_target`` in place of
+    ``commit``; default False.
+  propose_adaptive: its own adaptive proposal (early exit); default
+    ``propose(γ_max)`` and a count derived from q.
+  propose_tree: fills any tree it does not refuse; default: spine trees from
+    ``propose``.
+  commit_tree: ``commit`` told the accepted tree path; default ``commit``.
+  tree_unsupported: ``tree_unsupported(tree)`` may refuse a tree with a
+    reason; default: every tree it can fill.
+  proposal_steps: ``proposal_steps(γ)`` declares the draft calls a chain
+    proposal of γ tokens costs (a block draft: 1); default γ.
+  """
+
+  init_with_target: bool = False
+  target_states: bool = False
+  propose_adaptive: bool = False
+  propose_tree: bool = False
+  commit_tree: bool = False
+  tree_unsupported: bool = False
+  proposal_steps: bool = False
+
+
+def capabilities(draft: Any) -> Capabilities:
+  """The one place that asks a model which optional methods it has."""
+  has = lambda name: callable(getattr(draft, name, None))
+  return Capabilities(
+      init_with_target=has("init_with_target"),
+      target_states=bool(getattr(draft, "wants_target_states", False)),
+      propose_adaptive=has("propose_adaptive"), propose_tree=has("propose_tree"),
+      commit_tree=has("commit_tree"), tree_unsupported=has("tree_unsupported"),
+      proposal_steps=has("proposal_steps"))
+
+
 def init_draft(draft: Any, inputs: Array, cache_len: int, target_encoded: Array) -> Any:
   """``draft.init_with_target`` if the draft has it, else ``draft.init``."""
-  method = getattr(draft, "init_with_target", None)
-  if method is not None:
-    return method(inputs, cache_len, target_encoded)
+  if capabilities(draft).init_with_target:
+    return draft.init_with_target(inputs, cache_len, target_encoded)
   return draft.init(inputs, cache_len)
 
 
 def proposal_steps(draft: Any, gamma: int) -> int:
   """Draft calls one ``propose`` of γ tokens costs: ``draft.proposal_steps(γ)``
   if the draft declares it (a block draft: 1), else γ (one call a token)."""
-  method = getattr(draft, "proposal_steps", None)
-  return gamma if method is None else int(method(gamma))
+  if capabilities(draft).proposal_steps:
+    return int(draft.proposal_steps(gamma))
+  return gamma
+
+
+def commit_draft(draft: Any, state: Any, seq: Array, length: Array,
+                 target_states: tuple[Array, Array] | None = None) -> Any:
+  """The round's commit: ``commit_with_target`` given the target's states
+  (hidden [B, W, d], positions [B, W], -1: padding), which the engine passes
+  to a draft whose capabilities include ``target_states``; else ``commit``."""
+  if target_states is not None:
+    return draft.commit_with_target(state, seq, length, *target_states)
+  return draft.commit(state, seq, length)
 
 
 def gather_positions(seq: Array, positions: Array) -> Array:
@@ -231,8 +290,8 @@ def adaptive_proposal(draft: Any, state: Any, seq: Array, length: Array, gamma: 
   threshold 1. Optional arguments reach ``propose_adaptive`` only when set,
   and one its signature lacks is an interface error.
   """
-  method = getattr(draft, "propose_adaptive", None)
-  if method is not None:
+  if capabilities(draft).propose_adaptive:
+    method = draft.propose_adaptive
     extra = {name: value for name, value, unset in
              (("skip_below", skip_below, None), ("cumulative", cumulative, False),
               ("drawn", drawn, False))
@@ -331,9 +390,8 @@ def tree_proposal(draft: Any, state: Any, seq: Array, length: Array, tree: TreeS
   """``draft.propose_tree`` if the draft has it, else ``spine_proposal`` of its
   ``propose`` of depth D (spine trees only; ``check_tree`` says so before
   any work). -> (tokens [B, N], q [B, N, V], valid [B, N], steps, state)."""
-  method = getattr(draft, "propose_tree", None)
-  if method is not None:
-    return method(state, seq, length, tree, sampling, key)
+  if capabilities(draft).propose_tree:
+    return draft.propose_tree(state, seq, length, tree, sampling, key)
   chain, chain_q, state = draft.propose(state, seq, length, tree.max_depth, sampling, key)
   tokens, q, valid = spine_proposal(tree, chain, chain_q)
   return tokens, q, valid, jnp.asarray(tree.max_depth, jnp.int32), state
@@ -342,9 +400,8 @@ def tree_proposal(draft: Any, state: Any, seq: Array, length: Array, tree: TreeS
 def commit_tree(draft: Any, state: Any, seq: Array, length: Array, start: Array,
                 out: TreeOutput) -> Any:
   """``draft.commit_tree`` if the draft has it, else ``draft.commit``."""
-  method = getattr(draft, "commit_tree", None)
-  if method is not None:
-    return method(state, seq, length, start, out.path, out.num_accepted)
+  if capabilities(draft).commit_tree:
+    return draft.commit_tree(state, seq, length, start, out.path, out.num_accepted)
   return draft.commit(state, seq, length)
 
 
@@ -354,10 +411,11 @@ def check_tree(name: str, draft: Any, tree: TreeShape) -> None:
   and a draft may refuse a tree (its ``tree_unsupported(tree)`` returning the
   reason as a string)."""
   where = f"approximation model {name!r} ({type(draft).__qualname__})"
-  why = getattr(draft, "tree_unsupported", lambda tree: None)(tree)
+  caps = capabilities(draft)
+  why = draft.tree_unsupported(tree) if caps.tree_unsupported else None
   if why:
     raise DraftInterfaceError(f"{where} cannot propose the token tree {tree.parents}: {why}")
-  if getattr(draft, "propose_tree", None) is None and not tree.is_spine:
+  if not caps.propose_tree and not tree.is_spine:
     raise DraftInterfaceError(
         f"{where} proposes chains only, so it can fill spine trees (a chain with sibling "
         f"leaves, e.g. 'spine:4,2,2,1') but not {tree.parents}")
@@ -365,14 +423,14 @@ def check_tree(name: str, draft: Any, tree: TreeShape) -> None:
 
 def _commit(draft: Any, state: Any, seq: Array, length: Array, gamma: int,
             target_width: int) -> Any:
-  """The round's commit as the engine makes it (``commit_with_target`` for a
-  draft that wants the target's states; zeros stand in for them here)."""
-  if getattr(draft, "wants_target_states", False):
-    b = length.shape[0]
-    positions = length[:, None] - 1 + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
-    hidden = jnp.zeros((b, gamma + 1, target_width), jnp.float32)
-    return draft.commit_with_target(state, seq, length, hidden, positions)
-  return draft.commit(state, seq, length)
+  """The round's commit as the engine makes it (``commit_draft``; zeros stand
+  in for the target's states)."""
+  if not capabilities(draft).target_states:
+    return draft.commit(state, seq, length)
+  b = length.shape[0]
+  positions = length[:, None] - 1 + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
+  hidden = jnp.zeros((b, gamma + 1, target_width), jnp.float32)
+  return commit_draft(draft, state, seq, length, (hidden, positions))
 
 
 def check_interface(name: str, draft: Any, inputs: Array, vocab_size: int, gamma: int,
@@ -419,7 +477,7 @@ def check_interface(name: str, draft: Any, inputs: Array, vocab_size: int, gamma
         f"{where}.propose returned tokens {tuple(tokens.shape)} {tokens.dtype} and q "
         f"{tuple(q.shape)} {q.dtype}; expected tokens [B, gamma] = {want_tokens} (integers) "
         f"and q [B, gamma, V] = {want_q} (floats; V = the target's vocab_size)")
-  if getattr(draft, "propose_adaptive", None) is not None:
+  if capabilities(draft).propose_adaptive:
     _check_adaptive(where, draft, inputs, seq, length, key, gamma, cache_len, sampling,
                     want_tokens, want_q, target_width)
   if not concrete:

@@ -111,7 +111,7 @@ class Experiment(PairSettings):
   max_decode_len: int = 128
   on_too_long: str = "truncate"              # or 'error'
   # >= 1: the decoding loops run from XLA command buffers (CUDA graphs) on a GPU,
-  # any run of at least this many kernels one graph; 0 off (decoding.with_command_buffers).
+  # any run of at least this many kernels one graph; 0 off (run.programs.with_command_buffers).
   command_buffers: int = 0
   multihost: bool = False                    # jax.distributed.initialize() before anything
   coordinator_address: Optional[str] = None  # multihost off Cloud TPU VMs: 'host:port'
