@@ -17,7 +17,7 @@ carry the pad token's embedding plus a learned mask embedding
 training that one vector and fine-tuning (``specdec_jax.distill``, the block
 objective).
 
-Exactness (paper §2.3, Algorithm 1; proof in docs/exactness.md, section 12):
+Exactness (paper §2.3, Algorithm 1; proof in docs/exactness.md, section 11):
 Algorithm 1 needs x_i ~ q_i(· | prefix, x_1..x_{i−1}) with that q_i reported.
 A q_i that does not depend on x_1..x_{i−1} is one such conditional, so the
 target's output distribution is unchanged; only acceptance (α_i, falling with
@@ -256,7 +256,7 @@ class T5BlockDraft:
     uniform, its later children are the next-best tokens of the logits at
     position d other than the first child's, each with its one-hot as q
     (``base.fill_children``), exactly as ``tree.tree_speculative_sampling``
-    requires (docs/exactness.md, sections 10 and 12). steps = 1.
+    requires (docs/exactness.md, sections 10 and 11). steps = 1.
     """
     depth = tree.max_depth
     logits, state = self.block_logits(state, seq, length, depth)
