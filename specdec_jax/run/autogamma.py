@@ -107,8 +107,10 @@ def in_context_costs(costs: dict[int, RoundCost], gammas: Sequence[int]
   runs them (``RoundCost.interplay``): γ c + v is the round timed whole, in
   one-token steps, and ``round_se`` its standard error. The interplay grows
   with γ where the draft's steps evict the target's weights, so ignoring it
-  favours long γ."""
-  c = {g: costs[g].c_in_context for g in gammas}
+  favours long γ. A draft that proposes γ tokens in fewer calls (a block
+  draft: one) is priced by its calls: c here is per proposed token,
+  draft_calls · c / γ, so that γ c + v is still the round."""
+  c = {g: costs[g].c_in_context * costs[g].draft_calls / g for g in gammas}
   v = {g: costs[g].v_in_context for g in gammas}
   return c, v, {g: costs[g].round_se for g in gammas}
 
