@@ -156,3 +156,23 @@ def test_mask_file_round_trip_and_errors(tmp_path, tiny_draft):
     drafts.build("t5_block", model=dm, params=dp)
   with pytest.raises(ValueError, match="block_size"):
     distill.DistillConfig(block_size=1)
+
+
+def test_the_demo_block_draft_is_shipped_with_its_mask():
+  """checkpoints/demo/draft_tiny_block: a block draft (mask embedding of its
+  width, both bridges) under 10 MB, and configs/demo_block.gin selects it."""
+  import json
+  import os
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  where = os.path.join(repo, "checkpoints/demo/draft_tiny_block")
+  with open(os.path.join(where, "config.json")) as f:
+    d_model = json.load(f)["d_model"]
+  mask = t5_block.load(where)
+  assert mask["mask_embedding"].shape == (1, d_model)
+  assert np.abs(mask["mask_embedding"]).max() > 0     # trained, not the zero start
+  assert os.path.isfile(os.path.join(where, "feature_bridge.npz"))
+  size = sum(os.path.getsize(os.path.join(r, n)) for r, _, ns in os.walk(where) for n in ns)
+  assert size <= 10 * 2 ** 20, size
+  with open(os.path.join(repo, "configs/demo_block.gin")) as f:
+    gin = f.read()
+  assert "draft_name = 't5_block'" in gin and "checkpoints/demo/draft_tiny_block" in gin
