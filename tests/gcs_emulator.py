@@ -33,10 +33,13 @@ REQUESTS_ENV = "SPECDEC_TEST_GCS_REQUESTS"
 # keys outside the range crash it). Its listen backlog is raised from
 # socketserver's 5: a loader with several reads in flight opens more
 # connections at once than that, and the ones refused wait a second for the
-# SYN to be retried. With REQUESTS_ENV set, it also logs every download (bytes
-# served) and listing (the key range listed).
+# SYN to be retried. Uploads and deletes honour the ifGenerationMatch
+# precondition ('0': only if the object does not exist), answering 412 when it
+# fails, as the real API does: a workdir's writer hold is created and released
+# with it. With REQUESTS_ENV set, it also logs every download (bytes served)
+# and listing (the key range listed).
 EMULATOR = """
-import http.server, json, os, sys, threading
+import http, http.server, json, os, sys, threading
 from gcp_storage_emulator.handlers import objects
 
 http.server.HTTPServer.request_queue_size = 128
@@ -82,7 +85,49 @@ def download(request, response, storage, *args, **kwargs):
   return _download(request, response, storage, *args, **kwargs)
 
 
-objects.download, objects.ls = download, ls
+def _generation(storage, bucket, name):
+  try:
+    return str(storage.get_file_obj(bucket, name).get("generation") or 1)
+  except Exception:
+    return "0"  # no such object
+
+
+def _unmet(request, storage, name):
+  # Whether the request's ifGenerationMatch precondition fails (412).
+  want = (request.query.get("ifGenerationMatch") or [None])[0]
+  if want is None or name is None:
+    return False
+  return _generation(storage, request.params["bucket_name"], name) != want
+
+
+def _precondition_failed(response):
+  response.status = http.HTTPStatus.PRECONDITION_FAILED
+  response.json({"error": {"code": 412, "message": "Precondition Failed", "errors": [
+      {"domain": "global", "reason": "conditionNotMet", "message": "Precondition Failed"}]}})
+
+
+_insert, _delete = objects.insert, objects.delete
+_conditional = threading.Lock()  # the check and the write as one step
+
+
+def insert(request, response, storage, *args, **kwargs):
+  name = (request.query.get("name") or [None])[0]
+  if name is None and isinstance(request.data, dict):
+    name = (request.data.get("meta") or {}).get("name")
+  with _conditional:
+    if _unmet(request, storage, name):
+      return _precondition_failed(response)
+    return _insert(request, response, storage, *args, **kwargs)
+
+
+def delete(request, response, storage, *args, **kwargs):
+  with _conditional:
+    if _unmet(request, storage, request.params["object_id"]):
+      return _precondition_failed(response)
+    return _delete(request, response, storage, *args, **kwargs)
+
+
+objects.download, objects.ls, objects.insert, objects.delete = download, ls, insert, delete
 from gcp_storage_emulator.__main__ import main
 sys.argv = ["gcp-storage-emulator", *sys.argv[1:]]
 sys.exit(main())
