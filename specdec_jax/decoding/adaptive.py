@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.decoding.state import (Loop, Proposal, SpecState, Verdict, judge, pad_states,
-                                        pass_positions)
-from specdec_jax.drafts.base import ApproximationModel, adaptive_proposal, gather_positions
-from specdec_jax.models.base import pad_rows, score
+                                        target_pass)
+from specdec_jax.drafts.base import ApproximationModel, adaptive_proposal
+from specdec_jax.models.base import pad_rows
 
 Array = jax.Array
 
@@ -198,9 +198,8 @@ class AdaptiveLoop(Loop):
             cache: Any, key: Array) -> tuple:
     """The pass at width k -> (``KernelOutput`` [B, γ_max], the cache written
     or the new rows, the target's states or None, positions [B, k + 1])."""
-    pos = pass_positions(n, k)                                          # --> [B, k+1]
-    logits, new, hidden = score(self.target, params, gather_positions(seq, pos), pos, cache,
-                                write=write, hidden=self.states_wanted)
+    logits, new, hidden, pos = target_pass(self.target, params, seq, n, k, cache, write=write,
+                                           hidden=self.states_wanted)
     out = judge(self.sampling, self.lenience, logits, p.xs, p.q, key, p.proposed,
                 self.gamma_max)
     return out, new, pad_states(hidden, pos, self.gamma_max), pos

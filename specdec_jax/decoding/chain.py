@@ -1,13 +1,7 @@
-"""The chain: speculative decoding, Algorithm 1 (paper §2.3) in a loop, batched
-with per-row acceptance.
-
-One round (``_chain_round``): the draft proposes (its own jit-compiled loop);
-the target scores every proposal and one more position in ONE forward pass;
-the kernel keeps a prefix and adds the correction/bonus token; each row
-advances by its own count. The round reads its loop record for how to propose
-and verify: ``ChainLoop`` here (a fixed γ), or ``adaptive.AdaptiveLoop`` (a
-count per row and round, at most γ_max).
-"""
+"""The chain: speculative decoding, Algorithm 1 (paper §2.3) in a loop
+(``speculative_decode``). Its round (``_chain_round``) reads its static record
+for how to propose and verify: ``ChainLoop`` here (a fixed γ), or
+``adaptive.AdaptiveLoop`` (a count per row and round, at most γ_max)."""
 
 from __future__ import annotations
 
@@ -21,11 +15,11 @@ from flax import struct
 
 from specdec_jax.decoding.adaptive import AdaptiveConfig, AdaptiveLoop
 from specdec_jax.decoding.state import (Loop, Proposal, SpecState, Verdict, cache_length, cut,
-                                        finish, judge, pad_states, pass_positions, pin_state,
-                                        round_keys, running, start, validate)
+                                        finish, judge, pad_states, pin_state, round_keys, running,
+                                        start, target_pass, validate)
 from specdec_jax.drafts.base import (ApproximationModel, capabilities, commit_draft,
                                      gather_positions, proposal_steps)
-from specdec_jax.models.base import TargetModel, score
+from specdec_jax.models.base import TargetModel
 from specdec_jax.partitioning import Partitioner
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.speculative import KernelOutput
@@ -115,9 +109,8 @@ class ChainLoop(Loop):
              key: Array) -> Verdict:
     """ONE target pass over [y_{n-1}, x_1..x_γ] at positions n..n+γ ->
     p_1..p_{γ+1}; Algorithm 1 on x_1..x_γ."""
-    pos = pass_positions(n, self.gamma)                                 # --> [B, γ+1]
-    logits, cache, hidden = score(self.target, params, gather_positions(seq, pos), pos, cache,
-                                  hidden=self.states_wanted)
+    logits, cache, hidden, pos = target_pass(self.target, params, seq, n, self.gamma, cache,
+                                             hidden=self.states_wanted)
     out = judge(self.sampling, self.lenience, logits, p.xs, p.q, key, None, self.gamma)
     return Verdict(out, cache, pad_states(hidden, pos, self.gamma), self.gamma)
 

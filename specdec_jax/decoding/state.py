@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax.drafts.base import ApproximationModel, gather_positions, init_draft
-from specdec_jax.models.base import TargetModel
+from specdec_jax.models.base import TargetModel, score
 from specdec_jax.partitioning import Partitioner, constrain_batch, constrain_cache
 from specdec_jax.sampling import SamplingConfig, argmax, sample, standardize
 from specdec_jax.speculative import KernelOutput, greedy_kernel, speculative_sampling
@@ -186,10 +186,16 @@ def cache_length(max_decode_len: int, gamma: int) -> int:
   return max_decode_len + gamma + 1
 
 
-def pass_positions(n: Array, k: int) -> Array:
-  """The positions n..n+k [B, k + 1] of a round's target pass over
-  [y_{n-1}, x_1..x_k] (n [B] committed lengths)."""
-  return n[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
+def target_pass(target: TargetModel, params: Any, seq: Array, n: Array, k: int, cache: Any, *,
+                write: bool = True, hidden: bool = False) -> tuple[Array, Any, Any, Array]:
+  """ONE target pass over [y_{n-1}, x_1..x_k] at positions n..n+k (n [B]
+  committed lengths; the candidates already in seq) -> (logits [B, k+1, V]
+  for p_1..p_{k+1}, the cache written or with ``write=False`` the new rows,
+  final decoder states [B, k+1, d] if ``hidden`` else None, positions [B, k+1])."""
+  pos = n[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
+  logits, new, states = score(target, params, gather_positions(seq, pos), pos, cache, write=write,
+                              hidden=hidden)
+  return logits, new, states, pos
 
 
 def judge(sampling: SamplingConfig, lenience: float, logits: Array, xs: Array, q: Array,

@@ -19,82 +19,13 @@ leaves, configuration as static fields) with three pure methods:
   the model's business (the T5 draft needs nothing: its cache is indexed by
   position and a query only reads positions before it).
 
-Optionally, to reuse the target's prefill:
-
-* ``init_with_target(inputs, cache_len, target_encoded) -> state``: ``init``
-  given the target's encoder output [B, S, d_target] for ``inputs``, which the
-  engine computes anyway (``init_draft``); a draft that conditions on it (the
-  encoder bridge, ``specdec_jax.drafts.bridge``) then need not encode twice.
-
-Optionally, to read the target's decoder states (``specdec_jax.drafts.feature_bridge``):
-
-* ``wants_target_states`` (a bool attribute or property) and
-  ``commit_with_target(state, seq, length, hidden, positions) -> state``:
-  when the attribute is true the engine calls this in place of ``commit``,
-  with the target's final decoder states hidden [B, γ+1, d_target] of the
-  round's verification pass at decoder positions [B, γ+1] (-1: padding).
-  States at positions >= ``length`` are of rejected proposals; reading only
-  positions < length keeps the draft off the target's verdict on anything not
-  yet committed (exactness; docs/exactness.md, section 7).
-
-Optionally, for adaptive draft lengths (``decoding.AdaptiveConfig``):
-
-* ``propose_adaptive(state, seq, length, gamma, sampling, key, limit,
-  threshold, skip_below=None, cumulative=False, drawn=False) -> (tokens, q,
-  count, steps, state)``: like ``propose`` with γ = γ_max, but row b proposes
-  only ``count[b]`` tokens: x_1 (if ``limit[b] >= 1``, and, when
-  ``skip_below`` is a float, the top probability of q_1 is > ``skip_below``),
-  then x_{i+1} while i < ``limit[b]`` and the confidence at x_i
-  (``top_probability`` of q_i, or with ``drawn`` ``drawn_probability``) is >
-  ``threshold`` — with ``cumulative``, the product of the confidences of
-  x_1..x_i, an estimate of the chance that all i are accepted
-  (``stop_count`` is the rule; a draft may define its confidence otherwise,
-  from its own computation, as prompt lookup does). ``limit`` [B] int32 in
-  0..γ (0: the row is done, propose nothing); ``threshold`` a Python float in
-  [0, 1]. tokens [B, γ] and q [B, γ, V] as in ``propose``, but entries past
-  ``count`` are arbitrary (the engine treats them as not proposed); ``count``
-  [B] int32; ``steps`` a scalar int32, the draft steps actually run (what the
-  call cost). The point of implementing it is early exit: stop computing once
-  every row has stopped (``T5Draft`` does). Every decision may use only the
-  draft's own computation for the current prefix — never the target — and
-  never the token it governs, which keeps decoding exact (docs/exactness.md,
-  section 5). ``skip_below``, ``cumulative`` and ``drawn`` are passed only
-  when set, so a draft written without them keeps working for the rules that
-  do not need them. Drafts without ``propose_adaptive`` get
-  ``adaptive_proposal``'s fallback: ``propose(γ)`` and the count derived from
-  q, exact but saving no draft compute.
-
-Optionally, for token trees (``decoding.tree_speculative_decode``):
-
-* ``propose_tree(state, seq, length, tree, sampling, key) -> (tokens, q,
-  valid, steps, state)``: a token for every node of the static
-  ``tree.TreeShape`` (tokens [B, N]; node 0 is the root, the last committed
-  token, filled in by the engine), q [B, N, V] with q[:, c] the distribution
-  node c's token was drawn from (row 0 unused), valid [B, N] bool (nodes not
-  proposed, decided before their token was drawn) and ``steps`` the draft
-  calls it ran. ``commit_tree(state, seq, length, start, path,
-  num_accepted) -> state`` (optional): ``commit`` told which nodes were
-  accepted (``tree.TreeOutput``) in the round that started at ``start``, for
-  a draft that decoded the tree into its own cache; a draft that
-  ``wants_target_states`` then also gets ``commit_with_target`` with the
-  target's states of the committed nodes (the root and the path, at
-  positions start .. start + num_accepted). Drafts without
-  ``propose_tree`` get ``tree_proposal``'s fallback for spine trees
-  (``TreeShape.spine``): ``propose`` of depth D, and next-best siblings of
-  each position's q (exact: each sibling's q is its one-hot).
-
-Optionally, for drafts whose chain proposal is not γ calls (a block draft,
-``specdec_jax.drafts.t5_block``):
-
-* ``proposal_steps(gamma) -> int``: the draft calls ``propose`` of γ tokens
-  runs (``proposal_steps`` below: γ when absent). The engine counts it in
-  ``draft_calls``, and the cost model prices a round with it.
-
-Which optional methods a model has is asked in one place, ``capabilities``
-(a ``Capabilities`` record); the engine, α and the runner read the record, and
-reach the optional methods only through the functions here that fall back to
-the defaults above (``init_draft``, ``commit_draft``, ``adaptive_proposal``,
-``tree_proposal``, ``commit_tree``, ``check_tree``, ``proposal_steps``).
+Optional methods, each with a default (so a model needs none of them), are
+declared once, with their contracts, in ``Capabilities``; ``capabilities``
+is the one place that asks a model which it has. The engine, α and the
+runner read that record, and reach the optional methods only through the
+functions here that fall back to the defaults (``init_draft``,
+``commit_draft``, ``adaptive_proposal``, ``tree_proposal``, ``commit_tree``,
+``check_tree``, ``proposal_steps``).
 
 Nothing in the engine depends on which model it is, so a new approximation
 model needs no engine change: implement the three required methods and
@@ -137,23 +68,65 @@ class ApproximationModel(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
-  """An approximation model's optional methods (the module docstring), each
-  with a default, so a model needs none of them.
+  """An approximation model's optional methods, one flag each (True: the model
+  has it), with their contracts and the default the engine uses without.
 
-  init_with_target: ``init_with_target(inputs, cache_len, target_encoded)``;
-    default ``init``.
-  target_states: ``wants_target_states`` is true: the engine hands it the
-    target's decoder states through ``commit_with_target`` in place of
-    ``commit``; default False.
-  propose_adaptive: its own adaptive proposal (early exit); default
-    ``propose(γ_max)`` and a count derived from q.
-  propose_tree: fills any tree it does not refuse; default: spine trees from
-    ``propose``.
-  commit_tree: ``commit`` told the accepted tree path; default ``commit``.
-  tree_unsupported: ``tree_unsupported(tree)`` may refuse a tree with a
-    reason; default: every tree it can fill.
-  proposal_steps: ``proposal_steps(γ)`` declares the draft calls a chain
-    proposal of γ tokens costs (a block draft: 1); default γ.
+  init_with_target: ``init_with_target(inputs, cache_len, target_encoded) ->
+    state``, ``init`` given the target's encoder output [B, S, d_target],
+    which the engine computes anyway; a draft that conditions on it (the
+    encoder bridge, ``drafts.bridge``) need not encode twice. Default ``init``.
+  target_states: ``wants_target_states`` (a bool attribute or property) is
+    true: the engine calls ``commit_with_target(state, seq, length, hidden,
+    positions) -> state`` in place of ``commit``, with the target's final
+    decoder states hidden [B, γ+1, d_target] of the round's pass at decoder
+    positions [B, γ+1] (-1: padding; for a tree, the root and the path).
+    States at positions >= ``length`` are of rejected proposals; reading only
+    positions < length keeps the draft off the target's verdict on anything
+    not yet committed (exactness; docs/exactness.md, section 7)
+    (``drafts.feature_bridge``). Default ``commit``.
+  propose_adaptive: ``propose_adaptive(state, seq, length, gamma, sampling,
+    key, limit, threshold, skip_below=None, cumulative=False, drawn=False) ->
+    (tokens, q, count, steps, state)`` for adaptive draft lengths
+    (``decoding.AdaptiveConfig``): like ``propose`` with γ = γ_max, but row b
+    proposes only ``count[b]`` tokens: x_1 (if ``limit[b] >= 1``, and, when
+    ``skip_below`` is a float, the top probability of q_1 is >
+    ``skip_below``), then x_{i+1} while i < ``limit[b]`` and the confidence
+    at x_i (``top_probability`` of q_i, or with ``drawn``
+    ``drawn_probability``) is > ``threshold`` — with ``cumulative``, the
+    product of the confidences of x_1..x_i (``stop_count`` is the rule; a
+    draft may define its confidence otherwise, from its own computation, as
+    prompt lookup does). ``limit`` [B] int32 in 0..γ (0: the row is done);
+    ``threshold`` a Python float in [0, 1]. tokens [B, γ] and q [B, γ, V] as
+    in ``propose``, entries past ``count`` arbitrary; ``count`` [B] int32;
+    ``steps`` a scalar int32, the draft steps actually run. The point is
+    early exit (``T5Draft`` stops computing once every row has stopped).
+    Every decision may use only the draft's own computation for the current
+    prefix — never the target — and never the token it governs, which keeps
+    decoding exact (docs/exactness.md, section 5). ``skip_below``,
+    ``cumulative`` and ``drawn`` are passed only when set. Default
+    (``adaptive_proposal``): ``propose(γ)`` and the count derived from q,
+    exact but saving no draft compute.
+  propose_tree: ``propose_tree(state, seq, length, tree, sampling, key) ->
+    (tokens, q, valid, steps, state)`` for token trees
+    (``decoding.tree_speculative_decode``): a token for every node of the
+    static ``tree.TreeShape`` (tokens [B, N]; node 0 is the root, the last
+    committed token, filled in by the engine), q [B, N, V] with q[:, c] the
+    distribution node c's token was drawn from (row 0 unused), valid [B, N]
+    bool (nodes not proposed, decided before their token was drawn) and
+    ``steps`` the draft calls it ran. Default (``tree_proposal``), spine
+    trees only (``TreeShape.spine``): ``propose`` of depth D, and next-best
+    siblings of each position's q (exact: each sibling's q is its one-hot).
+  commit_tree: ``commit_tree(state, seq, length, start, path, num_accepted)
+    -> state``, ``commit`` told which nodes were accepted
+    (``tree.TreeOutput``) in the round that started at ``start``, for a
+    draft that decoded the tree into its own cache. Default ``commit``.
+  tree_unsupported: ``tree_unsupported(tree) -> str | None``, the reason the
+    draft cannot fill ``tree`` (None: it can), asked before any work
+    (``check_tree``). Default: every tree it can fill.
+  proposal_steps: ``proposal_steps(gamma) -> int``, the draft calls a chain
+    ``propose`` of γ tokens runs (a block draft, ``drafts.t5_block``: 1); the
+    engine counts it in ``draft_calls`` and the cost model prices a round
+    with it (``theory.RoundCost.draft_calls``). Default γ, one call a token.
   """
 
   init_with_target: bool = False
