@@ -250,16 +250,16 @@ def predictions(ratio: list[float], block_steps: float, args) -> list[dict]:
       chips.append(("H200", args.h200_c))
     for chip, c in chips:
       chain = theory.RoundCost(row.gamma, c, 1.0).predicted(row.alpha)
-      best = (0.0, 0)
+      best = (0.0, -1)
       for g in range(1, len(ratio) + 1):
         alphas = [min(1.0, row.alpha * r) for r in ratio[:g]]
         s = theory.RoundCost(g, c * block_steps, 1.0, draft_calls=1).speedup(
             theory.expected_tokens_by_position(alphas))
-        best = max(best, (float(s), g))
+        best = max(best, (float(s), -g))   # ties: the shortest γ
       out.append({"row": f"EnDe {row.draft} T=0", "chip": chip, "alpha": row.alpha,
                   "c": c, "paper": row.speedup, "chain_gamma": row.gamma,
                   "chain_theorem_3_8": float(chain), "block_predicted": best[0],
-                  "block_gamma": best[1]})
+                  "block_gamma": -best[1]})
   return out
 
 
