@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 from flax import struct
 
-from exactness_cases import (SEQ_EOS, SEQ_KEY, SEQ_LEN, SETTINGS,
-                             SIGNIFICANCE, Cell, alpha, block, bridged, exact_sequence_distribution, featured, lookup_t5,
-                             quantized,
-                             seq_inputs, seq_models, sequence_pvalue, shortlisted)
+from exactness_cases import (SEQ_EOS, SEQ_KEY, SEQ_LEN, SETTINGS, SIGNIFICANCE, Cell, alpha,
+                             block, bridged, exact_sequence_distribution, featured, lookup_t5,
+                             quantized, seq_inputs, seq_models, sequence_pvalue, shortlisted)
 from specdec_jax import drafts
 from specdec_jax import tree as tree_lib
 from specdec_jax.decoding import (AdaptiveConfig, speculative_decode, temperature_sample,
