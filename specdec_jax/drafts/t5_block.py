@@ -17,7 +17,7 @@ carry the pad token's embedding plus a learned mask embedding
 training that one vector and fine-tuning (``specdec_jax.distill``, the block
 objective).
 
-Exactness (paper §2.3, Algorithm 1; proof in docs/exactness.md, section 11):
+Exactness (paper §2.3, Algorithm 1; proof in docs/exactness.md, section 12):
 Algorithm 1 needs x_i ~ q_i(· | prefix, x_1..x_{i−1}) with that q_i reported.
 A q_i that does not depend on x_1..x_{i−1} is one such conditional, so the
 target's output distribution is unchanged; only acceptance (α_i, falling with
