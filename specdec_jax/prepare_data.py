@@ -8,9 +8,9 @@ then bind ``Experiment.tfds_data_dir`` (or set ``TFDS_DATA_DIR``) to the same
 directory. The runner never downloads: ``data.load_seqio_examples`` refuses a
 dataset that is not prepared and names this command.
 
-What it does: ``tensorflow_datasets.builder(name, data_dir=...)`` for the
-exact name and version the seqio tasks read (``data.TFDS_DATASETS``), then the
-builder's ``download_and_prepare``, which downloads the sources (network
+What it does: TFDS's builder (``tensorflow_datasets.builder_cls``) for the
+exact name, config and version the seqio tasks read (``data.TFDS_DATASETS``),
+then its ``download_and_prepare``, which downloads the sources (network
 access needed; TFDS keeps the raw downloads in ``--download_dir``, default
 ``<data_dir>/downloads``) and writes the TFRecord shards and
 ``dataset_info.json`` under ``<data_dir>/<name>/<version>``. A version already
@@ -58,7 +58,14 @@ def prepare(dataset: str, data_dir: str, download_dir: Optional[str] = None) -> 
   if not data_dir:
     raise ValueError("data_dir is empty: name the directory to build into (local or gs://)")
   tfds = _import_tfds()
-  builder = tfds.builder(data.TFDS_DATASETS[dataset], data_dir=_local_or_remote(data_dir))
+  # The builder from TFDS's code, as tfds.builder(name) would make it once it
+  # has looked for a prepared copy; that look lists <data_dir>/<name>/<config>
+  # and, in a gs:// data dir that does not hold it yet, fails (TensorFlow's
+  # NotFoundError is no OSError, which is all TFDS expects there).
+  name, _, version = data.TFDS_DATASETS[dataset].partition(":")
+  name, _, config = name.partition("/")
+  builder = tfds.builder_cls(name)(config=config or None, version=version,
+                                   data_dir=_local_or_remote(data_dir))
   builder.download_and_prepare(
       download_dir=_local_or_remote(download_dir) if download_dir else None)
   return str(builder.data_dir)
