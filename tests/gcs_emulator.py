@@ -39,7 +39,8 @@ REQUESTS_ENV = "SPECDEC_TEST_GCS_REQUESTS"
 # served) and listing (the key range listed). An empty media upload (TensorFlow
 # writes one per folder) is stored as an empty object (the emulator crashes on it),
 # and a chunked body is read as chunks even beside a Content-Length (TensorFlow
-# sends both; the emulator would store the chunk framing).
+# sends both; the emulator would store the chunk framing), and a bucket's
+# storageLayout is answered (flat; TensorFlow asks before it renames a folder).
 EMULATOR = """
 import http.server, json, os, sys, threading
 from gcp_storage_emulator.handlers import objects
@@ -111,6 +112,17 @@ def read_raw_data(handler):
 
 
 _server._read_raw_data = read_raw_data
+
+
+def storage_layout(request, response, storage, *args, **kwargs):
+  # A flat bucket's layout (TensorFlow asks before renaming a folder).
+  name = request.params["bucket_name"]
+  response.json({"kind": "storage#storageLayout", "bucket": name, "location": "US",
+                 "locationType": "multi-region", "hierarchicalNamespace": {"enabled": False}})
+
+
+_server.HANDLERS = ((r"^/storage/v1/b/(?P<bucket_name>[-.\w]+)/storageLayout$",
+                     {"GET": storage_layout}),) + _server.HANDLERS
 from gcp_storage_emulator.__main__ import main
 sys.argv = ["gcp-storage-emulator", *sys.argv[1:]]
 sys.exit(main())

@@ -100,6 +100,16 @@ def test_local_dirs_are_absolute(monkeypatch, tmp_path):
   assert prepare_data._local_or_remote("tfds") == str(tmp_path / "tfds")
 
 
+def test_raw_downloads_stay_on_this_machine(monkeypatch, tmp_path):
+  """Without --download_dir: <data_dir>/downloads for a local data dir, the
+  home directory's for a gs:// one (TFDS's WMT builder finds its extracted
+  files with a glob that only sees local ones)."""
+  monkeypatch.setenv("HOME", str(tmp_path))
+  assert prepare_data.default_download_dir("gs://b/tfds") == str(
+      tmp_path / "tensorflow_datasets" / "downloads")
+  assert prepare_data.default_download_dir("/data/tfds") == "/data/tfds/downloads"
+
+
 def test_missing_tfds_is_one_clear_line(monkeypatch, capsys):
   monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # import fails
   assert prepare_data.main(["--dataset=cnn_dailymail", "--data_dir=/tmp/x"]) == 2

@@ -72,7 +72,8 @@ SHRINK = ("Experiment.target_preset = 'tiny_t5_1_0_target'",
 # The rows' 200 examples (configs/base.gin) become 6 in step 8: one more than
 # step 7's five, so that step 8 continues step 7's row, as the page says.
 ALL_ROWS_EXAMPLES = 6
-# The environment: four CPU devices (a v4-8 has four chips, one JAX device each).
+# The environment: four CPU devices (a v4-8 has four chips, one JAX device
+# each); HOME a fresh folder (the VM user's: prepare_data keeps raw downloads there).
 ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 # -------------------------------------------------------------------------------
 
@@ -165,9 +166,10 @@ def _tiny_vocab(folder: Path) -> Path:
   lines += [f"translate English to German: {l}" for l in lines[:30]]
   lines += [f"summarize: {l}." for l in lines[:30]]
   (folder / "corpus.txt").write_text("\n".join(lines) + "\n")
-  spm.SentencePieceTrainer.train(input=str(folder / "corpus.txt"), model_prefix=str(folder / "spm"),
-                                 vocab_size=60, hard_vocab_limit=False, model_type="unigram", pad_id=0, eos_id=1,
-                                 unk_id=2, bos_id=-1, minloglevel=2)
+  spm.SentencePieceTrainer.train(input=str(folder / "corpus.txt"),
+                                 model_prefix=str(folder / "spm"), vocab_size=60,
+                                 hard_vocab_limit=False, model_type="unigram", pad_id=0,
+                                 eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
   return folder / "spm.model"
 
 
@@ -214,7 +216,8 @@ def page_run(tmp_path_factory):
       gcs_emulator.upload_tree(host, local, url)
     gcs_emulator.upload(host, VOCAB, _tiny_vocab(home).read_bytes())
     with gcs_emulator.google_endpoints(host, home) as gcs_env:
-      env = {**os.environ, **ENV, **gcs_env,
+      (home / "home").mkdir()
+      env = {**os.environ, **ENV, **gcs_env, "HOME": str(home / "home"),
              # The clone's package first, as its `pip install -e` would make it.
              "PYTHONPATH": os.pathsep.join([str(ENV_DIR), str(home / "vm" / "specdec_jax")]),
              "SPECDEC_TEST_PRESETS": str(env_files / "presets.json"),

@@ -59,8 +59,10 @@ DRIVE_NAMES = {CNN_URLS["cnn_stories"]: "cnn_stories.tgz",
                CNN_URLS["dm_stories"]: "dailymail_stories.tgz"}
 
 # A tiny parallel language: English words and their "German" counterparts.
-EN = "the a house cat dog is was small big old new on in mat garden we they see go home today".split()
-DE = "das ein haus katze hund ist war klein gross alt neu auf im matte garten wir sie sehen gehen heim heute".split()
+EN = ("the a house cat dog is was small big old new on in mat garden we they see go "
+      "home today").split()
+DE = ("das ein haus katze hund ist war klein gross alt neu auf im matte garten wir sie "
+      "sehen gehen heim heute").split()
 TO_DE = dict(zip(EN, DE))
 # Examples per split (the test split is what the runner reads).
 SIZES = {"train": 3, "validation": 2, "test": 12}
