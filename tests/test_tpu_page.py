@@ -73,8 +73,12 @@ SHRINK = ("Experiment.target_preset = 'tiny_t5_1_0_target'",
 # step 7's five, so that step 8 continues step 7's row, as the page says.
 ALL_ROWS_EXAMPLES = 6
 # The environment: four CPU devices (a v4-8 has four chips, one JAX device
-# each); HOME a fresh folder (the VM user's: prepare_data keeps raw downloads there).
-ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+# each); HOME a fresh folder (the VM user's: prepare_data keeps raw downloads
+# there); JAX's compilation cache in it (the twelve rows share most programs).
+ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+       "JAX_COMPILATION_CACHE_DIR": "$HOME/jax_cache",
+       "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+       "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 # -------------------------------------------------------------------------------
 
 ROWS = sorted(p.stem for p in (REPO / "configs" / "table2_t5_1_0").glob("*.gin"))
@@ -203,9 +207,11 @@ def page_run(tmp_path_factory):
       if run is None:
         continue
       ran.append((step, command, run))
-      script.append(f"echo {shlex.quote(f'{MARK}{len(ran) - 1}')}; "
+      script.append(f"echo {shlex.quote(f'{MARK}{len(ran) - 1}')} $(date +%s.%N); "
                     f"echo {shlex.quote(f'{MARK}{len(ran) - 1}')} >&2")
       script.append(run)
+
+  script.append(f"echo {shlex.quote(f'{MARK}{len(ran)}')} $(date +%s.%N)")  # the end
 
   with gcs_emulator.running(home / "emulator.log") as host:
     for bucket in (BUCKET, "t5-data"):
@@ -217,7 +223,9 @@ def page_run(tmp_path_factory):
     gcs_emulator.upload(host, VOCAB, _tiny_vocab(home).read_bytes())
     with gcs_emulator.google_endpoints(host, home) as gcs_env:
       (home / "home").mkdir()
-      env = {**os.environ, **ENV, **gcs_env, "HOME": str(home / "home"),
+      env = {**os.environ,
+             **{k: v.replace("$HOME", str(home / "home")) for k, v in ENV.items()},
+             **gcs_env, "HOME": str(home / "home"),
              # The clone's package first, as its `pip install -e` would make it.
              "PYTHONPATH": os.pathsep.join([str(ENV_DIR), str(home / "vm" / "specdec_jax")]),
              "SPECDEC_TEST_PRESETS": str(env_files / "presets.json"),
@@ -229,6 +237,10 @@ def page_run(tmp_path_factory):
       wall = time.monotonic() - start
   outs = _split(res.stdout, len(ran))
   errs = _split(res.stderr, len(ran))
+  seconds = _seconds(res.stdout)
+  for i, (step, _, run) in enumerate(ran):
+    if i in seconds:
+      print(f"step {step}, {seconds[i]:5.1f} s: {run[:100]}")
   if res.returncode != 0:
     last = max(i for i in range(len(ran)) if outs[i] is not None or errs[i] is not None)
     step, command, run = ran[last]
@@ -240,10 +252,18 @@ def page_run(tmp_path_factory):
 def _split(text: str, n: int) -> list:
   """Output per command, by the markers echoed before each (None: not reached)."""
   parts: list = [None] * n
-  chunks = re.split(rf"^{re.escape(MARK)}(\d+)\n", text, flags=re.M)
+  chunks = re.split(rf"^{re.escape(MARK)}(\d+)(?: [\d.]+)?\n", text, flags=re.M)
   for index, body in zip(chunks[1::2], chunks[2::2]):
-    parts[int(index)] = body
+    if int(index) < n:
+      parts[int(index)] = body
   return parts
+
+
+def _seconds(stdout: str) -> dict[int, float]:
+  """{command index: seconds it ran}, from the start times its marker holds."""
+  starts = [(int(i), float(t)) for i, t in
+            re.findall(rf"^{re.escape(MARK)}(\d+) ([\d.]+)$", stdout, flags=re.M)]
+  return {i: t1 - t0 for (i, t0), (_, t1) in zip(starts, starts[1:])}
 
 
 def _output(page_run, step: int, starts: str) -> tuple[str, str]:
