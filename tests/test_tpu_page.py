@@ -233,7 +233,7 @@ def page_run(tmp_path_factory):
              "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
       start = time.monotonic()
       res = subprocess.run(["bash", "-c", "\n".join(script)], cwd=home, env=env,
-                           capture_output=True, text=True, timeout=1500)
+                           capture_output=True, text=True, timeout=3600)
       wall = time.monotonic() - start
   outs = _split(res.stdout, len(ran))
   errs = _split(res.stderr, len(ran))
