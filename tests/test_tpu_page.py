@@ -241,6 +241,10 @@ def page_run(tmp_path_factory):
   for i, (step, _, run) in enumerate(ran):
     if i in seconds:
       print(f"step {step}, {seconds[i]:5.1f} s: {run[:100]}")
+    # Each command's output, to read after a failure: tpu_page*/outputs/ under --basetemp.
+    (home / "outputs").mkdir(exist_ok=True)
+    (home / "outputs" / f"{i:02d}.txt").write_text(
+        f"$ {run}\n--- stdout\n{outs[i] or ''}\n--- stderr\n{errs[i] or ''}")
   if res.returncode != 0:
     last = max(i for i in range(len(ran)) if outs[i] is not None or errs[i] is not None)
     step, command, run = ran[last]
