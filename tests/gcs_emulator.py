@@ -121,7 +121,7 @@ def storage_layout(request, response, storage, *args, **kwargs):
                  "locationType": "multi-region", "hierarchicalNamespace": {"enabled": False}})
 
 
-_server.HANDLERS = ((r"^/storage/v1/b/(?P<bucket_name>[-.\w]+)/storageLayout$",
+_server.HANDLERS = ((r"^/storage/v1/b/(?P<bucket_name>[-.\\w]+)/storageLayout$",
                      {"GET": storage_layout}),) + _server.HANDLERS
 from gcp_storage_emulator.__main__ import main
 sys.argv = ["gcp-storage-emulator", *sys.argv[1:]]
