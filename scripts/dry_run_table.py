@@ -41,7 +41,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 
-from specdec_jax import theory  # noqa: E402
 from specdec_jax.dryrun import costs, driver  # noqa: E402
 from specdec_jax.run import dry_run_programs  # noqa: E402
 from specdec_jax.dryrun.chips import CHIPS  # noqa: E402
@@ -88,7 +87,7 @@ def cell(row: str, hardware: str, compile_loop: bool = False, variant: str = "")
   topology = HARDWARE[hardware][1]
   try:
     exp = parse_config([row, str(REPO / HARDWARE[hardware][0])], list(VARIANTS.get(variant, ())))
-    widths = (1, exp.gamma_bound + 1)
+    widths = (1, exp.gamma_max + 1)
     r = dry_run_programs.dry_run(exp, topology, programs=("speculative",) if compile_loop else (),
                                 workers=1, widths=widths)
   except ValueError as e:
@@ -104,18 +103,17 @@ def cell(row: str, hardware: str, compile_loop: bool = False, variant: str = "")
     plan = sum(r.ctx.resident.values())
     out = {"memory": plan, "estimate": plan, "fits": plan <= r.chip.hbm_bytes,
            "memory_from": "plan", "error": None}
-  out.update(hbm=r.chip.hbm_bytes, gamma=r.gamma, wall_s=r.wall_s)
+  out.update(hbm=r.chip.hbm_bytes, gamma=r.exp.gamma_max, wall_s=r.wall_s)
   if r.roofline is not None and r.roofline.draft is not None:
     d = r.roofline.draft
     # The draft step's priced terms, for the token-tree recommendation.
     out["draft_piece"] = [d.flops, d.bytes, d.ops, [list(k) + [n] for k, n in d.collectives]]
-    out.update(c=r.roofline.c(), v=r.roofline.v(r.gamma + 1),
+    out.update(c=r.roofline.c(), v=r.roofline.v(r.exp.gamma_max + 1),
                ratio=r.roofline.target[1].bytes / r.roofline.floor,
                baseline_ms=r.roofline.baseline_ms_per_token())
   if r.paper is not None:
     out.update(alpha=r.paper.alpha, paper=r.paper.speedup, paper_c=r.paper.c,
-               paper_theorem=float(theory.walltime_improvement(r.paper.alpha, r.paper.gamma,
-                                                               r.paper.c)),
+               paper_theorem=r.paper.theorem(),
                predicted=r.predicted(), predicted_v=r.predicted(True))
     if r.roofline is not None and r.roofline.draft is not None:
       out["speculative_ms"] = r.speculative_ms_per_token()

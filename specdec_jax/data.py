@@ -361,23 +361,10 @@ class SeqioVocabAdapter:
     _load_sp_processor(path, extra_ids)
     self.path = path
     self.extra_ids = extra_ids
-    self.seqio_vocab = seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
-
-  @property
-  def vocab_size(self) -> int:
-    return int(self.seqio_vocab.vocab_size)
-
-  @property
-  def pad_id(self) -> int:
-    return int(self.seqio_vocab.pad_id)
-
-  @property
-  def eos_id(self) -> int:
-    return int(self.seqio_vocab.eos_id)
-
-  @property
-  def unk_id(self) -> int:
-    return int(self.seqio_vocab.unk_id)
+    self.seqio_vocab = v = seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+    # seqio's sizes and special ids, as python ints (``Vocabulary``'s fields).
+    self.vocab_size, self.pad_id, self.eos_id, self.unk_id = (
+        int(v.vocab_size), int(v.pad_id), int(v.eos_id), int(v.unk_id))
 
   def encode(self, text: str) -> list[int]:
     return [int(i) for i in self.seqio_vocab.encode(text)]

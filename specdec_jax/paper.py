@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from specdec_jax.theory import RoundCost
+
 # The paper's hardware for Tables 2 and 4.
 CHIP = "TPU-v4"
 # Table 4: c, a T5 1.1 draft's step over T5 1.1 XXL's, on one TPU-v4.
@@ -35,6 +37,10 @@ class Row:
   def c(self) -> float:
     """Table 4's c for the row's draft."""
     return DRAFT_C[self.draft]
+
+  def theorem(self) -> float:
+    """Theorem 3.8 at the row's own α, γ and c (v = 1, as the paper assumes)."""
+    return RoundCost(self.gamma, self.c).predicted(self.alpha)
 
 
 TABLE2: tuple[Row, ...] = (

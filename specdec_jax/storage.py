@@ -37,6 +37,11 @@ costs as much as the number of objects below the prefix).
 
 Writes: ``write_bytes`` replaces a whole file or object at once (a local file
 through a temporary file and a rename), so a reader never sees half a write.
+``read_versioned`` and ``write_if`` read an object with its generation and
+write it only if that generation is unchanged (Cloud Storage's
+``ifGenerationMatch``): a compare-and-swap, with which a workdir's writer
+hold is created only where none exists and results are never replaced by a
+writer that read an older version.
 """
 
 from __future__ import annotations
@@ -483,11 +488,48 @@ def remove(path: str) -> None:
   if is_gcs(path):
     bucket, key = split(path)
     try:
-      _kvstore(bucket).delete(key).result(timeout=TIMEOUT_S)
+      _kvstore(bucket).write(key, None).result(timeout=TIMEOUT_S)
     except Exception as e:  # pylint: disable=broad-except
       raise _classify(path, e) from None
   elif os.path.exists(path):
     os.remove(path)
+
+
+# ------------------------------------------------------------ conditional writes (gs://)
+
+# TensorStore's generation of an absent object (``StorageGeneration::NoValue``):
+# a write conditioned on it creates the object only if there is none, which
+# TensorStore sends to Cloud Storage as the precondition ``ifGenerationMatch=0``.
+NO_OBJECT = b"\x02"
+
+
+def read_versioned(path: str) -> tuple[Optional[bytes], bytes]:
+  """A ``gs://`` object's bytes (None if there is none) and its generation
+  (``NO_OBJECT`` if there is none), read together, for ``write_if``."""
+  bucket, key = split(path)
+  try:
+    result = _kvstore(bucket).read(key).result(timeout=TIMEOUT_S)
+  except Exception as e:  # pylint: disable=broad-except
+    raise _classify(path, e) from None
+  if result.state != "value":
+    return None, NO_OBJECT
+  return bytes(result.value), bytes(result.stamp.generation)
+
+
+def write_if(path: str, data: Optional[bytes], generation: bytes) -> Optional[bytes]:
+  """Writes ``data`` to a ``gs://`` object (None: deletes it) only if its
+  generation is still ``generation`` (``NO_OBJECT``: only if it does not
+  exist), as one request with Cloud Storage's ``ifGenerationMatch``
+  precondition. Returns the object's new generation (``NO_OBJECT`` after a
+  delete), or None when the precondition failed (another writer changed the
+  object; nothing was written)."""
+  bucket, key = split(path)
+  try:
+    stamp = _kvstore(bucket).write(key, data, if_equal=generation).result(timeout=TIMEOUT_S)
+  except Exception as e:  # pylint: disable=broad-except
+    raise _classify(path, e) from None
+  new = bytes(stamp.generation)
+  return new if new else None  # TensorStore's unknown generation: the condition failed
 
 
 def read_text(path: str, what: str = "") -> str:
@@ -502,7 +544,8 @@ def read_text(path: str, what: str = "") -> str:
 
 __all__ = ["GCS_PREFIX", "RETRIES", "TIMEOUT_S", "StorageAccessError", "StorageError",
            "StorageNotFoundError", "StorageUnreachableError", "basename", "bucket_exists",
-           "cached_listings", "check_path", "configure_emulator", "context",
+           "NO_OBJECT", "cached_listings", "check_path", "configure_emulator", "context",
            "credentials_note", "dirname", "emulator_url", "endpoint", "exists", "is_dir",
            "is_file", "is_gcs", "join", "kvstore_spec", "listdir", "not_found", "read_bytes",
-           "read_range", "read_text", "remove", "split", "write_bytes"]
+           "read_range", "read_text", "read_versioned", "remove", "split", "write_bytes",
+           "write_if"]

@@ -12,7 +12,9 @@ Only numpy is used so that the analysis is importable without JAX.
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Optional, Union
+import dataclasses
+import math
+from typing import Any, Mapping, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -90,7 +92,116 @@ def walltime_improvement(
   v_arr = np.asarray(v, dtype=float)
   if np.any(v_arr <= 0.0):
     raise ValueError(f"v must be > 0, got {v!r}")
-  return _to_output(_expected_tokens(a, g) / (g * c_arr + v_arr))
+  return _to_output(RoundCost(g, c_arr, v_arr).speedup(_expected_tokens(a, g)))
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundCost:
+  """THE cost of one round of speculative decoding and Theorem 3.8's
+  prediction from it (§3.3-3.4, with a verification cost v).
+
+  A round is ``draft_calls`` draft calls and ONE target pass that scores
+  ``gamma`` proposals plus the bonus position (``positions`` = γ + 1). A chain
+  at γ makes γ draft calls (the default); a token tree of N nodes and depth D
+  scores N positions with D calls (``for_tree``); a draft that proposes a
+  block in one call makes 1. Costs are in one-token target steps, so the
+  round costs ``draft_calls`` c + v of them and Theorem 3.8 is the tokens it
+  yields over that (``speedup``). The runner measures it (``timing``), the dry
+  run models it (``dryrun.costs.Roofline``); ``summary.json`` and every
+  ``examples.jsonl`` line carry it as ``record()``.
+
+  gamma: proposals the target scores per round (a tree: its N - 1 nodes).
+  c: one draft call over one target step (Definition 3.7).
+  v: the target's pass over ``positions`` over one target step (the paper's
+    accounting: 1).
+  draft_calls: draft calls per round (None: ``gamma``, a chain's).
+  step_ms: one target step in milliseconds (nan where only the ratios are
+    known): what turns steps into milliseconds per token.
+  interplay: the round timed whole (draft and target alternating, as a round
+    runs them) over γ c + v timed apart; 1 where not measured.
+  c_se, v_se, round_se: standard errors of c, v and of the round timed whole
+    in steps (0 where not measured).
+  """
+
+  gamma: Any
+  c: Any
+  v: Any = 1.0
+  draft_calls: Any = None
+  step_ms: float = math.nan
+  interplay: float = 1.0
+  c_se: float = 0.0
+  v_se: float = 0.0
+  round_se: float = 0.0
+
+  # The record's keys in examples.jsonl and summary.json (``record``).
+  RECORD_KEYS = ("c", "v", "target_step_ms", "verify_ms", "draft_token_ms", "interplay")
+
+  def __post_init__(self):
+    if self.draft_calls is None:
+      object.__setattr__(self, "draft_calls", self.gamma)
+
+  @classmethod
+  def for_tree(cls, tree: Any, c: float, v: float = 1.0, **kw: Any) -> "RoundCost":
+    """A token tree's round (a ``tree.TreeShape``): one draft call per depth,
+    one pass over its N nodes."""
+    return cls(tree.num_nodes - 1, c, v, draft_calls=tree.max_depth, **kw)
+
+  @property
+  def positions(self) -> int:
+    """Positions the target scores per round: γ + 1."""
+    return self.gamma + 1
+
+  def steps(self, with_v: bool = True, in_context: bool = False) -> Any:
+    """The round's cost in one-token target steps: draft_calls c + v (v = 1
+    without ``with_v``, the paper's Theorem 3.8), times the interplay
+    ``in_context``."""
+    cost = self.draft_calls * self.c + (self.v if with_v else 1.0)
+    return cost * self.interplay if in_context else cost
+
+  def speedup(self, tokens: Any, with_v: bool = True, in_context: bool = False) -> Any:
+    """Tokens per round over the round's cost in target steps (§3.4's
+    accounting): with a chain's Eq. (1) tokens, Theorem 3.8."""
+    return tokens / self.steps(with_v, in_context)
+
+  def expected_tokens(self, alpha: float) -> float:
+    """Eq. (1) at this round's γ: the tokens a round of γ proposals in a line
+    yields at acceptance rate α."""
+    return float(expected_tokens(alpha, self.gamma))
+
+  def predicted(self, alpha: float, with_v: bool = True, in_context: bool = False) -> float:
+    """Theorem 3.8 at α for a round of γ proposals in a line (v-generalized
+    unless ``with_v`` is False; with the interplay ``in_context``)."""
+    return float(self.speedup(self.expected_tokens(min(alpha, 1.0)), with_v, in_context))
+
+  def ms_per_token(self, tokens: float) -> float:
+    """Milliseconds per token at ``tokens`` per round."""
+    return self.step_ms * float(self.steps()) / tokens
+
+  @property
+  def c_in_context(self) -> float:
+    """c with the round's interplay: γ c' + v' is the round timed whole."""
+    return self.c * self.interplay
+
+  @property
+  def v_in_context(self) -> float:
+    return self.v * self.interplay
+
+  def record(self) -> dict[str, float]:
+    """The JSON form every examples.jsonl line and summary.json carry
+    (``RECORD_KEYS``): c, v, the step, verification and draft-call times in
+    milliseconds, the interplay."""
+    return {"c": float(self.c), "v": float(self.v), "target_step_ms": float(self.step_ms),
+            "verify_ms": float(self.v * self.step_ms),
+            "draft_token_ms": float(self.c * self.step_ms),
+            "interplay": float(self.interplay)}
+
+  @classmethod
+  def from_record(cls, record: Mapping[str, float], gamma: int,
+                  draft_calls: Optional[int] = None) -> "RoundCost":
+    """``record()``'s form back, for a round of ``gamma`` proposals."""
+    return cls(gamma, record["c"], record["v"], draft_calls,
+               step_ms=record.get("target_step_ms", math.nan),
+               interplay=record.get("interplay", 1.0))
 
 
 def operations_factor(alpha: ArrayLike, gamma: ArrayLike, c_hat: ArrayLike) -> ArrayLike:

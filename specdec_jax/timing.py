@@ -22,13 +22,14 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.drafts.base import ApproximationModel, init_draft
+from specdec_jax.theory import RoundCost
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.partitioning import Partitioner, constrain_cache
 from specdec_jax.sampling import SamplingConfig, sample, standardize
@@ -63,32 +64,6 @@ def time_call(fn: Callable[[], Any], repeats: int = 10, warmup: int = 1) -> list
 
 def median(xs: list[float]) -> float:
   return statistics.median(xs)
-
-
-class Costs(NamedTuple):
-  target_step_s: float   # one-token target step (decode + standardize + sample)
-  verify_s: float        # target pass over γ+1 tokens (same work on γ+1 positions)
-  draft_token_s: float   # draft propose(γ) / γ
-  c: float
-  v: float
-  c_se: float = 0.0      # standard errors of c and v over the interleaved repeats
-  v_se: float = 0.0      # (``median_se`` of the per-repeat ratios)
-  # A round's two pieces run back to back (``_rounds``) over their cost timed
-  # apart, γ draft steps + one verify: > 1 where the models slow each other
-  # down, e.g. by evicting each other's weights from a shared cache.
-  interplay: float = 1.0
-  # Standard error of a round timed whole over the one-token step, i.e. of
-  # γ c_in_context + v_in_context (``median_se`` of the per-repeat ratios).
-  round_se: float = 0.0
-
-  @property
-  def c_in_context(self) -> float:
-    """c with the round's interplay: γ c' + v' is the round measured whole."""
-    return self.c * self.interplay
-
-  @property
-  def v_in_context(self) -> float:
-    return self.v * self.interplay
 
 
 def interleaved_times(fns: dict[Any, Callable[[], Any]], repeats: int,
@@ -220,10 +195,11 @@ def _draft_init(draft: ApproximationModel, inputs, cache_len):
 def measure_costs(target: T5Model, target_params: Any, draft: ApproximationModel,
                   inputs: Array, gamma: int, sampling: SamplingConfig = SamplingConfig(),
                   cache_len: int | None = None, position: int = 16, repeats: int = 15,
-                  inner: int = 16, partitioner: Optional[Partitioner] = None) -> Costs:
+                  inner: int = 16, partitioner: Optional[Partitioner] = None) -> RoundCost:
   """Median (over ``repeats``) times of the three pieces at a mid-sequence
   ``position``, each the mean of ``inner`` back-to-back runs in one jit call.
-  inputs [B, S] int32; returns the ``Costs`` of that γ (c as Definition 3.7).
+  inputs [B, S] int32; returns that γ's round cost (``theory.RoundCost``, c
+  as Definition 3.7).
 
   Pass the decoding loop's ``cache_len`` (``decoding.cache_length``) so that
   attention spans what it does there.
@@ -237,14 +213,18 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
                        sampling: SamplingConfig = SamplingConfig(),
                        cache_len: int | None = None, position: int = 16, repeats: int = 15,
                        inner: int = 16, partitioner: Optional[Partitioner] = None
-                       ) -> dict[int, Costs]:
+                       ) -> dict[int, RoundCost]:
   """``measure_costs`` for several γ in ONE interleaved measurement: one
   target-step piece shared by all, and each γ's verify and draft pieces, timed
   round-robin in every repeat. Machine drift then hits every γ alike, so
   v(γ) and c(γ) are comparable across γ (timed in separate calls, drift can
   exceed the differences ``gamma='auto'`` chooses between). ``cache_len``
   (default: position + the largest γ + 3) is shared by every piece. Returns
-  {γ: ``Costs``}.
+  {γ: ``theory.RoundCost``} with c, v, the step's milliseconds, the interplay
+  (the round timed whole over γ c + v timed apart: > 1 where the models slow
+  each other down, e.g. by evicting each other's weights from a shared cache)
+  and the standard errors of c, v and the round (``median_se`` of the
+  per-repeat ratios to the step).
   """
   gammas = sorted(set(int(g) for g in gammas))
   if not gammas or gammas[0] < 1:
@@ -291,8 +271,9 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
     v_reps = [vf / s for vf, s in zip(times[("verify", g)], times["step"])]
     r_reps = [r / s for r, s in zip(times[("round", g)], times["step"])]
     interplay = median(times[("round", g)]) / (g * t_draft + t_verify)
-    out[g] = Costs(t_step, t_verify, t_draft, t_draft / t_step, t_verify / t_step,
-                   median_se(c_reps), median_se(v_reps), interplay, median_se(r_reps))
+    out[g] = RoundCost(g, t_draft / t_step, t_verify / t_step, step_ms=1e3 * t_step,
+                       interplay=interplay, c_se=median_se(c_reps), v_se=median_se(v_reps),
+                       round_se=median_se(r_reps))
   return out
 
 

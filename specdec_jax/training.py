@@ -220,13 +220,18 @@ def host_value(x: Any) -> np.ndarray:
   return np.asarray(jax.device_get(x))
 
 
-def _read_log(path: str, upto_step: int) -> list[dict]:
-  """Log records up to the resumed step (later ones are redone after a restart)."""
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    recs = [json.loads(line) for line in f if line.strip()]
-  return [r for r in recs if r["step"] <= upto_step]
+def _restart_log(path: str, upto_step: int, primary: bool) -> list[dict]:
+  """Log records up to the resumed step (later ones are redone after a
+  restart), written back as the log by the ``primary`` process."""
+  recs = []
+  if os.path.exists(path):
+    with open(path) as f:
+      recs = [json.loads(line) for line in f if line.strip()]
+  log = [r for r in recs if r["step"] <= upto_step]
+  if primary:
+    with open(path, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in log)
+  return log
 
 
 def make_train_step(loss_fn: Callable, opt: optax.GradientTransformation,
@@ -363,13 +368,8 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
   params, opt_state, step, elapsed_before = _resume(mngr, params, opt_state)
   if step:
     log_fn(f"[{name}] resumed at step {step}")
-
   log_path = os.path.join(run_dir, "log.jsonl")
-  log = _read_log(log_path, step)
-  if primary:
-    with open(log_path, "w") as f:
-      f.writelines(json.dumps(r) + "\n" for r in log)
-
+  log = _restart_log(log_path, step, primary)
   train_step = make_train_step(loss_fn, opt, partitioner)
   stream = make_stream(step)
   t0 = last_save = time.time()

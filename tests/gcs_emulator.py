@@ -35,14 +35,17 @@ REQUESTS_ENV = "SPECDEC_TEST_GCS_REQUESTS"
 # keys outside the range crash it). Its listen backlog is raised from
 # socketserver's 5: a loader with several reads in flight opens more
 # connections at once than that, and the ones refused wait a second for the
-# SYN to be retried. With REQUESTS_ENV set, it also logs every download (bytes
-# served) and listing (the key range listed). An empty media upload (TensorFlow
-# writes one per folder) is stored as an empty object (the emulator crashes on it),
-# and a chunked body is read as chunks even beside a Content-Length (TensorFlow
-# sends both; the emulator would store the chunk framing), and a bucket's
+# SYN to be retried. Uploads and deletes honour the ifGenerationMatch
+# precondition ('0': only if the object does not exist), answering 412 when it
+# fails, as the real API does: a workdir's writer hold is created and released
+# with it. With REQUESTS_ENV set, it also logs every download (bytes served)
+# and listing (the key range listed). An empty media upload (TensorFlow writes
+# one per folder) is stored as an empty object (the emulator crashes on it), a
+# chunked body is read as chunks even beside a Content-Length (TensorFlow sends
+# both; the emulator would store the chunk framing), and a bucket's
 # storageLayout is answered (flat; TensorFlow asks before it renames a folder).
 EMULATOR = """
-import http.server, json, os, sys, threading
+import http, http.server, json, os, sys, threading
 from gcp_storage_emulator.handlers import objects
 
 http.server.HTTPServer.request_queue_size = 128
@@ -88,6 +91,51 @@ def download(request, response, storage, *args, **kwargs):
   return _download(request, response, storage, *args, **kwargs)
 
 
+def _generation(storage, bucket, name):
+  try:
+    return str(storage.get_file_obj(bucket, name).get("generation") or 1)
+  except Exception:
+    return "0"  # no such object
+
+
+def _unmet(request, storage, name):
+  # Whether the request's ifGenerationMatch precondition fails (412).
+  want = (request.query.get("ifGenerationMatch") or [None])[0]
+  if want is None or name is None:
+    return False
+  return _generation(storage, request.params["bucket_name"], name) != want
+
+
+def _precondition_failed(response):
+  response.status = http.HTTPStatus.PRECONDITION_FAILED
+  response.json({"error": {"code": 412, "message": "Precondition Failed", "errors": [
+      {"domain": "global", "reason": "conditionNotMet", "message": "Precondition Failed"}]}})
+
+
+_insert, _delete = objects.insert, objects.delete
+_conditional = threading.Lock()  # the check and the write as one step
+
+
+def insert(request, response, storage, *args, **kwargs):
+  name = (request.query.get("name") or [None])[0]
+  if name is None and isinstance(request.data, dict):
+    name = (request.data.get("meta") or {}).get("name")
+  with _conditional:
+    if _unmet(request, storage, name):
+      return _precondition_failed(response)
+    return _insert(request, response, storage, *args, **kwargs)
+
+
+def delete(request, response, storage, *args, **kwargs):
+  with _conditional:
+    if _unmet(request, storage, request.params["object_id"]):
+      return _precondition_failed(response)
+    return _delete(request, response, storage, *args, **kwargs)
+
+
+objects.download, objects.ls, objects.insert, objects.delete = download, ls, insert, delete
+
+
 _media_upload = objects._media_upload
 
 
@@ -97,7 +145,7 @@ def media_upload(request, response, storage, *args, **kwargs):
   return _media_upload(request, response, storage, *args, **kwargs)
 
 
-objects.download, objects.ls, objects._media_upload = download, ls, media_upload
+objects._media_upload = media_upload
 
 from gcp_storage_emulator import server as _server
 _read_raw_data = _server._read_raw_data

@@ -7,11 +7,12 @@ import pytest
 
 from specdec_jax import theory
 from specdec_jax.run import autogamma
-from specdec_jax.timing import Costs
+from specdec_jax.theory import RoundCost
 
 
-def _costs(c: float, v: float, round_se: float, interplay: float = 1.0) -> Costs:
-  return Costs(1e-3, v * 1e-3, c * 1e-3, c, v, 0.0, 0.0, interplay, round_se)
+def _costs(gamma: int, c: float, v: float, round_se: float, interplay: float = 1.0
+           ) -> RoundCost:
+  return RoundCost(gamma, c, v, step_ms=1.0, interplay=interplay, round_se=round_se)
 
 
 def _round_se_for(target_se: float, alpha: float, alpha_se: float, gamma: int, c: float,
@@ -32,7 +33,7 @@ def test_plain_unless_the_best_gain_exceeds_its_standard_error(ratio, want):
   alpha, alpha_se, c, v = 0.6, 0.01, 0.2, 1.0
   gain = theory.walltime_improvement(alpha, 2, c, v) - 1
   rse = _round_se_for(ratio * gain, alpha, alpha_se, 2, c, v)
-  choice = autogamma.decide(alpha, 1000, alpha_se, {g: _costs(c, v, rse) for g in (1, 2, 3)}, 3)
+  choice = autogamma.decide(alpha, 1000, alpha_se, {g: _costs(g, c, v, rse) for g in (1, 2, 3)}, 3)
   assert choice.argmax == 2 and choice.predicted_se[2] == pytest.approx(ratio * gain)
   if want == 0:
     assert all(choice.predicted[g] - 1 < choice.predicted_se[g] for g in (1, 2, 3))
@@ -52,7 +53,7 @@ def test_costs_in_context_and_the_smallest_gamma_within_the_gap():
   """The prediction uses the in-context costs (c and v times the interplay),
   and among the γ that pay, the smallest within one s.e. of the best's gap."""
   alpha = 0.8
-  costs = {g: _costs(0.2, 1.0, 0.0, interplay=1.5) for g in (1, 2, 3, 4)}
+  costs = {g: _costs(g, 0.2, 1.0, 0.0, interplay=1.5) for g in (1, 2, 3, 4)}
   exact = autogamma.decide(alpha, 1000, 0.0, costs, 4)
   for g in (1, 2, 3, 4):
     assert exact.predicted[g] == pytest.approx(theory.walltime_improvement(alpha, g, 0.3, 1.5))

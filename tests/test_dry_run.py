@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import math
 import os
 import re
 
@@ -140,6 +141,8 @@ def test_roofline_model(runs):
   assert rl.v(1) == 1.0 and rl.c() > 0 and rl.floor > 0
   assert r.paper == paper.table2_row("ende", "small", 0)
   assert r.predicted() == pytest.approx(theory.walltime_improvement(0.75, GAMMA, rl.c()))
+  assert r.predicted(True) == pytest.approx(
+      theory.walltime_improvement(0.75, GAMMA, rl.c(), rl.v(GAMMA + 1)))
   text = driver.format_report(r)
   assert "MODEL, not a measurement" in text and "the paper measured 3.4x" in text
   assert "Collectives in one iteration of the speculative loop" in text
@@ -164,31 +167,38 @@ def test_depth_extrapolation_is_exact(runs, paths):
   assert extrapolated.bytes == pytest.approx(got[("target", 3, 1)].bytes, rel=0.02)
 
 
-def test_one_round_cost_model_prices_chains_and_trees():
-  """``costs.RoundCost`` is Theorem 3.8 with v: a chain round at γ priced
-  from three prices equals ``theory.walltime_improvement`` at the c and v
-  those prices give; a tree's round is depth draft calls and one pass over
-  its N nodes, so a chain written as a tree costs the chain's round; the
-  roofline and the research studies' step model price through it."""
-  rc = costs.RoundCost(2e-3, 1e-4, lambda k: 2e-3 * (1 + 0.02 * (k - 1)))
-  for alpha, gamma in ((0.6, 3), (0.8, 7)):
-    tokens = float(theory.expected_tokens(alpha, gamma))
-    want = float(theory.walltime_improvement(alpha, gamma, rc.c, rc.v(gamma + 1)))
-    assert rc.speedup(tokens, *rc.chain(gamma)) == pytest.approx(want, rel=1e-12)
-    assert rc.ms_per_token(tokens, *rc.chain(gamma)) == pytest.approx(
-        1e3 * rc.step_s / want, rel=1e-12)
-  assert costs.RoundCost.tree(TreeShape.chain(4)) == costs.RoundCost.chain(4) == (4, 5)
+def test_the_roofline_prices_rounds_through_the_one_record():
+  """``Roofline.round_cost`` is the round record (``theory.RoundCost``) at the
+  pieces' prices: a chain round at γ is Theorem 3.8 with v at c = draft /
+  step and v = pass(γ + 1) / step, and its milliseconds per token are the
+  round's seconds over Eq. (1)'s tokens; a tree's round is depth draft calls
+  and one pass over its N nodes; a draft proposing the block in one call is
+  ``draft_calls=1``."""
+  step, draft_s = 2e-3, 1e-4
+  pass_s = lambda k: step * (1 + 0.02 * (k - 1))
   tree = TreeShape.from_acceptance(scaled_rank_rates(0.7, DEMO_RANK_PROFILE), 8, 3)
-  assert rc.round_seconds(*rc.tree(tree)) == pytest.approx(
-      tree.max_depth * 1e-4 + 2e-3 * (1 + 0.02 * (tree.num_nodes - 1)))
   piece = lambda s: costs.Piece(0.0, s * chips.CHIPS["v4"].hbm_bandwidth)
-  rl = costs.Roofline(chips.CHIPS["v4"], {k: piece(rc.pass_s(k)) for k in (1, 5, tree.num_nodes)},
-                      piece(rc.draft_s), floor=0)
+  rl = costs.Roofline(chips.CHIPS["v4"],
+                      {k: piece(pass_s(k)) for k in (1, 4, 5, 8, tree.num_nodes)},
+                      piece(draft_s), floor=0)
+  for alpha, gamma in ((0.6, 3), (0.8, 7)):
+    rc = rl.round_cost(gamma)
+    assert (rc.gamma, rc.draft_calls, rc.positions) == (gamma, gamma, gamma + 1)
+    want = float(theory.walltime_improvement(alpha, gamma, draft_s / step,
+                                             pass_s(gamma + 1) / step))
+    assert rc.predicted(alpha) == pytest.approx(want, rel=1e-12)
+    tokens = float(theory.expected_tokens(alpha, gamma))
+    assert rc.ms_per_token(tokens) == pytest.approx(
+        1e3 * (gamma * draft_s + pass_s(gamma + 1)) / tokens, rel=1e-12)
+  assert rl.round_cost(3, draft_calls=1).steps() == pytest.approx(
+      (draft_s + pass_s(4)) / step, rel=1e-12)
+  chain = rl.tree_round_cost(TreeShape.chain(4))
+  assert (chain.gamma, chain.draft_calls) == (4, 4) and chain == rl.round_cost(4)
   rates = scaled_rank_rates(0.7, DEMO_RANK_PROFILE)
-  assert rl.tree_speedup(tree, rates) == pytest.approx(
-      rc.speedup(tree.expected_tokens(rates), *rc.tree(tree)), rel=1e-9)
-  assert rl.speculative_ms_per_token(0.6, 4) == pytest.approx(
-      rc.ms_per_token(float(theory.expected_tokens(0.6, 4)), *rc.chain(4)), rel=1e-9)
+  assert rl.tree_round_cost(tree).speedup(tree.expected_tokens(rates)) == pytest.approx(
+      tree.expected_tokens(rates) * step / (tree.max_depth * draft_s + pass_s(tree.num_nodes)),
+      rel=1e-9)
+  assert math.isnan(rl.round_cost(5).v)   # no pass over 6 positions compiled
 
 
 def test_collective_and_fixed_cost_arithmetic():
@@ -370,7 +380,7 @@ def test_a_tree_run_compiles_its_own_loop(paths):
   and its memory estimate holds."""
   r = dry_run_programs.dry_run(experiment(paths, tree="full:2,1"), TOPOLOGY,
                      programs=("speculative", "draft"), roofline=False, workers=1)
-  assert r.gamma == 4  # 1 + 2 + 2 nodes
+  assert r.exp.gamma_max == 4  # 1 + 2 + 2 nodes
   for p in r.programs:
     assert not p.error, p.error
     assert p.weight_moves == [], p.weight_moves
@@ -389,7 +399,7 @@ def test_one_chip_the_papers_setting(paths):
   p = r.programs[0]
   assert not p.error and p.collectives == [] and p.weight_moves == []
   rl = r.roofline
-  base, spec = rl.baseline_ms_per_token(), rl.speculative_ms_per_token(0.75, GAMMA)
+  base, spec = rl.baseline_ms_per_token(), r.speculative_ms_per_token()
   assert 0 < spec and base / spec == pytest.approx(r.predicted(True), rel=1e-6)
   text = driver.format_report(r)
   assert f"ms/token: baseline {base:.3f}, speculative {spec:.3f}" in text
@@ -414,7 +424,7 @@ def test_a_tree_run_prices_its_own_pass(paths):
   round_s = tree.max_depth * rl.draft.seconds(r.chip) + rl.target[5].seconds(r.chip)
   want = tree.expected_tokens(rates) * rl.target[1].seconds(r.chip) / round_s
   assert r.predicted() == pytest.approx(want, rel=1e-9)
-  assert r.predicted() != pytest.approx(rl.speedup(0.75, 4), rel=1e-3)
+  assert r.predicted() != pytest.approx(rl.round_cost(4).predicted(0.75), rel=1e-3)
   assert f"predicted {want:.2f}x" in text and "tokens per round" in text
 
 

@@ -571,9 +571,11 @@ def test_help_lists_settings_and_library_info_is_quiet():
   assert f.filter(rec(str(REPO / "specdec_jax" / "run" / "cli.py"), std_logging.INFO))
 
 
-def _forced_costs(costs):
-  """A stand-in for ``calibrate.costs_many`` that returns ``costs`` for every γ."""
-  return lambda setup, gammas: {g: costs for g in gammas}
+def _forced_costs(**costs):
+  """A stand-in for ``calibrate.costs_many`` that returns the round cost
+  ``costs`` (``theory.RoundCost``'s fields but γ) for every γ."""
+  from specdec_jax.theory import RoundCost
+  return lambda setup, gammas: {g: RoundCost(g, **costs) for g in gammas}
 
 
 def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsys, caplog,
@@ -586,10 +588,9 @@ def test_gamma_auto_chooses_the_theorys_argmax_and_keeps_it_on_resume(env, capsy
   forced cheap (c 0.05, v 1), so that some γ pays (on these toy models none
   does: plain decoding, tested below)."""
   import logging as std_logging
-  from specdec_jax import timing
   from specdec_jax.run import autogamma
-  cheap = timing.Costs(1e-3, 1e-3, 5e-5, 0.05, 1.0, 0.01, 0.05, 1.0, 0.02)
-  monkeypatch.setattr(run.calibrate, "costs_many", _forced_costs(cheap))
+  monkeypatch.setattr(run.calibrate, "costs_many", _forced_costs(
+      c=0.05, v=1.0, step_ms=1.0, c_se=0.01, v_se=0.05, round_se=0.02))
   caplog.set_level(std_logging.WARNING)
   w = tmp_path / "auto"
   args = [f"--config={env / 'exp.gin'}", f"--workdir={w}",
@@ -647,10 +648,8 @@ def test_gamma_auto_chooses_plain_decoding_where_no_gamma_pays(env, capsys, tmp_
   every γ: it chooses plain decoding (γ = 0), records and prints the choice,
   and runs the baseline only, so its outputs are the baseline's token for
   token and speculative decoding never runs."""
-  from specdec_jax import timing
   from specdec_jax.run import autogamma
-  slow = timing.Costs(1e-3, 5e-3, 9e-4, 0.9, 5.0)
-  monkeypatch.setattr(run.calibrate, "costs_many", _forced_costs(slow))
+  monkeypatch.setattr(run.calibrate, "costs_many", _forced_costs(c=0.9, v=5.0, step_ms=1.0))
   monkeypatch.setattr(run.programs, "speculative_decode",
                       lambda *a, **k: pytest.fail("speculative decoding ran"))
   w = tmp_path / "plain"
@@ -681,13 +680,12 @@ def test_gamma_auto_speculates_only_on_a_gain_beyond_its_standard_error(env, cap
   than its own standard error, it chooses plain decoding; with s.e. 0.01 it
   chooses the best γ, 2. Both runs' outputs equal the baseline's and each
   other's, token for token (T = 0)."""
-  from specdec_jax import timing
   from specdec_jax.run import autogamma
   monkeypatch.setattr(autogamma, "estimate_alpha", lambda *a, **k: (0.6, 1000, 0.01))
   outputs = {}
   for name, round_se, want in (("noisy", 0.6, 0), ("clear", 0.01, 2)):
-    costs = timing.Costs(1e-3, 1e-3, 2e-4, 0.2, 1.0, 0.0, 0.0, 1.0, round_se)
-    monkeypatch.setattr(run.calibrate, "costs_many", _forced_costs(costs))
+    monkeypatch.setattr(run.calibrate, "costs_many", _forced_costs(
+        c=0.2, v=1.0, step_ms=1.0, round_se=round_se))
     w = tmp_path / name
     rc, _, err = _cli(capsys, f"--config={env / 'exp.gin'}", f"--workdir={w}",
                       f"--gin_bindings=Experiment.draft_checkpoint = '{env / 'draft_near'}'",

@@ -33,30 +33,6 @@ def test_sweep_rows_and_the_factors_of_measured_over_predicted(tiny_target, tiny
   assert "| EXP (in context) |" in table and "measured / EXP(in context)" in table
 
 
-def test_costs_for_several_gammas_share_one_interleaved_step(tiny_target, tiny_draft):
-  from specdec_jax.timing import measure_costs_many
-  model, params = tiny_target
-  dm, dp = tiny_draft
-  draft = drafts.T5Draft(params=dp, model=dm)
-  x = jax.random.randint(jax.random.PRNGKey(2), (1, 10), 2, 64)
-  costs = measure_costs_many(model, params, draft, x, [3, 1], SamplingConfig(), repeats=3,
-                             inner=2)
-  assert sorted(costs) == [1, 3]
-  # One target-step piece is the unit of every γ's c and v.
-  assert costs[1].target_step_s == costs[3].target_step_s > 0
-  for g, c in costs.items():
-    assert c.v == pytest.approx(c.verify_s / c.target_step_s)
-    assert c.c == pytest.approx(c.draft_token_s / c.target_step_s)
-    assert c.c_se >= 0 and c.v_se >= 0
-    # In-context costs scale both by the round's interplay, so that γ c' + v'
-    # is the round timed whole (in target steps).
-    assert c.interplay > 0
-    assert g * c.c_in_context + c.v_in_context == pytest.approx(
-        (g * c.c + c.v) * c.interplay)
-  with pytest.raises(ValueError, match="gammas must be >= 1"):
-    measure_costs_many(model, params, draft, x, [0, 2], SamplingConfig())
-
-
 def test_parse_setting():
   from specdec_jax.scripting.sweep import parse_setting
   assert parse_setting("3", 7) == ("3", 3, None)
@@ -127,9 +103,9 @@ def test_auto_that_chooses_plain_decoding_runs_the_baseline_as_its_row(tiny_targ
   """'auto' where the measured costs (forced: verification 5 steps, the draft
   0.9 of one) leave every γ below 1x: the row is 'auto→plain', decoded by the
   baseline (token for token its outputs, no α, costs or prediction)."""
-  from specdec_jax import timing
   from specdec_jax.scripting import sweep
-  slow = timing.Costs(1e-3, 5e-3, 9e-4, 0.9, 5.0)
+  from specdec_jax.theory import RoundCost
+  slow = RoundCost(1, 0.9, 5.0, step_ms=1.0)
   monkeypatch.setattr(sweep, "measure_costs_many",
                       lambda target, params, draft, x, gammas, *a, **k: {g: slow for g in gammas})
   monkeypatch.setattr(sweep, "speculative_decode",

@@ -253,3 +253,30 @@ def test_alpha_standard_error_counts_sequences_as_clusters():
   # One sequence: the binomial error (a lower bound), no division by zero.
   assert alpha_standard_error(np.array([7.0]), np.array([10])) == pytest.approx(
       np.sqrt(0.7 * 0.3 / 10))
+
+
+def test_round_cost_is_theorem_3_8_and_its_record():
+  """``RoundCost``, the one round record: a chain at γ costs γ c + v target
+  steps and predicts Theorem 3.8 (with v; v = 1 without it; the interplay in
+  context); a tree of N nodes and depth D is D calls and N positions; a
+  draft proposing its block in one call is ``draft_calls=1``; the JSON form
+  the runner's lines carry reads back to the same prediction."""
+  from specdec_jax.tree import TreeShape
+  rc = theory.RoundCost(4, 0.1, 1.3, step_ms=2.0, interplay=1.2)
+  assert (rc.draft_calls, rc.positions) == (4, 5)
+  for alpha in (0.0, 0.6, 1.0):
+    assert rc.predicted(alpha) == theory.walltime_improvement(alpha, 4, 0.1, 1.3)
+    assert rc.predicted(alpha, with_v=False) == theory.walltime_improvement(alpha, 4, 0.1)
+    assert rc.predicted(alpha, in_context=True) == pytest.approx(
+        theory.walltime_improvement(alpha, 4, 0.1 * 1.2, 1.3 * 1.2), rel=1e-12)
+  assert rc.ms_per_token(2.5) == pytest.approx(2.0 * (4 * 0.1 + 1.3) / 2.5)
+  block = theory.RoundCost(4, 0.1, 1.3, draft_calls=1)
+  assert block.speedup(3.0) == pytest.approx(3.0 / (0.1 + 1.3))
+  tree = theory.RoundCost.for_tree(TreeShape.parse("full:3,2"), 0.1, 1.5)
+  assert (tree.gamma, tree.draft_calls, tree.positions) == (9, 2, 10)
+  assert theory.RoundCost.for_tree(TreeShape.chain(4), 0.1, 1.3) == theory.RoundCost(4, 0.1, 1.3)
+  record = rc.record()
+  assert tuple(record) == theory.RoundCost.RECORD_KEYS
+  assert record["verify_ms"] == pytest.approx(1.3 * 2.0)
+  assert record["draft_token_ms"] == pytest.approx(0.1 * 2.0)
+  assert theory.RoundCost.from_record(record, 4) == rc

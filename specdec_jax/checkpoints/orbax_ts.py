@@ -127,21 +127,7 @@ def metadata_tree(directory: str) -> dict:
 
 def _reader(leaf: StoredArray, name: str, directory: str) -> placement.ChunkedReader:
   """Opens the array once; each call reads one region (whole chunks)."""
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  try:
-    store = ts.open(leaf.spec, open=True, read=True,
-                    context=leaf.context or storage.context()).result(
-        timeout=storage.TIMEOUT_S)
-  except Exception as e:  # pylint: disable=broad-except
-    raise CheckpointError(f"{directory}: cannot open the array {name}: {root_cause(e)}") from e
-
-  def read(index: placement.Index) -> np.ndarray:
-    try:
-      return store[index].read().result()
-    except Exception as e:  # a missing or corrupt chunk
-      raise CheckpointError(f"{directory}: corrupt or unreadable checkpoint data for {name}: "
-                            f"{root_cause(e)}") from e
-  return placement.ts_chunked_reader(store, read)
+  return placement.tensorstore_reader(leaf.spec, directory, name, leaf.context)
 
 
 def restore(directory: str, meta_tree: Mapping, subtree: tuple[str, ...], param_dtype: Any,

@@ -91,9 +91,33 @@ class ChunkedReader:
   dtype: np.dtype
 
 
-def ts_chunked_reader(store: Any, read: SliceReader) -> ChunkedReader:
-  """``read`` (slices of the TensorStore array ``store``) with the array's read
-  chunk shape (0 for a dimension TensorStore does not chunk) and dtype."""
+def open_tensorstore(spec: Any, directory: str, name: str, context: Any = None) -> Any:
+  """THE way a checkpoint's TensorStore array is opened (T5X's and Orbax's):
+  for reading, in ``context`` (default ``storage.context()``), within
+  ``storage.TIMEOUT_S``; a failure is a ``CheckpointError`` naming
+  ``directory`` and the array ``name``."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  try:
+    return ts.open(spec, open=True, read=True, context=context or storage.context()).result(
+        timeout=storage.TIMEOUT_S)
+  except Exception as e:  # tensorstore raises ValueError and friends
+    raise CheckpointError(f"{directory}: cannot open the array {name}: {root_cause(e)}") from e
+
+
+def tensorstore_reader(spec: Any, directory: str, name: str, context: Any = None
+                       ) -> ChunkedReader:
+  """Opens the array once (``open_tensorstore``); each call reads one region
+  (whole chunks), with the array's read chunk shape (0 for a dimension
+  TensorStore does not chunk) and dtype. A missing or corrupt chunk is a
+  ``CheckpointError`` naming ``directory`` and ``name``."""
+  store = open_tensorstore(spec, directory, name, context)
+
+  def read(index: Index) -> np.ndarray:
+    try:
+      return store[index].read().result()
+    except Exception as e:  # a missing or corrupt chunk
+      raise CheckpointError(f"{directory}: corrupt or unreadable checkpoint data for {name}: "
+                            f"{root_cause(e)}") from e
   chunks = tuple(int(c or 0) for c in store.chunk_layout.read_chunk.shape)
   return ChunkedReader(read, chunks, np.dtype(store.dtype.numpy_dtype))
 

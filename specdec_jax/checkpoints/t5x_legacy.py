@@ -19,11 +19,10 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from specdec_jax import storage
 from specdec_jax.checkpoints import placement
 from specdec_jax.checkpoints.common import (T5X_MSGPACK, CheckpointError, check_shapes,
                                             flatten, is_gcs, join, kvstore_spec, read_bytes,
-                                            root_cause, subtree_keys)
+                                            subtree_keys)
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.partitioning import Partitioner
 
@@ -58,34 +57,20 @@ def resolve_ts_spec(spec: Mapping, step_dir: str) -> dict:
   return spec
 
 
-def _ts_open(resolved: dict, name: str, step_dir: str):
-  import tensorstore as ts
-  try:
-    return ts.open(resolved, open=True, read=True, context=storage.context()).result(
-        timeout=storage.TIMEOUT_S)
-  except Exception as e:  # tensorstore raises ValueError and friends
-    raise CheckpointError(f"{step_dir}: cannot open TensorStore array for {name} "
-                          f"at {resolved['kvstore']}: {root_cause(e)}") from e
+def _where(resolved: dict, name: str) -> str:
+  return f"{name} at {resolved['kvstore']}"
 
 
 def _ts_shape(spec: Mapping, resolved: dict, name: str, step_dir: str) -> tuple[int, ...]:
   meta = spec.get("metadata")
   if isinstance(meta, Mapping) and "shape" in meta:
     return tuple(int(s) for s in meta["shape"])
-  return tuple(_ts_open(resolved, name, step_dir).shape)
+  return tuple(placement.open_tensorstore(resolved, step_dir, _where(resolved, name)).shape)
 
 
 def _ts_reader(resolved: dict, name: str, step_dir: str) -> placement.ChunkedReader:
   """Opens the array once; the reader fetches one region (whole chunks) per call."""
-  store = _ts_open(resolved, name, step_dir)
-
-  def read(index: placement.Index) -> np.ndarray:
-    try:
-      return store[index].read().result()
-    except Exception as e:  # a missing or corrupt chunk
-      raise CheckpointError(f"{step_dir}: cannot read TensorStore array for {name} "
-                            f"at {resolved['kvstore']}: {e}") from e
-  return placement.ts_chunked_reader(store, read)
+  return placement.tensorstore_reader(resolved, step_dir, _where(resolved, name))
 
 
 def _inline_reader(arr: np.ndarray) -> placement.SliceReader:

@@ -85,6 +85,17 @@ class Chip:
 _V4_OP = "calibrated: the paper's c = 0.02 for T5-small on one TPU-v4 (Table 4)"
 _OTHER_OP = "ASSUMED: TPU v4's calibrated value (no published measurement for this chip)"
 
+
+
+def _published_ici(bidirectional: float, ports: int, name: str) -> dict:
+  """The ICI fields from Cloud's page for chip ``name``: ``bidirectional``
+  bytes/s per chip over ``ports`` links, so bidirectional / 2 / ports one way
+  per link."""
+  return dict(ici_ports=ports, ici_link_bandwidth=bidirectional / 2 / ports,
+              ici_source=f"{bidirectional / 1e9:.0f} GB/s bidirectional per chip, {ports} ports "
+              f"(Cloud's {name} page)")
+
+
 CHIPS: dict[str, Chip] = {
     # Cloud's v4 page gives no per-chip ICI figure. Six links per chip (the
     # 3-D torus) is the v4 paper's (Jouppi et al., ISCA 2023); 45 GB/s one
@@ -94,25 +105,17 @@ CHIPS: dict[str, Chip] = {
                "https://cloud.google.com/tpu/docs/v4", ici_ports=6, ici_link_bandwidth=45e9,
                ici_source="6 links: Jouppi et al. 2023; 45 GB/s per link one way: ASSUMED",
                op_seconds=V4_OP_SECONDS, op_source=_V4_OP),
-    # v5e: 400 GB/s bidirectional ICI per chip over 4 ports (Cloud's v5e page)
-    # = 50 GB/s one way per link.
     "v5e": Chip("v5e", "TPU v5 lite", 197e12, 16 * GiB, 819e9, 1, "v5litepod", "default",
-                (2, 4, 1), "https://cloud.google.com/tpu/docs/v5e", ici_ports=4,
-                ici_link_bandwidth=50e9,
-                ici_source="400 GB/s bidirectional per chip, 4 ports (Cloud's v5e page)",
+                (2, 4, 1), "https://cloud.google.com/tpu/docs/v5e",
+                **_published_ici(400e9, 4, "v5e"),
                 op_seconds=V4_OP_SECONDS, op_source=_OTHER_OP),
-    # v5p: 1200 GB/s bidirectional ICI per chip (Cloud's v5p page), 6 links
-    # (3-D torus) = 100 GB/s one way per link.
+    # v5p: 6 links (its 3-D torus).
     "v5p": Chip("v5p", "TPU v5", 459e12, 95 * GiB, 2765e9, 2, "v5p", "default", (2, 2, 1),
-                "https://cloud.google.com/tpu/docs/v5p", ici_ports=6, ici_link_bandwidth=100e9,
-                ici_source="1200 GB/s bidirectional per chip (Cloud's v5p page), 6 links",
+                "https://cloud.google.com/tpu/docs/v5p", **_published_ici(1200e9, 6, "v5p"),
                 op_seconds=V4_OP_SECONDS, op_source=_OTHER_OP),
-    # v6e: 800 GB/s bidirectional ICI per chip over 4 ports (Cloud's v6e page)
-    # = 100 GB/s one way per link.
     "v6e": Chip("v6e", "TPU v6 lite", 918e12, 32 * GiB, 1640e9, 1, "v6e", "default",
-                (2, 4, 1), "https://cloud.google.com/tpu/docs/v6e", ici_ports=4,
-                ici_link_bandwidth=100e9,
-                ici_source="800 GB/s bidirectional per chip, 4 ports (Cloud's v6e page)",
+                (2, 4, 1), "https://cloud.google.com/tpu/docs/v6e",
+                **_published_ici(800e9, 4, "v6e"),
                 op_seconds=V4_OP_SECONDS, op_source=_OTHER_OP),
 }
 

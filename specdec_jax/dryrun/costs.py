@@ -17,7 +17,9 @@ sum of three terms, each per device:
   (``calibration``).
 
 From those: c = draft step / target step (Definition 3.7), v(k) = pass over
-k positions / one-position pass, and Theorem 3.8's speedup at an α and γ.
+k positions / one-position pass, and a round's cost (``Roofline.round_cost``,
+the one ``theory.RoundCost``), whose Theorem 3.8 speedup at an α and γ the
+dry run reports.
 
 The pieces are compiled with XLA's ``exec_time_optimization_effort`` = -1
 (``PIECE_OPTIONS``), at decoder depths 1 and 2 (``PIECE_DEPTHS``), and
@@ -30,10 +32,11 @@ on-chip VMEM, so 'bytes accessed' counts HBM traffic.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Sequence
+import math
+from typing import Any, Optional
 
-from specdec_jax import theory
 from specdec_jax.dryrun.chips import Chip
+from specdec_jax.theory import RoundCost
 from specdec_jax.tree import TreeShape
 
 # XLA's fast-compile setting (no VMEM staging of weights, so 'bytes
@@ -148,55 +151,6 @@ def calibrate_op_seconds(target: Piece, draft: Piece, chip: Chip, c: float) -> f
   return (c * t - d) / denominator
 
 
-@dataclasses.dataclass(frozen=True)
-class RoundCost:
-  """THE round-cost model (§3.3-3.4, Theorem 3.8's accounting with a
-  verification cost v): a round is ``draft_calls`` draft calls and ONE target
-  pass over ``width`` positions. A chain at γ: γ draft steps and a pass over
-  γ + 1 (``chain``); a token tree: one draft call per depth and a pass over
-  its N nodes (``tree``). c (Definition 3.7) and v(k) come from the same
-  three prices, so a chain and a tree priced by one ``RoundCost`` compare.
-
-  step_s: a one-position target pass; draft_s: one draft call; pass_s: k ->
-  seconds of a target pass over k positions (pass_s(1) is step_s).
-  """
-
-  step_s: float
-  draft_s: float
-  pass_s: Callable[[int], float]
-
-  @staticmethod
-  def chain(gamma: int) -> tuple[int, int]:
-    """(draft calls, positions scored) of a chain round at γ."""
-    return gamma, gamma + 1
-
-  @staticmethod
-  def tree(tree: TreeShape) -> tuple[int, int]:
-    """(draft calls, positions scored) of a token-tree round."""
-    return tree.max_depth, tree.num_nodes
-
-  @property
-  def c(self) -> float:
-    """Definition 3.7: one draft call over one target step."""
-    return self.draft_s / self.step_s
-
-  def v(self, k: int) -> float:
-    """A pass over k positions over a one-position pass."""
-    return self.pass_s(k) / self.step_s
-
-  def round_seconds(self, draft_calls: int, width: int) -> float:
-    return draft_calls * self.draft_s + self.pass_s(width)
-
-  def speedup(self, tokens: float, draft_calls: int, width: int) -> float:
-    """Tokens per round over the round's cost in target steps: tokens /
-    (draft_calls c + v(width)); with the chain's expected tokens
-    (1 - α^(γ+1)) / (1 - α) this is ``theory.walltime_improvement``."""
-    return tokens * self.step_s / self.round_seconds(draft_calls, width)
-
-  def ms_per_token(self, tokens: float, draft_calls: int, width: int) -> float:
-    return 1e3 * self.round_seconds(draft_calls, width) / tokens
-
-
 @dataclasses.dataclass
 class Roofline:
   """Predicted costs per device (a model, not a measurement): each piece
@@ -208,49 +162,29 @@ class Roofline:
   floor: int            # decoder + output-layer weight bytes per device
   draft_floor: int = 0  # the same for the draft
 
-  def round_cost(self) -> RoundCost:
-    """The pieces' prices as the one round-cost model (no draft: c = 0)."""
-    return RoundCost(self.target[1].seconds(self.chip),
-                     0.0 if self.draft is None else self.draft.seconds(self.chip),
-                     lambda k: self.target[k].seconds(self.chip))
+  def round_cost(self, gamma: int, draft_calls: Optional[int] = None) -> RoundCost:
+    """A round of ``draft_calls`` draft steps (default γ, a chain's) and one
+    target pass over γ + 1 positions, priced (``theory.RoundCost``; no draft:
+    c = 0; v is nan where that pass was not compiled)."""
+    v = self.v(gamma + 1) if gamma + 1 in self.target else math.nan
+    return RoundCost(gamma, self.c(), v, draft_calls, step_ms=self.baseline_ms_per_token())
+
+  def tree_round_cost(self, tree: TreeShape) -> RoundCost:
+    """A token tree's round: one draft step per depth and the pass over its
+    N nodes (``target[N]``, priced with the tree's own mask)."""
+    return RoundCost.for_tree(tree, self.c(), self.v(tree.num_nodes),
+                              step_ms=self.baseline_ms_per_token())
 
   def c(self) -> float:
     """Definition 3.7: one draft step over one target step."""
-    return self.round_cost().c
+    if self.draft is None:
+      return 0.0
+    return self.draft.seconds(self.chip) / self.target[1].seconds(self.chip)
 
   def v(self, k: int) -> float:
     """A pass over k positions over a one-position pass."""
-    return self.round_cost().v(k)
-
-  def speedup(self, alpha: float, gamma: int, with_v: bool = False) -> float:
-    """Theorem 3.8 (v = 1), or with ``with_v`` its v-generalized form
-    (``theory.walltime_improvement``), at the model's c."""
-    return float(theory.walltime_improvement(alpha, gamma, self.c(),
-                                             self.v(gamma + 1) if with_v else 1.0))
+    return self.target[k].seconds(self.chip) / self.target[1].seconds(self.chip)
 
   def baseline_ms_per_token(self) -> float:
     """The baseline's milliseconds per token: one one-position target pass."""
     return 1e3 * self.target[1].seconds(self.chip)
-
-  def tree_round_seconds(self, tree: TreeShape) -> float:
-    """One round of a token-tree run (``RoundCost.tree``; the pass over its
-    N nodes, ``target[N]``, priced with the tree's own mask)."""
-    return self.round_cost().round_seconds(*RoundCost.tree(tree))
-
-  def tree_speedup(self, tree: TreeShape, rates: Sequence[float]) -> float:
-    """Theorem 3.8's accounting for a tree (§3.4 with v): tokens per round
-    (``TreeShape.expected_tokens`` at rank rates ``rates``) over the round's
-    cost in one-position target steps."""
-    return self.round_cost().speedup(tree.expected_tokens(rates), *RoundCost.tree(tree))
-
-  def tree_ms_per_token(self, tree: TreeShape, rates: Sequence[float]) -> float:
-    return self.round_cost().ms_per_token(tree.expected_tokens(rates), *RoundCost.tree(tree))
-
-  def speculative_ms_per_token(self, alpha: float, gamma: int) -> Optional[float]:
-    """Milliseconds per token of speculative decoding at α and γ: a chain
-    round (``RoundCost.chain``) over the tokens it yields,
-    (1 - α^(γ+1)) / (1 - α) (Corollary 3.6 / Theorem 3.8)."""
-    if self.draft is None or gamma + 1 not in self.target:
-      return None
-    return self.round_cost().ms_per_token(float(theory.expected_tokens(alpha, gamma)),
-                                          *RoundCost.chain(gamma))

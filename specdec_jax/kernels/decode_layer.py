@@ -292,13 +292,10 @@ def _attn_kernel(*refs, self_attn: bool, bl: int, bk: int, eps: float, length: i
     o = corr[:, None] * o + jnp.dot(p.astype(dtype), vt, preferred_element_type=f32)
     return o, m_new, l
 
-  if self_attn:
-    # Only the chunks up to the row's last query position hold visible slots
-    # (and every slot written); the rest would add exact zeros. At least one,
-    # so that every row is finite.
-    trips = jnp.clip(jnp.max(pos) // bl + 1, 1, n_chunks)
-  else:
-    trips = n_chunks
+  # Self-attention: only the chunks up to the row's last query position hold
+  # visible slots (and every slot written); the rest would add exact zeros.
+  # At least one, so that every row is finite.
+  trips = jnp.clip(jnp.max(pos) // bl + 1, 1, n_chunks) if self_attn else n_chunks
   init = (jnp.zeros((nq, dh), f32), jnp.full((nq,), -1e30, f32), jnp.zeros((nq,), f32))
   o, _, l = jax.lax.fori_loop(0, trips, body, init)
   o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)

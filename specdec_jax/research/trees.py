@@ -22,11 +22,12 @@ from specdec_jax.decoding import (speculative_decode, temperature_sample,
                                   tree_speculative_decode)
 from specdec_jax.dryrun import calibration
 from specdec_jax.dryrun.chips import Chip
-from specdec_jax.dryrun.costs import Piece, RoundCost
+from specdec_jax.dryrun.costs import Piece
 from specdec_jax.models.t5 import get_config
 from specdec_jax.measured import DEMO_RANK_PROFILE
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.theory import RoundCost
 from specdec_jax.timing import timed
 from specdec_jax import tree as tree_lib
 from specdec_jax.tree import TreeShape, geometric_rank_rates
@@ -127,10 +128,11 @@ def roofline_speedup(row: Row, target_cfg: T5Config, draft_cfg: T5Config, chip: 
   target_pass = lambda k: pass_seconds(target_cfg, chip, devices, k, cache_len, input_len)
   # The engine replicates the draft (partitioning.DATA_PARALLEL_RULES): each
   # chip reads all of its weights per step, however many chips there are.
-  model = RoundCost(target_pass(1), pass_seconds(draft_cfg, chip, 1, 1, cache_len, input_len),
-                    target_pass)
-  return {"c": model.c, "v": model.v(row.width),
-          "speedup": model.speedup(row.tokens_per_call, row.draft_per_call, row.width)}
+  step = target_pass(1)
+  model = RoundCost(row.width - 1,
+                    pass_seconds(draft_cfg, chip, 1, 1, cache_len, input_len) / step,
+                    target_pass(row.width) / step, draft_calls=row.draft_per_call)
+  return {"c": model.c, "v": model.v, "speedup": model.speedup(row.tokens_per_call)}
 
 
 def trim_padding(inputs: np.ndarray) -> np.ndarray:
@@ -212,19 +214,22 @@ class StepModel:
   def draft_seconds(self) -> float:
     return self.draft.seconds(self.chip)
 
-  def round_cost(self) -> RoundCost:
-    """These prices as the one round-cost model (``dryrun.costs.RoundCost``)."""
-    return RoundCost(self.target_seconds(1), self.draft_seconds(), self.target_seconds)
+  def round_cost(self, tree: TreeShape) -> RoundCost:
+    """A round of ``tree`` (a chain is ``TreeShape.chain``) at these prices
+    (``theory.RoundCost``: one draft call per depth, one pass over the N
+    nodes)."""
+    step = self.target_seconds(1)
+    return RoundCost.for_tree(tree, self.draft_seconds() / step,
+                              self.target_seconds(tree.num_nodes) / step, step_ms=1e3 * step)
 
   def ms_per_token(self, tree: TreeShape, rates: Sequence[float]) -> float:
-    """Milliseconds per token: a round (one draft call per depth, one pass
-    over the N nodes) over its expected tokens."""
-    return self.round_cost().ms_per_token(expected_tokens(tree, rates), *RoundCost.tree(tree))
+    """Milliseconds per token: a round over its expected tokens."""
+    return self.round_cost(tree).ms_per_token(expected_tokens(tree, rates))
 
   def speedup(self, tree: TreeShape, rates: Sequence[float]) -> float:
-    """Tokens per round over the round's cost in target steps (a chain is
-    ``TreeShape.chain``); Theorem 3.8's accounting with v (§3.4)."""
-    return self.round_cost().speedup(expected_tokens(tree, rates), *RoundCost.tree(tree))
+    """Tokens per round over the round's cost in target steps; Theorem 3.8's
+    accounting with v (§3.4)."""
+    return float(self.round_cost(tree).speedup(expected_tokens(tree, rates)))
 
 
 def step_model(chip: Chip, devices: int, draft: str) -> StepModel:

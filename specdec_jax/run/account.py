@@ -9,7 +9,7 @@ one of the theorem's assumptions by what was measured on the same run:
 
   EXP (with v)      Eq. (1) tokens per round over γ c + v, c and v timed apart.
   x interplay       the round's two models timed back to back, alternating, cost
-                    ``timing.Costs.interplay`` times their pieces timed apart
+                    ``theory.RoundCost.interplay`` times their pieces timed apart
                     (the runner's "EXP in context").
   x tokens/call     the run's measured tokens per target call instead of Eq. (1)'s
                     (1 - α^(γ+1)) / (1 - α): acceptances are not i.i.d., and a
@@ -35,10 +35,10 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from specdec_jax import theory
 from specdec_jax.decoding import cache_length
 from specdec_jax.drafts.base import ApproximationModel
 from specdec_jax.models.t5 import T5Model
+from specdec_jax.theory import RoundCost
 from specdec_jax.timing import baseline_prefill, interleaved_medians_ms, speculative_prefill
 
 Array = jax.Array
@@ -118,23 +118,22 @@ def attribute(records: Sequence[Mapping[str, Any]], prefill: Mapping[int, tuple[
   missing = sorted({int(w) for w in widths} - set(prefill))
   if missing:
     raise ValueError(f"no prefill time for input widths {missing}")
-  # The run's costs are one measurement, written on every record.
-  cost = {k: float(np.median([r[k] for r in records]))
-          for k in ("c", "v", "interplay", "target_step_ms")}
+  # The run's round cost is one measurement, written on every record.
+  cost = RoundCost.from_record({k: float(np.median([r[k] for r in records]))
+                                for k in ("c", "v", "interplay", "target_step_ms")}, gamma)
   # α as the runner's summary counts it (accepted over accepted + rejected).
   accepted = sum(r["accepted"] for r in records)
   alpha = min(accepted / max(accepted + sum(r["rejected"] for r in records), 1), 1.0)
   tokens = np.array([r["tokens"] for r in records], float)
   base_tokens = np.array([r["baseline_tokens"] for r in records], float)
   calls = np.array([r["target_calls"] for r in records], float)
-  tau_theory = float(theory.expected_tokens(alpha, gamma))
+  tau_theory = cost.expected_tokens(alpha)
   tau = float(tokens.sum() / max(calls.sum(), 1.0))
-  per_round = gamma * cost["c"] + cost["v"]                   # in target steps
-  exp_v = tau_theory / per_round
-  exp_ctx = exp_v / cost["interplay"]
+  exp_v = float(cost.speedup(tau_theory))
+  exp_ctx = float(cost.speedup(tau_theory, in_context=True))
   exp_tau = exp_ctx * tau / tau_theory
-  s = cost["target_step_ms"]
-  round_ms = per_round * cost["interplay"] * s
+  s = cost.step_ms
+  round_ms = float(cost.steps(in_context=True)) * s
   pb = np.array([prefill[int(w)][0] for w in widths])
   ps = np.array([prefill[int(w)][1] for w in widths])
   model_base = pb + base_tokens * s

@@ -11,14 +11,14 @@ over γ = 1..γ_max, with α estimated on the warm-up examples or a held-out
 source (``specdec_jax.alpha``: Corollary 3.6's E[Σ_x min(p(x), q(x))] along
 the target's own outputs) and c(γ), v(γ) timed with the jitted pieces the loop
 runs, in context: the round's two models timed alternating, as a round runs
-them (``timing.Costs.interplay``), so γ c(γ) + v(γ) is a round timed whole,
+them (``theory.RoundCost.interplay``), so γ c(γ) + v(γ) is a round timed whole,
 in one-token steps.
 
 Each prediction carries a standard error, by first-order propagation through
 S (``theory.improvement_se``) of two measured errors: α's (over the warm-up
 sequences as clusters, never below the binomial sqrt(α(1 - α)/n),
 ``alpha.alpha_standard_error``) and the round's (the spread of the round /
-step ratio over the interleaved repeats, ``timing.Costs.round_se``; a round is
+step ratio over the interleaved repeats, ``theory.RoundCost.round_se``; a round is
 timed whole, so its error enters as the denominator's). The choice speculates
 only where that error cannot explain the gain: γ = 0 (plain decoding, the run
 decodes with the target alone) unless the best prediction beats 1 by more than
@@ -43,7 +43,8 @@ from specdec_jax.alpha import estimate_alpha
 from specdec_jax.decoding import cache_length
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.timing import Costs, measure_costs_many
+from specdec_jax.theory import RoundCost
+from specdec_jax.timing import measure_costs_many
 
 Array = jax.Array
 
@@ -65,15 +66,15 @@ class GammaChoice:
   alpha: float                       # Σmin(p, q) / tokens on the warm-up outputs
   tokens: int                        # tokens α was estimated on
   alpha_se: float                    # its standard error (``alpha.alpha_standard_error``)
-  c: dict[int, float]                # in context (``timing.Costs.c_in_context``)
-  v: dict[int, float]                # in context (``timing.Costs.v_in_context``)
+  c: dict[int, float]                # in context (``RoundCost.c_in_context``)
+  v: dict[int, float]                # in context (``RoundCost.v_in_context``)
   round_se: dict[int, float]         # s.e. of γ c + v, the round timed whole
   predicted: dict[int, float]        # v-generalized Theorem 3.8 per γ
   predicted_se: dict[int, float]     # its standard error (``theory.improvement_se``)
   gap_se: dict[int, float]           # s.e. of predicted[argmax] - predicted[γ]
   argmax: int                        # the curve's argmax
   # The one cost measurement behind the choice, per γ: the run's costs too.
-  costs: dict[int, Costs] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+  costs: dict[int, RoundCost] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   @property
   def plain(self) -> bool:
@@ -100,10 +101,10 @@ class GammaChoice:
                per("predicted_se"), per("gap_se"), record["argmax"])
 
 
-def in_context_costs(costs: dict[int, Costs], gammas: Sequence[int]
+def in_context_costs(costs: dict[int, RoundCost], gammas: Sequence[int]
                      ) -> tuple[dict[int, float], dict[int, float], dict[int, float]]:
   """(c, v, round_se) per γ with the two models timed alternating, as a round
-  runs them (``timing.Costs.interplay``): γ c + v is the round timed whole, in
+  runs them (``RoundCost.interplay``): γ c + v is the round timed whole, in
   one-token steps, and ``round_se`` its standard error. The interplay grows
   with γ where the draft's steps evict the target's weights, so ignoring it
   favours long γ."""
@@ -112,7 +113,7 @@ def in_context_costs(costs: dict[int, Costs], gammas: Sequence[int]
   return c, v, {g: costs[g].round_se for g in gammas}
 
 
-def decide(alpha: float, tokens: int, alpha_se: float, costs: dict[int, Costs],
+def decide(alpha: float, tokens: int, alpha_se: float, costs: dict[int, RoundCost],
            gamma_max: int) -> GammaChoice:
   """The choice from α (``tokens``, ``alpha_se``) and ``costs`` for γ =
   1..γ_max, by the rule in this module's docstring: plain decoding unless
@@ -134,7 +135,7 @@ def decide(alpha: float, tokens: int, alpha_se: float, costs: dict[int, Costs],
 def choose_gamma(target: T5Model, params: Any, draft: Any,
                  batches: Sequence[tuple[Array, int]], key: Array, sampling: SamplingConfig,
                  max_decode_len: int, gamma_max: int, partitioner: Any = None,
-                 costs: Optional[dict[int, Costs]] = None, repeats: int = 15) -> GammaChoice:
+                 costs: Optional[dict[int, RoundCost]] = None, repeats: int = 15) -> GammaChoice:
   """α on ``batches`` (the warm-up examples, see ``alpha.estimate_alpha``),
   c(γ) and v(γ) for γ = 1..γ_max (timed on the first batch, ``repeats``
   interleaved repeats, at the loop's cache length for γ_max), and the choice

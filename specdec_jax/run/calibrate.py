@@ -21,43 +21,42 @@ from specdec_jax.decoding import cache_length
 from specdec_jax.run import account, autogamma, logs
 from specdec_jax.run.programs import Programs, batch_indices, pad_batch
 from specdec_jax.run.setup import Setup
-from specdec_jax.timing import Costs, block, measure_costs_many, warm_up_widths
+from specdec_jax.theory import RoundCost
+from specdec_jax.timing import block, measure_costs_many, warm_up_widths
 
 Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-  """What the timed loop writes beside each example's own measurements.
+  """What the timed loop writes beside each example's own measurements (the
+  run's γ is its programs', ``Programs.gamma``).
 
-  gamma: draft tokens per round (0: plain decoding; a tree run's scored
-    positions less one).
   gamma_auto: ``autogamma.GammaChoice.as_record()`` for gamma='auto', else None.
-  costs: c, v, the step and verification times and the interplay
-    (``report.COST_KEYS``), measured at ``gamma`` (plain decoding: at the γ
-    the choice found best, the costs that ruled speculation out); with
-    gamma='auto', taken from the measurement the choice was made with.
+  costs: the round's cost (``theory.RoundCost``: c, v, the step time, the
+    interplay), measured at the run's γ (plain decoding: at the γ the choice
+    found best, the costs that ruled speculation out); with gamma='auto', taken
+    from the measurement the choice was made with.
   prefill: input width -> (baseline ms, speculative ms) before the first step.
   """
 
-  gamma: int
   gamma_auto: Optional[dict]
-  costs: dict[str, float]
+  costs: RoundCost
   prefill: dict[int, tuple[float, float]]
 
 
 def gamma_of_run(setup: Setup, records: Sequence[dict], root: Array
                  ) -> tuple[int, Optional[autogamma.GammaChoice]]:
   """(γ, gamma='auto''s choice or None) for this run: the fixed one, the
-  tree's positions less one, the one an earlier part of this run chose
+  tree's positions less one (``Experiment.gamma_max``), the one an earlier part of this run chose
   (resume: without costs), or ``autogamma.choose_gamma`` on the held-out
   inputs (``Setup.held_out``) or else the warm-up examples, with the costs
-  timed here (``costs_many`` at γ = 1..auto_gamma_max), which ``calibrate``
+  timed here (``costs_many`` at γ = 1..γ_max), which ``calibrate``
   then records: the choice and the run's prediction use one measurement.
   0 is plain decoding."""
   exp = setup.exp
   if exp.tree_shape is not None:
-    return exp.verify_gamma, None
+    return exp.gamma_max, None
   if exp.gamma != "auto":
     return exp.gamma, None
   if records:
@@ -71,11 +70,11 @@ def gamma_of_run(setup: Setup, records: Sequence[dict], root: Array
   batches = [(place(x), rows) for x, rows in alpha.alpha_batches(inputs, n, exp.batch_size)]
   logging.info("Choosing γ (§3.5): α along the target's outputs for %d example%s, then c and v "
                "for γ = 1..%d (each compiled once)…", n, "s" if n != 1 else "",
-               exp.auto_gamma_max)
+               exp.gamma_max)
   choice = autogamma.choose_gamma(setup.target, setup.target_params, setup.draft, batches, root,
-                                  exp.sampling, exp.max_decode_len, exp.auto_gamma_max,
+                                  exp.sampling, exp.max_decode_len, exp.gamma_max,
                                   setup.partitioner,
-                                  costs=costs_many(setup, range(1, exp.auto_gamma_max + 1)))
+                                  costs=costs_many(setup, range(1, exp.gamma_max + 1)))
   return choice.gamma, choice
 
 
@@ -138,7 +137,7 @@ def warm_up(setup: Setup, progs: Programs, root: Array) -> float:
   return min(done.values()) / (1 if progs.plain else 2)
 
 
-def costs_many(setup: Setup, gammas: Sequence[int]) -> dict[int, Costs]:
+def costs_many(setup: Setup, gammas: Sequence[int]) -> dict[int, RoundCost]:
   """``timing.measure_costs_many`` at each γ in ``gammas`` (one interleaved
   measurement) on the run's first input, at the loop's cache length for the
   largest γ, placed as the run's partitioner places the loops' arrays."""
@@ -150,19 +149,14 @@ def costs_many(setup: Setup, gammas: Sequence[int]) -> dict[int, Costs]:
                             repeats=exp.cost_repeats, partitioner=setup.partitioner)
 
 
-def costs_at(setup: Setup, gamma: int, measured: Optional[dict[int, Costs]] = None
-             ) -> dict[str, float]:
-  """c and v at ``gamma`` with the step times behind them, in the form every
-  line carries: from ``measured`` where it holds ``gamma`` (the choice's
-  measurement), else timed now (``costs_many``)."""
+def costs_at(setup: Setup, gamma: int, measured: Optional[dict[int, RoundCost]] = None
+             ) -> RoundCost:
+  """The round's cost at ``gamma``: from ``measured`` where it holds
+  ``gamma`` (the choice's measurement), else timed now (``costs_many``)."""
   c = (measured or {}).get(gamma) or costs_many(setup, [gamma])[gamma]
-  costs = {"c": c.c, "v": c.v, "target_step_ms": 1e3 * c.target_step_s,
-           "verify_ms": 1e3 * c.verify_s, "draft_token_ms": 1e3 * c.draft_token_s,
-           "interplay": c.interplay}
   logging.info("Costs: c %.3f, v %.2f (target step %.2f ms, verification %.2f ms, draft "
-               "token %.3f ms), interplay %.2f", c.c, c.v, costs["target_step_ms"],
-               costs["verify_ms"], costs["draft_token_ms"], c.interplay, extra=logs.DETAIL)
-  return costs
+               "token %.3f ms), interplay %.2f", *c.record().values(), extra=logs.DETAIL)
+  return c
 
 
 def prefill(setup: Setup, todo: Sequence[int], gamma: int, plain: bool
@@ -214,5 +208,7 @@ def calibrate(setup: Setup, progs: Programs, gamma_auto: Optional[autogamma.Gamm
                "" if reused is not None else "c, v and ", pieces, setup.exp.cost_repeats,
                pieces * pace / 2)
   costs = costs_at(setup, cost_gamma, reused)
-  return Calibration(progs.gamma, None if gamma_auto is None else gamma_auto.as_record(), costs,
+  if setup.exp.tree_shape is not None:   # a tree's round: one draft call per depth
+    costs = dataclasses.replace(costs, draft_calls=setup.exp.tree_shape.max_depth)
+  return Calibration(None if gamma_auto is None else gamma_auto.as_record(), costs,
                      prefill(setup, todo, cost_gamma, progs.plain))

@@ -175,7 +175,7 @@ def measured(per_gamma: dict, gamma: int, collectives_us: Optional[float]) -> Si
   the run's γ)."""
   at = per_gamma[gamma]
   v = {1: 1.0, **{g + 1: per_gamma[g].v for g in sorted(per_gamma)}}
-  return Side(1e3 * at.target_step_s, v, 1e3 * at.draft_token_s, at.c, collectives_us)
+  return Side(at.step_ms, v, at.c * at.step_ms, at.c, collectives_us)
 
 
 def model_side(exp: Experiment, topology: str) -> tuple[dry_run_programs.RunDryRun, list[str]]:
@@ -301,8 +301,8 @@ def theorem_speedups(side: Side, alpha: float, gamma: int) -> tuple[Optional[flo
   """Theorem 3.8 at ``alpha``, ``gamma`` and the side's c: (v = 1, with v(γ+1))."""
   if side.c is None:
     return None, None
-  return (float(theory.walltime_improvement(alpha, gamma, side.c)),
-          float(theory.walltime_improvement(alpha, gamma, side.c, side.v[gamma + 1])))
+  cost = theory.RoundCost(gamma, side.c, side.v[gamma + 1])
+  return cost.predicted(alpha, with_v=False), cost.predicted(alpha)
 
 
 def solve_op_seconds(rl: Roofline, c: float) -> float:
@@ -476,7 +476,7 @@ def main(exp: Experiment, flag: str, workdir: str, dry_run: Optional[str] = None
   topology = topology_of(devices) if flag == AUTO else flag
   logging.info("Compiling the row's pieces for %s (the dry run's cost model)…", topology)
   r, notes = model_side(exp, topology)
-  gamma = r.gamma
+  gamma = r.exp.gamma_max
   logging.info("Loading the target and the draft…")
   setup = load_models(exp, load_data(exp))
   logging.info("Timing c and v for γ = 1..%d on %s (%d interleaved repeats), then the "

@@ -71,7 +71,7 @@ from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
 from specdec_jax.run.report import alpha_row, conclusion, summarize, summarize_alpha, table2_row
 from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
 from specdec_jax.run.setup import check_before_loading, estimate_bytes, load_data, load_models
-from specdec_jax.run.workdir import Workdir
+from specdec_jax.run.workdir import Workdir, release_holds
 
 # ---------------------------------------------------------------- main
 
@@ -300,6 +300,8 @@ def cli(argv: Sequence[str]) -> int:
       traceback.print_exc()
     print(f"error: {_message(e)}", file=sys.stderr)
     return 2
+  finally:
+    release_holds()  # the workdir's writer hold, at any end
 
 
 def run_args(args: Sequence[str]) -> int:

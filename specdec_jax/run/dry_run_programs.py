@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -59,7 +60,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.layout import Format, Layout
 
-from specdec_jax import data, drafts, memory, paper, partitioning, theory
+from specdec_jax import data, drafts, memory, paper, partitioning
 from specdec_jax.decoding import (cache_length, speculative_decode, temperature_sample,
                                   tree_speculative_decode)
 from specdec_jax.drafts.base import tree_proposal
@@ -73,6 +74,7 @@ from specdec_jax.alpha import min_pq_along
 from specdec_jax.run.settings import Experiment, is_remote
 from specdec_jax.run.setup import check_partitioning, estimate_bytes
 from specdec_jax.sampling import SamplingConfig
+from specdec_jax.theory import RoundCost
 from specdec_jax.measured import DEMO_RANK_PROFILE
 from specdec_jax.tree import TreeShape, scaled_rank_rates
 
@@ -329,7 +331,7 @@ def lower_tree_pass(cfg: T5Config, part: Optional[Partitioner], device: Any, exp
 def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
   """Program name -> a thunk lowering it on abstract arrays."""
   exp, device, tp, dp = ctx.settings, ctx.device, ctx.target_part, ctx.draft_part
-  gamma = exp.gamma_bound
+  gamma = exp.gamma_max
   target = T5Model(ctx.target_config)
   b, s, t = exp.batch_size, exp.max_input_len, exp.max_decode_len
   tparams = abstract_params(ctx.target_config, tp, exp.param_dtype, device)
@@ -372,7 +374,7 @@ def piece_compiles(ctx: Context, widths: Optional[Sequence[int]] = None,
   default 1 .. γ+1) and a draft step, each at decoder depths
   ``PIECE_DEPTHS`` (keys (role, depth, k)); ``roles``: which of the two."""
   exp, device = ctx.settings, ctx.device
-  gamma, tree = exp.gamma_bound, exp.tree_shape
+  gamma, tree = exp.gamma_max, exp.tree_shape
   cache_len = cache_length(exp.max_decode_len, gamma)
   if widths is None:  # a tree run: a one-position pass and the tree's own pass
     widths = (1, gamma + 1) if tree is not None else tuple(range(1, gamma + 2))
@@ -404,7 +406,7 @@ def _estimates(ctx: Context) -> dict[str, int]:
   exp = ctx.settings
   plan = memory.plan(ctx.target_config, ctx.draft_config, exp.mesh_shape, exp.param_dtype,
                      exp.dtype, exp.batch_size, exp.max_input_len, exp.max_decode_len,
-                     exp.gamma_bound, exp.logical_axis_rules, exp.draft_logical_axis_rules,
+                     exp.gamma_max, exp.logical_axis_rules, exp.draft_logical_axis_rules,
                      exp.partition_fallback, draft_quant(exp))
   part = memory.planning_partitioner(exp.mesh_shape, exp.logical_axis_rules,
                                      exp.partition_fallback)
@@ -431,10 +433,6 @@ class RunDryRun(DryRun):
     return self.ctx.settings
 
   @property
-  def gamma(self) -> int:
-    return self.exp.gamma_bound
-
-  @property
   def target_config(self) -> T5Config:
     return self.ctx.target_config
 
@@ -442,34 +440,44 @@ class RunDryRun(DryRun):
   def draft_config(self) -> Optional[T5Config]:
     return self.ctx.draft_config
 
-  def predicted(self, with_v: bool = False) -> Optional[float]:
-    """Theorem 3.8 at the paper's α with the model's c (and v(γ + 1) with
-    ``with_v``); for a tree run its tree form (``Roofline.tree_speedup``, the
-    tree pass always priced) at rank rates from the paper's α
-    (``tree.scaled_rank_rates``, an assumption)."""
+  def round_cost(self) -> Optional[RoundCost]:
+    """The modelled round (``Roofline.round_cost``: a chain at γ, or the run's
+    tree); None where the model prices no row (``_priced``)."""
     if not self._priced():
       return None
-    if self.exp.tree_shape is not None:
-      return self.roofline.tree_speedup(self.exp.tree_shape, self._rank_rates())
-    return self.roofline.speedup(self.paper.alpha, self.gamma, with_v)
+    tree = self.exp.tree_shape
+    return self.roofline.round_cost(self.exp.gamma_max) if tree is None else \
+        self.roofline.tree_round_cost(tree)
+
+  def tokens_per_round(self) -> float:
+    """Expected tokens per round at the paper's α: Eq. (1) for a chain; for a
+    tree at rank rates from that α (``tree.scaled_rank_rates``, an
+    assumption)."""
+    tree = self.exp.tree_shape
+    if tree is None:
+      return self.round_cost().expected_tokens(self.paper.alpha)
+    return tree.expected_tokens(scaled_rank_rates(self.paper.alpha, DEMO_RANK_PROFILE))
+
+  def predicted(self, with_v: bool = False) -> Optional[float]:
+    """Theorem 3.8 at the paper's α with the model's c (and v(γ + 1) with
+    ``with_v``); for a tree run its tree form (the tree pass always priced)."""
+    cost = self.round_cost()
+    if cost is None:
+      return None
+    return float(cost.speedup(self.tokens_per_round(),
+                              with_v=with_v or self.exp.tree_shape is not None))
 
   def speculative_ms_per_token(self) -> Optional[float]:
     """The model's milliseconds per token at the paper's α (a tree run: at
-    rank rates from it, ``tree.scaled_rank_rates``)."""
-    if not self._priced():
-      return None
-    if self.exp.tree_shape is not None:
-      return self.roofline.tree_ms_per_token(self.exp.tree_shape, self._rank_rates())
-    return self.roofline.speculative_ms_per_token(self.paper.alpha, self.gamma)
+    rank rates from it)."""
+    cost = self.round_cost()
+    ms = math.nan if cost is None else cost.ms_per_token(self.tokens_per_round())
+    return None if math.isnan(ms) else ms
 
   def _priced(self) -> bool:
     """Whether the model prices this row: a roofline with a draft and a paper row."""
     return self.roofline is not None and self.paper is not None and \
         self.roofline.draft is not None
-
-  def _rank_rates(self) -> list[float]:
-    """A tree run's rank rates at the paper's α (``tree.scaled_rank_rates``)."""
-    return scaled_rank_rates(self.paper.alpha, DEMO_RANK_PROFILE)
 
   def settings_lines(self) -> list[str]:
     e, s = self.exp, self.exp.sampling
@@ -480,9 +488,9 @@ class RunDryRun(DryRun):
       draft += f" (kernels {draft_quant(e)}, per-channel scales)"
     return [f"target {e.target_preset or 'from config.json'}, {draft}; {mesh}; weights "
             f"{e.param_dtype}, activations {e.dtype}; batch {e.batch_size}, input "
-            f"{e.max_input_len}, decode {e.max_decode_len}, γ {self.gamma}"
+            f"{e.max_input_len}, decode {e.max_decode_len}, γ {e.gamma_max}"
             + (" (γ_max; adaptive widths "
-               f"{e.adaptive.verify_widths(self.gamma)})" if e.adaptive else "")
+               f"{e.adaptive.verify_widths(e.gamma_max)})" if e.adaptive else "")
             + (" ('auto' compiles the γ it picks; this is its largest)"
                if e.gamma == "auto" else "")
             + f", temperature {s.temperature:g}",
@@ -555,11 +563,11 @@ def prediction_lines(r: RunDryRun) -> list[str]:
   caveat = "" if e.target_preset == "t5_1_1_xxl" else (
       " (the paper's α is for T5 1.1 XXL with this draft size; these models differ)")
   spec_ms = r.speculative_ms_per_token()
-  paper_theorem = float(theory.walltime_improvement(row.alpha, row.gamma, row.c))
+  paper_theorem = row.theorem()
   tree = e.tree_shape
   if tree is None:
     theorem = (f"  Theorem 3.8 at the paper's α = {row.alpha} (Table 3){caveat}, "
-               f"γ = {r.gamma}: predicted {r.predicted():.2f}x (with v({r.gamma + 1}): "
+               f"γ = {e.gamma_max}: predicted {r.predicted():.2f}x (with v({e.gamma_max + 1}): "
                f"{r.predicted(True):.2f}x)")
   else:
     rates = scaled_rank_rates(row.alpha, DEMO_RANK_PROFILE)
@@ -574,7 +582,7 @@ def prediction_lines(r: RunDryRun) -> list[str]:
            f"  Side by side, model on {r.num_devices} {r.chip.label} chip(s) | the paper on "
            f"one {paper.CHIP}:",
            f"    ms/token: baseline {base_ms:.3f}, speculative {spec_ms:.3f} (α {row.alpha}, "
-           + (f"γ {r.gamma}, with v" if tree is None else f"{tree.num_nodes}-node tree")
+           + (f"γ {e.gamma_max}, with v" if tree is None else f"{tree.num_nodes}-node tree")
            + ") | not published",
            f"    c: {rl.c():.4f} | {row.c} (Table 4)",
            f"    speedup: {r.predicted():.2f}x (Theorem 3.8 at the model's c) | measured "

@@ -51,21 +51,22 @@ def counts_of(setup: Setup, progs: Programs, out: Any) -> RowCounts:
   return RowCounts.of_chain(hosts.to_host(out.stats))
 
 
-def run_info(exp: Experiment, cal: Calibration) -> dict[str, Any]:
-  """What every line of a run carries about the run itself: its costs and γ
-  (with gamma='auto' the choice behind it), or its tree."""
+def run_info(exp: Experiment, gamma: int, cal: Calibration) -> dict[str, Any]:
+  """What every line of a run carries about the run itself: its round's cost
+  (``theory.RoundCost.record``) and γ (with gamma='auto' the choice behind
+  it), or its tree."""
   if exp.tree_shape is not None:
     kind = {"tree": exp.tree, "tree_nodes": exp.tree_shape.num_nodes,
             "tree_depth": exp.tree_shape.max_depth}
   else:
-    kind = {"gamma": cal.gamma, **({} if cal.gamma_auto is None
-                                   else {"gamma_auto": cal.gamma_auto})}
-  return {**cal.costs, **kind}
+    kind = {"gamma": gamma, **({} if cal.gamma_auto is None
+                               else {"gamma_auto": cal.gamma_auto})}
+  return {**cal.costs.record(), **kind}
 
 
 def example_line(setup: Setup, i: int, j: int, x: np.ndarray, seconds: tuple[float, float],
-                 outputs: tuple[Any, Any], counts: RowCounts, cal: Calibration,
-                 batch_size: int) -> dict[str, Any]:
+                 outputs: tuple[Any, Any], counts: RowCounts, progs: Programs,
+                 cal: Calibration, batch_size: int) -> dict[str, Any]:
   """Example ``i``'s line: row ``j`` of a batch x [B, S] of ``batch_size``
   real rows that took ``seconds`` (baseline, speculative) and gave
   ``outputs`` ((tokens [B, T], length [B]) of each, on the host)."""
@@ -86,7 +87,7 @@ def example_line(setup: Setup, i: int, j: int, x: np.ndarray, seconds: tuple[flo
       "mode": "speculative", "input_width": width,
       "prefill_baseline_ms": cal.prefill[width][0],
       "prefill_speculative_ms": cal.prefill[width][1],
-      **run_info(setup.exp, cal),
+      **run_info(setup.exp, progs.gamma, cal),
   }
 
 
@@ -137,8 +138,8 @@ def run_speculative(setup: Setup, workdir: Workdir) -> dict:
     counts = counts_of(setup, progs, spec)
     outputs = hosts.to_host(((base.tokens, base.length), (spec.tokens, spec.length)))
     for j, i in enumerate(rows):
-      workdir.append(example_line(setup, i, j, x, (base_s, spec_s), outputs, counts, cal,
-                                  len(rows)))
+      workdir.append(example_line(setup, i, j, x, (base_s, spec_s), outputs, counts, progs,
+                                  cal, len(rows)))
     processed += len(rows)
     s = summarize(exp, workdir.records)
     progress.update(len(workdir.records), _progress_text(s, eta.update(processed)))
@@ -163,7 +164,7 @@ def min_pq_sums(setup: Setup, x: Any, key: Any) -> tuple[Any, Any, Any]:
   if getattr(setup.draft, "wants_target_states", False):
     # Its q depends on where rounds start (the staleness of the target state
     # it reads), so α is measured in the engine's own rounds at γ.
-    return alpha.min_pq_in_rounds(target, tparams, setup.draft, x, key, exp.gamma_bound,
+    return alpha.min_pq_in_rounds(target, tparams, setup.draft, x, key, exp.gamma_max,
                                   exp.max_decode_len, exp.sampling, setup.partitioner)
   out = temperature_sample(target, tparams, x, key, max_decode_len=exp.max_decode_len,
                            sampling=exp.sampling, eos_id=target.config.eos_id,

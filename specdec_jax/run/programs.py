@@ -40,8 +40,9 @@ class Programs:
   and a key, each returning tokens [B, max_decode_len], length [B] and (the
   speculative one) its statistics.
 
-  gamma: draft tokens per round of ``speculative``; a tree run's scored
-    positions less one (``Experiment.verify_gamma``); 0 for plain decoding,
+  gamma: THE run's γ once chosen, as every line records it: draft tokens per
+    round of ``speculative`` (γ_max for adaptive rounds); a tree run's scored
+    positions less one (``Experiment.gamma_max``); 0 for plain decoding,
     where ``speculative`` is the baseline itself (gamma='auto' found no γ
     that pays).
   """

@@ -11,11 +11,12 @@ import sys
 import jax
 import numpy as np
 
-from specdec_jax import theory
 from specdec_jax.run import account
 from specdec_jax.run.settings import Experiment
+from specdec_jax.theory import RoundCost
 
-COST_KEYS = ("c", "v", "target_step_ms", "verify_ms", "draft_token_ms", "interplay")
+# A round's cost as the lines and summary.json carry it (``RoundCost.record``).
+COST_KEYS = RoundCost.RECORD_KEYS
 
 
 def summarize(exp: Experiment, records: list[dict]) -> dict:
@@ -50,7 +51,8 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   # Theorem 3.8 is for a fixed γ ≥ 1 chain: adaptive, tree and plain runs have no prediction.
   fixed = (bool(records) and not math.isnan(summary["alpha"]) and exp.adaptive is None
            and not exp.tree and gamma != 0)
-  summary.update(_predictions(summary, costs, gamma if fixed else None))
+  summary.update(_predictions(summary["alpha"], RoundCost.from_record(costs, gamma)
+                              if fixed else None))
   whole = None
   if fixed and exp.batch_size == 1 and all("prefill_speculative_ms" in r for r in records):
     # ... and with each example's prefill: the whole-run prediction (``account``).
@@ -109,7 +111,7 @@ def _adaptive(exp: Experiment, records: list[dict]) -> dict:
           "adaptive_skip_below": a.skip_below, "adaptive_confidence": a.confidence,
           "gamma_hist": hist.tolist(),       # rounds that proposed j tokens, at j
           "mean_gamma": float(np.dot(np.arange(len(hist)), hist) / max(hist.sum(), 1)),
-          "gamma_label": (f"≤{exp.gamma} {a.rule}"
+          "gamma_label": (f"≤{exp.gamma_max} {a.rule}"
                           + (f" {a.threshold:g}" if a.threshold is not None else "")
                           + (f" skip {a.skip_below:g}" if a.skip_below is not None else "")
                           + (" drawn" if a.confidence == "drawn" else ""))}
@@ -125,23 +127,21 @@ def _tree(exp: Experiment, records: list[dict]) -> dict:
           "gamma_label": f"tree {exp.tree}"}
 
 
-def _predictions(s: dict, costs: dict[str, float], gamma: int | None) -> dict:
-  """Theorem 3.8 at the run's α and a fixed ``gamma`` (None: no prediction)
-  three ways: with c alone, with the verification cost v, and with both timed
-  alternating as in a round (``timing.Costs.interplay``: what is left between
-  this and SPEED is the engine's own per-round work and the finite length of
-  the outputs); and Eq. (1)'s tokens per target call, which the measured count
-  falls short of where acceptances are not independent or rounds stop at EOS
-  (``account`` has the whole account)."""
-  if gamma is None:
+def _predictions(alpha: float, round_cost: RoundCost | None) -> dict:
+  """Theorem 3.8 at the run's α for a fixed-γ round (``RoundCost.predicted``;
+  None: no prediction) three ways: with c alone, with the verification cost
+  v, and with both timed alternating as in a round (``RoundCost.interplay``:
+  what is left between this and SPEED is the engine's own per-round work and
+  the finite length of the outputs); and Eq. (1)'s tokens per target call,
+  which the measured count falls short of where acceptances are not
+  independent or rounds stop at EOS (``account`` has the whole account)."""
+  if round_cost is None:
     return dict.fromkeys(("expected_speedup", "expected_speedup_v",
                           "expected_speedup_in_context", "tokens_per_target_call_eq1"))
-  a, c, v, f = min(s["alpha"], 1.0), costs["c"], costs["v"], costs["interplay"]
-  return {"expected_speedup": float(theory.walltime_improvement(a, gamma, c)),
-          "expected_speedup_v": float(theory.walltime_improvement(a, gamma, c, v)),
-          "expected_speedup_in_context": float(theory.walltime_improvement(a, gamma, c * f,
-                                                                           v * f)),
-          "tokens_per_target_call_eq1": float(theory.expected_tokens(a, gamma))}
+  return {"expected_speedup": round_cost.predicted(alpha, with_v=False),
+          "expected_speedup_v": round_cost.predicted(alpha),
+          "expected_speedup_in_context": round_cost.predicted(alpha, in_context=True),
+          "tokens_per_target_call_eq1": round_cost.expected_tokens(min(alpha, 1.0))}
 
 
 def _gamma_words(s: dict) -> str:
@@ -278,8 +278,8 @@ def slowdown_reason(s: dict) -> str:
   """Why a run that was slower than the baseline was, in plain words from
   its summary: the verification cost v of scoring γ + 1 positions (in
   one-token steps), the draft's cost c, α, and Theorem 3.8's prediction with
-  them (v-generalized, ``theory.walltime_improvement``); where that is above
-  1, the interplay of the two models in a round (``timing.Costs.interplay``)
+  them (v-generalized, ``theory.RoundCost.predicted``); where that is above
+  1, the interplay of the two models in a round (``RoundCost.interplay``)
   or else what the theorem leaves out (per-round work, prefill)."""
   tree = bool(s.get("tree"))
   text = _cost_words(s["tree_nodes"] if tree else s["gamma"] + 1, s["v"], s["c"])

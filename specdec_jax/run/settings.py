@@ -87,7 +87,9 @@ class Experiment(PairSettings):
   prompt_lookup_max_ngram: int = 3
   # Sampling (§2.2): bind ``SamplingConfig.temperature`` / ``.topk`` / ``.topp``.
   sampling: SamplingConfig = dataclasses.field(default_factory=lambda: sampling_config())
-  gamma: Union[int, str] = 5                 # draft tokens per round, or 'auto' (§3.5)
+  # Draft tokens per round, or 'auto' (§3.5: chosen ≤ auto_gamma_max); with
+  # ``adaptive``, the most per round. ``gamma_max`` is that bound, whichever.
+  gamma: Union[int, str] = 5
   auto_gamma_max: int = 8                    # the largest γ that gamma='auto' considers
   # Where 'auto' estimates α: '' = the warm-up examples; else a held-out source
   # (a validation split: tuning γ on it keeps the timed examples untouched),
@@ -192,15 +194,11 @@ class Experiment(PairSettings):
       raise ValueError(f"Experiment.lenience must be in (0, 1] (1 is exact), got {self.lenience}")
 
   def _check_fixed_positions(self) -> None:
-    """Fixed positions hold every target call: γ + 1 (γ_max + 1, 'auto''s
-    auto_gamma_max + 1) or the tree's node count."""
+    """Fixed positions hold every target call: γ_max + 1 (``gamma_max``)."""
     if not self.fixed_positions:
       return
-    if self.tree:
-      need, what = self.tree_shape.num_nodes, f"the tree's {self.tree_shape.num_nodes} nodes"
-    else:
-      g = self.auto_gamma_max if self.gamma == "auto" else self.gamma
-      need, what = g + 1, f"γ + 1 = {g + 1} positions"
+    need = self.gamma_max + 1
+    what = (f"the tree's {need} nodes" if self.tree else f"γ + 1 = {need} positions")
     if self.fixed_positions < need:
       raise ValueError(f"Experiment.fixed_positions = {self.fixed_positions} cannot hold {what} "
                        f"a target call scores: bind at least {need} (or 0: off)")
@@ -277,13 +275,6 @@ class Experiment(PairSettings):
     except ValueError as e:
       raise ValueError(f"Experiment.tree: {e}") from None
 
-  @property
-  def verify_gamma(self) -> int:
-    """Positions the target scores per round, minus one: γ for a chain,
-    N - 1 for a tree of N nodes (what c, v and the caches are sized by)."""
-    shape = self.tree_shape
-    return self.gamma if shape is None else shape.num_nodes - 1
-
   def check_types(self) -> None:
     """Each field has its annotated type (gin passes whatever the config says)."""
     hints = typing.get_type_hints(Experiment)
@@ -306,11 +297,14 @@ class Experiment(PairSettings):
                        f"got {value!r} ({type(value).__name__})")
 
   @property
-  def gamma_bound(self) -> int:
-    """The largest γ any round may use: what caches and memory are sized for
-    (with a tree, its N - 1: the target scores N positions per round)."""
+  def gamma_max(self) -> int:
+    """γ_max: the most proposals the target may score in one round, what
+    caches, memory and the dry run are sized for. A fixed
+    γ (adaptive rounds choose up to it), 'auto''s ``auto_gamma_max`` (it
+    chooses at most that), or a tree's N - 1 (the target scores its N nodes
+    per round). The run's own γ, once chosen, is ``run.programs.Programs.gamma``."""
     if self.tree:
-      return self.verify_gamma
+      return self.tree_shape.num_nodes - 1
     return self.auto_gamma_max if self.gamma == "auto" else self.gamma
 
   @property

@@ -75,7 +75,7 @@ def estimate_bytes(exp: Experiment, alpha_only: bool = False) -> dict[str, int]:
   if cfgs["target"] is None:
     return {}
   plan = memory.plan(cfgs["target"], cfgs["draft"], exp.mesh_shape, exp.param_dtype, exp.dtype,
-                     exp.batch_size, exp.max_input_len, exp.max_decode_len, exp.gamma_bound,
+                     exp.batch_size, exp.max_input_len, exp.max_decode_len, exp.gamma_max,
                      exp.logical_axis_rules, exp.draft_logical_axis_rules,
                      exp.partition_fallback,
                      pair.quantization_of_draft() if cfgs["draft"] is not None else None)
@@ -123,7 +123,7 @@ def partitioners(exp: Experiment) -> tuple[Optional[partitioning.Partitioner],
 def decode_shape(exp: Experiment) -> tuple[int, int, int]:
   """(rows, input length, self-attention cache length) of a decoding batch:
   what the mesh must divide besides the weights."""
-  return exp.batch_size, exp.max_input_len, cache_length(exp.max_decode_len, exp.gamma_bound)
+  return exp.batch_size, exp.max_input_len, cache_length(exp.max_decode_len, exp.gamma_max)
 
 
 def check_partitioning(exp: Experiment, target_part, draft_part) -> None:
@@ -252,8 +252,8 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
   draft = drafts.build(exp.draft_name, **build_kw)
   # Built-in drafts are tested elsewhere: trace them (free) but skip the run.
   drafts.check_interface(exp.draft_name, draft, jnp.asarray(d.inputs[:1].repeat(
-      exp.batch_size, 0)), target.config.vocab_size, exp.gamma_bound,
-      cache_length(exp.max_decode_len, exp.gamma_bound), exp.sampling,
+      exp.batch_size, 0)), target.config.vocab_size, exp.gamma_max,
+      cache_length(exp.max_decode_len, exp.gamma_max), exp.sampling,
       concrete=exp.draft_name not in drafts.BUILTIN, target_width=target.config.d_model)
   if exp.tree_shape is not None:
     drafts.check_tree(exp.draft_name, draft, exp.tree_shape)

@@ -175,7 +175,7 @@ def _time(base: Callable, spec: Mapping, examples: list, seed: int
 def _row(name: Any, label: str, g: int, adaptive: Optional[AdaptiveConfig], a: _Tally,
          c: Any, b_s: float, b_tok: int, sampling: SamplingConfig, n: int,
          choice: Any) -> dict:
-  """One row of ``gamma_sweep`` (``c``: the γ's ``timing.Costs``, None for plain
+  """One row of ``gamma_sweep`` (``c``: the γ's ``theory.RoundCost``, None for plain
   decoding, which has no α, costs or prediction)."""
   ev = max(a.acc + a.rej, 1)
   alpha = a.acc / ev

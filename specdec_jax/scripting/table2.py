@@ -31,6 +31,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from specdec_jax.run import cli
 from specdec_jax.run.settings import REPO_ROOT, Experiment
+from specdec_jax.run.workdir import WriterHold
 
 FAMILIES: Dict[str, str] = {
     "t5_1_0": "configs/table2_t5_1_0",   # public T5 1.0 checkpoints (gs://t5-data)
@@ -157,7 +158,23 @@ class Outcome:
 def run_rows(rows: Sequence[Row], overlays: Sequence[str], bindings: Sequence[str],
              say: Callable[[str], None] = print,
              run: Callable[[Sequence[str]], int] = run_process) -> Outcome:
-  """Runs each row not yet done, in order; stops at an interrupted one."""
+  """Runs each row not yet done, in order; stops at an interrupted one.
+
+  The rows' root (the folder of their workdirs) is held for the whole
+  command (``run.workdir.WriterHold``): a second command on the same root is
+  refused before any row runs, in one line naming the first."""
+  holds = []
+  try:
+    for root in sorted({str(r.workdir.parent) for r in rows}):
+      holds.append(WriterHold(root, "scripts/run_table2.py", flag="--root"))
+    return _run_rows(rows, overlays, bindings, say, run)
+  finally:
+    for hold in holds:
+      hold.release()
+
+
+def _run_rows(rows: Sequence[Row], overlays: Sequence[str], bindings: Sequence[str],
+              say: Callable[[str], None], run: Callable[[Sequence[str]], int]) -> Outcome:
   out = Outcome()
   settings = {r.name: row_settings([str(r.config), *overlays], bindings) for r in rows}
   for row in rows:  # every finished row checked before any runs

@@ -130,33 +130,30 @@ def sort_key(s: Dict[str, Any]) -> Tuple:
 
 Column = Tuple[str, Callable[[Dict[str, Any], Dict[str, Any]], str]]
 
-# Columns: (header, fn(summary, paper_row) -> cell).
-TABLE2_COLUMNS: List[Column] = [
-  ("TASK", lambda s, p: _fmt_plain(s.get("task"))),
-  ("family", lambda s, p: model_family(s)),
-  ("M_p", lambda s, p: _fmt_plain(s.get("target"))),
-  ("M_q", lambda s, p: _fmt_plain(s.get("draft"))),
-  ("TEMP", lambda s, p: _fmt_plain(s.get("temperature"))),
+# Columns: (header, fn(summary, paper_row) -> cell). Those both tables show:
+_TASK = ("TASK", lambda s, p: _fmt_plain(s.get("task")))
+_FAMILY = ("family", lambda s, p: model_family(s))
+_M_P = ("M_p", lambda s, p: _fmt_plain(s.get("target")))
+_M_Q = ("M_q", lambda s, p: _fmt_plain(s.get("draft")))
+_TEMP = ("TEMP", lambda s, p: _fmt_plain(s.get("temperature")))
+_PAPER_ALPHA = ("alpha (paper)", lambda s, p: _fmt(p.get("alpha"), 2))
+
+TABLE2_COLUMNS: List[Column] = [_TASK, _FAMILY, _M_P, _M_Q, _TEMP] + [
   ("gamma", lambda s, p: _fmt_plain(s.get("gamma_label") or s.get("gamma"))),
   ("alpha", lambda s, p: _fmt(s.get("alpha"), 2)),
   ("SPEED", lambda s, p: _fmt(s.get("speedup"), 2)),
   ("gamma (paper)", lambda s, p: _fmt_plain(p.get("gamma"))),
-  ("alpha (paper)", lambda s, p: _fmt(p.get("alpha"), 2)),
+  _PAPER_ALPHA,
   ("speed (paper)", lambda s, p: _fmt(p.get("speed"), 1)),
   ("examples", lambda s, p: _fmt_plain(s.get("num_examples"))),
   ("mismatches vs baseline", lambda s, p: _fmt_plain(s.get("mismatches_vs_baseline"))),
 ]
 
-TABLE3_COLUMNS: List[Column] = [
-  ("M_p", lambda s, p: _fmt_plain(s.get("target"))),
-  ("family", lambda s, p: model_family(s)),
-  ("TASK", lambda s, p: _fmt_plain(s.get("task"))),
-  ("M_q", lambda s, p: _fmt_plain(s.get("draft"))),
-  ("TEMP", lambda s, p: _fmt_plain(s.get("temperature"))),
+TABLE3_COLUMNS: List[Column] = [_M_P, _FAMILY, _TASK, _M_Q, _TEMP] + [
   ("alpha", lambda s, p: _fmt(s.get("alpha_min_pq"), 2)),
   ("tokens", lambda s, p: _fmt_plain(s.get("num_tokens"))),
   ("M_p (paper)", lambda s, p: _fmt_plain(p.get("target"))),
-  ("alpha (paper)", lambda s, p: _fmt(p.get("alpha"), 2)),
+  _PAPER_ALPHA,
 ]
 
 TABLE4_COLUMNS: List[Column] = [
