@@ -309,7 +309,7 @@ def test_every_step_runs_and_says_what_the_page_says(page_run):
 
   # Step 5: the dry run compiles for one v4 chip and prints memory against its 32 GiB.
   out, err = _output(page_run, 5, "python -m specdec_jax.run")
-  assert "32" in out and "GiB" in out, out[-3000:]
+  assert "32 GiB" in out and "v4:1x1x1" in out, out[-3000:]
 
   # Step 6: calibrate.json written; nothing decoded.
   out, _ = _output(page_run, 6, "python -m specdec_jax.run")
