@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.decoding import SpecOutput, speculative_decode, temperature_sample
+from specdec_jax.drafts.base import capabilities
 from specdec_jax.models.t5 import T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig, standardize
 
@@ -64,7 +65,7 @@ def min_pq_along(target: T5Model, params: Any, draft: Any, inputs: Array, tokens
   prefix; both standardized as in decoding (§2.2). Divided by the token count
   this is the α estimate of Corollary 3.6 (paper §4.2's method).
   """
-  if getattr(draft, "wants_target_states", False):
+  if capabilities(draft).target_states:
     raise ValueError("this draft reads the target's decoder states (feature bridge): its q "
                      "depends on where a round starts, so α is measured in the engine's "
                      "rounds (min_pq_in_rounds), not along fixed outputs")
@@ -88,6 +89,27 @@ def min_pq_in_rounds(target: T5Model, params: Any, draft: Any, inputs: Array, ke
                            eos_id=target.config.eos_id, partitioner=partitioner)
   return (out, np.asarray(out.stats.min_pq_sum),
           np.asarray(out.stats.evaluated_at).sum(1))
+
+
+def alpha_by_position_in_rounds(target: T5Model, params: Any, draft: Any,
+                                batches: Sequence[tuple[Array, int]], key: Array, gamma: int,
+                                sampling: SamplingConfig, max_decode_len: int,
+                                partitioner: Any = None) -> list[float]:
+  """α_i, i = 1..γ: the rate at which the engine's rounds at ``gamma``
+  accept proposal i given proposals 1..i−1 were accepted (``SpecStats``'s
+  accepted_at / evaluated_at over the batches' real rows; 0 where a position
+  was never evaluated). For a draft whose acceptance falls with the position
+  (a block draft, ``specdec_jax.drafts.t5_block``), where one α does not
+  describe a round."""
+  acc = np.zeros(gamma)
+  ev = np.zeros(gamma)
+  for i, (inputs, n) in enumerate(batches):
+    out = speculative_decode(target, params, draft, inputs, jax.random.fold_in(key, i),
+                             gamma=gamma, max_decode_len=max_decode_len, sampling=sampling,
+                             eos_id=target.config.eos_id, partitioner=partitioner)
+    acc += np.asarray(out.stats.accepted_at)[:n].sum(0)
+    ev += np.asarray(out.stats.evaluated_at)[:n].sum(0)
+  return [float(a / e) if e else 0.0 for a, e in zip(acc, ev)]
 
 
 def alpha_standard_error(sums: np.ndarray, tokens: np.ndarray) -> float:
@@ -121,7 +143,7 @@ def estimate_alpha(target: T5Model, params: Any, draft: Any,
   rounds at ``rounds_gamma`` instead (``min_pq_in_rounds``; tokens are then
   the evaluated positions)."""
   sums, lengths = [], []
-  in_rounds = bool(getattr(draft, "wants_target_states", False))
+  in_rounds = capabilities(draft).target_states
   for i, (inputs, n) in enumerate(batches):
     k = jax.random.fold_in(key, i)
     if in_rounds:

@@ -126,3 +126,29 @@ def test_registry():
     drafts.build("nope")
   with pytest.raises(ValueError, match="already registered"):
     drafts.register("t5")(lambda **_: None)
+
+
+CAPABILITY_NAMES = ("init_with_target", "wants_target_states", "commit_with_target",
+                    "propose_adaptive", "propose_tree", "commit_tree", "tree_unsupported")
+
+
+def test_capabilities_are_asked_in_one_place():
+  """What the engine reads of each built-in draft, the defaults of a draft
+  with only init/propose/commit, and no module but drafts/base.py asking a
+  model for an optional method by name (getattr/hasattr)."""
+  from pathlib import Path  # pylint: disable=g-import-not-at-top
+  from specdec_jax.drafts.base import Capabilities, capabilities  # pylint: disable=g-import-not-at-top
+  pl = drafts.build("prompt_lookup", vocab_size=V)
+  assert capabilities(pl) == Capabilities(propose_adaptive=True, propose_tree=True,
+                                          tree_unsupported=True)
+  assert capabilities(drafts.build("unigram", corpus=[[2, 3]], vocab_size=V)) == Capabilities()
+  t5 = drafts.T5Draft
+  assert all(callable(getattr(t5, n)) for n in ("init_with_target", "propose_adaptive",
+                                                "propose_tree", "commit_tree"))
+  pkg = Path(drafts.__file__).resolve().parent.parent
+  asking = [f"{path.relative_to(pkg)}:{i}" for path in pkg.rglob("*.py")
+            if path.name != "base.py" or path.parent.name != "drafts"
+            for i, line in enumerate(path.read_text().splitlines(), 1)
+            if ("getattr(" in line or "hasattr(" in line)
+            and any(f'"{n}"' in line or f"'{n}'" in line for n in CAPABILITY_NAMES)]
+  assert not asking, f"capabilities probed outside drafts/base.py: {asking}"

@@ -204,3 +204,28 @@ def test_bad_arguments(tiny_target, tiny_draft):
   with pytest.raises(ValueError, match="vocab"):
     speculative_decode(model, params, drafts.build("prompt_lookup", vocab_size=65), INPUTS, KEY,
                        gamma=2, max_decode_len=MAX_LEN)
+
+
+def test_the_loops_reach_the_target_through_its_five_methods():
+  """Every call the decoding package makes on a target (``target.X(``,
+  ``model.X(``, ``loop.target.X(``, ``self.target.X(``) is one of
+  ``TargetModel``'s five methods; the rest is derived in models/base.py,
+  whose functions call only those five too."""
+  import ast  # pylint: disable=g-import-not-at-top
+  import inspect  # pylint: disable=g-import-not-at-top
+  from pathlib import Path  # pylint: disable=g-import-not-at-top
+  from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
+  from specdec_jax.models import base  # pylint: disable=g-import-not-at-top
+  methods = {n for n, _ in inspect.getmembers(base.TargetModel, inspect.isfunction)
+             if not n.startswith("_")}
+  assert methods == {"encode", "init_cache", "decode", "read_rows", "write_rows"}
+  files = list(Path(decoding.__file__).parent.glob("*.py")) + [Path(base.__file__)]
+  called = set()
+  for path in files:
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        owner = node.func.value
+        name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+        if name in ("target", "model"):
+          called.add(node.func.attr)
+  assert "decode" in called and called <= methods, called - methods

@@ -175,8 +175,8 @@ def test_command_buffer_loops_decode_the_same(tiny_target, tiny_draft):
   """The loops compiled with command buffers (forced as for a GPU backend;
   the CPU compiler accepts and ignores the GPU options) are the same
   programs: same tokens. Off, or on another backend, the loop is itself."""
-  from specdec_jax.decoding import (command_buffer_options,  # pylint: disable=g-import-not-at-top
-                                    with_command_buffers)
+  from specdec_jax.run.programs import (  # pylint: disable=g-import-not-at-top
+      command_buffer_options, with_command_buffers)
   model, params = tiny_target
   draft = drafts.build("t5", model=tiny_draft[0], params=tiny_draft[1])
   inputs = jax.random.randint(jax.random.PRNGKey(1), (2, 6), 2, 64)

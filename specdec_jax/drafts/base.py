@@ -19,78 +19,24 @@ leaves, configuration as static fields) with three pure methods:
   the model's business (the T5 draft needs nothing: its cache is indexed by
   position and a query only reads positions before it).
 
-Optionally, to reuse the target's prefill:
-
-* ``init_with_target(inputs, cache_len, target_encoded) -> state``: ``init``
-  given the target's encoder output [B, S, d_target] for ``inputs``, which the
-  engine computes anyway (``init_draft``); a draft that conditions on it (the
-  encoder bridge, ``specdec_jax.drafts.bridge``) then need not encode twice.
-
-Optionally, to read the target's decoder states (``specdec_jax.drafts.feature_bridge``):
-
-* ``wants_target_states`` (a bool attribute or property) and
-  ``commit_with_target(state, seq, length, hidden, positions) -> state``:
-  when the attribute is true the engine calls this in place of ``commit``,
-  with the target's final decoder states hidden [B, γ+1, d_target] of the
-  round's verification pass at decoder positions [B, γ+1] (-1: padding).
-  States at positions >= ``length`` are of rejected proposals; reading only
-  positions < length keeps the draft off the target's verdict on anything not
-  yet committed (exactness; docs/exactness.md, section 7).
-
-Optionally, for adaptive draft lengths (``decoding.AdaptiveConfig``):
-
-* ``propose_adaptive(state, seq, length, gamma, sampling, key, limit,
-  threshold, skip_below=None, cumulative=False, drawn=False) -> (tokens, q,
-  count, steps, state)``: like ``propose`` with γ = γ_max, but row b proposes
-  only ``count[b]`` tokens: x_1 (if ``limit[b] >= 1``, and, when
-  ``skip_below`` is a float, the top probability of q_1 is > ``skip_below``),
-  then x_{i+1} while i < ``limit[b]`` and the confidence at x_i
-  (``top_probability`` of q_i, or with ``drawn`` ``drawn_probability``) is >
-  ``threshold`` — with ``cumulative``, the product of the confidences of
-  x_1..x_i, an estimate of the chance that all i are accepted
-  (``stop_count`` is the rule; a draft may define its confidence otherwise,
-  from its own computation, as prompt lookup does). ``limit`` [B] int32 in
-  0..γ (0: the row is done, propose nothing); ``threshold`` a Python float in
-  [0, 1]. tokens [B, γ] and q [B, γ, V] as in ``propose``, but entries past
-  ``count`` are arbitrary (the engine treats them as not proposed); ``count``
-  [B] int32; ``steps`` a scalar int32, the draft steps actually run (what the
-  call cost). The point of implementing it is early exit: stop computing once
-  every row has stopped (``T5Draft`` does). Every decision may use only the
-  draft's own computation for the current prefix — never the target — and
-  never the token it governs, which keeps decoding exact (docs/exactness.md,
-  section 5). ``skip_below``, ``cumulative`` and ``drawn`` are passed only
-  when set, so a draft written without them keeps working for the rules that
-  do not need them. Drafts without ``propose_adaptive`` get
-  ``adaptive_proposal``'s fallback: ``propose(γ)`` and the count derived from
-  q, exact but saving no draft compute.
-
-Optionally, for token trees (``decoding.tree_speculative_decode``):
-
-* ``propose_tree(state, seq, length, tree, sampling, key) -> (tokens, q,
-  valid, steps, state)``: a token for every node of the static
-  ``tree.TreeShape`` (tokens [B, N]; node 0 is the root, the last committed
-  token, filled in by the engine), q [B, N, V] with q[:, c] the distribution
-  node c's token was drawn from (row 0 unused), valid [B, N] bool (nodes not
-  proposed, decided before their token was drawn) and ``steps`` the draft
-  calls it ran. ``commit_tree(state, seq, length, start, path,
-  num_accepted) -> state`` (optional): ``commit`` told which nodes were
-  accepted (``tree.TreeOutput``) in the round that started at ``start``, for
-  a draft that decoded the tree into its own cache; a draft that
-  ``wants_target_states`` then also gets ``commit_with_target`` with the
-  target's states of the committed nodes (the root and the path, at
-  positions start .. start + num_accepted). Drafts without
-  ``propose_tree`` get ``tree_proposal``'s fallback for spine trees
-  (``TreeShape.spine``): ``propose`` of depth D, and next-best siblings of
-  each position's q (exact: each sibling's q is its one-hot).
+Optional methods, each with a default (so a model needs none of them), are
+declared once, with their contracts, in ``Capabilities``; ``capabilities``
+is the one place that asks a model which it has. The engine, α and the
+runner read that record, and reach the optional methods only through the
+functions here that fall back to the defaults (``init_draft``,
+``commit_draft``, ``adaptive_proposal``, ``tree_proposal``, ``commit_tree``,
+``check_tree``, ``proposal_steps``).
 
 Nothing in the engine depends on which model it is, so a new approximation
-model needs no engine change: implement these three methods and register it
-with ``specdec_jax.drafts.register`` (README, "Adding an approximation
-model"). The runner calls ``check_interface`` once before compiling anything.
+model needs no engine change: implement the three required methods and
+register it with ``specdec_jax.drafts.register`` (README, "Adding an
+approximation model"). The runner calls ``check_interface`` once before
+compiling anything.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any, Protocol
 
@@ -120,12 +66,112 @@ class ApproximationModel(Protocol):
     ...
 
 
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+  """An approximation model's optional methods, one flag each (True: the model
+  has it), with their contracts and the default the engine uses without.
+
+  init_with_target: ``init_with_target(inputs, cache_len, target_encoded) ->
+    state``, ``init`` given the target's encoder output [B, S, d_target],
+    which the engine computes anyway; a draft that conditions on it (the
+    encoder bridge, ``drafts.bridge``) need not encode twice. Default ``init``.
+  target_states: ``wants_target_states`` (a bool attribute or property) is
+    true: the engine calls ``commit_with_target(state, seq, length, hidden,
+    positions) -> state`` in place of ``commit``, with the target's final
+    decoder states hidden [B, γ+1, d_target] of the round's pass at decoder
+    positions [B, γ+1] (-1: padding; for a tree, the root and the path).
+    States at positions >= ``length`` are of rejected proposals; reading only
+    positions < length keeps the draft off the target's verdict on anything
+    not yet committed (exactness; docs/exactness.md, section 7)
+    (``drafts.feature_bridge``). Default ``commit``.
+  propose_adaptive: ``propose_adaptive(state, seq, length, gamma, sampling,
+    key, limit, threshold, skip_below=None, cumulative=False, drawn=False) ->
+    (tokens, q, count, steps, state)`` for adaptive draft lengths
+    (``decoding.AdaptiveConfig``): like ``propose`` with γ = γ_max, but row b
+    proposes only ``count[b]`` tokens: x_1 (if ``limit[b] >= 1``, and, when
+    ``skip_below`` is a float, the top probability of q_1 is >
+    ``skip_below``), then x_{i+1} while i < ``limit[b]`` and the confidence
+    at x_i (``top_probability`` of q_i, or with ``drawn``
+    ``drawn_probability``) is > ``threshold`` — with ``cumulative``, the
+    product of the confidences of x_1..x_i (``stop_count`` is the rule; a
+    draft may define its confidence otherwise, from its own computation, as
+    prompt lookup does). ``limit`` [B] int32 in 0..γ (0: the row is done);
+    ``threshold`` a Python float in [0, 1]. tokens [B, γ] and q [B, γ, V] as
+    in ``propose``, entries past ``count`` arbitrary; ``count`` [B] int32;
+    ``steps`` a scalar int32, the draft steps actually run. The point is
+    early exit (``T5Draft`` stops computing once every row has stopped).
+    Every decision may use only the draft's own computation for the current
+    prefix — never the target — and never the token it governs, which keeps
+    decoding exact (docs/exactness.md, section 5). ``skip_below``,
+    ``cumulative`` and ``drawn`` are passed only when set. Default
+    (``adaptive_proposal``): ``propose(γ)`` and the count derived from q,
+    exact but saving no draft compute.
+  propose_tree: ``propose_tree(state, seq, length, tree, sampling, key) ->
+    (tokens, q, valid, steps, state)`` for token trees
+    (``decoding.tree_speculative_decode``): a token for every node of the
+    static ``tree.TreeShape`` (tokens [B, N]; node 0 is the root, the last
+    committed token, filled in by the engine), q [B, N, V] with q[:, c] the
+    distribution node c's token was drawn from (row 0 unused), valid [B, N]
+    bool (nodes not proposed, decided before their token was drawn) and
+    ``steps`` the draft calls it ran. Default (``tree_proposal``), spine
+    trees only (``TreeShape.spine``): ``propose`` of depth D, and next-best
+    siblings of each position's q (exact: each sibling's q is its one-hot).
+  commit_tree: ``commit_tree(state, seq, length, start, path, num_accepted)
+    -> state``, ``commit`` told which nodes were accepted
+    (``tree.TreeOutput``) in the round that started at ``start``, for a
+    draft that decoded the tree into its own cache. Default ``commit``.
+  tree_unsupported: ``tree_unsupported(tree) -> str | None``, the reason the
+    draft cannot fill ``tree`` (None: it can), asked before any work
+    (``check_tree``). Default: every tree it can fill.
+  proposal_steps: ``proposal_steps(gamma) -> int``, the draft calls a chain
+    ``propose`` of γ tokens runs (a block draft, ``drafts.t5_block``: 1); the
+    engine counts it in ``draft_calls`` and the cost model prices a round
+    with it (``theory.RoundCost.draft_calls``). Default γ, one call a token.
+  """
+
+  init_with_target: bool = False
+  target_states: bool = False
+  propose_adaptive: bool = False
+  propose_tree: bool = False
+  commit_tree: bool = False
+  tree_unsupported: bool = False
+  proposal_steps: bool = False
+
+
+def capabilities(draft: Any) -> Capabilities:
+  """The one place that asks a model which optional methods it has."""
+  has = lambda name: callable(getattr(draft, name, None))
+  return Capabilities(
+      init_with_target=has("init_with_target"),
+      target_states=bool(getattr(draft, "wants_target_states", False)),
+      propose_adaptive=has("propose_adaptive"), propose_tree=has("propose_tree"),
+      commit_tree=has("commit_tree"), tree_unsupported=has("tree_unsupported"),
+      proposal_steps=has("proposal_steps"))
+
+
 def init_draft(draft: Any, inputs: Array, cache_len: int, target_encoded: Array) -> Any:
   """``draft.init_with_target`` if the draft has it, else ``draft.init``."""
-  method = getattr(draft, "init_with_target", None)
-  if method is not None:
-    return method(inputs, cache_len, target_encoded)
+  if capabilities(draft).init_with_target:
+    return draft.init_with_target(inputs, cache_len, target_encoded)
   return draft.init(inputs, cache_len)
+
+
+def proposal_steps(draft: Any, gamma: int) -> int:
+  """Draft calls one ``propose`` of γ tokens costs: ``draft.proposal_steps(γ)``
+  if the draft declares it (a block draft: 1), else γ (one call a token)."""
+  if capabilities(draft).proposal_steps:
+    return int(draft.proposal_steps(gamma))
+  return gamma
+
+
+def commit_draft(draft: Any, state: Any, seq: Array, length: Array,
+                 target_states: tuple[Array, Array] | None = None) -> Any:
+  """The round's commit: ``commit_with_target`` given the target's states
+  (hidden [B, W, d], positions [B, W], -1: padding), which the engine passes
+  to a draft whose capabilities include ``target_states``; else ``commit``."""
+  if target_states is not None:
+    return draft.commit_with_target(state, seq, length, *target_states)
+  return draft.commit(state, seq, length)
 
 
 def gather_positions(seq: Array, positions: Array) -> Array:
@@ -217,8 +263,8 @@ def adaptive_proposal(draft: Any, state: Any, seq: Array, length: Array, gamma: 
   threshold 1. Optional arguments reach ``propose_adaptive`` only when set,
   and one its signature lacks is an interface error.
   """
-  method = getattr(draft, "propose_adaptive", None)
-  if method is not None:
+  if capabilities(draft).propose_adaptive:
+    method = draft.propose_adaptive
     extra = {name: value for name, value, unset in
              (("skip_below", skip_below, None), ("cumulative", cumulative, False),
               ("drawn", drawn, False))
@@ -317,9 +363,8 @@ def tree_proposal(draft: Any, state: Any, seq: Array, length: Array, tree: TreeS
   """``draft.propose_tree`` if the draft has it, else ``spine_proposal`` of its
   ``propose`` of depth D (spine trees only; ``check_tree`` says so before
   any work). -> (tokens [B, N], q [B, N, V], valid [B, N], steps, state)."""
-  method = getattr(draft, "propose_tree", None)
-  if method is not None:
-    return method(state, seq, length, tree, sampling, key)
+  if capabilities(draft).propose_tree:
+    return draft.propose_tree(state, seq, length, tree, sampling, key)
   chain, chain_q, state = draft.propose(state, seq, length, tree.max_depth, sampling, key)
   tokens, q, valid = spine_proposal(tree, chain, chain_q)
   return tokens, q, valid, jnp.asarray(tree.max_depth, jnp.int32), state
@@ -328,9 +373,8 @@ def tree_proposal(draft: Any, state: Any, seq: Array, length: Array, tree: TreeS
 def commit_tree(draft: Any, state: Any, seq: Array, length: Array, start: Array,
                 out: TreeOutput) -> Any:
   """``draft.commit_tree`` if the draft has it, else ``draft.commit``."""
-  method = getattr(draft, "commit_tree", None)
-  if method is not None:
-    return method(state, seq, length, start, out.path, out.num_accepted)
+  if capabilities(draft).commit_tree:
+    return draft.commit_tree(state, seq, length, start, out.path, out.num_accepted)
   return draft.commit(state, seq, length)
 
 
@@ -340,10 +384,11 @@ def check_tree(name: str, draft: Any, tree: TreeShape) -> None:
   and a draft may refuse a tree (its ``tree_unsupported(tree)`` returning the
   reason as a string)."""
   where = f"approximation model {name!r} ({type(draft).__qualname__})"
-  why = getattr(draft, "tree_unsupported", lambda tree: None)(tree)
+  caps = capabilities(draft)
+  why = draft.tree_unsupported(tree) if caps.tree_unsupported else None
   if why:
     raise DraftInterfaceError(f"{where} cannot propose the token tree {tree.parents}: {why}")
-  if getattr(draft, "propose_tree", None) is None and not tree.is_spine:
+  if not caps.propose_tree and not tree.is_spine:
     raise DraftInterfaceError(
         f"{where} proposes chains only, so it can fill spine trees (a chain with sibling "
         f"leaves, e.g. 'spine:4,2,2,1') but not {tree.parents}")
@@ -351,14 +396,14 @@ def check_tree(name: str, draft: Any, tree: TreeShape) -> None:
 
 def _commit(draft: Any, state: Any, seq: Array, length: Array, gamma: int,
             target_width: int) -> Any:
-  """The round's commit as the engine makes it (``commit_with_target`` for a
-  draft that wants the target's states; zeros stand in for them here)."""
-  if getattr(draft, "wants_target_states", False):
-    b = length.shape[0]
-    positions = length[:, None] - 1 + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
-    hidden = jnp.zeros((b, gamma + 1, target_width), jnp.float32)
-    return draft.commit_with_target(state, seq, length, hidden, positions)
-  return draft.commit(state, seq, length)
+  """The round's commit as the engine makes it (``commit_draft``; zeros stand
+  in for the target's states)."""
+  if not capabilities(draft).target_states:
+    return draft.commit(state, seq, length)
+  b = length.shape[0]
+  positions = length[:, None] - 1 + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
+  hidden = jnp.zeros((b, gamma + 1, target_width), jnp.float32)
+  return commit_draft(draft, state, seq, length, (hidden, positions))
 
 
 def check_interface(name: str, draft: Any, inputs: Array, vocab_size: int, gamma: int,
@@ -405,7 +450,7 @@ def check_interface(name: str, draft: Any, inputs: Array, vocab_size: int, gamma
         f"{where}.propose returned tokens {tuple(tokens.shape)} {tokens.dtype} and q "
         f"{tuple(q.shape)} {q.dtype}; expected tokens [B, gamma] = {want_tokens} (integers) "
         f"and q [B, gamma, V] = {want_q} (floats; V = the target's vocab_size)")
-  if getattr(draft, "propose_adaptive", None) is not None:
+  if capabilities(draft).propose_adaptive:
     _check_adaptive(where, draft, inputs, seq, length, key, gamma, cache_len, sampling,
                     want_tokens, want_q, target_width)
   if not concrete:

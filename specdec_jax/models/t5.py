@@ -73,6 +73,7 @@ import numpy as np
 from flax import struct
 
 from specdec_jax import quantization
+from specdec_jax.models import base
 from specdec_jax.partitioning import Partitioner, constrain_cache
 from specdec_jax.tree import TreeShape
 
@@ -543,6 +544,25 @@ class TreeAttention(NamedTuple):
     return k_pos, (rel < 0)[:, None, :] | (in_tree[:, None, :] & seen)
 
 
+class NodeAttention(NamedTuple):
+  """A decode call's nodes with their slots, key positions and visibility
+  given as arrays (``T5Model.decode_nodes``): trees whose shape is data.
+
+  slots:         [B, k] int32, where the call's nodes are written (-1: nowhere).
+  key_positions: [B, L] int32, the position of the key in every cache slot.
+  mask:          [B, k, L] bool, whether each node sees each slot.
+  """
+
+  slots: Array
+  key_positions: Array
+  mask: Array
+
+  def keys_and_mask(self, cache_len: int) -> tuple[Array, Array]:
+    """-> (key positions [B, L], mask [B, k, L]), as given."""
+    del cache_len
+    return self.key_positions, self.mask
+
+
 def _write(cache: Array, new: Array, positions: Array) -> Array:
   """cache [B, L, H, dh] <- new [B, k, H, dh] at per-row positions [B, k].
 
@@ -759,11 +779,21 @@ class T5Model:
                              method=T5.init_cache)
 
   def decode(self, params: dict, tokens: Array, positions: Array, cache: DecoderCache,
-             extra: Optional[Array] = None, return_hidden: bool = False) -> tuple:
+             extra: Optional[Array] = None, return_hidden: bool = False, *, write: bool = True,
+             tree: Optional[TreeShape] = None) -> tuple:
     """tokens [B, k] at positions [B, k] -> (logits [B, k, V] float32, cache).
     ``extra`` [B, k, d] is added to the token embeddings; ``return_hidden``
-    appends the final normed hidden states [B, k, d] (``feature_bridge``)."""
-    return self.module.apply({"params": params}, tokens, positions, cache, True, extra,
+    appends the final normed hidden states [B, k, d] (``feature_bridge``).
+    ``write=False`` is ``decode_rows``; ``tree`` (node 0 at positions[:, 0],
+    the committed length) is ``decode_tree`` of every node
+    (``models.base.TargetModel.decode``)."""
+    if tree is not None:
+      if not write:
+        raise ValueError("a tree pass writes its nodes at scratch slots; write=False is for "
+                         "chains only")
+      return self.decode_tree(params, tokens, positions[:, 0], tree, cache,
+                              return_hidden=return_hidden, extra=extra)
+    return self.module.apply({"params": params}, tokens, positions, cache, write, extra,
                              return_hidden, method=T5.decode)
 
   def decode_rows(self, params: dict, tokens: Array, positions: Array,
@@ -776,24 +806,26 @@ class T5Model:
     causally: the same attention as ``decode``, which writes the rows first
     (one softmax over both blocks; sums in another order, equal to float
     rounding; with ``T5Config.fixed_positions`` it attends over a written copy
-    of the cache instead, as ``decode`` does, so bit for bit). Why: inside ``lax.switch`` a branch that writes the cache makes
-    XLA copy the whole cache each call; a branch that returns rows does not,
-    and the write happens once after the switch (``decoding.speculative_decode``'s
-    adaptive widths).
+    of the cache instead, as ``decode`` does, so bit for bit). Why: inside
+    ``lax.switch`` a branch that writes the cache makes XLA copy the whole
+    cache each call; a branch that returns rows does not, and the write
+    happens once after the switch (the adaptive-γ loop's widths).
     """
-    return self.module.apply({"params": params}, tokens, positions, cache, False, None,
-                             return_hidden, method=T5.decode)
+    return self.decode(params, tokens, positions, cache, None, return_hidden, write=False)
 
   @staticmethod
   def pad_rows(rows: tuple[tuple, tuple], positions: Array,
                width: int) -> tuple[tuple[tuple, tuple], Array]:
-    """``decode_rows``'s rows [B, k, H, dh] and their positions [B, k] padded
-    to ``width`` rows (position -1: ``write_rows`` drops them), so that
-    branches of a ``lax.switch`` at different k return one shape."""
-    extra = width - positions.shape[1]
-    pad = lambda r: jnp.pad(r, ((0, 0), (0, extra)) + ((0, 0),) * (r.ndim - 2))
-    return jax.tree.map(pad, rows), jnp.pad(positions, ((0, 0), (0, extra)),
-                                            constant_values=-1)
+    """``models.base.pad_rows``: ``decode_rows``'s rows and positions padded
+    to ``width`` rows (position -1: ``write_rows`` drops them)."""
+    return base.pad_rows(rows, positions, width)
+
+  @staticmethod
+  def read_rows(cache: DecoderCache, slots: Array) -> tuple[tuple, tuple]:
+    """The self-attention rows at slots [B, k] (clipped): (keys, values), a
+    [B, k, H, dh] per layer."""
+    take = jax.vmap(lambda c, s: jnp.take(c, s, axis=0, mode="clip"))
+    return tuple(take(c, slots) for c in cache.self_k), tuple(take(c, slots) for c in cache.self_v)
 
   @staticmethod
   def write_rows(cache: DecoderCache, rows: tuple[tuple, tuple],
@@ -851,21 +883,35 @@ class T5Model:
                             return_hidden, att, method=T5.decode)
     return (out[0], constrain_cache(out[1], partitioner, "tree cache")) + out[2:]
 
+  def decode_nodes(self, params: dict, tokens: Array, positions: Array, slots: Array,
+                   key_positions: Array, mask: Array, cache: DecoderCache) -> tuple:
+    """One pass over k nodes whose slots and visibility are data: tokens [B,
+    k] at positions [B, k] are written at cache slots [B, k] (negative: not
+    written) and node i attends to the slots where mask [B, k, L] is True,
+    whose keys sit at key_positions [B, L] (L = cache_len) -> (logits [B, k,
+    V] float32, cache). The caller keeps its own slot layout (beam search
+    keeps each beam's prefix in a region of one row: ``specdec_jax.beam``);
+    every node must see at least its own slot. ``decode_tree`` is the case of
+    one static shape.
+    """
+    if self.config.fixed_positions:
+      raise ValueError("decode_nodes does not pad to T5Config.fixed_positions: set it to 0 for "
+                       "beam search")
+    if mask.shape != (*tokens.shape, cache.cache_len) or key_positions.shape != (
+        tokens.shape[0], cache.cache_len):
+      raise ValueError(f"mask must be [B, k, cache_len] and key_positions [B, cache_len] for "
+                       f"tokens {tokens.shape} and cache_len {cache.cache_len}, got "
+                       f"{mask.shape} and {key_positions.shape}")
+    att = NodeAttention(slots=slots.astype(jnp.int32),
+                        key_positions=key_positions.astype(jnp.int32), mask=mask)
+    return self.module.apply({"params": params}, tokens, positions.astype(jnp.int32), cache,
+                             True, None, False, att, method=T5.decode)
+
   @staticmethod
   def commit_path(cache: DecoderCache, lengths: Array, path: Array, num_accepted: Array,
                   partitioner: Optional[Partitioner] = None) -> DecoderCache:
-    """Moves an accepted tree path's keys/values into place after ``decode_tree``.
-
-    lengths [B] int32: the committed lengths the tree pass ran at; path [B, D]
-    int32: the accepted nodes at depths 1..D (-1 past a row's accepted count;
-    ``tree.TreeOutput.path``); num_accepted [B] int32: a, 0..D. For d = 1..a,
-    slot lengths + d <- slot lengths + path[:, d - 1]; the root stays at slot
-    lengths; nothing else changes. Afterwards slots 0..lengths+a hold the
-    committed decoder inputs at slot = position, as a chain decode of the
-    path would have left them (to float rounding), and the caller advances
-    the row to length lengths + a + 1 (the emitted token is the next round's
-    root, not yet in the cache). All D rows are read before any is written
-    (a gather, then a per-row scatter of D rows; static shapes).
+    """``models.base.commit_path`` on a T5 cache: moves an accepted tree path's
+    keys/values from scratch slots lengths + path[:, d - 1] to lengths + d.
 
     Any ``DecoderCache`` whose tree nodes sit at scratch slots lengths + j
     works: the target's after ``decode_tree``, and a T5 draft's after it
@@ -874,16 +920,7 @@ class T5Model:
     fed) move as garbage: such a draft must feed its last accepted token
     again next round, as ``T5Draft`` does after a fully accepted chain.
     """
-    d = path.shape[1]
-    depth = jnp.arange(1, d + 1, dtype=jnp.int32)[None]
-    lengths = lengths.astype(jnp.int32)[:, None]
-    src = lengths + jnp.maximum(path, 0)
-    dst = jnp.where(depth <= num_accepted[:, None], lengths + depth, -1)
-    take = jax.vmap(lambda c, s: jnp.take(c, s, axis=0, mode="clip"))
-    move = lambda c: _write(c, take(c, src), dst)
-    cache = cache.replace(self_k=tuple(move(c) for c in cache.self_k),
-                          self_v=tuple(move(c) for c in cache.self_v))
-    return constrain_cache(cache, partitioner, "tree cache")
+    return base.commit_path(T5Model, cache, lengths, path, num_accepted, partitioner)
 
   def __call__(self, params: dict, inputs: Array, decoder_inputs: Array,
                dropout_rng: Optional[Array] = None,

@@ -18,8 +18,8 @@ import numpy as np
 from flax import struct
 
 from specdec_jax.decoding import speculative_decode
-from specdec_jax.drafts.base import (ApproximationModel, drawn_probability, init_draft,
-                                     top_probability)
+from specdec_jax.drafts.base import (ApproximationModel, capabilities, drawn_probability,
+                                     init_draft, top_probability)
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig
 
@@ -69,7 +69,7 @@ class _Forwarding:
 
   @property
   def wants_target_states(self) -> bool:
-    return bool(getattr(self.inner, "wants_target_states", False))
+    return capabilities(self.inner).target_states
 
   def commit_with_target(self, state, seq, length, hidden, positions):
     return self.inner.commit_with_target(state, seq, length, hidden, positions)

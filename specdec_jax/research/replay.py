@@ -23,7 +23,8 @@ from flax import struct
 
 from specdec_jax.decoding import (AdaptiveConfig, cache_length, speculative_decode,
                                   temperature_sample)
-from specdec_jax.drafts.base import ApproximationModel, adaptive_proposal, init_draft
+from specdec_jax.drafts.base import (ApproximationModel, adaptive_proposal, capabilities,
+                                     init_draft)
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.timing import (interleaved_medians_ms, repeat, speculative_prefill,
@@ -150,7 +151,7 @@ class _RoundCounting:
 
   @property
   def wants_target_states(self) -> bool:
-    return bool(getattr(self.inner, "wants_target_states", False))
+    return capabilities(self.inner).target_states
 
   def commit_with_target(self, state, seq, length, hidden, positions):
     return self.inner.commit_with_target(state[0], seq, length, hidden, positions), state[1]

@@ -26,6 +26,7 @@ from absl import logging
 
 from specdec_jax import alpha
 from specdec_jax.decoding import temperature_sample
+from specdec_jax.drafts.base import capabilities
 from specdec_jax.run import calibrate, hosts
 from specdec_jax.run.calibrate import Calibration
 from specdec_jax.run.counts import RowCounts
@@ -161,7 +162,7 @@ def min_pq_sums(setup: Setup, x: Any, key: Any) -> tuple[Any, Any, Any]:
   """(the target's outputs, Σ min(p, q) per row [B], positions evaluated per
   row [B]) for one placed batch x [B, S] (Corollary 3.6's sums)."""
   exp, target, tparams = setup.exp, setup.target, setup.target_params
-  if getattr(setup.draft, "wants_target_states", False):
+  if capabilities(setup.draft).target_states:
     # Its q depends on where rounds start (the staleness of the target state
     # it reads), so α is measured in the engine's own rounds at γ.
     return alpha.min_pq_in_rounds(target, tparams, setup.draft, x, key, exp.gamma_max,

@@ -5,14 +5,15 @@ exactly as the engine defines them."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator
+import functools
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 import numpy as np
 
 from specdec_jax import data
-from specdec_jax.decoding import (speculative_decode, temperature_sample, tree_speculative_decode,
-                                  with_command_buffers)
+from specdec_jax.decoding import (STATIC_ARGNAMES, speculative_decode, temperature_sample,
+                                  tree_speculative_decode)
 from specdec_jax.run.setup import Setup
 
 Array = jax.Array
@@ -32,6 +33,40 @@ def pad_batch(inputs: np.ndarray, idx: list[int], batch: int,
   global batch."""
   rows = idx + [idx[-1]] * (batch - len(idx))
   return np.asarray(data.fit_to_bucket(inputs[rows], buckets))
+
+
+# XLA's GPU command buffers (CUDA graphs): a loop's kernels, and with WHILE and
+# CONDITIONAL its while_loop and lax.switch, are recorded once and replayed as
+# one launch, so the per-kernel launch cost of a step of hundreds of small
+# kernels is paid once per graph. Profiling turns them off: time them with
+# the clock.
+COMMAND_BUFFER_COMMANDS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
+
+
+def command_buffer_options(min_graph_size: int) -> dict[str, Any]:
+  """XLA compiler options that put a compiled function's GPU kernels into
+  command buffers, any run of at least ``min_graph_size`` kernels (>= 1)."""
+  if isinstance(min_graph_size, bool) or not isinstance(min_graph_size, int) or min_graph_size < 1:
+    raise ValueError(f"command buffers need a minimum graph size >= 1, got {min_graph_size!r}")
+  return {"xla_gpu_enable_command_buffer": COMMAND_BUFFER_COMMANDS,
+          "xla_gpu_graph_min_graph_size": min_graph_size}
+
+
+@functools.lru_cache(maxsize=None)
+def with_command_buffers(loop: Any, min_graph_size: int, backend: Optional[str] = None) -> Any:
+  """``loop`` (``temperature_sample``, ``speculative_decode`` or
+  ``tree_speculative_decode``) compiled with XLA's command buffers
+  (``command_buffer_options``) when the backend (default: JAX's default
+  backend) is a GPU; the loop itself, unchanged, for ``min_graph_size`` 0 or
+  another backend. Same arguments, same results: only how the kernels are
+  launched changes."""
+  if loop not in STATIC_ARGNAMES:
+    raise ValueError(f"with_command_buffers takes one of the decoding loops, got {loop!r}")
+  options = command_buffer_options(min_graph_size) if min_graph_size else None
+  if options is None or (backend or jax.default_backend()) != "gpu":
+    return loop
+  return jax.jit(loop.__wrapped__, static_argnames=STATIC_ARGNAMES[loop],
+                 compiler_options=options)
 
 
 @dataclasses.dataclass(frozen=True)

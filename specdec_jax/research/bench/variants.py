@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from specdec_jax import memory
-from specdec_jax.decoding import command_buffer_options, speculative_decode, temperature_sample
+from specdec_jax.decoding import speculative_decode, temperature_sample
 from specdec_jax.drafts import T5Draft
 from specdec_jax.models.t5 import T5Config, T5Model, fuse_projections
 from specdec_jax.research.bench.common import (PAPER_GAMMA, Model, Sizes, bandwidth_for,
@@ -38,6 +38,7 @@ from specdec_jax.research.bench.common import (PAPER_GAMMA, Model, Sizes, bandwi
 from specdec_jax.research.bench.exactness import demo_pair, exactness_row
 from specdec_jax.research.bench.steered import SteeredDraft
 from specdec_jax.run import Experiment
+from specdec_jax.run.programs import command_buffer_options
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
 from specdec_jax.timing import interleaved_medians_ms
