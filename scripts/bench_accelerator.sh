@@ -4,7 +4,7 @@
 # of value (every section runs even if an earlier one failed):
 #
 # The default, the GPU benchmark (scripts/bench_gpu.py, one process per
-# section; specdec_jax/research/bench says what each measures), within a
+# section; lab/bench says what each measures), within a
 # 470 s budget. Estimated times on one H100 (no GPU run of these sections
 # yet: mostly compilation, guessed at about 15 s per XXL-sized decoding loop;
 # each section prints its programs' compile times):
@@ -17,7 +17,7 @@
 #                        α, c and v beside them (about 160 s);
 #   2. variant_pallas, variant_fixed_positions, variant_fused_projections,
 #      variant_command_buffers: one section per kernel variant
-#                        (specdec_jax/research/bench/variants.py VARIANTS):
+#                        (lab/bench/variants.py VARIANTS):
 #                        XXL and XL targets' step and 8-position pass and the
 #                        drafts' steps with and without it, interleaved, as %
 #                        of the bandwidth floor; for pallas and fixed_positions
@@ -47,7 +47,7 @@
 #   2. v(k), the cost of scoring k positions in one pass relative to one step
 #      (paper §3.4), for a T5 1.1 XL-sized target with random bfloat16 weights,
 #      k = 1, 2, 3, 4, 6, 8, 12, 16, beside the bare matmuls
-#      (scripts/bench_decode.py --vk);
+#      (scripts/bench_vk.py);
 #   3. a γ sweep (1, 2, 3, 4, 6, 8) on the demo pair, T = 0 then T = 1, 20
 #      verses each, inputs padded to 128 tokens (one compiled program per γ)
 #      (scripts/bench_speculative.py).
@@ -56,6 +56,16 @@
 #   bash scripts/bench_accelerator.sh --smoke             # the default sections at toy sizes
 #   bash scripts/bench_accelerator.sh --sections=all --smoke   # every section (a CPU test)
 #   bash scripts/bench_accelerator.sh --runner [--smoke]  # the earlier set
+#   bash scripts/bench_accelerator.sh --block [--smoke]   # the block draft (below)
+#
+# --block: lab/bench_block.py on the accelerator (about 5 minutes, mostly
+# compilation; not yet run on a card): the demo pair at T = 0 and T = 1, the
+# autoregressive draft's chain vs the block draft's chain and tree side by
+# side (acceptance by position, tokens per target call, draft ms per round,
+# speedup), the block proposal's cost in draft steps at γ 3..8 (on a card
+# the call over 2γ positions should cost about one step), and the cost
+# model's prediction for Table 2's EnDe T = 0 rows; bench_block.json in the
+# output folder.
 #
 # Wheels: on a GPU machine where $BENCH_WHEELS (default wheels/, filled by
 # scripts/fetch_bench_wheels.sh: a transformers whose assisted generation
@@ -84,11 +94,12 @@ cd "$(dirname "$0")/.."
 smoke=0
 set_=gpu
 chosen=default
-usage="usage: bash scripts/bench_accelerator.sh [--runner] [--smoke] [--sections=default|more|all|NAME,...]"
+usage="usage: bash scripts/bench_accelerator.sh [--runner|--block] [--smoke] [--sections=default|more|all|NAME,...]"
 for arg in "$@"; do
   case $arg in
     --smoke) smoke=1 ;;
     --runner) set_=runner ;;
+    --block) set_=block ;;
     --sections=*) chosen=${arg#--sections=} ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
@@ -106,7 +117,7 @@ hf 50 Hugging Face on the same card: XXL-sized generate (static cache, compiled)
 demo 20 the demo pair end to end: ours vs Hugging Face generate and assisted generation
 loops_cnndm 100 the paper's T = 0 rows of CNN/DM with the real loops at XXL size, α steered
 variant_min_rows 40 kernel variant min_rows 2: steps and passes with and without it
-bandwidth 10 memory bandwidth (device-to-device copy)
+bandwidth 10 memory bandwidth (copy, xor, sum and matrix-vector passes; floors at the faster of copy and xor)
 targets 100 T5 1.1 XXL- and XL-sized targets: step, v(k), c, % of the bandwidth floor, Theorem 3.8
 exactness 40 T = 0 mismatches, speculative vs baseline: float32 default, float32 highest, bfloat16
 profile 40 per-kernel profile of the drafts' steps and the XL-sized target's step and 2-position pass
@@ -215,7 +226,12 @@ print("# " + ", ".join(f"{p} {version(p)}" for p in ("jaxlib", "flax", "torch", 
                                                      "huggingface-hub", "tokenizers", "gin-config")))'
 section devices 0 python -c "$versions_py"
 
-if [[ $set_ == gpu ]]; then
+if [[ $set_ == block ]]; then
+  block=(--json="$work/bench_block.json")
+  [[ $smoke == 1 ]] && block+=(--num_examples=2 --repeats=2 --cost_gammas=3,8)
+  echo "## the block draft on the demo pair (lab/bench_block.py)"
+  section "block" 0 python lab/bench_block.py "${block[@]}"
+elif [[ $set_ == gpu ]]; then
   gpu=(--out="$work")
   [[ $smoke == 1 ]] && gpu+=(--smoke)
   read -r -a names <<<"$chosen"
@@ -251,7 +267,7 @@ else
     section "runner $config" "$([[ $config == demo ]] && echo 120 || echo 0)" runner "$config" "${runner_args[@]}"
   done
   echo "## v(k): $vk_what, batch 1"
-  section "v(k)" 60 python scripts/bench_decode.py --vk "${vk[@]}"
+  section "v(k)" 60 python scripts/bench_vk.py "${vk[@]}"
   for t in "${sweep_temps[@]}"; do
     echo "## γ sweep on the demo pair, T = $t"
     section "γ sweep T=$t" 0 python scripts/bench_speculative.py --temperatures="$t" "${sweep[@]}"

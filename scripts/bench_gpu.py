@@ -10,7 +10,7 @@ that fails or runs out of time (or memory) does not stop the next. Each
 section prints its markdown table as soon as it is measured and adds its rows
 to DIR/bench_gpu.json (one key per section) and DIR/bench_gpu.md.
 
-Default sections (``specdec_jax.research.bench``; each module says more):
+Default sections (``lab.bench``; each module says more):
 
   loops          Table 2's EnDe rows at T = 0 with the real compiled loops:
                  an XXL-sized target, small/base/large-sized drafts steered
@@ -46,6 +46,7 @@ so that a CPU test covers every code path; its numbers mean nothing.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -55,8 +56,10 @@ from typing import Optional
 # the GPU client first; XLA's pool still grows and is reused after warm-up.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-from specdec_jax.research.bench import sections  # noqa: E402
 from specdec_jax.scripting import script_args  # noqa: E402
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside scripts/ (not installed)
+from lab.bench import sections  # noqa: E402
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -13,21 +13,26 @@ per target call, accepted nodes that were a sibling rather than the draft's firs
 choice, CPU walltime over the batch beside the baseline's, and, for a T5 1.1 XXL
 target and T5 1.1 small draft on one TPU v5e-8 (``--chip``), the speedup a
 round with this acceptance would give under a roofline model of the passes
-(``specdec_jax.research.trees``; a model, not a measurement).
+(``lab.trees``; a model, not a measurement).
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import jax
 
 from specdec_jax.models.t5 import get_config
-from specdec_jax.research import trees
 from specdec_jax.run import (Experiment, check_before_loading, held_out_inputs, load_data,
                              load_models)
 from specdec_jax.dryrun.chips import CHIPS
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
 from specdec_jax.tree import TreeShape
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside scripts/ (not installed)
+from lab import trees  # noqa: E402
 
 
 def parse_trees(text: str) -> dict[str, TreeShape]:

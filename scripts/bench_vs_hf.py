@@ -56,10 +56,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from specdec_jax import data
-from specdec_jax.research.bench.vs_hf import (METHODS, bench_setting, export_for_hf, load_hf,
-                                              load_ours, machine_line, setting_table,
-                                              summary_lines, TABLE_HEAD)
 from specdec_jax.scripting import script_args
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside scripts/ (not installed)
+from lab.bench.vs_hf import (METHODS, TABLE_HEAD, bench_setting, export_for_hf,  # noqa: E402
+                             load_hf, load_ours, machine_line, setting_table, summary_lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -1,7 +1,7 @@
 """Per Table 2 row, the best token tree of at most 64 nodes under the dry
 run's calibrated cost model, on one TPU v4 chip (the paper's setting) and on
 a v5e-8 (target split 8 ways, draft replicated), beside the chain at the
-paper's γ (``specdec_jax.research.trees.best_tree``).
+paper's γ (``lab.trees.best_tree``).
 
   python scripts/best_trees.py [--max_nodes=64]
 
@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from specdec_jax import paper  # noqa: E402
 from specdec_jax.dryrun.chips import CHIPS  # noqa: E402
-from specdec_jax.research import trees  # noqa: E402
 from specdec_jax.tree import TreeShape  # noqa: E402
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside scripts/ (not installed)
+from lab import trees  # noqa: E402
 
 HARDWARE = (("one v4 chip", "v4", 1), ("v5e-8", "v5e", 8))
 

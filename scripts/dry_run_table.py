@@ -33,6 +33,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -44,9 +45,11 @@ import jax  # noqa: E402
 from specdec_jax.dryrun import costs, driver  # noqa: E402
 from specdec_jax.run import dry_run_programs  # noqa: E402
 from specdec_jax.dryrun.chips import CHIPS  # noqa: E402
-from specdec_jax.research import trees  # noqa: E402
 from specdec_jax.scripting import script_args  # noqa: E402
 from specdec_jax.run.cli import parse_config  # noqa: E402
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside scripts/ (not installed)
+from lab import trees  # noqa: E402
 
 REPO = script_args.REPO_ROOT
 # label -> (overlay, topology, mesh as the overlay binds it)
@@ -185,14 +188,14 @@ def topology_table(rows: list[str], hardware: str, cells: dict) -> str:
   return script_args.markdown_table(head, body)
 
 
-# Topologies research.trees can price (its stored one-chip T5 1.1 pieces):
+# Topologies lab.trees can price (its stored one-chip T5 1.1 pieces):
 # label -> (chip, chips the target is split over).
 TREE_HARDWARE = {"v4-1": ("v4", 1), "v5e-8": ("v5e", 8)}
 
 
 def _best_tree(family: str, draft: str, cell_: dict, hardware: str) -> str:
   """The best token tree of at most 64 nodes for a T5 1.1 row's draft under
-  ``research.trees``' model (rank rates: the paper's α with the demo pair's
+  ``lab.trees``' model (rank rates: the paper's α with the demo pair's
   fall-off, an assumption), the draft's step as the cell priced it (its
   quantization included) where the cell holds it, as text; '' where it
   cannot be priced."""

@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import jax
@@ -40,6 +41,8 @@ from specdec_jax import training
 from specdec_jax.checkpoints import save_checkpoint
 from specdec_jax.models.t5 import T5Config, T5Model, count_params
 from specdec_jax.scripting import script_args
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside scripts/ (not installed)
 
 PREFIX = "modernize: "
 MAX_LEN = 128
@@ -166,9 +169,9 @@ def export(name: str, cfg: T5Config, result: dict, export_dir: str, meta: dict) 
 
 def report(args, names: list[str], sp: spm.SentencePieceProcessor) -> dict:
   """Test-split quality, draft agreement, step costs and greedy samples of the
-  exports (first name = target); see ``specdec_jax.evaluate``."""
+  exports (first name = target); see ``lab.evaluate``."""
   from specdec_jax.checkpoints import load_checkpoint
-  from specdec_jax.evaluate import evaluate_models
+  from lab.evaluate import evaluate_models
   models = {}
   from specdec_jax.drafts import feature_bridge
   for n in names:
@@ -318,7 +321,7 @@ def main(argv: list[str]) -> None:
                       **archs[n]) for n in names}
 
   if args.benchmark:
-    from specdec_jax.evaluate import decode_step_ms
+    from lab.evaluate import decode_step_ms
     models = {n: (T5Model(cfgs[n]), T5Model(cfgs[n]).init(jax.random.PRNGKey(0)))
               for n in names}
     ms = decode_step_ms(models)

@@ -161,7 +161,7 @@ class TreeShape:
     parent's and its earlier sibling's, so the chosen set is a tree), at
     most ``max_depth`` deep. Children are numbered breadth first, in rank
     order. At temperature 0 the rates are the frequencies of the target's
-    token among the draft's ranked choices (``research.trees.rank_rates``)."""
+    token among the draft's ranked choices (``lab.trees.rank_rates``)."""
     rates = [float(r) for r in rates]
     if not rates or any(not 0 < r <= 1 for r in rates) or sum(rates) > 1 + 1e-6:
       raise ValueError(f"acceptance rates must be in (0, 1] with sum <= 1 (the target's token "

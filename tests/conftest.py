@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# lab/ (the studies and benchmarks, not installed) is imported from the
+# repository root, after the installed package.
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+if REPO_ROOT not in sys.path:
+  sys.path.append(REPO_ROOT)
 # One persistent compilation cache for the session, shared with the runner and
 # scripts that tests start as subprocesses (they inherit the environment): a
 # program compiled once is loaded, not recompiled, by the next process. Fresh

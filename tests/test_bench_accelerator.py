@@ -16,8 +16,8 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax.research.bench import common as bench
-from specdec_jax.research.bench import sections, variants
+from lab.bench import common as bench
+from lab.bench import sections, variants
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "bench_accelerator.sh"
@@ -197,7 +197,7 @@ def test_paper_rows_are_table_2_at_t0():
 def test_loops_sections_split_table_2_by_task(tmp_path):
   """loops times the EnDe rows, loops_cnndm the CNN/DM ones (the same code)."""
   from specdec_jax import paper
-  from specdec_jax.research.bench import loops
+  from lab.bench import loops
   assert [loops.section_name(t) for t in ("ende", "cnndm")] == ["loops", "loops_cnndm"]
   gammas = {t: [paper.table2_row(t, d, 0).gamma for tt, d in bench.FULL.loop_rows if tt == t]
             for t in ("ende", "cnndm")}
@@ -245,7 +245,7 @@ def test_steered_chain_is_exact_and_accepts_at_its_alpha(steered):
   positions, about 350 here: |error| < 0.09; a fixed seed), exactly 0 and 1
   at the ends."""
   from specdec_jax.decoding import speculative_decode
-  from specdec_jax.research.bench.steered import SteeredDraft
+  from lab.bench.steered import SteeredDraft
   tmodel, tparams, draft, inputs, ref, greedy = steered
   for rates in ([0.75, 0.1, 0.05, 0.0], [0.0] * 4, [1.0, 0.0, 0.0, 0.0]):
     d = SteeredDraft.build(draft, ref, rates, seed=3)
@@ -267,8 +267,8 @@ def test_steered_tree_is_exact_and_wins_by_rank(steered):
   α 0.75 reproduces the baseline token for token, and accepted nodes are
   first children far more often than second ones (rates 0.75 vs 0.094)."""
   from specdec_jax.decoding import tree_speculative_decode
-  from specdec_jax.research import trees
-  from specdec_jax.research.bench.steered import SteeredDraft
+  from lab import trees
+  from lab.bench.steered import SteeredDraft
   from specdec_jax.tree import TreeShape
   tmodel, tparams, draft, inputs, ref, greedy = steered
   rates = trees.scaled_rates(0.75)
@@ -285,7 +285,7 @@ def test_winning_rank_follows_the_rates():
   """One coin per depth picks the rank whose child holds the target's token
   with probability rates[k] (none past their sum): frequencies over 10000
   coins within 4 standard errors (a fixed seed)."""
-  from specdec_jax.research.bench.steered import steer_coins, winning_rank
+  from lab.bench.steered import steer_coins, winning_rank
   rates = np.array([0.6, 0.2, 0.1])
   coins = steer_coins(jax.random.PRNGKey(0), np.arange(10000, dtype=np.int32)[None])
   got = np.bincount(np.asarray(winning_rank(coins, rates))[0], minlength=4) / 10000
@@ -298,7 +298,7 @@ def test_winning_rank_follows_the_rates():
 
 def test_steered_draft_refuses_sampling_and_bad_rates(tiny_draft):
   from specdec_jax.drafts import T5Draft
-  from specdec_jax.research.bench.steered import SteeredDraft
+  from lab.bench.steered import SteeredDraft
   from specdec_jax.sampling import SamplingConfig
   dmodel, dparams = tiny_draft
   draft, ref = T5Draft(params=dparams, model=dmodel), np.zeros((1, 8), np.int32)

@@ -1,4 +1,4 @@
-"""The Hugging Face comparison (``specdec_jax.research.bench.vs_hf``, used by
+"""The Hugging Face comparison (``lab.bench.vs_hf``, used by
 scripts/bench_vs_hf.py and the accelerator benchmark): its Hugging Face path
 agrees with ours on a tiny model.
 
@@ -20,8 +20,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from specdec_jax.drafts import T5Draft  # noqa: E402
-from specdec_jax.research.bench import hf as bench_hf  # noqa: E402
-from specdec_jax.research.bench import vs_hf as bvh  # noqa: E402
+from lab.bench import hf as bench_hf  # noqa: E402
+from lab.bench import vs_hf as bvh  # noqa: E402
 
 MAX_DECODE_LEN = 16
 GAMMA = 3

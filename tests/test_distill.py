@@ -211,7 +211,7 @@ def test_evaluate_report_scores_and_agreement(tiny_target, tiny_draft):
   """evaluate_models: with the target's own greedy outputs as references, the
   target scores BLEU = chrF = 100 and its draft less; agreement and step-cost
   fields are present and in range."""
-  from specdec_jax import evaluate
+  from lab import evaluate
   target, tparams = tiny_target
   draft, dparams = tiny_draft
   inputs = _random_inputs(12, 5)

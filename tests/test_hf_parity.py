@@ -119,6 +119,31 @@ def test_pytorch_bin(tmp_path):
   _assert_close(_our_logits(params, config, inputs, dec), _hf_logits(model, inputs, dec))
 
 
+def test_pytorch_bin_is_read_without_torch_in_every_layout(tmp_path):
+  """The .bin reader (no torch): bfloat16 and float16 storages, a transposed
+  view, a slice at an offset into a shared storage, a scalar, an empty
+  tensor; every slice equals torch's own; a legacy (non-zip) file is one
+  clear error."""
+  from specdec_jax.checkpoints.hf import TorchBinFile
+  from specdec_jax.checkpoints.common import CheckpointError
+  base = torch.arange(60, dtype=torch.float32).reshape(6, 10)
+  state = {"bf16": torch.randn(4, 6).to(torch.bfloat16), "half": torch.randn(3, 5).half(),
+           "t": base.t(), "offset": base[2:5, 3:8], "whole": base,
+           "scalar": torch.tensor(7, dtype=torch.int64), "empty": torch.zeros(0, 3)}
+  torch.save(state, tmp_path / "pytorch_model.bin")
+  f = TorchBinFile(str(tmp_path / "pytorch_model.bin"))
+  assert f.shapes == {k: tuple(v.shape) for k, v in state.items()}
+  for key, tensor in state.items():
+    want = (tensor.float().numpy() if tensor.dtype == torch.bfloat16 else tensor.numpy())
+    for index in ((), (slice(1, 3),) if tensor.dim() else ()):
+      got = f.slice_reader(key)(index)
+      np.testing.assert_array_equal(np.asarray(got, np.float32 if tensor.dtype ==
+                                               torch.bfloat16 else got.dtype), want[index])
+  torch.save(state, tmp_path / "legacy.bin", _use_new_zipfile_serialization=False)
+  with pytest.raises(CheckpointError, match="not a zip-format PyTorch checkpoint"):
+    TorchBinFile(str(tmp_path / "legacy.bin"))
+
+
 def test_bf16_safetensors(tmp_path):
   """bfloat16 tensors (no numpy dtype) load and upcast to float32 exactly."""
   config = T5Config(vocab_size=VOCAB, d_model=D, num_heads=H, head_dim=DH,

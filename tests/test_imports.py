@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_no_tensorflow_on_the_decoding_path():
   code = ("import sys, specdec_jax, specdec_jax.decoding, specdec_jax.run, "
-          "specdec_jax.checkpoints, specdec_jax.drafts, specdec_jax.scripting.sweep\n"
+          "specdec_jax.checkpoints, specdec_jax.drafts, lab.sweep\n"
           "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
           "('tensorflow', 'seqio', 'tensorflow_datasets', 'torch'))\n"
           "assert not bad, bad\n")

@@ -1,6 +1,8 @@
 """The package's layout: imports point down the layers, never in a cycle, never
-at another module's private names, and only scripts and studies reach the
-research wing. Read from the source (AST), function-level imports included."""
+at another module's private names; the lab (``lab/``: studies, benchmarks,
+sweeps, not installed) sits on top and the package never imports it; nothing
+installed runs git or imports torch.
+Read from the source (AST), function-level imports included."""
 
 from __future__ import annotations
 
@@ -19,8 +21,7 @@ LAYERS = [
     ("training", ("training", "distill", "evaluate")),
     ("dryrun", ("dryrun",)),   # compiles what its callers list; imports neither caller
     ("run", ("run",)),         # the runner, with its own list for the dry run
-    ("scripting", ("scripting",)),   # what only scripts/ and notebooks/ share
-    ("research", ("research",)),
+    ("scripting", ("scripting",)),   # flags, Table 2's rows, tables and figures
 ]
 
 
@@ -73,9 +74,52 @@ def test_imports_point_down_the_layers():
   up = [(m, d) for m, deps in graph.items() if m for d in deps
         if d and _layer(d) > _layer(m)]
   assert not up, f"imports that point up a layer: {up}"
-  research = [(m, d) for m, deps in graph.items() for d in deps
-              if d.startswith("research") and not m.startswith("research")]
-  assert not research, f"only scripts and studies may import specdec_jax.research: {research}"
+
+
+def _imported_roots(path: Path) -> set[str]:
+  """Top-level names of every module ``path`` imports (absolute imports)."""
+  roots = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      roots |= {a.name.split(".")[0] for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+      roots.add(node.module.split(".")[0])
+  return roots
+
+
+def test_the_package_never_imports_the_lab():
+  modules = _modules()
+  assert "lab" in _imported_roots(REPO / "scripts" / "bench_speculative.py")  # the check sees lab
+  bad = sorted(m for m, path in modules.items() if "lab" in _imported_roots(path))
+  assert not bad, f"specdec_jax modules that import lab/: {bad}"
+
+
+def test_nothing_installed_imports_torch():
+  modules = _modules()
+  torch = sorted(m for m, path in modules.items() if "torch" in _imported_roots(path))
+  assert not torch, f"installed modules that import torch: {torch}"
+  assert "torch" in _imported_roots(REPO / "lab" / "bench" / "hf.py")  # the check sees torch
+
+
+def _runs_git(path: Path) -> list[int]:
+  """Lines of ``path`` that call a program named git (subprocess or os)."""
+  lines = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if not isinstance(node, ast.Call) or not node.args:
+      continue
+    arg = node.args[0]
+    words = (arg.elts[:1] if isinstance(arg, (ast.List, ast.Tuple)) else [arg])
+    for w in words:
+      if isinstance(w, ast.Constant) and isinstance(w.value, str) and (
+          w.value == "git" or w.value.startswith("git ")):
+        lines.append(node.lineno)
+  return lines
+
+
+def test_nothing_installed_runs_git():
+  bad = {m: lines for m, path in _modules().items() if (lines := _runs_git(path))}
+  assert not bad, f"installed modules that run git (module: lines): {bad}"
+  assert _runs_git(REPO / "lab" / "revisions.py")  # the check sees a git call
 
 
 def test_no_import_cycles():

@@ -1,5 +1,5 @@
 """Algorithm 1's kernel and the two-level sampler against direct transcriptions
-(the cuts that the round profile, specdec_jax.research.rounds, measured).
+(the cuts that the round profile, lab.rounds, measured).
 
 The kernel's temperature-0 path skips the random draws and the residual
 distribution (paper §2.3: with one-hot p both are determined); these tests

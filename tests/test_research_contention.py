@@ -1,4 +1,4 @@
-"""Cache contention (specdec_jax.research.contention): the decode working set
+"""Cache contention (lab.contention): the decode working set
 counts what a decode step reads, and every (k, MB) pass is timed."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from specdec_jax.models.t5 import T5Config, param_shapes
-from specdec_jax.research.contention import (cache_contention, contention_markdown,
-                                             decode_working_set_mb)
+from lab.contention import (cache_contention, contention_markdown,
+                            decode_working_set_mb)
 
 
 @pytest.mark.parametrize("tied", [False, True])

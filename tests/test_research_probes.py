@@ -1,4 +1,4 @@
-"""Acceptance probes (specdec_jax.research.probes): the engine's rounds read
+"""Acceptance probes (lab.probes): the engine's rounds read
 right, the AUC, and acceptance heads that find what the hidden state knows."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from specdec_jax import drafts
 from specdec_jax.decoding import speculative_decode
 from specdec_jax.models.t5 import shift_right
-from specdec_jax.research.probes import (EngineRecords, along_outputs, auc, confidence_auc,
-                                         engine_records, head_auc)
+from lab.probes import (EngineRecords, along_outputs, auc, confidence_auc,
+                        engine_records, head_auc)
 from specdec_jax.sampling import SamplingConfig
 
 
@@ -111,7 +111,7 @@ def test_auc_counts_ties_half():
 
 
 def test_confidence_auc_reads_the_rounds_verdicts(tiny_target, tiny_draft):
-  """``--confidence_auc``: a draft equal to the target has every evaluated
+  """``scripts/confidence_auc.py``: a draft equal to the target has every evaluated
   proposal accepted (q = p passes Algorithm 1's test surely), so the counts
   read off successive rounds' starts are right; the target with noise on
   its weights is rejected at times, and both confidences are scored."""

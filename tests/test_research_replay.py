@@ -1,5 +1,5 @@
 """Adaptive rounds' machinery and a rule's rounds replayed
-(specdec_jax.research.replay)."""
+(lab.replay)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import jax.numpy as jnp
 from specdec_jax import drafts
 from specdec_jax.decoding import AdaptiveConfig
 from specdec_jax.drafts.base import init_draft
-from specdec_jax.research.replay import (WidthSchedule, adaptive_pieces, adaptive_pieces_markdown,
-                                         adaptive_replay, adaptive_replay_markdown)
+from lab.replay import (WidthSchedule, adaptive_pieces, adaptive_pieces_markdown,
+                        adaptive_replay, adaptive_replay_markdown)
 from specdec_jax.sampling import SamplingConfig
 
 
 def test_adaptive_pieces_times_both_paths(tiny_target, tiny_draft):
-  """``--adaptive_pieces``: one row per k with all four pieces timed; the
+  """``scripts/adaptive_pieces.py``: one row per k with all four pieces timed; the
   switch branch computes what ``decode`` does (checked in test_model), so here
   only that every piece ran and was timed."""
   model, params = tiny_target
@@ -33,7 +33,7 @@ def test_adaptive_pieces_times_both_paths(tiny_target, tiny_draft):
 
 
 def test_adaptive_replay_reproduces_the_rules_rounds(tiny_target, tiny_draft):
-  """``--adaptive_replay``: the rule's recorded widths, replayed as a fixed
+  """``scripts/adaptive_replay.py``: the rule's recorded widths, replayed as a fixed
   schedule, give the same tokens and widths (``adaptive_replay`` raises
   otherwise; checked here against a schedule that is *not* the rule's, so the
   check can fail), and every setting is timed."""

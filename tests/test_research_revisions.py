@@ -1,8 +1,8 @@
-"""The kernel against a git revision (specdec_jax.research.revisions)."""
+"""The kernel against a git revision (lab.revisions)."""
 
 from __future__ import annotations
 
-from specdec_jax.research.revisions import compare_acceptance
+from lab.revisions import compare_acceptance
 
 
 def test_compare_acceptance_against_a_revision():

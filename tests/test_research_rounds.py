@@ -1,4 +1,4 @@
-"""The round profile (specdec_jax.research.rounds): every piece is timed and
+"""The round profile (lab.rounds): every piece is timed and
 the round's rest splits into interplay and bookkeeping exactly."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import drafts
-from specdec_jax.research.rounds import RoundProfile, markdown, profile_round
+from lab.rounds import RoundProfile, markdown, profile_round
 from specdec_jax.sampling import SamplingConfig
 
 

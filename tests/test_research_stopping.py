@@ -1,11 +1,11 @@
-"""Stopping rules replayed offline (specdec_jax.research.stopping), worked by hand."""
+"""Stopping rules replayed offline (lab.stopping), worked by hand."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from specdec_jax.research.stopping import simulate_stopping
+from lab.stopping import simulate_stopping
 
 
 def test_simulate_stopping_by_hand():

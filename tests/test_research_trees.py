@@ -1,4 +1,4 @@
-"""The chain-versus-tree study (``research.trees``) on the tiny pair: counts
+"""The chain-versus-tree study (``lab.trees``) on the tiny pair: counts
 that add up, the rank rates the acceptance trees are built from, and the
 roofline model's limits."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from specdec_jax import drafts
 from specdec_jax.models.t5 import get_config
-from specdec_jax.research import trees
+from lab import trees
 from specdec_jax.dryrun.chips import CHIPS
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.tree import TreeShape

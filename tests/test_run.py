@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import run
-from specdec_jax.research import accounting as research_accounting
+from lab import accounting as research_accounting
 from specdec_jax.run import account as accounting
 
 import toy_env

@@ -9,7 +9,7 @@ import pytest
 
 from specdec_jax import drafts
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.scripting.sweep import gamma_sweep, markdown_table
+from lab.sweep import gamma_sweep, markdown_table
 
 
 def test_sweep_rows_and_the_factors_of_measured_over_predicted(tiny_target, tiny_draft):
@@ -33,30 +33,53 @@ def test_sweep_rows_and_the_factors_of_measured_over_predicted(tiny_target, tiny
   assert "| EXP (in context) |" in table and "measured / EXP(in context)" in table
 
 
-def test_parse_setting():
-  from specdec_jax.scripting.sweep import parse_setting
-  assert parse_setting("3", 7) == ("3", 3, None)
-  label, g, cfg = parse_setting("threshold:0.4:0.3", 7)
-  assert (label, g, cfg.threshold, cfg.skip_below) == ("≤7 thr 0.4 skip 0.3", 7, 0.4, 0.3)
-  assert cfg.verify_widths(7) == (0, 1, 2, 4, 7)
-  label, _, cfg = parse_setting("threshold", 7)
-  assert (label, cfg.threshold, cfg.skip_below) == ("≤7 thr 0.4", 0.4, None)
-  label, _, cfg = parse_setting("cumulative:0.3:0.4", 7)
-  assert (label, cfg.rule, cfg.threshold, cfg.skip_below) == (
-      "≤7 cum 0.3 skip 0.4", "cumulative", 0.3, 0.4)
-  from specdec_jax.scripting.sweep import parse_widths
-  assert parse_widths("all", 4) == (1, 2, 3, 4) and parse_widths("default", 4) == ()
-  assert parse_widths("1,3", 4) == (1, 3)
-  assert parse_setting("cumulative:0.3", 4, parse_widths("all", 4))[2].verify_widths(4) == (
-      1, 2, 3, 4)
-  label, _, cfg = parse_setting("cumulative:0.25::drawn", 7)
-  assert (label, cfg.threshold, cfg.skip_below, cfg.confidence) == (
-      "≤7 cum 0.25 drawn", 0.25, None, "drawn")
-  assert parse_setting("threshold:0.4:0.3:drawn", 7)[0] == "≤7 thr 0.4 skip 0.3 drawn"
+def _bench_speculative():
+  import importlib.util
+  import pathlib
+  path = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench_speculative.py"
+  spec = importlib.util.spec_from_file_location("bench_speculative", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_adaptive_settings_are_the_dataclass_fields_as_flags():
+  """bench_speculative's adaptive settings: AdaptiveConfig's fields as
+  --adaptive_<field> flags, one value per setting or one for all; labels
+  name each; a fixed γ is a number or 'auto', nothing else."""
+  from lab.sweep import adaptive_label, parse_gamma, parse_widths
+  from specdec_jax.decoding import AdaptiveConfig
+  mod = _bench_speculative()
+  from lab.sweep import adaptive_settings
+  settings = lambda *argv: adaptive_settings(mod.parser().parse_args(argv))
+  assert settings() == []
+  thr, cum = settings("--adaptive_rule=threshold,cumulative", "--adaptive_threshold=0.4,0.3",
+                      "--adaptive_skip_below=0.3,none", "--gamma_max=7")
+  assert (thr.rule, thr.threshold, thr.skip_below, thr.widths) == (
+      "threshold", 0.4, 0.3, tuple(range(1, 8)))   # --adaptive_widths: all by default
+  assert (cum.rule, cum.threshold, cum.skip_below) == ("cumulative", 0.3, None)
+  assert adaptive_label(thr, 7) == "≤7 thr 0.4 skip 0.3"
+  assert adaptive_label(cum, 7) == "≤7 cum 0.3"
+  (drawn,) = settings("--adaptive_rule=cumulative", "--adaptive_threshold=0.25",
+                      "--adaptive_confidence=drawn", "--adaptive_widths=default")
+  assert adaptive_label(drawn, 8) == "≤8 cum 0.25 drawn" and drawn.widths == ()
+  assert drawn.verify_widths(7) == (1, 2, 4, 7)
+  (sched,) = settings("--adaptive_rule=schedule", "--adaptive_initial_gamma=2")
+  assert adaptive_label(sched, 8) == "≤8 sched from 2"
+  # --adaptive: six settings spelled with the same flags.
+  assert len(settings("--adaptive")) == 6
+  assert parse_widths("all", 4) == (1, 2, 3, 4) and parse_widths("1,3", 4) == (1, 3)
+  assert parse_gamma("3") == ("3", 3) and parse_gamma("auto") == ("auto", 0)
   with pytest.raises(ValueError, match="'top', 'drawn'"):
-    parse_setting("cumulative:0.25::drwan", 7)
-  with pytest.raises(ValueError, match="threshold:t:s|unknown γ setting"):
-    parse_setting("sometimes", 7)
+    settings("--adaptive_rule=cumulative", "--adaptive_threshold=0.2",
+             "--adaptive_confidence=drwan")
+  with pytest.raises(ValueError, match=r"--adaptive_rule \(2\): give one value, or one per"):
+    settings("--adaptive_rule=threshold,cumulative", "--adaptive_threshold=0.1,0.2,0.3")
+  with pytest.raises(ValueError, match="--adaptive_threshold=x: could not convert"):
+    settings("--adaptive_rule=threshold", "--adaptive_threshold=x")
+  with pytest.raises(ValueError, match="unknown γ 'threshold:0.4'"):
+    parse_gamma("threshold:0.4")
+  assert isinstance(thr, AdaptiveConfig)
 
 
 def test_several_drafts_share_one_baseline_in_one_sweep(tiny_target, tiny_draft):
@@ -79,12 +102,7 @@ def test_several_drafts_share_one_baseline_in_one_sweep(tiny_target, tiny_draft)
 
 
 def test_bench_speculative_parses_its_drafts_flag():
-  import importlib.util
-  import pathlib
-  path = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench_speculative.py"
-  spec = importlib.util.spec_from_file_location("bench_speculative", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
+  from lab import sweep as mod
   assert mod.parse_drafts("t5:ck/draft_small,t5:ck/draft_tiny/,prompt_lookup,lookup_t5:ck/x") == {
       "draft_small": ("t5", "ck/draft_small", ""), "draft_tiny": ("t5", "ck/draft_tiny/", ""),
       "prompt_lookup": ("prompt_lookup", "", ""), "lookup_t5:x": ("lookup_t5", "ck/x", "")}
@@ -103,7 +121,7 @@ def test_auto_that_chooses_plain_decoding_runs_the_baseline_as_its_row(tiny_targ
   """'auto' where the measured costs (forced: verification 5 steps, the draft
   0.9 of one) leave every γ below 1x: the row is 'auto→plain', decoded by the
   baseline (token for token its outputs, no α, costs or prediction)."""
-  from specdec_jax.scripting import sweep
+  from lab import sweep
   from specdec_jax.theory import RoundCost
   slow = RoundCost(1, 0.9, 5.0, step_ms=1.0)
   monkeypatch.setattr(sweep, "measure_costs_many",

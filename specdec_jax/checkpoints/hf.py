@@ -10,9 +10,14 @@ of ours is read as the transposed slice of HF's tensor, then transposed.
 
 from __future__ import annotations
 
+import collections
 import functools
+import io
 import json
 import os
+import pickle
+import struct
+import zipfile
 from typing import Any, Callable, Mapping, Optional
 
 import jax.numpy as jnp
@@ -198,37 +203,89 @@ class SafetensorsFile:
     return lambda index: np.array(mapped[index])
 
 
+# PyTorch's storage classes in a pytorch_model.bin, by the numpy dtype they hold.
+TORCH_STORAGES = {"FloatStorage": np.float32, "HalfStorage": np.float16,
+                  "BFloat16Storage": ml_dtypes.bfloat16, "DoubleStorage": np.float64,
+                  "LongStorage": np.int64, "IntStorage": np.int32, "ShortStorage": np.int16,
+                  "CharStorage": np.int8, "ByteStorage": np.uint8, "BoolStorage": np.bool_}
+
+
+class _TorchUnpickler(pickle.Unpickler):
+  """Reads a pytorch_model.bin's ``data.pkl`` without torch: tensors become
+  (storage key, dtype, offset, shape, strides) records; any global but a
+  tensor, a storage class and an OrderedDict is refused (as torch's
+  ``weights_only`` loading refuses them)."""
+
+  def find_class(self, module: str, name: str) -> Any:
+    if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+      return lambda storage, offset, shape, strides, *_: (*storage, offset, tuple(shape),
+                                                          tuple(strides))
+    if module == "torch" and name in TORCH_STORAGES:
+      return TORCH_STORAGES[name]
+    if (module, name) == ("collections", "OrderedDict"):
+      return collections.OrderedDict
+    raise pickle.UnpicklingError(f"{module}.{name} is not a tensor, a storage or a dict")
+
+  def persistent_load(self, pid: Any) -> tuple[str, Any]:
+    kind, storage_type, key = pid[:3]
+    if kind != "storage":
+      raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+    return str(key), np.dtype(storage_type)
+
+
 class TorchBinFile:
-  """Shapes and sliced reads of one pytorch_model.bin (torch imported lazily)."""
+  """Shapes and sliced reads of one pytorch_model.bin, read without torch.
+
+  The file is a zip archive (PyTorch >= 1.6): ``<name>/data.pkl`` pickles the
+  state dict with each tensor's storage, offset, shape and strides; each
+  storage is an uncompressed member ``<name>/data/<key>`` of little-endian
+  values, memory-mapped here. Older (non-zip) files are refused with a way out.
+  """
 
   def __init__(self, path: str):
-    import torch
     self.path = path
     try:
-      self._sd = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except RuntimeError:
-      # Pre-1.6 (non-zip) files cannot be memory-mapped: load them whole.
-      try:
-        self._sd = torch.load(path, map_location="cpu", weights_only=True)
-      except Exception as e:  # pickle/zip errors
-        raise CheckpointError(f"{path}: cannot read PyTorch checkpoint: {e}") from e
-    except Exception as e:  # pickle errors
+      with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+        pkl = next(n for n in names if n.endswith("/data.pkl") or n == "data.pkl")
+        root = pkl[:-len("data.pkl")]
+        order = root + "byteorder"
+        if order in names and z.read(order).decode().strip() != "little":
+          raise CheckpointError(f"{path}: big-endian PyTorch checkpoints are not supported")
+        state = _TorchUnpickler(io.BytesIO(z.read(pkl))).load()
+        self._members = {n[len(root) + len("data/"):]: z.getinfo(n) for n in names
+                         if n.startswith(root + "data/")}
+    except (zipfile.BadZipFile, StopIteration) as e:
+      raise CheckpointError(f"{path}: not a zip-format PyTorch checkpoint (saved by torch < "
+                            "1.6?); convert it to safetensors") from e
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
       raise CheckpointError(f"{path}: cannot read PyTorch checkpoint: {e}") from e
-    self.shapes = {k: tuple(v.shape) for k, v in self._sd.items()}
+    self._tensors = dict(state)
+    self.shapes = {k: v[3] for k, v in self._tensors.items()}
+
+  def _storage(self, key: str, dtype: np.dtype) -> np.ndarray:
+    """Storage ``key`` memory-mapped (a zip member stored uncompressed)."""
+    info = self._members[key]
+    if info.file_size == 0:
+      return np.zeros((0,), dtype)
+    if info.compress_type != zipfile.ZIP_STORED:
+      raise CheckpointError(f"{self.path}: storage {key} is compressed; re-save the file")
+    with open(self.path, "rb") as f:   # the local header's lengths give the data's offset
+      f.seek(info.header_offset + 26)
+      name_len, extra_len = struct.unpack("<HH", f.read(4))
+    start = info.header_offset + 30 + name_len + extra_len
+    return np.memmap(self.path, dtype=dtype, mode="r", offset=start,
+                     shape=(info.file_size // dtype.itemsize,))
 
   def slice_reader(self, key: str) -> placement.SliceReader:
-    """Reads slices of tensor ``key`` (in HF's layout) from the mmapped file."""
-    import torch
-    tensor = self._sd[key].detach()
-
-    def read(index: placement.Index) -> np.ndarray:
-      # A contiguous copy: the slice of the mapping is a view, and numpy has
-      # no bfloat16, so that is reinterpreted bit for bit.
-      part = tensor[index].clone(memory_format=torch.contiguous_format)
-      if part.dtype == torch.bfloat16:
-        return part.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-      return part.numpy()
-    return read
+    """Reads slices of tensor ``key`` (in HF's layout) from the mapped file."""
+    storage_key, dtype, offset, shape, strides = self._tensors[key]
+    flat = self._storage(storage_key, dtype)
+    tensor = np.lib.stride_tricks.as_strided(
+        flat[offset:], shape=shape, strides=tuple(s * dtype.itemsize for s in strides),
+        writeable=False)
+    # Copy: a device buffer must not alias the mapped file.
+    return lambda index: np.array(tensor[index])
 
 
 class RemoteSafetensorsFile:
@@ -298,8 +355,8 @@ def _open_weight_file(file_path: str) -> Any:
             else SafetensorsFile(file_path))
   if is_gcs(file_path):
     raise CheckpointError(f"{file_path}: PyTorch .bin weights cannot be read from Cloud "
-                          "Storage (torch needs a local file); convert them to safetensors or "
-                          "copy the directory to a local disk")
+                          "Storage (they are memory-mapped from a local file); convert them to "
+                          "safetensors or copy the directory to a local disk")
   return TorchBinFile(file_path)
 
 

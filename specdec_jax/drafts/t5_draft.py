@@ -77,7 +77,7 @@ class T5Draft:
   ``with_inputs``), 0 elsewhere: the output layer multiplies by the
   shortlist's columns only, which is most of a small draft's step.
 
-  ``observe`` (profiling only, ``research.probes.engine_records``): a host function
+  ``observe`` (profiling only, ``lab.probes.engine_records``): a host function
   that every draft step calls, in order, with the last fed position's final
   hidden state [B, d] and logits [B, V] (-inf off a shortlist). None, the
   default, compiles no callback.

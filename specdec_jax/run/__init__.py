@@ -16,8 +16,8 @@ from Theorem 3.8), ``hosts`` (what the processes of a multi-host run agree on),
 ``cli`` (flags and errors) and ``logs`` (one logging setup for every entry
 point; ``--dry_run`` compiles the run's programs for a TPU topology with
 ``specdec_jax.dryrun``).
-α measurement lives in ``specdec_jax.alpha``; what only the scripts share
-(their flags, γ sweeps) in ``specdec_jax.scripting``.
+α measurement lives in ``specdec_jax.alpha``; what the scripts share (their
+flags, Table 2's rows, tables and figures) in ``specdec_jax.scripting``.
 """
 
 from specdec_jax.run.cli import main, parse_config, run_args

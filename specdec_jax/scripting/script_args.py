@@ -1,7 +1,9 @@
 """What the scripts in ``scripts/`` share, named once: the demo pair and its
 data (the defaults every benchmark starts from), the flags that select a pair,
-a draft and the decoding settings, how relative paths are found, one logging
-setup, a line describing the machine, and markdown tables.
+a draft and the decoding settings, flags generated from a settings
+dataclass's fields (``dataclass_flags``: the one way a script spells a
+setting), how relative paths are found, one logging setup, a line describing
+the machine, and markdown tables.
 
 Paths a script reads (checkpoints, vocabularies, data) are found as the runner
 finds them (``specdec_jax.run.settings.resolve_path``): relative to the working
@@ -13,11 +15,14 @@ directory. Paths a script writes stay relative to the working directory.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import subprocess
 import sys
 import traceback
+import types
+import typing
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
@@ -110,6 +115,112 @@ def add_decoding_arguments(parser: argparse.ArgumentParser, gammas: Optional[str
                              "always --max_input_len")
   if seed:
     parser.add_argument("--seed", type=int, default=0, help="PRNG seed of the sampling keys")
+
+
+def _kinds(hint: Any) -> list[Any]:
+  """The annotation's types without None (Optional[int] -> [int])."""
+  union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+  return [t for t in (typing.get_args(hint) if union else (hint,)) if t is not type(None)]
+
+
+def _parse_value(hint: Any, text: str) -> Any:
+  """One value of a field annotated ``hint`` from its flag's text: 'none' for
+  None (Optional fields), a comma-separated list for a tuple field."""
+  kinds = _kinds(hint)
+  if text.strip().lower() == "none" and type(None) in typing.get_args(hint):
+    return None
+  if len(kinds) == 1 and typing.get_origin(kinds[0]) is tuple:
+    return tuple(comma_list(text, typing.get_args(kinds[0])[0]))
+  if kinds == [bool]:
+    if text.lower() not in ("true", "false"):
+      raise ValueError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
+  return kinds[0](text)
+
+
+def dataclass_flags(parser: argparse.ArgumentParser, cls: type, defaults: Any = None,
+                    prefix: str = "", skip: Sequence[str] = (), many: bool = False,
+                    special: Optional[dict[str, dict]] = None) -> list[str]:
+  """A flag for each field of the settings dataclass ``cls`` (in its order)
+  but ``skip``: ``--{prefix}{name}``, typed from the field's annotation (str,
+  int, float, bool, a tuple of one of them as a comma-separated list, or an
+  Optional of one, 'none' for None), defaulted as ``defaults``'s value of it
+  (else the field's default; a field without one is required), its help the
+  field's description in the docstring (``settings.setting_docs``, as the
+  runner's --help). ``many``: each flag
+  takes a comma-separated list, one value per setting (``dataclasses_from_flags``).
+  ``special``: name -> ``add_argument`` keywords replacing the generated ones.
+  Returns the fields that got a flag."""
+  hints = typing.get_type_hints(cls)
+  docs = settings.setting_docs(cls)
+  names = []
+  for f in dataclasses.fields(cls):
+    if f.name in skip:
+      continue
+    has_default = (f.default is not dataclasses.MISSING
+                   or f.default_factory is not dataclasses.MISSING)
+    default = (getattr(defaults, f.name) if defaults is not None
+               else f.default if f.default is not dataclasses.MISSING
+               else f.default_factory() if has_default else None)
+    text = f"{cls.__name__}.{f.name}" + (f": {docs[f.name]}" if f.name in docs else "")
+    kinds = _kinds(hints[f.name])
+    if many:
+      kw: dict[str, Any] = dict(default=None, metavar="VALUE[,VALUE...]",
+                                help=text + " (one value per setting, or one for all)")
+    elif kinds == [bool]:
+      kw = dict(default=default, action=argparse.BooleanOptionalAction, help=text)
+    elif len(kinds) == 1 and (kinds[0] in (str, int, float)
+                              or typing.get_origin(kinds[0]) is tuple):
+      kw = dict(default=default, required=defaults is None and not has_default, help=text,
+                type=lambda s, h=hints[f.name]: _parse_value(h, s))
+    elif f.name in (special or {}):
+      kw = dict(default=default, help=text)
+    else:
+      raise TypeError(f"{cls.__name__}.{f.name} ({hints[f.name]}) has no generated flag: give "
+                      "it a special entry or skip it")
+    kw["help"] = kw["help"].replace("%", "%%")
+    kw.update((special or {}).get(f.name, {}))
+    parser.add_argument(f"--{prefix}{f.name}", **kw)
+    names.append(f.name)
+  return names
+
+
+def dataclass_from_flags(cls: type, args: argparse.Namespace, prefix: str = "",
+                         **fixed: Any) -> Any:
+  """``cls`` built from the flags ``dataclass_flags`` added (each field its
+  flag's value; ``fixed`` fields as given)."""
+  values = {f.name: getattr(args, prefix + f.name) for f in dataclasses.fields(cls)
+            if hasattr(args, prefix + f.name)}
+  return cls(**{**values, **fixed})
+
+
+def dataclasses_from_flags(cls: type, args: argparse.Namespace, prefix: str = "",
+                           **fixed: Any) -> list[Any]:
+  """The settings a ``many=True`` ``dataclass_flags`` describes: setting i
+  takes the i-th value of every flag that has several, the value of a flag
+  that has one, the field's default where a flag is not given, ``fixed``'s
+  fields as given; [] when no flag is. A bad value or a list of another length is one ``ValueError``
+  naming the flag."""
+  hints = typing.get_type_hints(cls)
+  given: dict[str, list[Any]] = {}
+  for f in dataclasses.fields(cls):
+    text = None if f.name in fixed else getattr(args, prefix + f.name, None)
+    if text is None:
+      continue
+    try:
+      given[f.name] = [_parse_value(hints[f.name], v) for v in
+                       (text.split(",") if typing.get_origin(_kinds(hints[f.name])[0])
+                        is not tuple else [text])]
+    except ValueError as e:
+      raise ValueError(f"--{prefix}{f.name}={text}: {e}") from None
+  if not given:
+    return []
+  n = max(len(v) for v in given.values())
+  wrong = [f"--{prefix}{k} ({len(v)})" for k, v in given.items() if len(v) not in (1, n)]
+  if wrong:
+    raise ValueError(f"{', '.join(wrong)}: give one value, or one per setting ({n})")
+  return [cls(**{k: v[i] if len(v) > 1 else v[0] for k, v in given.items()}, **fixed)
+          for i in range(n)]
 
 
 def shortlist_for(args: argparse.Namespace) -> str:
