@@ -85,39 +85,46 @@ def check_path(setting: str, value: str, config_dirs: Sequence[str] = (),
 class PairSettings:
   """The settings of a target and its draft, declared once: ``ModelPair``,
   ``run.Experiment`` and ``distill.DistillJob`` inherit them, so a new one
-  is a field here (and its use in ``ModelPair``), nothing else.
+  is a field here with its entry below (and its use in ``ModelPair``),
+  nothing else. Each entry starts with the one sentence ``--help`` prints.
+  Scale: docs/sharding.md.
 
-  Each model: a checkpoint path (the draft's '' for an approximation model
-  that reads none), its format (``checkpoints.FORMATS``) and preset (the
-  architecture, required for T5X formats, e.g. 't5_1_1_xxl'). ``vocab_path``
-  (SentencePiece, ``vocab_extra_ids`` sentinels) holds the ids both speak.
-
-  Scale (docs/sharding.md): ``mesh_shape`` (data, model), product = the device
-  count, None = one device; the target under ``logical_axis_rules`` (None:
-  ``partitioning.STANDARD_RULES``), the draft under
-  ``draft_logical_axis_rules`` (None: ``partitioning.DATA_PARALLEL_RULES``),
-  non-divisible dimensions per ``partition_fallback`` ('error' or
-  'replicate', logged). Weights are kept at
-  ``param_dtype`` (the draft's at ``draft_param_dtype``, None: the same; norms
-  stay float32), activations run at ``dtype``, and every weight product over
-  at least ``min_rows`` rows (``T5Config.min_rows``: 2 keeps a batch-1 step a
-  matrix product on GPUs). ``fixed_positions`` > 0 makes every target decode
-  call score exactly that many positions (``T5Config.fixed_positions``, at
-  least γ + 1 or a tree's node count): the one-token step and the
-  (γ + 1)-position pass then reduce each position in one order, so T = 0 is
-  identical to the baseline in bfloat16 too; 0 (default) scores k positions.
-  ``fused_projections``: both models run self-attention's query/key/value and
-  the gated MLP's wi_0/wi_1 as one product each, their kernels fused in
-  memory after loading (``t5.fuse_projections``; one device only).
-  ``decode_kernel`` (``T5Config.decode_kernel``): 'xla', the reference, or
-  'pallas', both models' chain decode as fused Pallas kernels
-  (``specdec_jax.kernels``; one device, float kernels, unfused projections).
-
-  ``draft_quantization`` (None, 'int8' or 'int4'): the draft's kernels are
-  quantized weight-only when it loads (``specdec_jax.quantization``); None
-  keeps what the draft's checkpoint records (a quantized distillation export,
-  ``recorded_quantization``), else float. The target is never quantized.
-  Exact for any value: only α and the draft's cost change.
+  target_checkpoint: the target's checkpoint, a local path or gs://.
+  draft_checkpoint: the draft's checkpoint ('' for an approximation model that reads none).
+  target_format: the target checkpoint's format (``checkpoints.FORMATS``; 'auto' detects it).
+  draft_format: the draft checkpoint's format (``checkpoints.FORMATS``; 'auto' detects it).
+  target_preset: the target's architecture by name, e.g. 't5_1_1_xxl' (required
+    for T5X formats; None: the checkpoint's config.json).
+  draft_preset: the draft's architecture by name, e.g. 't5_1_1_small' (as ``target_preset``).
+  vocab_path: the SentencePiece vocabulary both models speak.
+  vocab_extra_ids: sentinel ids appended to the vocabulary (T5's extra ids).
+  mesh_shape: the device mesh (data, model), its product the device count (None: one device).
+  logical_axis_rules: the target's T5X logical axis rules (None:
+    ``partitioning.STANDARD_RULES``).
+  draft_logical_axis_rules: the draft's logical axis rules (None:
+    ``partitioning.DATA_PARALLEL_RULES``, replicated over the model axis).
+  partition_fallback: what a dimension the mesh does not divide gets: 'error'
+    or 'replicate' (logged).
+  param_dtype: the dtype weights are kept in (norms stay float32).
+  draft_param_dtype: the draft's weight dtype (None: ``param_dtype``).
+  dtype: the dtype activations run at.
+  min_rows: the fewest rows every weight product runs over (``T5Config.min_rows``;
+    2 keeps a batch-1 step a matrix product on GPUs).
+  decode_kernel: both models' chain decode: 'xla', the reference, or 'pallas'
+    (``specdec_jax.kernels``; one device, float kernels, unfused projections).
+  fixed_positions: positions every target decode call scores, 0 off
+    (``T5Config.fixed_positions``; at least γ + 1 or a tree's node count). The
+    one-token step and the (γ + 1)-position pass then reduce each position in
+    one order, so T = 0 is identical to the baseline in bfloat16 too; 0 scores
+    k positions.
+  fused_projections: run self-attention's query/key/value and the gated MLP's
+    wi_0/wi_1 as one product each (kernels fused after loading,
+    ``t5.fuse_projections``; one device only).
+  draft_quantization: the draft's kernels quantized weight-only when it loads:
+    None, 'int8' or 'int4' (``specdec_jax.quantization``). None keeps what the
+    draft's checkpoint records (a quantized distillation export,
+    ``recorded_quantization``), else float; the target is never quantized.
+    Exact for any value: only α and the draft's cost change.
 
   ``config_dirs`` is not a setting: the owner sets it to where relative paths
   are looked for after the working directory (see ``candidates``).

@@ -26,9 +26,10 @@ Array = jax.Array
 class SamplingConfig:
   """Sampling settings (paper §2.2). Frozen and hashable: a static jit argument.
 
-  temperature: 0 means argmax; must be >= 0.
-  topk: 0 means off; otherwise keep the k most probable tokens.
-  topp: 0 means off; otherwise in (0, 1].
+  temperature: the temperature the logits are divided by, >= 0 (0: argmax).
+  topk: keep only the k most probable tokens (0: off).
+  topp: keep the most probable tokens whose probabilities add up to topp, in (0, 1] (0: off).
+
   Setting both topk and topp raises ``ValueError``.
   """
 

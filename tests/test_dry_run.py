@@ -146,6 +146,13 @@ def test_roofline_model(runs):
   text = driver.format_report(r)
   assert "MODEL, not a measurement" in text and "the paper measured 3.4x" in text
   assert "Collectives in one iteration of the speculative loop" in text
+  # The short report: the same prediction in one sentence beside the paper's.
+  short = driver.summary_report(r).splitlines()
+  assert short[-2] == (
+      f"Prediction (a cost model, not a measurement): the draft costs c = {rl.c():.3f} of a "
+      f"target step; at the paper's α = 0.75, {r.speculative_ms_per_token():.3f} ms per token "
+      f"against the baseline's {rl.baseline_ms_per_token():.3f}, {r.predicted(True):.2f}× (the "
+      f"paper measured 3.4× with c = 0.02 on one {paper.CHIP}).")
 
 
 def test_depth_extrapolation_is_exact(runs, paths):
@@ -356,8 +363,13 @@ def test_command_line_alpha_only(paths, runs, capsys, caplog):
                   + [f"--gin_bindings={b}" for b in bindings])
   out = capsys.readouterr().out
   assert code == 0
-  assert "baseline loop" in out and "α pass (§4.2)" in out and "Roofline" not in out
-  assert "no collective moves a weight" in out
+  # By default a short summary in words (the full account: --verbose).
+  lines = out.strip().splitlines()
+  assert len(lines) == 3, out
+  assert "2 programs compiled in" in lines[0] and "no weight or data was read" in lines[0]
+  assert lines[1].startswith("Memory: the largest program, the ") and lines[1].endswith(
+      ": it fits.")
+  assert lines[2].endswith("add --verbose.") and "Roofline" not in out
   said = [r.getMessage() for r in caplog.records]
   start = next(i for i, m in enumerate(said) if m.startswith(f"Compiling 2 programs for "
                                                               f"{TOPOLOGY}, "))
@@ -466,3 +478,32 @@ def test_compile_all_names_each_program_as_it_is_done(caplog):
   assert [m for m in said if m.startswith("  ")] == [
       f"  double: {programs[0].compile_s:.0f} s (1/2)",
       f"  total: {programs[1].compile_s:.0f} s (2/2)"]
+
+
+def test_the_short_report_says_what_fits_in_words():
+  """The runner's default dry-run report (no compile needed here): the
+  largest program against the chip's memory, each program that does not fit
+  or did not compile, and where the full account is."""
+  from specdec_jax.dryrun import chips
+  chip, _ = chips.parse_topology("v4:1x1x1")
+  ctx = driver.Context("v4:1x1x1", chip, (None,), None, None, None, None, None, [])
+  gib = 2 ** 30
+  fits = driver.DryRun(ctx, [driver.Program("speculative loop", 0, arguments=20 * gib,
+                                            temporaries=4 * gib),
+                             driver.Program("baseline loop", 0, arguments=20 * gib)],
+                       wall_s=12.0)
+  text = driver.summary_report(fits)
+  assert text.splitlines() == [
+      "Dry run for v4:1x1x1 (1 TPU v4 chip, 32 GiB of memory each): 2 programs compiled in "
+      "12 s; no weight or data was read.",
+      "Memory: the largest program, the speculative loop, needs 24.00 GiB per chip, 75% of "
+      "its 32 GiB: it fits.",
+      "The full account (each program's memory, collectives, the cost model's pieces): add "
+      "--verbose."]
+  over = driver.DryRun(ctx, [driver.Program("speculative loop", 0, arguments=40 * gib),
+                             driver.Program("draft", 0, error="RESOURCE_EXHAUSTED")])
+  lines = driver.summary_report(over).splitlines()
+  assert lines[1].endswith("125% of its 32 GiB.")
+  assert lines[2] == ("Does NOT fit: the speculative loop needs 40.00 GiB per chip, more than "
+                      "its 32 GiB.")
+  assert lines[3] == "Did not compile: the draft (RESOURCE_EXHAUSTED)."

@@ -210,3 +210,67 @@ def test_figures_refuse_alpha_only_runs(runs, tmp_path):
   summaries = tables.load_summaries(tables.find_summary_files([str(runs / "alpha")]))
   with pytest.raises(ValueError, match="no speculative-decoding run"):
     figures.write_figures(summaries, tmp_path)
+
+
+def _demo_pair(root):
+  """The demo pair's two rows (no paper row), with two draft positions each."""
+  for name, t, speed in (("demo", 0.0, 1.33), ("demo_t1", 1.0, 1.11)):
+    _write(root, name, _run_summary("bible_modernize", "draft_tiny+shortlist", t, 2, 0.7, speed,
+                                    tokens_per_target_call_eq1=2.19))
+    _with_positions(root, name, [([3, 2], [4, 3])])
+  from specdec_jax.scripting import tables
+  return tables.load_summaries(tables.find_summary_files([str(root)]))
+
+
+def _drawn(fig):
+  """Draws ``fig``; -> its axes, their legend (or None) and the two's boxes on the canvas."""
+  fig.canvas.draw()
+  ax = fig.axes[0]
+  legend = ax.get_legend()
+  return ax, legend, ax.get_window_extent(), legend and legend.get_window_extent()
+
+
+def test_figures_draw_only_what_they_have_and_cover_no_bar(tmp_path):
+  """Runs without a paper row: no legend entry for the paper's bars; rows
+  named by draft and temperature; the legend beside the axes, not over a bar."""
+  pytest.importorskip("matplotlib")
+  from specdec_jax.scripting import figures
+  runs = figures._runs(_demo_pair(tmp_path))
+  plt = figures.pyplot()
+  for draw, entries in ((figures.speedup_figure, ["measured"]),
+                        (figures.tokens_figure, ["measured", "Eq. (1) at the run's α and γ"])):
+    fig = draw(plt, runs)
+    ax, legend, ax_box, legend_box = _drawn(fig)
+    assert [t.get_text() for t in legend.get_texts()] == entries
+    assert len(ax.containers) == len(entries)  # one bar series per entry
+    assert legend_box.x0 >= ax_box.x1  # beside the axes: over no bar
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "draft_tiny+shortlist, T = 0", "draft_tiny+shortlist, T = 1"]
+    plt.close(fig)
+
+
+def test_acceptance_has_whole_positions_and_rows_named_by_draft_and_t(tmp_path):
+  pytest.importorskip("matplotlib")
+  from specdec_jax.scripting import figures
+  runs = figures._runs(_demo_pair(tmp_path))
+  plt = figures.pyplot()
+  fig = figures.acceptance_figure(plt, runs)
+  ax, legend, ax_box, legend_box = _drawn(fig)
+  lo, hi = ax.get_xlim()
+  ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+  assert ticks == [1.0, 2.0], ticks
+  assert [t.get_text() for t in legend.get_texts()] == [
+      "draft_tiny+shortlist, T = 0", "draft_tiny+shortlist, T = 1"]
+  assert legend_box.x0 >= ax_box.x1
+  plt.close(fig)
+
+
+def test_row_labels_add_the_task_and_gamma_only_where_needed():
+  from specdec_jax.scripting import figures
+  one = dict(task="wmt_ende", draft="small", temperature=0.0, gamma=7)
+  assert figures.row_labels([one, {**one, "temperature": 1.0}]) == [
+      "small, T = 0", "small, T = 1"]
+  assert figures.row_labels([one, {**one, "task": "cnn_dailymail"}]) == [
+      "wmt_ende: small, T = 0", "cnn_dailymail: small, T = 0"]
+  assert figures.row_labels([one, {**one, "gamma": 3}]) == [
+      "small, T = 0, γ 7", "small, T = 0, γ 3"]

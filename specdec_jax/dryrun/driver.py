@@ -401,6 +401,11 @@ class DryRun:
   def closing_lines(self) -> list[str]:
     return []
 
+  def summary_lines(self) -> list[str]:
+    """The job's own sentences in the short report (``summary_report``),
+    e.g. its prediction."""
+    return []
+
 
 def dry_run(job: ProgramList, topology: str, workers: Optional[int] = None) -> DryRun:
   """Checks ``job`` for ``topology`` (``check``), compiles its programs in
@@ -463,15 +468,17 @@ def collective_lines(p: Program, label: str) -> list[str]:
   per = "one iteration of the" if p.has_loop else "the"
   lines = [f"Collectives in {per} {label} ({len(p.collectives)}, "
            f"{size(sum(c.nbytes for c in p.collectives))} per device)"
-           + (":" if groups else ": none")]
+           + (":" if groups else ": none (no data passes between devices)")]
   lines += [f"  {n:4d} x {kind} {shape} ({size(nb)} each)" + (f" [{w}]" if w else "")
             for (w, kind, shape, nb), n in sorted(groups.items())]
   for in_loop, when in ((False, "once per call, held for the loop"),
                         (True, "INSIDE the loop, every iteration")):
     held = [c for c in p.weight_copies if c.in_loop == in_loop]
     if held:
-      lines.append(f"  {len(held)} copies of weights in another layout or dtype, "
-                   f"{size(sum(c.nbytes for c in held))} per device, {when}")
+      lines.append(f"  {len(held)} weights copied whole into another memory layout or dtype "
+                   "(XLA rewrites a weight in HBM, e.g. transposed for a product or "
+                   f"converted to the activations' dtype), {size(sum(c.nbytes for c in held))} "
+                   f"per device, {when}")
   if p.weight_moves:
     m = p.weight_moves[0]
     lines.append(f"  ERROR: {len(p.weight_moves)} collective(s) move a weight, e.g. "
@@ -505,12 +512,46 @@ def format_report(r: DryRun) -> str:
   return "\n".join(lines)
 
 
-def main(job: ProgramList, topology: str, out: Optional[TextIO] = None) -> DryRun:
-  """``--dry_run``: runs ``dry_run`` and prints the report; a collective that
-  moves a weight is an error (``ValueError``) after the report."""
+def summary_report(r: DryRun) -> str:
+  """The dry run in a few plain sentences: what was compiled for which chip,
+  the memory of the largest program against the chip's, what would not fit
+  or did not compile, collectives that move a weight, the job's own lines
+  (``DryRun.summary_lines``: the runner's prediction), and where the full
+  account is (``format_report``)."""
+  ctx, chip = r.ctx, r.chip
+  hbm = f"{chip.hbm_bytes / GiB:.0f} GiB"
+  chips = f"{r.num_devices} {chip.label} chip" + ("s" if r.num_devices != 1 else "")
+  lines = [f"{r.title} for {ctx.topology} ({chips}, {hbm} of memory each): "
+           f"{len(r.programs)} programs compiled in {r.wall_s:.0f} s; no weight or data was "
+           "read."]
+  done = [p for p in r.programs if not p.error]
+  over = [p for p in done if p.total > chip.hbm_bytes]
+  if done:
+    big = max(done, key=lambda p: p.total)
+    share = big.total / chip.hbm_bytes
+    lines.append(f"Memory: the largest program, the {big.name}, needs {gib(big.total)} per "
+                 f"chip, {f'{100 * share:.0f}%' if share >= 0.01 else 'under 1%'} of its {hbm}"
+                 + (": it fits." if not over else "."))
+  lines += [f"Does NOT fit: the {p.name} needs {gib(p.total)} per chip, more than its {hbm}."
+            for p in over]
+  lines += [f"Did not compile: the {p.name} ({p.error})." for p in r.programs if p.error]
+  moved = [p.name for p, _ in r.shown() if p.weight_moves]
+  if moved:
+    lines.append(f"ERROR: the {', '.join(moved)} move(s) weights between chips at run time.")
+  lines += r.summary_lines()
+  lines.append("The full account (each program's memory, collectives, the cost model's "
+               "pieces): add --verbose.")
+  return "\n".join(lines)
+
+
+def main(job: ProgramList, topology: str, out: Optional[TextIO] = None,
+         full: bool = True) -> DryRun:
+  """``--dry_run``: runs ``dry_run`` and prints the report (``full``: the
+  whole account, ``format_report``; else ``summary_report``); a collective
+  that moves a weight is an error (``ValueError``) after the report."""
   r = dry_run(job, topology)
   out = out or sys.stdout
-  print(format_report(r), file=out)
+  print(format_report(r) if full else summary_report(r), file=out)
   out.flush()
   moved = list(dict.fromkeys(p.name for p, _ in r.shown() if p.weight_moves))
   if moved:

@@ -5,8 +5,10 @@ r"""Experiment runner: speculative decoding vs the plain baseline (paper §4).
       [--alpha_only] [--import=my_drafts] [--verbose] [--dry_run=v5e:2x4]
       [--calibrate=v4:1x1x1]
 
-Everything an experiment varies is a binding of ``Experiment`` (listed below
-with its default). Measurement protocol (``specdec_jax.run.loop``):
+Everything an experiment varies is a gin binding: of ``Experiment``, of
+``SamplingConfig`` or of ``AdaptiveConfig``, each listed below in one line
+with its default (from the docstring of the class that declares it).
+Measurement protocol (``specdec_jax.run.loop``):
 
 * the first ``num_warmup`` examples compile and warm both loops, untimed;
 * each timed batch is decoded by the baseline and by speculative decoding with
@@ -28,8 +30,8 @@ averages sum_x min(p, q) along the generated tokens.
 Output: on stderr, a line naming the run, then each long step before it
 starts (with its size and, where something measured allows, about how long it
 takes) and the progress of the timed examples; on stdout, the Table 2 row
-(with Theorem 3.8's prediction at the measured c and v) and a closing
-sentence. ``--verbose`` adds the cost account (also in ``summary.json``).
+(with the measured v and c, and Theorem 3.8's prediction from them) and a
+closing sentence. ``--verbose`` adds the cost account (also in ``summary.json``).
 
 Workdir integrity: nothing is written before the first result; ``config.gin``
 (the run's gin config) is written atomically with it, so a workdir's files
@@ -37,7 +39,9 @@ always describe its results. A workdir holds one mode (speculative or
 ``--alpha_only``); the other mode, a different config, or a corrupt line is
 refused before any work, with nothing changed. ``--resume`` may raise
 ``Experiment.num_examples`` (the run is extended); on a finished run it prints
-the table without loading any model.
+the table without loading any model. Without ``--workdir`` a repeated command
+starts a new run beside the last (``default_workdir``); Ctrl-C says what is on
+disk and prints the command that continues the run.
 
 Relative paths in configs (checkpoints, vocabulary, data) are looked up in the
 working directory, then next to each ``--config`` file (last first), then in
@@ -47,24 +51,25 @@ the repository root.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
-import inspect
 import importlib.util
+import itertools
 import math
 import os
-import re
+import shlex
 import sys
 import tokenize
 import traceback
-import typing
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import gin
 from absl import app, flags, logging
 
 from specdec_jax import checkpoints
+from specdec_jax.decoding import AdaptiveConfig
 from specdec_jax.dryrun import driver
 from specdec_jax.run import check_model, dry_run_programs, gin_errors, hosts, logs, settings
 from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
@@ -72,6 +77,7 @@ from specdec_jax.run.report import alpha_row, conclusion, summarize, summarize_a
 from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
 from specdec_jax.run.setup import check_before_loading, estimate_bytes, load_data, load_models
 from specdec_jax.run.workdir import Workdir, release_holds
+from specdec_jax.sampling import SamplingConfig
 
 # ---------------------------------------------------------------- main
 
@@ -81,7 +87,9 @@ flags.DEFINE_multi_string("config", [], "Gin config file(s); later files overrid
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, e.g. 'Experiment.gamma = 5'.")
 flags.DEFINE_string("workdir", None, "Output directory (default: runs/ and the --config file "
                     "stems joined by '+', e.g. runs/ende_small_t0+tpu_v5e_8; '_alpha' "
-                    "appended with --alpha_only).")
+                    "appended with --alpha_only; where that holds results, the first of its "
+                    "-2, -3, ... that does not, so a command can be repeated; with --resume, "
+                    "the last that does).")
 flags.DEFINE_bool("resume", False, "Continue after the last complete line of examples.jsonl "
                   "(Experiment.num_examples may be raised; a finished run just prints).")
 flags.DEFINE_bool("alpha_only", False, "Only measure alpha along target generations (§4.2).")
@@ -94,8 +102,10 @@ flags.DEFINE_bool("verbose", False, "Also print the cost account under the row (
                   "either way), each step's measurements, library INFO logs (Orbax, JAX) with "
                   "their logging prefix, and the traceback of user errors.")
 flags.DEFINE_string("dry_run", None, "A TPU topology, e.g. v5e:2x4: compile the run's programs "
-                    "for it on this machine (needs libtpu; reads no weight or data) and report "
-                    "memory, collectives and a roofline model (specdec_jax.dryrun).")
+                    "for it on this machine (needs libtpu; reads no weight or data) and say "
+                    "whether they fit the chips' memory and what a cost model predicts; with "
+                    "--verbose, each program's memory, its collectives and the model's pieces "
+                    "(specdec_jax.dryrun).")
 flags.DEFINE_string("calibrate", None, "A TPU topology (as --dry_run), or 'auto' for the TPU "
                     "it runs on: time the row's c, v(k) and the loop's collectives on this "
                     "machine, print them beside the dry run's model for that topology and the "
@@ -154,9 +164,12 @@ def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
   if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())  # so a config's `import my_module` line finds it
   files = [resolve_path(c) for c in configs]
-  for f in files:
+  for c, f in zip(configs, files):
     if not Path(f).is_file():
-      raise FileNotFoundError(f"--config={f}: no such file")
+      near = gin_errors.nearest_path(c, _config_files(c))
+      raise FileNotFoundError(f"--config={c}: no such file"
+                              + (f"; did you mean --config={near}?" if near else
+                                 f" (looked for {f})"))
   try:
     gin.parse_config_files_and_bindings(files, bindings)
   except (SyntaxError, ValueError, KeyError, OSError, tokenize.TokenError) as e:
@@ -167,11 +180,24 @@ def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
   return Experiment(config_dirs=settings.config_dirs(files))
 
 
+def _config_files(given: str) -> list[str]:
+  """The gin files a mistyped ``--config`` may have meant, spelled as the
+  user would type them: the repository's and the working directory's
+  ``configs/`` and top-level files, and the files beside ``given``."""
+  found: list[str] = []
+  folder = Path(given).parent
+  for base in (Path.cwd(), REPO_ROOT):
+    beside = folder if folder.is_absolute() else base / folder
+    for p in [*base.glob("*.gin"), *base.glob("configs/**/*.gin"), *beside.glob("*.gin")]:
+      found.append(str(p) if folder.is_absolute() else os.path.relpath(p, base))
+  return sorted(set(found))
+
+
 def _configurables() -> dict[str, list[str]]:
   """The runner's gin configurables and their parameters (for "did you mean")."""
   return {"Experiment": [f.name for f in _settings()],
-          "SamplingConfig": list(inspect.signature(settings.sampling_config).parameters),
-          "AdaptiveConfig": list(inspect.signature(settings.adaptive_config).parameters)}
+          **{c.__name__: [f.name for f in dataclasses.fields(c)]
+             for c in (SamplingConfig, AdaptiveConfig)}}
 
 
 def _print_result(s: dict, workdir: Workdir) -> None:
@@ -203,21 +229,28 @@ def main(argv: Sequence[str]) -> None:
     logging.info("Dry run for %s: the run's programs compiled for it on this machine (no "
                  "weight or data is read)…", FLAGS.dry_run)
     driver.main(dry_run_programs.RunnerPrograms(exp, alpha_only, configs=FLAGS.config),
-                FLAGS.dry_run)
+                FLAGS.dry_run, full=FLAGS.verbose)
     return
   mode = "alpha_only" if alpha_only else "speculative"
-  workdir_path = FLAGS.workdir or str(Path("runs") / (stem + ("_alpha" if alpha_only else "")))
+  name = stem + ("_alpha" if alpha_only else "")
   # The first line at once; on several hosts only after jax.distributed starts
-  # (in check_before_loading: no JAX call may come before it), from process 0.
+  # (in check_before_loading: no JAX call may come before it), from process 0,
+  # whose choice of a default workdir is everyone's.
   if not exp.multihost:
-    logging.info("%s", intro(exp, alpha_only, workdir_path))
+    _state.workdir = FLAGS.workdir or default_workdir(name, FLAGS.resume)
+    logging.info("%s", intro(exp, alpha_only, _state.workdir))
   check_before_loading(exp, alpha_only)  # before any data or weights are read
-  if exp.multihost and hosts.is_writer():
-    logging.info("%s", intro(exp, alpha_only, workdir_path))
+  if exp.multihost:
+    _state.workdir = FLAGS.workdir or hosts.broadcast_json(default_workdir(name, FLAGS.resume))
+    if hosts.is_writer():
+      logging.info("%s", intro(exp, alpha_only, _state.workdir))
+  workdir_path = _state.workdir
+  _state.num_examples = 0 if alpha_only else exp.num_examples
   # Checks only, no writes; on several hosts process 0's results are everyone's.
   workdir = hosts.agreed(lambda: Workdir(workdir_path, config_str, FLAGS.resume, mode,
                                          num_indices=exp.num_warmup + exp.num_examples),
                          "opening the workdir")
+  _state.opened = workdir
   workdir.records = hosts.broadcast_json(workdir.records)
   d = load_data(exp)
   if workdir.records and not pending(exp, len(d.examples), workdir, alpha_only):
@@ -237,8 +270,63 @@ def main(argv: Sequence[str]) -> None:
                     d.examples[i].id, i, exp.max_input_len)
   logging.info("Workdir %s (%d examples already done)", workdir.path, len(workdir.records),
                extra=logs.DETAIL)
+  _state.quiet.close()  # the timed loop's progress line redraws on a terminal
   s = run_alpha_only(setup, workdir) if alpha_only else run_speculative(setup, workdir)
   _print_result(s, workdir)
+
+
+def default_workdir(name: str, resume: bool, root: str = "runs") -> str:
+  """The workdir when ``--workdir`` is not given, so that a command can be
+  repeated: ``runs/<name>`` if it holds nothing, else the first of
+  ``runs/<name>-2``, ``-3``, ... that holds nothing (a fresh run each time).
+  With ``--resume``: the last of them that holds results (the run the same
+  command last wrote), else ``runs/<name>``."""
+  paths = [Path(root) / name] + [Path(root) / f"{name}-{i}" for i in range(2, 10_000)]
+  used = lambda p: p.is_dir() and any(p.iterdir())
+  if resume:
+    held = list(itertools.takewhile(used, paths))
+    return str(held[-1] if held else paths[0])
+  return str(next(p for p in paths if not used(p)))
+
+
+@dataclasses.dataclass
+class _Run:
+  """What an interrupted run reports (``interrupted_words``): its workdir,
+  once chosen, the ``Workdir`` once opened, and how many examples it was to
+  time; and ``quiet``, the filter of native noise on stderr while loading
+  (``logs.quiet_native_noise``), closed before the timed loop."""
+
+  workdir: Optional[str] = None
+  opened: Optional[Workdir] = None
+  num_examples: int = 0
+  quiet: contextlib.ExitStack = dataclasses.field(default_factory=contextlib.ExitStack)
+
+
+_state = _Run()
+
+
+def continue_command(workdir: str) -> str:
+  """The command line that continues this run in ``workdir``: its flags as
+  given, with ``--workdir`` spelled out and ``--resume``."""
+  args = [f"--config={c}" for c in FLAGS.config]
+  args += [f"--gin_bindings={b}" for b in FLAGS.gin_bindings]
+  args += [f"--import={m}" for m in FLAGS["import"].value]
+  args += ["--alpha_only"] * FLAGS.alpha_only + ["--verbose"] * FLAGS.verbose
+  args += [f"--workdir={workdir}", "--resume"]
+  return " ".join(["python -m specdec_jax.run", *map(shlex.quote, args)])
+
+
+def interrupted_words(state: _Run) -> str:
+  """What Ctrl-C left on disk, in words, and the command that continues it."""
+  done = len(state.opened.records) if state.opened is not None else 0
+  if state.workdir is None or not done:
+    where = f" in {state.workdir}" if state.workdir else ""
+    return (f"interrupted before the first result: nothing was written{where}; the same "
+            "command starts the run again")
+  of = f" of {state.num_examples}" if state.num_examples else ""
+  return (f"interrupted: {state.opened.examples_path} holds {done}{of} examples, each "
+          f"complete (summary.json is recomputed from them); to continue:\n"
+          f"  {continue_command(state.workdir)}")
 
 
 def intro(exp: Experiment, alpha_only: bool, workdir: str) -> str:
@@ -282,6 +370,8 @@ def _message(e: BaseException) -> str:
 
 def cli(argv: Sequence[str]) -> int:
   """Runs ``main``; a user error ends in one line on stderr and exit status 2."""
+  global _state
+  _state = _Run()
   logs.quiet_libraries(not FLAGS.verbose)
   # The progress lines are INFO records: shown under absl.app (the command
   # line) and, in process (tests, notebooks), wherever a handler takes them.
@@ -290,10 +380,12 @@ def cli(argv: Sequence[str]) -> int:
   try:
     # Before JAX starts a backend: an installed libtpu stays quiet off a TPU.
     logs.quiet_libtpu(FLAGS.dry_run or FLAGS.calibrate)
-    main(argv)
+    with _state.quiet:  # until the timed loop: no native noise before a one-line error
+      _state.quiet.enter_context(logs.quiet_native_noise(not FLAGS.verbose))
+      main(argv)
     return 0
   except KeyboardInterrupt:
-    print("interrupted (the workdir holds only complete results)", file=sys.stderr)
+    print(interrupted_words(_state), file=sys.stderr)
     return 130
   except USER_ERRORS as e:
     if FLAGS.verbose:
@@ -316,22 +408,7 @@ def _settings() -> list[dataclasses.Field]:
   return [f for f in dataclasses.fields(Experiment) if f.name != "config_dirs"]
 
 
-def _settings_help() -> str:
-  hints = typing.get_type_hints(Experiment)
-  short = lambda t: re.sub(r"[\w.]+\.(\w+)", r"\1",
-                           str(t).replace("<class '", "").replace("'>", ""))
-  lines = ["", "Experiment settings (--gin_bindings='Experiment.<name> = <value>'; defaults):"]
-  for f in _settings():
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-    lines.append(f"  {f.name}: {short(hints[f.name])} = {default!r}")
-  lines += ["", "Sampling (§2.2): SamplingConfig.temperature (0: argmax), .topk, .topp.",
-            "Adaptive draft length: Experiment.adaptive = @AdaptiveConfig() with",
-            "  AdaptiveConfig.rule ('threshold', 'cumulative', 'schedule'), .threshold,",
-            "  .skip_below, .confidence ('top', 'drawn'), .initial_gamma, .widths."]
-  return "\n".join(lines) + "\n"
-
-
-__doc__ += _settings_help()
+__doc__ += settings.settings_help()
 
 
 HELP_FLAGS = ("-h", "--help", "--helpshort", "-?")
@@ -343,8 +420,8 @@ def wants_help(args: Sequence[str]) -> bool:
 
 
 def help_text() -> str:
-  """The usage text: this module's docstring (protocol and every ``Experiment``
-  setting with its default), then every runner flag with its help."""
+  """The usage text: this module's docstring (protocol and every setting
+  with its default, ``settings.settings_help``), then every runner flag with its help."""
   flags_text = FLAGS.module_help(__name__)
   return f"{__doc__.rstrip()}\n\nFlags (library flags: --helpfull):\n{flags_text}\n"
 

@@ -505,11 +505,32 @@ class RunDryRun(DryRun):
     return ("estimate: memory.plan's weights and caches, which leaves out XLA temporaries; "
             "arguments include the inputs and the key; ")
 
+  def summary_lines(self) -> list[str]:
+    return summary_lines(self)
+
   def closing_lines(self) -> list[str]:
     fits = "fits" if self.fits else "does NOT fit"
     return roofline_lines(self) + [
         "", f"Largest program: {gib(self.memory)} per device, {fits} in "
         f"{self.chip.hbm_bytes / GiB:.0f} GiB. Dry run took {self.wall_s:.0f} s."]
+
+
+def summary_lines(r: RunDryRun) -> list[str]:
+  """The prediction in one sentence for the short report: the cost model's c,
+  milliseconds per token and Theorem 3.8 at the paper's α beside what the
+  paper measured (or why there is no speedup to predict)."""
+  rl, row = r.roofline, r.paper
+  if rl is None or rl.draft is None:
+    return []
+  head = (f"Prediction (a cost model, not a measurement): the draft costs c = {rl.c():.3f} of "
+          "a target step")
+  base = rl.baseline_ms_per_token()
+  if row is None:
+    return [head + f", the baseline {base:.3f} ms per token; the paper has no row for this "
+            "task, draft and temperature, so no α to predict a speedup at."]
+  return [head + f"; at the paper's α = {row.alpha}, {r.speculative_ms_per_token():.3f} ms per "
+          f"token against the baseline's {base:.3f}, {r.predicted(True):.2f}× (the paper "
+          f"measured {row.speedup}× with c = {row.c} on one {paper.CHIP})."]
 
 
 def roofline_lines(r: RunDryRun) -> list[str]:

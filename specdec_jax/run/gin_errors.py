@@ -43,6 +43,19 @@ def _suggest(word: str, choices: Sequence[str]) -> str:
   return f"; did you mean {close[0]!r}?" if close else ""
 
 
+def nearest_path(given: str, candidates: Sequence[str]) -> Optional[str]:
+  """The candidate path closest to a mistyped ``given`` (a whole-path
+  match first, else the closest file name), or None when none is close."""
+  close = difflib.get_close_matches(given, list(candidates), n=1, cutoff=0.6)
+  if close:
+    return close[0]
+  by_name = {}
+  for c in candidates:
+    by_name.setdefault(Path(c).name, c)
+  close = difflib.get_close_matches(Path(given).name, list(by_name), n=1, cutoff=0.7)
+  return by_name[close[0]] if close else None
+
+
 def explain(e: BaseException, files: Sequence[str], bindings: Sequence[str],
             configurables: Mapping[str, Sequence[str]]) -> Optional[Exception]:
   """A one-line ``ValueError`` (``FileNotFoundError`` for a missing include) for a gin error ``e`` raised while parsing

@@ -18,15 +18,25 @@ changes nothing.
 
 ``quiet_libtpu`` keeps libtpu's probing for a TPU off the screen on a machine
 that has none (``specdec_jax.dryrun.chips.quiet_libtpu``).
+
+``quiet_native_noise`` drops the one line native code is known to print to
+the process's stderr that says nothing a reader needs: TensorStore's report,
+on the first gs:// access without gcloud credentials, that no credentials
+file exists (the runner's own error says so in words, where it matters).
+Every other byte passes through, in order.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging as std_logging
+import os
+import re
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from absl import logging
 
@@ -149,3 +159,58 @@ def quiet_unraisable(u: Any) -> None:
   if isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
     return
   _previous_unraisablehook(u)
+
+
+# absl's C++ prefix (severity, month and day, time, thread, file:line) on the
+# line TensorStore prints once per process when it looks for gcloud
+# credentials and finds none; public buckets are then read anonymously.
+NATIVE_NOISE = re.compile(rb"[IWEF]\d{4} [\d:.]+ +\d+ google_auth_provider\.cc:\d+\] "
+                          rb"Could not find the credentials file in the standard gcloud location")
+_ABSL_START = re.compile(rb"[IWEF]\d{0,4}( [\d:.]*)?")   # a line that may become NATIVE_NOISE
+
+
+def _write_all(fd: int, data: bytes) -> None:
+  while data:
+    data = data[os.write(fd, data):]
+
+
+def _pump(source: int, sink: int) -> None:
+  """Copies ``source`` to ``sink`` line by line, without ``NATIVE_NOISE``
+  lines; a partial line is passed on at once unless it may still become one."""
+  pending = b""
+  with os.fdopen(source, "rb", buffering=0) as src:
+    while chunk := src.read(1 << 16):
+      *lines, pending = (pending + chunk).split(b"\n")
+      kept = b"".join(l + b"\n" for l in lines if not NATIVE_NOISE.match(l))
+      if pending and not _ABSL_START.fullmatch(pending[:20]):
+        kept, pending = kept + pending, b""
+      _write_all(sink, kept)
+  if pending and not NATIVE_NOISE.match(pending):
+    _write_all(sink, pending)
+
+
+@contextlib.contextmanager
+def quiet_native_noise(quiet: bool = True) -> Iterator[None]:
+  """While inside (``quiet``), everything written to file descriptor 2
+  (Python's stderr and native libraries' alike) reaches it through a pipe
+  that drops ``NATIVE_NOISE`` lines and passes all else, in order; on the way
+  out the descriptor is restored and the pipe drained. A terminal's stderr
+  is not a terminal inside, so keep progress lines that redraw out of it."""
+  if not quiet:
+    yield
+    return
+  sys.stderr.flush()
+  saved = os.dup(2)
+  read_end, write_end = os.pipe()
+  os.dup2(write_end, 2)
+  os.close(write_end)
+  pump = threading.Thread(target=_pump, args=(read_end, saved), daemon=True,
+                          name="quiet_native_noise")
+  pump.start()
+  try:
+    yield
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)    # the pipe's last write end closes: the pump drains and stops
+    pump.join(timeout=10)
+    os.close(saved)

@@ -164,8 +164,8 @@ def cost_segments(records: list[dict]) -> list[dict]:
 
 
 def table2_row(s: dict, verbose: bool = False) -> str:
-  """The paper's Table 2 layout (TASK, M_q, TEMP, γ, α, SPEED) and Theorem
-  3.8's prediction EXP with the measured c and v. With ``verbose``, the cost
+  """The paper's Table 2 layout (TASK, M_q, TEMP, γ, α, SPEED), the measured
+  v and c, and Theorem 3.8's prediction EXP with them. With ``verbose``, the cost
   account too (every number is also in summary.json): EXP with c alone, the
   mismatches, each resumed segment's costs, EXP in context (the interplay)
   and the whole-run factors (``account``)."""
@@ -173,8 +173,11 @@ def table2_row(s: dict, verbose: bool = False) -> str:
   row = (f"| {s['task']} | {s['draft']} | {s['temperature']:g} | "
          f"{s.get('gamma_label') or s['gamma']} | {fmt(s['alpha'])} | {fmt(s['speedup'])}X | ")
   if not verbose:
-    return "\n".join(["| TASK | M_q | TEMP | γ | α | SPEED | EXP (Thm 3.8, measured c and v) |",
-                      "|---|---|---|---|---|---|---|", row + f"{fmt(s['expected_speedup_v'])}X |"])
+    # v and c beside EXP: a CPU's speedup means something only beside its v.
+    head = "| TASK | M_q | TEMP | γ | α | SPEED | v | c | EXP (Thm 3.8 at this v and c) |"
+    return "\n".join([head, "|---|---|---|---|---|---|---|---|---|",
+                      row + f"{fmt(s.get('v'))} | {fmt(s.get('c'), 3)} | "
+                      f"{fmt(s['expected_speedup_v'])}X |"])
   head = "| TASK | M_q | TEMP | γ | α | SPEED | EXP (Thm 3.8) | EXP (with v) | mismatches |"
   sep = "|---|---|---|---|---|---|---|---|---|"
   row += (f"{fmt(s['expected_speedup'])}X | {fmt(s['expected_speedup_v'])}X | "
@@ -247,11 +250,20 @@ def conclusion(s: dict, workdir: str) -> str:
     text = (f"{plain_reason(s)}, so the run decoded with the target alone, at {speed:.2f}× "
             f"the baseline's speed on {n} held-out examples (T = {s['temperature']:g}).")
   else:
-    verdict = (f"{speed:.2f}× faster than" if speed >= 1 else f"{1 / speed:.2f}× slower than")
-    text = (f"Speculative decoding was {verdict} the baseline on {n} held-out examples "
-            f"(α {s['alpha']:.2f}, {_gamma_words(s)}, T = {s['temperature']:g})"
-            + (f": {slowdown_reason(s)}." if speed < 1 else "."))
+    same = same_speed(speed)
+    verdict = ("the same speed as" if same else f"{speed:.2f}× faster than" if speed >= 1
+               else f"{1 / speed:.2f}× slower than")
+    text = (f"Speculative decoding {'ran at' if same else 'was'} {verdict} the baseline on {n} "
+            f"held-out examples (α {s['alpha']:.2f}, {_gamma_words(s)}, T = "
+            f"{s['temperature']:g})" + (f": {slowdown_reason(s)}." if speed < 1 and not same
+                                        else "."))
   return f"{text} {_outputs_words(s)}\n{where}"
+
+
+def same_speed(speedup: float) -> bool:
+  """Whether a speedup reads as 1.00 either way (faster: ``speedup``, slower:
+  its inverse, each to two decimals): the same speed, not "1.00× slower"."""
+  return speedup > 0 and (f"{speedup:.2f}" == "1.00" or f"{1 / speedup:.2f}" == "1.00")
 
 
 def _outputs_words(s: dict) -> str:

@@ -1,5 +1,8 @@
 """Experiment settings: one frozen dataclass bound by gin, validated before
-any data or weight is read, and how its relative paths are found.
+any data or weight is read, and how its relative paths are found; the
+engine's ``SamplingConfig`` and ``AdaptiveConfig`` bound by gin as they are
+(``gin_dataclass``); every setting's one-line help, read from the docstring
+of the class that declares it (``setting_docs``, ``settings_help``).
 
 Relative paths in configs (checkpoints, vocabulary, data) are looked up in the
 working directory, then next to each ``--config`` file (last first), then in
@@ -9,9 +12,12 @@ the repository root.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import re
+import types
 import typing
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import gin
 
@@ -30,26 +36,76 @@ MODES = ("speculative", "alpha_only")
 _PATH_FIELDS = ("source", "ngram_corpus", "draft_shortlist")
 
 
-@gin.configurable("SamplingConfig")
-def sampling_config(temperature: float = 0.0, topk: int = 0, topp: float = 0.0
-                    ) -> SamplingConfig:
-  """``SamplingConfig`` as gin builds it: ``SamplingConfig.temperature = 1.0``
-  sets the experiment's sampling (``Experiment.sampling`` defaults to it)."""
-  return SamplingConfig(float(temperature), int(topk), float(topp))
+def _type_error(owner: str, name: str, value: Any, hint: Any) -> Optional[str]:
+  """Why ``value`` is not of the annotated type ``hint`` (None: it is), as
+  ``<owner>.<name> must be ...`` (gin passes whatever the config says). An
+  int passes for a float; a list (``[1, 8]``) for a tuple."""
+
+  def matches(t) -> bool:
+    t = typing.get_origin(t) or t
+    if t is float:
+      return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if t is tuple:
+      return isinstance(value, (tuple, list))
+    return isinstance(value, t) and not (t is int and isinstance(value, bool))
+
+  options = [a for a in typing.get_args(hint) if a is not type(None)] \
+      if typing.get_origin(hint) in (Union, types.UnionType) else [hint]
+  optional = type(None) in typing.get_args(hint)
+  if (value is None and optional) or any(matches(t) for t in options):
+    return None
+  names = " or ".join(getattr(typing.get_origin(t) or t, "__name__", str(t)) for t in options)
+  return (f"{owner}.{name} must be {names}{' or None' if optional else ''}, got {value!r} "
+          f"({type(value).__name__})")
 
 
-@gin.configurable("AdaptiveConfig")
-def adaptive_config(rule: str = gin.REQUIRED, threshold: Optional[float] = None,
-                    initial_gamma: Optional[int] = None, widths: Sequence[int] = (),
-                    skip_below: Optional[float] = None, confidence: str = "top"
-                    ) -> AdaptiveConfig:
-  """``AdaptiveConfig`` as gin builds it: ``Experiment.adaptive = @AdaptiveConfig()``
-  with ``AdaptiveConfig.rule = 'threshold'``, ``AdaptiveConfig.threshold = 0.6``, ...
-  (fields as ``specdec_jax.decoding.AdaptiveConfig``)."""
-  return AdaptiveConfig(rule, threshold=None if threshold is None else float(threshold),
-                        initial_gamma=initial_gamma, widths=tuple(int(w) for w in widths),
-                        skip_below=None if skip_below is None else float(skip_below),
-                        confidence=confidence)
+def _coerced(value: Any, hint: Any) -> Any:
+  """A value gin parsed, as the field's type holds it: an int bound to a
+  float field as a float, a list bound to a tuple field as a tuple (the
+  dataclasses are static jit arguments: hashable, equal whatever the spelling)."""
+  options = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) \
+      else (hint,)
+  if float in options and isinstance(value, int) and not isinstance(value, bool):
+    return float(value)
+  if any((typing.get_origin(t) or t) is tuple for t in options) and isinstance(value, list):
+    return tuple(value)
+  return value
+
+
+def gin_dataclass(cls: type) -> Callable[..., Any]:
+  """Registers the frozen dataclass ``cls`` with gin under its own name and
+  returns the configurable that builds it: the bindings ``<Name>.<field>``
+  are its fields, their names, defaults and types read from ``cls`` itself
+  (nothing is listed twice). Values are checked against the annotations
+  (``_type_error``) and coerced (``_coerced``); an unbound field without a
+  default is one error naming its binding."""
+  hints = typing.get_type_hints(cls)
+  fields = [f for f in dataclasses.fields(cls) if f.init]
+
+  def build(**bound: Any) -> Any:
+    for f in fields:
+      if f.name not in bound and f.default is dataclasses.MISSING \
+          and f.default_factory is dataclasses.MISSING:
+        raise ValueError(f"{cls.__name__}.{f.name} is not set; bind it, e.g. "
+                         f"--gin_bindings=\"{cls.__name__}.{f.name} = ...\" (--help lists "
+                         "its values)")
+    for name, value in bound.items():
+      why = _type_error(cls.__name__, name, _coerced(value, hints[name]), hints[name])
+      if why:
+        raise ValueError(why)
+    return cls(**{k: _coerced(v, hints[k]) for k, v in bound.items()})
+
+  build.__signature__ = inspect.signature(cls)
+  build.__name__ = build.__qualname__ = cls.__name__
+  build.__doc__ = cls.__doc__
+  return gin.external_configurable(build, cls.__name__)
+
+
+# ``SamplingConfig.temperature = 1.0`` sets the experiment's sampling (§2.2);
+# ``Experiment.adaptive = @AdaptiveConfig()`` with ``AdaptiveConfig.rule = ...``
+# an adaptive draft length.
+sampling_config = gin_dataclass(SamplingConfig)
+gin_dataclass(AdaptiveConfig)
 
 
 @gin.configurable(denylist=["config_dirs"])
@@ -60,71 +116,110 @@ class Experiment(PairSettings):
   files' directories (where relative paths are looked for, ``resolve``).
 
   The target's and the draft's settings (checkpoints, formats, presets,
-  vocabulary, mesh, dtypes, ``min_rows``, ``draft_quantization``) are the
-  pair's, declared in ``specdec_jax.pair.PairSettings`` and inherited here:
-  ``pair`` is them as a ``ModelPair``, validated as distillation's. The draft
-  is an approximation model by name ('t5', 'unigram', 'bigram',
-  'prompt_lookup', 'lookup_t5'); unigram/bigram are estimated from
-  ``ngram_corpus`` (a source like ``source``; its references are the corpus).
+  vocabulary, mesh, dtypes, ...) are the pair's, declared and described in
+  ``specdec_jax.pair.PairSettings`` and inherited here: ``pair`` is them as
+  a ``ModelPair``, validated as distillation's. Each setting's entry below
+  starts with the one sentence ``--help`` prints for it.
+
+  task: the task's name in tables and its input prefix (``data.PREFIXES``:
+    'wmt_ende', 'cnn_dailymail', 'bible_modernize').
+  source: the examples, a local .tsv/.jsonl (id, input, reference) or
+    'seqio:<task>'.
+  split: the split a 'seqio:' source reads.
+  tfds_data_dir: where TensorFlow Datasets finds a 'seqio:' source's data
+    (None: TFDS_DATA_DIR or TFDS's default; ``prepare_data`` writes it).
+  prefix: the text put before each input (None: the task's, ``data.PREFIXES``).
+  target_label: the target's name in tables (None: its checkpoint's folder name).
+  draft_name: the approximation model by name: 't5', 'unigram', 'bigram',
+    'prompt_lookup', 'lookup_t5', or one registered by ``--import``.
+  draft_label: the draft's name in tables (None: its checkpoint's folder
+    name, or ``draft_name``).
+  draft_shortlist: a T5 draft's vocabulary shortlist, a JSON file from
+    ``scripts/make_shortlist.py`` ('' off; ``specdec_jax.drafts.shortlist``).
+    The draft's q is then only over these tokens (plus each input's own with
+    ``draft_shortlist_inputs``): exact for any shortlist, it trades a little
+    α for a much cheaper draft step.
+  draft_shortlist_inputs: whether the shortlist also holds each input's own tokens.
+  ngram_corpus: the corpus a unigram/bigram draft is estimated from, a source
+    like ``source`` (its references are the corpus).
+  ngram_corpus_split: the split a 'seqio:' ``ngram_corpus`` reads.
+  ngram_corpus_max_examples: how many of ``ngram_corpus``'s examples to read (None: all).
+  prompt_lookup_max_ngram: the longest n-gram the 'prompt_lookup' draft looks up in the input.
+  sampling: the sampling settings (§2.2), bound as ``SamplingConfig.<name>``.
+  gamma: draft tokens per round (γ), or 'auto': chosen after the warm-up by
+    Theorem 3.8 at the measured α, c and v (§3.5), plain decoding where no γ pays.
+    With ``adaptive``, the most per round; ``gamma_max`` is that bound, whichever.
+  auto_gamma_max: the largest γ that gamma = 'auto' considers.
+  auto_alpha_source: where 'auto' estimates α: '' the warm-up examples, else
+    a held-out source (a validation split keeps the timed examples untouched),
+    its first ``auto_alpha_examples`` examples.
+  auto_alpha_examples: how many of ``auto_alpha_source``'s examples 'auto' reads.
+  adaptive: the draft length chosen per round and row (None: γ every round),
+    ``@AdaptiveConfig()`` with ``AdaptiveConfig.<name>`` bound; ``gamma`` is then γ_max.
+  lenience: the lenience of Appendix A.5, in (0, 1] (1 is exact).
+  tree: a token tree verified in one target pass per round instead of a chain
+    ('' the chain of gamma; 'spine:4,2,2,1', 'full:3,2,1', 'parents:-1,0,0,1';
+    ``specdec_jax.tree.TreeShape.parse``). It replaces gamma, and is exact for
+    every draft that can fill it (README, "Token trees").
+  batch_size: examples decoded together (rows accept independently).
+  max_input_len: the longest input in tokens (longer ones per ``on_too_long``).
+  input_buckets: the input lengths each batch is padded to, the smallest
+    that holds its longest input (() always ``max_input_len``, T5X's fixed
+    feature length). One compiled program each (``data.fit_to_bucket``), all
+    compiled in the warm-up.
+  max_decode_len: the most tokens generated per example.
+  on_too_long: what an input over ``max_input_len`` gets: 'truncate' (logged) or 'error'.
+  command_buffers: on a GPU, run the decoding loops from XLA command buffers
+    (CUDA graphs) of at least this many kernels (0 off;
+    ``run.programs.with_command_buffers``).
+  multihost: call ``jax.distributed.initialize()`` before anything (several hosts, one run).
+  coordinator_address: the multi-host coordinator off Cloud TPU VMs, 'host:port'.
+  num_processes: the multi-host process count (with ``coordinator_address``).
+  process_id: this process's multi-host id (with ``coordinator_address``).
+  num_warmup: the first examples, decoded untimed to compile and warm both loops.
+  num_examples: the timed examples after the warm-up.
+  seed: the random key both loops draw from (the same key for both).
+  alpha_only_tokens: ``--alpha_only``'s budget of target tokens.
+  cost_repeats: interleaved repeats timing c, v (Definition 3.7) and each
+    example's prefill before the timed examples (fewer: quicker, noisier).
   """
 
   task: str = "bible_modernize"
-  source: str = "data/bible/test.tsv"         # local .tsv/.jsonl or 'seqio:<task>'
-  split: str = "test"                        # for seqio sources
+  source: str = "data/bible/test.tsv"
+  split: str = "test"
   tfds_data_dir: Optional[str] = None
-  prefix: Optional[str] = None               # default: data.PREFIXES[task]
-  target_label: Optional[str] = None         # name in tables; default: path basename
+  prefix: Optional[str] = None
+  target_label: Optional[str] = None
   draft_name: str = "t5"
   draft_label: Optional[str] = None
-  # A T5 draft's vocabulary shortlist (specdec_jax.drafts.shortlist; scripts/make_shortlist.py):
-  # q only over these tokens, plus each input's own with draft_shortlist_inputs.
-  # Exact for any shortlist; it trades a little α for a much cheaper draft step.
   draft_shortlist: str = ""
   draft_shortlist_inputs: bool = True
   ngram_corpus: Optional[str] = None
   ngram_corpus_split: str = "train"
   ngram_corpus_max_examples: Optional[int] = None
   prompt_lookup_max_ngram: int = 3
-  # Sampling (§2.2): bind ``SamplingConfig.temperature`` / ``.topk`` / ``.topp``.
   sampling: SamplingConfig = dataclasses.field(default_factory=lambda: sampling_config())
-  # Draft tokens per round, or 'auto' (§3.5: chosen ≤ auto_gamma_max); with
-  # ``adaptive``, the most per round. ``gamma_max`` is that bound, whichever.
   gamma: Union[int, str] = 5
-  auto_gamma_max: int = 8                    # the largest γ that gamma='auto' considers
-  # Where 'auto' estimates α: '' = the warm-up examples; else a held-out source
-  # (a validation split: tuning γ on it keeps the timed examples untouched),
-  # its first auto_alpha_examples examples.
+  auto_gamma_max: int = 8
   auto_alpha_source: str = ""
   auto_alpha_examples: int = 32
-  # Adaptive draft length per round and row: None (a fixed γ every round) or
-  # ``@AdaptiveConfig()`` with ``AdaptiveConfig.rule`` etc. bound; gamma is then γ_max.
   adaptive: Optional[AdaptiveConfig] = None
   lenience: float = 1.0
-  # A token tree verified in one target pass per round (specdec_jax.tree.TreeShape.parse):
-  # '' (the chain of gamma), 'spine:4,2,2,1', 'full:3,2,1', 'parents:-1,0,0,1'.
-  # Replaces gamma; exact for every draft that can fill it (README, "Token trees").
   tree: str = ""
   batch_size: int = 1
   max_input_len: int = 128
-  # Input lengths to pad each batch to: the smallest that holds its longest
-  # input (data.fit_to_bucket), one compiled program each, all compiled in the
-  # warm-up. () pads to max_input_len always (T5X's fixed feature length).
   input_buckets: tuple = ()
   max_decode_len: int = 128
-  on_too_long: str = "truncate"              # or 'error'
-  # >= 1: the decoding loops run from XLA command buffers (CUDA graphs) on a GPU,
-  # any run of at least this many kernels one graph; 0 off (run.programs.with_command_buffers).
+  on_too_long: str = "truncate"
   command_buffers: int = 0
-  multihost: bool = False                    # jax.distributed.initialize() before anything
-  coordinator_address: Optional[str] = None  # multihost off Cloud TPU VMs: 'host:port'
+  multihost: bool = False
+  coordinator_address: Optional[str] = None
   num_processes: Optional[int] = None
   process_id: Optional[int] = None
   num_warmup: int = 2
   num_examples: int = 100
   seed: int = 0
   alpha_only_tokens: int = 10_000
-  # Interleaved repeats that time c, v (Definition 3.7) and each example's
-  # prefill before the timed examples; fewer is quicker and noisier.
   cost_repeats: int = 15
 
   @property
@@ -278,23 +373,10 @@ class Experiment(PairSettings):
   def check_types(self) -> None:
     """Each field has its annotated type (gin passes whatever the config says)."""
     hints = typing.get_type_hints(Experiment)
-
-    def matches(value, t) -> bool:
-      if t is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-      if t is tuple:  # gin writes (1, 8); [1, 8] is as clear
-        return isinstance(value, (tuple, list))
-      return isinstance(value, t) and not (t is int and isinstance(value, bool))
-
     for f in dataclasses.fields(self):
-      value, want = getattr(self, f.name), hints[f.name]
-      types = [a for a in typing.get_args(want) if a is not type(None)] or [want]
-      optional = type(None) in typing.get_args(want)
-      if (value is None and optional) or any(matches(value, t) for t in types):
-        continue
-      names = " or ".join(t.__name__ for t in types)
-      raise ValueError(f"Experiment.{f.name} must be {names}{' or None' if optional else ''}, "
-                       f"got {value!r} ({type(value).__name__})")
+      why = _type_error("Experiment", f.name, getattr(self, f.name), hints[f.name])
+      if why:
+        raise ValueError(why)
 
   @property
   def gamma_max(self) -> int:
@@ -335,3 +417,71 @@ def config_dirs(files: Sequence[str]) -> tuple[str, ...]:
   relative paths are looked for after the working directory
   (``Experiment.config_dirs``)."""
   return tuple(str(Path(f).resolve().parent) for f in reversed(files))
+
+
+# ------------------------------------------------------------ the settings' help
+
+
+def setting_docs(cls: type) -> dict[str, str]:
+  """Each field of the dataclass ``cls`` (inherited ones too) -> its one-line
+  description, read from the docstring of the class that declares it: the
+  entry ``<field>: <text>`` (continued on lines indented deeper), its first
+  sentence, without reST markup. The docstring is the one place a setting is
+  described; ``--help`` prints these lines."""
+  docs: dict[str, str] = {}
+  for klass in reversed(cls.__mro__):
+    own = set(klass.__dict__.get("__annotations__", {}))
+    lines = inspect.cleandoc(klass.__dict__.get("__doc__") or "").splitlines()
+    for i, line in enumerate(lines):
+      m = re.match(r"(\s*)(\w+): (.*)", line)
+      if not m or m.group(2) not in own:
+        continue
+      text, depth = [m.group(3)], len(m.group(1))
+      for more in lines[i + 1:]:
+        if not more.strip() or len(more) - len(more.lstrip()) <= depth:
+          break
+        text.append(more.strip())
+      docs[m.group(2)] = _first_sentence(" ".join(text).replace("``", ""))
+  return {f.name: docs[f.name] for f in dataclasses.fields(cls) if f.name in docs}
+
+
+def _first_sentence(text: str) -> str:
+  return re.split(r"(?<!e\.g\.)(?<!i\.e\.)(?<=\.)\s+(?=[A-Z'\"(0-9])", text, maxsplit=1)[0]
+
+
+def _default(f: dataclasses.Field) -> str:
+  """A field's default as a binding would spell it ('(required)' for none)."""
+  if f.default is not dataclasses.MISSING:
+    value = f.default
+  elif f.default_factory is not dataclasses.MISSING:
+    value = f.default_factory()
+  else:
+    return "(required)"
+  if dataclasses.is_dataclass(value):
+    return f"@{type(value).__name__}()"
+  return f"= {value!r}"
+
+
+def setting_lines(cls: type, skip: Sequence[str] = ()) -> list[str]:
+  """One line per setting of ``cls``: its name, its default and its description."""
+  docs = setting_docs(cls)
+  return [f"  {f.name} {_default(f)}: {docs.get(f.name, '')}".rstrip(": ")
+          for f in dataclasses.fields(cls) if f.init and f.name not in skip]
+
+
+def settings_help() -> str:
+  """Every setting the runner takes, one line each (``--help``), from the
+  docstrings of the classes that declare them (``setting_docs``)."""
+  pair = [f.name for f in dataclasses.fields(PairSettings)]
+  own = [f.name for f in dataclasses.fields(Experiment) if f.name not in pair]
+  lines = ["", "Experiment settings (--gin_bindings=\"Experiment.<name> = <value>\"; each with "
+           "its default):"]
+  lines += setting_lines(Experiment, skip=pair + ["config_dirs"])
+  lines += ["", "The target and the draft (Experiment.<name> too; shared with distillation):"]
+  lines += setting_lines(PairSettings, skip=own + ["config_dirs"])
+  lines += ["", "Sampling (§2.2), SamplingConfig.<name>:"]
+  lines += setting_lines(SamplingConfig)
+  lines += ["", "Adaptive draft length, with Experiment.adaptive = @AdaptiveConfig(): "
+            "AdaptiveConfig.<name>:"]
+  lines += setting_lines(AdaptiveConfig)
+  return "\n".join(lines) + "\n"
