@@ -56,6 +56,16 @@
 #   bash scripts/bench_accelerator.sh --smoke             # the default sections at toy sizes
 #   bash scripts/bench_accelerator.sh --sections=all --smoke   # every section (a CPU test)
 #   bash scripts/bench_accelerator.sh --runner [--smoke]  # the earlier set
+#   bash scripts/bench_accelerator.sh --block [--smoke]   # the block draft (below)
+#
+# --block: lab/bench_block.py on the accelerator (about 5 minutes, mostly
+# compilation; not yet run on a card): the demo pair at T = 0 and T = 1, the
+# autoregressive draft's chain vs the block draft's chain and tree side by
+# side (acceptance by position, tokens per target call, draft ms per round,
+# speedup), the block proposal's cost in draft steps at γ 3..8 (on a card
+# the call over 2γ positions should cost about one step), and the cost
+# model's prediction for Table 2's EnDe T = 0 rows; bench_block.json in the
+# output folder.
 #
 # Wheels: on a GPU machine where $BENCH_WHEELS (default wheels/, filled by
 # scripts/fetch_bench_wheels.sh: a transformers whose assisted generation
@@ -84,11 +94,12 @@ cd "$(dirname "$0")/.."
 smoke=0
 set_=gpu
 chosen=default
-usage="usage: bash scripts/bench_accelerator.sh [--runner] [--smoke] [--sections=default|more|all|NAME,...]"
+usage="usage: bash scripts/bench_accelerator.sh [--runner|--block] [--smoke] [--sections=default|more|all|NAME,...]"
 for arg in "$@"; do
   case $arg in
     --smoke) smoke=1 ;;
     --runner) set_=runner ;;
+    --block) set_=block ;;
     --sections=*) chosen=${arg#--sections=} ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
@@ -215,7 +226,12 @@ print("# " + ", ".join(f"{p} {version(p)}" for p in ("jaxlib", "flax", "torch", 
                                                      "huggingface-hub", "tokenizers", "gin-config")))'
 section devices 0 python -c "$versions_py"
 
-if [[ $set_ == gpu ]]; then
+if [[ $set_ == block ]]; then
+  block=(--json="$work/bench_block.json")
+  [[ $smoke == 1 ]] && block+=(--num_examples=2 --repeats=2 --cost_gammas=3,8)
+  echo "## the block draft on the demo pair (lab/bench_block.py)"
+  section "block" 0 python lab/bench_block.py "${block[@]}"
+elif [[ $set_ == gpu ]]; then
   gpu=(--out="$work")
   [[ $smoke == 1 ]] && gpu+=(--smoke)
   read -r -a names <<<"$chosen"

@@ -63,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(f"--{name}", default=None, help=f"DistillJob.{name}")
   for name in ("max_input_len", "max_decode_len", "generate_batch_size", "steps",
                "batch_tokens", "eval_every", "seed", "grow_encoder_layers",
-               "grow_decoder_layers", "feature_staleness"):
+               "grow_decoder_layers", "feature_staleness", "block_size", "block_cuts"):
     p.add_argument(f"--{name}", type=int, default=getattr(job, name), help=f"DistillJob.{name}")
   p.add_argument("--max_examples", type=int, default=None,
                  help="training inputs to use (default: all)")

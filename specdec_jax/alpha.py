@@ -91,6 +91,27 @@ def min_pq_in_rounds(target: T5Model, params: Any, draft: Any, inputs: Array, ke
           np.asarray(out.stats.evaluated_at).sum(1))
 
 
+def alpha_by_position_in_rounds(target: T5Model, params: Any, draft: Any,
+                                batches: Sequence[tuple[Array, int]], key: Array, gamma: int,
+                                sampling: SamplingConfig, max_decode_len: int,
+                                partitioner: Any = None) -> list[float]:
+  """α_i, i = 1..γ: the rate at which the engine's rounds at ``gamma``
+  accept proposal i given proposals 1..i−1 were accepted (``SpecStats``'s
+  accepted_at / evaluated_at over the batches' real rows; 0 where a position
+  was never evaluated). For a draft whose acceptance falls with the position
+  (a block draft, ``specdec_jax.drafts.t5_block``), where one α does not
+  describe a round."""
+  acc = np.zeros(gamma)
+  ev = np.zeros(gamma)
+  for i, (inputs, n) in enumerate(batches):
+    out = speculative_decode(target, params, draft, inputs, jax.random.fold_in(key, i),
+                             gamma=gamma, max_decode_len=max_decode_len, sampling=sampling,
+                             eos_id=target.config.eos_id, partitioner=partitioner)
+    acc += np.asarray(out.stats.accepted_at)[:n].sum(0)
+    ev += np.asarray(out.stats.evaluated_at)[:n].sum(0)
+  return [float(a / e) if e else 0.0 for a, e in zip(acc, ev)]
+
+
 def alpha_standard_error(sums: np.ndarray, tokens: np.ndarray) -> float:
   """Standard error of α = Σ sums / Σ tokens, with sequences as clusters.
 

@@ -37,7 +37,7 @@ import numpy as np
 import optax
 
 from specdec_jax import partitioning, quantization, storage, training  # noqa: F401
-from specdec_jax.drafts import bridge, feature_bridge
+from specdec_jax.drafts import bridge, feature_bridge, t5_block
 from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import T5Config, T5Model, shift_right
 from specdec_jax.pair import ModelPair, PairSettings, check_path
@@ -232,12 +232,16 @@ class DistillConfig:
   distillation when the sequences are the target's). temperature: the
   distributions p and q are compared at (α at T=1 is 1 − TV at temperature 1).
   on_policy_fraction: share of each batch whose decoder sequences are replaced
-  by the draft's own T=1 samples (generated in the step; 0 = off)."""
+  by the draft's own T=1 samples (generated in the step; 0 = off).
+  block_size: 0 for an autoregressive draft; γ >= 2 trains a block draft
+  (``block_loss``) on ``block_cuts`` cut points per sequence."""
 
   divergence: str = "fkl"
   ce_weight: float = 1.0
   temperature: float = 1.0
   on_policy_fraction: float = 0.0
+  block_size: int = 0
+  block_cuts: int = 4
 
   def __post_init__(self):
     if self.divergence not in DIVERGENCES:
@@ -249,6 +253,12 @@ class DistillConfig:
       raise ValueError(f"on_policy_fraction must be in [0, 1], got {self.on_policy_fraction}")
     if self.divergence == "none" and self.ce_weight == 0:
       raise ValueError("divergence='none' with ce_weight=0 trains nothing")
+    if self.block_size == 1 or self.block_size < 0 or self.block_cuts < 1:
+      raise ValueError(f"block_size must be 0 (autoregressive) or >= 2 and block_cuts >= 1, "
+                       f"got {self.block_size}, {self.block_cuts}")
+    if self.block_size and self.on_policy_fraction > 0:
+      raise ValueError("on_policy_fraction > 0 is not supported with block_size (the "
+                       "on-policy sampler runs the draft autoregressively)")
 
 
 def token_divergence(target_logits: jax.Array, draft_logits: jax.Array, kind: str,
@@ -323,6 +333,8 @@ def distill_loss(draft: T5Model, target: T5Model, cfg: DistillConfig,
   sharding and never embeds them as constants. ``bridged``: params as in
   ``draft_forward``."""
   pad, start = draft.config.pad_id, draft.config.decoder_start_id
+  if cfg.block_size:
+    return block_loss(draft, target, cfg)
   if bridged and cfg.on_policy_fraction > 0:
     raise ValueError("on_policy_fraction > 0 is not supported with a bridged draft "
                      "(the on-policy sampler runs the draft without its bridges)")
@@ -351,6 +363,118 @@ def distill_loss(draft: T5Model, target: T5Model, cfg: DistillConfig,
       loss = loss + metrics[cfg.divergence]
     return loss, metrics
   return loss_fn
+
+
+def _block_cuts(targets: jax.Array, pad: int, cuts: int, key: jax.Array) -> jax.Array:
+  """``cuts`` committed lengths n per row [B, cuts], uniform over 0 .. L − 1
+  (L: the row's non-pad tokens), so every block starts inside the sequence."""
+  lengths = jnp.sum(targets != pad, axis=-1)
+  u = jax.random.uniform(key, (targets.shape[0], cuts))
+  return jnp.minimum(jnp.floor(u * lengths[:, None]), jnp.maximum(lengths[:, None] - 1, 0)
+                     ).astype(jnp.int32)
+
+
+def block_forward(draft: T5Model, target: T5Model, gamma: int) -> Callable:
+  """forward(params, target_params, inputs, dec_in, cuts, target_hidden=None)
+  -> (the draft's logits [R, T, V], block [R, T] bool) for a block draft's
+  params ({'draft', 'block'} and optionally 'bridge' and 'feature', as
+  ``draft_forward``'s) at committed lengths cuts [R] (``t5_block``'s layout,
+  the same as in decoding)."""
+  pad = draft.config.pad_id
+
+  def forward(params, target_params, inputs, dec_in, cuts, target_hidden=None):
+    enc_extra = None
+    if "bridge" in params:
+      enc_extra = bridge.extra(params["bridge"], target, target_params, inputs)
+    tokens, dec_extra, block = t5_block.teacher_forced_block(
+        dec_in, cuts, gamma, params["block"]["mask_embedding"], pad, params.get("feature"),
+        target_hidden)
+    logits = draft(params["draft"], inputs, tokens, encoder_extra=enc_extra,
+                   decoder_extra=dec_extra)
+    return logits, block
+  return forward
+
+
+def block_loss(draft: T5Model, target: T5Model, cfg: DistillConfig) -> Callable:
+  """The block objective (``DistillConfig.block_size`` = γ): for
+  ``block_cuts`` cut points n per sequence of the target's outputs, the draft
+  sees the prefix up to n and γ − 1 mask positions (``t5_block``) and learns,
+  at each of the block's γ positions, the target's next-token distribution
+  there along the sequence (the divergence) and its token (ce_weight · CE);
+  the prefix positions (each a one-token block at staleness 0) count at half
+  weight. loss_fn(params, batch, target_params) for ``training.fit``."""
+  pad, start, gamma, k = (draft.config.pad_id, draft.config.decoder_start_id, cfg.block_size,
+                          cfg.block_cuts)
+  forward = block_forward(draft, target, gamma)
+
+  def loss_fn(params, batch, target_params):
+    inputs, targets = batch["inputs"], batch["targets"]
+    dec_in = shift_right(targets, start)
+    features = "feature" in params
+    p_logits, hidden = _target_pass(target, target_params, inputs, dec_in, features)
+    cuts = _block_cuts(targets, pad, k, jax.random.fold_in(batch["step_key"], 11)).reshape(-1)
+    rep = lambda x: None if x is None else jnp.repeat(x, k, axis=0)
+    targets_r, p_r = rep(targets), rep(p_logits)
+    q_logits, block = forward(params, target_params, rep(inputs), rep(dec_in), cuts, rep(hidden))
+    nonpad = targets_r != pad
+    pos = jnp.arange(targets.shape[1])[None]
+    weights = {"block": (block & nonpad).astype(jnp.float32),
+               "prefix": ((pos < cuts[:, None]) & nonpad).astype(jnp.float32)}
+    ce = -jnp.take_along_axis(jax.nn.log_softmax(q_logits), targets_r[..., None], -1)[..., 0]
+    per_pos = cfg.ce_weight * ce
+    if cfg.divergence != "none":
+      per_pos = per_pos + token_divergence(p_r, q_logits, cfg.divergence, cfg.temperature)
+    mean = lambda x, w: jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)
+    metrics = {"ce": mean(ce, weights["block"]), "prefix_ce": mean(ce, weights["prefix"])}
+    loss = mean(per_pos, weights["block"]) + 0.5 * mean(per_pos, weights["prefix"])
+    return loss, metrics
+  return loss_fn
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 6, 7))
+def _block_agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targets,
+                          gamma: int, cuts: int):
+  """Per block position i (1..γ): summed greedy matches, Σ min(p, q) and
+  counts over one batch, at ``cuts`` cut points per row drawn from a fixed key
+  (every evaluation sees the same blocks)."""
+  pad = draft.config.pad_id
+  dec_in = shift_right(targets, draft.config.decoder_start_id)
+  logits, hidden = _target_pass(target, tp, inputs, dec_in, "feature" in dp)
+  n = _block_cuts(targets, pad, cuts, jax.random.PRNGKey(0)).reshape(-1)
+  rep = lambda x: None if x is None else jnp.repeat(x, cuts, axis=0)
+  q_logits, _ = block_forward(draft, target, gamma)(dp, tp, rep(inputs), rep(dec_in), n,
+                                                    rep(hidden))
+  at = n[:, None] + jnp.arange(gamma)[None]                             # [R, γ]
+  take = lambda x: jnp.take_along_axis(x, jnp.clip(at, 0, x.shape[1] - 1)[..., None], axis=1)
+  lp, lq = jax.nn.log_softmax(take(rep(logits))), jax.nn.log_softmax(take(q_logits))
+  valid = (jnp.take_along_axis(rep(targets), jnp.clip(at, 0, targets.shape[1] - 1), axis=1)
+           != pad) & (at < targets.shape[1])
+  valid = valid.astype(jnp.float32)
+  greedy = (jnp.argmax(lp, -1) == jnp.argmax(lq, -1)).astype(jnp.float32)
+  overlap = jnp.sum(jnp.minimum(jnp.exp(lp), jnp.exp(lq)), -1)
+  return (jnp.sum(greedy * valid, 0), jnp.sum(overlap * valid, 0), jnp.sum(valid, 0))
+
+
+def block_agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params: Any,
+                    batches: Sequence[training.Batch], gamma: int, cuts: int = 8,
+                    partitioner: Optional[Partitioner] = None) -> dict[str, Any]:
+  """Teacher-forced agreement of a block draft at each block position i =
+  1..γ, along the batches' target sequences (``cuts`` blocks per row): greedy
+  (argmax match) and Σ_x min(p, q) at T = 1, each a list by position, and
+  their token-weighted means. A position's agreement is measured given the
+  target's own tokens before it (not given that the draft's were accepted)."""
+  g = o = c = 0.0
+  for b in batches:
+    b = training.place_batch(b, partitioner)
+    sums = _block_agreement_sums(target, draft, target_params, draft_params, b["inputs"],
+                                 b["targets"], gamma, cuts)
+    sg, so, sc = (np.asarray(training.host_value(v), np.float64) for v in sums)
+    g, o, c = g + sg, o + so, c + sc
+  c = np.maximum(c, 1.0)
+  return {"greedy_agreement": float(np.sum(g) / np.sum(c)),
+          "t1_acceptance": float(np.sum(o) / np.sum(c)),
+          "greedy_by_position": [round(float(x), 4) for x in g / c],
+          "t1_by_position": [round(float(x), 4) for x in o / c]}
 
 
 # ---------------------------------------------------------------- agreement
@@ -456,6 +580,15 @@ class DistillJob(PairSettings):
   # like the encoder bridge. A draft that has one continues it.
   feature_bridge: bool = False
   feature_staleness: int = 4
+  # Train a block draft (``specdec_jax.drafts.t5_block``, registered as
+  # 't5_block'): 0 trains the autoregressive draft; γ >= 2 the block
+  # objective (``block_loss``) at block size γ, ``block_cuts`` blocks per
+  # sequence, warm-started from the draft checkpoint (a new mask embedding
+  # starts at zero and trains with Adam at ``bridge_learning_rate``). A
+  # feature bridge's staleness table is extended to γ rows (new rows copy the
+  # last).
+  block_size: int = 0
+  block_cuts: int = 4
   optimizer: str = "adafactor"
   learning_rate: float = 3e-3
   steps: int = 2000
@@ -484,7 +617,8 @@ class DistillJob(PairSettings):
     and writes nothing) skips whether the paths to read exist and whether
     the directories to write are empty; that they are set, and that
     ``output_dir`` and ``workdir`` are local, is still checked."""
-    DistillConfig(self.divergence, self.ce_weight, 1.0, self.on_policy_fraction)
+    DistillConfig(self.divergence, self.ce_weight, 1.0, self.on_policy_fraction,
+                  self.block_size, self.block_cuts)
     if (self.encoder_bridge or self.feature_bridge) and self.on_policy_fraction > 0:
       raise ValueError("encoder_bridge or feature_bridge with on_policy_fraction > 0 is not "
                        "supported (the on-policy sampler runs the draft without its bridges)")
@@ -628,10 +762,14 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
                                  target_part, log_fn)
     evaluate = lambda p: agreement(target, target_params, draft, p, eval_batches, bridged,
                                    draft_part)
+    if job.block_size:
+      evaluate = lambda p: block_agreement(target, target_params, draft, p, eval_batches,
+                                           job.block_size, partitioner=draft_part)
     summary["before"] = evaluate(draft_params)
     log_fn(f"before distillation: {json.dumps(summary['before'])}")
 
-  cfg = DistillConfig(job.divergence, job.ce_weight, 1.0, job.on_policy_fraction)
+  cfg = DistillConfig(job.divergence, job.ce_weight, 1.0, job.on_policy_fraction,
+                      job.block_size, job.block_cuts)
   opt_cfg, optimizer = train_optimizer(job, bridged)
   result = training.fit(
       distill_loss(draft, target, cfg, bridged), draft_params,
@@ -669,7 +807,9 @@ def _load_draft(job: DistillJob, target: T5Model, draft_part: Optional[Partition
     log_fn(f"draft grown to {grown_cfg.num_encoder_layers} encoder / "
            f"{grown_cfg.num_decoder_layers} decoder layers (new layers start as the identity)")
   features = feature_bridge.load(where) if has_dir else None
-  bridged = job.encoder_bridge or kernel is not None or job.feature_bridge or features is not None
+  block = t5_block.load(where) if has_dir else None
+  bridged = (job.encoder_bridge or kernel is not None or job.feature_bridge
+             or features is not None or bool(job.block_size))
   if not bridged:
     return draft, params, False
   if job.on_policy_fraction > 0:
@@ -687,7 +827,18 @@ def _load_draft(job: DistillJob, target: T5Model, draft_part: Optional[Partition
     log_fn("feature bridge added (zero: the draft starts unchanged)")
   if features is not None:
     feature_bridge.check(features, target, draft, job.draft_checkpoint)
+    rows = features["staleness"].shape[0]
+    if job.block_size > rows:
+      extend = np.repeat(np.asarray(features["staleness"])[-1:], job.block_size - rows, 0)
+      features = dict(features, staleness=np.concatenate([features["staleness"], extend]))
+      log_fn(f"feature bridge staleness table extended from {rows} to {job.block_size} rows")
     wrapped["feature"] = jax.tree.map(jnp.asarray, features)
+  if job.block_size:
+    if block is None:
+      block = t5_block.zeros(draft)
+      log_fn("block draft: mask embedding added (zero: mask positions read the pad token)")
+    t5_block.check(block, draft, job.draft_checkpoint)
+    wrapped["block"] = jax.tree.map(jnp.asarray, block)
   return draft, wrapped, True
 
 
@@ -732,7 +883,7 @@ def _export(job: DistillJob, config: T5Config, params: Any, bridged: bool,
   # written before the params because ``save_checkpoint`` writes config.json
   # last (until then the directory does not load at all, so new params never
   # load beside an old bridge or without their own).
-  for name in ("distill_log.json", bridge.FILENAME, feature_bridge.FILENAME,
+  for name in ("distill_log.json", bridge.FILENAME, feature_bridge.FILENAME, t5_block.FILENAME,
                quantization.RECORD_FILE, "config.json"):
     path = os.path.join(job.output_dir, name)
     if os.path.exists(path):
@@ -746,6 +897,8 @@ def _export(job: DistillJob, config: T5Config, params: Any, bridged: bool,
     bridge.save(job.output_dir, params["bridge"])
   if bridged and "feature" in params:
     feature_bridge.save(job.output_dir, params["feature"])
+  if bridged and "block" in params:
+    t5_block.save(job.output_dir, params["block"])
   out_params = params["draft"] if bridged else params
   checkpoints.save_checkpoint(job.output_dir, out_params, config, dtype="bfloat16",
                               overwrite=True)
@@ -775,7 +928,8 @@ def _bridged_optimizer(cfg: training.OptimizerConfig, bridge_lr: float):
 
 
 def smoke_job(workdir: str, log_fn: Callable[[str], None] = print,
-              encoder_bridge: bool = False, feature_bridge: bool = False) -> dict:
+              encoder_bridge: bool = False, feature_bridge: bool = False,
+              block_size: int = 0) -> dict:
   """Every stage of ``run_job`` on random micro models and the demo vocabulary,
   in seconds (``scripts/distill_draft.py --smoke``, with ``--encoder_bridge``
   through the bridged path)."""
@@ -796,5 +950,5 @@ def smoke_job(workdir: str, log_fn: Callable[[str], None] = print,
       vocab_path=os.path.join(repo, "checkpoints/demo/spm.model"), max_input_len=32,
       max_decode_len=32, modes=("greedy",), generate_batch_size=16, steps=4,
       batch_tokens=256, eval_every=2, resume=True, encoder_bridge=encoder_bridge,
-      feature_bridge=feature_bridge)
+      feature_bridge=feature_bridge, block_size=block_size)
   return run_job(job, log_fn)

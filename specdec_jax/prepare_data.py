@@ -8,11 +8,12 @@ then bind ``Experiment.tfds_data_dir`` (or set ``TFDS_DATA_DIR``) to the same
 directory. The runner never downloads: ``data.load_seqio_examples`` refuses a
 dataset that is not prepared and names this command.
 
-What it does: ``tensorflow_datasets.builder(name, data_dir=...)`` for the
-exact name and version the seqio tasks read (``data.TFDS_DATASETS``), then the
-builder's ``download_and_prepare``, which downloads the sources (network
+What it does: TFDS's builder (``tensorflow_datasets.builder_cls``) for the
+exact name, config and version the seqio tasks read (``data.TFDS_DATASETS``),
+then its ``download_and_prepare``, which downloads the sources (network
 access needed; TFDS keeps the raw downloads in ``--download_dir``, default
-``<data_dir>/downloads``) and writes the TFRecord shards and
+``<data_dir>/downloads``, or ``~/tensorflow_datasets/downloads`` for a gs://
+data dir) and writes the TFRecord shards and
 ``dataset_info.json`` under ``<data_dir>/<name>/<version>``. A version already
 prepared there is left as it is. TensorFlow Datasets comes with the package's
 ``seqio`` extra and is imported only inside ``prepare``.
@@ -46,11 +47,22 @@ def _local_or_remote(path: str) -> str:
   return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
+def default_download_dir(data_dir: str) -> str:
+  """Where the raw downloads go without ``--download_dir``: TFDS's
+  ``<data_dir>/downloads`` for a local data dir; for a remote one (gs://),
+  ``~/tensorflow_datasets/downloads`` on this machine, since TFDS's WMT
+  builder looks for its extracted files with a glob that only finds local
+  ones."""
+  if "://" in data_dir:
+    return os.path.expanduser(os.path.join("~", "tensorflow_datasets", "downloads"))
+  return os.path.join(data_dir, "downloads")
+
+
 def prepare(dataset: str, data_dir: str, download_dir: Optional[str] = None) -> str:
   """Downloads and prepares ``dataset`` (a key of ``data.TFDS_DATASETS``:
   'wmt_ende' or 'cnn_dailymail') into ``data_dir`` (local or gs://); returns
   the directory of the prepared version. ``download_dir`` holds the raw
-  downloads (default: TFDS's, ``<data_dir>/downloads``). Raises ValueError for
+  downloads (default: ``default_download_dir(data_dir)``). Raises ValueError for
   an unknown dataset or an empty ``data_dir`` before importing anything, and
   ImportError naming the install command without TensorFlow Datasets."""
   if dataset not in data.TFDS_DATASETS:
@@ -58,9 +70,16 @@ def prepare(dataset: str, data_dir: str, download_dir: Optional[str] = None) -> 
   if not data_dir:
     raise ValueError("data_dir is empty: name the directory to build into (local or gs://)")
   tfds = _import_tfds()
-  builder = tfds.builder(data.TFDS_DATASETS[dataset], data_dir=_local_or_remote(data_dir))
-  builder.download_and_prepare(
-      download_dir=_local_or_remote(download_dir) if download_dir else None)
+  # The builder from TFDS's code, as tfds.builder(name) would make it once it
+  # has looked for a prepared copy; that look lists <data_dir>/<name>/<config>
+  # and, in a gs:// data dir that does not hold it yet, fails (TensorFlow's
+  # NotFoundError is no OSError, which is all TFDS expects there).
+  name, _, version = data.TFDS_DATASETS[dataset].partition(":")
+  name, _, config = name.partition("/")
+  builder = tfds.builder_cls(name)(config=config or None, version=version,
+                                   data_dir=_local_or_remote(data_dir))
+  builder.download_and_prepare(download_dir=_local_or_remote(
+      download_dir or default_download_dir(data_dir)))
   return str(builder.data_dir)
 
 
@@ -77,7 +96,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="TFDS data directory to build into (local or gs://); bind "
                            "Experiment.tfds_data_dir to it")
   parser.add_argument("--download_dir", default=None,
-                      help="where the raw downloads go (default: <data_dir>/downloads)")
+                      help="where the raw downloads go (default: <data_dir>/downloads; "
+                           "for a gs:// data_dir, ~/tensorflow_datasets/downloads here)")
   args = parser.parse_args(argv)
   try:
     path = prepare(args.dataset, args.data_dir, args.download_dir)

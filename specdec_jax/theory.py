@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, NamedTuple, Optional, Union
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
@@ -70,6 +70,19 @@ def expected_tokens(alpha: ArrayLike, gamma: ArrayLike) -> ArrayLike:
   a = _check_alpha(alpha)
   g = _check_nonneg("gamma", gamma)
   return _to_output(_expected_tokens(a, g))
+
+
+def expected_tokens_by_position(alphas: Sequence[float]) -> float:
+  """Tokens per round when acceptance falls with the position: α_i is the
+  chance that proposal i is accepted given proposals 1..i−1 were, so
+
+      E[tokens per round] = 1 + Σ_i Π_{j ≤ i} α_j,   i = 1..γ,
+
+  which is Eq. (1) when every α_i = α (1 + α + … + α^γ). A block draft's
+  α_i falls with i (``specdec_jax.drafts.t5_block``)."""
+  a = np.array([0.0 if x is None else x for x in alphas], np.float64)
+  a = np.clip(np.nan_to_num(a), 0.0, 1.0)
+  return float(1.0 + np.sum(np.cumprod(a)))
 
 
 def walltime_improvement(

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.drafts.base import ApproximationModel, init_draft
+from specdec_jax.drafts.base import ApproximationModel, init_draft, proposal_steps
 from specdec_jax.theory import RoundCost
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.partitioning import Partitioner, constrain_cache
@@ -264,14 +264,17 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
   out = {}
   for g in gammas:
     t_verify = median(times[("verify", g)])
-    t_draft = median(times[("draft", g)]) / g
+    # c is one draft call's (Definition 3.7): a chain's γ calls, a block
+    # draft's one (``drafts.base.proposal_steps``).
+    k = proposal_steps(draft, g)
+    t_draft = median(times[("draft", g)]) / k
     # Each repeat's ratio pairs pieces timed under the same load: their
     # spread is the noise of c and v.
-    c_reps = [d / g / s for d, s in zip(times[("draft", g)], times["step"])]
+    c_reps = [d / k / s for d, s in zip(times[("draft", g)], times["step"])]
     v_reps = [vf / s for vf, s in zip(times[("verify", g)], times["step"])]
     r_reps = [r / s for r, s in zip(times[("round", g)], times["step"])]
-    interplay = median(times[("round", g)]) / (g * t_draft + t_verify)
-    out[g] = RoundCost(g, t_draft / t_step, t_verify / t_step, step_ms=1e3 * t_step,
+    interplay = median(times[("round", g)]) / (k * t_draft + t_verify)
+    out[g] = RoundCost(g, t_draft / t_step, t_verify / t_step, k, step_ms=1e3 * t_step,
                        interplay=interplay, c_se=median_se(c_reps), v_se=median_se(v_reps),
                        round_se=median_se(r_reps))
   return out

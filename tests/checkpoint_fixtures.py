@@ -87,3 +87,18 @@ def write_t5x_orbax(model_dir: str, params: dict, step: int = 7) -> None:
            "state": {"step": np.int32(step),
                      "param_states": jax.tree_util.tree_map(np.zeros_like, params)}}
   ocp.PyTreeCheckpointer().save(os.path.join(model_dir, f"checkpoint_{step}", "state"), state)
+
+
+def random_params(config, seed: int) -> dict:
+  """Random weights of ``config``'s T5 tree, drawn with numpy (no compilation):
+  norm scales 1, the embedding N(0, 1), every kernel N(0, 1/fan_in)."""
+  from specdec_jax.models.t5 import param_shapes  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  out = {}
+  for name, leaf in flatten(param_shapes(config)).items():
+    if name.endswith("/scale"):
+      out[name] = np.ones(leaf.shape, np.float32)
+    else:
+      std = 1.0 if name == "token_embedder/embedding" else leaf.shape[0] ** -0.5
+      out[name] = (std * rng.standard_normal(leaf.shape)).astype(np.float32)
+  return unflatten(out)

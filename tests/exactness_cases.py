@@ -82,12 +82,14 @@ class Cell:
   fused: bool = False           # the target's T5Config.fused_projections
 
 
-def check_chain(st: Any, base: Any, gamma: int) -> None:
-  """Every target call commits >= 1 token and at most γ+1; γ draft steps a call."""
+def check_chain(st: Any, base: Any, gamma: int, steps: Optional[int] = None) -> None:
+  """Every target call commits >= 1 token and at most γ+1; γ draft steps a call
+  (``steps`` for a draft that declares another count: a block draft's 1)."""
   length = np.asarray(base.length)
   assert np.all(st.target_calls >= np.ceil(length / (gamma + 1)))
   assert np.all(st.target_calls <= length)
-  np.testing.assert_array_equal(st.draft_calls, gamma * st.target_calls)
+  np.testing.assert_array_equal(st.draft_calls, (gamma if steps is None else steps)
+                                * st.target_calls)
   np.testing.assert_array_equal(st.accepted_at.sum(1), st.accepted)
 
 
@@ -191,6 +193,53 @@ def featured(draft_model: T5Model, draft_params: Any, target_model: T5Model,
              "staleness": scale * jax.random.normal(k2, (staleness, d_q))}
   return drafts.build(name, model=draft_model, params=draft_params, feature=feature,
                       target_model=target_model, target_params=target_params, max_ngram=2)
+
+
+def block(draft_model: T5Model, draft_params: Any, target: Optional[tuple] = None,
+          seed: int = 9, scale: float = 0.5, staleness: int = 3) -> Any:
+  """A block draft (``specdec_jax.drafts.t5_block``) with a random, clearly
+  non-zero mask embedding; with ``target`` (model, params) its decoder also
+  reads the target's states through a random feature bridge of ``staleness``
+  rows."""
+  k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+  d = draft_model.config.d_model
+  kw: dict = {}
+  if target is not None:
+    tm, tp = target
+    kw = dict(feature={"kernel": scale * jax.random.normal(k1, (tm.config.d_model, d)),
+                       "staleness": scale * jax.random.normal(k2, (staleness, d))},
+              target_model=tm, target_params=tp)
+  return drafts.build("t5_block", model=draft_model, params=draft_params,
+                      block={"mask_embedding": scale * jax.random.normal(k3, (1, d))}, **kw)
+
+
+def trained_block(target: tuple, small: tuple, steps: int = 80, gamma: int = 4) -> Any:
+  """A block draft trained briefly by distillation's block objective
+  (``distill.block_loss``, Adam) on the target's greedy outputs for
+  ``INPUTS`` and four other inputs: its mask positions are right often
+  enough to be accepted, and wrong often enough to be rejected, so the
+  identity tests exercise every position of the block."""
+  import optax
+  from specdec_jax import distill
+  from specdec_jax.drafts import t5_block
+  tm, tp = target
+  dm, dp = small
+  inputs = jnp.concatenate([INPUTS, jax.random.randint(jax.random.PRNGKey(2), (4, 12), 2, 64)])
+  outs = temperature_sample(tm, tp, inputs, KEY, max_decode_len=MAX_LEN, eos_id=-1).tokens
+  loss_fn = distill.block_loss(dm, tm, distill.DistillConfig("fkl", block_size=gamma))
+  params = {"draft": dp, "block": t5_block.zeros(dm)}
+  opt = optax.adam(5e-3)
+
+  def step(carry, key):
+    params, state = carry
+    grads = jax.grad(lambda p: loss_fn(p, {"inputs": inputs, "targets": outs,
+                                           "step_key": key}, tp)[0])(params)
+    updates, state = opt.update(grads, state, params)
+    return (optax.apply_updates(params, updates), state), None
+
+  (params, _), _ = jax.jit(lambda p, keys: jax.lax.scan(step, (p, opt.init(p)), keys))(
+      params, jax.random.split(jax.random.PRNGKey(0), steps))
+  return drafts.build("t5_block", model=dm, params=params["draft"], block=params["block"])
 
 
 def shortlisted(model: T5Model, params: Any, ids: np.ndarray, with_inputs: bool = True) -> Any:

@@ -7,7 +7,9 @@ on: per-step losses, the target's outputs, the final float32 draft params
 (from the training checkpoint) and the exported draft, where the loaded
 weights and the training batches were placed, and the line that refuses a
 target the mesh cannot shard.
-Usage: python tests/sharded_distill_worker.py OUT_DIR
+With ``block`` after OUT_DIR it runs only the block objective
+(``DistillJob.block_size``) on one device and on (2, 4) instead.
+Usage: python tests/sharded_distill_worker.py OUT_DIR [block]
 """
 
 from __future__ import annotations
@@ -39,6 +41,24 @@ def trained_params(workdir: str) -> dict:
   ckpt = os.path.join(workdir, "train", "ckpt", str(STEPS), "default")
   state = ocp.StandardCheckpointer().restore(ckpt)
   return partitioning.flatten_names(jax.tree.map(np.asarray, state["params"]))
+
+
+def main_block(out_dir: str) -> None:
+  """The block objective (block_size 3, a new mask embedding) on one device
+  and on (2, 4): losses, the exported mask embedding and per-position
+  agreement."""
+  root = os.path.join(out_dir, "work")
+  save_models(root)
+  report: dict = {"devices": jax.device_count(), "runs": {}}
+  for name, mesh in (("block_single", None), ("block_2x4", (2, 4))):
+    summary = distill.run_job(job(root, name, mesh, block_size=3, block_cuts=2,
+                                  eval_source=job(root, name, mesh).source,
+                                  eval_max_examples=8), log_fn=lambda m: None)
+    mask = np.load(os.path.join(root, name, "distilled", "block_draft.npz"))
+    report["runs"][name] = {"log": summary["log"], "after": summary["after"],
+                            "mask": np.asarray(mask["decoder/mask_embedding"]).tolist()}
+  with open(os.path.join(out_dir, "report.json"), "w") as f:
+    json.dump(report, f, indent=1)
 
 
 def main(out_dir: str) -> None:
@@ -111,4 +131,7 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1])
+  if sys.argv[2:] == ["block"]:
+    main_block(sys.argv[1])
+  else:
+    main(sys.argv[1])

@@ -62,3 +62,21 @@ def test_costs_in_context_and_the_smallest_gamma_within_the_gap():
   loose = autogamma.decide(alpha, 1000, 0.05, costs, 4)
   assert loose.gamma < loose.argmax
   assert loose.predicted[loose.gamma] - 1 > loose.predicted_se[loose.gamma]
+
+
+def test_a_one_call_draft_is_priced_by_its_calls_and_its_acceptance_by_position():
+  """A block draft (one call a round): c per call, so γ c + v of a chain
+  would overprice it; with α falling by position the choice stops where the
+  next position no longer pays, though one α would go on."""
+  block = {g: RoundCost(g, 0.1, 1.0, draft_calls=1) for g in range(1, 9)}
+  flat = autogamma.decide(0.8, 1000, 0.0, block, 8)
+  assert flat.argmax == 8        # one call whatever γ: the longest round wins at one α
+  for g in range(1, 9):          # the round is c + v, not γ c + v
+    assert flat.predicted[g] == pytest.approx(
+        float(theory.expected_tokens(0.8, g)) / 1.1, rel=1e-6)
+  falling = [0.8, 0.6, 0.3, 0.05, 0.01, 0.0, 0.0, 0.0]
+  choice = autogamma.decide(0.8, 1000, 0.0, block, 8, falling)
+  assert choice.alpha_by_position == falling
+  assert choice.predicted[3] == pytest.approx((1 + 0.8 + 0.48 + 0.144) / 1.1)
+  assert choice.argmax < 8 and choice.gamma == choice.argmax
+  assert autogamma.GammaChoice.from_record(choice.as_record()).alpha_by_position == falling

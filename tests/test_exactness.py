@@ -30,13 +30,14 @@ import jax
 import numpy as np
 import pytest
 
-from exactness_cases import (INPUTS, KEY, MAX_LEN, Cell, bridged, check_adaptive, check_chain,
-                             check_tree, featured, lookup_t5,
+from exactness_cases import (INPUTS, KEY, MAX_LEN, Cell, block, bridged, check_adaptive,
+                             check_chain, check_tree, featured, lookup_t5, trained_block,
                              noisy, noisy_output_layer, pick_greedy_case, quantized,
                              shortlisted)
 from specdec_jax import drafts
 from specdec_jax.decoding import (AdaptiveConfig)
 from specdec_jax.drafts.base import check_tree as check_tree_interface
+from specdec_jax.drafts.base import proposal_steps
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.tree import TreeShape
 
@@ -77,8 +78,22 @@ def greedy_draft(name: str, target: tuple, small: tuple) -> Any:
       # whatever the int8 / int4 draft computes.
       "t5_int8": lambda: drafts.build("t5", model=dm, params=quantized(dp, "int8")),
       "t5_int4": lambda: drafts.build("t5", model=dm, params=quantized(dp, "int4")),
+      # Block drafts (one call a round): trained briefly so that mask
+      # positions are both accepted and rejected; random with the feature bridge.
+      "block_trained": lambda: _trained(target, small),
+      "block_feature": lambda: block(dm, dp, target),
   }
   return builders[name]()
+
+
+_TRAINED: dict = {}
+
+
+def _trained(target: tuple, small: tuple) -> Any:
+  """``trained_block`` once per session (several cells share it)."""
+  if "block" not in _TRAINED:
+    _TRAINED["block"] = trained_block(target, small)
+  return _TRAINED["block"]
 
 
 SHORTLIST_IDS = np.arange(0, 64, 2)      # half the vocabulary
@@ -134,6 +149,16 @@ GREEDY_CELLS = [
            "feature_near_out-full"),
     cell_param(Cell("tree", "shortlist_near_out", shape=SPINE,
                 expect=("deep", "siblings", "shortlist_misses")), "shortlist_near_out-spine"),
+    # Block drafts: γ tokens from one call; the feature bridge's table (3
+    # rows) shorter than the block (5).
+    cell_param(Cell("chain", "block_trained", 4, expect=("block_positions",)),
+               "block_trained-g4"),
+    cell_param(Cell("chain", "block_feature", 5), "block_feature-g5", slow=True),
+    cell_param(Cell("adaptive", "block_trained", 4, THRESHOLD(0.6),
+                    expect=("block_positions", "one_call")), "block_trained-threshold0.6-g4"),
+    cell_param(Cell("tree", "block_trained", shape=FULL, expect=("deep", "siblings")),
+               "block_trained-full"),
+    cell_param(Cell("tree", "block_feature", shape=SPINE), "block_feature-spine"),
 ]
 
 
@@ -161,8 +186,17 @@ def test_greedy_identical_to_baseline(tiny_target, tiny_draft, greedy_case, cell
   np.testing.assert_array_equal(np.asarray(out.length), np.asarray(base.length))
   st = jax.tree_util.tree_map(np.asarray, out.stats)
   if cell.loop == "chain":
-    check_chain(st, base, cell.gamma)
+    check_chain(st, base, cell.gamma, proposal_steps(draft, cell.gamma))
   elif cell.loop == "adaptive":
     check_adaptive(st, cell)
   else:
     check_tree(st, out, cell)
+  if "block_positions" in cell.expect:
+    # Proposals from mask positions were accepted and rejected: the identity
+    # holds with every position of the block in play.
+    later = st.evaluated_at[:, 1:].sum()
+    assert 0 < st.accepted_at[:, 1:].sum() < later, (st.accepted_at.sum(0),
+                                                    st.evaluated_at.sum(0))
+  if "one_call" in cell.expect:  # one draft call a round, whatever the count
+    np.testing.assert_array_equal(st.draft_calls, st.target_calls)
+    assert (st.gamma_hist.sum(0)[1:] > 0).sum() >= 2, st.gamma_hist

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 from flax import struct
 
-from exactness_cases import (SEQ_EOS, SEQ_KEY, SEQ_LEN, SETTINGS,
-                             SIGNIFICANCE, Cell, alpha, bridged, exact_sequence_distribution, featured, lookup_t5,
-                             quantized,
-                             seq_inputs, seq_models, sequence_pvalue, shortlisted)
+from exactness_cases import (SEQ_EOS, SEQ_KEY, SEQ_LEN, SETTINGS, SIGNIFICANCE, Cell, alpha,
+                             block, bridged, exact_sequence_distribution, featured, lookup_t5,
+                             quantized, seq_inputs, seq_models, sequence_pvalue, shortlisted)
 from specdec_jax import drafts
 from specdec_jax import tree as tree_lib
 from specdec_jax.decoding import (AdaptiveConfig, speculative_decode, temperature_sample,
@@ -41,6 +40,9 @@ def seq_draft(name: str, model: T5Model, target: Any, draft_params: Any) -> Any:
       "t5_feature": lambda: featured(model, draft_params, model, target, seed=1, scale=1.0),
       "t5_shortlist": lambda: shortlisted(model, draft_params, np.array([SEQ_EOS, 3]), False),
       "t5_int8": lambda: drafts.T5Draft(params=quantized(draft_params, "int8"), model=model),
+      # Block drafts: x_2.. from mask positions, drawn independently of x_1.
+      "block": lambda: block(model, draft_params, scale=1.0),
+      "block_feature": lambda: block(model, draft_params, (model, target), seed=1, scale=1.0),
   }
   return builders[name]()
 
@@ -88,6 +90,17 @@ SEQ_CELLS = [
     cell_param(Cell("tree", "lookup_t5", shape=SEQ_SPINE, setting="temp0.7_topk3"),
            "lookup_t5-spine-temp0.7_topk3"),
     cell_param(Cell("tree", "t5_feature", shape=SEQ_FULL, setting="temp1"), "t5_feature-full-temp1"),
+    # Block drafts (one call a round), with and without the feature bridge.
+    cell_param(Cell("chain", "block", 2, setting="temp1", expect=("alpha", "block_positions")),
+               "block-temp1"),
+    cell_param(Cell("chain", "block_feature", 2, setting="temp0.7_topk3",
+                    expect=("alpha", "block_positions")), "block_feature-temp0.7_topk3"),
+    cell_param(Cell("adaptive", "block", 3, THRESHOLD(0.35),
+                    setting="temp1_topp0.8", expect=("alpha",)),
+               "block-threshold0.35-temp1_topp0.8"),
+    cell_param(Cell("tree", "block", shape=SEQ_FULL, setting="temp1"), "block-full-temp1"),
+    cell_param(Cell("tree", "block_feature", shape=SEQ_SPINE, setting="temp1_topp0.8"),
+               "block_feature-spine-temp1_topp0.8"),
 ]
 
 
@@ -125,6 +138,8 @@ def test_sequence_distribution_is_exact(seq_pair, seq_dist, cell):
   # The draft must actually be rejected sometimes, or the test proves little.
   if "alpha" in cell.expect:
     assert 0.1 < alpha(st) < 0.95, alpha(st)
+  if "block_positions" in cell.expect:  # x_2 (a mask position's) accepted and rejected
+    assert 0 < st.accepted_at[:, 1].sum() < st.evaluated_at[:, 1].sum(), st.accepted_at.sum(0)
   if "residual" in cell.expect:
     assert 0.05 < alpha(st) < 0.95, alpha(st)
     # The target's tokens outside the shortlist do occur: only the residual can give them.
@@ -176,6 +191,43 @@ class PeekingDraft:
 
   def commit(self, state, seq, length):
     return state
+
+
+@struct.dataclass
+class OneUniformBlock:
+  """A deliberately wrong block draft: every position's token is drawn with
+  the same uniform, so each x_i still follows its q_i alone but x_2 given x_1
+  does not follow q_2 — Algorithm 1 needs x_i ~ q_i given x_1..x_{i-1}."""
+
+  inner: Any
+
+  @property
+  def vocab_size(self) -> int:
+    return self.inner.vocab_size
+
+  def init(self, inputs, cache_len):
+    return self.inner.init(inputs, cache_len)
+
+  def propose(self, state, seq, length, gamma, sampling, key):
+    from specdec_jax.sampling import inverse_cdf
+    logits, state = self.inner.block_logits(state, seq, length, gamma)
+    q = standardize(logits, sampling)
+    u = jax.random.uniform(key, (seq.shape[0], 1))
+    return inverse_cdf(q, jnp.broadcast_to(u, q.shape[:2])), q, state
+
+  def commit(self, state, seq, length):
+    return state
+
+
+def test_the_distribution_test_rejects_correlated_block_draws(seq_pair, seq_dist):
+  """Power for the block draft: the same draft with one uniform for all its
+  positions (each x_i's marginal is q_i; the joint is not their product) is
+  caught, while the independent draws pass (``block-temp1`` above)."""
+  model, target, draft_params = seq_pair
+  bad = OneUniformBlock(block(model, draft_params, scale=1.0))
+  out = speculative_decode(model, target, bad, seq_inputs(), SEQ_KEY, gamma=2,
+                           max_decode_len=SEQ_LEN, sampling=SETTINGS["temp1"], eos_id=SEQ_EOS)
+  assert sequence_pvalue(np.asarray(out.tokens), seq_dist("temp1")) < SIGNIFICANCE
 
 
 @pytest.mark.parametrize("loop", ["chain", "adaptive", "tree"])

@@ -12,8 +12,8 @@ PKG = REPO / "specdec_jax"
 
 # Lower layers never import higher ones (same layer is fine).
 LAYERS = [
-    ("engine", ("models", "kernels", "sampling", "speculative", "tree", "decoding", "theory",
-                "measured", "partitioning", "drafts.base", "paper", "quantization")),
+    ("engine", ("models", "kernels", "sampling", "speculative", "tree", "decoding", "beam",
+                "theory", "measured", "partitioning", "drafts.base", "paper", "quantization")),
     ("io", ("checkpoints", "memory", "data", "prepare_data", "storage", "pair")),
     ("drafts", ("drafts", "timing", "alpha")),
     ("training", ("training", "distill", "evaluate")),

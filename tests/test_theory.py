@@ -280,3 +280,24 @@ def test_round_cost_is_theorem_3_8_and_its_record():
   assert record["verify_ms"] == pytest.approx(1.3 * 2.0)
   assert record["draft_token_ms"] == pytest.approx(0.1 * 2.0)
   assert theory.RoundCost.from_record(record, 4) == rc
+
+
+def test_tokens_by_position_is_eq1_at_one_alpha_and_falls_with_position():
+  """1 + Σ_i Π_{j≤i} α_j: Eq. (1) when every α_i is α; a falling profile
+  gives fewer tokens than its first rate alone would at the same γ."""
+  for a, g in ((0.6, 4), (0.9, 7), (0.0, 3)):
+    assert theory.expected_tokens_by_position([a] * g) == pytest.approx(
+        float(theory.expected_tokens(a, g)))
+  assert theory.expected_tokens_by_position([0.8, 0.5, 0.25]) == pytest.approx(
+      1 + 0.8 + 0.4 + 0.1)
+  assert theory.expected_tokens_by_position([0.8, None]) == pytest.approx(1.8)
+
+
+def test_one_call_round_is_priced_by_its_calls():
+  """A block draft's round: one draft call, not γ (``RoundCost.draft_calls``)."""
+  chain = theory.RoundCost(7, 0.127, 1.0)
+  block = theory.RoundCost(7, 0.127, 1.0, draft_calls=1)
+  assert chain.steps() == pytest.approx(7 * 0.127 + 1)
+  assert block.steps() == pytest.approx(0.127 + 1)
+  assert block.predicted(0.75) == pytest.approx(
+      (1 - 0.75 ** 8) / ((1 - 0.75) * (0.127 + 1)))

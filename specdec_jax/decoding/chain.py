@@ -18,7 +18,7 @@ from specdec_jax.decoding.state import (Loop, Proposal, SpecState, Verdict, cach
                                         finish, judge, pad_states, pin_state, round_keys, running,
                                         start, target_pass, validate)
 from specdec_jax.drafts.base import (ApproximationModel, capabilities, commit_draft,
-                                     gather_positions)
+                                     gather_positions, proposal_steps)
 from specdec_jax.models.base import TargetModel
 from specdec_jax.partitioning import Partitioner
 from specdec_jax.sampling import SamplingConfig
@@ -102,8 +102,8 @@ class ChainLoop(Loop):
     """Algorithm 1's first loop: x_1..x_γ ~ q_1..q_γ, every row γ of them."""
     xs, q, draft_state = draft.propose(s.draft_state, s.seq, s.length, self.gamma, self.sampling,
                                        key)
-    return Proposal(xs, q, jnp.full((s.seq.shape[0],), self.gamma, jnp.int32), self.gamma,
-                    draft_state)
+    return Proposal(xs, q, jnp.full((s.seq.shape[0],), self.gamma, jnp.int32),
+                    proposal_steps(draft, self.gamma), draft_state)
 
   def verify(self, params: Any, seq: Array, n: Array, p: Proposal, cache: Any,
              key: Array) -> Verdict:

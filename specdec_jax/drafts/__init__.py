@@ -17,13 +17,15 @@ from specdec_jax.drafts.base import (ApproximationModel, DraftInterfaceError, ch
 from specdec_jax.drafts.lookup_t5 import LookupT5Draft
 from specdec_jax.drafts.ngram import BigramDraft, UnigramDraft
 from specdec_jax.drafts.prompt_lookup import PromptLookupDraft
+from specdec_jax.drafts import t5_block
+from specdec_jax.drafts.t5_block import T5BlockDraft
 from specdec_jax.drafts.t5_draft import T5Draft
 
 REGISTRY: dict[str, Callable[..., ApproximationModel]] = {}
 
 # What the runner offers every builder; a builder declares the ones it uses.
 BUILD_ARGS = ("vocab_size", "vocab", "max_ngram", "model", "params", "corpus", "partitioner",
-              "bridge", "feature", "target_model", "target_params", "shortlist")
+              "bridge", "feature", "target_model", "target_params", "shortlist", "block")
 
 
 def register(name: str):
@@ -80,7 +82,8 @@ def build(name: str, **kwargs: Any) -> ApproximationModel:
   rules the target is sharded with), and when configured ``model``/``params``
   (a draft checkpoint, already on that mesh), ``bridge`` (that checkpoint's
   encoder bridge kernel, or None; ``specdec_jax.drafts.bridge``) and ``feature``
-  (its feature bridge, or None; ``specdec_jax.drafts.feature_bridge``) with
+  (its feature bridge, or None; ``specdec_jax.drafts.feature_bridge``), ``block``
+(its mask embedding when it is a block draft, ``specdec_jax.drafts.t5_block``) with
   ``target_model``/``target_params``, ``shortlist`` (with
   Experiment.draft_shortlist: a ``specdec_jax.drafts.shortlist.Shortlist`` for that
   checkpoint) and ``corpus`` (token sequences). Each
@@ -105,6 +108,17 @@ def _t5(model, params, partitioner=None, bridge=None, target_model=None,
   return T5Draft(params=params, model=model, partitioner=partitioner, bridge=bridge,
                  target_params=target_params, target_model=target_model, feature=feature,
                  shortlist=shortlist)
+
+
+@register("t5_block")
+def _t5_block(model, params, block=None, partitioner=None, bridge=None, target_model=None,
+              target_params=None, feature=None) -> T5BlockDraft:
+  if block is None:
+    raise ValueError("approximation model 't5_block' needs a block draft checkpoint: the draft "
+                     f"checkpoint has no {t5_block.FILENAME} (its mask embedding; train one with "
+                     "scripts/distill_draft.py --block_size=GAMMA)")
+  return t5_block.build(model, params, block, partitioner, bridge, target_model, target_params,
+                        feature)
 
 
 @register("unigram")
@@ -136,5 +150,5 @@ BUILTIN = frozenset(REGISTRY)
 
 __all__ = ["ApproximationModel", "BUILD_ARGS", "DraftInterfaceError", "BUILTIN", "BigramDraft",
            "LookupT5Draft", "PromptLookupDraft",
-           "REGISTRY", "T5Draft", "UnigramDraft", "build", "check_interface", "check_tree",
+           "REGISTRY", "T5BlockDraft", "T5Draft", "UnigramDraft", "build", "check_interface", "check_tree",
            "gather_positions", "register", "requires", "takes"]

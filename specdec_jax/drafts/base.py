@@ -25,7 +25,7 @@ is the one place that asks a model which it has. The engine, α and the
 runner read that record, and reach the optional methods only through the
 functions here that fall back to the defaults (``init_draft``,
 ``commit_draft``, ``adaptive_proposal``, ``tree_proposal``, ``commit_tree``,
-``check_tree``).
+``check_tree``, ``proposal_steps``).
 
 Nothing in the engine depends on which model it is, so a new approximation
 model needs no engine change: implement the three required methods and
@@ -123,6 +123,10 @@ class Capabilities:
   tree_unsupported: ``tree_unsupported(tree) -> str | None``, the reason the
     draft cannot fill ``tree`` (None: it can), asked before any work
     (``check_tree``). Default: every tree it can fill.
+  proposal_steps: ``proposal_steps(gamma) -> int``, the draft calls a chain
+    ``propose`` of γ tokens runs (a block draft, ``drafts.t5_block``: 1); the
+    engine counts it in ``draft_calls`` and the cost model prices a round
+    with it (``theory.RoundCost.draft_calls``). Default γ, one call a token.
   """
 
   init_with_target: bool = False
@@ -131,6 +135,7 @@ class Capabilities:
   propose_tree: bool = False
   commit_tree: bool = False
   tree_unsupported: bool = False
+  proposal_steps: bool = False
 
 
 def capabilities(draft: Any) -> Capabilities:
@@ -140,7 +145,8 @@ def capabilities(draft: Any) -> Capabilities:
       init_with_target=has("init_with_target"),
       target_states=bool(getattr(draft, "wants_target_states", False)),
       propose_adaptive=has("propose_adaptive"), propose_tree=has("propose_tree"),
-      commit_tree=has("commit_tree"), tree_unsupported=has("tree_unsupported"))
+      commit_tree=has("commit_tree"), tree_unsupported=has("tree_unsupported"),
+      proposal_steps=has("proposal_steps"))
 
 
 def init_draft(draft: Any, inputs: Array, cache_len: int, target_encoded: Array) -> Any:
@@ -148,6 +154,14 @@ def init_draft(draft: Any, inputs: Array, cache_len: int, target_encoded: Array)
   if capabilities(draft).init_with_target:
     return draft.init_with_target(inputs, cache_len, target_encoded)
   return draft.init(inputs, cache_len)
+
+
+def proposal_steps(draft: Any, gamma: int) -> int:
+  """Draft calls one ``propose`` of γ tokens costs: ``draft.proposal_steps(γ)``
+  if the draft declares it (a block draft: 1), else γ (one call a token)."""
+  if capabilities(draft).proposal_steps:
+    return int(draft.proposal_steps(gamma))
+  return gamma
 
 
 def commit_draft(draft: Any, state: Any, seq: Array, length: Array,

@@ -544,6 +544,25 @@ class TreeAttention(NamedTuple):
     return k_pos, (rel < 0)[:, None, :] | (in_tree[:, None, :] & seen)
 
 
+class NodeAttention(NamedTuple):
+  """A decode call's nodes with their slots, key positions and visibility
+  given as arrays (``T5Model.decode_nodes``): trees whose shape is data.
+
+  slots:         [B, k] int32, where the call's nodes are written (-1: nowhere).
+  key_positions: [B, L] int32, the position of the key in every cache slot.
+  mask:          [B, k, L] bool, whether each node sees each slot.
+  """
+
+  slots: Array
+  key_positions: Array
+  mask: Array
+
+  def keys_and_mask(self, cache_len: int) -> tuple[Array, Array]:
+    """-> (key positions [B, L], mask [B, k, L]), as given."""
+    del cache_len
+    return self.key_positions, self.mask
+
+
 def _write(cache: Array, new: Array, positions: Array) -> Array:
   """cache [B, L, H, dh] <- new [B, k, H, dh] at per-row positions [B, k].
 
@@ -863,6 +882,30 @@ class T5Model:
     out = self.module.apply({"params": params}, tokens, positions, cache, True, extra,
                             return_hidden, att, method=T5.decode)
     return (out[0], constrain_cache(out[1], partitioner, "tree cache")) + out[2:]
+
+  def decode_nodes(self, params: dict, tokens: Array, positions: Array, slots: Array,
+                   key_positions: Array, mask: Array, cache: DecoderCache) -> tuple:
+    """One pass over k nodes whose slots and visibility are data: tokens [B,
+    k] at positions [B, k] are written at cache slots [B, k] (negative: not
+    written) and node i attends to the slots where mask [B, k, L] is True,
+    whose keys sit at key_positions [B, L] (L = cache_len) -> (logits [B, k,
+    V] float32, cache). The caller keeps its own slot layout (beam search
+    keeps each beam's prefix in a region of one row: ``specdec_jax.beam``);
+    every node must see at least its own slot. ``decode_tree`` is the case of
+    one static shape.
+    """
+    if self.config.fixed_positions:
+      raise ValueError("decode_nodes does not pad to T5Config.fixed_positions: set it to 0 for "
+                       "beam search")
+    if mask.shape != (*tokens.shape, cache.cache_len) or key_positions.shape != (
+        tokens.shape[0], cache.cache_len):
+      raise ValueError(f"mask must be [B, k, cache_len] and key_positions [B, cache_len] for "
+                       f"tokens {tokens.shape} and cache_len {cache.cache_len}, got "
+                       f"{mask.shape} and {key_positions.shape}")
+    att = NodeAttention(slots=slots.astype(jnp.int32),
+                        key_positions=key_positions.astype(jnp.int32), mask=mask)
+    return self.module.apply({"params": params}, tokens, positions.astype(jnp.int32), cache,
+                             True, None, False, att, method=T5.decode)
 
   @staticmethod
   def commit_path(cache: DecoderCache, lengths: Array, path: Array, num_accepted: Array,

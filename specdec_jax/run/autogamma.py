@@ -39,8 +39,9 @@ import numpy as np
 from absl import logging
 
 from specdec_jax import theory
-from specdec_jax.alpha import estimate_alpha
+from specdec_jax.alpha import alpha_by_position_in_rounds, estimate_alpha
 from specdec_jax.decoding import cache_length
+from specdec_jax.drafts.base import capabilities
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.theory import RoundCost
@@ -75,6 +76,8 @@ class GammaChoice:
   argmax: int                        # the curve's argmax
   # The one cost measurement behind the choice, per γ: the run's costs too.
   costs: dict[int, RoundCost] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+  # A one-call draft's acceptance by position in rounds at γ_max (``decide``).
+  alpha_by_position: Optional[list[float]] = None
 
   @property
   def plain(self) -> bool:
@@ -88,7 +91,7 @@ class GammaChoice:
             "alpha_tokens": self.tokens, "alpha_se": self.alpha_se, "c": per(self.c),
             "v": per(self.v), "round_se": per(self.round_se), "predicted": per(self.predicted),
             "predicted_se": per(self.predicted_se), "argmax": self.argmax,
-            "gap_se": per(self.gap_se)}
+            "gap_se": per(self.gap_se), "alpha_by_position": self.alpha_by_position}
 
   @classmethod
   def from_record(cls, record: dict) -> GammaChoice:
@@ -98,7 +101,8 @@ class GammaChoice:
     per = lambda key: {int(g): float(x) for g, x in record.get(key, {}).items()}
     return cls(record["gamma"], record["alpha_warmup"], record["alpha_tokens"],
                record["alpha_se"], per("c"), per("v"), per("round_se"), per("predicted"),
-               per("predicted_se"), per("gap_se"), record["argmax"])
+               per("predicted_se"), per("gap_se"), record["argmax"],
+               alpha_by_position=record.get("alpha_by_position"))
 
 
 def in_context_costs(costs: dict[int, RoundCost], gammas: Sequence[int]
@@ -107,21 +111,31 @@ def in_context_costs(costs: dict[int, RoundCost], gammas: Sequence[int]
   runs them (``RoundCost.interplay``): γ c + v is the round timed whole, in
   one-token steps, and ``round_se`` its standard error. The interplay grows
   with γ where the draft's steps evict the target's weights, so ignoring it
-  favours long γ."""
-  c = {g: costs[g].c_in_context for g in gammas}
+  favours long γ. A draft that proposes γ tokens in fewer calls (a block
+  draft: one) is priced by its calls: c here is per proposed token,
+  draft_calls · c / γ, so that γ c + v is still the round."""
+  c = {g: costs[g].c_in_context * costs[g].draft_calls / g for g in gammas}
   v = {g: costs[g].v_in_context for g in gammas}
   return c, v, {g: costs[g].round_se for g in gammas}
 
 
 def decide(alpha: float, tokens: int, alpha_se: float, costs: dict[int, RoundCost],
-           gamma_max: int) -> GammaChoice:
+           gamma_max: int, alpha_by_position: Optional[Sequence[float]] = None
+           ) -> GammaChoice:
   """The choice from α (``tokens``, ``alpha_se``) and ``costs`` for γ =
   1..γ_max, by the rule in this module's docstring: plain decoding unless
-  the best prediction's gain exceeds its standard error."""
+  the best prediction's gain exceeds its standard error. With
+  ``alpha_by_position`` (α_1..α_γmax, a one-call draft's) each γ's tokens
+  per round are 1 + Σ_{i≤γ} Π_{j≤i} α_j in place of Eq. (1) at one α (the
+  standard errors stay the one-α ones)."""
   gammas = range(1, gamma_max + 1)
   c, v, round_se = in_context_costs(costs, gammas)
   # The round is timed whole: its error is the denominator's, which S takes as v's.
   _, argmax, curve, gap_se = theory.gamma_curve(alpha, c, v, alpha_se, {}, round_se)
+  if alpha_by_position is not None:
+    curve = {g: theory.expected_tokens_by_position(alpha_by_position[:g]) / (g * c[g] + v[g])
+             for g in gammas}
+    argmax = max(gammas, key=lambda g: (curve[g], -g))
   se = {g: theory.improvement_se(alpha, g, c[g], v[g], alpha_se, 0.0, round_se[g])
         for g in gammas}
   pays = lambda g: curve[g] - 1.0 > se[g]
@@ -129,7 +143,8 @@ def decide(alpha: float, tokens: int, alpha_se: float, costs: dict[int, RoundCos
   if pays(argmax):
     gamma = min(g for g in gammas if pays(g) and curve[argmax] - curve[g] <= gap_se[g])
   return GammaChoice(gamma, alpha, tokens, alpha_se, c, v, round_se, curve, se, gap_se, argmax,
-                     dict(costs))
+                     dict(costs), None if alpha_by_position is None else
+                     [float(a) for a in alpha_by_position])
 
 
 def choose_gamma(target: T5Model, params: Any, draft: Any,
@@ -161,7 +176,13 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
                                     cache_len=cache_length(max_decode_len, gamma_max),
                                     repeats=repeats,
                                     partitioner=partitioner))
-  choice = decide(alpha, tokens, alpha_se, costs, gamma_max)
+  by_position = None
+  if capabilities(draft).proposal_steps:
+    # A one-call draft: its acceptance falls with the position, so the
+    # choice reads α_1..α_γmax from rounds at γ_max (``decide``).
+    by_position = alpha_by_position_in_rounds(target, params, draft, batches, key, gamma_max,
+                                              sampling, max_decode_len, partitioner)
+  choice = decide(alpha, tokens, alpha_se, costs, gamma_max, by_position)
   if tokens < MIN_ALPHA_TOKENS:
     # Tokens of one sequence are correlated, so the true error is larger still.
     logging.warning("gamma='auto': alpha estimated on only %d target tokens (standard error "

@@ -71,7 +71,8 @@ from absl import app, flags, logging
 from specdec_jax import checkpoints
 from specdec_jax.decoding import AdaptiveConfig
 from specdec_jax.dryrun import driver
-from specdec_jax.run import check_model, dry_run_programs, gin_errors, hosts, logs, settings
+from specdec_jax.run import (beam_run, check_model, dry_run_programs, gin_errors, hosts, logs,
+                             settings)
 from specdec_jax.run.loop import pending, run_alpha_only, run_speculative
 from specdec_jax.run.report import alpha_row, conclusion, summarize, summarize_alpha, table2_row
 from specdec_jax.run.settings import REPO_ROOT, Experiment, resolve_path
@@ -203,6 +204,10 @@ def _configurables() -> dict[str, list[str]]:
 def _print_result(s: dict, workdir: Workdir) -> None:
   if not hosts.is_writer():
     return
+  if s.get("mode") == "beam":
+    print(beam_run.row(s))
+    sys.stdout.flush()
+    return
   print(alpha_row(s) if s.get("mode") == "alpha_only" else table2_row(s, FLAGS.verbose))
   print(conclusion(s, str(workdir.path)))
   sys.stdout.flush()
@@ -220,6 +225,9 @@ def main(argv: Sequence[str]) -> None:
   # Every config names the run: a hardware overlay (configs/tpu_v4_8.gin) must
   # not make two Table 2 rows share a workdir.
   stem = "+".join(Path(c).stem for c in FLAGS.config) if FLAGS.config else "default"
+  if exp.decode_method == "beam" and (FLAGS.calibrate or FLAGS.dry_run):
+    raise ValueError("--calibrate and --dry_run do not cover Experiment.decode_method='beam'; "
+                     "run it without them")
   if FLAGS.calibrate:
     check_model.main(exp, FLAGS.calibrate,
                      FLAGS.workdir or str(Path("runs") / f"{stem}_calibrate"),
@@ -232,6 +240,8 @@ def main(argv: Sequence[str]) -> None:
                 FLAGS.dry_run, full=FLAGS.verbose)
     return
   mode = "alpha_only" if alpha_only else "speculative"
+  if exp.decode_method == "beam" and not alpha_only:
+    mode = "beam"
   name = stem + ("_alpha" if alpha_only else "")
   # The first line at once; on several hosts only after jax.distributed starts
   # (in check_before_loading: no JAX call may come before it), from process 0,
@@ -256,6 +266,9 @@ def main(argv: Sequence[str]) -> None:
   if workdir.records and not pending(exp, len(d.examples), workdir, alpha_only):
     logging.info("%s: the run is finished (%d examples); nothing to do", workdir.path,
                  len(workdir.records))
+    if mode == "beam":
+      _print_result(beam_run.summarize(exp, workdir.records), workdir)
+      return
     _print_result(summarize_alpha(exp, workdir.records, len(d.examples) - exp.num_warmup)
                   if alpha_only else summarize(exp, workdir.records), workdir)
     return
@@ -271,7 +284,10 @@ def main(argv: Sequence[str]) -> None:
   logging.info("Workdir %s (%d examples already done)", workdir.path, len(workdir.records),
                extra=logs.DETAIL)
   _state.quiet.close()  # the timed loop's progress line redraws on a terminal
-  s = run_alpha_only(setup, workdir) if alpha_only else run_speculative(setup, workdir)
+  if mode == "beam":
+    s = beam_run.run_beam(setup, workdir)
+  else:
+    s = run_alpha_only(setup, workdir) if alpha_only else run_speculative(setup, workdir)
   _print_result(s, workdir)
 
 
@@ -336,6 +352,10 @@ def intro(exp: Experiment, alpha_only: bool, workdir: str) -> str:
     return (f"Measuring α (§4.2): target {target}, draft {draft}, T "
             f"{exp.sampling.temperature:g}, up to {exp.alpha_only_tokens} target tokens of "
             f"{exp.task} → {workdir}")
+  if exp.decode_method == "beam":
+    return (f"Beam search vs speculative beam search: target {target}, draft {draft}, width "
+            f"{exp.beam_size}, draft width {exp.draft_beam_width}, γ {exp.gamma}, alpha "
+            f"{exp.beam_alpha:g}, {exp.num_examples} examples of {exp.task} → {workdir}")
   if exp.tree:
     how = f"tree {exp.tree}"
   else:

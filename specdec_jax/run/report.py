@@ -13,7 +13,7 @@ import numpy as np
 
 from specdec_jax.run import account
 from specdec_jax.run.settings import Experiment
-from specdec_jax.theory import RoundCost
+from specdec_jax.theory import RoundCost, expected_tokens_by_position
 
 # A round's cost as the lines and summary.json carry it (``RoundCost.record``).
 COST_KEYS = RoundCost.RECORD_KEYS
@@ -51,8 +51,18 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   # Theorem 3.8 is for a fixed γ ≥ 1 chain: adaptive, tree and plain runs have no prediction.
   fixed = (bool(records) and not math.isnan(summary["alpha"]) and exp.adaptive is None
            and not exp.tree and gamma != 0)
-  summary.update(_predictions(summary["alpha"], RoundCost.from_record(costs, gamma)
-                              if fixed else None))
+  summary.update(_by_position(records, exp.tree_shape.max_depth if exp.tree else None))
+  calls = summary["draft_calls_per_round"]
+  round_cost = (RoundCost.from_record(costs, gamma, int(round(calls)) if calls else None)
+                if fixed else None)
+  summary.update(_predictions(summary["alpha"], round_cost))
+  summary["tokens_per_round_by_position"] = None
+  summary["expected_speedup_by_position"] = None
+  if summary["alpha_by_position"] is not None and (fixed or exp.tree):
+    tokens = expected_tokens_by_position(summary["alpha_by_position"])
+    summary["tokens_per_round_by_position"] = tokens
+    if round_cost is not None:
+      summary["expected_speedup_by_position"] = float(round_cost.speedup(tokens))
   whole = None
   if fixed and exp.batch_size == 1 and all("prefill_speculative_ms" in r for r in records):
     # ... and with each example's prefill: the whole-run prediction (``account``).
@@ -101,6 +111,28 @@ def _measured(records: list[dict], chain: bool) -> dict:
           "speculative_ms_per_token": 1e3 * spec_s / max(tot("tokens"), 1),
           "baseline_s": base_s, "speculative_s": spec_s,
           "speedup": base_s / spec_s if spec_s else float("nan")}
+
+
+def _by_position(records: list[dict], tree_depth: int | None) -> dict:
+  """Acceptance by position in the round, α_i = P(proposal i accepted |
+  proposals 1..i−1 accepted), i = 1..γ (a tree: depth i = 1..D, from its
+  depth histogram), over all lines (None for plain runs); and the draft calls
+  a round made (a chain's γ; a block draft's 1; a tree's D). The theory's
+  tokens per round from them, 1 + Σ_i Π_{j≤i} α_j
+  (``theory.expected_tokens_by_position``), sits beside Eq. (1)'s."""
+  tot = lambda k: float(sum(r.get(k, 0) for r in records))
+  calls = tot("draft_calls") / tot("target_calls") if tot("target_calls") else None
+  alphas = None
+  if records and tree_depth is not None and all("depth_hist" in r for r in records):
+    hist = np.sum([r["depth_hist"] for r in records], 0).astype(float)
+    reached = np.cumsum(hist[::-1])[::-1]              # rounds that accepted >= d levels
+    alphas = [float(reached[d] / reached[d - 1]) if reached[d - 1] else None
+              for d in range(1, len(hist))]
+  elif records and all("accepted_at" in r for r in records):
+    acc = np.sum([r["accepted_at"] for r in records], 0).astype(float)
+    ev = np.sum([r["evaluated_at"] for r in records], 0).astype(float)
+    alphas = [float(a / e) if e else None for a, e in zip(acc, ev)]
+  return {"alpha_by_position": alphas, "draft_calls_per_round": calls}
 
 
 def _adaptive(exp: Experiment, records: list[dict]) -> dict:

@@ -161,6 +161,12 @@ class Experiment(PairSettings):
     ('' the chain of gamma; 'spine:4,2,2,1', 'full:3,2,1', 'parents:-1,0,0,1';
     ``specdec_jax.tree.TreeShape.parse``). It replaces gamma, and is exact for
     every draft that can fill it (README, "Token trees").
+  decode_method: 'sample' (``SamplingConfig``) or 'beam': T5X's beam search
+    against speculative beam search (Appendix A.4, ``specdec_jax.beam``). With
+    'beam' the draft is a plain T5 model and ``gamma`` its steps per round.
+  beam_size: the beam width w of 'beam'.
+  beam_alpha: the brevity penalty's exponent of 'beam' ((5 + length) / 6)^alpha.
+  draft_beam_size: the draft's beam width u >= w of 'beam' (0: ``beam_size``).
   batch_size: examples decoded together (rows accept independently).
   max_input_len: the longest input in tokens (longer ones per ``on_too_long``).
   input_buckets: the input lengths each batch is padded to, the smallest
@@ -206,6 +212,10 @@ class Experiment(PairSettings):
   adaptive: Optional[AdaptiveConfig] = None
   lenience: float = 1.0
   tree: str = ""
+  decode_method: str = "sample"
+  beam_size: int = 4
+  beam_alpha: float = 0.6
+  draft_beam_size: int = 0
   batch_size: int = 1
   max_input_len: int = 128
   input_buckets: tuple = ()
@@ -242,6 +252,7 @@ class Experiment(PairSettings):
       self._check_tree()
     self._check_fixed_positions()
     self._check_draft()
+    self._check_beam()
     for name in ("batch_size", "max_input_len", "max_decode_len", "num_examples",
                  "alpha_only_tokens", "cost_repeats"):
       if getattr(self, name) < 1:
@@ -337,6 +348,39 @@ class Experiment(PairSettings):
                        f"approximation model {self.draft_name!r} takes no 'shortlist' "
                        "argument (the T5 drafts 't5' and 'lookup_t5' do); bind "
                        "Experiment.draft_shortlist = '' for it")
+
+  def _check_beam(self) -> None:
+    """Beam search: a known method, widths u >= w >= 1, alpha >= 0, and what it runs with."""
+    if self.decode_method not in ("sample", "beam"):
+      raise ValueError(f"Experiment.decode_method must be 'sample' or 'beam', got "
+                       f"{self.decode_method!r}")
+    if self.decode_method != "beam":
+      return
+    if self.beam_size < 1:
+      raise ValueError(f"Experiment.beam_size must be >= 1, got {self.beam_size}")
+    if self.draft_beam_size and self.draft_beam_size < self.beam_size:
+      raise ValueError(f"Experiment.draft_beam_size ({self.draft_beam_size}) must be >= "
+                       f"Experiment.beam_size ({self.beam_size}), or 0 for the same width")
+    if not self.beam_alpha >= 0:
+      raise ValueError(f"Experiment.beam_alpha must be >= 0, got {self.beam_alpha}")
+    clash = [f for f, on in (("tree", bool(self.tree)), ("adaptive", self.adaptive is not None),
+                             ("lenience", self.lenience != 1.0),
+                             ("fixed_positions", bool(self.fixed_positions)),
+                             ("draft_shortlist", bool(self.draft_shortlist)),
+                             ("gamma", not isinstance(self.gamma, int)))
+             if on]
+    if clash:
+      raise ValueError(f"Experiment.decode_method='beam' cannot run with Experiment."
+                       f"{clash[0]}={getattr(self, clash[0])!r} (beam search takes a fixed "
+                       "integer gamma and a plain T5 draft)")
+    if self.draft_name != "t5":
+      raise ValueError(f"Experiment.decode_method='beam' needs draft_name='t5' (the draft runs "
+                       f"beam search itself), got {self.draft_name!r}")
+
+  @property
+  def draft_beam_width(self) -> int:
+    """The draft's beam width u (draft_beam_size, or beam_size where 0)."""
+    return self.draft_beam_size or self.beam_size
 
   def _check_unset(self, pair: ModelPair) -> None:
     """Every setting the run needs and that is unset, in one message naming

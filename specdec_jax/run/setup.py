@@ -16,6 +16,7 @@ from specdec_jax import checkpoints, data, drafts, memory, partitioning, storage
 from specdec_jax.decoding import cache_length
 from specdec_jax.drafts import bridge as bridge_lib
 from specdec_jax.drafts import feature_bridge as feature_lib
+from specdec_jax.drafts import t5_block
 from specdec_jax.drafts import shortlist as shortlist_lib
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.run.settings import Experiment
@@ -243,6 +244,10 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
                          f"({feature_lib.FILENAME}), but approximation model "
                          f"{exp.draft_name!r} takes no 'feature' argument")
       build_kw["feature"] = jax.tree.map(jnp.asarray, features)
+    block = _load_bridge(exp.resolve(exp.draft_checkpoint), t5_block)
+    if block is not None and drafts.takes(exp.draft_name, "block"):
+      t5_block.check(block, dmodel, exp.draft_checkpoint)
+      build_kw["block"] = jax.tree.map(jnp.asarray, block)
     if exp.draft_shortlist:
       ids = shortlist_lib.load(exp.resolve(exp.draft_shortlist), target.config.vocab_size)
       build_kw["shortlist"] = shortlist_lib.Shortlist.for_draft(

@@ -56,7 +56,7 @@ from absl import logging
 
 from specdec_jax import storage
 
-MODES = ("speculative", "alpha_only")
+MODES = ("speculative", "alpha_only", "beam")
 HOLD_NAME = "writer.lock"  # the hold's file or object in the workdir
 HEARTBEAT_S = 30.0  # a gs:// hold is refreshed this often
 STALE_S = 300.0  # a gs:// hold not refreshed for this long is abandoned
