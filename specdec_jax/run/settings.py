@@ -178,7 +178,7 @@ class Experiment(PairSettings):
   on_too_long: what an input over ``max_input_len`` gets: 'truncate' (logged) or 'error'.
   command_buffers: on a GPU, run the decoding loops from XLA command buffers
     (CUDA graphs) of at least this many kernels (0 off;
-    ``decoding.with_command_buffers``).
+    ``run.programs.with_command_buffers``).
   multihost: call ``jax.distributed.initialize()`` before anything (several hosts, one run).
   coordinator_address: the multi-host coordinator off Cloud TPU VMs, 'host:port'.
   num_processes: the multi-host process count (with ``coordinator_address``).
