@@ -331,6 +331,24 @@ class T5Draft:
                                               partitioner=self.partitioner, extra=extra)
     return shortlist_lib.logits(self.shortlist, part, hidden, self.vocab_size), cache
 
+  def _tree_root(self, state: Any, seq: Array, length: Array, skeleton: TreeShape, n_nodes: int,
+                 sampling: SamplingConfig, key: Array) -> tuple:
+    """A tree round's start, static or chosen per round: the nodes' uniforms
+    [B, N] (zeros at T = 0) and the root's logits [B, V] from feeding
+    positions n-1 (-1 on the first round: dropped) and n; with the cache,
+    the target's states and the partitioner split out of ``state``."""
+    why = self.tree_unsupported(skeleton)
+    if why:
+      raise ValueError(f"T5Draft cannot propose a token tree: {why}")
+    b = length.shape[0]
+    us = (jnp.zeros((b, n_nodes), jnp.float32) if sampling.greedy
+          else jax.random.uniform(key, (b, n_nodes)))
+    cache, states, part = self._split(state)
+    pos = length[:, None] + jnp.arange(-1, 1, dtype=jnp.int32)[None, :]
+    logits, cache = self._decode(gather_positions(seq, pos), pos, cache,
+                                 self._extra(states, length, pos), part)
+    return us, logits, cache, states, part
+
   def propose_tree(self, state: Any, seq: Array, length: Array, tree: TreeShape,
                    sampling: SamplingConfig, key: Array
                    ) -> tuple[Array, Array, Array, Array, Any]:
@@ -348,20 +366,12 @@ class T5Draft:
     (docs/exactness.md, section 10). Returns (tokens [B, N], q [B, N, V],
     valid [B, N], steps = D, state); node 0's token is left to the engine.
     """
-    why = self.tree_unsupported(tree)
-    if why:
-      raise ValueError(f"T5Draft cannot propose a token tree: {why}")
     b, n_nodes, v = length.shape[0], tree.num_nodes, self.vocab_size
-    us = (jnp.zeros((b, n_nodes), jnp.float32) if sampling.greedy
-          else jax.random.uniform(key, (b, n_nodes)))
-    cache, states, part = self._split(state)
+    us, logits, cache, states, part = self._tree_root(state, seq, length, tree, n_nodes,
+                                                      sampling, key)
     tokens = jnp.zeros((b, n_nodes), jnp.int32)
     q = jnp.zeros((b, n_nodes, v), jnp.float32)
     valid = jnp.ones((b, n_nodes), bool)
-    # The root: feed positions n-1 (-1 on the first round: dropped) and n.
-    pos = length[:, None] + jnp.arange(-1, 1, dtype=jnp.int32)[None, :]
-    logits, cache = self._decode(gather_positions(seq, pos), pos, cache,
-                                 self._extra(states, length, pos), part)
     logits, fed = logits[:, None], (0,)
     for depth in range(1, tree.max_depth + 1):
       first_child = [int(tree.children_table[j, 0]) for j in fed]
@@ -396,18 +406,11 @@ class T5Draft:
     one-hot, with probability 1. Returns (tokens [B, N], q [B, N, V], valid
     [B, N], parents [B, N], steps = D, state); node 0's token is the engine's.
     """
-    why = self.tree_unsupported(tree.skeleton)
-    if why:
-      raise ValueError(f"T5Draft cannot propose a token tree: {why}")
     b, n_nodes, v = length.shape[0], tree.num_nodes, self.vocab_size
-    us = (jnp.zeros((b, n_nodes), jnp.float32) if sampling.greedy
-          else jax.random.uniform(key, (b, n_nodes)))
-    cache, states, part = self._split(state)
+    us, logits, cache, states, part = self._tree_root(state, seq, length, tree.skeleton, n_nodes,
+                                                      sampling, key)
     level = Level.empty(b, n_nodes, v)
     on_copy = jnp.zeros((b, n_nodes), bool).at[:, 0].set(copy is not None)
-    pos = length[:, None] + jnp.arange(-1, 1, dtype=jnp.int32)[None, :]
-    logits, cache = self._decode(gather_positions(seq, pos), pos, cache,
-                                 self._extra(states, length, pos), part)
     logits = logits[:, None]
     for depth in range(1, tree.max_depth + 1):
       f0, f1 = tree.level(depth - 1)
