@@ -562,8 +562,8 @@ def test_table2_config_lists_every_missing_macro():
 def test_help_lists_settings_and_library_info_is_quiet():
   import logging as std_logging
   doc = run.cli.__doc__
-  assert "Experiment settings" in doc and "  gamma: Union[int, str] = 5" in doc
-  assert "  dtype: str = 'float32'" in doc
+  assert "Experiment settings" in doc and "  gamma = 5: draft tokens per round" in doc
+  assert "  dtype = 'float32': the dtype activations run at." in doc
   f = run.logs.LibraryFilter()
   rec = lambda path, level: std_logging.LogRecord("absl", level, path, 1, "m", (), None)
   assert not f.filter(rec("/site-packages/orbax/checkpoint/x.py", std_logging.INFO))

@@ -158,9 +158,10 @@ class Experiment(PairSettings):
     ``@AdaptiveConfig()`` with ``AdaptiveConfig.<name>`` bound; ``gamma`` is then γ_max.
   lenience: the lenience of Appendix A.5, in (0, 1] (1 is exact).
   tree: a token tree verified in one target pass per round instead of a chain
-    ('' the chain of gamma; 'spine:4,2,2,1', 'full:3,2,1', 'parents:-1,0,0,1';
-    'dynamic:4,4,4': W_d nodes at depth d, the draft choosing the tree each
-    round; ``specdec_jax.tree.parse_tree``). It replaces gamma, and is exact for
+    ('' the chain; 'spine:4,2,2,1', 'full:3,2,1', 'parents:-1,0,0,1', or
+    'dynamic:4,4,4' chosen each round). 'dynamic:W1,..,WD' keeps W_d nodes at
+    depth d, the draft choosing the tree each round
+    (``specdec_jax.tree.parse_tree``). It replaces gamma, and is exact for
     every draft that can fill it (README, "Token trees").
   decode_method: 'sample' (``SamplingConfig``) or 'beam': T5X's beam search
     against speculative beam search (Appendix A.4, ``specdec_jax.beam``). With
