@@ -46,6 +46,7 @@ def test_a_chain_round_is_one_draft_call(tiny_target, tiny_draft):
   np.testing.assert_array_equal(out.stats.draft_calls, out.stats.target_calls)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feature", [False, True], ids=["plain", "feature"])
 def test_cache_after_rejections_equals_a_fresh_prefix(tiny_target, tiny_draft, feature):
   """After rounds that wrote mask keys and committed fewer tokens than they
@@ -89,6 +90,7 @@ def test_cache_after_rejections_equals_a_fresh_prefix(tiny_target, tiny_draft, f
   assert np.abs(np.asarray(other) - np.asarray(logits))[:, 1:].max() > 1e-2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feature", [False, True], ids=["plain", "feature"])
 def test_training_layout_is_the_decoding_layout(tiny_target, tiny_draft, feature):
   """``distill.block_forward`` (teacher forcing at a cut n) gives the block
