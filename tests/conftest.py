@@ -54,6 +54,23 @@ def mapped_regions() -> int:
     return 0
 
 
+# What specdec_jax.storage writes into os.environ when STORAGE_EMULATOR_HOST
+# is set. A test's monkeypatch cannot undo values set after it ran, so they
+# would outlive the test and point later tests' subprocesses at its emulator.
+STORAGE_DERIVED = ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
+
+
+@pytest.fixture(autouse=True)
+def _restore_storage_environment():
+  before = {k: os.environ.get(k) for k in STORAGE_DERIVED}
+  yield
+  for k, v in before.items():
+    if v is None:
+      os.environ.pop(k, None)
+    else:
+      os.environ[k] = v
+
+
 @pytest.fixture(autouse=True)
 def _release_compiled_code():
   yield
