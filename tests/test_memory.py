@@ -165,7 +165,8 @@ print(json.dumps([on_device0(params), on_device0(caches(params, inputs)),
 def test_plan_equals_bytes_placed_on_a_real_mesh():
   """On 8 host devices, the runner's own placement holds what the plan says."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+             XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                        + " --xla_force_host_platform_device_count=8"))
   cfg = json.dumps(dataclasses.asdict(TARGET.replace(dtype="bfloat16")))
   out = subprocess.run([sys.executable, "-c", _REAL_PLACEMENT, cfg], capture_output=True,
                        text=True, env=env, timeout=300)

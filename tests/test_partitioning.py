@@ -222,7 +222,8 @@ def test_runner_on_a_mesh_gives_the_single_device_outputs(tmp_path):
     cmd = [sys.executable, "-m", "specdec_jax.run", "--config=configs/demo.gin",
            f"--workdir={tmp_path / name}"] + [f"--gin_bindings={b}" for b in bindings + extra]
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                          + f" --xla_force_host_platform_device_count={devices}"))
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     records[name] = [json.loads(l) for l in (tmp_path / name / "examples.jsonl").read_text()
