@@ -11,8 +11,11 @@ measured on other held-out inputs, as scripts/bench_tree.py builds them) and
 by the static tree of the dynamic tree's layout (``TreeShape.spine(W)``).
 Compilation is excluded (a first call compiles, the second is timed).
 Columns: tokens per target call (hardware-independent), the dynamic tree's gain
-over each static one, accepted nodes that were not a first child, and walltime
-speedup over the baseline on this machine. At temperature 0 every output is
+over each static one, acceptance by depth (of the rounds that reached depth
+d - 1, the share that accepted a node at depth d; from ``TreeStats.depth_hist``),
+accepted nodes that were not a first child, and walltime speedup over the
+baseline on this machine. ``--dynamic`` may name ``best`` for the per-depth
+widths of the best static tree of its node count and depth. At temperature 0 every output is
 checked against the baseline's (a mismatch raises).
 """
 
@@ -50,6 +53,20 @@ def rank_rates(target, params, draft, inputs: np.ndarray, max_decode_len: int,
   return sorted((float(w) / calls for w in wins if w > 0), reverse=True)
 
 
+def acceptance_by_depth(depth_hist: np.ndarray) -> list[float]:
+  """depth_hist [B, D + 1] (rounds by accepted depth) -> P(depth >= d | depth
+  >= d - 1) for d = 1..D."""
+  h = np.asarray(depth_hist).sum(0)
+  reached = h[::-1].cumsum()[::-1]                                     # rounds with depth >= d
+  return [float(reached[d] / max(reached[d - 1], 1)) for d in range(1, len(h))]
+
+
+def widths_of(shape: TreeShape) -> tuple[int, ...]:
+  """Nodes per depth 1..D of a static tree."""
+  d = np.asarray(shape.depths)
+  return tuple(int((d == k).sum()) for k in range(1, shape.max_depth + 1))
+
+
 def timed(call) -> tuple[Any, float]:
   jax.block_until_ready(call())  # compiles
   start = time.perf_counter()
@@ -72,13 +89,17 @@ def bench(args) -> str:
   print(f"# rank rates on {len(held)} held-out inputs: " + ", ".join(f"{r:.3f}" for r in rates))
   shapes: list[tuple[str, str, Any]] = []
   for text in args.dynamic.split(";"):
-    dyn = DynamicTree.parse("dynamic:" + text.strip())
+    text = text.strip()
+    if text.startswith("best"):  # 'best:N/D': the widths of the best static tree of N and D
+      n, d = (int(v) for v in text.partition(":")[2].split("/"))
+      text = ",".join(str(w) for w in widths_of(TreeShape.from_acceptance(rates, n, d)))
+    dyn = DynamicTree.parse("dynamic:" + text)
     best = TreeShape.from_acceptance(rates, dyn.num_nodes, dyn.max_depth)
     shapes += [(f"dynamic:{text.strip()}", "dynamic", dyn),
                (f"best {dyn.num_nodes}/{dyn.max_depth}", "static", best),
                (f"spine:{text.strip()}", "static", dyn.skeleton)]
-  headers = ["T", "tree", "kind", "nodes", "depth", "tokens / target call", "dynamic vs this",
-             "sibling wins", "s (baseline s)", "speedup"]
+  headers = ["T", "tree", "kind", "nodes per depth", "tokens / target call", "dynamic vs this",
+             "acceptance by depth", "sibling wins", "s (baseline s)", "speedup"]
   lines = []
   key = jax.random.PRNGKey(args.seed)
   for temp in script_args.comma_list(args.temperatures, float):
@@ -97,8 +118,11 @@ def bench(args) -> str:
       if kind == "dynamic":
         dyn_per_call = per_call  # the static trees after it are its comparison
       gain = f"{dyn_per_call / per_call - 1:+.1%} (dynamic)" if kind == "static" else ""
-      lines.append([f"{temp:g}", label, kind, shape.num_nodes, shape.max_depth,
-                    f"{per_call:.3f}", gain, int(st.rank_hist[:, 1:].sum()),
+      widths = shape.widths if kind == "dynamic" else widths_of(shape)
+      lines.append([f"{temp:g}", label, kind, ",".join(map(str, widths)),
+                    f"{per_call:.3f}", gain,
+                    ", ".join(f"{a:.2f}" for a in acceptance_by_depth(st.depth_hist)),
+                    int(st.rank_hist[:, 1:].sum()),
                     f"{secs:.2f} ({base_s:.2f})", f"{base_s / secs:.2f}x"])
       print("# row: " + " | ".join(str(x) for x in lines[-1]), flush=True)  # progress
     jax.clear_caches()

@@ -28,7 +28,9 @@ TABLES = ["parents", "depths", "ancestor_mask", "ancestors_by_depth", "children_
 @pytest.mark.parametrize("text", SHAPES)
 def test_a_static_shape_is_the_special_case(text):
   """The arrays derived from a static shape's parents inside jit equal the
-  shape's own tables, and the kernels give the same verdicts on either."""
+  shape's own tables, and (on the last shape: the kernels read a static
+  shape through the same tables, ``tree.round_tree``) the kernels give the
+  same verdicts on either."""
   shape = TreeShape.parse(text)
   b, n, v = 3, shape.num_nodes, 5
   parents = jnp.broadcast_to(jnp.asarray(shape.parents), (b, n))
@@ -38,6 +40,8 @@ def test_a_static_shape_is_the_special_case(text):
   for name in TABLES:
     np.testing.assert_array_equal(np.asarray(getattr(derived, name)),
                                   np.asarray(getattr(static, name)), err_msg=name)
+  if text != SHAPES[-1]:
+    return
   ks = jax.random.split(jax.random.PRNGKey(0), 4)
   tokens = jax.random.randint(ks[0], (b, n), 0, v)
   q = jax.nn.softmax(jax.random.normal(ks[1], (b, n, v)) * 2)
