@@ -14,8 +14,11 @@ Columns: tokens per target call (hardware-independent), the dynamic tree's gain
 over each static one, acceptance by depth (of the rounds that reached depth
 d - 1, the share that accepted a node at depth d; from ``TreeStats.depth_hist``),
 accepted nodes that were not a first child, and walltime speedup over the
-baseline on this machine. ``--dynamic`` may name ``best`` for the per-depth
-widths of the best static tree of its node count and depth. At temperature 0 every output is
+baseline on this machine (the first key's). At T > 0 each tree runs ``--keys``
+sampling keys (seeds seed .. seed + keys - 1): tokens per call is their mean
+± standard error (one key's run moves by a few percent), the other columns
+pool them. ``--dynamic`` may name ``best:N/D``, the per-depth widths of the
+best static tree of N nodes and depth D. At temperature 0 every output is
 checked against the baseline's (a mismatch raises).
 """
 
@@ -107,22 +110,29 @@ def bench(args) -> str:
     base, base_s = timed(lambda: temperature_sample(target, params, inputs, key,
                                                     max_decode_len=exp.max_decode_len,
                                                     sampling=sampling))
+    keys = 1 if sampling.greedy else args.keys
     for label, kind, shape in shapes:
-      out, secs = timed(lambda: tree_speculative_decode(
-          target, params, draft, inputs, key, tree=shape, max_decode_len=exp.max_decode_len,
-          sampling=sampling))
+      run = lambda k: tree_speculative_decode(  # noqa: E731
+          target, params, draft, inputs, jax.random.PRNGKey(args.seed + k), tree=shape,
+          max_decode_len=exp.max_decode_len, sampling=sampling)
+      out, secs = timed(lambda: run(0))
       if sampling.greedy and not np.array_equal(np.asarray(out.tokens), np.asarray(base.tokens)):
         raise AssertionError(f"{label}: output differs from the baseline's at temperature 0")
-      st = jax.tree.map(np.asarray, out.stats)
-      per_call = float(np.asarray(out.length).sum()) / max(int(st.target_calls.sum()), 1)
+      outs = [out] + [run(k) for k in range(1, keys)]
+      sts = [jax.tree.map(np.asarray, o.stats) for o in outs]
+      per = np.array([float(np.asarray(o.length).sum()) / max(int(st.target_calls.sum()), 1)
+                      for o, st in zip(outs, sts)])
+      per_call = float(per.mean())
       if kind == "dynamic":
         dyn_per_call = per_call  # the static trees after it are its comparison
       gain = f"{dyn_per_call / per_call - 1:+.1%} (dynamic)" if kind == "static" else ""
       widths = shape.widths if kind == "dynamic" else widths_of(shape)
+      se = f" ± {per.std(ddof=1) / np.sqrt(keys):.3f}" if keys > 1 else ""
       lines.append([f"{temp:g}", label, kind, ",".join(map(str, widths)),
-                    f"{per_call:.3f}", gain,
-                    ", ".join(f"{a:.2f}" for a in acceptance_by_depth(st.depth_hist)),
-                    int(st.rank_hist[:, 1:].sum()),
+                    f"{per_call:.3f}{se}", gain,
+                    ", ".join(f"{a:.2f}" for a in acceptance_by_depth(
+                        sum(st.depth_hist for st in sts))),
+                    int(sum(st.rank_hist[:, 1:].sum() for st in sts)),
                     f"{secs:.2f} ({base_s:.2f})", f"{base_s / secs:.2f}x"])
       print("# row: " + " | ".join(str(x) for x in lines[-1]), flush=True)  # progress
     jax.clear_caches()
@@ -137,6 +147,8 @@ def main(argv: list[str] | None = None) -> None:
   p.add_argument("--dynamic", default="5,5,5;3,4,4,4",
                  help="';'-separated per-depth widths of the dynamic trees (tree.DynamicTree)")
   p.add_argument("--num_examples", type=int, default=40, help="held-out inputs, one batch")
+  p.add_argument("--keys", type=int, default=6,
+                 help="sampling keys per tree at T > 0 (mean ± standard error; walltime: the first)")
   p.add_argument("--rates_source", default=script_args.ALPHA_SOURCE,
                  help="held-out inputs the rank rates are measured on (never the timed ones)")
   p.add_argument("--rates_examples", type=int, default=40, help="how many of them")
