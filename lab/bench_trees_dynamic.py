@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
                  help="';'-separated per-depth widths of the dynamic trees (tree.DynamicTree)")
   p.add_argument("--num_examples", type=int, default=40, help="held-out inputs, one batch")
   p.add_argument("--keys", type=int, default=6,
-                 help="sampling keys per tree at T > 0 (mean ± standard error; walltime: the first)")
+                 help="sampling keys per tree at T > 0 (mean ± standard error; walltime: the "
+                 "first)")
   p.add_argument("--rates_source", default=script_args.ALPHA_SOURCE,
                  help="held-out inputs the rank rates are measured on (never the timed ones)")
   p.add_argument("--rates_examples", type=int, default=40, help="how many of them")
