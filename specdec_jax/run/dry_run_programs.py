@@ -93,8 +93,9 @@ def priced_tree(tree: TreeShape | DynamicTree, rates: Sequence[float]) -> TreeSh
   draft's confidence each round, not on rank rates alone) the static tree of
   the same node count and depth that accepts the most at ``rates``
   (``TreeShape.from_acceptance``). An ASSUMPTION: the per-round tree
-  matches that tree's tokens per round (it passed it by a few percent on the
-  demo pair at T = 0 and fell short at T = 1; docs/benchmarks.md)."""
+  matches that tree's tokens per round (on the demo pair it passed it by a
+  few percent at T = 0 and matched it within noise at T = 1;
+  docs/benchmarks.md)."""
   if isinstance(tree, DynamicTree):
     return TreeShape.from_acceptance(rates, tree.num_nodes, tree.max_depth)
   return tree
