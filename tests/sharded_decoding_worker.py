@@ -37,8 +37,8 @@ TARGET = T5Config(vocab_size=64, d_model=32, num_heads=8, head_dim=4, num_encode
 DRAFT = TARGET.replace(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
                        num_decoder_layers=1)
 MESHES = [None, (1, 8), (2, 4), (8, 1)]
-SAMPLINGS = {"t0": SamplingConfig(0.0), "t1": SamplingConfig(1.0),
-             "t1_topp": SamplingConfig(1.0, topp=0.9)}
+# T = 1 with top-p: the sampling path, its sort and its mask, under each layout.
+SAMPLINGS = {"t0": SamplingConfig(0.0), "t1_topp": SamplingConfig(1.0, topp=0.9)}
 BATCH, MAX_LEN, GAMMA = 8, 16, 3
 
 
