@@ -524,27 +524,58 @@ def agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params:
 class DistillJob(PairSettings):
   """Everything a distillation run needs; field names follow ``run.Experiment``.
 
-  The target's and the draft's settings are the pair's, inherited from
-  ``specdec_jax.pair.PairSettings`` (the runner's too); ``pair`` is them as a
-  ``ModelPair``, validated as the runner's. Those that distillation holds
-  fixed (``FIXED_PAIR_SETTINGS``: float32 activations, the draft kept in
-  float32, replicated and unquantized) are refused at any other value.
+  The pair's settings are inherited from ``specdec_jax.pair.PairSettings``
+  (``pair`` is them as a validated ``ModelPair``); those distillation holds
+  fixed (``FIXED_PAIR_SETTINGS``) are refused at any other value. At scale
+  the target is read into its shards and generates on the mesh; the draft is
+  replicated, trained in float32, data-parallel over 'data' (docs/sharding.md).
+  Each entry starts with the one sentence ``--help`` prints.
 
-  The draft starts from ``draft_checkpoint`` (any format the runner loads);
-  ``output_dir`` receives the distilled draft in the project's format;
-  ``workdir`` holds the target outputs, optimizer checkpoints and the loss log,
-  so a killed job resumes with ``resume=True``.
-
-  Scale (as ``run.Experiment``): ``mesh_shape`` (data, model), product = the
-  device count, None = one device; the target is read straight into its shards
-  under ``logical_axis_rules`` (None: ``partitioning.STANDARD_RULES``) at
-  ``param_dtype`` (its kernels and embedding in device memory; norms stay
-  float32) and generates on the mesh, ``generate_batch_size`` rows split over
-  'data'. The draft is replicated, kept and trained in float32, data-parallel:
-  each training batch's rows (a multiple of the 'data' axis, ``batch_tokens`` a
-  cap, ``training.batch_rows``) are split over 'data' and the gradients reduced
-  across it. Settings, mesh and vocabularies are checked before any weight is
-  read (``check_before_loading``).
+  output_dir: where the distilled draft is written, in the project's format.
+  workdir: the target outputs, optimizer checkpoints and loss log (a killed job resumes from it).
+  source: the training inputs, a TSV/JSONL file or a seqio/TFDS task's split.
+  split: the split of ``task`` read when ``source`` is not a file.
+  task: the task name (its prefix is added to each input, as in the runner).
+  prefix: the task's input prefix (None: ``data.PREFIXES[task]``).
+  tfds_data_dir: the TFDS data directory for seqio tasks (None: TFDS's default).
+  max_examples: training inputs to use (None: all).
+  eval_source: held-out pairs for the agreement log (None: no agreement log).
+  eval_split: the split of ``task`` the agreement log reads when ``eval_source`` is not a file.
+  eval_max_examples: held-out pairs for the agreement log.
+  max_input_len: input tokens kept per example.
+  max_decode_len: most tokens the target generates per example.
+  modes: the target outputs to learn from, greedy and/or sample.
+  sample_temperature: the temperature of the target's sampled outputs.
+  generate_batch_size: rows per target generation batch (split over 'data').
+  divergence: the distillation loss, 'fkl', 'tv', 'rkl' or 'none' (``DistillConfig``).
+  ce_weight: the weight of cross-entropy on the sequence's tokens.
+  on_policy_fraction: the share of each batch replaced by the draft's own T = 1 samples.
+  grow_encoder_layers: encoder layers added to the draft before training (``grow_layers``).
+  grow_decoder_layers: decoder layers added to the draft before training (``grow_layers``).
+  encoder_bridge: the draft also reads the target's encoder output (``specdec_jax.drafts.bridge``).
+    A new bridge starts at zero (the draft unchanged) and trains with Adam at
+    ``bridge_learning_rate`` (Adafactor's scale-relative steps cannot grow a
+    zero tensor); a draft that already has one continues it.
+  bridge_learning_rate: Adam's learning rate for the bridges and a block draft's mask embedding.
+  feature_bridge: the draft also reads the target's decoder states of the committed prefix
+    (``specdec_jax.drafts.feature_bridge``). Zero-initialized and trained like
+    the encoder bridge, at staleness 0..feature_staleness-1.
+  feature_staleness: the feature bridge's staleness range (set it to the γ the draft runs at).
+  block_size: 0 trains the autoregressive draft; γ >= 2 a block draft of block size γ.
+    (``specdec_jax.drafts.t5_block``, ``block_loss``), warm-started from the
+    draft checkpoint; a feature bridge's staleness table is extended to γ rows.
+  block_cuts: block cut points per training sequence.
+  optimizer: the draft's optimizer, 'adafactor' or 'adamw'.
+  learning_rate: the draft's learning rate.
+  steps: training steps.
+  batch_tokens: the most tokens a training batch holds (``training.batch_rows``).
+  max_minutes: wall-clock cap on the training phase (None: none).
+  eval_every: steps between agreement-log evaluations.
+  seed: the PRNG seed of sampling and training.
+  resume: continue a run in an existing workdir/output_dir.
+  export_quantization: record that the exported draft runs weight-only 'int8' or 'int4'.
+    The weights are written as always and the scheme recorded beside them
+    (``quantization.RECORD_FILE``); the runner quantizes it when it loads it.
   """
 
   output_dir: str
@@ -552,10 +583,10 @@ class DistillJob(PairSettings):
   source: str = "data/bible/train.tsv"
   split: str = "train"
   task: str = "bible_modernize"
-  prefix: Optional[str] = None            # the task's input prefix; None: data.PREFIXES[task]
+  prefix: Optional[str] = None
   tfds_data_dir: Optional[str] = None
   max_examples: Optional[int] = None
-  eval_source: Optional[str] = None       # held-out pairs for the agreement log
+  eval_source: Optional[str] = None
   eval_split: str = "validation"
   eval_max_examples: Optional[int] = 500
   max_input_len: int = 128
@@ -566,27 +597,12 @@ class DistillJob(PairSettings):
   divergence: str = "fkl"
   ce_weight: float = 1.0
   on_policy_fraction: float = 0.0
-  grow_encoder_layers: int = 0            # deepen the draft first (``grow_layers``)
+  grow_encoder_layers: int = 0
   grow_decoder_layers: int = 0
-  # Give the draft the target's encoder output (``specdec_jax.drafts.bridge``): a new
-  # bridge starts at zero (the draft unchanged) and trains with Adam at
-  # ``bridge_learning_rate`` (Adafactor's scale-relative steps cannot grow a
-  # zero tensor); a draft that already has one continues it.
   encoder_bridge: bool = False
   bridge_learning_rate: float = 1e-3
-  # Give the draft the target's decoder states of the committed prefix
-  # (``specdec_jax.drafts.feature_bridge``), at staleness 0..feature_staleness-1 (set
-  # it to the γ the draft will run at); zero-initialized and trained with Adam
-  # like the encoder bridge. A draft that has one continues it.
   feature_bridge: bool = False
   feature_staleness: int = 4
-  # Train a block draft (``specdec_jax.drafts.t5_block``, registered as
-  # 't5_block'): 0 trains the autoregressive draft; γ >= 2 the block
-  # objective (``block_loss``) at block size γ, ``block_cuts`` blocks per
-  # sequence, warm-started from the draft checkpoint (a new mask embedding
-  # starts at zero and trains with Adam at ``bridge_learning_rate``). A
-  # feature bridge's staleness table is extended to γ rows (new rows copy the
-  # last).
   block_size: int = 0
   block_cuts: int = 4
   optimizer: str = "adafactor"
@@ -597,10 +613,6 @@ class DistillJob(PairSettings):
   eval_every: int = 250
   seed: int = 0
   resume: bool = False
-  # Export the draft for weight-only quantization: None, 'int8' or 'int4'
-  # (specdec_jax.quantization). The weights are written as always (bfloat16)
-  # and the scheme recorded beside them (quantization.RECORD_FILE); the runner
-  # quantizes such a draft when it loads it (ModelPair.quantization_of_draft).
   export_quantization: Optional[str] = None
 
   @property
