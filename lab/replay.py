@@ -27,12 +27,12 @@ from specdec_jax.drafts.base import (ApproximationModel, adaptive_proposal, capa
                                      init_draft)
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.scripting.script_args import comma_list, load_average, markdown_header
+from specdec_jax.scripting.script_args import comma_list, markdown_header
 from specdec_jax.timing import (interleaved_medians_ms, repeat, speculative_prefill,
                                 warm_up_widths)
 
 from lab import probes, stopping
-from lab.common import prepare_pair
+from lab.common import load_average, prepare_pair
 from lab.sweep import adaptive_label
 
 Array = jax.Array

@@ -32,7 +32,7 @@ from specdec_jax.scripting import script_args
 from specdec_jax.tree import TreeShape
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside scripts/ (not installed)
-from lab import trees  # noqa: E402
+from lab import common, trees  # noqa: E402
 
 
 def parse_trees(text: str) -> dict[str, TreeShape]:
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
   print(f"# bench_tree: target={args.target} draft={args.draft}"
         f"{' + ' + args.draft_shortlist if args.draft_shortlist else ''} "
         f"examples={args.num_examples} "
-        f"{script_args.machine_description()}")
+        f"{common.machine_description()}")
   print(bench(args))
 
 

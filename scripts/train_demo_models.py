@@ -127,6 +127,7 @@ def encode_pairs(sp: spm.SentencePieceProcessor, rows: list[tuple[str, str, str]
 
 def train_model(name: str, cfg: T5Config, train_pairs, val_pairs, args) -> training.FitResult:
   """Train (or resume) one model with the library loop; returns params and curves."""
+  from lab.evaluate import mean_ce
   model = T5Model(cfg)
   params = model.init(jax.random.PRNGKey(args.seed))
   if name in args.init_from:  # warm start (e.g. continue an exported model)
@@ -137,7 +138,7 @@ def train_model(name: str, cfg: T5Config, train_pairs, val_pairs, args) -> train
   opt_cfg = training.OptimizerConfig(
       name=args.optimizer, peak_lr=args.lr[name], total_steps=args.steps[name],
       schedule_start=args.schedule_start.get(name, 0))
-  val_ce = training.mean_ce(model, training.fixed_batches(val_pairs, args.batch_tokens))
+  val_ce = mean_ce(model, training.fixed_batches(val_pairs, args.batch_tokens))
   return training.fit(
       training.ce_loss(model), params,
       lambda start: training.batch_stream(train_pairs, args.batch_tokens, args.seed, start),

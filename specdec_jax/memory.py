@@ -160,14 +160,6 @@ def reads_per_step(name: str, cfg: T5Config) -> bool:
       name == "token_embedder/embedding" and cfg.logits_via_embedding)
 
 
-def step_params(cfg: ConfigLike) -> int:
-  """How many parameters a decoding step reads (``reads_per_step``): a
-  step's matmuls cost 2 flops per parameter per position."""
-  cfg = _config(cfg, "float32")
-  return sum(math.prod(x.shape) for name, x in flatten_names(_param_shapes(cfg)).items()
-             if reads_per_step(name, cfg))
-
-
 def step_weight_bytes(cfg: ConfigLike, part: Optional[Partitioner] = None,
                       param_dtype: Any = "float32", quant: Optional[str] = None) -> int:
   """Bytes of weights each device must read per decoding step at batch 1:
@@ -184,18 +176,6 @@ def _step_weight_bytes(cfg: T5Config, part: Partitioner, param_dtype: str,
   return sum(_weight_bytes(part, name, x.shape, param_dtype, quant)
              for name, x in flatten_names(_param_shapes(cfg)).items()
              if reads_per_step(name, cfg))
-
-
-def step_bytes(cfg: ConfigLike, part: Optional[Partitioner] = None,
-               param_dtype: Any = "float32", dtype: Optional[str] = None, batch: int = 1,
-               input_len: int = 512, cache_len: int = 256) -> int:
-  """Bytes each device reads per decoding step: its weights
-  (``step_weight_bytes``) and its decoder cache (``cache_bytes``: self-
-  attention K/V over ``cache_len`` positions, cross-attention K/V over
-  ``input_len``; activations at ``dtype``)."""
-  part = planning_partitioner(None) if part is None else part
-  return step_weight_bytes(cfg, part, param_dtype) + cache_bytes(
-      cfg, part, batch, input_len, cache_len, dtype)
 
 
 def plan(target_cfg: ConfigLike, draft_cfg: Optional[ConfigLike],

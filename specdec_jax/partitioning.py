@@ -254,13 +254,6 @@ class Partitioner:
     flat = flatten_names(shapes)
     return unflatten_names({n: self.param_sharding(n, np.shape(x)) for n, x in flat.items()})
 
-  def shard_params(self, params: Any) -> dict:
-    """Places an in-memory parameter tree on the mesh (tests, random models).
-
-    Checkpoints are loaded straight into shards instead (``checkpoints``).
-    """
-    return jax.device_put(params, self.param_shardings(params))
-
   def batch_sharding(self, shape: Sequence[int], what: str = "inputs") -> NamedSharding:
     """Batch-major arrays ([B, ...]): batch over 'data', the rest replicated."""
     return self.sharding(("batch",) + (None,) * (len(shape) - 1), shape, what)

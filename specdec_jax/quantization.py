@@ -37,7 +37,6 @@ from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 try:  # the 'quant' extra: pip install -e ".[quant]"
   import qwix
@@ -118,12 +117,6 @@ def dequantize(x: Any, dtype: Any = jnp.float32) -> jax.Array:
   return (qwix.dequantize(x) if is_qarray(x) else jnp.asarray(x)).astype(dtype)
 
 
-def dequantize_params(params: Any, dtype: Any = jnp.float32) -> Any:
-  """Every QArray of a tree as a float array at ``dtype`` (other leaves kept)."""
-  return jax.tree.map(lambda x: dequantize(x, dtype) if is_qarray(x) else x, params,
-                      is_leaf=is_qarray)
-
-
 def take_columns(kernel: Any, ids: jax.Array) -> jax.Array:
   """Columns ``ids`` of a [d, V] kernel as float32 [d, ...], reading only those
   columns of a QArray (qvalue and scale) before dequantizing them."""
@@ -169,10 +162,3 @@ def stored_bytes(name: str, shard: Sequence[int], mode: Optional[str], dtype: An
   if mode is None or not quantized(name):
     return array_bytes(shard, dtype)
   return array_bytes(shard, qtype(mode)) + array_bytes((1,) + tuple(shard[1:]), SCALE_DTYPE)
-
-
-def max_error(kernel: np.ndarray, mode: str) -> np.ndarray:
-  """The largest rounding error per output column: half a step, where qwix's
-  step is absmax / (the type's largest value + 1/2) (int8: 127.5, int4: 7.5)."""
-  top = (127 if mode == "int8" else 7) + 0.5
-  return np.max(np.abs(np.asarray(kernel, np.float32)), axis=0) / (2 * top)

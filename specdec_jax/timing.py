@@ -49,19 +49,6 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
   return out, time.perf_counter() - t0
 
 
-def time_call(fn: Callable[[], Any], repeats: int = 10, warmup: int = 1) -> list[float]:
-  """Seconds per call of ``fn()`` (each call blocked until ready); compile
-  happens in the warm-up calls, which are not timed."""
-  for _ in range(warmup):
-    block(fn())
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    block(fn())
-    times.append(time.perf_counter() - t0)
-  return times
-
-
 def median(xs: list[float]) -> float:
   return statistics.median(xs)
 

@@ -18,7 +18,6 @@ Pieces:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import time
@@ -406,17 +405,3 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
       break
   mngr.close()
   return FitResult(params, log, step, round(elapsed_before + time.time() - t0, 1))
-
-
-def mean_ce(model: T5Model, batches: Sequence[Batch]) -> Callable[[Any], float]:
-  """evaluate-style closure: token-weighted mean cross-entropy over fixed batches."""
-  sums = jax.jit(functools.partial(token_ce_sums, model))  # no dropout rng: deterministic
-
-  def evaluate(params) -> float:
-    total, count = 0.0, 0.0
-    for b in batches:
-      s, n = sums(params, b["inputs"], b["targets"])
-      total += float(s)
-      count += float(n)
-    return total / max(count, 1.0)
-  return evaluate

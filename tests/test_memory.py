@@ -144,7 +144,8 @@ from specdec_jax.models.t5 import T5Config, T5Model, cast_params
 cfg = T5Config(**json.loads(sys.argv[1]))
 part = partitioning.from_settings((2, 4))
 model = T5Model(cfg)
-params = part.shard_params(cast_params(model.init(jax.random.PRNGKey(0)), "bfloat16"))
+params = cast_params(model.init(jax.random.PRNGKey(0)), "bfloat16")
+params = jax.device_put(params, part.param_shardings(params))
 inputs = part.shard_batch(jnp.ones((4, 16), jnp.int32))
 
 @jax.jit
