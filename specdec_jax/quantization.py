@@ -1,34 +1,18 @@
 """Weight-only quantization of the draft: int8 or int4 kernels with one float32
 scale per output channel.
 
-Speculative decoding stays exact for any approximation model M_q (paper §2.3:
-the accepted tokens are distributed as M_p's whatever q is), so a quantized
-draft changes only α and the cost ratio c (Definition 3.7), never the output.
-A decoding step at batch 1 reads every decoder weight once, so int8 about
-halves a bfloat16 draft's weight bytes per step and int4 about quarters them.
+Speculative decoding is exact for any approximation model M_q (paper §2.3),
+so a quantized draft changes only α and the cost ratio c (Definition 3.7),
+never the output; at batch 1 int8 about halves a bfloat16 draft's weight
+bytes per step and int4 about quarters them.
 
-What is quantized: every ``Dense`` kernel (attention query/key/value/out, the
-MLP's wi / wi_0 / wi_1 / wo, T5 1.1's ``logits_dense``): symmetric absmax over
-the input dimension, one scale per output column ([1, out] float32). The token
-embedding (and so T5 1.0's tied output layer), the RMS-norm scales and the
-relative-position tables keep their dtype.
-
-Each quantized kernel is a ``qwix.QArray`` (qvalue int8/int4 + scale) in the
-parameter tree, at the kernel's place: device memory holds the integers and
-scales, and ``models.t5.RowPaddedDense`` runs its product through
-``qwix.dot_general``, which dequantizes inside the jitted product (in the TPU
-dry run the compiled draft step reads the int8 / int4 bytes, not a
-dequantized copy: its bytes fall by the weight bytes saved).
-
-Library: qwix 0.1.8 rather than aqtp 0.9.0: qwix's ``quantize`` (per-channel
-``QArray``) and ``dot_general`` (dequantizes a ``QArray`` operand beside a float
-one inside the product) act on a plain parameter tree, so the T5 module and its
-T5X parameter names stay as they are; aqtp serves quantized weights through a
-per-layer ``AqtDotGeneral`` whose frozen weights live in an extra variable
-collection (its CONVERT / SERVE modes), which would change the module and the
-tree. qwix 0.1.8 installs and runs with this repository's jax 0.10.2 and flax
-0.12.8.
-"""
+Every ``Dense`` kernel is quantized (symmetric absmax over the input
+dimension, one [1, out] float32 scale) into a ``qwix.QArray`` at the kernel's
+place in the tree, and ``models.t5.RowPaddedDense`` runs it through
+``qwix.dot_general``, which dequantizes inside the jitted product. The token
+embedding, norm scales and relative-position tables keep their dtype. qwix
+rather than aqtp: it acts on a plain parameter tree, so the T5 module and its
+T5X names stay as they are."""
 
 from __future__ import annotations
 
