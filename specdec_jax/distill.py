@@ -1,27 +1,19 @@
 """Draft distillation: train an approximation model M_q toward a target M_p.
 
-Speculative decoding's speedup is governed by α = E[Σ_x min(p(x), q(x))]
-(paper §3.1-3.2, Definition 3.1, Corollary 3.6): α = 1 − E[D_LK(p, q)], and
-D_LK (Definition 3.2) is the total-variation distance. α is taken along the
-*target's* outputs, so a draft should learn what the target says, not the
-references (DistillSpec, Zhou et al. 2023). Two complementary ways, combinable in one loss:
+α = E[Σ_x min(p(x), q(x))] = 1 − E[D_LK(p, q)] (paper Definition 3.1,
+Corollary 3.6) is taken along the target's outputs, so the draft learns what
+the target says, not the references (DistillSpec, Zhou et al. 2023), in one
+loss combining:
 
-* sequence-level: the draft is trained with cross-entropy on the target's own
-  outputs for the training inputs (greedy and/or T=1 samples), produced once by
-  ``generate_target_outputs`` (batched, jitted, appended to a JSONL file as it
-  goes, resumable);
-* token-level: a divergence between the target's and the draft's next-token
-  distributions at every position of those sequences: forward KL(p‖q), total
-  variation ½Σ|p−q| (= 1 − per-token acceptance; minimizing it bounds the
-  rejection rate directly), or reverse KL(q‖p); optionally on the draft's own
-  T=1 samples (on-policy), which are generated inside the jitted step.
+* sequence level: cross-entropy on the target's own outputs (greedy and/or
+  T = 1 samples), generated once by ``generate_target_outputs`` (resumable);
+* token level: forward KL(p‖q), total variation ½Σ|p−q| (1 − per-token
+  acceptance) or reverse KL(q‖p) at every position of those sequences,
+  optionally on the draft's own T = 1 samples (on-policy).
 
-Everything trains through ``specdec_jax.training.fit``, with the target's
-weights as ``fit``'s ``frozen`` argument (a jit argument, never constants baked
-into the step). On a device mesh (``DistillJob.mesh_shape``) the target is
-loaded into its shards and generates on the mesh, and the draft, replicated,
-trains data-parallel over the 'data' axis.
-"""
+Everything trains through ``training.fit`` with the target's weights as its
+``frozen`` argument; on a mesh the target generates sharded and the draft
+trains data-parallel over 'data'."""
 
 from __future__ import annotations
 

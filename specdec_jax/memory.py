@@ -1,26 +1,13 @@
 """Per-device memory of a target/draft pair on a planned ('data', 'model') mesh.
 
 Counts what stays resident while speculative decoding runs: both models'
-weights and both decoder caches (self-attention K/V over max_decode_len + γ + 1
-positions, cross-attention K/V over max_input_len, the encoder mask). Nothing
-is allocated and no device is needed:
-
-* shapes come from ``jax.eval_shape`` (``param_shapes`` and the pytree
-  ``T5Model.init_cache`` returns), so they are the model's real shapes;
-* layouts come from the real ``Partitioner`` (same rules, same divisibility
-  errors or 'replicate' fallback) over a ``jax.sharding.AbstractMesh`` of the
-  planned shape, so a v5e-8 plan runs on a laptop;
-* weights are counted at ``stored_dtype`` (kernels and embedding at
-  ``param_dtype``, norm scales and relative-position tables float32), caches at
-  the activation dtype; a quantized draft's kernels (``draft_quantization``,
-  ``specdec_jax.quantization``) as their int8 / int4 values (int4 packed two
-  per byte) plus one float32 scale per output column of each shard.
-
-Not counted: XLA temporaries (encoder activations and attention scores, logits,
-collective buffers), the per-row loop state (a few int32 per position) and the
-runtime's own reservations. Leave headroom for them (``scripts/plan_memory.py``
-asks for 10%).
-"""
+weights (at ``stored_dtype``; a quantized draft's kernels as their integers
+plus scales) and both decoder caches (self-attention K/V over
+``decoding.cache_length`` positions, cross-attention K/V, the encoder mask).
+Nothing is allocated: shapes come from ``jax.eval_shape`` and layouts from the
+real ``Partitioner`` over an ``AbstractMesh``, so a v5e-8 plan runs on a
+laptop. XLA temporaries, the loop state and the runtime's reservations are
+not counted: leave headroom (``fits``: 10%)."""
 
 from __future__ import annotations
 

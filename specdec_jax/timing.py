@@ -1,21 +1,12 @@
-"""Wall-clock measurement: medians, compile excluded, ``block_until_ready``.
-
-Also the cost coefficients the theory needs, measured with jitted pieces of
-the same computation the decoding loops run:
+"""Wall-clock measurement: medians, compile excluded, ``block_until_ready``;
+and the cost coefficients the theory needs, measured with jitted pieces of
+the computation the loops run:
 
   c = (draft time per proposed token) / (one-token target step)   (Def. 3.7)
   v = (target pass over γ+1 tokens) / (one-token target step)
-  interplay = (the two timed as a round runs them, alternating) / (γ c + v)
+  interplay = (the two timed alternating, as a round runs them) / (γ c + v)
 
-Timed apart, each model keeps its own weights in the caches from one call to
-the next; in a round the draft's steps may evict part of the target's and
-vice versa, so the in-context costs c·interplay and v·interplay are what a
-round pays.
-
-The paper's Theorem 3.8 assumes v = 1 (§3.3: γ+1 concurrent evaluations of
-M_p at no extra walltime); where compute is scarce (a CPU, a large batch) it
-is not, and ``theory.walltime_improvement`` takes v.
-"""
+Theorem 3.8 assumes v = 1 (§3.3); ``theory.walltime_improvement`` takes v."""
 
 from __future__ import annotations
 

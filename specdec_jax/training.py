@@ -1,19 +1,9 @@
-"""One training loop for T5 models: plain teacher-forced training and draft
-distillation (``specdec_jax.distill``) both run through ``fit``.
-
-Pieces:
-
-* length-bucketed batching of (input ids, target ids) pairs to a fixed token
-  budget per step (few distinct shapes: few XLA compiles on CPU);
-* optimizers: T5X's recipe (Adafactor with factored second moments and
-  parameter-scale-relative steps, the optimizer T5's unscaled attention was
-  designed for) and AdamW, each with warmup + cosine decay;
-* ``fit``: jitted steps of any ``loss_fn(params, batch) -> (loss, aux)`` (or
-  ``loss_fn(params, batch, frozen)`` with frozen weights such as a distillation
-  target, passed as a jit argument), resumable from orbax checkpoints (same data
-  order after a restart), a wall-clock cap, and a JSONL loss log; on a device
-  mesh, data-parallel (batches split over 'data', params replicated).
-"""
+"""One training loop for T5 models: teacher-forced training and draft
+distillation (``specdec_jax.distill``) both run through ``fit``: length-bucketed
+batches to a token budget (few shapes, few compiles), T5X's Adafactor or
+AdamW with warmup + cosine decay, jitted steps of any ``loss_fn(params,
+batch[, frozen])``, orbax checkpoints (same data order after a restart), a
+wall-clock cap, a JSONL loss log, data-parallel on a mesh."""
 
 from __future__ import annotations
 

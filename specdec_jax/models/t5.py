@@ -1,61 +1,30 @@
 """T5 1.0 / 1.1 encoder-decoder in Flax linen, shaped for speculative decoding.
 
-The parameter tree uses T5X's names, so a T5X checkpoint's ``target`` tree loads
-with no renaming:
+The parameter tree uses T5X's names (``token_embedder/embedding``,
+``{encoder,decoder}/layers_{i}/...``, ``decoder/logits_dense/kernel`` in 1.1;
+docs/sharding.md lists them), so a T5X checkpoint's ``target`` tree loads
+with no renaming.
 
-  token_embedder/embedding                         [V, d]
-  encoder/relpos_bias/rel_embedding                [H, 32]
-  encoder/layers_{i}/pre_attention_layer_norm/scale
-  encoder/layers_{i}/attention/{query,key,value}/kernel   [d, H*dh]
-  encoder/layers_{i}/attention/out/kernel                 [H*dh, d]
-  encoder/layers_{i}/pre_mlp_layer_norm/scale
-  encoder/layers_{i}/mlp/{wi_0,wi_1,wo}/kernel     (1.1)  or mlp/{wi,wo} (1.0)
-  encoder/encoder_norm/scale
-  decoder/relpos_bias/rel_embedding
-  decoder/layers_{i}/{pre_self_attention_layer_norm,pre_cross_attention_layer_norm,
-                      pre_mlp_layer_norm}/scale
-  decoder/layers_{i}/{self_attention,encoder_decoder_attention}/{query,key,value,out}/kernel
-  decoder/decoder_norm/scale
-  decoder/logits_dense/kernel                      [d, V]  (1.1 only)
+Incremental decoding (``models.base.TargetModel``'s contract): ``encode`` and
+``init_cache`` (cross-attention keys/values, a fixed-shape self-attention
+cache ``[B, cache_len, H, dh]``) run once per example; ``decode`` takes k >= 1
+tokens per row at explicit positions ``[B, k]``, writes their keys/values
+there and returns logits for all k. A query at position t reads slots 0..t
+only, so rollback is the caller moving its per-row index back; negative
+positions are not written (their logits are garbage), so a caller can pad a
+write to a fixed k. ``T5Config.fixed_positions`` = R pads every call to R
+positions: one compiled shape, so a position's logits are bit-equal whichever
+call scores it. The relative-position bias is computed for each call's
+actual (query, key) positions, never as an ``[L, L]`` table.
 
-Incremental decoding API (what the decoding loops need; ``T5Model`` keeps the
-contract of ``models.base.TargetModel``):
-
-* ``encode`` runs once per example;
-* ``init_cache`` computes the cross-attention keys/values once per example and
-  allocates a fixed-shape self-attention cache ``[B, cache_len, H, dh]``;
-* ``decode`` takes k >= 1 new tokens per row at explicit per-row positions
-  ``[B, k]``, writes their keys/values at those positions, and returns logits for
-  all k (causal within the k and over the cache). A query at position t attends
-  to cache slots 0..t only, so entries past a row's committed length are never
-  read: rollback is just the caller moving its per-row index back, and the stale
-  entries are overwritten by the next write. Negative positions are not written
-  (their logits are garbage and must be ignored); this lets a caller pad a
-  variable-length write to a fixed k. ``T5Config.fixed_positions`` = R pads
-  every call to R positions itself: one compiled shape for the one-token
-  step and every k-position pass, so a position's logits are bit-equal
-  whichever call scores it.
-
-Relative-position bias is computed for the actual (query, key) positions of a
-call, ``[B, H, k, cache_len]``, never as a full ``[L, L]`` table per step.
-
-Token trees (``specdec_jax.tree.TreeShape``; SpecInfer's tree attention, Miao
-et al. 2023) use the same decode with a per-call tree mask and explicit
-positions (``decode_tree``), and one gather afterwards (``commit_path``). Slot
-convention, for a row with committed length n (decoder inputs 0..n-1 in slots
-0..n-1, as in the chain loop; the root, node 0, is the last committed token,
-decoder input n, whose keys/values the round's pass writes, as a chain's does):
-
-* the pass writes node j at scratch slot n + j (N consecutive slots, so the
-  cache needs n + N <= cache_len: ``TreeShape.cache_len``); node j's query
-  and key sit at position n + depth(j), the position its token has in a chain;
-* node i attends to slots 0..n-1 and to the slots of its ancestors and itself;
-  every other slot (siblings, their subtrees, stale rows) is masked;
-* after verification the accepted nodes at depths 1..a move from slots n +
-  path[d - 1] to slots n + d (the root stays at slot n), so slots 0..n+a hold
-  the committed decoder inputs 0..n+a with slot = position again, and the
-  caller advances the row to length n + a + 1, as the chain loop does.
-"""
+Token trees (SpecInfer's tree attention, Miao et al. 2023) use the same
+decode with a tree mask and explicit positions. For a row with committed
+length n (decoder inputs 0..n-1 in slots 0..n-1; the root, node 0, is input
+n): node j is written at scratch slot n + j (so n + N <= cache_len), its query
+and key at position n + depth(j); node i sees slots 0..n-1 and its
+ancestors' and its own slots. After verification the accepted nodes at depths
+1..a move to slots n + d (``commit_path``), so slot = position again and the
+caller advances the row to n + a + 1, as the chain loop does."""
 
 from __future__ import annotations
 
