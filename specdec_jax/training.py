@@ -326,27 +326,19 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
         frozen: Any = None, partitioner: Optional[Partitioner] = None) -> FitResult:
   """Train ``params`` to ``opt_cfg.total_steps`` steps of ``loss_fn``.
 
-  loss_fn(params, batch) -> (scalar loss, dict of scalar metrics), or
-  loss_fn(params, batch, frozen) when ``frozen`` (a pytree of weights read but
-  not trained, e.g. a distillation target's) is given; it is jitted with the
-  optimizer update (``make_train_step``: params and optimizer state donated,
-  ``frozen`` passed as an argument). ``fit`` adds
-  ``batch['step_key']``, a PRNG key from ``seed`` and the step number (dropout,
-  on-policy sampling), so a resumed run draws the same randomness.
-  make_stream(start_step) yields batches from that step on (deterministic, so a
-  resumed run sees the same data). A restart resumes from the newest orbax
-  checkpoint under ``run_dir/ckpt``; ``max_minutes`` stops early (and saves).
-  evaluate(params) -> metrics is logged every ``eval_every`` steps and at the end.
-  ``optimizer`` replaces ``make_optimizer(opt_cfg)`` (``opt_cfg.total_steps``
-  still sets the length).
+    loss_fn(params, batch[, frozen]) -> (scalar loss, dict of scalar metrics)
+    is jitted with the optimizer update (``make_train_step``); ``frozen`` (e.g.
+    a distillation target's weights) is passed as an argument, never trained.
+    ``batch['step_key']`` is a PRNG key from ``seed`` and the step, and
+    make_stream(start_step) yields the batches from that step on, so a resumed
+    run (from the newest orbax checkpoint under ``run_dir/ckpt``) draws the
+    same data and randomness. ``max_minutes`` stops early (and saves);
+    evaluate(params) is logged every ``eval_every`` steps and at the end;
+    ``optimizer`` replaces ``make_optimizer(opt_cfg)``.
 
-  ``partitioner``: data-parallel training on its mesh. params and optimizer
-  state are replicated, each batch is split over the 'data' axis (its rows
-  must divide by that axis: ``batch_rows``), and ``frozen`` keeps its own
-  placement. Orbax writes the checkpoints (once, across processes); only
-  process 0 writes the loss log. Without one, everything stays on the default
-  device, as on a single machine.
-  """
+    ``partitioner``: data-parallel on its mesh (params and optimizer state
+    replicated, each batch split over 'data', ``batch_rows``); process 0 writes
+    the loss log."""
   run_dir = os.path.abspath(run_dir)
   primary = jax.process_index() == 0
   os.makedirs(run_dir, exist_ok=True)

@@ -49,39 +49,21 @@ class ShortlistState(struct.PyTreeNode):
 class T5Draft:
   """M_q = a T5 encoder-decoder with its own encoder and KV cache.
 
-  Cache bookkeeping: after a round that committed up to output length n, the
-  cache holds valid keys/values for decoder positions 0..n-2 at least (position
-  n-1 is missing only when all γ drafts were accepted, because x_γ itself was
-  never fed). So each round's first draft step feeds the two tokens at
-  positions n-1 and n in one call — nearly free in a memory-bound step — and
-  the remaining γ-1 steps feed one token each. Nothing needs rolling back:
-  stale entries past a position are never read by a query at that position.
+    After a round that committed up to output length n, the cache holds
+    positions 0..n-2 at least (n-1 is missing only when all γ drafts were
+    accepted: x_γ was never fed), so each round's first step feeds positions n-1
+    and n in one call and the other γ-1 steps one token each; stale entries past
+    a position are never read, so nothing rolls back.
 
-  With a ``partitioner`` the params are expected on its mesh and the cache is
-  pinned to its layout, like the target's.
-
-  With ``bridge`` (a [d_target, d_draft] kernel, ``specdec_jax.drafts.bridge``) and
-  the target's ``target_model``/``target_params``, the draft's encoder also
-  reads the target's encoder output; only ``init`` changes.
-
-  With ``feature`` (``specdec_jax.drafts.feature_bridge``: {'kernel' [d_target,
-  d_draft], 'staleness' [J, d_draft]}) the decoder also reads the target's
-  final decoder state of the last committed position: the state is a
-  ``FeatureState``, the engine hands over each verification pass's states
-  through ``commit_with_target`` (``wants_target_states``), and the step at
-  position t (the round's j-th step, j from 0) adds h_s K + e_j with s = t -
-  1 - j, the position before the round's first one (``feature_bridge``).
-
-  With ``shortlist`` (``specdec_jax.drafts.shortlist.Shortlist``) q is the model's
-  softmax over the shortlisted tokens (and the input's, with its
-  ``with_inputs``), 0 elsewhere: the output layer multiplies by the
-  shortlist's columns only, which is most of a small draft's step.
-
-  ``observe`` (profiling only, ``lab.probes.engine_records``): a host function
-  that every draft step calls, in order, with the last fed position's final
-  hidden state [B, d] and logits [B, V] (-inf off a shortlist). None, the
-  default, compiles no callback.
-  """
+    Options: a ``partitioner`` (params on its mesh, cache pinned to its layout);
+    ``bridge`` with ``target_model``/``target_params`` (the encoder also reads
+    the target's encoder output, ``drafts.bridge``; only ``init`` changes);
+    ``feature`` ({'kernel' [d_target, d_draft], 'staleness' [J, d_draft]}: the
+    step at position t, the round's j-th, adds h_s K + e_j with s = t - 1 - j,
+    the states handed over by ``commit_with_target``, ``drafts.feature_bridge``);
+    ``shortlist`` (q over the shortlisted tokens only, ``drafts.shortlist``);
+    ``observe`` (profiling only, ``lab.probes``: a host function each step calls
+    with the last fed position's final hidden state [B, d] and logits [B, V])."""
 
   params: Any
   model: T5Model = struct.field(pytree_node=False)

@@ -480,49 +480,10 @@ class DecoderLayer(nn.Module):
     return x, k_cache, v_cache
 
 
-class TreeAttention(NamedTuple):
-  """Where one decode call's k tree nodes go in the cache and what each sees.
-
-  A row's N scratch slots start at ``start`` (its committed length n); scratch
-  slot n + j holds node j's keys/values. Slots before n are the committed
-  prefix (slot = position), visible to every node.
-
-  start:       [B] int32, the first scratch slot per row (= committed length).
-  slots:       [B, k] int32, where the call's nodes are written (n + node index).
-  key_offsets: [N] int32, scratch slot n + j holds a key at position n +
-               key_offsets[j] (the node's depth); [B, N] for a tree given as
-               data (``tree.RoundTree``).
-  visible:     [k, N] bool, the call's node i sees scratch slot n + j iff
-               visible[i, j] (rows of ``TreeShape.ancestor_mask``); [B, k, N]
-               for a tree given as data.
-  """
-
-  start: Array
-  slots: Array
-  key_offsets: Array
-  visible: Array
-
-  def keys_and_mask(self, cache_len: int) -> tuple[Array, Array]:
-    """-> (key positions [B, cache_len] int32, mask [B, k, cache_len] bool):
-    every cache slot's position and whether each of the k queries sees it."""
-    slot = jnp.arange(cache_len, dtype=jnp.int32)[None]
-    rel = slot - self.start[:, None]                                   # [B, L]
-    n = self.key_offsets.shape[-1]
-    in_tree = (rel >= 0) & (rel < n)
-    j = jnp.clip(rel, 0, n - 1)
-    if self.visible.ndim == 3:  # a tree given as data, per row
-      offsets = jnp.take_along_axis(jnp.broadcast_to(self.key_offsets, (rel.shape[0], n)), j, 1)
-      seen = jnp.take_along_axis(self.visible, jnp.broadcast_to(
-          j[:, None], (j.shape[0], self.visible.shape[1], j.shape[1])), axis=2)
-    else:
-      offsets, seen = self.key_offsets[j], jnp.moveaxis(self.visible[:, j], 0, 1)
-    k_pos = jnp.where(in_tree, self.start[:, None] + offsets, slot)    # seen: [B, k, L]
-    return k_pos, (rel < 0)[:, None, :] | (in_tree[:, None, :] & seen)
-
-
 class NodeAttention(NamedTuple):
-  """A decode call's nodes with their slots, key positions and visibility
-  given as arrays (``T5Model.decode_nodes``): trees whose shape is data.
+  """Where a decode call's k nodes are written and what each sees, as arrays:
+  the one form of token trees (``T5Model.decode_tree``, ``tree_attention``)
+  and beam search's nodes (``T5Model.decode_nodes``).
 
   slots:         [B, k] int32, where the call's nodes are written (-1: nowhere).
   key_positions: [B, L] int32, the position of the key in every cache slot.
@@ -533,10 +494,29 @@ class NodeAttention(NamedTuple):
   key_positions: Array
   mask: Array
 
-  def keys_and_mask(self, cache_len: int) -> tuple[Array, Array]:
-    """-> (key positions [B, L], mask [B, k, L]), as given."""
-    del cache_len
-    return self.key_positions, self.mask
+
+def tree_attention(start: Array, nodes: np.ndarray, key_offsets: Array, visible: Array,
+                   cache_len: int) -> NodeAttention:
+  """A token tree's ``NodeAttention`` (the module docstring's slot convention):
+  a row's N scratch slots start at ``start`` [B] (its committed length n), slot
+  n + j holding node j, whose key sits at position n + key_offsets[j] (its
+  depth; key_offsets [N], or [B, N] for a ``tree.RoundTree``); slots before n
+  are the committed prefix (slot = position), seen by every node; the call's
+  ``nodes`` [k] see the scratch slots ``visible`` [k, N] (or [B, k, N]) marks."""
+  slot = jnp.arange(cache_len, dtype=jnp.int32)[None]
+  rel = slot - start[:, None]                                        # [B, L]
+  n = key_offsets.shape[-1]
+  in_tree = (rel >= 0) & (rel < n)
+  j = jnp.clip(rel, 0, n - 1)
+  if visible.ndim == 3:  # a tree given as data, per row
+    offsets = jnp.take_along_axis(jnp.broadcast_to(key_offsets, (rel.shape[0], n)), j, 1)
+    seen = jnp.take_along_axis(visible, jnp.broadcast_to(
+        j[:, None], (j.shape[0], visible.shape[1], j.shape[1])), axis=2)
+  else:
+    offsets, seen = key_offsets[j], jnp.moveaxis(visible[:, j], 0, 1)
+  k_pos = jnp.where(in_tree, start[:, None] + offsets, slot)          # seen: [B, k, L]
+  return NodeAttention(slots=start[:, None] + jnp.asarray(nodes)[None], key_positions=k_pos,
+                       mask=(rel < 0)[:, None, :] | (in_tree[:, None, :] & seen))
 
 
 def _write(cache: Array, new: Array, positions: Array) -> Array:
@@ -554,7 +534,7 @@ def _write(cache: Array, new: Array, positions: Array) -> Array:
 
 
 def _pad_call(tokens: Array, positions: Array, extra: Optional[Array],
-              tree: Optional[TreeAttention], r: int) -> tuple:
+              tree: Optional[NodeAttention], r: int) -> tuple:
   """A decode call's k positions padded to r (``T5Config.fixed_positions``):
   padding sits at position -1, so its keys/values are never written (and so
   never seen), its query sees nothing, and a tree's padding nodes write
@@ -568,9 +548,7 @@ def _pad_call(tokens: Array, positions: Array, extra: Optional[Array],
   if extra is not None:
     extra = pad(extra)
   if tree is not None:
-    rows = ((0, 0),) * (tree.visible.ndim - 2)  # a tree given as data has a batch axis
-    tree = tree._replace(slots=pad(tree.slots, -1),
-                         visible=jnp.pad(tree.visible, rows + ((0, r - k), (0, 0))))
+    tree = tree._replace(slots=pad(tree.slots, -1), mask=pad(tree.mask, False))
   return pad(tokens), pad(positions, -1), extra, tree
 
 
@@ -595,14 +573,14 @@ class Decoder(nn.Module):
 
   def __call__(self, x: Array, positions: Array, cache: Optional[DecoderCache],
                cross: Optional[tuple], embed_attend, write: bool = True,
-               return_hidden: bool = False, tree: Optional[TreeAttention] = None) -> tuple:
+               return_hidden: bool = False, tree: Optional[NodeAttention] = None) -> tuple:
     """-> (logits, cache); with a cache and ``write=False``, (logits, (new
     keys, new values)) per layer, the cache only read (``T5Model.decode_rows``).
     ``return_hidden``: a third element, the final normed hidden states [B, k,
     d] the logits are computed from (``specdec_jax.drafts.feature_bridge``).
-    ``tree`` (with a cache, ``write=True``): the new tokens are tree nodes,
-    written at ``tree.slots`` instead of their positions and masked by
-    ``TreeAttention`` (``T5Model.decode_tree``); None is the chain, unchanged.
+    ``tree`` (with a cache, ``write=True``): the new tokens are nodes, written
+    at ``tree.slots`` instead of their positions and masked by the
+    ``NodeAttention``'s mask; None is the chain, unchanged.
     With ``decode_kernel='pallas'`` a call ``kernels.covers`` (the chain,
     cache given, write=True) runs as ``kernels.decode``'s fused kernels."""
     c = self.config
@@ -626,9 +604,7 @@ class Decoder(nn.Module):
     if tree is None:
       self_mask, write_at = causal(k_pos), positions
     else:
-      # Tree attention: the key positions and visibility of every cache slot.
-      k_pos, self_mask = tree.keys_and_mask(cache.cache_len)
-      write_at = tree.slots
+      k_pos, self_mask, write_at = tree.key_positions, tree.mask, tree.slots
     new_mask = new_bias = None
     rows_only = cache is not None and not write and c.fixed_positions > 0
     if cache is not None and not write and not rows_only:
@@ -696,7 +672,7 @@ class T5(nn.Module):
 
   def decode(self, tokens: Array, positions: Array, cache: DecoderCache, write: bool = True,
              extra: Optional[Array] = None, return_hidden: bool = False,
-             tree: Optional[TreeAttention] = None):
+             tree: Optional[NodeAttention] = None):
     k, r = tokens.shape[1], self.config.fixed_positions
     if r:
       tokens, positions, extra, tree = _pad_call(tokens, positions, extra, tree, r)
@@ -857,9 +833,8 @@ class T5Model:
     start = lengths.astype(jnp.int32)
     offsets = jnp.asarray(tree.position_offsets, jnp.int32)                # [N] or [B, N]
     positions = start[:, None] + offsets[..., idx]
-    att = TreeAttention(start=start, slots=start[:, None] + jnp.asarray(idx)[None],
-                        key_offsets=offsets,
-                        visible=jnp.asarray(tree.ancestor_mask)[..., idx, :])
+    att = tree_attention(start, idx, offsets, jnp.asarray(tree.ancestor_mask)[..., idx, :],
+                         cache.cache_len)
     out = self.module.apply({"params": params}, tokens, positions, cache, True, extra,
                             return_hidden, att, method=T5.decode)
     return (out[0], constrain_cache(out[1], partitioner, "tree cache")) + out[2:]
