@@ -96,19 +96,13 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
                             log_fn: Callable[[str], None] = print,
                             partitioner: Optional[Partitioner] = None) -> dict:
   """The target's outputs for every input (token ids, EOS-terminated input rows),
-  appended to ``path`` chunk by chunk; inputs already there are skipped.
+    appended to ``path`` chunk by chunk; inputs already there are skipped.
 
-  Decoding is the baseline's jitted ``temperature_sample`` (one compile per input
-  bucket); 'sample' mode draws at ``temperature`` with a key folded from the
-  seed and the input index, so a resumed run draws the same samples.
-  Returns {(index, mode): tokens} with EOS appended when the output ended on it.
-
-  ``partitioner``: the target's (``params`` already in its shards); each chunk
-  is split over the mesh's 'data' axis (``batch_size`` must divide by it) and
-  decoded under its layout, and the outputs are gathered from every process.
-  Only process 0 writes ``path`` (every process reads it on resume, so a
-  multi-host job needs a workdir all hosts see).
-  """
+    The baseline's jitted ``temperature_sample`` decodes; 'sample' mode draws at
+    ``temperature`` with a key folded from the seed and the input index, so a
+    resumed run draws the same samples. -> {(index, mode): tokens}, EOS appended
+    where the output ended on it. With a ``partitioner`` each chunk is split
+    over 'data' and the outputs gathered; only process 0 writes ``path``."""
   for m in modes:
     if m not in OUTPUT_MODES:
       raise ValueError(f"unknown output mode {m!r}; known: {OUTPUT_MODES}")
@@ -178,15 +172,10 @@ def grow_layers(params: Any, config: Any, *, encoder_layers: int = 0,
                 decoder_layers: int = 0, seed: int = 0) -> tuple[Any, Any]:
   """Append layers to a T5 draft without changing what it computes.
 
-  The new layers are freshly initialized except their residual output
-  projections (attention ``out``, MLP ``wo``), which are zero, so the grown
-  model's logits equal the original's exactly; distillation then trains the
-  extra capacity from the draft it had (zero-initialized residual branches, as
-  in ReZero / Fixup). Useful when a draft's agreement with the target has
-  flattened while its training loss still falls: a deeper decoder costs little
-  per step next to the logits projection over the vocabulary, and encoder layers
-  run once per example. Returns (params, config).
-  """
+    The new layers' residual output projections (attention ``out``, MLP
+    ``wo``) are zero, the rest freshly initialized, so the grown model's logits
+    equal the original's exactly and distillation trains the extra capacity
+    (as ReZero / Fixup). Returns (params, config)."""
   if encoder_layers < 0 or decoder_layers < 0:
     raise ValueError(f"grow_layers: layer counts must be >= 0, got encoder={encoder_layers}, "
                      f"decoder={decoder_layers}")

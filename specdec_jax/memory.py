@@ -173,19 +173,13 @@ def plan(target_cfg: ConfigLike, draft_cfg: Optional[ConfigLike],
          draft_quantization: Optional[str] = None) -> dict[str, int]:
   """Per-device bytes of speculative decoding with ``target_cfg`` and ``draft_cfg``.
 
-  Arguments mirror the runner's ``Experiment`` fields (mesh_shape,
-  logical_axis_rules -> ``rules``, draft_logical_axis_rules -> ``draft_rules``,
-  partition_fallback -> ``fallback``, param_dtype, dtype, batch_size,
-  max_input_len, max_decode_len, gamma, draft_quantization); configs are ``T5Config`` or preset
-  names. ``draft_cfg`` None: a draft with no weights or cache (n-gram).
-  Both caches span ``decoding.cache_length`` positions, as in
-  ``decoding.speculative_decode``.
-
-  Returns {'target_params', 'draft_params', 'target_caches', 'draft_caches',
-  'total'} in bytes on one device (every device holds the same amount).
-  Raises ``PartitioningError`` naming the array for a dimension the mesh does
-  not divide, unless ``fallback='replicate'``.
-  """
+    Arguments mirror the runner's ``Experiment`` fields (``rules``,
+    ``draft_rules`` and ``fallback``: the logical axis rules and partition
+    fallback); configs are ``T5Config`` or preset names; ``draft_cfg`` None is a
+    draft with no weights or cache (n-gram). -> {'target_params',
+    'draft_params', 'target_caches', 'draft_caches', 'total'} in bytes on one
+    device. Raises ``PartitioningError`` for a dimension the mesh does not
+    divide, unless ``fallback='replicate'``."""
   if gamma < 1 or max_decode_len < 1 or batch < 1 or max_input_len < 1:
     raise ValueError(f"gamma, max_decode_len, batch and max_input_len must be >= 1, got "
                      f"{gamma}, {max_decode_len}, {batch}, {max_input_len}")

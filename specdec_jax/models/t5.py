@@ -363,17 +363,38 @@ class Dropout(nn.Module):
     return nn.Dropout(self.rate)(x, deterministic=not self.has_rng("dropout"))
 
 
+def _normed_attention(c: "T5Config", fused: bool = True) -> tuple[RMSNorm, Attention]:
+  """A layer's pre-attention RMSNorm and its attention (created in a setup)."""
+  return (RMSNorm(c.layer_norm_epsilon, c.jnp_dtype),
+          Attention(c.num_heads, c.head_dim, c.d_model, c.jnp_dtype, c.min_rows,
+                    c.fused_projections and fused))
+
+
+def _normed_mlp(c: "T5Config") -> tuple[RMSNorm, MLP]:
+  """A layer's pre-MLP RMSNorm and its MLP (created in a setup)."""
+  return (RMSNorm(c.layer_norm_epsilon, c.jnp_dtype),
+          MLP(c.d_model, c.d_ff, c.gated, c.jnp_dtype, c.min_rows, c.fused_projections))
+
+
+def _stack(c: "T5Config", encoder: bool) -> tuple:
+  """The encoder's or the decoder's relative-position bias (bidirectional in
+  the encoder), its layers ``layers_{i}`` and its final RMSNorm (float32 in the
+  decoder), created in its setup."""
+  layer, n = (EncoderLayer, c.num_encoder_layers) if encoder else (DecoderLayer,
+                                                                    c.num_decoder_layers)
+  return (RelativePositionBias(c.num_heads, encoder, c.relative_attention_num_buckets,
+                               c.relative_attention_max_distance),
+          [layer(c, name=f"layers_{i}") for i in range(n)],
+          RMSNorm(c.layer_norm_epsilon, c.jnp_dtype if encoder else jnp.float32))
+
+
 class EncoderLayer(nn.Module):
   config: T5Config
 
   def setup(self):
     c = self.config
-    dt = c.jnp_dtype
-    self.pre_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.attention = Attention(c.num_heads, c.head_dim, c.d_model, dt, c.min_rows,
-                               c.fused_projections)
-    self.pre_mlp_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt, c.min_rows, c.fused_projections)
+    self.pre_attention_layer_norm, self.attention = _normed_attention(c)
+    self.pre_mlp_layer_norm, self.mlp = _normed_mlp(c)
     self.dropout = Dropout(c.dropout_rate)
 
   def __call__(self, x: Array, mask: Array, bias: Array) -> Array:
@@ -385,11 +406,7 @@ class Encoder(nn.Module):
   config: T5Config
 
   def setup(self):
-    c = self.config
-    self.relpos_bias = RelativePositionBias(c.num_heads, True, c.relative_attention_num_buckets,
-                                            c.relative_attention_max_distance)
-    self.layers = [EncoderLayer(c, name=f"layers_{i}") for i in range(c.num_encoder_layers)]
-    self.encoder_norm = RMSNorm(c.layer_norm_epsilon, c.jnp_dtype)
+    self.relpos_bias, self.layers, self.encoder_norm = _stack(self.config, encoder=True)
 
   def __call__(self, x: Array, input_mask: Array) -> Array:
     b, s = input_mask.shape
@@ -426,15 +443,11 @@ class DecoderLayer(nn.Module):
 
   def setup(self):
     c = self.config
-    dt = c.jnp_dtype
-    self.pre_self_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.self_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt, c.min_rows,
-                                    c.fused_projections)
-    self.pre_cross_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.encoder_decoder_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt,
-                                               c.min_rows)
-    self.pre_mlp_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt, c.min_rows, c.fused_projections)
+    self.pre_self_attention_layer_norm, self.self_attention = _normed_attention(c)
+    # Cross-attention's keys/values come from the encoder once: never fused.
+    self.pre_cross_attention_layer_norm, self.encoder_decoder_attention = _normed_attention(
+        c, fused=False)
+    self.pre_mlp_layer_norm, self.mlp = _normed_mlp(c)
     self.dropout = Dropout(c.dropout_rate)
 
   def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
@@ -557,10 +570,7 @@ class Decoder(nn.Module):
 
   def setup(self):
     c = self.config
-    self.relpos_bias = RelativePositionBias(c.num_heads, False, c.relative_attention_num_buckets,
-                                            c.relative_attention_max_distance)
-    self.layers = [DecoderLayer(c, name=f"layers_{i}") for i in range(c.num_decoder_layers)]
-    self.decoder_norm = RMSNorm(c.layer_norm_epsilon, jnp.float32)
+    self.relpos_bias, self.layers, self.decoder_norm = _stack(c, encoder=False)
     if not c.logits_via_embedding:
       self.logits_dense = RowPaddedDense(c.vocab_size, use_bias=False, dtype=c.jnp_dtype,
                                          param_dtype=jnp.float32,

@@ -138,18 +138,12 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
                  batches: Sequence[tuple[Array, int]], key: Array, sampling: SamplingConfig,
                  max_decode_len: int, gamma_max: int, partitioner: Any = None,
                  costs: Optional[dict[int, RoundCost]] = None, repeats: int = 15) -> GammaChoice:
-  """α on ``batches`` (the warm-up examples, see ``alpha.estimate_alpha``),
-  c(γ) and v(γ) for γ = 1..γ_max (timed on the first batch, ``repeats``
-  interleaved repeats, at the loop's cache length for γ_max), and the choice
-  (``decide``): plain decoding unless the best γ's predicted gain exceeds its
-  standard error, else the smallest γ within one standard error of the best
-  that does too. The returned ``costs`` are the ones the choice used: a run
-  records and predicts with them rather than timing again.
-
-  ``costs`` reuses measurements already made (e.g. by a sweep; pass all of
-  1..γ_max from one ``measure_costs_many`` so they are comparable); missing γ
-  are measured here together, in one interleaved measurement.
-  """
+  """α on ``batches`` (the warm-up examples, ``alpha.estimate_alpha``), c(γ) and
+    v(γ) for γ = 1..γ_max (one interleaved measurement at the loop's cache
+    length), and the choice (``decide``, the module's rule). The returned
+    ``costs`` are the ones the choice used, which the run records and predicts
+    with. ``costs`` reuses measurements already made (all of 1..γ_max from one
+    ``measure_costs_many``); missing γ are measured here."""
   if gamma_max < 1:
     raise ValueError(f"gamma_max must be >= 1, got {gamma_max}")
   # A state-reading draft's α depends a little on γ (the staleness of what it
