@@ -345,16 +345,11 @@ def _cached_object(path: str) -> Optional[bool]:
 
 @contextlib.contextmanager
 def cached_listings() -> Iterator[None]:
-  """Inside the block each ``gs://`` prefix is listed at most once.
-
-  ``listdir``, ``is_dir``, ``exists`` and ``is_file`` of a path at or below a
-  prefix already listed are answered from that listing, without a request.
-  The listing is a snapshot: objects written or removed inside the block
-  after it was taken are not seen, so use it around reads of a directory
-  that does not change (a checkpoint load). Nested blocks share the outer
-  block's listings; each thread (or asyncio task) has its own. Local paths
-  are unaffected.
-  """
+  """Inside the block each ``gs://`` prefix is listed at most once, and
+    ``listdir``, ``is_dir``, ``exists`` and ``is_file`` below it are answered
+    from that snapshot: use it around reads of a directory that does not change
+    (a checkpoint load). Nested blocks share the outer listings; each thread or
+    asyncio task has its own."""
   if _listings.get() is not None:
     yield
     return

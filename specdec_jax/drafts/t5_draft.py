@@ -230,21 +230,15 @@ class T5Draft:
                        ) -> tuple[Array, Array, Array, Array, Any]:
     """Up to γ proposals per row with real early exit (``base``, propose_adaptive).
 
-    A ``lax.while_loop`` over draft steps that ends as soon as no row is still
-    proposing, so a round where every row stops after k tokens costs k draft
-    steps, not γ. Confidence is ``top_probability`` of the model's logits
-    (its own softmax at T = 0), or with ``drawn`` the probability of the
-    token drawn (``base.drawn_probability``; ``skip_below`` still tests q_1's
-    top probability); with ``cumulative`` the rule tests the running product
-    of the confidences (``base.keeps_going``). Row b's
-    tokens and q match ``propose`` with the same key up to count[b] (same
-    per-step uniforms). Rows that stopped keep being stepped while others
-    continue (fixed shapes); what that writes to their cache lies at
-    positions > n + count >= the next round's length, so it is rewritten
-    before any query reads it (see the class docstring).
-
-    ``override`` as in ``propose``; a ``certain`` row's confidence is 1.
-    """
+        A ``lax.while_loop`` over draft steps that ends once no row is still
+        proposing, so k draft steps where every row stops after k tokens. The
+        confidence is ``top_probability`` of the model's logits, or with ``drawn``
+        the drawn token's (``skip_below`` still tests q_1's top probability);
+        ``cumulative`` tests their running product (``base.keeps_going``). Row
+        b's tokens and q match ``propose`` with the same key up to count[b]. Rows
+        that stopped keep being stepped (fixed shapes), writing only positions
+        the next round rewrites before reading. ``override`` as in ``propose``; a
+        ``certain`` row's confidence is 1."""
     b = length.shape[0]
     us = self._uniforms(key, gamma, length, sampling)
     override = override or _no_override

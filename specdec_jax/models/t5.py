@@ -81,7 +81,7 @@ class T5Config:
   min_rows: int = 1
   # 'xla' (the reference) or 'pallas': the chain decode's layers as fused
   # Pallas kernels (``specdec_jax.kernels``; calls it does not cover, e.g.
-  # teacher forcing, trees and ``decode_rows``, stay on XLA). A runtime choice.
+  # teacher forcing, trees and ``write=False`` calls, stay on XLA). A runtime choice.
   decode_kernel: str = "xla"
   # 0: a decode call scores its own k positions. R > 0: every cached decode
   # call (the one-token step, the (γ+1)-position pass, a tree pass) scores
@@ -301,7 +301,7 @@ class Attention(nn.Module):
     """Attention over the union of key blocks [(k, v, mask, bias), ...]
     (shapes as in ``attend``, K per block): one softmax across all blocks, so
     attending over (cache, new keys) equals attending over the cache with the
-    new keys written in, without writing (``T5Model.decode_rows``)."""
+    new keys written in, without writing (``T5Model.decode(write=False)``)."""
     # Heads to the front explicitly ([B,H,*,dh], dh stays minor) so that the
     # two dots are plain batched matmuls over (B, H). Left to the einsums
     # below with 'bkhd' operands, XLA may instead copy every K/V cache to a
@@ -585,7 +585,7 @@ class Decoder(nn.Module):
                cross: Optional[tuple], embed_attend, write: bool = True,
                return_hidden: bool = False, tree: Optional[NodeAttention] = None) -> tuple:
     """-> (logits, cache); with a cache and ``write=False``, (logits, (new
-    keys, new values)) per layer, the cache only read (``T5Model.decode_rows``).
+    keys, new values)) per layer, the cache only read (``T5Model.decode``).
     ``return_hidden``: a third element, the final normed hidden states [B, k,
     d] the logits are computed from (``specdec_jax.drafts.feature_bridge``).
     ``tree`` (with a cache, ``write=True``): the new tokens are nodes, written
@@ -746,10 +746,18 @@ class T5Model:
              tree: Optional[TreeShape] = None) -> tuple:
     """tokens [B, k] at positions [B, k] -> (logits [B, k, V] float32, cache).
     ``extra`` [B, k, d] is added to the token embeddings; ``return_hidden``
-    appends the final normed hidden states [B, k, d] (``feature_bridge``).
-    ``write=False`` is ``decode_rows``; ``tree`` (node 0 at positions[:, 0],
-    the committed length) is ``decode_tree`` of every node
-    (``models.base.TargetModel.decode``)."""
+    appends the final normed hidden states [B, k, d] (``feature_bridge``);
+    ``tree`` (node 0 at positions[:, 0], the committed length) is
+    ``decode_tree`` of every node (``models.base.TargetModel.decode``).
+
+    ``write=False`` only reads the cache and returns (logits, rows), rows =
+    (new keys, new values), a [B, k, H, dh] per layer, for ``write_rows``: the
+    queries see the cache before positions[:, 0] (consecutive positions per
+    row) and the new tokens causally, one softmax over both blocks (equal to
+    a writing call to float rounding; bit for bit with
+    ``T5Config.fixed_positions``, which attends over a written copy). Inside
+    ``lax.switch`` a branch that writes the cache makes XLA copy all of it; the
+    rows are written once after the switch (the adaptive-γ loop's widths)."""
     if tree is not None:
       if not write:
         raise ValueError("a tree pass writes its nodes at scratch slots; write=False is for "
@@ -758,30 +766,6 @@ class T5Model:
                               return_hidden=return_hidden, extra=extra)
     return self.module.apply({"params": params}, tokens, positions, cache, write, extra,
                              return_hidden, method=T5.decode)
-
-  def decode_rows(self, params: dict, tokens: Array, positions: Array,
-                  cache: DecoderCache, return_hidden: bool = False) -> tuple:
-    """``decode`` that only reads the cache: -> (logits [B, k, V], rows), rows
-    = (new keys, new values), a [B, k, H, dh] per layer, for ``write_rows``.
-
-    The queries see the cache's rows before positions[:, 0] (the committed
-    prefix; ``positions`` must be consecutive per row) and the new tokens
-    causally: the same attention as ``decode``, which writes the rows first
-    (one softmax over both blocks; sums in another order, equal to float
-    rounding; with ``T5Config.fixed_positions`` it attends over a written copy
-    of the cache instead, as ``decode`` does, so bit for bit). Why: inside
-    ``lax.switch`` a branch that writes the cache makes XLA copy the whole
-    cache each call; a branch that returns rows does not, and the write
-    happens once after the switch (the adaptive-γ loop's widths).
-    """
-    return self.decode(params, tokens, positions, cache, None, return_hidden, write=False)
-
-  @staticmethod
-  def pad_rows(rows: tuple[tuple, tuple], positions: Array,
-               width: int) -> tuple[tuple[tuple, tuple], Array]:
-    """``models.base.pad_rows``: ``decode_rows``'s rows and positions padded
-    to ``width`` rows (position -1: ``write_rows`` drops them)."""
-    return base.pad_rows(rows, positions, width)
 
   @staticmethod
   def read_rows(cache: DecoderCache, slots: Array) -> tuple[tuple, tuple]:
@@ -793,7 +777,7 @@ class T5Model:
   @staticmethod
   def write_rows(cache: DecoderCache, rows: tuple[tuple, tuple],
                  positions: Array) -> DecoderCache:
-    """Scatter ``decode_rows``'s rows into the cache at positions [B, k]
+    """Scatter ``decode(write=False)``'s rows into the cache at positions [B, k]
     (negative positions are dropped: padding)."""
     ks, vs = rows
     return cache.replace(

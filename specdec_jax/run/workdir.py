@@ -326,13 +326,10 @@ def check_writable(path: Path) -> None:
 class Workdir:
   """examples.jsonl (append-only), summary.json (atomic rewrite), config.gin.
 
-  The constructor takes the writer hold (process 0 of a multi-host run; the
-  others only read) and checks (and reads finished lines); the directory and
-  config.gin are written with the first result, so a run that fails earlier
-  leaves nothing behind. ``path`` is a local directory or a ``gs://`` prefix
-  (a str, as are the file paths below). ``close`` (or ``release_holds``)
-  gives the hold up.
-  """
+    The constructor takes the writer hold (process 0 of a multi-host run; the
+    others only read) and reads finished lines; the directory and config.gin
+    are written with the first result. ``path`` is a local directory or a
+    ``gs://`` prefix; ``close`` (or ``release_holds``) gives the hold up."""
 
   def __init__(self, path: str, config_str: str, resume: bool, mode: str = "speculative",
                num_indices: Optional[int] = None, command: str = "python -m specdec_jax.run"):
