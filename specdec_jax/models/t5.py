@@ -791,28 +791,18 @@ class T5Model:
                   partitioner: Optional[Partitioner] = None,
                   extra: Optional[Array] = None) -> tuple:
     """One pass over a token tree (SpecInfer's tree attention): tokens [B, k]
-    for the tree's ``nodes`` (default all N, in index order), lengths [B]
-    int32 committed lengths -> (logits [B, k, V] float32, cache).
+        for the tree's ``nodes`` (default all N, in index order), lengths [B]
+        int32 committed lengths -> (logits [B, k, V] float32, cache).
 
-    Node j is at position lengths + depth(j) (T5's relative-position buckets
-    see what a chain at that depth sees) and its keys/values go to slot
-    lengths + j (the module docstring's slot convention; needs lengths + N <=
-    cache_len, ``TreeShape.cache_len``). Node i attends to the committed
-    prefix (slots < lengths) and the slots of its ancestors and itself: its
-    logits equal a chain ``decode`` of its root-to-node path, to float
-    rounding (other slots, so another order of the softmax sums); for a
-    chain-shaped tree (``TreeShape.chain``) they are equal bit for bit.
-
-    ``nodes``: a subset of node indices, so that a tree can be built a depth
-    at a time (one call per depth, EAGLE-2's expansion for a T5 draft); every
-    ancestor of a node not among ``nodes`` must have been written by an
-    earlier call from the same ``lengths``. ``return_hidden`` as in
-    ``decode``, and ``extra`` [B, k, d] (added to the nodes' embeddings) as
-    ``decode``'s. With a ``partitioner`` the returned cache is pinned to its
-    layout (``partitioning.constrain_cache``), as the loops pin a decode's.
-    A ``tree.RoundTree`` (parents as data, per row) reads its depths and
-    ancestor mask from its arrays.
-    """
+        The module docstring's slot convention (``tree_attention``; needs
+        lengths + N <= cache_len, ``TreeShape.cache_len``): node i's logits equal
+        a chain ``decode`` of its root-to-node path to float rounding, bit for bit
+        for a chain-shaped tree. ``nodes``: a subset, so a tree can be built a
+        depth at a time (EAGLE-2's expansion); the ancestors of a node not among
+        them must have been written by an earlier call from the same ``lengths``.
+        ``return_hidden`` and ``extra`` as in ``decode``; a ``partitioner`` pins
+        the returned cache to its layout; a ``tree.RoundTree`` (parents as data,
+        per row) reads its depths and ancestor mask from its arrays."""
     n_nodes = tree.num_nodes
     nodes = tuple(range(n_nodes)) if nodes is None else tuple(int(j) for j in nodes)
     if not nodes or len(set(nodes)) != len(nodes) or not all(0 <= j < n_nodes for j in nodes):
