@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdec_jax import beam, memory  # noqa: E402
+from specdec_jax import beam  # noqa: E402
 from specdec_jax.dryrun.chips import CHIPS  # noqa: E402
 from specdec_jax.dryrun.costs import RoundCost  # noqa: E402
 from specdec_jax.run import beam_run  # noqa: E402
@@ -42,6 +42,8 @@ from specdec_jax.run.cli import parse_config  # noqa: E402
 from specdec_jax.run.programs import pad_batch  # noqa: E402
 from specdec_jax.run.setup import load_data, load_models  # noqa: E402
 from specdec_jax.timing import timed  # noqa: E402
+
+from lab import common  # noqa: E402
 
 # One H200 (SXM): NVIDIA's published figures, dense bfloat16 and HBM3e.
 H200 = dict(name="H200", peak_flops=989e12, hbm_bandwidth=4.8e12,
@@ -52,8 +54,8 @@ def pass_seconds(cfg, chip: dict, positions: int, rows: int, cache_len: int,
                  input_len: int) -> float:
   """Roofline seconds of one decoder call scoring ``positions`` positions over
   ``rows`` cache rows of ``cache_len`` slots (bfloat16 weights and caches)."""
-  nbytes = memory.step_bytes(cfg, None, "bfloat16", "bfloat16", rows, input_len, cache_len)
-  flops = 2.0 * memory.step_params(cfg) * positions
+  nbytes = common.step_bytes(cfg, None, "bfloat16", "bfloat16", rows, input_len, cache_len)
+  flops = 2.0 * common.step_params(cfg) * positions
   return max(flops / chip["peak_flops"], nbytes / chip["hbm_bandwidth"])
 
 

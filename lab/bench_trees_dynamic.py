@@ -38,6 +38,8 @@ from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
 from specdec_jax.tree import DynamicTree, TreeShape
 
+from lab import common
+
 
 def trim_padding(inputs: np.ndarray) -> np.ndarray:
   """Drops the columns that are padding in every row."""
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
   args = script_args.parse(p, argv, paths=("rates_source",))
   print(f"# bench_trees_dynamic: target={args.target} draft={args.draft}"
         f"{' + ' + args.draft_shortlist if args.draft_shortlist else ''} "
-        f"examples={args.num_examples} {script_args.machine_description()}")
+        f"examples={args.num_examples} {common.machine_description()}")
   print(bench(args))
 
 

@@ -61,8 +61,8 @@ def main(out_dir: str) -> None:
     part = partitioning.from_settings(mesh)
     dpart = partitioning.from_settings(mesh, partitioning.DATA_PARALLEL_RULES,
                                        mesh=part.mesh if part else None)
-    tp = part.shard_params(tparams) if part else tparams
-    dp = dpart.shard_params(dparams) if dpart else dparams
+    tp = jax.device_put(tparams, part.param_shardings(tparams)) if part else tparams
+    dp = jax.device_put(dparams, dpart.param_shardings(dparams)) if dpart else dparams
     x = part.shard_batch(inputs) if part else jnp.asarray(inputs)
     draft = T5Draft(dp, draft_model, dpart)
     name = "single" if mesh is None else f"{mesh[0]}x{mesh[1]}"
