@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.models.t5 import T5Model
-from specdec_jax.scripting.script_args import comma_list, load_average
+from lab.common import load_average
+from specdec_jax.scripting.script_args import comma_list
 from specdec_jax.timing import interleaved_medians_ms, repeat
 
 from lab.common import pick, prepare_pair

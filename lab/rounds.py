@@ -51,7 +51,8 @@ from specdec_jax.decoding import cache_length, speculative_decode
 from specdec_jax.drafts.base import ApproximationModel, gather_positions
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig, standardize
-from specdec_jax.scripting.script_args import comma_list, load_average
+from lab.common import load_average
+from specdec_jax.scripting.script_args import comma_list
 from specdec_jax.speculative import speculative_sampling
 from specdec_jax.timing import interleaved_times, repeat, speculative_prefill
 
