@@ -63,6 +63,7 @@ from jax.experimental.layout import Format, Layout
 from specdec_jax import data, drafts, memory, paper, partitioning
 from specdec_jax.decoding import (cache_length, speculative_decode, temperature_sample,
                                   tree_speculative_decode)
+from specdec_jax.drafts import t5_block
 from specdec_jax.drafts.base import tree_proposal
 from specdec_jax.dryrun import calibration, driver
 from specdec_jax.dryrun.costs import PIECE_DEPTHS, PIECE_OPTIONS, Roofline, extrapolate
@@ -96,9 +97,19 @@ def paper_row(exp: Experiment) -> Optional[paper.Row]:
   draft_size = next((s for s in ("small", "base", "large") if s in name), None)
   s = exp.sampling
   temp = int(s.temperature) if s.temperature in (0.0, 1.0) and not (s.topk or s.topp) else None
-  if exp.draft_name not in ("t5", "lookup_t5") or None in (task, draft_size, temp):
+  if exp.draft_name not in ("t5", "lookup_t5", "t5_block") or None in (task, draft_size, temp):
     return None
   return paper.table2_row(task, draft_size, temp)
+
+
+def block_width(exp: Experiment) -> int:
+  """Positions of a block draft's one proposal call (``drafts.t5_block``:
+  D + 1 catch-up and D − 1 mask positions, D = γ, or a tree's depth); 0 for a
+  draft that proposes a token a call."""
+  if not drafts.takes(exp.draft_name, "block"):
+    return 0
+  tree = exp.tree_shape
+  return 2 * (tree.max_depth if tree is not None else exp.gamma_max)
 
 
 # ------------------------------------------------------------- the checks
@@ -228,7 +239,10 @@ class RunnerPrograms(driver.ProgramList):
           extrapolate(pieces, "draft", 1, dcfg.num_decoder_layers, n) if dcfg else None,
           memory.step_weight_bytes(tcfg, ctx.target_part, exp.param_dtype),
           memory.step_weight_bytes(dcfg, ctx.draft_part, exp.param_dtype, draft_quant(exp))
-          if dcfg else 0)
+          if dcfg else 0,
+          # A block draft's proposal is one call (``Roofline.round_cost``).
+          extrapolate(pieces, "draft", block_width(exp), dcfg.num_decoder_layers, n)
+          if dcfg and block_width(exp) else None)
     return out
 
 
@@ -343,6 +357,8 @@ def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
     kw.update(model=T5Model(ctx.draft_config), bridge=None,
               params=abstract_params(ctx.draft_config, dp, exp.param_dtype, device,
                                      draft_quant(exp)))
+    if block_width(exp):  # a block draft's mask embedding (its values do not matter here)
+      kw["block"] = t5_block.zeros(kw["model"])
   draft = drafts.build(exp.draft_name, **kw)
   inputs = sharded(tp, device, ("batch", None), (b, s), jnp.int32, "inputs")
   key = abstract_key(tp, device)
@@ -371,7 +387,8 @@ def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
 def piece_compiles(ctx: Context, widths: Optional[Sequence[int]] = None,
                    roles: Sequence[str] = ("target", "draft")) -> list[Compile]:
   """The roofline's pieces: a target pass over k positions (``widths``,
-  default 1 .. γ+1) and a draft step, each at decoder depths
+  default 1 .. γ+1) and a draft step (a block draft: also its one proposal
+  call, a pass over ``block_width`` positions), each at decoder depths
   ``PIECE_DEPTHS`` (keys (role, depth, k)); ``roles``: which of the two."""
   exp, device = ctx.settings, ctx.device
   gamma, tree = exp.gamma_max, exp.tree_shape
@@ -398,6 +415,12 @@ def piece_compiles(ctx: Context, widths: Optional[Sequence[int]] = None,
                          functools.partial(lower_pass, dcfg, ctx.draft_part, device, exp, 1,
                                            cache_len, draft_quant(exp)), options=PIECE_OPTIONS,
                          key=("draft", depth, 1)))
+      w = block_width(exp)
+      if w:
+        out.append(Compile(f"draft block call k={w} depth {depth}",
+                           functools.partial(lower_pass, dcfg, ctx.draft_part, device, exp, w,
+                                             cache_len, draft_quant(exp)),
+                           options=PIECE_OPTIONS, key=("draft", depth, w)))
   return out
 
 
