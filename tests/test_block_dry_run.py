@@ -59,6 +59,8 @@ def test_a_block_chain_round_is_one_call():
   _, chain = priced(experiment(draft_name="t5"))
   assert chain.round_cost().draft_calls == GAMMA and chain.roofline.block is None
   assert r.predicted() > chain.predicted()
+  text = "\n".join(dry_run_programs.roofline_lines(r))
+  assert f"draft block call, k={width}" in text and f"one call over {width} positions" in text
 
 
 def test_a_block_tree_round_is_one_call_of_its_depth():

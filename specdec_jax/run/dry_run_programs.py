@@ -577,6 +577,8 @@ def roofline_lines(r: RunDryRun) -> list[str]:
            else f"target pass, k={k}", p) for k, p in rl.target.items()]
   if rl.draft is not None:
     rows.append(("draft step (k=1)", rl.draft))
+  if rl.block is not None:
+    rows.append((f"draft block call, k={block_width(r.exp)}", rl.block))
   lines += [f"  {label:24s} {p.flops / 1e9:9.2f} {p.bytes / 1e9:9.3f} {p.ops:6.0f} "
             f"{sum(n for _, n in p.collectives):6.0f} {1e6 * p.roofline_seconds(chip):9.1f} "
             f"{1e6 * p.collective_seconds(chip):8.1f} {1e6 * p.fixed_seconds(chip):8.1f} "
@@ -590,6 +592,10 @@ def roofline_lines(r: RunDryRun) -> list[str]:
                   f"{rl.draft.bytes / rl.draft_floor:.2f}x" if rl.draft and rl.draft_floor
                   else ""))
   lines.append("  v(k) = " + ", ".join(f"{k}: {rl.v(k):.3f}" for k in rl.target))
+  if rl.block is not None:
+    lines.append(f"  block draft: a round's proposal is one call over {block_width(r.exp)} "
+                 f"positions, {rl.block_c():.4f} of a target step ({rl.block_c() / rl.c():.2f} "
+                 "draft steps)")
   if rl.draft is not None:
     lines += prediction_lines(r)
   return lines
