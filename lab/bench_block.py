@@ -235,12 +235,27 @@ def block_cost_in_steps(block, target, tparams, x, gammas, repeats: int) -> dict
           "steps": {g: statistics.median(t_call[g]) / s for g in gammas}}
 
 
+def best_block(alpha: float, ratio: list[float], c: float, block_steps: float
+               ) -> tuple[float, int]:
+  """Theorem 3.8's speedup (v = 1) of a block draft whose acceptance at
+  position i is α ratio_i, priced at one call of ``block_steps`` draft steps,
+  at the γ ≤ len(ratio) that maximizes it (ties: the shortest) -> (speedup, γ)."""
+  best = (0.0, -1)
+  for g in range(1, len(ratio) + 1):
+    alphas = [min(1.0, alpha * r) for r in ratio[:g]]
+    s = theory.RoundCost(g, c * block_steps, 1.0, draft_calls=1).speedup(
+        theory.expected_tokens_by_position(alphas))
+    best = max(best, (float(s), -g))
+  return best[0], -best[1]
+
+
 def predictions(ratio: list[float], block_steps: float, args) -> list[dict]:
   """Table 2's EnDe T = 0 rows: the paper's α and γ for the autoregressive
   chain (Theorem 3.8, v = 1) and a PREDICTION for a block draft whose
   acceptance at position i is the paper's α times the demo's ratio
-  block/autoregressive at i, priced at one call of ``block_steps`` draft steps,
-  at the γ (≤ the measured profile's length) that maximizes it."""
+  block/autoregressive at i, priced at one call of ``block_steps`` draft steps
+  (and of 1.5), at the γ (≤ the measured profile's length) that maximizes it;
+  the ceiling: the paper's α at every position (up to γ 8)."""
   out = []
   for row in paper.TABLE2:
     if row.task != "ende" or row.temperature != 0:
@@ -250,16 +265,15 @@ def predictions(ratio: list[float], block_steps: float, args) -> list[dict]:
       chips.append(("H200", args.h200_c))
     for chip, c in chips:
       chain = theory.RoundCost(row.gamma, c, 1.0).predicted(row.alpha)
-      best = (0.0, -1)
-      for g in range(1, len(ratio) + 1):
-        alphas = [min(1.0, row.alpha * r) for r in ratio[:g]]
-        s = theory.RoundCost(g, c * block_steps, 1.0, draft_calls=1).speedup(
-            theory.expected_tokens_by_position(alphas))
-        best = max(best, (float(s), -g))   # ties: the shortest γ
+      pred, gamma = best_block(row.alpha, ratio, c, block_steps)
+      pred_15, gamma_15 = best_block(row.alpha, ratio, c, 1.5)
+      ceiling, gamma_c = best_block(row.alpha, [1.0] * 8, c, block_steps)
       out.append({"row": f"EnDe {row.draft} T=0", "chip": chip, "alpha": row.alpha,
                   "c": c, "paper": row.speedup, "chain_gamma": row.gamma,
-                  "chain_theorem_3_8": float(chain), "block_predicted": best[0],
-                  "block_gamma": -best[1]})
+                  "chain_theorem_3_8": float(chain), "block_predicted": pred,
+                  "block_gamma": gamma, "block_predicted_at_1_5_steps": pred_15,
+                  "block_gamma_at_1_5_steps": gamma_15, "ceiling": ceiling,
+                  "ceiling_gamma": gamma_c})
   return out
 
 
@@ -311,6 +325,8 @@ def main(argv=None) -> int:
   print("| γ | " + " | ".join(str(g) for g in gammas) + " |")
   print("|---|" + "---|" * len(gammas))
   print("| steps | " + " | ".join(f"{cost['steps'][g]:.2f}" for g in gammas) + " |")
+  print("| positions (a step: 1) | " + " | ".join(str(2 * g) for g in gammas) + " |")
+  print("| output-layer rows (a step: 1) | " + " | ".join(str(g) for g in gammas) + " |")
   t0 = report["loops"]["T=0"] if "T=0" in report["loops"] else next(iter(report["loops"].values()))
   ar_a, bl_a = t0["ar chain"]["alpha_by_position"], t0["block chain"]["alpha_by_position"]
   ar_mean = float(np.nanmean(ar_a))
@@ -322,11 +338,14 @@ def main(argv=None) -> int:
   report["ratio"], report["predictions"] = ratio, preds
   print(f"\nPREDICTION (cost model, v = 1): the paper's α times the demo's block/autoregressive "
         f"acceptance ratio by position ({fmt(ratio)}), one block call = one draft step")
-  print("| row | chip | c | α | paper | chain γ 7 (Theorem 3.8) | block, predicted (γ) |")
-  print("|---|---|---|---|---|---|---|")
+  print("| row | chip | c | α | paper | chain γ 7 (Theorem 3.8) | block, predicted (γ) | "
+        "at 1.5 steps a call (γ) | ceiling: α at every position (γ) |")
+  print("|---|---|---|---|---|---|---|---|---|")
   for p in preds:
     print(f"| {p['row']} | {p['chip']} | {p['c']:.3f} | {p['alpha']:.2f} | {p['paper']:.1f}x | "
-          f"{p['chain_theorem_3_8']:.2f}x | {p['block_predicted']:.2f}x ({p['block_gamma']}) |")
+          f"{p['chain_theorem_3_8']:.2f}x | {p['block_predicted']:.2f}x ({p['block_gamma']}) | "
+          f"{p['block_predicted_at_1_5_steps']:.2f}x ({p['block_gamma_at_1_5_steps']}) | "
+          f"{p['ceiling']:.2f}x ({p['ceiling_gamma']}) |")
   report["block_steps_used"] = block_steps
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
