@@ -213,7 +213,9 @@ def block_cost_in_steps(block, target, tparams, x, gammas, repeats: int) -> dict
   """The block call at each γ over one cached one-token step of the same
   network (its decoder, extra included), timed interleaved; and the call's
   decoder layers alone (its 2γ positions' final states, no output layer), in
-  the same steps: what the positions cost beside the γ output-layer rows."""
+  the same steps: what the positions cost beside the γ output-layer rows; and
+  a plain pass over the same positions with the output layer at every one
+  (what the call computed before it kept only the block's rows)."""
   model, params = block.t5.model, block.t5.params
   cache_len = 160
   state = drafts.base.init_draft(block, x, cache_len, target.encode(tparams, x))
@@ -225,23 +227,30 @@ def block_cost_in_steps(block, target, tparams, x, gammas, repeats: int) -> dict
                                         jnp.zeros((1, 1, d)))[0])
   calls = {g: jax.jit(lambda s, g=g: block.block_logits(s, seq, length, g)[0]) for g in gammas}
   pos = {g: t5_block.block_positions(length, g, g + 1) for g in gammas}
+  toks = {g: jnp.take_along_axis(seq, jnp.maximum(pos[g], 0), 1) for g in gammas}
   layers = {g: jax.jit(lambda c, g=g: model.decode(
-      params, jnp.take_along_axis(seq, jnp.maximum(pos[g], 0), 1), pos[g], c,
-      jnp.zeros((1, 2 * g, d)), return_hidden=True)[2]) for g in gammas}
+      params, toks[g], pos[g], c, jnp.zeros((1, 2 * g, d)), return_hidden=True)[2])
+      for g in gammas}
+  every = {g: jax.jit(lambda c, g=g: model.decode(  # the output layer at all 2γ positions
+      params, toks[g], pos[g], c, jnp.zeros((1, 2 * g, d)))[0]) for g in gammas}
   jax.block_until_ready(step(cache))
   for g in gammas:
     jax.block_until_ready(calls[g](state))
     jax.block_until_ready(layers[g](cache))
+    jax.block_until_ready(every[g](cache))
   t_step, t_call, t_layers = [], {g: [] for g in gammas}, {g: [] for g in gammas}
+  t_every = {g: [] for g in gammas}
   for _ in range(repeats):
     t_step.append(timed(step, cache)[0])
     for g in gammas:
       t_call[g].append(timed(calls[g], state)[0])
       t_layers[g].append(timed(layers[g], cache)[0])
+      t_every[g].append(timed(every[g], cache)[0])
   s = statistics.median(t_step)
   return {"step_ms": 1e3 * s,
           "steps": {g: statistics.median(t_call[g]) / s for g in gammas},
-          "layers_steps": {g: statistics.median(t_layers[g]) / s for g in gammas}}
+          "layers_steps": {g: statistics.median(t_layers[g]) / s for g in gammas},
+          "every_position_steps": {g: statistics.median(t_every[g]) / s for g in gammas}}
 
 
 def best_block(alpha: float, ratio: list[float], c: float, block_steps: float
@@ -334,6 +343,8 @@ def main(argv=None) -> int:
   print("| γ | " + " | ".join(str(g) for g in gammas) + " |")
   print("|---|" + "---|" * len(gammas))
   print("| steps | " + " | ".join(f"{cost['steps'][g]:.2f}" for g in gammas) + " |")
+  print("| a pass over the same positions, output layer at all of them | "
+        + " | ".join(f"{cost['every_position_steps'][g]:.2f}" for g in gammas) + " |")
   print("| its decoder layers alone, no output layer | "
         + " | ".join(f"{cost['layers_steps'][g]:.2f}" for g in gammas) + " |")
   print("| positions (a step: 1) | " + " | ".join(str(2 * g) for g in gammas) + " |")
