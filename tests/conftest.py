@@ -54,6 +54,23 @@ def mapped_regions() -> int:
     return 0
 
 
+# What specdec_jax.storage writes into os.environ when STORAGE_EMULATOR_HOST
+# is set. A test's monkeypatch cannot undo values set after it ran, so they
+# would outlive the test and point later tests' subprocesses at its emulator.
+STORAGE_DERIVED = ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
+
+
+@pytest.fixture(autouse=True)
+def _restore_storage_environment():
+  before = {k: os.environ.get(k) for k in STORAGE_DERIVED}
+  yield
+  for k, v in before.items():
+    if v is None:
+      os.environ.pop(k, None)
+    else:
+      os.environ[k] = v
+
+
 @pytest.fixture(autouse=True)
 def _release_compiled_code():
   yield
@@ -108,7 +125,23 @@ SLOW_FILES = frozenset({
 })
 
 
+# The files that take longest on 2 cores, longest first. xdist hands out
+# whole files in collection order (--no-loadscope-reorder), so these start
+# first and the short files fill in around them; without this, the longest
+# file could start last and run alone at the end.
+LONGEST_FIRST = (
+    "test_tpu_page.py", "test_bench_accelerator.py", "test_partitioning.py",
+    "test_multihost.py", "test_run.py", "test_adaptive.py", "test_fixed_positions.py",
+    "test_distill.py", "test_dry_run.py", "test_exactness_sampling.py",
+    "test_research_replay.py", "test_kernels.py", "test_tree_dynamic.py",
+    "test_block_draft.py", "test_sharded_distill.py", "test_workdir_lock.py",
+    "test_run_table2.py", "test_research_probes.py", "test_scripts.py", "test_exactness.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.path.name in SLOW_FILES or item.path.name.startswith("test_research_"):
       item.add_marker(pytest.mark.slow)
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole

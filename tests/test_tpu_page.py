@@ -223,7 +223,9 @@ def page_run(tmp_path_factory):
     gcs_emulator.upload(host, VOCAB, _tiny_vocab(home).read_bytes())
     with gcs_emulator.google_endpoints(host, home) as gcs_env:
       (home / "home").mkdir()
-      env = {**os.environ,
+      # Nothing inherited may point TensorStore at another test's emulator.
+      env = {**{k: v for k, v in os.environ.items()
+                if k not in ("TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")},
              **{k: v.replace("$HOME", str(home / "home")) for k, v in ENV.items()},
              **gcs_env, "HOME": str(home / "home"),
              # The clone's package first, as its `pip install -e` would make it.
