@@ -61,6 +61,7 @@ def test_a_block_chain_round_is_one_call():
   assert r.predicted() > chain.predicted()
   text = "\n".join(dry_run_programs.roofline_lines(r))
   assert f"draft block call, k={width}" in text and f"one call over {width} positions" in text
+  assert f"its block proposal one call of {call:.3f}" in dry_run_programs.summary_lines(r)[0]
 
 
 def test_a_block_tree_round_is_one_call_of_its_depth():

@@ -547,6 +547,9 @@ def summary_lines(r: RunDryRun) -> list[str]:
     return []
   head = (f"Prediction (a cost model, not a measurement): the draft costs c = {rl.c():.3f} of "
           "a target step")
+  if rl.block is not None:
+    head += (f" a step, and its block proposal one call of {rl.block_c():.3f} "
+             f"({rl.block_c() / rl.c():.2f} draft steps) a round")
   base = rl.baseline_ms_per_token()
   if row is None:
     return [head + f", the baseline {base:.3f} ms per token; the paper has no row for this "
