@@ -14,6 +14,10 @@ tests find it from the repository root.
   trees       token trees priced with a roofline model; the best tree per chip
   sweep       γ sweeps: the baseline and speculative decoding side by side
   evaluate    BLEU/chrF and agreement reports of trained models
+  plan_memory, dry_run_table, bench_tree, bench_vs_hf, train_demo_models,
+  prepare_bible   the logic of the scripts of those names (memory plans, the
+              dry-run tables, tree pricing, the Hugging Face comparison, the
+              demo models and their data)
   bench/      the accelerator benchmark's sections and the Hugging Face comparisons
   common      helpers the studies share
 """

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from specdec_jax.run import account, cli, programs
 from specdec_jax.run import setup as setup_lib
-from specdec_jax.scripting.script_args import load_average
+
+from lab.common import load_average
 
 
 def attribute_run(workdir: str, repeats: int = 15) -> account.Attribution:

@@ -11,7 +11,11 @@ The cost model's prediction prices a round with the round-cost model
 (``dryrun.costs.RoundCost``) on a roofline per pass (weights and caches read
 once per call, 2 flops per weight per position; no launch or per-op cost):
 a baseline step is a target call over w beams, a round γ draft calls over u
-beams and one target pass over w + uγ nodes. Run from the repository root:
+beams and one target pass over w + uγ nodes. A draft that cannot run beam
+search (``--gin_bindings "Experiment.draft_name = 'prompt_lookup'"``, or a
+shortlist) proposes each beam's greedy chain: u = w whatever the sweep says,
+and a draft without a T5 model is priced at no cost. Run from the repository
+root:
 
   python lab/bench_beam.py --num_examples 100 --sweep 4:1,4:2,8:2 --out /tmp/beam.json
 """
@@ -30,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdec_jax import beam, memory  # noqa: E402
+from specdec_jax import beam  # noqa: E402
 from specdec_jax.dryrun.chips import CHIPS  # noqa: E402
 from specdec_jax.dryrun.costs import RoundCost  # noqa: E402
 from specdec_jax.run import beam_run  # noqa: E402
@@ -38,6 +42,8 @@ from specdec_jax.run.cli import parse_config  # noqa: E402
 from specdec_jax.run.programs import pad_batch  # noqa: E402
 from specdec_jax.run.setup import load_data, load_models  # noqa: E402
 from specdec_jax.timing import timed  # noqa: E402
+
+from lab import common  # noqa: E402
 
 # One H200 (SXM): NVIDIA's published figures, dense bfloat16 and HBM3e.
 H200 = dict(name="H200", peak_flops=989e12, hbm_bandwidth=4.8e12,
@@ -48,8 +54,8 @@ def pass_seconds(cfg, chip: dict, positions: int, rows: int, cache_len: int,
                  input_len: int) -> float:
   """Roofline seconds of one decoder call scoring ``positions`` positions over
   ``rows`` cache rows of ``cache_len`` slots (bfloat16 weights and caches)."""
-  nbytes = memory.step_bytes(cfg, None, "bfloat16", "bfloat16", rows, input_len, cache_len)
-  flops = 2.0 * memory.step_params(cfg) * positions
+  nbytes = common.step_bytes(cfg, None, "bfloat16", "bfloat16", rows, input_len, cache_len)
+  flops = 2.0 * common.step_params(cfg) * positions
   return max(flops / chip["peak_flops"], nbytes / chip["hbm_bandwidth"])
 
 
@@ -60,10 +66,12 @@ def predicted_speedup(target_cfg, draft_cfg, chip: dict, w: int, u: int, gamma: 
   one target pass over w + uγ nodes; a beam step one target call over w."""
   region = max_len + u * gamma + 1
   step_s = pass_seconds(target_cfg, chip, w, w, max_len, input_len)
-  draft_s = pass_seconds(draft_cfg, chip, u, 1, w * region, input_len)
-  cost = RoundCost(step_s, draft_s,
-                   lambda k: pass_seconds(target_cfg, chip, k, 1, w * region, input_len))
-  return cost.speedup(steps_per_round, gamma, w + u * gamma)
+  draft_s = 0.0 if draft_cfg is None else pass_seconds(draft_cfg, chip, u, 1, w * region,
+                                                        input_len)
+  nodes = w + u * gamma
+  pass_s = pass_seconds(target_cfg, chip, nodes, 1, w * region, input_len)
+  cost = RoundCost(nodes - 1, draft_s / step_s, pass_s / step_s, draft_calls=gamma)
+  return float(cost.speedup(steps_per_round))
 
 
 def main() -> None:
@@ -85,6 +93,9 @@ def main() -> None:
   dmodel, dparams = beam_run.draft_model(setup)
   w, m = exp.beam_size, exp.max_decode_len
   sweep = [tuple(int(v) for v in s.split(":")) for s in args.sweep.split(",")]
+  if dparams is None:  # greedy chains, one per beam: u = w
+    sweep = sorted({(w, g) for _, g in sweep})
+  dcfg = getattr(getattr(dmodel, "model", dmodel), "config", None)
   kw = dict(beam_size=w, alpha=exp.beam_alpha, max_decode_len=m, eos_id=target.config.eos_id)
   base_fn = lambda x: beam.beam_search(target, tparams, x, **kw)
   spec_fns = {(u, g): (lambda x, u=u, g=g: beam.speculative_beam_search(
@@ -129,9 +140,9 @@ def main() -> None:
         steps_per_round=spr, steps_per_round_histogram=[int(v) for v in r["hist"]],
         baseline_s=float(sum(base_s)), speculative_s=float(sum(r["s"])),
         speedup=float(sum(base_s) / sum(r["s"])),
-        predicted_v4=predicted_speedup(target.config, dmodel.config, vars(CHIPS["v4"]), w, u, g,
-                                       spr, m, input_len),
-        predicted_h200=predicted_speedup(target.config, dmodel.config, H200, w, u, g, spr, m,
+        predicted_v4=predicted_speedup(target.config, dcfg, vars(CHIPS["v4"]), w, u, g, spr, m,
+                                       input_len),
+        predicted_h200=predicted_speedup(target.config, dcfg, H200, w, u, g, spr, m,
                                          input_len)))
   head = (f"draft {exp.labels[1]}, w = {w}, alpha = {exp.beam_alpha}, {len(batches)} examples, "
           f"{platform.processor() or platform.machine()}, jax {jax.__version__}, "

@@ -1,18 +1,30 @@
 """What the studies share besides ``timing``'s loop (``timing.repeat``) and
 interleaving (``timing.interleaved_times``): picking one of two stacked input
 sets inside a timed loop, so that no input is loop-invariant (every study
-times a piece of Algorithm 1's round, paper §2.3, this way), and the flags and
-set-up of the scripts that run a study on a pair of models."""
+times a piece of Algorithm 1's round, paper §2.3, this way), the flags and
+set-up of the scripts that run a study on a pair of models, timing one call,
+a decoding step's roofline inputs (bytes read, parameters) and a line
+describing the machine."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import math
+import os
+import platform
+import subprocess
+import time
+from typing import Any, Callable, Optional
 
 import jax
 
+from specdec_jax import memory
+from specdec_jax.memory import ConfigLike
+from specdec_jax.models.t5 import get_config, param_shapes
+from specdec_jax.partitioning import Partitioner, flatten_names
 from specdec_jax.run import Experiment, Setup, prepare
 from specdec_jax.scripting import script_args
+from specdec_jax.timing import block
 
 Array = jax.Array
 
@@ -47,3 +59,74 @@ def prepare_pair(args: argparse.Namespace) -> tuple[Experiment, Setup]:
                    num_examples=args.num_examples,
                    gamma=max(script_args.comma_list(args.gammas, int)))
   return exp, prepare(exp)
+
+
+def time_call(fn: Callable[[], Any], repeats: int = 10, warmup: int = 1) -> list[float]:
+  """Seconds per call of ``fn()`` (each call blocked until ready); compile
+  happens in the warm-up calls, which are not timed."""
+  for _ in range(warmup):
+    block(fn())
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    block(fn())
+    times.append(time.perf_counter() - t0)
+  return times
+
+
+def step_params(cfg: ConfigLike) -> int:
+  """How many parameters a decoding step reads (``memory.reads_per_step``): a
+  step's matmuls cost 2 flops per parameter per position."""
+  cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+  return sum(math.prod(x.shape) for name, x in flatten_names(param_shapes(cfg)).items()
+             if memory.reads_per_step(name, cfg))
+
+
+def step_bytes(cfg: ConfigLike, part: Optional[Partitioner] = None,
+               param_dtype: Any = "float32", dtype: Optional[str] = None, batch: int = 1,
+               input_len: int = 512, cache_len: int = 256) -> int:
+  """Bytes each device reads per decoding step: its weights
+  (``memory.step_weight_bytes``) and its decoder cache (``memory.cache_bytes``: self-
+  attention K/V over ``cache_len`` positions, cross-attention K/V over
+  ``input_len``; activations at ``dtype``)."""
+  part = memory.planning_partitioner(None) if part is None else part
+  return memory.step_weight_bytes(cfg, part, param_dtype) + memory.cache_bytes(
+      cfg, part, batch, input_len, cache_len, dtype)
+
+
+def _cpu_model() -> str:
+  model = platform.processor() or "?"
+  try:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+  except OSError:
+    return model
+  for line in out.splitlines():
+    if line.startswith("Model name:"):
+      model = line.split(":", 1)[1].strip()
+  return model
+
+
+def _memory() -> str:
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemTotal:"):
+          return f"{int(line.split()[1]) / 2**20:.1f} GiB"
+  except OSError:
+    pass
+  return "?"
+
+
+def machine_description() -> str:
+  """One line: the CPUs this process may use (of all), their model, the RAM,
+  and JAX's version, backend and devices."""
+  usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  devices = jax.devices()
+  return (f"{usable} of {os.cpu_count()} CPUs ({_cpu_model()}), RAM {_memory()}; "
+          f"jax {jax.__version__} on {jax.default_backend()}: {len(devices)} x "
+          f"{devices[0].device_kind}")
+
+
+def load_average() -> str:
+  """The 1, 5 and 15 minute load averages, e.g. '0.52 0.40 0.33'."""
+  return " ".join(f"{x:.2f}" for x in os.getloadavg())

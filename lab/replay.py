@@ -25,14 +25,15 @@ from specdec_jax.decoding import (AdaptiveConfig, cache_length, speculative_deco
                                   temperature_sample)
 from specdec_jax.drafts.base import (ApproximationModel, adaptive_proposal, capabilities,
                                      init_draft)
+from specdec_jax.models.base import pad_rows
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.scripting.script_args import comma_list, load_average, markdown_header
+from specdec_jax.scripting.script_args import comma_list, markdown_header
 from specdec_jax.timing import (interleaved_medians_ms, repeat, speculative_prefill,
                                 warm_up_widths)
 
 from lab import probes, stopping
-from lab.common import prepare_pair
+from lab.common import load_average, prepare_pair
 from lab.sweep import adaptive_label
 
 Array = jax.Array
@@ -45,7 +46,7 @@ class AdaptivePieceRow(NamedTuple):
   draft_fixed_ms: float      # draft.propose(γ = k)
   draft_adaptive_ms: float   # draft.propose_adaptive(γ_max, limit k, threshold 0)
   verify_fixed_ms: float     # target.decode over k + 1 tokens (cache written inside)
-  verify_adaptive_ms: float  # lax.switch over widths 1..γ_max of decode_rows, + write_rows
+  verify_adaptive_ms: float  # lax.switch over widths 1..γ_max of decode(write=False), + write_rows
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "sampling", "n", "adaptive"))
@@ -67,14 +68,14 @@ def _propose_loop(draft, state, seq, limit, gamma: int, sampling: SamplingConfig
 def _verify_loop(model: T5Model, params, cache, branch, k: int, widths: tuple, n: int,
                  position: int = 32):
   """n target passes over k + 1 tokens: direct ``decode`` (widths ()) or the
-  adaptive loop's ``lax.switch`` over ``decode_rows`` at ``widths`` (branch
+  adaptive loop's ``lax.switch`` over ``decode(write=False)`` at ``widths`` (branch
   chosen at run time, as in a round) followed by ``write_rows``."""
   b, g = cache.self_k[0].shape[0], max(widths or (k,))
 
   def rows_at(w, cache, start):
     pos = start + jnp.broadcast_to(jnp.arange(w + 1, dtype=jnp.int32), (b, w + 1))
-    logits, rows = model.decode_rows(params, jnp.full((b, w + 1), 3, jnp.int32), pos, cache)
-    return (jnp.sum(logits[..., :8]),) + T5Model.pad_rows(rows, pos, g + 1)
+    logits, rows = model.decode(params, jnp.full((b, w + 1), 3, jnp.int32), pos, cache, write=False)
+    return (jnp.sum(logits[..., :8]),) + pad_rows(rows, pos, g + 1)
 
   def body(i, cache):
     start = position + i % 2

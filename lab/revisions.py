@@ -21,10 +21,10 @@ import jax.numpy as jnp
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import speculative as speculative_lib
 from specdec_jax.sampling import SamplingConfig, standardize
-from specdec_jax.scripting.script_args import load_average, markdown_header
+from specdec_jax.scripting.script_args import markdown_header
 from specdec_jax.timing import interleaved_medians_ms, repeat
 
-from lab.common import pick
+from lab.common import load_average, pick
 
 REPO = Path(__file__).resolve().parents[1]   # the checkout this lab/ is in
 

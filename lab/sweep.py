@@ -316,7 +316,12 @@ def report(args: Any) -> str:
   gammas = script_args.comma_list(args.gammas)
   adaptive = adaptive_settings(args)
   numeric = [int(g) for g in gammas if g.isdigit()]
-  specs = (parse_drafts(args.drafts) if args.drafts
+  if getattr(args, "drafts_name", None) is None and any(
+      getattr(args, f"drafts_{f}", None) for f in ("checkpoint", "shortlist", "label")):
+    raise ValueError("--drafts_checkpoint, --drafts_shortlist and --drafts_label describe the "
+                     "drafts --drafts_name lists: give --drafts_name")
+  compared = script_args.dataclasses_from_flags(DraftRow, args, prefix="drafts_")
+  specs = (draft_rows(compared) if compared
            else {None: (args.draft_name, args.draft, args.draft_shortlist)})
   exps = {label: Experiment(
       task=args.task, source=args.source, vocab_path=args.vocab,
@@ -336,7 +341,7 @@ def report(args: Any) -> str:
   named = {label: setup.draft if e is exp
            else load_draft(e, data, setup.target, draft_part, setup.target_params)
            for label, e in exps.items()}
-  draft = setup.draft if args.drafts is None else named
+  draft = named if compared else setup.draft
   alpha_inputs = None
   if "auto" in gammas and args.auto_alpha_examples > 0:
     alpha_inputs = held_out_inputs(exp, args.auto_alpha_source, args.auto_alpha_examples)
@@ -349,7 +354,7 @@ def report(args: Any) -> str:
                         adaptive=adaptive, input_buckets=buckets)
     # A temperature's programs are not run again: dropping them keeps the
     # compiled code (one program per draft x setting x bucket) within the
-    # process's memory maps (--drafts help).
+    # process's memory maps (bench_speculative's docstring).
     jax.clear_caches()
   lines = [markdown_table(rows)]
   for r in rows:
@@ -366,37 +371,41 @@ def report(args: Any) -> str:
   return "\n".join(lines)
 
 
-def parse_drafts(text: str) -> dict[str, tuple[str, str, str]]:
-  """'t5:ckpt_a,t5:ckpt_b,prompt_lookup' -> {row label: (draft name,
-  checkpoint, shortlist)}; 't5:ckpt@list.json' gives the draft a vocabulary
-  shortlist (Experiment.draft_shortlist).
+@dataclasses.dataclass(frozen=True)
+class DraftRow:
+  """One approximation model of a ``--drafts_*`` comparison (the flags
+  ``--drafts_<field>``, one value per draft or one for all).
 
-  A label is the checkpoint's directory name for 't5' ('+shortlist' added
-  with one), 'name:dir' for other drafts that take a checkpoint (lookup_t5),
-  the bare name otherwise; or given: 'old=t5:ckpt_a' (two checkpoints in
-  directories of one name).
+  name: the registered approximation model, e.g. t5, prompt_lookup, lookup_t5.
+  checkpoint: its checkpoint ('' for a draft that reads none).
+  shortlist: its vocabulary shortlist (Experiment.draft_shortlist; '' for none).
+  label: the row's label ('': the checkpoint's directory name, prefixed by the
+    draft's name for drafts other than t5, '+shortlist' added with one).
   """
+
+  name: str
+  checkpoint: str = ""
+  shortlist: str = ""
+  label: str = ""
+
+
+def draft_rows(rows: Sequence[DraftRow]) -> dict[str, tuple[str, str, str]]:
+  """{row label: (draft name, checkpoint, shortlist)} for ``rows``, each
+  checked (a registered name; a checkpoint where the draft needs one; labels
+  distinct)."""
   out: dict[str, tuple[str, str, str]] = {}
-  for item in (t.strip() for t in text.split(",")):
-    if not item:
-      continue
-    given, eq, rest = item.partition("=")
-    if not eq:
-      given, rest = "", item
-    name, _, ckpt = rest.partition(":")
-    ckpt, _, shortlist = ckpt.partition("@")
-    if name not in drafts.REGISTRY:
-      raise ValueError(f"--drafts: unknown draft {name!r} in {item!r}; registered: "
+  for r in rows:
+    if r.name not in drafts.REGISTRY:
+      raise ValueError(f"--drafts_name: unknown draft {r.name!r}; registered: "
                        f"{', '.join(sorted(drafts.REGISTRY))}")
-    if "model" in drafts.requires(name) and not ckpt:
-      raise ValueError(f"--drafts: {name!r} needs a checkpoint: write {name}:<path>")
-    base = Path(ckpt.rstrip("/")).name if ckpt else ""
-    label = given or ((base if name == "t5" else f"{name}:{base}" if base else name)
-                      + ("+shortlist" if shortlist else ""))
+    if "model" in drafts.requires(r.name) and not r.checkpoint:
+      raise ValueError(f"--drafts_name={r.name} needs a checkpoint: give its "
+                       "--drafts_checkpoint")
+    base = Path(r.checkpoint.rstrip("/")).name if r.checkpoint else ""
+    label = r.label or ((base if r.name == "t5" else f"{r.name}:{base}" if base else r.name)
+                        + ("+shortlist" if r.shortlist else ""))
     if label in out:
-      raise ValueError(f"--drafts: two drafts would both be labelled {label!r}; name them: "
-                       f"label=name:checkpoint")
-    out[label] = (name, ckpt, shortlist)
-  if not out:
-    raise ValueError(f"--drafts: no draft in {text!r}")
+      raise ValueError(f"two drafts would both be labelled {label!r}; name them with "
+                       "--drafts_label")
+    out[label] = (r.name, r.checkpoint, r.shortlist)
   return out

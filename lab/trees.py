@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import memory
 from specdec_jax.decoding import (speculative_decode, temperature_sample,
                                   tree_speculative_decode)
 from specdec_jax.dryrun import calibration
@@ -31,6 +30,8 @@ from specdec_jax.theory import RoundCost
 from specdec_jax.timing import timed
 from specdec_jax import tree as tree_lib
 from specdec_jax.tree import TreeShape, geometric_rank_rates
+
+from lab import common
 
 Shape = Union[int, TreeShape]  # an int is the chain of that γ (the chain engine)
 
@@ -105,13 +106,13 @@ def pass_seconds(cfg: T5Config, chip: Chip, devices: int, width: int, cache_len:
                  input_len: int, param_dtype: str = "bfloat16") -> float:
   """A roofline model of one decoder pass over ``width`` positions at batch 1,
   the weights split over ``devices`` chips: max(flops / peak, bytes / HBM
-  bandwidth), bytes = what a decoding step reads (``memory.step_bytes``: the
+  bandwidth), bytes = what a decoding step reads (``common.step_bytes``: the
   decoder and output-layer weights and the decoder cache, at
   ``param_dtype``); flops = 2 per weight read per position. A model, not a
   measurement: no collectives, no launch latency."""
-  nbytes = memory.step_bytes(cfg, None, param_dtype, param_dtype, 1, input_len,
+  nbytes = common.step_bytes(cfg, None, param_dtype, param_dtype, 1, input_len,
                              cache_len) / devices
-  flops = 2.0 * memory.step_params(cfg) * width / devices
+  flops = 2.0 * common.step_params(cfg) * width / devices
   return max(flops / chip.peak_flops, nbytes / chip.hbm_bandwidth)
 
 

@@ -6,17 +6,23 @@ r"""Speculative decoding vs the baseline at several γ, side by side in one run.
   python scripts/bench_speculative.py --gammas=1,2,3,4,5,6,7,auto --adaptive --gamma_max=7
   python scripts/bench_speculative.py --gammas=3,5 --gamma_max=7 \
       --adaptive_rule=threshold,cumulative --adaptive_threshold=0.6,0.5 --adaptive_skip_below=0.3
-  python scripts/bench_speculative.py --gammas=3,4 \
-      --drafts=t5:checkpoints/demo/draft_small,t5:checkpoints/demo/draft_tiny,prompt_lookup
-  python scripts/bench_speculative.py --gammas=3 --drafts=full=t5:checkpoints/demo/draft_tiny_feat,\
-sl=t5:checkpoints/demo/draft_tiny_feat@checkpoints/demo/draft_shortlist.json
+  python scripts/bench_speculative.py --gammas=3,4 --drafts_name=t5,t5,prompt_lookup \
+      --drafts_checkpoint=checkpoints/demo/draft_small,checkpoints/demo/draft_tiny,
+  python scripts/bench_speculative.py --gammas=3 --drafts_name=t5 --drafts_label=full,sl \
+      --drafts_checkpoint=checkpoints/demo/draft_tiny_feat \
+      --drafts_shortlist=,checkpoints/demo/draft_shortlist.json
 
 For every example the baseline and each γ are timed back to back (interleaved,
 so drift on a noisy machine hits all columns alike); compile time is excluded
 (one warm-up example); every call ends in ``block_until_ready``; the table
 reports totals (tokens / total seconds) and the median per-example speedup.
-``--drafts`` compares several approximation models the same way: all of
-them, every γ, interleaved per example beside one baseline. Adaptive settings
+``--drafts_<field>`` (``lab.sweep.DraftRow``'s fields, one value per draft
+or one for all) compares several approximation models the same way: all of
+them, every γ, interleaved per example beside one baseline, in place of
+--draft/--draft_name. Every draft x setting x input bucket is its own
+compiled loop, dropped only after each temperature: many of them can exhaust
+the process's memory maps (vm.max_map_count); compare drafts on a few
+settings, or with --input_buckets=none. Adaptive settings
 (``AdaptiveConfig``, γ_max = ``--gamma_max``) are its fields as flags,
 ``--adaptive_<field>``, each with one value per setting or one for all.
 The measuring loop lives in ``lab.sweep``.
@@ -51,17 +57,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--draft_name", default="t5",
                  help=f"the approximation model (registered: {', '.join(sorted(drafts.REGISTRY))})")
   script_args.add_shortlist_argument(p)
-  p.add_argument("--drafts", default=None,
-                 help="compare several drafts in one run, interleaved per example beside one "
-                      "baseline: comma-separated 'name[:checkpoint]', e.g. "
-                      "t5:checkpoints/demo/draft_small,t5:checkpoints/demo/draft_tiny,"
-                      "prompt_lookup; 'label=name:checkpoint' names a row "
-                      "(replaces --draft/--draft_name). Every draft x setting x input "
-                      "bucket is its own compiled loop, and compiled code is dropped only "
-                      "after each temperature: many drafts x settings (adaptive ones compile "
-                      "one loop per width) x buckets can exhaust the process's memory maps "
-                      "(vm.max_map_count); compare drafts on a few settings, or with "
-                      "--input_buckets=none")
+  script_args.dataclass_flags(p, sweep.DraftRow, prefix="drafts_", many=True)
   p.add_argument("--ngram_corpus", default=None,
                  help="training data of the n-gram drafts (Experiment.ngram_corpus)")
   script_args.add_decoding_arguments(
@@ -93,7 +89,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
   args = script_args.parse(parser(), argv, paths=("auto_alpha_source", "ngram_corpus"))
-  who = f"drafts={args.drafts}" if args.drafts else f"draft={args.draft_name}:{args.draft}"
+  who = (f"drafts={args.drafts_name}:{args.drafts_checkpoint}" if args.drafts_name
+         else f"draft={args.draft_name}:{args.draft}")
   print(f"# bench_speculative: target={args.target} {who} "
         f"examples={args.num_examples} device={jax.devices()[0].device_kind} "
         f"backend={jax.default_backend()}")

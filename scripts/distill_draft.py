@@ -55,30 +55,11 @@ def _mesh_shape(text: str) -> tuple[int, ...]:
     raise argparse.ArgumentTypeError(f"expected DATA,MODEL (two ints), got {text!r}") from None
 
 
-# Flags whose type or help is more than the field's annotation says.
+# Flags whose type or choices are more than the field's annotation says.
 SPECIAL = {
-    "mesh_shape": dict(type=_mesh_shape, help="DistillJob.mesh_shape: DATA,MODEL device mesh, "
-                       "e.g. 1,8 (default: one device)"),
-    "param_dtype": dict(choices=distill.PARAM_DTYPES, help="DistillJob.param_dtype: the "
-                        "target's weights in device memory (bfloat16 halves them; the draft "
-                        "trains in float32)"),
-    "partition_fallback": dict(help="DistillJob.partition_fallback: 'error' or 'replicate' for "
-                               "dimensions the mesh does not divide"),
-    "max_examples": dict(help="DistillJob.max_examples: training inputs to use (default: all)"),
-    "eval_max_examples": dict(help="DistillJob.eval_max_examples: held-out pairs for the "
-                              "agreement log"),
-    "max_minutes": dict(help="DistillJob.max_minutes: wall-clock cap on the training phase"),
-    "modes": dict(help="DistillJob.modes: target outputs to learn: greedy,sample"),
-    "encoder_bridge": dict(help="DistillJob.encoder_bridge: the draft also reads the target's "
-                           "encoder output (specdec_jax.drafts.bridge)"),
-    "feature_bridge": dict(help="DistillJob.feature_bridge: the draft also reads the target's "
-                           "decoder states of the committed prefix "
-                           "(specdec_jax.drafts.feature_bridge)"),
-    "export_quantization": dict(choices=("int8", "int4"), help="DistillJob.export_quantization: "
-                                "record that the exported draft runs with weight-only int8 / "
-                                "int4 kernels (per-channel scales); the runner quantizes it "
-                                "when it loads it"),
-    "resume": dict(help="DistillJob.resume: continue a run in an existing workdir/output_dir"),
+    "mesh_shape": dict(type=_mesh_shape, metavar="DATA,MODEL"),
+    "param_dtype": dict(choices=distill.PARAM_DTYPES),
+    "export_quantization": dict(choices=("int8", "int4")),
 }
 
 
@@ -100,12 +81,6 @@ def parser() -> argparse.ArgumentParser:
   return p
 
 
-def _job(args: argparse.Namespace) -> distill.DistillJob:
-  """The ``DistillJob`` of the flags (each flag the field of its name)."""
-  fields = distill.DistillJob.__dataclass_fields__
-  return distill.DistillJob(**{f: getattr(args, f) for f in fields if hasattr(args, f)})
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Runs the job (or its --smoke version, or its --dry_run); returns the
   exit status: 1 when a dry run finds the job does not fit, else 0."""
@@ -114,14 +89,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.smoke:
       raise ValueError("--dry_run compiles the job given by the flags; drop --smoke")
     from specdec_jax.dryrun import distill_programs, driver  # pylint: disable=import-outside-toplevel
-    r = driver.main(distill_programs.DistillPrograms(_job(args)), args.dry_run)
+    r = driver.main(distill_programs.DistillPrograms(script_args.dataclass_from_flags(distill.DistillJob, args)), args.dry_run)
     return 0 if r.fits else 1
   if args.smoke:
     summary = distill.smoke_job(args.workdir or "runs/distill_smoke",
                                 encoder_bridge=args.encoder_bridge,
                                 feature_bridge=args.feature_bridge)
   else:
-    summary = distill.run_job(_job(args))
+    summary = distill.run_job(script_args.dataclass_from_flags(distill.DistillJob, args))
   print(json.dumps({k: v for k, v in summary.items() if k not in ("log", "job")}, indent=1))
   return 0
 

@@ -25,6 +25,13 @@ after the first rejection. Every step is the baseline's step on the target's
 logits, so the beams, tokens and scores are the baseline's (to float rounding
 of the logits: one pass over a tree against one call per step).
 
+A draft that cannot run beam search (any approximation model of
+``specdec_jax.drafts``: prompt lookup, n-grams, a T5 draft behind a bridge or a
+shortlist) proposes instead each live beam's greedy chain of γ tokens, one
+draft row per beam: a tree of w + wγ nodes laid out as draft beams of width
+u = w, verified by the same replay. Its state rows follow their beams (gathered
+by the beam each new live beam descends from, as T5X gathers its caches).
+
 Layout. Beam search keeps w sequences per example that share no fixed prefix, so
 each example's decode cache is ONE row of w regions of R slots (``_Layout``): the
 live beam i's decoder inputs 0..n-1 sit at slots i·R + 0..n-1 (slot = position
@@ -48,6 +55,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+
+from specdec_jax.drafts import base as drafts_base
+from specdec_jax.sampling import SamplingConfig
 
 Array = jax.Array
 
@@ -338,7 +348,8 @@ class _SpecBeamState:
   target_cache, draft_cache: each model's cache, one row per example of w
     regions of R slots (``_Layout``): live beam i's decoder inputs 0..cur-1 at
     slots i·R + 0..cur-1 (the draft's may lack slot cur - 1: it feeds that
-    token again each round).
+    token again each round). A chain draft's (``_chain_tree``): its own
+    state, row b·w + i for live beam i.
   rounds, draft_calls: [B] int32; hist: [B, γ + 2] int32 (``BeamStats``).
   """
 
@@ -407,6 +418,51 @@ def _draft_tree(draft: Any, draft_params: Any, lay: _Layout, beams: BeamState, c
   return cat(all_tok), cat(all_par), cat(all_root), cache
 
 
+def _is_beam_draft(draft: Any) -> bool:
+  """Whether the draft runs beam search itself (a model with ``decode_nodes``,
+  e.g. ``models.t5.T5Model``); else it is an approximation model
+  (``drafts.base``) and proposes greedy chains (``_chain_tree``)."""
+  return callable(getattr(draft, "decode_nodes", None))
+
+
+def _beam_rows(b: int, w: int, seqs: Array, start: int) -> Array:
+  """Every live beam's decoder inputs as one row: seqs [B, w, M] -> [B·w, M + 1]
+  (the start token, then y_1..)."""
+  m = seqs.shape[2]
+  return jnp.concatenate([jnp.full((b, w, 1), start, jnp.int32), seqs], 2).reshape(b * w, m + 1)
+
+
+def _chain_tree(draft: Any, lay: _Layout, beams: BeamState, state: Any,
+                start: int) -> tuple[Array, Array, Array, Any]:
+  """A draft that cannot run beam search: each live beam's greedy chain of γ
+  tokens (``propose`` at temperature 0, draft row b·w + i for beam i), laid
+  out as draft beams of width u = w (node w + (d - 1)·w + i is beam i's d-th
+  proposal, so every node's parent is node - w). -> (tokens, parents, roots,
+  state) as ``_draft_tree``."""
+  w, g = lay.w, lay.gamma
+  b = beams.cur.shape[0]
+  seq = _beam_rows(b, w, beams.live_seqs, start)
+  chain, _, state = draft.propose(state, seq, jnp.repeat(beams.cur, w), g,
+                                  SamplingConfig(temperature=0.0), jax.random.PRNGKey(0))
+  chain = jnp.swapaxes(chain.astype(jnp.int32).reshape(b, w, g), 1, 2).reshape(b, g * w)
+  node = jnp.arange(lay.num_nodes, dtype=jnp.int32)
+  tok = jnp.concatenate([_input_at(beams.live_seqs, beams.cur, start), chain], axis=1)
+  par = jnp.broadcast_to(jnp.where(node < w, -1, node - w), tok.shape)
+  return tok, par, jnp.broadcast_to(node % w, tok.shape), state
+
+
+def _follow_beams(draft: Any, state: Any, beams: BeamState, roots: Array, start: int) -> Any:
+  """A chain draft's state after the round: row b·w + i becomes the row of
+  the beam that live beam i descends from (roots [B, w]; every state leaf
+  with a leading B·w axis, others as they are), then ``commit`` of the new
+  beams."""
+  b, w = roots.shape
+  rows = (jnp.arange(b, dtype=jnp.int32)[:, None] * w + roots).reshape(-1)
+  take = lambda x: jnp.take(x, rows, axis=0) if x.ndim and x.shape[0] == b * w else x
+  state = jax.tree.map(take, state)
+  return draft.commit(state, _beam_rows(b, w, beams.live_seqs, start), jnp.repeat(beams.cur, w))
+
+
 def _paths(lay: _Layout, parents: Array, roots: Array, cur: Array) -> Array:
   """[B, N, γ + 1] int32: the slots of every node's ancestors and itself, -1 padded."""
   b, n = parents.shape
@@ -444,8 +500,11 @@ def _round(target: Any, target_params: Any, draft: Any, draft_params: Any, lay: 
   beams = s.beams
   b, cur = beams.cur.shape[0], beams.cur
   start = target.config.decoder_start_id
-  tok, par, root, draft_cache = _draft_tree(draft, draft_params, lay, beams, s.draft_cache,
-                                            start, eos_id)
+  if _is_beam_draft(draft):
+    tok, par, root, draft_cache = _draft_tree(draft, draft_params, lay, beams, s.draft_cache,
+                                              start, eos_id)
+  else:
+    tok, par, root, draft_cache = _chain_tree(draft, lay, beams, s.draft_cache, start)
   node = jnp.arange(lay.num_nodes, dtype=jnp.int32)
   seen = _paths(lay, par, root, cur)
   positions = cur[:, None] + lay.depth(node)[None]
@@ -478,10 +537,14 @@ def _round(target: Any, target_params: Any, draft: Any, draft_params: Any, lay: 
   live = ~s.beams.done
   roots = path[:, :, 0]
   target_cache = _rebuild(target_cache, lay, cur, steps, path, roots)
-  draft_cache = _rebuild(draft_cache, lay, cur, steps, path, roots)
+  if _is_beam_draft(draft):
+    draft_cache, calls = _rebuild(draft_cache, lay, cur, steps, path, roots), g
+  else:
+    draft_cache = _follow_beams(draft, draft_cache, beams, roots, start)
+    calls = drafts_base.proposal_steps(draft, g)
   hist = s.hist + jax.nn.one_hot(steps, g + 2, dtype=jnp.int32) * live[:, None]
   return _SpecBeamState(beams, target_cache, draft_cache, s.rounds + live,
-                        s.draft_calls + g * live, hist)
+                        s.draft_calls + calls * live, hist)
 
 
 _SPEC_STATIC = ("target", "draft", "beam_size", "draft_beam_size", "gamma", "max_decode_len",
@@ -498,7 +561,9 @@ def speculative_beam_search(target: Any, target_params: Any, draft: Any, draft_p
 
   target, draft: ``models.t5.T5Model``s (anything with ``encode``,
   ``init_cache`` and ``decode_nodes``) over one vocabulary; draft_beam_size
-  u >= beam_size w; gamma γ >= 1 draft steps per round. inputs [B, S] int32.
+  u >= beam_size w; gamma γ >= 1 draft steps per round. draft may instead be
+  an approximation model (``drafts.base``; draft_params unused): each live
+  beam's greedy chain of γ tokens (u = w). inputs [B, S] int32.
   -> ``SpecBeamOutput``: the ``BeamOutput`` and ``BeamStats``. Jitted
   (``speculative_beam_search_jit``; alpha traced, as in ``beam_search``).
   """
@@ -508,9 +573,17 @@ def speculative_beam_search(target: Any, target_params: Any, draft: Any, draft_p
                      f"{draft_beam_size}, w = {beam_size}")
   if gamma < 1:
     raise ValueError(f"gamma (draft steps per round) must be >= 1, got {gamma}")
-  if target.config.vocab_size != draft.config.vocab_size:
-    raise ValueError(f"the draft's vocabulary ({draft.config.vocab_size}) differs from the "
-                     f"target's ({target.config.vocab_size})")
+  vocab = draft.config.vocab_size if _is_beam_draft(draft) else draft.vocab_size
+  if target.config.vocab_size != vocab:
+    raise ValueError(f"the draft's vocabulary ({vocab}) differs from the target's "
+                     f"({target.config.vocab_size})")
+  if not _is_beam_draft(draft):
+    if drafts_base.capabilities(draft).target_states:
+      raise ValueError(f"{type(draft).__name__} reads the target's decoder states, which "
+                       "speculative beam search does not hand over: use a draft without a "
+                       "feature bridge")
+    draft, draft_params = None, draft  # a pytree: traced, not a static argument
+    draft_beam_size = beam_size  # one greedy chain per beam
   return speculative_beam_search_jit(target, target_params, draft, draft_params, inputs,
                                      jnp.float32(alpha), beam_size=beam_size,
                                      draft_beam_size=draft_beam_size, gamma=gamma,
@@ -522,13 +595,19 @@ def speculative_beam_search_jit(target: Any, target_params: Any, draft: Any, dra
                                 inputs: Array, alpha: Array, *, beam_size: int,
                                 draft_beam_size: int, gamma: int, max_decode_len: int,
                                 eos_id: int) -> SpecBeamOutput:
-  """``speculative_beam_search`` after its checks, alpha a float32 scalar."""
+  """``speculative_beam_search`` after its checks, alpha a float32 scalar;
+  draft None when draft_params is an approximation model (a chain draft)."""
   lay = _Layout(beam_size, draft_beam_size, gamma, max_decode_len + draft_beam_size * gamma + 1)
   b = inputs.shape[0]
-  t_cache = target.init_cache(target_params, target.encode(target_params, inputs), inputs,
-                              lay.cache_len)
-  d_cache = draft.init_cache(draft_params, draft.encode(draft_params, inputs), inputs,
-                             lay.cache_len)
+  encoded = target.encode(target_params, inputs)
+  t_cache = target.init_cache(target_params, encoded, inputs, lay.cache_len)
+  if draft is None:
+    draft = draft_params
+    rep = lambda x: jnp.repeat(x, beam_size, axis=0)
+    d_cache = drafts_base.init_draft(draft, rep(inputs), max_decode_len + gamma + 1, rep(encoded))
+  else:
+    d_cache = draft.init_cache(draft_params, draft.encode(draft_params, inputs), inputs,
+                               lay.cache_len)
   zeros = jnp.zeros((b,), jnp.int32)
   state = _SpecBeamState(init_beams(b, beam_size, max_decode_len), t_cache, d_cache, zeros,
                          zeros, jnp.zeros((b, gamma + 2), jnp.int32))

@@ -1,22 +1,11 @@
 """Data for speculative decoding: examples, vocabularies, fixed-shape batches.
 
-Two ways to get examples:
-
-* files (``.tsv`` / ``.jsonl``, local or ``gs://``), pure Python, used by the
-  offline demo;
-* seqio tasks (``specdec_wmt_ende``, ``specdec_cnn_dailymail``,
-  ``specdec_bible_modernize``) that follow the T5 paper's preprocessing.
-
-Importing this module never imports TensorFlow or seqio: both are heavy and
-absent from the decoding hot path, so only the seqio functions import them,
-inside the function body. They come with the package's ``seqio`` extra
-(``pip install -e ".[seqio]"``); without it, the first seqio function called
-raises one ImportError that says so and names what needed it.
-
-Contract: ``Example.input`` is always the *raw* source text (no task prefix);
-the prefix (see ``PREFIXES``) is added at tokenization time by
-``encode_batch(..., prefix=...)``, whatever the source of the examples.
-"""
+Examples come from files (``.tsv`` / ``.jsonl``, local or ``gs://``) or from
+seqio tasks (``specdec_wmt_ende``, ``specdec_cnn_dailymail``,
+``specdec_bible_modernize``) with the T5 paper's preprocessing. TensorFlow and
+seqio (the ``seqio`` extra) are imported only inside the seqio functions.
+``Example.input`` is always the raw source text; the task prefix
+(``PREFIXES``) is added by ``encode_batch(..., prefix=...)``."""
 
 from __future__ import annotations
 

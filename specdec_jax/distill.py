@@ -1,27 +1,19 @@
 """Draft distillation: train an approximation model M_q toward a target M_p.
 
-Speculative decoding's speedup is governed by α = E[Σ_x min(p(x), q(x))]
-(paper §3.1-3.2, Definition 3.1, Corollary 3.6): α = 1 − E[D_LK(p, q)], and
-D_LK (Definition 3.2) is the total-variation distance. α is taken along the
-*target's* outputs, so a draft should learn what the target says, not the
-references (DistillSpec, Zhou et al. 2023). Two complementary ways, combinable in one loss:
+α = E[Σ_x min(p(x), q(x))] = 1 − E[D_LK(p, q)] (paper Definition 3.1,
+Corollary 3.6) is taken along the target's outputs, so the draft learns what
+the target says, not the references (DistillSpec, Zhou et al. 2023), in one
+loss combining:
 
-* sequence-level: the draft is trained with cross-entropy on the target's own
-  outputs for the training inputs (greedy and/or T=1 samples), produced once by
-  ``generate_target_outputs`` (batched, jitted, appended to a JSONL file as it
-  goes, resumable);
-* token-level: a divergence between the target's and the draft's next-token
-  distributions at every position of those sequences: forward KL(p‖q), total
-  variation ½Σ|p−q| (= 1 − per-token acceptance; minimizing it bounds the
-  rejection rate directly), or reverse KL(q‖p); optionally on the draft's own
-  T=1 samples (on-policy), which are generated inside the jitted step.
+* sequence level: cross-entropy on the target's own outputs (greedy and/or
+  T = 1 samples), generated once by ``generate_target_outputs`` (resumable);
+* token level: forward KL(p‖q), total variation ½Σ|p−q| (1 − per-token
+  acceptance) or reverse KL(q‖p) at every position of those sequences,
+  optionally on the draft's own T = 1 samples (on-policy).
 
-Everything trains through ``specdec_jax.training.fit``, with the target's
-weights as ``fit``'s ``frozen`` argument (a jit argument, never constants baked
-into the step). On a device mesh (``DistillJob.mesh_shape``) the target is
-loaded into its shards and generates on the mesh, and the draft, replicated,
-trains data-parallel over the 'data' axis.
-"""
+Everything trains through ``training.fit`` with the target's weights as its
+``frozen`` argument; on a mesh the target generates sharded and the draft
+trains data-parallel over 'data'."""
 
 from __future__ import annotations
 
@@ -104,19 +96,13 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
                             log_fn: Callable[[str], None] = print,
                             partitioner: Optional[Partitioner] = None) -> dict:
   """The target's outputs for every input (token ids, EOS-terminated input rows),
-  appended to ``path`` chunk by chunk; inputs already there are skipped.
+    appended to ``path`` chunk by chunk; inputs already there are skipped.
 
-  Decoding is the baseline's jitted ``temperature_sample`` (one compile per input
-  bucket); 'sample' mode draws at ``temperature`` with a key folded from the
-  seed and the input index, so a resumed run draws the same samples.
-  Returns {(index, mode): tokens} with EOS appended when the output ended on it.
-
-  ``partitioner``: the target's (``params`` already in its shards); each chunk
-  is split over the mesh's 'data' axis (``batch_size`` must divide by it) and
-  decoded under its layout, and the outputs are gathered from every process.
-  Only process 0 writes ``path`` (every process reads it on resume, so a
-  multi-host job needs a workdir all hosts see).
-  """
+    The baseline's jitted ``temperature_sample`` decodes; 'sample' mode draws at
+    ``temperature`` with a key folded from the seed and the input index, so a
+    resumed run draws the same samples. -> {(index, mode): tokens}, EOS appended
+    where the output ended on it. With a ``partitioner`` each chunk is split
+    over 'data' and the outputs gathered; only process 0 writes ``path``."""
   for m in modes:
     if m not in OUTPUT_MODES:
       raise ValueError(f"unknown output mode {m!r}; known: {OUTPUT_MODES}")
@@ -186,15 +172,10 @@ def grow_layers(params: Any, config: Any, *, encoder_layers: int = 0,
                 decoder_layers: int = 0, seed: int = 0) -> tuple[Any, Any]:
   """Append layers to a T5 draft without changing what it computes.
 
-  The new layers are freshly initialized except their residual output
-  projections (attention ``out``, MLP ``wo``), which are zero, so the grown
-  model's logits equal the original's exactly; distillation then trains the
-  extra capacity from the draft it had (zero-initialized residual branches, as
-  in ReZero / Fixup). Useful when a draft's agreement with the target has
-  flattened while its training loss still falls: a deeper decoder costs little
-  per step next to the logits projection over the vocabulary, and encoder layers
-  run once per example. Returns (params, config).
-  """
+    The new layers' residual output projections (attention ``out``, MLP
+    ``wo``) are zero, the rest freshly initialized, so the grown model's logits
+    equal the original's exactly and distillation trains the extra capacity
+    (as ReZero / Fixup). Returns (params, config)."""
   if encoder_layers < 0 or decoder_layers < 0:
     raise ValueError(f"grow_layers: layer counts must be >= 0, got encoder={encoder_layers}, "
                      f"decoder={decoder_layers}")
@@ -524,27 +505,58 @@ def agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params:
 class DistillJob(PairSettings):
   """Everything a distillation run needs; field names follow ``run.Experiment``.
 
-  The target's and the draft's settings are the pair's, inherited from
-  ``specdec_jax.pair.PairSettings`` (the runner's too); ``pair`` is them as a
-  ``ModelPair``, validated as the runner's. Those that distillation holds
-  fixed (``FIXED_PAIR_SETTINGS``: float32 activations, the draft kept in
-  float32, replicated and unquantized) are refused at any other value.
+  The pair's settings are inherited from ``specdec_jax.pair.PairSettings``
+  (``pair`` is them as a validated ``ModelPair``); those distillation holds
+  fixed (``FIXED_PAIR_SETTINGS``) are refused at any other value. At scale
+  the target is read into its shards and generates on the mesh; the draft is
+  replicated, trained in float32, data-parallel over 'data' (docs/sharding.md).
+  Each entry starts with the one sentence ``--help`` prints.
 
-  The draft starts from ``draft_checkpoint`` (any format the runner loads);
-  ``output_dir`` receives the distilled draft in the project's format;
-  ``workdir`` holds the target outputs, optimizer checkpoints and the loss log,
-  so a killed job resumes with ``resume=True``.
-
-  Scale (as ``run.Experiment``): ``mesh_shape`` (data, model), product = the
-  device count, None = one device; the target is read straight into its shards
-  under ``logical_axis_rules`` (None: ``partitioning.STANDARD_RULES``) at
-  ``param_dtype`` (its kernels and embedding in device memory; norms stay
-  float32) and generates on the mesh, ``generate_batch_size`` rows split over
-  'data'. The draft is replicated, kept and trained in float32, data-parallel:
-  each training batch's rows (a multiple of the 'data' axis, ``batch_tokens`` a
-  cap, ``training.batch_rows``) are split over 'data' and the gradients reduced
-  across it. Settings, mesh and vocabularies are checked before any weight is
-  read (``check_before_loading``).
+  output_dir: where the distilled draft is written, in the project's format.
+  workdir: the target outputs, optimizer checkpoints and loss log (a killed job resumes from it).
+  source: the training inputs, a TSV/JSONL file or a seqio/TFDS task's split.
+  split: the split of ``task`` read when ``source`` is not a file.
+  task: the task name (its prefix is added to each input, as in the runner).
+  prefix: the task's input prefix (None: ``data.PREFIXES[task]``).
+  tfds_data_dir: the TFDS data directory for seqio tasks (None: TFDS's default).
+  max_examples: training inputs to use (None: all).
+  eval_source: held-out pairs for the agreement log (None: no agreement log).
+  eval_split: the split of ``task`` the agreement log reads when ``eval_source`` is not a file.
+  eval_max_examples: held-out pairs for the agreement log.
+  max_input_len: input tokens kept per example.
+  max_decode_len: most tokens the target generates per example.
+  modes: the target outputs to learn from, greedy and/or sample.
+  sample_temperature: the temperature of the target's sampled outputs.
+  generate_batch_size: rows per target generation batch (split over 'data').
+  divergence: the distillation loss, 'fkl', 'tv', 'rkl' or 'none' (``DistillConfig``).
+  ce_weight: the weight of cross-entropy on the sequence's tokens.
+  on_policy_fraction: the share of each batch replaced by the draft's own T = 1 samples.
+  grow_encoder_layers: encoder layers added to the draft before training (``grow_layers``).
+  grow_decoder_layers: decoder layers added to the draft before training (``grow_layers``).
+  encoder_bridge: the draft also reads the target's encoder output (``specdec_jax.drafts.bridge``).
+    A new bridge starts at zero (the draft unchanged) and trains with Adam at
+    ``bridge_learning_rate`` (Adafactor's scale-relative steps cannot grow a
+    zero tensor); a draft that already has one continues it.
+  bridge_learning_rate: Adam's learning rate for the bridges and a block draft's mask embedding.
+  feature_bridge: the draft also reads the target's decoder states of the committed prefix
+    (``specdec_jax.drafts.feature_bridge``). Zero-initialized and trained like
+    the encoder bridge, at staleness 0..feature_staleness-1.
+  feature_staleness: the feature bridge's staleness range (set it to the γ the draft runs at).
+  block_size: 0 trains the autoregressive draft; γ >= 2 a block draft of block size γ.
+    (``specdec_jax.drafts.t5_block``, ``block_loss``), warm-started from the
+    draft checkpoint; a feature bridge's staleness table is extended to γ rows.
+  block_cuts: block cut points per training sequence.
+  optimizer: the draft's optimizer, 'adafactor' or 'adamw'.
+  learning_rate: the draft's learning rate.
+  steps: training steps.
+  batch_tokens: the most tokens a training batch holds (``training.batch_rows``).
+  max_minutes: wall-clock cap on the training phase (None: none).
+  eval_every: steps between agreement-log evaluations.
+  seed: the PRNG seed of sampling and training.
+  resume: continue a run in an existing workdir/output_dir.
+  export_quantization: record that the exported draft runs weight-only 'int8' or 'int4'.
+    The weights are written as always and the scheme recorded beside them
+    (``quantization.RECORD_FILE``); the runner quantizes it when it loads it.
   """
 
   output_dir: str
@@ -552,10 +564,10 @@ class DistillJob(PairSettings):
   source: str = "data/bible/train.tsv"
   split: str = "train"
   task: str = "bible_modernize"
-  prefix: Optional[str] = None            # the task's input prefix; None: data.PREFIXES[task]
+  prefix: Optional[str] = None
   tfds_data_dir: Optional[str] = None
   max_examples: Optional[int] = None
-  eval_source: Optional[str] = None       # held-out pairs for the agreement log
+  eval_source: Optional[str] = None
   eval_split: str = "validation"
   eval_max_examples: Optional[int] = 500
   max_input_len: int = 128
@@ -566,27 +578,12 @@ class DistillJob(PairSettings):
   divergence: str = "fkl"
   ce_weight: float = 1.0
   on_policy_fraction: float = 0.0
-  grow_encoder_layers: int = 0            # deepen the draft first (``grow_layers``)
+  grow_encoder_layers: int = 0
   grow_decoder_layers: int = 0
-  # Give the draft the target's encoder output (``specdec_jax.drafts.bridge``): a new
-  # bridge starts at zero (the draft unchanged) and trains with Adam at
-  # ``bridge_learning_rate`` (Adafactor's scale-relative steps cannot grow a
-  # zero tensor); a draft that already has one continues it.
   encoder_bridge: bool = False
   bridge_learning_rate: float = 1e-3
-  # Give the draft the target's decoder states of the committed prefix
-  # (``specdec_jax.drafts.feature_bridge``), at staleness 0..feature_staleness-1 (set
-  # it to the γ the draft will run at); zero-initialized and trained with Adam
-  # like the encoder bridge. A draft that has one continues it.
   feature_bridge: bool = False
   feature_staleness: int = 4
-  # Train a block draft (``specdec_jax.drafts.t5_block``, registered as
-  # 't5_block'): 0 trains the autoregressive draft; γ >= 2 the block
-  # objective (``block_loss``) at block size γ, ``block_cuts`` blocks per
-  # sequence, warm-started from the draft checkpoint (a new mask embedding
-  # starts at zero and trains with Adam at ``bridge_learning_rate``). A
-  # feature bridge's staleness table is extended to γ rows (new rows copy the
-  # last).
   block_size: int = 0
   block_cuts: int = 4
   optimizer: str = "adafactor"
@@ -597,10 +594,6 @@ class DistillJob(PairSettings):
   eval_every: int = 250
   seed: int = 0
   resume: bool = False
-  # Export the draft for weight-only quantization: None, 'int8' or 'int4'
-  # (specdec_jax.quantization). The weights are written as always (bfloat16)
-  # and the scheme recorded beside them (quantization.RECORD_FILE); the runner
-  # quantizes such a draft when it loads it (ModelPair.quantization_of_draft).
   export_quantization: Optional[str] = None
 
   @property

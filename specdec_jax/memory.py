@@ -1,26 +1,13 @@
 """Per-device memory of a target/draft pair on a planned ('data', 'model') mesh.
 
 Counts what stays resident while speculative decoding runs: both models'
-weights and both decoder caches (self-attention K/V over max_decode_len + γ + 1
-positions, cross-attention K/V over max_input_len, the encoder mask). Nothing
-is allocated and no device is needed:
-
-* shapes come from ``jax.eval_shape`` (``param_shapes`` and the pytree
-  ``T5Model.init_cache`` returns), so they are the model's real shapes;
-* layouts come from the real ``Partitioner`` (same rules, same divisibility
-  errors or 'replicate' fallback) over a ``jax.sharding.AbstractMesh`` of the
-  planned shape, so a v5e-8 plan runs on a laptop;
-* weights are counted at ``stored_dtype`` (kernels and embedding at
-  ``param_dtype``, norm scales and relative-position tables float32), caches at
-  the activation dtype; a quantized draft's kernels (``draft_quantization``,
-  ``specdec_jax.quantization``) as their int8 / int4 values (int4 packed two
-  per byte) plus one float32 scale per output column of each shard.
-
-Not counted: XLA temporaries (encoder activations and attention scores, logits,
-collective buffers), the per-row loop state (a few int32 per position) and the
-runtime's own reservations. Leave headroom for them (``scripts/plan_memory.py``
-asks for 10%).
-"""
+weights (at ``stored_dtype``; a quantized draft's kernels as their integers
+plus scales) and both decoder caches (self-attention K/V over
+``decoding.cache_length`` positions, cross-attention K/V, the encoder mask).
+Nothing is allocated: shapes come from ``jax.eval_shape`` and layouts from the
+real ``Partitioner`` over an ``AbstractMesh``, so a v5e-8 plan runs on a
+laptop. XLA temporaries, the loop state and the runtime's reservations are
+not counted: leave headroom (``fits``: 10%)."""
 
 from __future__ import annotations
 
@@ -160,14 +147,6 @@ def reads_per_step(name: str, cfg: T5Config) -> bool:
       name == "token_embedder/embedding" and cfg.logits_via_embedding)
 
 
-def step_params(cfg: ConfigLike) -> int:
-  """How many parameters a decoding step reads (``reads_per_step``): a
-  step's matmuls cost 2 flops per parameter per position."""
-  cfg = _config(cfg, "float32")
-  return sum(math.prod(x.shape) for name, x in flatten_names(_param_shapes(cfg)).items()
-             if reads_per_step(name, cfg))
-
-
 def step_weight_bytes(cfg: ConfigLike, part: Optional[Partitioner] = None,
                       param_dtype: Any = "float32", quant: Optional[str] = None) -> int:
   """Bytes of weights each device must read per decoding step at batch 1:
@@ -186,18 +165,6 @@ def _step_weight_bytes(cfg: T5Config, part: Partitioner, param_dtype: str,
              if reads_per_step(name, cfg))
 
 
-def step_bytes(cfg: ConfigLike, part: Optional[Partitioner] = None,
-               param_dtype: Any = "float32", dtype: Optional[str] = None, batch: int = 1,
-               input_len: int = 512, cache_len: int = 256) -> int:
-  """Bytes each device reads per decoding step: its weights
-  (``step_weight_bytes``) and its decoder cache (``cache_bytes``: self-
-  attention K/V over ``cache_len`` positions, cross-attention K/V over
-  ``input_len``; activations at ``dtype``)."""
-  part = planning_partitioner(None) if part is None else part
-  return step_weight_bytes(cfg, part, param_dtype) + cache_bytes(
-      cfg, part, batch, input_len, cache_len, dtype)
-
-
 def plan(target_cfg: ConfigLike, draft_cfg: Optional[ConfigLike],
          mesh_shape: Optional[Sequence[int]], param_dtype: str = "float32",
          dtype: str = "float32", batch: int = 1, max_input_len: int = 512,
@@ -206,19 +173,13 @@ def plan(target_cfg: ConfigLike, draft_cfg: Optional[ConfigLike],
          draft_quantization: Optional[str] = None) -> dict[str, int]:
   """Per-device bytes of speculative decoding with ``target_cfg`` and ``draft_cfg``.
 
-  Arguments mirror the runner's ``Experiment`` fields (mesh_shape,
-  logical_axis_rules -> ``rules``, draft_logical_axis_rules -> ``draft_rules``,
-  partition_fallback -> ``fallback``, param_dtype, dtype, batch_size,
-  max_input_len, max_decode_len, gamma, draft_quantization); configs are ``T5Config`` or preset
-  names. ``draft_cfg`` None: a draft with no weights or cache (n-gram).
-  Both caches span ``decoding.cache_length`` positions, as in
-  ``decoding.speculative_decode``.
-
-  Returns {'target_params', 'draft_params', 'target_caches', 'draft_caches',
-  'total'} in bytes on one device (every device holds the same amount).
-  Raises ``PartitioningError`` naming the array for a dimension the mesh does
-  not divide, unless ``fallback='replicate'``.
-  """
+    Arguments mirror the runner's ``Experiment`` fields (``rules``,
+    ``draft_rules`` and ``fallback``: the logical axis rules and partition
+    fallback); configs are ``T5Config`` or preset names; ``draft_cfg`` None is a
+    draft with no weights or cache (n-gram). -> {'target_params',
+    'draft_params', 'target_caches', 'draft_caches', 'total'} in bytes on one
+    device. Raises ``PartitioningError`` for a dimension the mesh does not
+    divide, unless ``fallback='replicate'``."""
   if gamma < 1 or max_decode_len < 1 or batch < 1 or max_input_len < 1:
     raise ValueError(f"gamma, max_decode_len, batch and max_input_len must be >= 1, got "
                      f"{gamma}, {max_decode_len}, {batch}, {max_input_len}")

@@ -2,20 +2,11 @@
 laid out over a device mesh, and in which dtypes; one validation, checked
 before any weight is read.
 
-Speculative decoding (paper §2) pairs a target M_p with an approximation
-model M_q that speaks the target's token ids; distillation trains such a draft
-toward its target. The pair's settings are declared once, in
-``PairSettings``: the runner's ``Experiment`` and distillation's
-``DistillJob`` inherit them (so each is a gin binding ``Experiment.<name>``
-and a ``DistillJob`` field, a flag of ``scripts/distill_draft.py``), and
-``ModelPair`` is them with everything done with them: every check, the
-architectures peeked from the checkpoints, the partitioners over one mesh and
-the loading of either model, once. An owner's ``pair`` is its ``ModelPair``.
-
-Relative paths to read are looked up in the working directory, then in each
-directory of ``config_dirs`` (the ``--config`` files', last first), then in
-the repository root.
-"""
+The settings are declared once, in ``PairSettings``: ``Experiment`` and
+``DistillJob`` inherit them, and ``ModelPair`` is them with every check, the
+architectures peeked from the checkpoints, the partitioners and the loading
+of either model. Relative paths to read are looked up in the working
+directory, then in ``config_dirs`` (last first), then in the repository root."""
 
 from __future__ import annotations
 

@@ -1,29 +1,15 @@
 """Sharding T5 over a ('data', 'model') device mesh, T5X style (GSPMD via jax.jit).
 
-Every parameter and cache array has *logical* axis names, the ones T5X uses:
-
-  token_embedder/embedding                 ('vocab', 'embed')
-  .../{query,key,value}/kernel             ('embed', 'joined_kv')
-  .../out/kernel                           ('joined_kv', 'embed')
-  .../mlp/{wi,wi_0,wi_1}/kernel            ('embed', 'mlp')
-  .../mlp/wo/kernel                        ('mlp', 'embed')
-  decoder/logits_dense/kernel              ('embed', 'vocab')
-  .../relpos_bias/rel_embedding            ('heads', 'relpos_buckets')
-  .../scale (RMS norms)                    ('embed',)
-  DecoderCache self/cross K and V          ('batch', 'length', 'heads', 'kv')
-  DecoderCache.encoder_mask, token buffers ('batch', 'length')
-
-Rules map logical names to mesh axes; ``STANDARD_RULES`` are T5X's standard
-ones (batch -> data; vocab, mlp, heads, joined_kv -> model; the rest
-replicated) and can be replaced from gin (``Experiment.logical_axis_rules``).
-``jax.jit`` then partitions the decoding loops (GSPMD): we only place the
-inputs and constrain the loop-carried caches, and never gather full weights or
-write a collective by hand.
+Every parameter and cache array has T5X's logical axis names (the table in
+docs/sharding.md); rules map them to mesh axes. ``STANDARD_RULES`` are T5X's
+standard ones (batch -> data; vocab, mlp, heads, joined_kv -> model; the rest
+replicated), replaceable from gin (``Experiment.logical_axis_rules``). The
+inputs are placed and the loop-carried caches constrained; ``jax.jit``
+partitions the rest, with no hand-written collective.
 
 A dimension the mesh axis does not divide is an error naming the array, its
-size and the axis; with ``fallback='replicate'`` that dimension is replicated
-instead and a warning says so (once per array).
-"""
+size and the axis; with ``fallback='replicate'`` it is replicated instead,
+with a warning."""
 
 from __future__ import annotations
 
@@ -253,13 +239,6 @@ class Partitioner:
     """Shardings for a parameter tree (leaves: arrays or ShapeDtypeStructs)."""
     flat = flatten_names(shapes)
     return unflatten_names({n: self.param_sharding(n, np.shape(x)) for n, x in flat.items()})
-
-  def shard_params(self, params: Any) -> dict:
-    """Places an in-memory parameter tree on the mesh (tests, random models).
-
-    Checkpoints are loaded straight into shards instead (``checkpoints``).
-    """
-    return jax.device_put(params, self.param_shardings(params))
 
   def batch_sharding(self, shape: Sequence[int], what: str = "inputs") -> NamedSharding:
     """Batch-major arrays ([B, ...]): batch over 'data', the rest replicated."""

@@ -1,23 +1,13 @@
 """Builds the TFDS datasets behind the seqio tasks (WMT EnDe, CNN/DM) into a
-chosen data directory, local or ``gs://``: one command per dataset,
+data directory, local or ``gs://``:
 
   python -m specdec_jax.prepare_data --dataset=wmt_ende --data_dir=gs://BUCKET/tfds
   python -m specdec_jax.prepare_data --dataset=cnn_dailymail --data_dir=gs://BUCKET/tfds
 
-then bind ``Experiment.tfds_data_dir`` (or set ``TFDS_DATA_DIR``) to the same
-directory. The runner never downloads: ``data.load_seqio_examples`` refuses a
-dataset that is not prepared and names this command.
-
-What it does: TFDS's builder (``tensorflow_datasets.builder_cls``) for the
-exact name, config and version the seqio tasks read (``data.TFDS_DATASETS``),
-then its ``download_and_prepare``, which downloads the sources (network
-access needed; TFDS keeps the raw downloads in ``--download_dir``, default
-``<data_dir>/downloads``, or ``~/tensorflow_datasets/downloads`` for a gs://
-data dir) and writes the TFRecord shards and
-``dataset_info.json`` under ``<data_dir>/<name>/<version>``. A version already
-prepared there is left as it is. TensorFlow Datasets comes with the package's
-``seqio`` extra and is imported only inside ``prepare``.
-"""
+then bind ``Experiment.tfds_data_dir`` to it; the runner never downloads. It
+runs TFDS's builder for the exact name, config and version the tasks read
+(``data.TFDS_DATASETS``) and its ``download_and_prepare`` (raw downloads in
+``--download_dir``); a version already prepared is left as it is."""
 
 from __future__ import annotations
 

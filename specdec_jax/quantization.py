@@ -1,34 +1,18 @@
 """Weight-only quantization of the draft: int8 or int4 kernels with one float32
 scale per output channel.
 
-Speculative decoding stays exact for any approximation model M_q (paper §2.3:
-the accepted tokens are distributed as M_p's whatever q is), so a quantized
-draft changes only α and the cost ratio c (Definition 3.7), never the output.
-A decoding step at batch 1 reads every decoder weight once, so int8 about
-halves a bfloat16 draft's weight bytes per step and int4 about quarters them.
+Speculative decoding is exact for any approximation model M_q (paper §2.3),
+so a quantized draft changes only α and the cost ratio c (Definition 3.7),
+never the output; at batch 1 int8 about halves a bfloat16 draft's weight
+bytes per step and int4 about quarters them.
 
-What is quantized: every ``Dense`` kernel (attention query/key/value/out, the
-MLP's wi / wi_0 / wi_1 / wo, T5 1.1's ``logits_dense``): symmetric absmax over
-the input dimension, one scale per output column ([1, out] float32). The token
-embedding (and so T5 1.0's tied output layer), the RMS-norm scales and the
-relative-position tables keep their dtype.
-
-Each quantized kernel is a ``qwix.QArray`` (qvalue int8/int4 + scale) in the
-parameter tree, at the kernel's place: device memory holds the integers and
-scales, and ``models.t5.RowPaddedDense`` runs its product through
-``qwix.dot_general``, which dequantizes inside the jitted product (in the TPU
-dry run the compiled draft step reads the int8 / int4 bytes, not a
-dequantized copy: its bytes fall by the weight bytes saved).
-
-Library: qwix 0.1.8 rather than aqtp 0.9.0: qwix's ``quantize`` (per-channel
-``QArray``) and ``dot_general`` (dequantizes a ``QArray`` operand beside a float
-one inside the product) act on a plain parameter tree, so the T5 module and its
-T5X parameter names stay as they are; aqtp serves quantized weights through a
-per-layer ``AqtDotGeneral`` whose frozen weights live in an extra variable
-collection (its CONVERT / SERVE modes), which would change the module and the
-tree. qwix 0.1.8 installs and runs with this repository's jax 0.10.2 and flax
-0.12.8.
-"""
+Every ``Dense`` kernel is quantized (symmetric absmax over the input
+dimension, one [1, out] float32 scale) into a ``qwix.QArray`` at the kernel's
+place in the tree, and ``models.t5.RowPaddedDense`` runs it through
+``qwix.dot_general``, which dequantizes inside the jitted product. The token
+embedding, norm scales and relative-position tables keep their dtype. qwix
+rather than aqtp: it acts on a plain parameter tree, so the T5 module and its
+T5X names stay as they are."""
 
 from __future__ import annotations
 
@@ -37,7 +21,6 @@ from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 try:  # the 'quant' extra: pip install -e ".[quant]"
   import qwix
@@ -118,12 +101,6 @@ def dequantize(x: Any, dtype: Any = jnp.float32) -> jax.Array:
   return (qwix.dequantize(x) if is_qarray(x) else jnp.asarray(x)).astype(dtype)
 
 
-def dequantize_params(params: Any, dtype: Any = jnp.float32) -> Any:
-  """Every QArray of a tree as a float array at ``dtype`` (other leaves kept)."""
-  return jax.tree.map(lambda x: dequantize(x, dtype) if is_qarray(x) else x, params,
-                      is_leaf=is_qarray)
-
-
 def take_columns(kernel: Any, ids: jax.Array) -> jax.Array:
   """Columns ``ids`` of a [d, V] kernel as float32 [d, ...], reading only those
   columns of a QArray (qvalue and scale) before dequantizing them."""
@@ -169,10 +146,3 @@ def stored_bytes(name: str, shard: Sequence[int], mode: Optional[str], dtype: An
   if mode is None or not quantized(name):
     return array_bytes(shard, dtype)
   return array_bytes(shard, qtype(mode)) + array_bytes((1,) + tuple(shard[1:]), SCALE_DTYPE)
-
-
-def max_error(kernel: np.ndarray, mode: str) -> np.ndarray:
-  """The largest rounding error per output column: half a step, where qwix's
-  step is absmax / (the type's largest value + 1/2) (int8: 127.5, int4: 7.5)."""
-  top = (127 if mode == "int8" else 7) + 0.5
-  return np.max(np.abs(np.asarray(kernel, np.float32)), axis=0) / (2 * top)

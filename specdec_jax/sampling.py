@@ -150,18 +150,11 @@ def _last_positive(x: Array) -> Array:
 def sample_any(key: Array, probs: Array) -> Array:
   """Sample from an arbitrary (unnormalized, nonnegative) distribution.
 
-  probs [..., V] -> [...] int32. Inverse CDF with one uniform per row,
-  u ~ U[0, total): the token is the first whose cumulative mass exceeds u (one
-  random number per row instead of V Gumbels). The CDF is taken in two levels,
-  over blocks of ``_block_size(V)`` tokens and then within the block u falls
-  in, which avoids one full-length cumulative sum (a slow reduce-window on
-  some backends).
-
-  Token t is drawn with probability probs[t] / sum(probs) up to float
-  rounding. A zero-probability token (or block) is never drawn: the search
-  skips zero entries, and where rounding leaves u past the last boundary the
-  last positive entry is taken.
-  """
+    probs [..., V] -> [...] int32: inverse CDF with one uniform per row, u ~
+    U[0, total), the CDF taken over blocks of ``_block_size(V)`` tokens and then
+    within the block u falls in (no full-length cumulative sum). Token t is
+    drawn with probability probs[t] / sum(probs) up to float rounding; a zero
+    entry is never drawn (past the last boundary, the last positive entry)."""
   return inverse_cdf(probs, jax.random.uniform(key, probs.shape[:-1]))
 
 

@@ -1,48 +1,25 @@
-"""Paths and bytes, local or in Cloud Storage: one place that every reader of
-checkpoints, vocabularies, data files, shortlists, bridges and workdirs goes
-through.
+"""Paths and bytes, local or in Cloud Storage: the one place every reader of
+checkpoints, vocabularies, data, shortlists, bridges and workdirs goes through.
 
-A path is local (a file system path) or ``gs://bucket/key``. Local paths use
-the file system; ``gs://`` paths use TensorStore's ``gcs`` key-value store
-(no TensorFlow, no Google Cloud SDK). Object stores have no directories: a
-``gs://`` "directory" is the prefix ``key/`` of the objects under it.
+``gs://bucket/key`` paths use TensorStore's ``gcs`` key-value store (no
+TensorFlow, no Cloud SDK); a "directory" is the prefix ``key/``. For them:
 
-Contracts for ``gs://``:
+* every request retries transient failures at most ``RETRIES['max_retries']``
+  times and every call returns or raises within ``TIMEOUT_S`` seconds
+  (TensorStore arrays opened with ``kvstore_spec(path)`` and ``context()`` get
+  the same bound);
+* a failure is a one-line ``StorageError`` (an ``OSError``) naming the path and
+  what is missing: ``StorageNotFoundError`` (object or bucket),
+  ``StorageUnreachableError`` (the endpoint), ``StorageAccessError``;
+* ``STORAGE_EMULATOR_HOST`` points every reader at an emulator
+  (``configure_emulator``);
+* inside ``cached_listings()`` each prefix is listed once and later questions
+  about paths below it are answered from that listing.
 
-* Every request retries transient failures at most ``RETRIES['max_retries']``
-  times, with backoff from ``initial_delay`` up to ``max_delay``, and every
-  call of this module returns or raises within ``TIMEOUT_S`` seconds: an
-  unreachable endpoint fails in a few seconds, never hangs. TensorStore arrays
-  opened elsewhere get the same retry bound by opening ``kvstore_spec(path)``
-  with ``context=context()``.
-* Failures raise a ``StorageError`` (an ``OSError``) whose message is one line
-  naming the ``gs://`` path and what is missing: the object
-  (``StorageNotFoundError``, also a ``FileNotFoundError``), the bucket (the
-  same type, saying so), the endpoint (``StorageUnreachableError``, also a
-  ``ConnectionError``, naming the endpoint and whether credentials were
-  found) or the permission (``StorageAccessError``, also a
-  ``PermissionError``).
-* The standard ``STORAGE_EMULATOR_HOST`` (``host:port`` or a URL, as the
-  Google Cloud client libraries read it) points every reader at an emulator:
-  ``configure_emulator`` derives TensorStore's ``TENSORSTORE_GCS_HTTP_URL``
-  and ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` (which skips real credentials) from
-  it where they are unset, and every function here calls it before touching
-  ``gs://``.
-
-Listings: inside ``cached_listings()`` each ``gs://`` prefix is listed once,
-and every later question about a path below it (``listdir``, ``is_dir``,
-``exists``, ``is_file``) is answered from that listing: a checkpoint load
-asks many such questions of one directory, and a listing is recursive (it
-costs as much as the number of objects below the prefix).
-
-Writes: ``write_bytes`` replaces a whole file or object at once (a local file
-through a temporary file and a rename), so a reader never sees half a write.
-``read_versioned`` and ``write_if`` read an object with its generation and
-write it only if that generation is unchanged (Cloud Storage's
-``ifGenerationMatch``): a compare-and-swap, with which a workdir's writer
-hold is created only where none exists and results are never replaced by a
-writer that read an older version.
-"""
+``write_bytes`` replaces a whole file or object at once, so a reader never
+sees half a write; ``read_versioned`` and ``write_if`` are a compare-and-swap
+on an object's generation (``ifGenerationMatch``), with which workdir holds and
+results are written."""
 
 from __future__ import annotations
 
@@ -368,16 +345,11 @@ def _cached_object(path: str) -> Optional[bool]:
 
 @contextlib.contextmanager
 def cached_listings() -> Iterator[None]:
-  """Inside the block each ``gs://`` prefix is listed at most once.
-
-  ``listdir``, ``is_dir``, ``exists`` and ``is_file`` of a path at or below a
-  prefix already listed are answered from that listing, without a request.
-  The listing is a snapshot: objects written or removed inside the block
-  after it was taken are not seen, so use it around reads of a directory
-  that does not change (a checkpoint load). Nested blocks share the outer
-  block's listings; each thread (or asyncio task) has its own. Local paths
-  are unaffected.
-  """
+  """Inside the block each ``gs://`` prefix is listed at most once, and
+    ``listdir``, ``is_dir``, ``exists`` and ``is_file`` below it are answered
+    from that snapshot: use it around reads of a directory that does not change
+    (a checkpoint load). Nested blocks share the outer listings; each thread or
+    asyncio task has its own."""
   if _listings.get() is not None:
     yield
     return

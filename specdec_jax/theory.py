@@ -294,20 +294,13 @@ def best_gamma_measured(alpha: float, c: Mapping[int, float], v: Mapping[int, fl
                         ) -> tuple[int, dict[int, float]]:
   """γ maximizing the v-generalized Theorem 3.8 over measured per-γ costs (§3.5).
 
-  ``c[γ]`` (draft cost per token / target step) and ``v[γ]`` (one target pass
-  over γ + 1 tokens / target step) are measured for each candidate γ, since on
-  real hardware neither is constant in γ. Returns (γ, {γ: predicted
-  improvement}). Ties within ``_TIE_RTOL`` go to the smaller γ (fewer wasted
-  operations, Theorem 3.11). Unlike ``optimal_gamma`` this never returns 0:
-  the caller asked for speculation, and the curve says how much it helps.
-
-  With standard errors of the measurements (``alpha_se``; ``c_se``/``v_se`` per
-  γ) the choice is the smallest γ whose predicted improvement is within one
-  standard error of the difference to the argmax's (the one-standard-error
-  rule; ``prediction_gap_se``): where the curve is flat within what α and the
-  timings can tell apart, a shorter γ wastes fewer operations (Theorem 3.11)
-  and is less exposed to an overestimated α, whose error grows with γ.
-  """
+    ``c[γ]`` and ``v[γ]`` are measured per candidate γ (neither is constant in
+    γ on real hardware). Returns (γ, {γ: predicted improvement}); never 0 (the
+    caller asked for speculation); ties within ``_TIE_RTOL`` go to the smaller
+    γ (Theorem 3.11). With standard errors (``alpha_se``; ``c_se``/``v_se`` per
+    γ) the choice is the smallest γ within one standard error of its gap to the
+    argmax (``prediction_gap_se``): a shorter γ wastes fewer operations and is
+    less exposed to an overestimated α."""
   choice = gamma_curve(alpha, c, v, alpha_se, c_se, v_se)
   return choice.gamma, choice.curve
 

@@ -1,21 +1,12 @@
-"""Wall-clock measurement: medians, compile excluded, ``block_until_ready``.
-
-Also the cost coefficients the theory needs, measured with jitted pieces of
-the same computation the decoding loops run:
+"""Wall-clock measurement: medians, compile excluded, ``block_until_ready``;
+and the cost coefficients the theory needs, measured with jitted pieces of
+the computation the loops run:
 
   c = (draft time per proposed token) / (one-token target step)   (Def. 3.7)
   v = (target pass over γ+1 tokens) / (one-token target step)
-  interplay = (the two timed as a round runs them, alternating) / (γ c + v)
+  interplay = (the two timed alternating, as a round runs them) / (γ c + v)
 
-Timed apart, each model keeps its own weights in the caches from one call to
-the next; in a round the draft's steps may evict part of the target's and
-vice versa, so the in-context costs c·interplay and v·interplay are what a
-round pays.
-
-The paper's Theorem 3.8 assumes v = 1 (§3.3: γ+1 concurrent evaluations of
-M_p at no extra walltime); where compute is scarce (a CPU, a large batch) it
-is not, and ``theory.walltime_improvement`` takes v.
-"""
+Theorem 3.8 assumes v = 1 (§3.3); ``theory.walltime_improvement`` takes v."""
 
 from __future__ import annotations
 
@@ -47,19 +38,6 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
   t0 = time.perf_counter()
   out = block(fn())
   return out, time.perf_counter() - t0
-
-
-def time_call(fn: Callable[[], Any], repeats: int = 10, warmup: int = 1) -> list[float]:
-  """Seconds per call of ``fn()`` (each call blocked until ready); compile
-  happens in the warm-up calls, which are not timed."""
-  for _ in range(warmup):
-    block(fn())
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    block(fn())
-    times.append(time.perf_counter() - t0)
-  return times
 
 
 def median(xs: list[float]) -> float:
@@ -214,18 +192,12 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
                        cache_len: int | None = None, position: int = 16, repeats: int = 15,
                        inner: int = 16, partitioner: Optional[Partitioner] = None
                        ) -> dict[int, RoundCost]:
-  """``measure_costs`` for several γ in ONE interleaved measurement: one
-  target-step piece shared by all, and each γ's verify and draft pieces, timed
-  round-robin in every repeat. Machine drift then hits every γ alike, so
-  v(γ) and c(γ) are comparable across γ (timed in separate calls, drift can
-  exceed the differences ``gamma='auto'`` chooses between). ``cache_len``
-  (default: position + the largest γ + 3) is shared by every piece. Returns
-  {γ: ``theory.RoundCost``} with c, v, the step's milliseconds, the interplay
-  (the round timed whole over γ c + v timed apart: > 1 where the models slow
-  each other down, e.g. by evicting each other's weights from a shared cache)
-  and the standard errors of c, v and the round (``median_se`` of the
-  per-repeat ratios to the step).
-  """
+  """``measure_costs`` for several γ in ONE interleaved measurement (one shared
+    target-step piece, each γ's verify and draft pieces, round-robin in every
+    repeat), so machine drift hits every γ alike. ``cache_len`` (default:
+    position + the largest γ + 3) is shared. -> {γ: ``theory.RoundCost``} with
+    c, v, the step's milliseconds, the interplay and the standard errors
+    (``median_se`` of the per-repeat ratios to the step)."""
   gammas = sorted(set(int(g) for g in gammas))
   if not gammas or gammas[0] < 1:
     raise ValueError(f"gammas must be >= 1, got {gammas}")
@@ -283,16 +255,12 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
 def warm_up_widths(run: Callable[[Array], Any], batches: Iterable[Array],
                    widths: Sequence[int]) -> set[int]:
   """Runs an adaptive ``speculative_decode`` (``run(x)``) untimed over ``batches``
-  until every compiled verification width has run once; returns the widths seen.
+    until every compiled verification width has run once; returns the widths seen.
 
-  Why: some backends (XLA:CPU) generate a ``lax.switch`` branch's code the
-  first time that branch runs, not at compile time, so a warm-up on one
-  example can leave that cost inside the timings. Widths are read from each row's
-  ``gamma_hist`` (the smallest compiled width covering the row's count): exact
-  at batch 1, a lower bound on what ran otherwise, so this may warm up longer
-  than needed but never stops early. A width no batch reaches never runs in
-  the timed loop either.
-  """
+    XLA:CPU generates a ``lax.switch`` branch's code the first time it runs, so
+    a one-example warm-up can leave that cost in the timings. Widths are read
+    from ``gamma_hist`` (exact at batch 1, a lower bound otherwise: this may
+    warm up longer than needed, never too short)."""
   ws = sorted(widths)
   seen: set[int] = set()
   for x in batches:

@@ -1,24 +1,13 @@
-"""One training loop for T5 models: plain teacher-forced training and draft
-distillation (``specdec_jax.distill``) both run through ``fit``.
-
-Pieces:
-
-* length-bucketed batching of (input ids, target ids) pairs to a fixed token
-  budget per step (few distinct shapes: few XLA compiles on CPU);
-* optimizers: T5X's recipe (Adafactor with factored second moments and
-  parameter-scale-relative steps, the optimizer T5's unscaled attention was
-  designed for) and AdamW, each with warmup + cosine decay;
-* ``fit``: jitted steps of any ``loss_fn(params, batch) -> (loss, aux)`` (or
-  ``loss_fn(params, batch, frozen)`` with frozen weights such as a distillation
-  target, passed as a jit argument), resumable from orbax checkpoints (same data
-  order after a restart), a wall-clock cap, and a JSONL loss log; on a device
-  mesh, data-parallel (batches split over 'data', params replicated).
-"""
+"""One training loop for T5 models: teacher-forced training and draft
+distillation (``specdec_jax.distill``) both run through ``fit``: length-bucketed
+batches to a token budget (few shapes, few compiles), T5X's Adafactor or
+AdamW with warmup + cosine decay, jitted steps of any ``loss_fn(params,
+batch[, frozen])``, orbax checkpoints (same data order after a restart), a
+wall-clock cap, a JSONL loss log, data-parallel on a mesh."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import time
@@ -337,27 +326,19 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
         frozen: Any = None, partitioner: Optional[Partitioner] = None) -> FitResult:
   """Train ``params`` to ``opt_cfg.total_steps`` steps of ``loss_fn``.
 
-  loss_fn(params, batch) -> (scalar loss, dict of scalar metrics), or
-  loss_fn(params, batch, frozen) when ``frozen`` (a pytree of weights read but
-  not trained, e.g. a distillation target's) is given; it is jitted with the
-  optimizer update (``make_train_step``: params and optimizer state donated,
-  ``frozen`` passed as an argument). ``fit`` adds
-  ``batch['step_key']``, a PRNG key from ``seed`` and the step number (dropout,
-  on-policy sampling), so a resumed run draws the same randomness.
-  make_stream(start_step) yields batches from that step on (deterministic, so a
-  resumed run sees the same data). A restart resumes from the newest orbax
-  checkpoint under ``run_dir/ckpt``; ``max_minutes`` stops early (and saves).
-  evaluate(params) -> metrics is logged every ``eval_every`` steps and at the end.
-  ``optimizer`` replaces ``make_optimizer(opt_cfg)`` (``opt_cfg.total_steps``
-  still sets the length).
+    loss_fn(params, batch[, frozen]) -> (scalar loss, dict of scalar metrics)
+    is jitted with the optimizer update (``make_train_step``); ``frozen`` (e.g.
+    a distillation target's weights) is passed as an argument, never trained.
+    ``batch['step_key']`` is a PRNG key from ``seed`` and the step, and
+    make_stream(start_step) yields the batches from that step on, so a resumed
+    run (from the newest orbax checkpoint under ``run_dir/ckpt``) draws the
+    same data and randomness. ``max_minutes`` stops early (and saves);
+    evaluate(params) is logged every ``eval_every`` steps and at the end;
+    ``optimizer`` replaces ``make_optimizer(opt_cfg)``.
 
-  ``partitioner``: data-parallel training on its mesh. params and optimizer
-  state are replicated, each batch is split over the 'data' axis (its rows
-  must divide by that axis: ``batch_rows``), and ``frozen`` keeps its own
-  placement. Orbax writes the checkpoints (once, across processes); only
-  process 0 writes the loss log. Without one, everything stays on the default
-  device, as on a single machine.
-  """
+    ``partitioner``: data-parallel on its mesh (params and optimizer state
+    replicated, each batch split over 'data', ``batch_rows``); process 0 writes
+    the loss log."""
   run_dir = os.path.abspath(run_dir)
   primary = jax.process_index() == 0
   os.makedirs(run_dir, exist_ok=True)
@@ -406,17 +387,3 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
       break
   mngr.close()
   return FitResult(params, log, step, round(elapsed_before + time.time() - t0, 1))
-
-
-def mean_ce(model: T5Model, batches: Sequence[Batch]) -> Callable[[Any], float]:
-  """evaluate-style closure: token-weighted mean cross-entropy over fixed batches."""
-  sums = jax.jit(functools.partial(token_ce_sums, model))  # no dropout rng: deterministic
-
-  def evaluate(params) -> float:
-    total, count = 0.0, 0.0
-    for b in batches:
-      s, n = sums(params, b["inputs"], b["targets"])
-      total += float(s)
-      count += float(n)
-    return total / max(count, 1.0)
-  return evaluate

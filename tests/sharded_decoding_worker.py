@@ -37,8 +37,8 @@ TARGET = T5Config(vocab_size=64, d_model=32, num_heads=8, head_dim=4, num_encode
 DRAFT = TARGET.replace(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
                        num_decoder_layers=1)
 MESHES = [None, (1, 8), (2, 4), (8, 1)]
-SAMPLINGS = {"t0": SamplingConfig(0.0), "t1": SamplingConfig(1.0),
-             "t1_topp": SamplingConfig(1.0, topp=0.9)}
+# T = 1 with top-p: the sampling path, its sort and its mask, under each layout.
+SAMPLINGS = {"t0": SamplingConfig(0.0), "t1_topp": SamplingConfig(1.0, topp=0.9)}
 BATCH, MAX_LEN, GAMMA = 8, 16, 3
 
 
@@ -61,8 +61,8 @@ def main(out_dir: str) -> None:
     part = partitioning.from_settings(mesh)
     dpart = partitioning.from_settings(mesh, partitioning.DATA_PARALLEL_RULES,
                                        mesh=part.mesh if part else None)
-    tp = part.shard_params(tparams) if part else tparams
-    dp = dpart.shard_params(dparams) if dpart else dparams
+    tp = jax.device_put(tparams, part.param_shardings(tparams)) if part else tparams
+    dp = jax.device_put(dparams, dpart.param_shardings(dparams)) if dpart else dparams
     x = part.shard_batch(inputs) if part else jnp.asarray(inputs)
     draft = T5Draft(dp, draft_model, dpart)
     name = "single" if mesh is None else f"{mesh[0]}x{mesh[1]}"

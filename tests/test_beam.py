@@ -176,6 +176,33 @@ def test_speculative_beam_search_equals_beam_search(pair, w, u, gamma, alpha):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["t5", "lookup"])
+def test_chain_drafts_equal_beam_search(kind):
+  """A draft that cannot run beam search proposes each live beam's greedy
+  chain: beam search's beams and scores all the same. The target as a T5
+  draft (its cache rows follow their beams) covers some rounds' steps, so
+  several steps are taken from one pass; prompt lookup has no state."""
+  from specdec_jax.drafts import PromptLookupDraft, T5Draft  # pylint: disable=g-import-not-at-top
+  (target, t_params), _ = _models("1.1")
+  draft = (T5Draft(params=t_params, model=target) if kind == "t5"
+           else PromptLookupDraft(vocab_size=target.config.vocab_size))
+  inputs, w, gamma = jnp.asarray(INPUTS), 2, 2
+  want = beam.beam_search(target, t_params, inputs, beam_size=w, alpha=0.6, max_decode_len=M,
+                          eos_id=EOS)
+  got, stats = beam.speculative_beam_search(target, t_params, draft, None, inputs, beam_size=w,
+                                            gamma=gamma, alpha=0.6, max_decode_len=M, eos_id=EOS)
+  np.testing.assert_array_equal(np.asarray(got.sequences), np.asarray(want.sequences))
+  np.testing.assert_allclose(np.asarray(got.scores), np.asarray(want.scores), rtol=1e-5,
+                             atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(stats.steps), np.asarray(want.steps))
+  hist = np.asarray(stats.steps_per_round)
+  np.testing.assert_array_equal((hist * np.arange(gamma + 2)).sum(1), np.asarray(stats.steps))
+  if kind == "t5":
+    assert hist[:, 2:].sum() > 0 and np.all(np.asarray(stats.rounds) <= np.asarray(want.steps))
+    assert np.any(np.asarray(stats.rounds) < np.asarray(want.steps))
+
+
+@pytest.mark.slow
 def test_self_draft_accepts_every_step(pair):
   """The target as its own draft at u = w: its beams are the target's, so every
   round takes γ + 1 steps (but the last, cut by the stop)."""
@@ -196,6 +223,11 @@ def test_bad_settings_are_refused(pair):
                                  draft_beam_size=2, gamma=2, max_decode_len=M)
   with pytest.raises(ValueError, match="alpha"):
     beam.beam_search(target, t_params, x, beam_size=2, alpha=-1.0, max_decode_len=M)
+  from specdec_jax.drafts import T5Draft  # pylint: disable=g-import-not-at-top
+  featured = T5Draft(params=d_params, model=draft, feature={"kernel": jnp.zeros((32, 32))})
+  with pytest.raises(ValueError, match="reads the target's decoder states"):
+    beam.speculative_beam_search(target, t_params, featured, None, x, beam_size=2, gamma=2,
+                                 max_decode_len=M)
 
 
 # ------------------------------------------------------------------- the runner
@@ -211,6 +243,9 @@ def _beam_experiment(**kw):
 
 def test_beam_settings_are_checked():
   _beam_experiment().validate()
+  # Drafts that cannot run beam search propose greedy chains.
+  _beam_experiment(draft_name="prompt_lookup", draft_checkpoint="").validate()
+  _beam_experiment(draft_shortlist="checkpoints/demo/draft_shortlist.json").validate()
   assert _beam_experiment().draft_beam_width == 4
   assert _beam_experiment(draft_beam_size=8).draft_beam_width == 8
   for kw, message in [
@@ -219,9 +254,7 @@ def test_beam_settings_are_checked():
       (dict(draft_beam_size=2), r"^Experiment.draft_beam_size \(2\) must be >= "),
       (dict(beam_alpha=-0.5), r"^Experiment.beam_alpha must be >= 0"),
       (dict(tree="full:2,1"), r"cannot run with Experiment.tree="),
-      (dict(draft_shortlist="checkpoints/demo/draft_shortlist.json"),
-       r"cannot run with Experiment.draft_shortlist="),
-      (dict(draft_name="bigram", draft_checkpoint=""), r"needs draft_name='t5'")]:
+]:
     with pytest.raises(ValueError, match=message):
       _beam_experiment(**kw).validate()
 

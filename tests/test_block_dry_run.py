@@ -71,3 +71,4 @@ def test_a_block_tree_round_is_one_call_of_its_depth():
   rc = r.round_cost()
   assert rc.draft_calls == 1
   assert rc.c == pytest.approx(1e-4 * (1 + 0.1 * (2 * depth - 1)) / 1e-3, rel=1e-9)
+  assert "1 draft call and one" in "\n".join(dry_run_programs.prediction_lines(r))

@@ -209,15 +209,6 @@ def test_resolve_ts_spec_paths():
                             "path": "model/checkpoint_1/target.a"}
 
 
-def test_kvstore_helpers_on_local_files(t5x_dir):
-  """The gs:// code path (TensorStore kvstore), exercised with the file driver."""
-  model_dir = t5x_dir[0]
-  names = common.kv_listdir(model_dir)
-  assert "checkpoint_100" in names and "checkpoint_20" in names
-  assert common.kv_read(os.path.join(model_dir, "checkpoint_20", "checkpoint")) == b"\xc1garbage"
-  assert common.kv_read(os.path.join(model_dir, "checkpoint_20", "absent")) is None
-
-
 @needs_safetensors
 def test_hf_unknown_tensor(params, tmp_path):
   from safetensors.numpy import load_file, save_file

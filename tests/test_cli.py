@@ -76,6 +76,19 @@ def test_sampling_and_adaptive_settings_are_their_dataclasses_bound_by_gin():
     gin.clear_config()
 
 
+def test_a_table2_row_parses_from_another_directory_with_the_repository_on_sys_path(
+    tmp_path, monkeypatch):
+  """A row's ``include 'configs/...'`` is found in the repository, not looked
+  up as a package's file under the namespace package ``configs``."""
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.syspath_prepend(str(REPO))
+  try:
+    exp = cli.parse_config(["configs/table2_t5_1_0/t5_1_0_ende_base_t0.gin"], [])
+    assert exp.gamma == 7 and exp.target_checkpoint.startswith("gs://")
+  finally:
+    gin.clear_config()
+
+
 @pytest.fixture
 def no_loading(monkeypatch):
   """Fails the test if the runner reads any data or weight."""

@@ -4,10 +4,12 @@ and resume, and that distilling measurably raises α over the undistilled draft.
 from __future__ import annotations
 
 import os
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 import pytest
 
 from specdec_jax import distill, training
@@ -262,7 +264,8 @@ def test_grow_layers_preserves_the_function_and_trains(tiny_draft):
 def test_script_has_a_flag_for_each_pair_setting_it_takes():
   """scripts/distill_draft.py: every pair setting (``PairSettings``) is a flag
   of its name, typed from its annotation, but those distillation holds fixed
-  and NO_FLAG's; each flag reaches the DistillJob field of its name."""
+  and NO_FLAG's; each flag reaches the DistillJob field of its name, and each
+  has one sentence of help from the docstring of the class declaring it."""
   import dataclasses
   import importlib.util
   from pathlib import Path
@@ -275,10 +278,13 @@ def test_script_has_a_flag_for_each_pair_setting_it_takes():
   flags = {a.dest for a in script.parser()._actions}
   pair = {f.name for f in dataclasses.fields(PairSettings)}
   assert pair - flags == set(distill.FIXED_PAIR_SETTINGS) | set(script.NO_FLAG)
+  for a in script.parser()._actions:
+    if a.dest in flags & {f.name for f in dataclasses.fields(distill.DistillJob)}:
+      assert re.fullmatch(rf"DistillJob\.{a.dest}: [^ ].*\.", a.help), (a.dest, a.help)
   args = script_args.parse(script.parser(), [
       "--target_checkpoint=t", "--draft_checkpoint=d", "--output_dir=o", "--workdir=w",
       "--min_rows=2", "--mesh_shape=1,2", "--vocab_extra_ids=3", "--draft_preset=t5_1_1_small"])
-  job = script._job(args)
+  job = script_args.dataclass_from_flags(distill.DistillJob, args)
   assert (job.target_checkpoint, job.draft_checkpoint, job.min_rows, job.mesh_shape,
           job.vocab_extra_ids, job.draft_preset, job.dtype) == (
               "t", "d", 2, (1, 2), 3, "t5_1_1_small", "float32")

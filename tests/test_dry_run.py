@@ -440,6 +440,26 @@ def test_a_tree_run_prices_its_own_pass(paths):
   assert f"predicted {want:.2f}x" in text and "tokens per round" in text
 
 
+@pytest.mark.slow
+def test_a_dynamic_tree_run_compiles_and_is_priced(paths):
+  """Experiment.tree = 'dynamic:...': the draft's per-round proposal and the
+  tree's pass with its parents as data compile; the prediction prices the
+  static tree of the same node count and depth that accepts the most at the
+  rates (``priced_tree``, an assumption the report names)."""
+  r = dry_run_programs.dry_run(experiment(paths, tree="dynamic:2,2"), TOPOLOGY,
+                               programs=("draft",), workers=1)
+  for p in r.programs:
+    assert not p.error, p.error
+  rl, rates = r.roofline, scaled_rank_rates(0.75, DEMO_RANK_PROFILE)
+  assert sorted(rl.target) == [1, 5]
+  best = TreeShape.from_acceptance(rates, 5, 2)
+  round_s = 2 * rl.draft.seconds(r.chip) + rl.target[5].seconds(r.chip)
+  want = best.expected_tokens(rates) * rl.target[1].seconds(r.chip) / round_s
+  assert r.predicted() == pytest.approx(want, rel=1e-9)
+  text = driver.format_report(r)
+  assert "target tree pass, N=5" in text and "chosen per round, priced as the best static" in text
+
+
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_quantized_draft_compiles_and_reads_fewer_bytes(paths, runs, mode):
   """Experiment.draft_quantization: the speculative loop and the draft compile

@@ -1,14 +1,14 @@
 """``T5Config.fixed_positions``: every cached decode call scores R positions,
 so a position's logits do not depend on how many positions the call scores.
 
-* the one-token step and a k-position pass (``decode`` and ``decode_rows``,
+* the one-token step and a k-position pass (``decode`` and ``decode(write=False)``,
   k = 2..R) give BIT-equal logits at every position, float32 and bfloat16,
   batch 1 and 3; without the setting they differ on this CPU (so the
   assertion can fail);
 * T = 0 speculative decoding in bfloat16 on a random model with near-ties
   (no sharpened output layer) reproduces the baseline token for token, in a
   case where the loop without the setting does not (the adaptive loop's
-  ``decode_rows`` there attends over two blocks, one softmax in another order).
+  ``decode(write=False)`` there attends over two blocks, one softmax in another order).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _decode(model, params, tokens, positions, cache):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _decode_rows(model, params, tokens, positions, cache):
-  return model.decode_rows(params, tokens, positions, cache)[0]
+  return model.decode(params, tokens, positions, cache, write=False)[0]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))

@@ -10,7 +10,7 @@ path of ``models.t5``, in Pallas interpret mode on the CPU.
   bfloat16 to ``BF16_ATOL``;
 * one position and k positions: a (γ+1)-position pass and γ+1 one-position
   steps give bit-for-bit equal logits and caches (float32 and bfloat16);
-* what falls back (teacher forcing, ``decode_rows``, trees) equals the XLA
+* what falls back (teacher forcing, ``decode(write=False)``, trees) equals the XLA
   path bit for bit, and quantized kernels are refused;
 * speculative decoding at T = 0 with the kernels on for target and draft
   equals the baseline token for token (bfloat16);
@@ -263,13 +263,13 @@ def test_one_position_equals_k_positions_bitwise(dtype):
 
 @pytest.mark.slow
 def test_uncovered_calls_fall_back_to_xla_and_quantized_is_refused():
-  """Teacher forcing, ``decode_rows`` (write=False) and a tree pass with
+  """Teacher forcing, ``decode(write=False)`` and a tree pass with
   decode_kernel='pallas' are the XLA path's results bit for bit; k > 16 too;
   quantized kernels are refused with a clear error."""
   xla, pallas, params, cache = _setup()
   dec_in = TOKENS[:, :4]
   for run in (lambda m: m(params, INPUTS, dec_in),
-              lambda m: m.decode_rows(params, dec_in, POS1.at[1, 3].set(3), cache)[0],
+              lambda m: m.decode(params, dec_in, POS1.at[1, 3].set(3), cache, write=False)[0],
               lambda m: m.decode_tree(params, dec_in[:, :3], jnp.array([2, 3, 1], jnp.int32),
                                       TreeShape.parse("full:2"), cache)[0]):
     np.testing.assert_array_equal(np.asarray(run(pallas)), np.asarray(run(xla)))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import pathlib
@@ -107,10 +106,8 @@ def test_replicate_fallback_counts_the_whole_dimension():
 
 
 def _load_script():
-  spec = importlib.util.spec_from_file_location("plan_memory", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  from lab import plan_memory
+  return plan_memory
 
 
 def test_table2_settings_read_from_the_configs():
@@ -144,7 +141,8 @@ from specdec_jax.models.t5 import T5Config, T5Model, cast_params
 cfg = T5Config(**json.loads(sys.argv[1]))
 part = partitioning.from_settings((2, 4))
 model = T5Model(cfg)
-params = part.shard_params(cast_params(model.init(jax.random.PRNGKey(0)), "bfloat16"))
+params = cast_params(model.init(jax.random.PRNGKey(0)), "bfloat16")
+params = jax.device_put(params, part.param_shardings(params))
 inputs = part.shard_batch(jnp.ones((4, 16), jnp.int32))
 
 @jax.jit
@@ -165,7 +163,8 @@ print(json.dumps([on_device0(params), on_device0(caches(params, inputs)),
 def test_plan_equals_bytes_placed_on_a_real_mesh():
   """On 8 host devices, the runner's own placement holds what the plan says."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+             XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                        + " --xla_force_host_platform_device_count=8"))
   cfg = json.dumps(dataclasses.asdict(TARGET.replace(dtype="bfloat16")))
   out = subprocess.run([sys.executable, "-c", _REAL_PLACEMENT, cfg], capture_output=True,
                        text=True, env=env, timeout=300)

@@ -241,8 +241,8 @@ def test_negative_position_writes_nothing(tiny_target):
   np.testing.assert_allclose(after.self_k[0][0, n], ref.self_k[0][0, n], atol=1e-6)
 
 
-def test_decode_rows_then_write_rows_equals_decode(tiny_target):
-  """``decode_rows`` (cache only read: attention over the committed prefix and
+def test_decode_without_writing_then_write_rows_equals_decode(tiny_target):
+  """``decode(write=False)`` (cache only read: attention over the committed prefix and
   the new tokens as two key blocks) + ``write_rows`` == ``decode``, with rows
   at different positions and garbage in the cache past each row's prefix (a
   read-only pass must not see the stale rows that ``decode`` overwrites)."""
@@ -260,7 +260,7 @@ def test_decode_rows_then_write_rows_equals_decode(tiny_target):
   pos = _pos(starts, k)
   toks = jnp.stack([dec[0, 4:4 + k], dec[1, 6:6 + k]])
   ref_lg, ref_cache = _decode(model, params, toks, pos, cache)
-  rows_fn = jax.jit(model.decode_rows)
+  rows_fn = jax.jit(functools.partial(model.decode, write=False))
   lg, rows = rows_fn(params, toks, pos, cache)
   np.testing.assert_allclose(lg, ref_lg, atol=2e-5, rtol=1e-5)
   # Padding positions (-1) write nothing; the real rows land where decode put them.

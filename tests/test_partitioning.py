@@ -160,7 +160,7 @@ def sharded(tmp_path_factory):
 
 
 def test_sharded_outputs_are_token_for_token_the_single_device_ones(sharded):
-  """At T=0 and at T=1 (plain and top-p) with the same key: identical.
+  """At T=0 and at T=1 (with top-p) with the same key: identical.
 
   Identical even when sampling because jax_threefry_partitionable (the default)
   makes random bits a function of the key and the array's global index, not
@@ -170,7 +170,7 @@ def test_sharded_outputs_are_token_for_token_the_single_device_ones(sharded):
   assert report["devices"] == 8
   names = [k for k in tokens.files if not k.startswith("single/")]
   assert {k.split("/")[0] for k in names} == {"1x8", "2x4", "8x1"}
-  assert len(names) == 3 * (3 * 2 + 1)  # + a token tree at T = 0
+  assert len(names) == 3 * (2 * 2 + 1)  # + a token tree at T = 0
   for name in names:
     _, sampling, loop = name.split("/")
     ref = tokens[f"single/{sampling}/{loop}"]
@@ -181,7 +181,7 @@ def test_sharded_outputs_are_token_for_token_the_single_device_ones(sharded):
     np.testing.assert_array_equal(tokens[f"{mesh}/t0/speculative"], tokens[f"{mesh}/t0/baseline"])
     np.testing.assert_array_equal(tokens[f"{mesh}/t0/tree"], tokens[f"{mesh}/t0/baseline"])
   # Different keys and temperatures do give different samples (not a constant output).
-  assert not np.array_equal(tokens["single/t1/baseline"], tokens["single/t0/baseline"])
+  assert not np.array_equal(tokens["single/t1_topp/baseline"], tokens["single/t0/baseline"])
 
 
 def test_kernels_are_split_over_model_and_caches_over_heads(sharded):
@@ -222,7 +222,8 @@ def test_runner_on_a_mesh_gives_the_single_device_outputs(tmp_path):
     cmd = [sys.executable, "-m", "specdec_jax.run", "--config=configs/demo.gin",
            f"--workdir={tmp_path / name}"] + [f"--gin_bindings={b}" for b in bindings + extra]
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                          + f" --xla_force_host_platform_device_count={devices}"))
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     records[name] = [json.loads(l) for l in (tmp_path / name / "examples.jsonl").read_text()

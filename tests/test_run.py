@@ -982,7 +982,8 @@ def test_one_chip_of_a_multi_device_machine_runs_a_row(tmp_path):
   saying so in one line; a mesh larger than the machine is still refused, and
   so is a smaller one over several processes."""
   e = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
-           XLA_FLAGS="--xla_force_host_platform_device_count=4")
+           XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                      + " --xla_force_host_platform_device_count=4"))
   w = tmp_path / "one_chip"
   small = ["Experiment.num_warmup = 1", "Experiment.num_examples = 2",
            "Experiment.max_decode_len = 16", "Experiment.cost_repeats = 3",

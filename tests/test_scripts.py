@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import importlib.util
 import logging as std_logging
 import os
 import subprocess
@@ -143,10 +142,7 @@ def test_the_seqio_path_names_its_extra(monkeypatch):
 def test_plan_memory_prints_rows_for_a_draft_without_a_table2_row(capsys):
   """T5 1.0 11B with T5 1.0 small (no Table 2 row of its own): rows, planned
   with the γ of the small draft's rows, not an empty table."""
-  spec = importlib.util.spec_from_file_location("plan_memory", REPO / "scripts" /
-                                                "plan_memory.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
+  from lab import plan_memory as mod
   assert "t5_11b" in mod.TARGETS
   try:
     mod.main(["--targets=t5_11b", "--drafts=t5_small", "--batch_sizes=1",

@@ -51,7 +51,8 @@ def keeps_float32(name: str) -> bool:
 def report(tmp_path_factory):
   out = tmp_path_factory.mktemp("sharded_checkpoints")
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+             XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                        + " --xla_force_host_platform_device_count=8"))
   res = subprocess.run([sys.executable, str(WORKER), str(out)], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=600)
   assert res.returncode == 0, res.stderr[-4000:]

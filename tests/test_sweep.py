@@ -101,19 +101,27 @@ def test_several_drafts_share_one_baseline_in_one_sweep(tiny_target, tiny_draft)
   assert [l.split("|")[1].strip() for l in table.splitlines()[2:]] == ["t5", "lookup"]
 
 
-def test_bench_speculative_parses_its_drafts_flag():
-  from lab import sweep as mod
-  assert mod.parse_drafts("t5:ck/draft_small,t5:ck/draft_tiny/,prompt_lookup,lookup_t5:ck/x") == {
+def test_bench_speculative_compares_drafts_given_by_the_dataclass_flags():
+  """--drafts_<field>: DraftRow's fields as flags, one value per draft or one
+  for all; labels derived or given; a bad draft is one ValueError."""
+  from lab.sweep import DraftRow, draft_rows
+  from specdec_jax.scripting import script_args
+  mod = _bench_speculative()
+  rows = lambda *argv: draft_rows(script_args.dataclasses_from_flags(
+      DraftRow, mod.parser().parse_args(argv), prefix="drafts_"))
+  assert rows("--drafts_name=t5,t5,prompt_lookup,lookup_t5",
+              "--drafts_checkpoint=ck/draft_small,ck/draft_tiny/,,ck/x") == {
       "draft_small": ("t5", "ck/draft_small", ""), "draft_tiny": ("t5", "ck/draft_tiny/", ""),
       "prompt_lookup": ("prompt_lookup", "", ""), "lookup_t5:x": ("lookup_t5", "ck/x", "")}
-  assert mod.parse_drafts("old=t5:a/x,new=t5:b/x") == {"old": ("t5", "a/x", ""),
-                                                       "new": ("t5", "b/x", "")}
-  assert mod.parse_drafts("t5:a/x,t5:a/x@s.json") == {"x": ("t5", "a/x", ""),
-                                                       "x+shortlist": ("t5", "a/x", "s.json")}
-  for bad, msg in [("t5", "needs a checkpoint"), ("nope", "unknown draft 'nope'"),
-                   ("t5:a/x,t5:b/x", "both be labelled 'x'"), (",", "no draft")]:
+  assert rows("--drafts_name=t5", "--drafts_checkpoint=a/x,b/x", "--drafts_label=old,new") == {
+      "old": ("t5", "a/x", ""), "new": ("t5", "b/x", "")}
+  assert rows("--drafts_name=t5", "--drafts_checkpoint=a/x", "--drafts_shortlist=,s.json") == {
+      "x": ("t5", "a/x", ""), "x+shortlist": ("t5", "a/x", "s.json")}
+  for bad, msg in [(["--drafts_name=t5"], "needs a checkpoint"),
+                   (["--drafts_name=nope"], "unknown draft 'nope'"),
+                   (["--drafts_name=t5", "--drafts_checkpoint=a/x,b/x"], "both be labelled 'x'")]:
     with pytest.raises(ValueError, match=msg):
-      mod.parse_drafts(bad)
+      rows(*bad)
 
 
 def test_auto_that_chooses_plain_decoding_runs_the_baseline_as_its_row(tiny_target, tiny_draft,

@@ -65,11 +65,8 @@ def test_export_reloads(smoke_dir, name):
 
 
 def _script():
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("train_demo_models", SCRIPT)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  from lab import train_demo_models
+  return train_demo_models
 
 
 def test_continuing_without_the_vocabulary_is_an_error(tmp_path):

@@ -24,7 +24,9 @@ import numpy as np
 from specdec_jax import paper
 from specdec_jax.models.t5 import PRESETS, T5Config, T5Model, stored_dtype
 from specdec_jax.scripting import script_args
-from specdec_jax.timing import median, time_call
+from specdec_jax.timing import median
+
+from lab.common import machine_description, time_call
 
 # Table 2 (EnDe, T = 0, γ 7 in every row) and Table 4 of the paper: α of each
 # T5 1.1 draft beside T5-XXL, and the paper's c, its EXP (Theorem 3.8) and its
@@ -111,7 +113,7 @@ def machine_info() -> dict:
   """The device, the driver (nvidia-smi, where there is one) and versions."""
   d = jax.devices()[0]
   info = dict(device=d.device_kind, platform=d.platform, device_count=jax.device_count(),
-              jax=jax.__version__, host=script_args.machine_description())
+              jax=jax.__version__, host=machine_description())
   if shutil.which("nvidia-smi"):
     q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                         "--format=csv,noheader"], capture_output=True, text=True)

@@ -22,16 +22,17 @@ from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import PRESETS, T5Config, T5Model, count_params
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
-from specdec_jax.scripting.script_args import load_average, machine_description, markdown_header
+from specdec_jax.scripting.script_args import markdown_header
 
 from lab.bench.common import Bandwidth, decode_loop, random_params
+from lab.common import load_average, machine_description, time_call
 
 SIZES = {"small": "t5_1_1_small", "base": "t5_1_1_base"}
 
 
 def _median_time(fn, repeats: int) -> float:
-  """Median seconds of ``repeats`` calls of ``fn`` (``timing.time_call``, no warm-up)."""
-  return timing.median(timing.time_call(fn, repeats, warmup=0))
+  """Median seconds of ``repeats`` calls of ``fn`` (``lab.common.time_call``, no warm-up)."""
+  return timing.median(time_call(fn, repeats, warmup=0))
 
 
 def bench_one(size: str, dtype: str, steps: int, repeats: int, input_len: int,

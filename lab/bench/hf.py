@@ -41,9 +41,10 @@ from specdec_jax.models.t5 import T5Config, T5Model
 from specdec_jax.partitioning import flatten_names
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
-from specdec_jax.timing import interleaved_medians_ms, median, time_call, timed
+from specdec_jax.timing import interleaved_medians_ms, median, timed
 
 from lab.bench import vs_hf
+from lab.common import time_call
 from lab.bench.common import (PAPER_GAMMA, Sizes, describe, draft_seed, earlier,
                               emit, log, random_inputs, random_params, record)
 from lab.bench.exactness import demo_pair

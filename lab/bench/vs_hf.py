@@ -24,9 +24,10 @@ from specdec_jax.decoding import speculative_decode, temperature_sample
 from specdec_jax.drafts import T5Draft, feature_bridge
 from specdec_jax.drafts import shortlist as shortlist_lib
 from specdec_jax.models.t5 import T5Config, T5Model
-from specdec_jax.scripting import script_args
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.timing import block, timed
+
+from lab import common
 
 METHODS = ("hf_greedy", "hf_assisted", "hf_default", "hf_asis", "ours_base", "ours_spec")
 LABELS = {
@@ -437,12 +438,12 @@ def summary_lines(settings: Sequence[Setting]) -> list[str]:
 
 
 def machine_line() -> str:
-  """The machine (``script_args.machine_description``), its load, and the
+  """The machine (``common.machine_description``), its load, and the
   versions of torch and transformers."""
   import torch
   import transformers
   from transformers.utils import is_sklearn_available
-  return (f"{script_args.machine_description()}; load average {script_args.load_average()}; "
+  return (f"{common.machine_description()}; load average {common.load_average()}; "
           f"torch {torch.__version__} (threads={torch.get_num_threads()}), transformers "
           f"{transformers.__version__} (scikit-learn "
           f"{'present' if is_sklearn_available() else 'absent'}: the assistant confidence "

@@ -1,42 +1,20 @@
-"""Loading and saving T5 parameters in four on-disk formats, straight into
-(sharded) device memory.
+"""Loading and saving T5 parameters in four on-disk formats, from local paths
+or ``gs://`` (``specdec_jax.storage``), straight into (sharded) device memory.
 
-Every format is read from local paths and from ``gs://`` (through
-``specdec_jax.storage``: bounded retries, one-line errors; orbax layouts in
-Cloud Storage are read by TensorStore directly, ``orbax_ts.py``).
+* ``specdec``: our own, ``config.json`` (the ``T5Config``) and ``params/`` (an
+  orbax PyTree). ``specdec.py``.
+* ``t5x``: T5X's legacy layout, ``checkpoint_<step>/checkpoint`` (msgpack, its
+  leaves inline arrays or TensorStore zarr specs), or the same in
+  ``checkpoint_<step>/state/`` without orbax ``_METADATA``. ``t5x_legacy.py``.
+* ``t5x_orbax``: ``checkpoint_<step>/state/`` written by orbax (OCDBT); only
+  the parameters are restored. ``t5x_orbax.py``.
+* ``hf``: a Hugging Face T5 directory (safetensors, or locally
+  ``pytorch_model.bin``, possibly sharded); also ``export_hf``. ``hf.py``.
 
-* ``specdec``: our own format, a directory holding ``config.json`` (the
-  ``T5Config`` fields) and ``params/`` (an orbax-checkpoint PyTree, possibly
-  stored in bfloat16). ``specdec.py``.
-* ``t5x``: T5X's legacy layout, ``checkpoint_<step>/checkpoint`` (msgpack)
-  whose leaves are inline arrays or TensorStore zarr specs relative to the
-  step directory; or the same msgpack and arrays in ``checkpoint_<step>/state/``
-  with no orbax ``_METADATA`` beside them (T5X's own restore takes that for
-  its format too). ``t5x_legacy.py``.
-* ``t5x_orbax``: T5X's newer layout, ``checkpoint_<step>/state/`` written by
-  orbax-checkpoint (OCDBT, with ``_METADATA``); only the parameter subtree is
-  restored. ``t5x_orbax.py``.
-* ``hf``: a Hugging Face T5 directory (``config.json`` plus ``model.safetensors``
-  or, local only, ``pytorch_model.bin``, optionally sharded with an index file); also
-  ``export_hf``. ``hf.py``.
-
-Every loader first collects the names and shapes of the stored arrays
-(without reading them) and checks them against ``param_shapes(config)``.
-Only then is each array read directly into its sharding
-(``Partitioner.param_sharding``; one local device without a partitioner) and
-dtype (``stored_dtype``: kernels and the embedding in ``param_dtype``, norm
-scales and relative-position tables float32), once however many devices
-replicate it; TensorStore arrays (T5X, and orbax layouts from ``gs://``) have
-each chunk read once per host and cut into the local devices' slices in host
-memory (``placement.py``). Arrays are placed one at a time from local
-files and ``placement.IN_FLIGHT`` at a time from ``gs://``; the host holds
-about one array per array in flight, so a 44 GB T5-XXL loads on a host with
-far less memory; in a multi-host job each host reads only the chunks its own
-devices hold. A ``gs://`` checkpoint directory is listed once per load
-(``storage.cached_listings``). Local orbax checkpoints are restored by orbax
-with the same shardings and dtypes as targets: it reads each device's shard
-itself and schedules its own reads.
-"""
+Every loader checks the stored names and shapes against
+``param_shapes(config)`` before reading anything, then reads each array once
+into its sharding and dtype (``placement.py``: a host holds about one array
+per array in flight, so a 44 GB T5-XXL loads on a host with far less memory)."""
 
 from __future__ import annotations
 

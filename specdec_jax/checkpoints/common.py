@@ -78,33 +78,6 @@ def kvstore_spec(path: str) -> dict:
   return storage.kvstore_spec(path)
 
 
-def kv_open(path: str) -> "tensorstore.KvStore":  # noqa: F821 (imported lazily)
-  import tensorstore as ts  # only needed for TensorStore-backed formats
-  spec = kvstore_spec(path)
-  if spec["path"] and not spec["path"].endswith("/"):
-    spec["path"] += "/"
-  return ts.KvStore.open(spec, context=storage.context()).result()
-
-
-def kv_listdir(path: str) -> list[str]:
-  """Immediate children of a directory through a kvstore (the gs:// code path,
-  also usable on local paths).
-
-  Object stores have no directories, so this lists keys recursively and keeps
-  their first component: a model directory with many zarr checkpoints lists
-  every chunk, so pass a checkpoint_<step> directory to keep this short.
-  """
-  keys = kv_open(path).list().result()
-  return sorted({k.decode().split("/", 1)[0] for k in keys})
-
-
-def kv_read(path: str) -> Optional[bytes]:
-  """A whole object's bytes, or None if it does not exist."""
-  parent, _, name = path.rstrip("/").rpartition("/")
-  result = kv_open(parent).read(name).result()
-  return bytes(result.value) if result.state == "value" else None
-
-
 def listdir(path: str) -> list[str]:
   if not is_gcs(path):
     return sorted(os.listdir(path))

@@ -1,26 +1,12 @@
-"""Orbax PyTree checkpoints read with TensorStore alone: how checkpoints in our
-own format and T5X's orbax layout are read from ``gs://``.
+"""Orbax PyTree checkpoints (ours, T5X's orbax layout) read from ``gs://`` with
+TensorStore alone, under ``specdec_jax.storage``'s retry bound and error
+lines (orbax's own ``gs://`` path goes through TensorFlow or gcsfs).
 
-Orbax reaches files through ``etils.epath``, whose ``gs://`` backend is
-TensorFlow's file system when TensorFlow is installed and ``gcsfs`` otherwise;
-neither belongs on the decoding path, and neither shares
-``specdec_jax.storage``'s retry bound and error lines. The arrays themselves
-are TensorStore arrays in either case, so this module reads the layout orbax
-writes directly:
-
-* ``_METADATA`` (JSON): the tree, one entry per leaf with its key path, and
-  whether the arrays are zarr or zarr3 and in an OCDBT database;
-* each array: a zarr (or zarr3) array named by its keys joined with '.',
-  inside the OCDBT database rooted at the checkpoint directory (or, without
-  OCDBT, in a subdirectory of that name).
-
-Every array is described by its shape (read from its zarr metadata) and read
-by ``placement.place_arrays`` as a ``placement.ChunkedReader`` (each chunk
-this host needs fetched once, ``placement.IN_FLIGHT`` arrays at once), as the
-T5X msgpack loader does, so sharding, dtypes and host memory follow the same
-contract.
-Values equal what orbax itself restores from the same directory.
-"""
+The layout read: ``_METADATA`` (JSON: the tree's key paths; zarr or zarr3; in
+an OCDBT database or not) and one zarr array per leaf, named by its keys
+joined with '.'. Each array is placed by ``placement.place_arrays`` as a
+``ChunkedReader``, as the T5X msgpack loader's are; values equal what orbax
+restores from the same directory."""
 
 from __future__ import annotations
 

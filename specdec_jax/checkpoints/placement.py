@@ -1,49 +1,24 @@
 """The one place where checkpoint arrays become (sharded) device arrays.
 
-A loader describes each stored array by its '/'-joined T5X name, its shape and
-how to read any rectangular slice of it (``ArraySource``); ``place_arrays``
-then creates every ``jax.Array`` with ``jax.make_array_from_callback`` in the
-sharding ``Partitioner.param_sharding(name, shape)`` (one local device without
-a partitioner) and the dtype ``stored_dtype(name, param_dtype)``. A host
-never holds more of an array than the part its own devices hold.
+A loader describes each stored array by its T5X name, shape and a reader of
+any rectangular slice (``ArraySource``); ``place_arrays`` creates every
+``jax.Array`` with ``jax.make_array_from_callback`` in the sharding
+``Partitioner.param_sharding(name, shape)`` and the dtype ``stored_dtype``, so
+a host never holds more of an array than its own devices hold (in a multi-host
+job each host reads only the chunks its devices need).
 
-Two kinds of reader. A plain ``SliceReader`` (memory maps, inline arrays,
-whole tensors already fetched) is asked for exactly the slice one device
-holds. A ``ChunkedReader`` (TensorStore zarr arrays, whose reads fetch and
-decode whole chunks) is never asked per device: a device slice rarely
-matches the chunks (T5X writes chunks of up to 64 MiB; a 4096 x 4096 kernel is
-one chunk), so per-device reads would fetch and decode a shared chunk once
-per device. Instead the slices this process's devices need are assembled
-from ``chunk_blocks``: boxes of whole chunks covering them, each chunk in
-exactly one box, each box read once and copied (cast) into the slices it
-overlaps. Every chunk a host needs is thus fetched once per host.
+A ``SliceReader`` (memory maps, inline arrays) is asked for exactly each
+device's slice. A ``ChunkedReader`` (TensorStore zarr, which fetches whole
+chunks) is read in ``chunk_blocks``: boxes of whole chunks covering this
+process's slices, each read once and copied into the slices it overlaps, so
+every chunk is fetched once per host. Host memory peaks at ``in_flight``
+arrays' distinct local slices plus one block (``BLOCK_BYTES``); each array is
+waited on before its host copies are dropped.
 
-Host memory. Devices that hold the same slice (dimensions replicated over a
-mesh axis) share one host copy. An array being placed holds its distinct
-local slices (together at most the array's local part, in the target dtype)
-plus, for a plain reader, the raw slice being read and cast, or, for a
-chunked one, the block being read (at most ``BLOCK_BYTES`` or one chunk,
-whichever is larger). Each array is waited on before its host copies are
-dropped, because an in-flight host-to-device copy keeps its buffer alive.
-``place_arrays`` places ``in_flight`` arrays at once (loaders pass
-``IN_FLIGHT`` for ``gs://``, where overlapping arrays hides the object
-store's per-request latency, and 1 for local files), so the peak is that many
-arrays' worth.
-
-Multi-host. ``make_array_from_callback`` calls back only for this process's
-addressable devices, and the slices assembled are only theirs, so in a
-multi-host job each host reads just the chunks its own devices need (and all
-of an array that is replicated).
-
-Orbax checkpoints (ours and T5X's) on local disks are restored by orbax
-itself, given the same shardings and dtypes as ``jax.ShapeDtypeStruct``
-targets (``restore_orbax``); orbax/TensorStore then read each device's shard.
-From ``gs://`` they are read here, through ``ChunkedReader`` (``orbax_ts``).
-
-``count_reads`` is a test hook: it sums, per array, the bytes (in the stored
-dtype) of each distinct device slice read or assembled while it is active,
-and changes nothing else.
-"""
+Local Orbax checkpoints are restored by orbax itself into the same shardings
+(``restore_orbax``); from ``gs://`` they are read here (``orbax_ts``).
+``count_reads`` is a test hook that sums the bytes of each distinct device
+slice read while it is active."""
 
 from __future__ import annotations
 

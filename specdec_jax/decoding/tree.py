@@ -157,22 +157,17 @@ def tree_speculative_decode(target: TargetModel, target_params: Any, draft: Appr
                             partitioner: Partitioner | None = None) -> TreeSpecOutput:
   """Speculative decoding over a token tree: one target pass scores every node.
 
-  Each round (``_tree_round``): the draft fills the static ``tree``
-  (``drafts.base.tree_proposal``; node 0 is the last committed token); the
-  target scores all N nodes in ONE pass with tree attention (the target's
-  ``decode_tree``: node j at position n + depth(j), cache slot n + j);
-  ``tree.tree_greedy_kernel`` (T = 0) or ``tree.tree_speculative_sampling``
-  keeps the accepted path and emits one more token; the path's keys/values
-  move into place (the target's ``commit_path``) in the target's cache and,
-  through ``commit_tree``, the draft's. A chain of γ (``TreeShape.chain``)
-  is Algorithm 1's round.
-
-  Arguments as ``speculative_decode`` (no adaptive γ, no lenience). Returns
-  ``TreeSpecOutput``: tokens [B, max_decode_len] (0 after EOS), length [B],
-  stats (``TreeStats``). The output distribution is the baseline's (token for
-  token at temperature 0) for any draft keeping the ``propose_tree``
-  contract; proof: docs/exactness.md, section 10.
-  """
+    Each round (``_tree_round``): the draft fills the static ``tree``
+    (``drafts.base.tree_proposal``; node 0 is the last committed token); the
+    target scores all N nodes in ONE pass (``decode_tree``); the tree kernel
+    (``tree.tree_greedy_kernel`` at T = 0, else
+    ``tree.tree_speculative_sampling``) keeps the accepted path and emits one
+    more token, whose keys/values move into place (``commit_path``, and
+    ``commit_tree`` for the draft). Arguments as ``speculative_decode`` (no
+    adaptive γ, no lenience). Returns ``TreeSpecOutput`` (tokens, length,
+    ``TreeStats``). The output distribution is the baseline's (token for token
+    at T = 0) for any draft keeping the ``propose_tree`` contract;
+    docs/exactness.md, section 10."""
   if not isinstance(tree, (TreeShape, DynamicTree)):
     raise ValueError(f"tree must be a TreeShape or a DynamicTree, got {tree!r}")
   cache_len = tree.cache_len(max_decode_len)  # also checks that the tree fits

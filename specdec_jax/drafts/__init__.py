@@ -77,19 +77,13 @@ def requires(name: str) -> list[str]:
 def build(name: str, **kwargs: Any) -> ApproximationModel:
   """Build the approximation model registered as ``name``.
 
-  The runner offers ``vocab_size`` (the target's), ``vocab`` (the tokenizer),
-  ``max_ngram``, ``partitioner`` (None on one device; else the mesh and
-  rules the target is sharded with), and when configured ``model``/``params``
-  (a draft checkpoint, already on that mesh), ``bridge`` (that checkpoint's
-  encoder bridge kernel, or None; ``specdec_jax.drafts.bridge``) and ``feature``
-  (its feature bridge, or None; ``specdec_jax.drafts.feature_bridge``), ``block``
-(its mask embedding when it is a block draft, ``specdec_jax.drafts.t5_block``) with
-  ``target_model``/``target_params``, ``shortlist`` (with
-  Experiment.draft_shortlist: a ``specdec_jax.drafts.shortlist.Shortlist`` for that
-  checkpoint) and ``corpus`` (token sequences). Each
-  builder receives only the keywords its signature names (all of them if it
-  takes ``**kwargs``).
-  """
+    The runner offers ``vocab_size``, ``vocab``, ``max_ngram``, ``partitioner``
+    and, where configured, ``model``/``params`` (a draft checkpoint on that
+    mesh), ``bridge``, ``feature`` and ``block`` (that checkpoint's encoder
+    bridge, feature bridge and mask embedding, or None) with
+    ``target_model``/``target_params``, ``shortlist`` and ``corpus``. Each
+    builder receives only the keywords its signature names (all of them with
+    ``**kwargs``)."""
   if name not in REGISTRY:
     raise ValueError(f"unknown approximation model {name!r}; known: {sorted(REGISTRY)}")
   missing = [a for a in requires(name) if a not in kwargs]

@@ -1,31 +1,16 @@
 """The encoder bridge: a T5 draft that also reads the target's encoder output.
 
-In an encoder-decoder pair the target M_p encodes every input once, before
-decoding, and the draft M_q usually encodes it again with its own, much
-smaller encoder. What α depends on is how well M_q predicts M_p's next token
-(paper §3.1-3.2: α = E(β), β = Σ_x min(p, q), Theorem 3.5), and M_p's
-encoder output H_p [B, S, d_p] is the representation M_p itself decodes
-from. The bridge gives the draft that representation: the draft's encoder
-input becomes
+α depends on how well M_q predicts M_p's next token (paper §3.1-3.2), and
+M_p's encoder output H_p [B, S, d_p] is what M_p decodes from. The draft's
+encoder input becomes
 
     embed_q(x) + H_p W,        W [d_p, d_q] learned,
 
-so the draft's encoder and cross-attention see both its own embeddings and the
-target's encoding. It changes only the draft's once-per-example encoder pass,
-never its decoder step, so c (Definition 3.7, the cost of one draft step) is
-unchanged; inside the engine the draft reuses the H_p the target's prefill
-computed (``init_with_target``), so the prefill adds one [S, d_p] x [d_p, d_q]
-product. W = 0 is exactly the draft without the bridge, which is how ``zeros``
-starts a distillation from an existing draft.
-
-Decoding stays exact: H_p is a function of the input alone, so the bridged
-draft never sees M_p's verdict on a proposal (proof: docs/exactness.md,
-section 7).
-
-On disk the kernel sits next to the draft's own checkpoint as
-``encoder_bridge.npz`` (``save``/``load``; ``load`` reads local and ``gs://``
-directories); a draft directory without it is a plain draft.
-"""
+which changes only its once-per-example encoder pass, never its step, so c
+(Definition 3.7) is unchanged; the draft reuses the H_p of the target's
+prefill (``init_with_target``). W = 0 is exactly the draft without it
+(``zeros``). Exact: H_p depends on the input alone (docs/exactness.md,
+section 7). On disk: ``encoder_bridge.npz`` beside the draft's checkpoint."""
 
 from __future__ import annotations
 

@@ -1,30 +1,17 @@
 """The feature bridge: a T5 draft that also reads the target's last verified decoder state.
 
-Each round of Algorithm 1 ends with the target M_p having run its decoder over
-the committed prefix, so its final hidden state h_s (the vector its logits at
-position s are computed from) is known for every committed position s. The
-draft's decoder input at position t becomes
+The target's final hidden state h_s is known for every committed position s
+after a round. The draft's decoder input at position t becomes
 
     embed_q(x_t) + h_s K + e_j,    s = t - 1 - j,
 
-where s is the last position whose target state is known when the draft
-computes position t, j = t - 1 - s the number of draft steps since (0 for the
-first draft step of a round, j for the (j+1)-th), K [d_p, d_q] and e [J, d_q]
-learned (e_j: "how stale is h_s"). Positions before the first target pass
-(s < 0) add nothing. K = 0, e = 0 is exactly the draft without the bridge.
-
-This is the feature-level drafting of EAGLE (Li et al. 2024) in the one form
-that fits Algorithm 1's round structure: only h_s of *committed* positions is
-used, so the draft at round i conditions on the prefix and on M_p's states
-for it — information available before M_p's verdict on the round's proposals.
-Algorithm 1 is exact for any M_q that conditions only on the already-decided
-past (paper §2.3, Appendix A.1), so decoding stays exact (proof:
-docs/exactness.md, section 7).
-
-In distillation (teacher forcing) every position draws j uniformly from
-0..J-1 (``teacher_forced_extra``), the staleness mix a round of γ = J draft
-steps produces.
-"""
+s the last position whose target state is known when the draft computes t, j
+the draft steps since, K [d_p, d_q] and e [J, d_q] learned; s < 0 adds
+nothing, and K = 0, e = 0 is exactly the draft without it. EAGLE's
+feature-level drafting (Li et al. 2024) restricted to committed positions,
+so the draft conditions only on the decided past and decoding stays exact
+(paper §2.3, Appendix A.1; docs/exactness.md, section 7). Distillation draws
+j uniformly from 0..J-1 per position (``teacher_forced_extra``)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,12 @@
 """Prompt lookup where the context has a match, a T5 draft elsewhere.
 
-On copy-heavy tasks (translation into a close language, modernization,
-summarization) part of the output repeats the input. Prompt lookup (§3.6
-style, c ≈ 0) proposes those stretches; a T5 draft knows the rest. This draft
-combines them per position: while the committed context ends in an n-gram
-(n >= ``min_ngram``) that occurs earlier in the context, the draft proposes
-the tokens that followed it, with q = one-hot; from the first position where
-the copy has no valid continuation, it proposes from the T5 draft's q.
-
-Exact whatever the mix: whether position i copies depends only on the input
-and the already-proposed context, never on the target, and each x_i is drawn
-from the q_i reported for it (one-hot for a copy, the T5 draft's q_i
-otherwise); proof: docs/exactness.md, sections 3 and 5.
-
-Cost: the T5 draft runs every step (it must see the proposed tokens to keep
-its cache, see ``T5Draft``), so c is the T5 draft's; the lookup adds a few
-vector ops over [B, S + T] per round.
-"""
+While the committed context ends in an n-gram (n >= ``min_ngram``) that
+occurs earlier in it, the draft proposes the tokens that followed, with q
+one-hot; from the first position without a valid continuation, the T5
+draft's q. Exact whatever the mix: whether position i copies depends only on
+the input and the proposed context, never the target (docs/exactness.md,
+sections 3 and 5). The T5 draft runs every step to keep its cache, so c is
+its own."""
 
 from __future__ import annotations
 

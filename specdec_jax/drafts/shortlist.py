@@ -1,27 +1,14 @@
 """A vocabulary shortlist for the draft's output layer: q over the tokens the
 target says most often, plus the tokens of the example's own input.
 
-Exact for any S: speculative sampling (§2.3, Appendix A.1) needs only that x
-was drawn, without the target, from the q reported for it, so q may be zero
-outside S. A token outside S is never proposed; when the target wants one, a
-rejection draws it from the residual norm(max(0, p − q)) (proof:
-docs/exactness.md, section 6). What S costs is acceptance: β = Σ_x min(p(x),
-q(x)) (Theorem 3.5) loses the target's mass outside S.
-
-What S buys: a small draft's step is dominated by its output layer, a
-[d, V] product that the shortlist replaces by [d, |S|]; a smaller matrix read
-every draft step also leaves the target's weights in cache. The same idea for
-large-vocabulary decoder-only models is FR-Spec (Zhao et al., 2025:
-frequency-ranked draft vocabulary).
-
-S = a fixed set of frequent tokens (``frequent``: counted on training data,
-EOS always included) ∪ the tokens of the example's input (``with_inputs``):
-names and rare words a translation or rewrite copies from its source are
-exactly the rare tokens a frequency list drops.
-
-The draft's logits over S are its own logits at those tokens (the columns of
-its output matrix), the rest −inf: q is its softmax renormalized over S.
-"""
+Exact for any set S: Algorithm 1 needs only that x was drawn from the q
+reported for it (§2.3, Appendix A.1), so q may be zero outside S; a token the
+target wants outside S comes from the residual on a rejection
+(docs/exactness.md, section 6). S costs the target's mass outside S in β
+(Theorem 3.5) and buys a [d, |S|] output product in place of [d, V] (as
+FR-Spec, Zhao et al. 2025). S = frequent training tokens (``frequent``, EOS
+included) ∪ the example's input tokens (``with_inputs``); q is the draft's
+softmax renormalized over S."""
 
 from __future__ import annotations
 

@@ -49,39 +49,21 @@ class ShortlistState(struct.PyTreeNode):
 class T5Draft:
   """M_q = a T5 encoder-decoder with its own encoder and KV cache.
 
-  Cache bookkeeping: after a round that committed up to output length n, the
-  cache holds valid keys/values for decoder positions 0..n-2 at least (position
-  n-1 is missing only when all γ drafts were accepted, because x_γ itself was
-  never fed). So each round's first draft step feeds the two tokens at
-  positions n-1 and n in one call — nearly free in a memory-bound step — and
-  the remaining γ-1 steps feed one token each. Nothing needs rolling back:
-  stale entries past a position are never read by a query at that position.
+    After a round that committed up to output length n, the cache holds
+    positions 0..n-2 at least (n-1 is missing only when all γ drafts were
+    accepted: x_γ was never fed), so each round's first step feeds positions n-1
+    and n in one call and the other γ-1 steps one token each; stale entries past
+    a position are never read, so nothing rolls back.
 
-  With a ``partitioner`` the params are expected on its mesh and the cache is
-  pinned to its layout, like the target's.
-
-  With ``bridge`` (a [d_target, d_draft] kernel, ``specdec_jax.drafts.bridge``) and
-  the target's ``target_model``/``target_params``, the draft's encoder also
-  reads the target's encoder output; only ``init`` changes.
-
-  With ``feature`` (``specdec_jax.drafts.feature_bridge``: {'kernel' [d_target,
-  d_draft], 'staleness' [J, d_draft]}) the decoder also reads the target's
-  final decoder state of the last committed position: the state is a
-  ``FeatureState``, the engine hands over each verification pass's states
-  through ``commit_with_target`` (``wants_target_states``), and the step at
-  position t (the round's j-th step, j from 0) adds h_s K + e_j with s = t -
-  1 - j, the position before the round's first one (``feature_bridge``).
-
-  With ``shortlist`` (``specdec_jax.drafts.shortlist.Shortlist``) q is the model's
-  softmax over the shortlisted tokens (and the input's, with its
-  ``with_inputs``), 0 elsewhere: the output layer multiplies by the
-  shortlist's columns only, which is most of a small draft's step.
-
-  ``observe`` (profiling only, ``lab.probes.engine_records``): a host function
-  that every draft step calls, in order, with the last fed position's final
-  hidden state [B, d] and logits [B, V] (-inf off a shortlist). None, the
-  default, compiles no callback.
-  """
+    Options: a ``partitioner`` (params on its mesh, cache pinned to its layout);
+    ``bridge`` with ``target_model``/``target_params`` (the encoder also reads
+    the target's encoder output, ``drafts.bridge``; only ``init`` changes);
+    ``feature`` ({'kernel' [d_target, d_draft], 'staleness' [J, d_draft]}: the
+    step at position t, the round's j-th, adds h_s K + e_j with s = t - 1 - j,
+    the states handed over by ``commit_with_target``, ``drafts.feature_bridge``);
+    ``shortlist`` (q over the shortlisted tokens only, ``drafts.shortlist``);
+    ``observe`` (profiling only, ``lab.probes``: a host function each step calls
+    with the last fed position's final hidden state [B, d] and logits [B, V])."""
 
   params: Any
   model: T5Model = struct.field(pytree_node=False)
@@ -248,21 +230,15 @@ class T5Draft:
                        ) -> tuple[Array, Array, Array, Array, Any]:
     """Up to γ proposals per row with real early exit (``base``, propose_adaptive).
 
-    A ``lax.while_loop`` over draft steps that ends as soon as no row is still
-    proposing, so a round where every row stops after k tokens costs k draft
-    steps, not γ. Confidence is ``top_probability`` of the model's logits
-    (its own softmax at T = 0), or with ``drawn`` the probability of the
-    token drawn (``base.drawn_probability``; ``skip_below`` still tests q_1's
-    top probability); with ``cumulative`` the rule tests the running product
-    of the confidences (``base.keeps_going``). Row b's
-    tokens and q match ``propose`` with the same key up to count[b] (same
-    per-step uniforms). Rows that stopped keep being stepped while others
-    continue (fixed shapes); what that writes to their cache lies at
-    positions > n + count >= the next round's length, so it is rewritten
-    before any query reads it (see the class docstring).
-
-    ``override`` as in ``propose``; a ``certain`` row's confidence is 1.
-    """
+        A ``lax.while_loop`` over draft steps that ends once no row is still
+        proposing, so k draft steps where every row stops after k tokens. The
+        confidence is ``top_probability`` of the model's logits, or with ``drawn``
+        the drawn token's (``skip_below`` still tests q_1's top probability);
+        ``cumulative`` tests their running product (``base.keeps_going``). Row
+        b's tokens and q match ``propose`` with the same key up to count[b]. Rows
+        that stopped keep being stepped (fixed shapes), writing only positions
+        the next round rewrites before reading. ``override`` as in ``propose``; a
+        ``certain`` row's confidence is 1."""
     b = length.shape[0]
     us = self._uniforms(key, gamma, length, sampling)
     override = override or _no_override

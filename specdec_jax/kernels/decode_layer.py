@@ -1,58 +1,29 @@
 """A T5 decoder layer at decode time in a few Pallas kernels.
 
-What it fuses. One decode call (k new tokens per row at per-row positions,
-the chain decode of ``T5Model.decode``) runs each decoder layer as 6 kernels
-instead of XLA's ~34: (1) RMSNorm + query/key/value products +
-self-attention over the row's KV cache, the call's new key/value rows
-written into it; (2) output product + residual; (3) RMSNorm + query product
-+ cross-attention over the precomputed encoder keys/values; (4) output
-product + residual; (5) RMSNorm + the MLP's input product(s) with their
-activation (T5 1.1 gated-GELU, T5 1.0 ReLU); (6) the MLP's output product +
-residual. Once per call XLA computes the embedding and the relative-position
-bias, and one more kernel the final RMSNorm + logits (T5 1.0: through the
-embedding, scaled by 1/sqrt(d_model)). A product kernel holds all rows in
-one block and tiles only the output columns (``_BLOCK_N``) and the reduction
-(``_BLOCK_K``), so it reads each weight once; an attention kernel (grid:
-head, batch row) reads its head's slice of the q/k/v weights once per batch
-row.
+One decode call (``T5Model.decode``'s chain decode) runs each decoder layer
+as 6 kernels instead of XLA's ~34: (1) RMSNorm + q/k/v products +
+self-attention over the row's cache, the new rows written into it; (2) output
+product + residual; (3) RMSNorm + query product + cross-attention; (4) output
+product + residual; (5) RMSNorm + the MLP's input product(s) and activation;
+(6) the MLP's output product + residual. XLA computes the embedding and the
+relative-position bias once per call, one more kernel the final norm and
+logits. A product kernel tiles only the output columns (``_BLOCK_N``) and the
+reduction (``_BLOCK_K``), so it reads each weight once.
 
-Same order for one position and for k. Every call runs on ``QUERY_BLOCK``
-(16) query rows per batch row (the k real ones, the rest padding at position
--1), and every tiling depends only on the model's sizes, the cache length and
-the batch, never on k; a row's products, norms and attention sums therefore
-run in the same order whether the call scores one position or k, and a
-position's logits are bit for bit those of a one-position step after the
-same committed prefix (the cache rows the step reads were written by the
-same kernels). Attention visits the cache in slot order, with the call's
-new rows merged into the slots they are written to, so what a query sums
-over is the same set in the same order as a step's. This is what lets
-speculative decoding at T = 0 (§2.3: the target's pass over γ+1 positions
-checks the draft against the argmax the baseline's one-token steps take)
-reproduce the baseline token for token at low precision, where the XLA
-path's step and pass may round differently near ties.
+Same order for one position and for k: every call runs on ``QUERY_BLOCK``
+query rows per batch row (padding at position -1) and every tiling depends on
+the model's sizes, the cache length and the batch, never on k, and attention
+visits the cache in slot order; so a position's logits are bit for bit those
+of a one-position step after the same prefix, which lets speculative decoding
+at T = 0 (§2.3) reproduce the baseline token for token at low precision.
+Semantics are ``models.t5``'s; sums run in another order, so results equal
+the XLA path's to float rounding, not bitwise.
 
-Semantics are the XLA path's (``models.t5.Decoder``): cache ``[B, L, H,
-dh]`` masked by position (a query at t sees slots 0..t), writes at negative
-positions dropped, the relative-position bias computed once per call, no
-1/sqrt(dh) scaling, activations at the config's dtype with float32 norms,
-softmax and logits. Sums run in another order (and the softmax normalizes
-after the value product), so results equal the XLA path's to float rounding,
-not bitwise.
-
-What falls back. ``covers`` decides per call, at trace time, and these take
-the XLA path of ``models.t5``: teacher forcing and prefill (no cache),
-``write=False`` two-block attention (``decode_rows``: the adaptive-γ loop's
-target pass), token trees (``decode_tree``), ``return_hidden`` (drafts with
-a shortlist or the feature bridge), k > 16 or batch > 8, and sizes the
-kernels cannot tile (head_dim not a power of two >= 16; d_model, H * dh,
-d_ff or the vocabulary not a multiple of 16; a cache or encoder length
-< 16). Refused with a ValueError: quantized kernels (``qwix`` arrays) and,
-in ``pair.ModelPair``, a mesh (the kernels see one device's arrays).
-
-Lowering: Triton (``pallas.triton.CompilerParams``) on GPUs; on a CPU
-backend the kernels run in Pallas interpret mode (slow; for tests); other
-backends are refused.
-"""
+``covers`` decides per call, at trace time, what falls back to the XLA path:
+teacher forcing and prefill, ``write=False`` calls, token trees,
+``return_hidden``, k > 16 or batch > 8, and sizes the kernels cannot tile.
+Quantized kernels and a mesh are refused with a ValueError. Lowering: Triton
+on GPUs, Pallas interpret mode on a CPU (slow; for tests)."""
 
 from __future__ import annotations
 

@@ -1,61 +1,30 @@
 """T5 1.0 / 1.1 encoder-decoder in Flax linen, shaped for speculative decoding.
 
-The parameter tree uses T5X's names, so a T5X checkpoint's ``target`` tree loads
-with no renaming:
+The parameter tree uses T5X's names (``token_embedder/embedding``,
+``{encoder,decoder}/layers_{i}/...``, ``decoder/logits_dense/kernel`` in 1.1;
+docs/sharding.md lists them), so a T5X checkpoint's ``target`` tree loads
+with no renaming.
 
-  token_embedder/embedding                         [V, d]
-  encoder/relpos_bias/rel_embedding                [H, 32]
-  encoder/layers_{i}/pre_attention_layer_norm/scale
-  encoder/layers_{i}/attention/{query,key,value}/kernel   [d, H*dh]
-  encoder/layers_{i}/attention/out/kernel                 [H*dh, d]
-  encoder/layers_{i}/pre_mlp_layer_norm/scale
-  encoder/layers_{i}/mlp/{wi_0,wi_1,wo}/kernel     (1.1)  or mlp/{wi,wo} (1.0)
-  encoder/encoder_norm/scale
-  decoder/relpos_bias/rel_embedding
-  decoder/layers_{i}/{pre_self_attention_layer_norm,pre_cross_attention_layer_norm,
-                      pre_mlp_layer_norm}/scale
-  decoder/layers_{i}/{self_attention,encoder_decoder_attention}/{query,key,value,out}/kernel
-  decoder/decoder_norm/scale
-  decoder/logits_dense/kernel                      [d, V]  (1.1 only)
+Incremental decoding (``models.base.TargetModel``'s contract): ``encode`` and
+``init_cache`` (cross-attention keys/values, a fixed-shape self-attention
+cache ``[B, cache_len, H, dh]``) run once per example; ``decode`` takes k >= 1
+tokens per row at explicit positions ``[B, k]``, writes their keys/values
+there and returns logits for all k. A query at position t reads slots 0..t
+only, so rollback is the caller moving its per-row index back; negative
+positions are not written (their logits are garbage), so a caller can pad a
+write to a fixed k. ``T5Config.fixed_positions`` = R pads every call to R
+positions: one compiled shape, so a position's logits are bit-equal whichever
+call scores it. The relative-position bias is computed for each call's
+actual (query, key) positions, never as an ``[L, L]`` table.
 
-Incremental decoding API (what the decoding loops need; ``T5Model`` keeps the
-contract of ``models.base.TargetModel``):
-
-* ``encode`` runs once per example;
-* ``init_cache`` computes the cross-attention keys/values once per example and
-  allocates a fixed-shape self-attention cache ``[B, cache_len, H, dh]``;
-* ``decode`` takes k >= 1 new tokens per row at explicit per-row positions
-  ``[B, k]``, writes their keys/values at those positions, and returns logits for
-  all k (causal within the k and over the cache). A query at position t attends
-  to cache slots 0..t only, so entries past a row's committed length are never
-  read: rollback is just the caller moving its per-row index back, and the stale
-  entries are overwritten by the next write. Negative positions are not written
-  (their logits are garbage and must be ignored); this lets a caller pad a
-  variable-length write to a fixed k. ``T5Config.fixed_positions`` = R pads
-  every call to R positions itself: one compiled shape for the one-token
-  step and every k-position pass, so a position's logits are bit-equal
-  whichever call scores it.
-
-Relative-position bias is computed for the actual (query, key) positions of a
-call, ``[B, H, k, cache_len]``, never as a full ``[L, L]`` table per step.
-
-Token trees (``specdec_jax.tree.TreeShape``; SpecInfer's tree attention, Miao
-et al. 2023) use the same decode with a per-call tree mask and explicit
-positions (``decode_tree``), and one gather afterwards (``commit_path``). Slot
-convention, for a row with committed length n (decoder inputs 0..n-1 in slots
-0..n-1, as in the chain loop; the root, node 0, is the last committed token,
-decoder input n, whose keys/values the round's pass writes, as a chain's does):
-
-* the pass writes node j at scratch slot n + j (N consecutive slots, so the
-  cache needs n + N <= cache_len: ``TreeShape.cache_len``); node j's query
-  and key sit at position n + depth(j), the position its token has in a chain;
-* node i attends to slots 0..n-1 and to the slots of its ancestors and itself;
-  every other slot (siblings, their subtrees, stale rows) is masked;
-* after verification the accepted nodes at depths 1..a move from slots n +
-  path[d - 1] to slots n + d (the root stays at slot n), so slots 0..n+a hold
-  the committed decoder inputs 0..n+a with slot = position again, and the
-  caller advances the row to length n + a + 1, as the chain loop does.
-"""
+Token trees (SpecInfer's tree attention, Miao et al. 2023) use the same
+decode with a tree mask and explicit positions. For a row with committed
+length n (decoder inputs 0..n-1 in slots 0..n-1; the root, node 0, is input
+n): node j is written at scratch slot n + j (so n + N <= cache_len), its query
+and key at position n + depth(j); node i sees slots 0..n-1 and its
+ancestors' and its own slots. After verification the accepted nodes at depths
+1..a move to slots n + d (``commit_path``), so slot = position again and the
+caller advances the row to n + a + 1, as the chain loop does."""
 
 from __future__ import annotations
 
@@ -112,7 +81,7 @@ class T5Config:
   min_rows: int = 1
   # 'xla' (the reference) or 'pallas': the chain decode's layers as fused
   # Pallas kernels (``specdec_jax.kernels``; calls it does not cover, e.g.
-  # teacher forcing, trees and ``decode_rows``, stay on XLA). A runtime choice.
+  # teacher forcing, trees and ``write=False`` calls, stay on XLA). A runtime choice.
   decode_kernel: str = "xla"
   # 0: a decode call scores its own k positions. R > 0: every cached decode
   # call (the one-token step, the (γ+1)-position pass, a tree pass) scores
@@ -332,7 +301,7 @@ class Attention(nn.Module):
     """Attention over the union of key blocks [(k, v, mask, bias), ...]
     (shapes as in ``attend``, K per block): one softmax across all blocks, so
     attending over (cache, new keys) equals attending over the cache with the
-    new keys written in, without writing (``T5Model.decode_rows``)."""
+    new keys written in, without writing (``T5Model.decode(write=False)``)."""
     # Heads to the front explicitly ([B,H,*,dh], dh stays minor) so that the
     # two dots are plain batched matmuls over (B, H). Left to the einsums
     # below with 'bkhd' operands, XLA may instead copy every K/V cache to a
@@ -394,17 +363,38 @@ class Dropout(nn.Module):
     return nn.Dropout(self.rate)(x, deterministic=not self.has_rng("dropout"))
 
 
+def _normed_attention(c: "T5Config", fused: bool = True) -> tuple[RMSNorm, Attention]:
+  """A layer's pre-attention RMSNorm and its attention (created in a setup)."""
+  return (RMSNorm(c.layer_norm_epsilon, c.jnp_dtype),
+          Attention(c.num_heads, c.head_dim, c.d_model, c.jnp_dtype, c.min_rows,
+                    c.fused_projections and fused))
+
+
+def _normed_mlp(c: "T5Config") -> tuple[RMSNorm, MLP]:
+  """A layer's pre-MLP RMSNorm and its MLP (created in a setup)."""
+  return (RMSNorm(c.layer_norm_epsilon, c.jnp_dtype),
+          MLP(c.d_model, c.d_ff, c.gated, c.jnp_dtype, c.min_rows, c.fused_projections))
+
+
+def _stack(c: "T5Config", encoder: bool) -> tuple:
+  """The encoder's or the decoder's relative-position bias (bidirectional in
+  the encoder), its layers ``layers_{i}`` and its final RMSNorm (float32 in the
+  decoder), created in its setup."""
+  layer, n = (EncoderLayer, c.num_encoder_layers) if encoder else (DecoderLayer,
+                                                                    c.num_decoder_layers)
+  return (RelativePositionBias(c.num_heads, encoder, c.relative_attention_num_buckets,
+                               c.relative_attention_max_distance),
+          [layer(c, name=f"layers_{i}") for i in range(n)],
+          RMSNorm(c.layer_norm_epsilon, c.jnp_dtype if encoder else jnp.float32))
+
+
 class EncoderLayer(nn.Module):
   config: T5Config
 
   def setup(self):
     c = self.config
-    dt = c.jnp_dtype
-    self.pre_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.attention = Attention(c.num_heads, c.head_dim, c.d_model, dt, c.min_rows,
-                               c.fused_projections)
-    self.pre_mlp_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt, c.min_rows, c.fused_projections)
+    self.pre_attention_layer_norm, self.attention = _normed_attention(c)
+    self.pre_mlp_layer_norm, self.mlp = _normed_mlp(c)
     self.dropout = Dropout(c.dropout_rate)
 
   def __call__(self, x: Array, mask: Array, bias: Array) -> Array:
@@ -416,11 +406,7 @@ class Encoder(nn.Module):
   config: T5Config
 
   def setup(self):
-    c = self.config
-    self.relpos_bias = RelativePositionBias(c.num_heads, True, c.relative_attention_num_buckets,
-                                            c.relative_attention_max_distance)
-    self.layers = [EncoderLayer(c, name=f"layers_{i}") for i in range(c.num_encoder_layers)]
-    self.encoder_norm = RMSNorm(c.layer_norm_epsilon, c.jnp_dtype)
+    self.relpos_bias, self.layers, self.encoder_norm = _stack(self.config, encoder=True)
 
   def __call__(self, x: Array, input_mask: Array) -> Array:
     b, s = input_mask.shape
@@ -457,15 +443,11 @@ class DecoderLayer(nn.Module):
 
   def setup(self):
     c = self.config
-    dt = c.jnp_dtype
-    self.pre_self_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.self_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt, c.min_rows,
-                                    c.fused_projections)
-    self.pre_cross_attention_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.encoder_decoder_attention = Attention(c.num_heads, c.head_dim, c.d_model, dt,
-                                               c.min_rows)
-    self.pre_mlp_layer_norm = RMSNorm(c.layer_norm_epsilon, dt)
-    self.mlp = MLP(c.d_model, c.d_ff, c.gated, dt, c.min_rows, c.fused_projections)
+    self.pre_self_attention_layer_norm, self.self_attention = _normed_attention(c)
+    # Cross-attention's keys/values come from the encoder once: never fused.
+    self.pre_cross_attention_layer_norm, self.encoder_decoder_attention = _normed_attention(
+        c, fused=False)
+    self.pre_mlp_layer_norm, self.mlp = _normed_mlp(c)
     self.dropout = Dropout(c.dropout_rate)
 
   def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
@@ -511,49 +493,10 @@ class DecoderLayer(nn.Module):
     return x, k_cache, v_cache
 
 
-class TreeAttention(NamedTuple):
-  """Where one decode call's k tree nodes go in the cache and what each sees.
-
-  A row's N scratch slots start at ``start`` (its committed length n); scratch
-  slot n + j holds node j's keys/values. Slots before n are the committed
-  prefix (slot = position), visible to every node.
-
-  start:       [B] int32, the first scratch slot per row (= committed length).
-  slots:       [B, k] int32, where the call's nodes are written (n + node index).
-  key_offsets: [N] int32, scratch slot n + j holds a key at position n +
-               key_offsets[j] (the node's depth); [B, N] for a tree given as
-               data (``tree.RoundTree``).
-  visible:     [k, N] bool, the call's node i sees scratch slot n + j iff
-               visible[i, j] (rows of ``TreeShape.ancestor_mask``); [B, k, N]
-               for a tree given as data.
-  """
-
-  start: Array
-  slots: Array
-  key_offsets: Array
-  visible: Array
-
-  def keys_and_mask(self, cache_len: int) -> tuple[Array, Array]:
-    """-> (key positions [B, cache_len] int32, mask [B, k, cache_len] bool):
-    every cache slot's position and whether each of the k queries sees it."""
-    slot = jnp.arange(cache_len, dtype=jnp.int32)[None]
-    rel = slot - self.start[:, None]                                   # [B, L]
-    n = self.key_offsets.shape[-1]
-    in_tree = (rel >= 0) & (rel < n)
-    j = jnp.clip(rel, 0, n - 1)
-    if self.visible.ndim == 3:  # a tree given as data, per row
-      offsets = jnp.take_along_axis(jnp.broadcast_to(self.key_offsets, (rel.shape[0], n)), j, 1)
-      seen = jnp.take_along_axis(self.visible, jnp.broadcast_to(
-          j[:, None], (j.shape[0], self.visible.shape[1], j.shape[1])), axis=2)
-    else:
-      offsets, seen = self.key_offsets[j], jnp.moveaxis(self.visible[:, j], 0, 1)
-    k_pos = jnp.where(in_tree, self.start[:, None] + offsets, slot)    # seen: [B, k, L]
-    return k_pos, (rel < 0)[:, None, :] | (in_tree[:, None, :] & seen)
-
-
 class NodeAttention(NamedTuple):
-  """A decode call's nodes with their slots, key positions and visibility
-  given as arrays (``T5Model.decode_nodes``): trees whose shape is data.
+  """Where a decode call's k nodes are written and what each sees, as arrays:
+  the one form of token trees (``T5Model.decode_tree``, ``tree_attention``)
+  and beam search's nodes (``T5Model.decode_nodes``).
 
   slots:         [B, k] int32, where the call's nodes are written (-1: nowhere).
   key_positions: [B, L] int32, the position of the key in every cache slot.
@@ -564,10 +507,29 @@ class NodeAttention(NamedTuple):
   key_positions: Array
   mask: Array
 
-  def keys_and_mask(self, cache_len: int) -> tuple[Array, Array]:
-    """-> (key positions [B, L], mask [B, k, L]), as given."""
-    del cache_len
-    return self.key_positions, self.mask
+
+def tree_attention(start: Array, nodes: np.ndarray, key_offsets: Array, visible: Array,
+                   cache_len: int) -> NodeAttention:
+  """A token tree's ``NodeAttention`` (the module docstring's slot convention):
+  a row's N scratch slots start at ``start`` [B] (its committed length n), slot
+  n + j holding node j, whose key sits at position n + key_offsets[j] (its
+  depth; key_offsets [N], or [B, N] for a ``tree.RoundTree``); slots before n
+  are the committed prefix (slot = position), seen by every node; the call's
+  ``nodes`` [k] see the scratch slots ``visible`` [k, N] (or [B, k, N]) marks."""
+  slot = jnp.arange(cache_len, dtype=jnp.int32)[None]
+  rel = slot - start[:, None]                                        # [B, L]
+  n = key_offsets.shape[-1]
+  in_tree = (rel >= 0) & (rel < n)
+  j = jnp.clip(rel, 0, n - 1)
+  if visible.ndim == 3:  # a tree given as data, per row
+    offsets = jnp.take_along_axis(jnp.broadcast_to(key_offsets, (rel.shape[0], n)), j, 1)
+    seen = jnp.take_along_axis(visible, jnp.broadcast_to(
+        j[:, None], (j.shape[0], visible.shape[1], j.shape[1])), axis=2)
+  else:
+    offsets, seen = key_offsets[j], jnp.moveaxis(visible[:, j], 0, 1)
+  k_pos = jnp.where(in_tree, start[:, None] + offsets, slot)          # seen: [B, k, L]
+  return NodeAttention(slots=start[:, None] + jnp.asarray(nodes)[None], key_positions=k_pos,
+                       mask=(rel < 0)[:, None, :] | (in_tree[:, None, :] & seen))
 
 
 def _write(cache: Array, new: Array, positions: Array) -> Array:
@@ -585,7 +547,7 @@ def _write(cache: Array, new: Array, positions: Array) -> Array:
 
 
 def _pad_call(tokens: Array, positions: Array, extra: Optional[Array],
-              tree: Optional[TreeAttention], r: int) -> tuple:
+              tree: Optional[NodeAttention], r: int) -> tuple:
   """A decode call's k positions padded to r (``T5Config.fixed_positions``):
   padding sits at position -1, so its keys/values are never written (and so
   never seen), its query sees nothing, and a tree's padding nodes write
@@ -599,9 +561,7 @@ def _pad_call(tokens: Array, positions: Array, extra: Optional[Array],
   if extra is not None:
     extra = pad(extra)
   if tree is not None:
-    rows = ((0, 0),) * (tree.visible.ndim - 2)  # a tree given as data has a batch axis
-    tree = tree._replace(slots=pad(tree.slots, -1),
-                         visible=jnp.pad(tree.visible, rows + ((0, r - k), (0, 0))))
+    tree = tree._replace(slots=pad(tree.slots, -1), mask=pad(tree.mask, False))
   return pad(tokens), pad(positions, -1), extra, tree
 
 
@@ -610,10 +570,7 @@ class Decoder(nn.Module):
 
   def setup(self):
     c = self.config
-    self.relpos_bias = RelativePositionBias(c.num_heads, False, c.relative_attention_num_buckets,
-                                            c.relative_attention_max_distance)
-    self.layers = [DecoderLayer(c, name=f"layers_{i}") for i in range(c.num_decoder_layers)]
-    self.decoder_norm = RMSNorm(c.layer_norm_epsilon, jnp.float32)
+    self.relpos_bias, self.layers, self.decoder_norm = _stack(c, encoder=False)
     if not c.logits_via_embedding:
       self.logits_dense = RowPaddedDense(c.vocab_size, use_bias=False, dtype=c.jnp_dtype,
                                          param_dtype=jnp.float32,
@@ -626,14 +583,14 @@ class Decoder(nn.Module):
 
   def __call__(self, x: Array, positions: Array, cache: Optional[DecoderCache],
                cross: Optional[tuple], embed_attend, write: bool = True,
-               return_hidden: bool = False, tree: Optional[TreeAttention] = None) -> tuple:
+               return_hidden: bool = False, tree: Optional[NodeAttention] = None) -> tuple:
     """-> (logits, cache); with a cache and ``write=False``, (logits, (new
-    keys, new values)) per layer, the cache only read (``T5Model.decode_rows``).
+    keys, new values)) per layer, the cache only read (``T5Model.decode``).
     ``return_hidden``: a third element, the final normed hidden states [B, k,
     d] the logits are computed from (``specdec_jax.drafts.feature_bridge``).
-    ``tree`` (with a cache, ``write=True``): the new tokens are tree nodes,
-    written at ``tree.slots`` instead of their positions and masked by
-    ``TreeAttention`` (``T5Model.decode_tree``); None is the chain, unchanged.
+    ``tree`` (with a cache, ``write=True``): the new tokens are nodes, written
+    at ``tree.slots`` instead of their positions and masked by the
+    ``NodeAttention``'s mask; None is the chain, unchanged.
     With ``decode_kernel='pallas'`` a call ``kernels.covers`` (the chain,
     cache given, write=True) runs as ``kernels.decode``'s fused kernels."""
     c = self.config
@@ -657,9 +614,7 @@ class Decoder(nn.Module):
     if tree is None:
       self_mask, write_at = causal(k_pos), positions
     else:
-      # Tree attention: the key positions and visibility of every cache slot.
-      k_pos, self_mask = tree.keys_and_mask(cache.cache_len)
-      write_at = tree.slots
+      k_pos, self_mask, write_at = tree.key_positions, tree.mask, tree.slots
     new_mask = new_bias = None
     rows_only = cache is not None and not write and c.fixed_positions > 0
     if cache is not None and not write and not rows_only:
@@ -727,7 +682,7 @@ class T5(nn.Module):
 
   def decode(self, tokens: Array, positions: Array, cache: DecoderCache, write: bool = True,
              extra: Optional[Array] = None, return_hidden: bool = False,
-             tree: Optional[TreeAttention] = None):
+             tree: Optional[NodeAttention] = None):
     k, r = tokens.shape[1], self.config.fixed_positions
     if r:
       tokens, positions, extra, tree = _pad_call(tokens, positions, extra, tree, r)
@@ -791,10 +746,18 @@ class T5Model:
              tree: Optional[TreeShape] = None) -> tuple:
     """tokens [B, k] at positions [B, k] -> (logits [B, k, V] float32, cache).
     ``extra`` [B, k, d] is added to the token embeddings; ``return_hidden``
-    appends the final normed hidden states [B, k, d] (``feature_bridge``).
-    ``write=False`` is ``decode_rows``; ``tree`` (node 0 at positions[:, 0],
-    the committed length) is ``decode_tree`` of every node
-    (``models.base.TargetModel.decode``)."""
+    appends the final normed hidden states [B, k, d] (``feature_bridge``);
+    ``tree`` (node 0 at positions[:, 0], the committed length) is
+    ``decode_tree`` of every node (``models.base.TargetModel.decode``).
+
+    ``write=False`` only reads the cache and returns (logits, rows), rows =
+    (new keys, new values), a [B, k, H, dh] per layer, for ``write_rows``: the
+    queries see the cache before positions[:, 0] (consecutive positions per
+    row) and the new tokens causally, one softmax over both blocks (equal to
+    a writing call to float rounding; bit for bit with
+    ``T5Config.fixed_positions``, which attends over a written copy). Inside
+    ``lax.switch`` a branch that writes the cache makes XLA copy all of it; the
+    rows are written once after the switch (the adaptive-γ loop's widths)."""
     if tree is not None:
       if not write:
         raise ValueError("a tree pass writes its nodes at scratch slots; write=False is for "
@@ -803,30 +766,6 @@ class T5Model:
                               return_hidden=return_hidden, extra=extra)
     return self.module.apply({"params": params}, tokens, positions, cache, write, extra,
                              return_hidden, method=T5.decode)
-
-  def decode_rows(self, params: dict, tokens: Array, positions: Array,
-                  cache: DecoderCache, return_hidden: bool = False) -> tuple:
-    """``decode`` that only reads the cache: -> (logits [B, k, V], rows), rows
-    = (new keys, new values), a [B, k, H, dh] per layer, for ``write_rows``.
-
-    The queries see the cache's rows before positions[:, 0] (the committed
-    prefix; ``positions`` must be consecutive per row) and the new tokens
-    causally: the same attention as ``decode``, which writes the rows first
-    (one softmax over both blocks; sums in another order, equal to float
-    rounding; with ``T5Config.fixed_positions`` it attends over a written copy
-    of the cache instead, as ``decode`` does, so bit for bit). Why: inside
-    ``lax.switch`` a branch that writes the cache makes XLA copy the whole
-    cache each call; a branch that returns rows does not, and the write
-    happens once after the switch (the adaptive-γ loop's widths).
-    """
-    return self.decode(params, tokens, positions, cache, None, return_hidden, write=False)
-
-  @staticmethod
-  def pad_rows(rows: tuple[tuple, tuple], positions: Array,
-               width: int) -> tuple[tuple[tuple, tuple], Array]:
-    """``models.base.pad_rows``: ``decode_rows``'s rows and positions padded
-    to ``width`` rows (position -1: ``write_rows`` drops them)."""
-    return base.pad_rows(rows, positions, width)
 
   @staticmethod
   def read_rows(cache: DecoderCache, slots: Array) -> tuple[tuple, tuple]:
@@ -838,7 +777,7 @@ class T5Model:
   @staticmethod
   def write_rows(cache: DecoderCache, rows: tuple[tuple, tuple],
                  positions: Array) -> DecoderCache:
-    """Scatter ``decode_rows``'s rows into the cache at positions [B, k]
+    """Scatter ``decode(write=False)``'s rows into the cache at positions [B, k]
     (negative positions are dropped: padding)."""
     ks, vs = rows
     return cache.replace(
@@ -852,28 +791,18 @@ class T5Model:
                   partitioner: Optional[Partitioner] = None,
                   extra: Optional[Array] = None) -> tuple:
     """One pass over a token tree (SpecInfer's tree attention): tokens [B, k]
-    for the tree's ``nodes`` (default all N, in index order), lengths [B]
-    int32 committed lengths -> (logits [B, k, V] float32, cache).
+        for the tree's ``nodes`` (default all N, in index order), lengths [B]
+        int32 committed lengths -> (logits [B, k, V] float32, cache).
 
-    Node j is at position lengths + depth(j) (T5's relative-position buckets
-    see what a chain at that depth sees) and its keys/values go to slot
-    lengths + j (the module docstring's slot convention; needs lengths + N <=
-    cache_len, ``TreeShape.cache_len``). Node i attends to the committed
-    prefix (slots < lengths) and the slots of its ancestors and itself: its
-    logits equal a chain ``decode`` of its root-to-node path, to float
-    rounding (other slots, so another order of the softmax sums); for a
-    chain-shaped tree (``TreeShape.chain``) they are equal bit for bit.
-
-    ``nodes``: a subset of node indices, so that a tree can be built a depth
-    at a time (one call per depth, EAGLE-2's expansion for a T5 draft); every
-    ancestor of a node not among ``nodes`` must have been written by an
-    earlier call from the same ``lengths``. ``return_hidden`` as in
-    ``decode``, and ``extra`` [B, k, d] (added to the nodes' embeddings) as
-    ``decode``'s. With a ``partitioner`` the returned cache is pinned to its
-    layout (``partitioning.constrain_cache``), as the loops pin a decode's.
-    A ``tree.RoundTree`` (parents as data, per row) reads its depths and
-    ancestor mask from its arrays.
-    """
+        The module docstring's slot convention (``tree_attention``; needs
+        lengths + N <= cache_len, ``TreeShape.cache_len``): node i's logits equal
+        a chain ``decode`` of its root-to-node path to float rounding, bit for bit
+        for a chain-shaped tree. ``nodes``: a subset, so a tree can be built a
+        depth at a time (EAGLE-2's expansion); the ancestors of a node not among
+        them must have been written by an earlier call from the same ``lengths``.
+        ``return_hidden`` and ``extra`` as in ``decode``; a ``partitioner`` pins
+        the returned cache to its layout; a ``tree.RoundTree`` (parents as data,
+        per row) reads its depths and ancestor mask from its arrays."""
     n_nodes = tree.num_nodes
     nodes = tuple(range(n_nodes)) if nodes is None else tuple(int(j) for j in nodes)
     if not nodes or len(set(nodes)) != len(nodes) or not all(0 <= j < n_nodes for j in nodes):
@@ -888,9 +817,8 @@ class T5Model:
     start = lengths.astype(jnp.int32)
     offsets = jnp.asarray(tree.position_offsets, jnp.int32)                # [N] or [B, N]
     positions = start[:, None] + offsets[..., idx]
-    att = TreeAttention(start=start, slots=start[:, None] + jnp.asarray(idx)[None],
-                        key_offsets=offsets,
-                        visible=jnp.asarray(tree.ancestor_mask)[..., idx, :])
+    att = tree_attention(start, idx, offsets, jnp.asarray(tree.ancestor_mask)[..., idx, :],
+                         cache.cache_len)
     out = self.module.apply({"params": params}, tokens, positions, cache, True, extra,
                             return_hidden, att, method=T5.decode)
     return (out[0], constrain_cache(out[1], partitioner, "tree cache")) + out[2:]

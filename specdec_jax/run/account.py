@@ -1,31 +1,20 @@
 """Where a run's speedup goes between Theorem 3.8 and the clock (paper §3.4,
 Theorem 3.8 generalized by the measured verification cost v).
 
-The runner reports SPEED (the baseline's walltime over speculative decoding's,
-whole examples) next to EXP (with v) = E[tokens per round] / (γ c + v), the
-theorem's prediction per generated token. The two measure different things,
-and this module accounts for the difference step by step, each step replacing
-one of the theorem's assumptions by what was measured on the same run:
+The runner reports SPEED (walltimes, whole examples) next to EXP (with v) =
+E[tokens per round] / (γ c + v). This module accounts for the difference,
+each step replacing one of the theorem's assumptions by what the same run
+measured:
 
   EXP (with v)      Eq. (1) tokens per round over γ c + v, c and v timed apart.
-  x interplay       the round's two models timed back to back, alternating, cost
-                    ``theory.RoundCost.interplay`` times their pieces timed apart
-                    (the runner's "EXP in context").
-  x tokens/call     the run's measured tokens per target call instead of Eq. (1)'s
-                    (1 - α^(γ+1)) / (1 - α): acceptances are not i.i.d., and a
-                    sequence's last round is cut at EOS.
-  + prefill         both loops start each example with the target's encoder and
-                    cache; speculative decoding adds the draft's. The theorem
-                    leaves this fixed cost out ("long generations"); it dilutes
-                    the per-token gain of short outputs.
+  x interplay       the round's two models timed alternating
+                    (``theory.RoundCost.interplay``).
+  x tokens/call     the measured tokens per target call instead of Eq. (1)'s.
+  + prefill         each example's encoders and caches, which the theorem
+                    leaves out.
 
-The last prediction models each example's walltime as prefill + rounds x round
-cost (speculative) and prefill + tokens x step cost (baseline), with every
-quantity measured; SPEED over it is what no cost in the model explains
-(per-round bookkeeping, dispatch, noise). ``attribute`` also reports each
-loop's measured walltime over its own model, which says which side that rest
-lies on.
-"""
+SPEED over the last prediction is what no cost in the model explains;
+``attribute`` also reports each loop's walltime over its own model."""
 
 from __future__ import annotations
 

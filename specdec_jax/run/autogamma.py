@@ -1,33 +1,20 @@
 """Choosing γ by measurement: the paper's §3.5 with this machine's costs.
 
-Section 3.5 picks the γ that maximizes Theorem 3.8's expected improvement
-given α and c. On real hardware the target's pass over γ + 1 tokens is not
-free (its cost relative to a one-token step is v(γ), see ``timing``), so the
-choice maximizes the v-generalized form
+The choice maximizes Theorem 3.8 generalized by the verification cost v(γ),
 
     S(γ) = (1 - α^(γ+1)) / ((1 - α)(γ c(γ) + v(γ)))
 
 over γ = 1..γ_max, with α estimated on the warm-up examples or a held-out
-source (``specdec_jax.alpha``: Corollary 3.6's E[Σ_x min(p(x), q(x))] along
-the target's own outputs) and c(γ), v(γ) timed with the jitted pieces the loop
-runs, in context: the round's two models timed alternating, as a round runs
-them (``theory.RoundCost.interplay``), so γ c(γ) + v(γ) is a round timed whole,
-in one-token steps.
+source (``specdec_jax.alpha``, Corollary 3.6) and γ c(γ) + v(γ) a round timed
+whole, its two models alternating (``theory.RoundCost.interplay``).
 
-Each prediction carries a standard error, by first-order propagation through
-S (``theory.improvement_se``) of two measured errors: α's (over the warm-up
-sequences as clusters, never below the binomial sqrt(α(1 - α)/n),
-``alpha.alpha_standard_error``) and the round's (the spread of the round /
-step ratio over the interleaved repeats, ``theory.RoundCost.round_se``; a round is
-timed whole, so its error enters as the denominator's). The choice speculates
-only where that error cannot explain the gain: γ = 0 (plain decoding, the run
-decodes with the target alone) unless the best prediction beats 1 by more than
-its own standard error, S(γ*) - 1 > se(S(γ*)); otherwise the smallest γ whose
-gap to the best is within one standard error of that gap
-(``theory.gamma_curve``) and whose own gain exceeds its own error. The costs
-the choice used are the run's costs (``GammaChoice.costs``): the prediction in
-``summary.json`` and the choice come from one measurement.
-"""
+Each prediction carries a standard error (``theory.improvement_se``) from
+α's (``alpha.alpha_standard_error``) and the round's
+(``theory.RoundCost.round_se``). The choice is γ = 0 (the target alone) unless
+the best prediction beats 1 by more than its standard error; otherwise the
+smallest γ within one standard error of the best (``theory.gamma_curve``)
+whose own gain exceeds its error. The costs it used are the run's
+(``GammaChoice.costs``)."""
 
 from __future__ import annotations
 
@@ -151,18 +138,12 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
                  batches: Sequence[tuple[Array, int]], key: Array, sampling: SamplingConfig,
                  max_decode_len: int, gamma_max: int, partitioner: Any = None,
                  costs: Optional[dict[int, RoundCost]] = None, repeats: int = 15) -> GammaChoice:
-  """α on ``batches`` (the warm-up examples, see ``alpha.estimate_alpha``),
-  c(γ) and v(γ) for γ = 1..γ_max (timed on the first batch, ``repeats``
-  interleaved repeats, at the loop's cache length for γ_max), and the choice
-  (``decide``): plain decoding unless the best γ's predicted gain exceeds its
-  standard error, else the smallest γ within one standard error of the best
-  that does too. The returned ``costs`` are the ones the choice used: a run
-  records and predicts with them rather than timing again.
-
-  ``costs`` reuses measurements already made (e.g. by a sweep; pass all of
-  1..γ_max from one ``measure_costs_many`` so they are comparable); missing γ
-  are measured here together, in one interleaved measurement.
-  """
+  """α on ``batches`` (the warm-up examples, ``alpha.estimate_alpha``), c(γ) and
+    v(γ) for γ = 1..γ_max (one interleaved measurement at the loop's cache
+    length), and the choice (``decide``, the module's rule). The returned
+    ``costs`` are the ones the choice used, which the run records and predicts
+    with. ``costs`` reuses measurements already made (all of 1..γ_max from one
+    ``measure_costs_many``); missing γ are measured here."""
   if gamma_max < 1:
     raise ValueError(f"gamma_max must be >= 1, got {gamma_max}")
   # A state-reading draft's α depends a little on γ (the staleness of what it

@@ -30,16 +30,23 @@ from specdec_jax.timing import timed
 
 
 def draft_model(setup: Setup) -> tuple[Any, Any]:
-  """(model, params) of the run's T5 draft, which runs beam search itself; a
-  draft that is not a plain T5 model (bridges, shortlist, lookup) is refused."""
+  """(draft, params) for ``beam.speculative_beam_search``: a plain T5 draft's
+  model and params (it runs beam search itself); any other draft (bridges,
+  shortlist, lookup, n-grams) as it is, with None (it proposes each beam's
+  greedy chain)."""
   d = setup.draft
   extras = [name for name in ("bridge", "feature", "shortlist")
             if getattr(d, name, None) is not None]
-  if not hasattr(d, "model") or not hasattr(d, "params") or extras:
-    raise ValueError(f"Experiment.decode_method='beam' needs a plain T5 draft (draft_name='t5' "
-                     f"without bridges or a shortlist); this one has "
-                     f"{', '.join(extras) or 'no T5 model'}")
-  return d.model, d.params
+  if hasattr(d, "model") and hasattr(d, "params") and not extras:
+    return d.model, d.params
+  return d, None
+
+
+def draft_width(setup: Setup) -> int:
+  """The draft's beam width u: Experiment.draft_beam_size for a draft that
+  runs beam search, w (one greedy chain per beam) for any other."""
+  chains = draft_model(setup)[1] is None
+  return setup.exp.beam_size if chains else setup.exp.draft_beam_width
 
 
 def programs(setup: Setup) -> tuple[Any, Any]:
@@ -50,7 +57,7 @@ def programs(setup: Setup) -> tuple[Any, Any]:
             eos_id=target.config.eos_id)
   base = lambda x: beam.beam_search(target, tparams, x, **kw)
   spec = lambda x: beam.speculative_beam_search(target, tparams, dmodel, dparams, x,
-                                                draft_beam_size=exp.draft_beam_width,
+                                                draft_beam_size=draft_width(setup),
                                                 gamma=exp.gamma, **kw)
   return base, spec
 
@@ -68,7 +75,8 @@ def example_line(setup: Setup, i: int, j: int, x: np.ndarray, seconds: tuple[flo
       "index": i, "id": ex.id, "mode": "beam",
       "baseline_s": seconds[0] / rows, "speculative_s": seconds[1] / rows,
       "batch_baseline_s": seconds[0], "batch_speculative_s": seconds[1], "batch_size": rows,
-      "beam_size": exp.beam_size, "draft_beam_size": exp.draft_beam_width, "gamma": exp.gamma,
+      "beam_size": exp.beam_size, "draft_beam_size": draft_width(setup),
+      "draft_chains": draft_model(setup)[1] is None, "gamma": exp.gamma,
       "beam_alpha": exp.beam_alpha,
       "steps": int(base.steps[j]), "target_calls": int(st.rounds[j]),
       "draft_calls": int(st.draft_calls[j]),
@@ -90,7 +98,9 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   hist = np.sum([r["steps_per_round"] for r in records], axis=0).tolist() if records else []
   return {
       "mode": "beam", "examples": n, "beam_size": exp.beam_size,
-      "draft_beam_size": exp.draft_beam_width, "gamma": exp.gamma, "beam_alpha": exp.beam_alpha,
+      "draft_beam_size": records[0]["draft_beam_size"] if records else exp.draft_beam_width,
+      "draft_chains": bool(records and records[0].get("draft_chains")),
+      "gamma": exp.gamma, "beam_alpha": exp.beam_alpha,
       "max_decode_len": exp.max_decode_len, "batch_size": exp.batch_size,
       "baseline_s": total("baseline_s"), "speculative_s": total("speculative_s"),
       "speedup": total("baseline_s") / max(total("speculative_s"), 1e-12),
@@ -106,7 +116,8 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
 
 def row(s: dict) -> str:
   """The result in one line."""
-  return (f"beam search w={s['beam_size']} vs speculative beam search u={s['draft_beam_size']} "
+  draft = "greedy chains" if s.get("draft_chains") else f"u={s['draft_beam_size']}"
+  return (f"beam search w={s['beam_size']} vs speculative beam search {draft} "
           f"γ={s['gamma']}: {s['examples']} examples, speedup {s['speedup']:.2f}x, "
           f"{s['target_calls_per_step']:.3f} target calls per beam step "
           f"({s['steps_per_round']:.2f} steps per round), all beams identical on "

@@ -2,29 +2,16 @@ r"""``--calibrate``: the dry run's cost model beside one real run's costs.
 
   python -m specdec_jax.run --config=configs/table2/ende_small_t0.gin \
       --config=configs/tpu_v4_1.gin --calibrate=v4:1x1x1   # on one TPU v4 chip
-  python -m specdec_jax.run --config=... --calibrate=auto  # the TPU it runs on
 
-On the machine it runs on, the row's models are loaded as a run loads them
-and timed with the runner's own pieces (``calibrate.costs_many``, i.e.
-``timing.measure_costs_many``): the target's one-token step, v(k) for
-k = 1 .. γ+1, the draft's step per token and c (Definition 3.7). Where the
-run has a mesh of several devices, each collective the model prices for one
-iteration of the speculative loop (γ draft steps and one target pass over
-γ+1 positions, ``loop_collectives``) is timed on that mesh
-(``time_collectives``); on one device there are none. The model's side is
-the dry run's priced pieces for the same row and the named topology
-(``run.dry_run_programs.dry_run`` with no loop: ``costs.Roofline``). ``table``
-prints both with their ratio, Theorem 3.8's speedup from each at the
-paper's α for the row (``specdec_jax.paper``), the fixed cost per operation
-that makes the model's c equal the measured one
-(``costs.calibrate_op_seconds``) and the line of ``dryrun/chips.py`` that
-would hold it. ``calibrate.json`` in the workdir keeps all of it; no
-example is decoded.
-
-A measurement is only comparable on the topology the model is for: on any
-other machine (a CPU host, another TPU) the report says so on its first
-lines, and the fitted fixed cost is not for ``chips.py``.
-"""
+The row's models are loaded as a run loads them and timed with the runner's
+pieces (``calibrate.costs_many``: the target's step, v(k) for k = 1 .. γ+1,
+the draft's step and c, Definition 3.7) and, on a mesh, each collective of
+one loop iteration (``loop_collectives``, ``time_collectives``). ``table``
+prints them beside the dry run's priced pieces for the named topology, with
+Theorem 3.8's speedup from each at the paper's α and the fixed cost per
+operation that makes the model's c the measured one
+(``costs.calibrate_op_seconds``); ``calibrate.json`` keeps it all. On a
+machine other than the topology the report says so first."""
 
 from __future__ import annotations
 

@@ -67,6 +67,7 @@ from typing import Optional, Sequence
 
 import gin
 from absl import app, flags, logging
+from gin import resource_reader
 
 from specdec_jax import checkpoints
 from specdec_jax.decoding import AdaptiveConfig
@@ -156,6 +157,23 @@ def import_modules(names: Sequence[str], config_dirs: Sequence[Path] = ()) -> No
                          f"directory ({os.getcwd()}), on sys.path or next to the --config "
                          "files") from None
       _load_file(found[0].resolve())
+
+
+def _in_python_package(path: str) -> bool:
+  """gin's check for an include inside a Python package, answering False where
+  the folder is a namespace package (no ``__init__.py``: ``configs/`` when the
+  repository root is on ``sys.path``) instead of raising TypeError, so that the
+  search goes on to the next location."""
+  try:
+    return resource_reader.system_path_file_exists(path)
+  except TypeError:
+    return False
+
+
+# gin has no public way to replace a registered reader's existence check.
+gin.config._FILE_READERS[:] = [
+    (read, _in_python_package if exists is resource_reader.system_path_file_exists else exists)
+    for read, exists in gin.config._FILE_READERS]
 
 
 def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:

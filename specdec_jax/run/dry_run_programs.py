@@ -64,7 +64,7 @@ from specdec_jax import data, drafts, memory, paper, partitioning
 from specdec_jax.decoding import (cache_length, speculative_decode, temperature_sample,
                                   tree_speculative_decode)
 from specdec_jax.drafts import t5_block
-from specdec_jax.drafts.base import tree_proposal
+from specdec_jax.drafts.base import dynamic_tree_proposal, tree_proposal
 from specdec_jax.dryrun import calibration, driver
 from specdec_jax.dryrun.costs import PIECE_DEPTHS, PIECE_OPTIONS, Roofline, extrapolate
 from specdec_jax.dryrun.driver import (GiB, Compile, Context, DryRun, abstract_key,
@@ -77,7 +77,7 @@ from specdec_jax.run.setup import check_partitioning, estimate_bytes
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.theory import RoundCost
 from specdec_jax.measured import DEMO_RANK_PROFILE
-from specdec_jax.tree import TreeShape, scaled_rank_rates
+from specdec_jax.tree import DynamicTree, RoundTree, TreeShape, scaled_rank_rates
 
 # Where the dry run reads nothing: paths it swaps for a placeholder before
 # validating, so that a row whose checkpoints live elsewhere (or are unset)
@@ -86,6 +86,20 @@ PATH_FIELDS = ("target_checkpoint", "draft_checkpoint", "vocab_path", "source")
 PLACEHOLDER = "gs://dry-run-reads-nothing/"
 LABELS = {"baseline": "baseline loop", "speculative": "speculative loop",
           "draft": "draft (init + γ proposals)", "alpha": "α pass (§4.2)"}
+
+
+def priced_tree(tree: TreeShape | DynamicTree, rates: Sequence[float]) -> TreeShape:
+  """The static tree the cost model prices: ``tree`` itself, or for a tree
+  chosen per round (``DynamicTree``, whose tokens per round depend on the
+  draft's confidence each round, not on rank rates alone) the static tree of
+  the same node count and depth that accepts the most at ``rates``
+  (``TreeShape.from_acceptance``). An ASSUMPTION: the per-round tree
+  matches that tree's tokens per round (on the demo pair it passed it by a
+  few percent at T = 0 and matched it within noise at T = 1;
+  docs/benchmarks.md)."""
+  if isinstance(tree, DynamicTree):
+    return TreeShape.from_acceptance(rates, tree.num_nodes, tree.max_depth)
+  return tree
 
 
 def paper_row(exp: Experiment) -> Optional[paper.Row]:
@@ -278,15 +292,18 @@ def _cache(cfg: T5Config, part: Optional[Partitioner], device: Any, batch: int, 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "cache_len", "sampling", "tree"))
 def draft_round(draft: Any, inputs: jax.Array, key: jax.Array, *, gamma: int, cache_len: int,
-                sampling: SamplingConfig, tree: Optional[TreeShape] = None
+                sampling: SamplingConfig, tree: Optional[TreeShape | DynamicTree] = None
                 ) -> tuple[jax.Array, jax.Array]:
   """The draft on its own: its init (encoder and cache) and one round of γ
   proposals from an empty prefix -> (tokens [B, γ], q [B, γ, V]); with a
-  ``tree``, one tree proposal (tokens [B, N], q [B, N, V])."""
+  ``tree``, one tree proposal (tokens [B, N], q [B, N, V]; a ``DynamicTree``:
+  the tree chosen this round, ``dynamic_tree_proposal``)."""
   b = inputs.shape[0]
   state = draft.init(inputs, cache_len)
   seq = jnp.zeros((b, cache_len + 1), jnp.int32)
   length = jnp.zeros((b,), jnp.int32)
+  if isinstance(tree, DynamicTree):
+    return dynamic_tree_proposal(draft, state, seq, length, tree, sampling, key)[:2]
   if tree is not None:
     tokens, q = tree_proposal(draft, state, seq, length, tree, sampling, key)[:2]
     return tokens, q
@@ -319,17 +336,23 @@ def lower_pass(cfg: T5Config, part: Optional[Partitioner], device: Any, exp: Exp
                  ).lower(params, tokens, tokens, cache)
 
 
-def _tree_pass(model: T5Model, part: Optional[Partitioner], tree: TreeShape) -> Callable:
-  def one_pass(params, tokens, lengths, cache):
-    return model.decode_tree(params, tokens, lengths, tree, cache, partitioner=part)
+def _tree_pass(model: T5Model, part: Optional[Partitioner],
+               tree: TreeShape | DynamicTree) -> Callable:
+  def one_pass(params, tokens, lengths, cache, parents):
+    shape = tree
+    if isinstance(tree, DynamicTree):  # the round's parents are data
+      shape = RoundTree.from_parents(parents, tree.max_depth, tree.max_branching)
+    return model.decode_tree(params, tokens, lengths, shape, cache, partitioner=part)
   return one_pass
 
 
 def lower_tree_pass(cfg: T5Config, part: Optional[Partitioner], device: Any, exp: Experiment,
-                    tree: TreeShape, cache_len: int) -> Any:
+                    tree: TreeShape | DynamicTree, cache_len: int) -> Any:
   """One pass over a token tree's N nodes (``T5Model.decode_tree``: each node
   attends to the committed prefix and its own ancestors, the tree's mask),
-  lowered alone as ``lower_pass`` lowers a chain's."""
+  lowered alone as ``lower_pass`` lowers a chain's. A ``DynamicTree``'s pass
+  takes the round's parents [B, N] as data and derives its mask from them
+  (``tree.RoundTree``), as the loop does."""
   b = exp.batch_size
   params = abstract_params(cfg, part, exp.param_dtype, device)
   tokens = sharded(part, device, ("batch", None), (b, tree.num_nodes), jnp.int32, "tokens")
@@ -339,7 +362,8 @@ def lower_tree_pass(cfg: T5Config, part: Optional[Partitioner], device: Any, exp
   formats = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), params)
   return jax.jit(_tree_pass(T5Model(cfg), part, tree), donate_argnums=(3,),
                  in_shardings=(formats, shardings(tokens), shardings(lengths),
-                               shardings(cache))).lower(params, tokens, lengths, cache)
+                               shardings(cache), shardings(tokens))
+                 ).lower(params, tokens, lengths, cache, tokens)
 
 
 def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
@@ -479,7 +503,8 @@ class RunDryRun(DryRun):
     tree = self.exp.tree_shape
     if tree is None:
       return self.round_cost().expected_tokens(self.paper.alpha)
-    return tree.expected_tokens(scaled_rank_rates(self.paper.alpha, DEMO_RANK_PROFILE))
+    rates = scaled_rank_rates(self.paper.alpha, DEMO_RANK_PROFILE)
+    return priced_tree(tree, rates).expected_tokens(rates)
 
   def predicted(self, with_v: bool = False) -> Optional[float]:
     """Theorem 3.8 at the paper's α with the model's c (and v(γ + 1) with
@@ -624,10 +649,15 @@ def prediction_lines(r: RunDryRun) -> list[str]:
                f"{r.predicted(True):.2f}x)")
   else:
     rates = scaled_rank_rates(row.alpha, DEMO_RANK_PROFILE)
-    theorem = (f"  The tree ({tree.num_nodes} nodes, depth {tree.max_depth}) at the paper's α = "
-               f"{row.alpha}{caveat}, runner-up draft choices accepted at the demo pair's "
-               f"fall-off scaled to it (an assumption): {tree.expected_tokens(rates):.2f} tokens per round of "
-               f"{tree.max_depth} draft calls and one {tree.num_nodes}-node pass: predicted "
+    calls = 1 if rl.block is not None else tree.max_depth  # a block draft: one call
+    per_round = (" chosen per round, priced as the best static tree of its size at these "
+                 "rates (an assumption)" if isinstance(tree, DynamicTree) else "")
+    theorem = (f"  The tree ({tree.num_nodes} nodes, depth {tree.max_depth}{per_round}) at the "
+               f"paper's α = {row.alpha}{caveat}, runner-up draft choices accepted at the demo "
+               f"pair's fall-off scaled to it (an assumption): "
+               f"{priced_tree(tree, rates).expected_tokens(rates):.2f} tokens per round of "
+               f"{calls} draft call{'s' if calls != 1 else ''} and one "
+               f"{tree.num_nodes}-node pass: predicted "
                f"{r.predicted():.2f}x")
   lines = [f"  predicted c = {rl.c():.4f} (paper, Table 4: {row.c})",
            theorem + f"; the paper measured {row.speedup}x (Table 2, γ = {row.gamma}, "

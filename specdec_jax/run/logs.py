@@ -1,30 +1,14 @@
-"""One logging setup for every entry point (the runner and the scripts).
+"""One logging setup for every entry point (the runner under absl, the scripts
+through ``script_logging``).
 
-Under ``absl.app`` (the runner) INFO records reach stderr through absl's
-handler; ``script_logging`` gives the scripts, which parse their flags with
-argparse, the same behaviour.
-
-``quiet_libraries(True)`` (the default) is what a reader sees: this package's
-own INFO records as plain lines (``PlainFormatter``: no logging prefix), every
-warning and error, and nothing else. It hides the INFO records of other
-libraries (Orbax writes dozens per checkpoint, JAX a few per compilation) and
-this package's own details (records logged with ``extra=DETAIL``: the costs
-behind each step, what the warm-up ran), on absl's handler and on the
-``orbax``, ``jax`` and ``absl`` loggers; it also drops the reports TensorStore
-makes from its threads after Orbax closed their event loop (see
-``quiet_unraisable``). ``quiet_libraries(False)`` (``--verbose``) undoes all
-of it: every record, with absl's prefix. Calling it again with the same value
-changes nothing.
-
-``quiet_libtpu`` keeps libtpu's probing for a TPU off the screen on a machine
-that has none (``specdec_jax.dryrun.chips.quiet_libtpu``).
-
-``quiet_native_noise`` drops the one line native code is known to print to
-the process's stderr that says nothing a reader needs: TensorStore's report,
-on the first gs:// access without gcloud credentials, that no credentials
-file exists (the runner's own error says so in words, where it matters).
-Every other byte passes through, in order.
-"""
+``quiet_libraries(True)`` (the default) shows this package's own INFO records
+as plain lines (``PlainFormatter``), every warning and error, and nothing
+else: not other libraries' INFO records, not records logged with
+``extra=DETAIL``, not TensorStore's reports from threads after Orbax closed
+their event loop (``quiet_unraisable``). ``quiet_libraries(False)``
+(``--verbose``) shows every record with absl's prefix. ``quiet_libtpu`` hides
+libtpu's probing on a machine without a TPU; ``quiet_native_noise`` drops
+TensorStore's native "no credentials file" line, passing every other byte."""
 
 from __future__ import annotations
 

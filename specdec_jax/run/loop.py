@@ -1,19 +1,9 @@
 """The timed loop (paper §4): each batch decoded by the baseline and by
-speculative decoding with the same inputs, max length, sampling settings and
-key, each call ending in ``block_until_ready``.
-
-Measurement protocol:
-
-* before anything is timed, ``calibrate`` chooses γ (gamma='auto': §3.5, or
-  plain decoding where no γ pays), compiles and warms both programs on the
-  first ``num_warmup`` examples, and measures c, v and the prefill once;
-* per example, one line of ``examples.jsonl`` (appended and flushed as it
-  completes); ``summary.json`` is recomputed from all lines, so every number
-  it holds can be recomputed from ``examples.jsonl``.
-
-``run_alpha_only`` (paper §4.2, Table 3) generates with the target alone and
-averages sum_x min(p, q) along the generated tokens.
-"""
+speculative decoding with the same inputs, max length, sampling and key, each
+call ending in ``block_until_ready``, after ``calibrate`` (γ, warm-up, c, v,
+prefill). One line of ``examples.jsonl`` per example as it completes;
+``summary.json`` is recomputed from all lines. ``run_alpha_only`` (§4.2,
+Table 3) generates with the target alone and averages Σ_x min(p, q)."""
 
 from __future__ import annotations
 

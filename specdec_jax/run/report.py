@@ -20,16 +20,10 @@ COST_KEYS = RoundCost.RECORD_KEYS
 
 
 def summarize(exp: Experiment, records: list[dict]) -> dict:
-  """Aggregates examples.jsonl lines into summary.json.
-
-  Each line carries the cost measurement (c, v, step times) of the process
-  that wrote it; a resumed run has one measurement per segment. The summary's
-  costs are the median over all lines, and ``cost_segments`` lists each
-  segment's own (with its number of examples), so a reader sees which costs
-  the predictions used. The γ is the one the lines record (gamma='auto': the
-  choice, with what it saw). Every number here can be recomputed from
-  examples.jsonl alone.
-  """
+  """Aggregates examples.jsonl lines into summary.json: costs are the median over
+    all lines, ``cost_segments`` lists each resumed segment's own measurement
+    (with its number of examples), the γ is the one the lines record; every
+    number can be recomputed from examples.jsonl alone."""
   costs = median_costs(records)
   gamma = None if exp.tree else (records[0]["gamma"] if records else exp.gamma)
   summary = {
@@ -161,12 +155,9 @@ def _tree(exp: Experiment, records: list[dict]) -> dict:
 
 def _predictions(alpha: float, round_cost: RoundCost | None) -> dict:
   """Theorem 3.8 at the run's α for a fixed-γ round (``RoundCost.predicted``;
-  None: no prediction) three ways: with c alone, with the verification cost
-  v, and with both timed alternating as in a round (``RoundCost.interplay``:
-  what is left between this and SPEED is the engine's own per-round work and
-  the finite length of the outputs); and Eq. (1)'s tokens per target call,
-  which the measured count falls short of where acceptances are not
-  independent or rounds stop at EOS (``account`` has the whole account)."""
+    None: no prediction) with c alone, with v, and with the interplay
+    (``RoundCost.interplay``); and Eq. (1)'s tokens per target call
+    (``account`` explains the gaps)."""
   if round_cost is None:
     return dict.fromkeys(("expected_speedup", "expected_speedup_v",
                           "expected_speedup_in_context", "tokens_per_target_call_eq1"))

@@ -165,10 +165,12 @@ class Experiment(PairSettings):
     every draft that can fill it (README, "Token trees").
   decode_method: 'sample' (``SamplingConfig``) or 'beam': T5X's beam search
     against speculative beam search (Appendix A.4, ``specdec_jax.beam``). With
-    'beam' the draft is a plain T5 model and ``gamma`` its steps per round.
+    'beam' ``gamma`` is the draft's steps per round: a plain T5 draft runs
+    beam search, any other proposes each beam's greedy chain.
   beam_size: the beam width w of 'beam'.
   beam_alpha: the brevity penalty's exponent of 'beam' ((5 + length) / 6)^alpha.
-  draft_beam_size: the draft's beam width u >= w of 'beam' (0: ``beam_size``).
+  draft_beam_size: the draft's beam width u >= w of 'beam' (0: ``beam_size``;
+    a draft's greedy chains are u = w).
   batch_size: examples decoded together (rows accept independently).
   max_input_len: the longest input in tokens (longer ones per ``on_too_long``).
   input_buckets: the input lengths each batch is padded to, the smallest
@@ -368,16 +370,12 @@ class Experiment(PairSettings):
     clash = [f for f, on in (("tree", bool(self.tree)), ("adaptive", self.adaptive is not None),
                              ("lenience", self.lenience != 1.0),
                              ("fixed_positions", bool(self.fixed_positions)),
-                             ("draft_shortlist", bool(self.draft_shortlist)),
                              ("gamma", not isinstance(self.gamma, int)))
              if on]
     if clash:
       raise ValueError(f"Experiment.decode_method='beam' cannot run with Experiment."
                        f"{clash[0]}={getattr(self, clash[0])!r} (beam search takes a fixed "
-                       "integer gamma and a plain T5 draft)")
-    if self.draft_name != "t5":
-      raise ValueError(f"Experiment.decode_method='beam' needs draft_name='t5' (the draft runs "
-                       f"beam search itself), got {self.draft_name!r}")
+                       "integer gamma)")
 
   @property
   def draft_beam_width(self) -> int:

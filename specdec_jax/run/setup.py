@@ -61,16 +61,11 @@ def _device_memory() -> tuple[int, str]:
 
 
 def estimate_bytes(exp: Experiment, alpha_only: bool = False) -> dict[str, int]:
-  """Bytes per device of the weights and decoding buffers, from the configs alone.
-
-  ``memory.plan`` under the experiment's mesh and rules: weights at
-  ``param_dtype`` (norms float32; a quantized draft's kernels as int8 / int4
-  plus scales), KV caches (self-attention over
-  max_decode_len + γ + 1 positions, cross-attention over max_input_len) at
-  ``dtype``; in ``--alpha_only`` also the teacher-forced p and q ([B, T, V]
-  float32, counted unsharded). A model whose checkpoint does not say its
-  architecture (a T5X checkpoint without a preset) is left out.
-  """
+  """Bytes per device of the weights and decoding buffers, from the configs alone:
+    ``memory.plan`` under the experiment's mesh and rules, and in
+    ``--alpha_only`` the teacher-forced p and q ([B, T, V] float32, unsharded).
+    A model whose checkpoint does not say its architecture (T5X without a
+    preset) is left out."""
   pair = exp.pair
   cfgs = {role: pair.peek_config(role) for role in ("target", "draft")}
   if cfgs["target"] is None:

@@ -1,42 +1,22 @@
 """A run's working directory: examples.jsonl (append-only, one line per
-example), summary.json (rewritten atomically) and config.gin. A local
-directory or a ``gs://`` prefix: Cloud Storage objects cannot be appended to,
-so there examples.jsonl is rewritten whole (one atomic object write) after
-each example; resuming reads it back the same way.
+example), summary.json (rewritten atomically) and config.gin, in a local
+directory or a ``gs://`` prefix (where examples.jsonl is rewritten whole, one
+atomic object write, after each example). Its integrity rules are the
+runner's (``run.cli``).
 
-Workdir integrity: nothing is written before the first result; ``config.gin``
-(the run's gin config) is written atomically with it, so a workdir's files
-always describe its results. A workdir holds one mode (speculative or
-``--alpha_only``); the other mode, a different config, or a corrupt line is
-refused before any work, with nothing changed. ``--resume`` may raise
-``Experiment.num_examples`` (the run is extended).
+One writer per workdir: a run holds it (``WriterHold``, the file or object
+``writer.lock`` naming the host, pid and start time) from before it reads
+anything until it exits, and a second run is refused in one line naming the
+holder. Locally the hold is an ``flock`` on ``writer.lock``, which ends with
+its process. On ``gs://`` the object is created only where none exists
+(``ifGenerationMatch=0``) and refreshed every ``HEARTBEAT_S`` seconds; a hold
+whose process is gone from this host, whose host restarted or which is
+``STALE_S`` seconds old is replaced, conditioned on the generation read, so
+of two runs taking it over one wins.
 
-One writer per workdir: a run holds its workdir (``WriterHold``, the file or
-object ``writer.lock`` naming the host, process id and start time) from
-before it reads any data or model until it exits (normally, on an error or on
-Ctrl-C), and a second run on it, ``--resume`` or not, is refused at once in
-one line naming the holder. How a hold left by a run that died is told apart:
-
-* local: the hold is the kernel's lock (``flock``) on ``writer.lock``, which
-  ends with its process however it ends (killed, or its machine lost on a
-  shared file system whose locks expire with the client); the file's content
-  only names the holder. The next run takes it at once.
-* ``gs://``: the object is created only where none exists (the
-  ``ifGenerationMatch=0`` precondition) and refreshed every ``HEARTBEAT_S``
-  seconds by its holder, each refresh conditioned on the generation it wrote
-  last. A hold is abandoned when its process is gone from this very host
-  (same host name, boot and pid namespace, pid not running), when its host
-  has restarted, or when it has not been refreshed for ``STALE_S`` seconds
-  (a lost VM: the hosts' clocks are compared, which NTP keeps within a
-  second); the next run then replaces it, again conditioned on the
-  generation it read, so of two runs taking over the same hold one wins.
-
-Results are never replaced by another writer: on ``gs://`` each rewrite of
-``examples.jsonl`` is conditioned on the generation this run read or wrote
-last, locally each append checks that the file still has the size this run
-left; a run that finds otherwise (or whose hold was taken over) stops with
-one line and writes nothing more.
-"""
+Results are never replaced by another writer: each ``gs://`` rewrite is
+conditioned on the generation this run last read or wrote, each local append
+on the size it left; a run that finds otherwise stops with one line."""
 
 from __future__ import annotations
 
@@ -346,13 +326,10 @@ def check_writable(path: Path) -> None:
 class Workdir:
   """examples.jsonl (append-only), summary.json (atomic rewrite), config.gin.
 
-  The constructor takes the writer hold (process 0 of a multi-host run; the
-  others only read) and checks (and reads finished lines); the directory and
-  config.gin are written with the first result, so a run that fails earlier
-  leaves nothing behind. ``path`` is a local directory or a ``gs://`` prefix
-  (a str, as are the file paths below). ``close`` (or ``release_holds``)
-  gives the hold up.
-  """
+    The constructor takes the writer hold (process 0 of a multi-host run; the
+    others only read) and reads finished lines; the directory and config.gin
+    are written with the first result. ``path`` is a local directory or a
+    ``gs://`` prefix; ``close`` (or ``release_holds``) gives the hold up."""
 
   def __init__(self, path: str, config_str: str, resume: bool, mode: str = "speculative",
                num_indices: Optional[int] = None, command: str = "python -m specdec_jax.run"):

@@ -1,23 +1,9 @@
-"""Table 2's runs as figures (``scripts/make_tables.py --figures``): PNG files
-written next to the tables' markdown.
-
-Rows are named by draft and temperature (``row_labels``); a series with
-nothing to draw has no bar and no legend entry, and legends sit beside the
-axes, over no bar.
-
-* ``speedup.png``: each row's measured walltime improvement beside the
-  paper's for the same task, draft size and temperature (Table 2, one TPU-v4)
-  where the paper has that row.
-* ``tokens_per_call.png``: tokens per target call, measured, beside Eq. (1)'s
-  (1 - α^(γ+1)) / (1 - α) at the run's own α and γ.
-* ``acceptance.png``: per draft position i, the rate at which the i-th
-  proposed token is accepted when it is evaluated (summed over the run's
-  examples.jsonl), one line per row; i.i.d. acceptance (§3.1) would make each
-  line flat at α.
-
-matplotlib is an optional dependency (``pip install -e ".[figures]"``): it is
-imported only when a figure is drawn, and its absence is one clear error.
-"""
+"""Table 2's runs as figures (``scripts/make_tables.py --figures``), PNG files
+beside the tables' markdown: ``speedup.png`` (measured beside the paper's
+Table 2 row), ``tokens_per_call.png`` (measured beside Eq. (1) at the run's α
+and γ) and ``acceptance.png`` (per draft position, the acceptance rate when
+evaluated; i.i.d. acceptance, §3.1, would make each line flat at α).
+matplotlib (the ``figures`` extra) is imported only when a figure is drawn."""
 
 from __future__ import annotations
 

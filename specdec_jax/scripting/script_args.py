@@ -2,8 +2,7 @@
 data (the defaults every benchmark starts from), the flags that select a pair,
 a draft and the decoding settings, flags generated from a settings
 dataclass's fields (``dataclass_flags``: the one way a script spells a
-setting), how relative paths are found, one logging setup, a line describing
-the machine, and markdown tables.
+setting), how relative paths are found, one logging setup and markdown tables.
 
 Paths a script reads (checkpoints, vocabularies, data) are found as the runner
 finds them (``specdec_jax.run.settings.resolve_path``): relative to the working
@@ -17,16 +16,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import platform
-import subprocess
 import sys
 import traceback
 import types
 import typing
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
-
-import jax
 
 from specdec_jax.run import logs
 from specdec_jax.run.cli import USER_ERRORS
@@ -280,47 +275,6 @@ def run_main(main: Callable[[], Optional[int]]) -> None:
 def comma_list(text: str, kind: Callable[[str], T] = str) -> list[T]:
   """'1,2,,3' -> [kind('1'), kind('2'), kind('3')] (empty items dropped)."""
   return [kind(x.strip()) for x in text.split(",") if x.strip()]
-
-
-# ----------------------------------------------------------------- machine
-
-
-def _cpu_model() -> str:
-  model = platform.processor() or "?"
-  try:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-  except OSError:
-    return model
-  for line in out.splitlines():
-    if line.startswith("Model name:"):
-      model = line.split(":", 1)[1].strip()
-  return model
-
-
-def _memory() -> str:
-  try:
-    with open("/proc/meminfo") as f:
-      for line in f:
-        if line.startswith("MemTotal:"):
-          return f"{int(line.split()[1]) / 2**20:.1f} GiB"
-  except OSError:
-    pass
-  return "?"
-
-
-def machine_description() -> str:
-  """One line: the CPUs this process may use (of all), their model, the RAM,
-  and JAX's version, backend and devices."""
-  usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  devices = jax.devices()
-  return (f"{usable} of {os.cpu_count()} CPUs ({_cpu_model()}), RAM {_memory()}; "
-          f"jax {jax.__version__} on {jax.default_backend()}: {len(devices)} x "
-          f"{devices[0].device_kind}")
-
-
-def load_average() -> str:
-  """The 1, 5 and 15 minute load averages, e.g. '0.52 0.40 0.33'."""
-  return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 # ----------------------------------------------------------------- markdown

@@ -1,23 +1,14 @@
 """All rows of Table 2 on one machine, one after another
 (``scripts/run_table2.py``).
 
-A family is a folder of row configs, one Table 2 row each (paper §4.1: task,
-draft size, temperature, γ): ``t5_1_0`` (``configs/table2_t5_1_0/``, the
-public T5 1.0 checkpoints) or ``t5_1_1`` (``configs/table2/``, the paper's
-fine-tuned T5 1.1 models). Each row runs in its own process of the runner,
-``python -m specdec_jax.run --config=ROW --config=OVERLAY...
---gin_bindings=... --workdir=ROOT/ROW --resume``, so that each starts with the
-accelerator's memory empty and a failing row does not stop the others.
-
-Resuming is the runner's own: a row whose ``summary.json`` already counts the
-row's ``Experiment.num_examples`` is skipped without starting a process; any
-other row is (re)started with ``--resume``, which continues after its last
-complete example (or, where the source ran out of examples before
-``num_examples``, prints the finished row without loading a model), and
-refuses a workdir written with another config. A finished row whose summary
-records other settings (mesh, dtypes, batch, temperature) stops the command
-before anything runs.
-"""
+A family is a folder of row configs (paper §4.1): ``t5_1_0``
+(``configs/table2_t5_1_0/``, public T5 1.0 checkpoints) or ``t5_1_1``
+(``configs/table2/``, the paper's T5 1.1 models). Each row runs in its own
+runner process with ``--workdir=ROOT/ROW --resume``, so each starts with the
+accelerator's memory empty and a failing row does not stop the others. A row
+whose ``summary.json`` already counts its ``num_examples`` is skipped; a
+finished row that records other settings stops the command before anything
+runs."""
 
 from __future__ import annotations
 
