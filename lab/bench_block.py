@@ -211,7 +211,11 @@ def proposal_ms(loops: dict, target, tparams, x, sampling, repeats: int) -> dict
 
 def block_cost_in_steps(block, target, tparams, x, gammas, repeats: int) -> dict:
   """The block call at each γ over one cached one-token step of the same
-  network (its decoder, extra included), timed interleaved."""
+  network (its decoder, extra included), timed interleaved; and the call's
+  decoder layers alone (its 2γ positions' final states, no output layer), in
+  the same steps: what the positions cost beside the γ output-layer rows; and
+  a plain pass over the same positions with the output layer at every one
+  (what the call computed before it kept only the block's rows)."""
   model, params = block.t5.model, block.t5.params
   cache_len = 160
   state = drafts.base.init_draft(block, x, cache_len, target.encode(tparams, x))
@@ -222,25 +226,54 @@ def block_cost_in_steps(block, target, tparams, x, gammas, repeats: int) -> dict
   step = jax.jit(lambda c: model.decode(params, seq[:, 8:9], length[:, None], c,
                                         jnp.zeros((1, 1, d)))[0])
   calls = {g: jax.jit(lambda s, g=g: block.block_logits(s, seq, length, g)[0]) for g in gammas}
+  pos = {g: t5_block.block_positions(length, g, g + 1) for g in gammas}
+  toks = {g: jnp.take_along_axis(seq, jnp.maximum(pos[g], 0), 1) for g in gammas}
+  layers = {g: jax.jit(lambda c, g=g: model.decode(
+      params, toks[g], pos[g], c, jnp.zeros((1, 2 * g, d)), return_hidden=True)[2])
+      for g in gammas}
+  every = {g: jax.jit(lambda c, g=g: model.decode(  # the output layer at all 2γ positions
+      params, toks[g], pos[g], c, jnp.zeros((1, 2 * g, d)))[0]) for g in gammas}
   jax.block_until_ready(step(cache))
   for g in gammas:
     jax.block_until_ready(calls[g](state))
-  t_step, t_call = [], {g: [] for g in gammas}
+    jax.block_until_ready(layers[g](cache))
+    jax.block_until_ready(every[g](cache))
+  t_step, t_call, t_layers = [], {g: [] for g in gammas}, {g: [] for g in gammas}
+  t_every = {g: [] for g in gammas}
   for _ in range(repeats):
     t_step.append(timed(step, cache)[0])
     for g in gammas:
       t_call[g].append(timed(calls[g], state)[0])
+      t_layers[g].append(timed(layers[g], cache)[0])
+      t_every[g].append(timed(every[g], cache)[0])
   s = statistics.median(t_step)
   return {"step_ms": 1e3 * s,
-          "steps": {g: statistics.median(t_call[g]) / s for g in gammas}}
+          "steps": {g: statistics.median(t_call[g]) / s for g in gammas},
+          "layers_steps": {g: statistics.median(t_layers[g]) / s for g in gammas},
+          "every_position_steps": {g: statistics.median(t_every[g]) / s for g in gammas}}
+
+
+def best_block(alpha: float, ratio: list[float], c: float, block_steps: float
+               ) -> tuple[float, int]:
+  """Theorem 3.8's speedup (v = 1) of a block draft whose acceptance at
+  position i is α ratio_i, priced at one call of ``block_steps`` draft steps,
+  at the γ ≤ len(ratio) that maximizes it (ties: the shortest) -> (speedup, γ)."""
+  best = (0.0, -1)
+  for g in range(1, len(ratio) + 1):
+    alphas = [min(1.0, alpha * r) for r in ratio[:g]]
+    s = theory.RoundCost(g, c * block_steps, 1.0, draft_calls=1).speedup(
+        theory.expected_tokens_by_position(alphas))
+    best = max(best, (float(s), -g))
+  return best[0], -best[1]
 
 
 def predictions(ratio: list[float], block_steps: float, args) -> list[dict]:
   """Table 2's EnDe T = 0 rows: the paper's α and γ for the autoregressive
   chain (Theorem 3.8, v = 1) and a PREDICTION for a block draft whose
   acceptance at position i is the paper's α times the demo's ratio
-  block/autoregressive at i, priced at one call of ``block_steps`` draft steps,
-  at the γ (≤ the measured profile's length) that maximizes it."""
+  block/autoregressive at i, priced at one call of ``block_steps`` draft steps
+  (and of 1.5), at the γ (≤ the measured profile's length) that maximizes it;
+  the ceiling: the paper's α at every position (up to γ 8)."""
   out = []
   for row in paper.TABLE2:
     if row.task != "ende" or row.temperature != 0:
@@ -250,16 +283,15 @@ def predictions(ratio: list[float], block_steps: float, args) -> list[dict]:
       chips.append(("H200", args.h200_c))
     for chip, c in chips:
       chain = theory.RoundCost(row.gamma, c, 1.0).predicted(row.alpha)
-      best = (0.0, -1)
-      for g in range(1, len(ratio) + 1):
-        alphas = [min(1.0, row.alpha * r) for r in ratio[:g]]
-        s = theory.RoundCost(g, c * block_steps, 1.0, draft_calls=1).speedup(
-            theory.expected_tokens_by_position(alphas))
-        best = max(best, (float(s), -g))   # ties: the shortest γ
+      pred, gamma = best_block(row.alpha, ratio, c, block_steps)
+      pred_15, gamma_15 = best_block(row.alpha, ratio, c, 1.5)
+      ceiling, gamma_c = best_block(row.alpha, [1.0] * 8, c, block_steps)
       out.append({"row": f"EnDe {row.draft} T=0", "chip": chip, "alpha": row.alpha,
                   "c": c, "paper": row.speedup, "chain_gamma": row.gamma,
-                  "chain_theorem_3_8": float(chain), "block_predicted": best[0],
-                  "block_gamma": -best[1]})
+                  "chain_theorem_3_8": float(chain), "block_predicted": pred,
+                  "block_gamma": gamma, "block_predicted_at_1_5_steps": pred_15,
+                  "block_gamma_at_1_5_steps": gamma_15, "ceiling": ceiling,
+                  "ceiling_gamma": gamma_c})
   return out
 
 
@@ -311,6 +343,12 @@ def main(argv=None) -> int:
   print("| γ | " + " | ".join(str(g) for g in gammas) + " |")
   print("|---|" + "---|" * len(gammas))
   print("| steps | " + " | ".join(f"{cost['steps'][g]:.2f}" for g in gammas) + " |")
+  print("| a pass over the same positions, output layer at all of them | "
+        + " | ".join(f"{cost['every_position_steps'][g]:.2f}" for g in gammas) + " |")
+  print("| its decoder layers alone, no output layer | "
+        + " | ".join(f"{cost['layers_steps'][g]:.2f}" for g in gammas) + " |")
+  print("| positions (a step: 1) | " + " | ".join(str(2 * g) for g in gammas) + " |")
+  print("| output-layer rows (a step: 1) | " + " | ".join(str(g) for g in gammas) + " |")
   t0 = report["loops"]["T=0"] if "T=0" in report["loops"] else next(iter(report["loops"].values()))
   ar_a, bl_a = t0["ar chain"]["alpha_by_position"], t0["block chain"]["alpha_by_position"]
   ar_mean = float(np.nanmean(ar_a))
@@ -322,11 +360,14 @@ def main(argv=None) -> int:
   report["ratio"], report["predictions"] = ratio, preds
   print(f"\nPREDICTION (cost model, v = 1): the paper's α times the demo's block/autoregressive "
         f"acceptance ratio by position ({fmt(ratio)}), one block call = one draft step")
-  print("| row | chip | c | α | paper | chain γ 7 (Theorem 3.8) | block, predicted (γ) |")
-  print("|---|---|---|---|---|---|---|")
+  print("| row | chip | c | α | paper | chain γ 7 (Theorem 3.8) | block, predicted (γ) | "
+        "at 1.5 steps a call (γ) | ceiling: α at every position (γ) |")
+  print("|---|---|---|---|---|---|---|---|---|")
   for p in preds:
     print(f"| {p['row']} | {p['chip']} | {p['c']:.3f} | {p['alpha']:.2f} | {p['paper']:.1f}x | "
-          f"{p['chain_theorem_3_8']:.2f}x | {p['block_predicted']:.2f}x ({p['block_gamma']}) |")
+          f"{p['chain_theorem_3_8']:.2f}x | {p['block_predicted']:.2f}x ({p['block_gamma']}) | "
+          f"{p['block_predicted_at_1_5_steps']:.2f}x ({p['block_gamma_at_1_5_steps']}) | "
+          f"{p['ceiling']:.2f}x ({p['ceiling_gamma']}) |")
   report["block_steps_used"] = block_steps
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

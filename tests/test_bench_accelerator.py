@@ -126,7 +126,8 @@ def test_bench_accelerator_runner_smoke_prints_every_table(tmp_path):
 
 
 @pytest.mark.parametrize("flags, names", [([], ("devices",) + GPU_SECTIONS),
-                                          (["--runner"], ("devices",) + RUNNER_SECTIONS)])
+                                          (["--runner"], ("devices",) + RUNNER_SECTIONS),
+                                          (["--block"], ("devices", "block"))])
 def test_bench_accelerator_runs_every_section_after_failures(tmp_path, flags, names):
   """A `python` that fails at once: every section is tried and reported,
   the script goes on to the end and exits 1; output goes to BENCH_WORKDIR."""

@@ -161,19 +161,33 @@ class Roofline:
   draft: Optional[Piece]
   floor: int            # decoder + output-layer weight bytes per device
   draft_floor: int = 0  # the same for the draft
+  # A block draft's proposal (``drafts.t5_block``): its one call over its
+  # catch-up and mask positions; None for a draft that proposes a token a call.
+  block: Optional[Piece] = None
 
   def round_cost(self, gamma: int, draft_calls: Optional[int] = None) -> RoundCost:
     """A round of ``draft_calls`` draft steps (default γ, a chain's) and one
     target pass over γ + 1 positions, priced (``theory.RoundCost``; no draft:
-    c = 0; v is nan where that pass was not compiled)."""
+    c = 0; v is nan where that pass was not compiled). With ``block``, the
+    proposal is that one call (c = the call over a target step, one call)."""
     v = self.v(gamma + 1) if gamma + 1 in self.target else math.nan
+    if self.block is not None:
+      return RoundCost(gamma, self.block_c(), v, 1, step_ms=self.baseline_ms_per_token())
     return RoundCost(gamma, self.c(), v, draft_calls, step_ms=self.baseline_ms_per_token())
 
   def tree_round_cost(self, tree: TreeShape) -> RoundCost:
-    """A token tree's round: one draft step per depth and the pass over its
-    N nodes (``target[N]``, priced with the tree's own mask)."""
+    """A token tree's round: one draft step per depth (a block draft: its
+    one call) and the pass over its N nodes (``target[N]``, priced with the
+    tree's own mask)."""
+    if self.block is not None:
+      return RoundCost(tree.num_nodes - 1, self.block_c(), self.v(tree.num_nodes), 1,
+                       step_ms=self.baseline_ms_per_token())
     return RoundCost.for_tree(tree, self.c(), self.v(tree.num_nodes),
                               step_ms=self.baseline_ms_per_token())
+
+  def block_c(self) -> float:
+    """A block draft's one call over one target step (its proposal's c)."""
+    return self.block.seconds(self.chip) / self.target[1].seconds(self.chip)
 
   def c(self) -> float:
     """Definition 3.7: one draft step over one target step."""

@@ -63,6 +63,7 @@ from jax.experimental.layout import Format, Layout
 from specdec_jax import data, drafts, memory, paper, partitioning
 from specdec_jax.decoding import (cache_length, speculative_decode, temperature_sample,
                                   tree_speculative_decode)
+from specdec_jax.drafts import t5_block
 from specdec_jax.drafts.base import dynamic_tree_proposal, tree_proposal
 from specdec_jax.dryrun import calibration, driver
 from specdec_jax.dryrun.costs import PIECE_DEPTHS, PIECE_OPTIONS, Roofline, extrapolate
@@ -110,9 +111,19 @@ def paper_row(exp: Experiment) -> Optional[paper.Row]:
   draft_size = next((s for s in ("small", "base", "large") if s in name), None)
   s = exp.sampling
   temp = int(s.temperature) if s.temperature in (0.0, 1.0) and not (s.topk or s.topp) else None
-  if exp.draft_name not in ("t5", "lookup_t5") or None in (task, draft_size, temp):
+  if exp.draft_name not in ("t5", "lookup_t5", "t5_block") or None in (task, draft_size, temp):
     return None
   return paper.table2_row(task, draft_size, temp)
+
+
+def block_width(exp: Experiment) -> int:
+  """Positions of a block draft's one proposal call (``drafts.t5_block``:
+  D + 1 catch-up and D − 1 mask positions, D = γ, or a tree's depth); 0 for a
+  draft that proposes a token a call."""
+  if not drafts.takes(exp.draft_name, "block"):
+    return 0
+  tree = exp.tree_shape
+  return 2 * (tree.max_depth if tree is not None else exp.gamma_max)
 
 
 # ------------------------------------------------------------- the checks
@@ -242,7 +253,10 @@ class RunnerPrograms(driver.ProgramList):
           extrapolate(pieces, "draft", 1, dcfg.num_decoder_layers, n) if dcfg else None,
           memory.step_weight_bytes(tcfg, ctx.target_part, exp.param_dtype),
           memory.step_weight_bytes(dcfg, ctx.draft_part, exp.param_dtype, draft_quant(exp))
-          if dcfg else 0)
+          if dcfg else 0,
+          # A block draft's proposal is one call (``Roofline.round_cost``).
+          extrapolate(pieces, "draft", block_width(exp), dcfg.num_decoder_layers, n)
+          if dcfg and block_width(exp) else None)
     return out
 
 
@@ -367,6 +381,8 @@ def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
     kw.update(model=T5Model(ctx.draft_config), bridge=None,
               params=abstract_params(ctx.draft_config, dp, exp.param_dtype, device,
                                      draft_quant(exp)))
+    if block_width(exp):  # a block draft's mask embedding (its values do not matter here)
+      kw["block"] = t5_block.zeros(kw["model"])
   draft = drafts.build(exp.draft_name, **kw)
   inputs = sharded(tp, device, ("batch", None), (b, s), jnp.int32, "inputs")
   key = abstract_key(tp, device)
@@ -395,7 +411,8 @@ def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
 def piece_compiles(ctx: Context, widths: Optional[Sequence[int]] = None,
                    roles: Sequence[str] = ("target", "draft")) -> list[Compile]:
   """The roofline's pieces: a target pass over k positions (``widths``,
-  default 1 .. γ+1) and a draft step, each at decoder depths
+  default 1 .. γ+1) and a draft step (a block draft: also its one proposal
+  call, a pass over ``block_width`` positions), each at decoder depths
   ``PIECE_DEPTHS`` (keys (role, depth, k)); ``roles``: which of the two."""
   exp, device = ctx.settings, ctx.device
   gamma, tree = exp.gamma_max, exp.tree_shape
@@ -422,6 +439,12 @@ def piece_compiles(ctx: Context, widths: Optional[Sequence[int]] = None,
                          functools.partial(lower_pass, dcfg, ctx.draft_part, device, exp, 1,
                                            cache_len, draft_quant(exp)), options=PIECE_OPTIONS,
                          key=("draft", depth, 1)))
+      w = block_width(exp)
+      if w:
+        out.append(Compile(f"draft block call k={w} depth {depth}",
+                           functools.partial(lower_pass, dcfg, ctx.draft_part, device, exp, w,
+                                             cache_len, draft_quant(exp)),
+                           options=PIECE_OPTIONS, key=("draft", depth, w)))
   return out
 
 
@@ -549,6 +572,9 @@ def summary_lines(r: RunDryRun) -> list[str]:
     return []
   head = (f"Prediction (a cost model, not a measurement): the draft costs c = {rl.c():.3f} of "
           "a target step")
+  if rl.block is not None:
+    head += (f" a step, and its block proposal one call of {rl.block_c():.3f} "
+             f"({rl.block_c() / rl.c():.2f} draft steps) a round")
   base = rl.baseline_ms_per_token()
   if row is None:
     return [head + f", the baseline {base:.3f} ms per token; the paper has no row for this "
@@ -579,6 +605,8 @@ def roofline_lines(r: RunDryRun) -> list[str]:
            else f"target pass, k={k}", p) for k, p in rl.target.items()]
   if rl.draft is not None:
     rows.append(("draft step (k=1)", rl.draft))
+  if rl.block is not None:
+    rows.append((f"draft block call, k={block_width(r.exp)}", rl.block))
   lines += [f"  {label:24s} {p.flops / 1e9:9.2f} {p.bytes / 1e9:9.3f} {p.ops:6.0f} "
             f"{sum(n for _, n in p.collectives):6.0f} {1e6 * p.roofline_seconds(chip):9.1f} "
             f"{1e6 * p.collective_seconds(chip):8.1f} {1e6 * p.fixed_seconds(chip):8.1f} "
@@ -592,6 +620,10 @@ def roofline_lines(r: RunDryRun) -> list[str]:
                   f"{rl.draft.bytes / rl.draft_floor:.2f}x" if rl.draft and rl.draft_floor
                   else ""))
   lines.append("  v(k) = " + ", ".join(f"{k}: {rl.v(k):.3f}" for k in rl.target))
+  if rl.block is not None:
+    lines.append(f"  block draft: a round's proposal is one call over {block_width(r.exp)} "
+                 f"positions, {rl.block_c():.4f} of a target step ({rl.block_c() / rl.c():.2f} "
+                 "draft steps)")
   if rl.draft is not None:
     lines += prediction_lines(r)
   return lines
@@ -617,13 +649,15 @@ def prediction_lines(r: RunDryRun) -> list[str]:
                f"{r.predicted(True):.2f}x)")
   else:
     rates = scaled_rank_rates(row.alpha, DEMO_RANK_PROFILE)
+    calls = 1 if rl.block is not None else tree.max_depth  # a block draft: one call
     per_round = (" chosen per round, priced as the best static tree of its size at these "
                  "rates (an assumption)" if isinstance(tree, DynamicTree) else "")
     theorem = (f"  The tree ({tree.num_nodes} nodes, depth {tree.max_depth}{per_round}) at the "
                f"paper's α = {row.alpha}{caveat}, runner-up draft choices accepted at the demo "
                f"pair's fall-off scaled to it (an assumption): "
                f"{priced_tree(tree, rates).expected_tokens(rates):.2f} tokens per round of "
-               f"{tree.max_depth} draft calls and one {tree.num_nodes}-node pass: predicted "
+               f"{calls} draft call{'s' if calls != 1 else ''} and one "
+               f"{tree.num_nodes}-node pass: predicted "
                f"{r.predicted():.2f}x")
   lines = [f"  predicted c = {rl.c():.4f} (paper, Table 4: {row.c})",
            theorem + f"; the paper measured {row.speedup}x (Table 2, γ = {row.gamma}, "
