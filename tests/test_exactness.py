@@ -127,9 +127,9 @@ GREEDY_CELLS = [
     cell_param(Cell("adaptive", "near", 7, AdaptiveConfig("schedule", initial_gamma=1),
                 expect=("alpha", "schedule_from_1")), "near-schedule-g7-from1"),
     cell_param(Cell("adaptive", "prompt_lookup", 4, THRESHOLD(0.4, skip_below=0.5),
-                expect=("skips_some",)), "prompt_lookup-threshold0.4-skip0.5-g4"),
+                expect=("skips_some",)), "prompt_lookup-threshold0.4-skip0.5-g4", slow=True),
     cell_param(Cell("adaptive", "lookup_near", 7, AdaptiveConfig("cumulative", 0.6),
-                expect=("varies_in_total",)), "lookup_near-cumulative0.6-g7"),
+                expect=("varies_in_total",)), "lookup_near-cumulative0.6-g7", slow=True),
     cell_param(Cell("adaptive", "t5_feature", 4, THRESHOLD(0.4)), "t5_feature-threshold0.4-g4"),
     # Fixed positions: the switch's cache-only passes attend as a write does.
     cell_param(Cell("adaptive", "near", 4, THRESHOLD(0.9, skip_below=0.8), fixed=5,
@@ -141,11 +141,12 @@ GREEDY_CELLS = [
     # tokens the target emits.
     cell_param(Cell("tree", "near_out", shape=FULL, expect=("deep", "siblings")), "near_out-full"),
     cell_param(Cell("tree", "lookup_near_out", shape=SPINE, expect=("deep", "no_siblings")),
-           "lookup_near_out-spine"),
+           "lookup_near_out-spine", slow=True),
     cell_param(Cell("tree", "prompt_lookup", shape=SPINE), "prompt_lookup-spine"),
     cell_param(Cell("tree", "near_out", shape=FULL, expect=("deep", "siblings"), fixed=12),
                "near_out-full-fixed12", slow=True),
-    cell_param(Cell("tree", "prompt_lookup", shape=FAN, expect=("siblings",)), "prompt_lookup-fan"),
+    cell_param(Cell("tree", "prompt_lookup", shape=FAN, expect=("siblings",)),
+        "prompt_lookup-fan", slow=True),
     cell_param(Cell("tree", "feature_near_out", shape=FULL, expect=("deep", "siblings")),
            "feature_near_out-full"),
     cell_param(Cell("tree", "shortlist_near_out", shape=SPINE,
@@ -159,14 +160,14 @@ GREEDY_CELLS = [
                     expect=("block_positions", "one_call")), "block_trained-threshold0.6-g4"),
     cell_param(Cell("tree", "block_trained", shape=FULL, expect=("deep", "siblings")),
                "block_trained-full"),
-    cell_param(Cell("tree", "block_feature", shape=SPINE), "block_feature-spine"),
+    cell_param(Cell("tree", "block_feature", shape=SPINE), "block_feature-spine", slow=True),
     # Trees chosen per round (parents as data): T5 drafts, lookup + T5 (the
     # copy always kept, T5 alternatives around it), prompt lookup (no
     # per-round choice: the static layout), the target at fixed positions.
     cell_param(Cell("tree", "near_out", shape=DYNAMIC, expect=("deep", "siblings")),
                "near_out-dynamic"),
     cell_param(Cell("tree", "lookup_near_out", shape=DYNAMIC, expect=("deep",)),
-               "lookup_near_out-dynamic"),
+               "lookup_near_out-dynamic", slow=True),
     cell_param(Cell("tree", "prompt_lookup", shape=DYNAMIC), "prompt_lookup-dynamic", slow=True),
     cell_param(Cell("tree", "feature_near_out", shape=DYNAMIC, expect=("deep", "siblings")),
                "feature_near_out-dynamic", slow=True),

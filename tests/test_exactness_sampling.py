@@ -86,11 +86,13 @@ SEQ_CELLS = [
                 setting="temp1", expect=("alpha",), fixed=4), "t5-schedule-temp1-fixed4",
                slow=True),
     cell_param(Cell("adaptive", "lookup_t5", 3, AdaptiveConfig("cumulative", 0.5),
-                setting="temp1_topp0.8"), "lookup_t5-cumulative0.5-temp1_topp0.8"),
+                setting="temp1_topp0.8"), "lookup_t5-cumulative0.5-temp1_topp0.8",
+               slow=True),
     cell_param(Cell("tree", "t5", shape=SEQ_FULL, setting="temp1_topp0.8"), "t5-full-temp1_topp0.8"),
     cell_param(Cell("tree", "lookup_t5", shape=SEQ_SPINE, setting="temp0.7_topk3"),
            "lookup_t5-spine-temp0.7_topk3"),
-    cell_param(Cell("tree", "t5_feature", shape=SEQ_FULL, setting="temp1"), "t5_feature-full-temp1"),
+    cell_param(Cell("tree", "t5_feature", shape=SEQ_FULL, setting="temp1"),
+        "t5_feature-full-temp1", slow=True),
     # Block drafts (one call a round), with and without the feature bridge.
     cell_param(Cell("chain", "block", 2, setting="temp1", expect=("alpha", "block_positions")),
                "block-temp1"),
@@ -101,13 +103,13 @@ SEQ_CELLS = [
                "block-threshold0.35-temp1_topp0.8"),
     cell_param(Cell("tree", "block", shape=SEQ_FULL, setting="temp1"), "block-full-temp1"),
     cell_param(Cell("tree", "block_feature", shape=SEQ_SPINE, setting="temp1_topp0.8"),
-               "block_feature-spine-temp1_topp0.8"),
+               "block_feature-spine-temp1_topp0.8", slow=True),
     cell_param(Cell("tree", "t5", shape=SEQ_DYNAMIC, setting="temp1_topp0.8"),
                "t5-dynamic-temp1_topp0.8"),
     cell_param(Cell("tree", "t5", shape=SEQ_DYNAMIC, setting="temp0.7_topk3"),
                "t5-dynamic-temp0.7_topk3", slow=True),
     cell_param(Cell("tree", "lookup_t5", shape=SEQ_DYNAMIC, setting="temp1"),
-               "lookup_t5-dynamic-temp1"),
+               "lookup_t5-dynamic-temp1", slow=True),
 ]
 
 
@@ -237,7 +239,8 @@ def test_the_distribution_test_rejects_correlated_block_draws(seq_pair, seq_dist
   assert sequence_pvalue(np.asarray(out.tokens), seq_dist("temp1")) < SIGNIFICANCE
 
 
-@pytest.mark.parametrize("loop", ["chain", "adaptive", "tree"])
+@pytest.mark.parametrize("loop", ["chain", pytest.param("adaptive", marks=pytest.mark.slow),
+                                  pytest.param("tree", marks=pytest.mark.slow)])
 def test_the_distribution_test_rejects_an_inexact_engine(seq_pair, seq_dist, monkeypatch, loop):
   """Power, once per loop kind, with the T5 draft at temperature 1: the
   chain loop with lenience 0.3 (and the baseline itself passes: the enumeration is
