@@ -120,6 +120,7 @@ def test_table2_settings_read_from_the_configs():
   assert tasks["wmt_ende"]["target"] == "t5_1_1_xxl"
 
 
+@pytest.mark.slow
 def test_script_prints_the_xxl_rows():
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, str(SCRIPT), "--targets=t5_1_1_xxl",
@@ -160,6 +161,7 @@ print(json.dumps([on_device0(params), on_device0(caches(params, inputs)),
 """
 
 
+@pytest.mark.slow
 def test_plan_equals_bytes_placed_on_a_real_mesh():
   """On 8 host devices, the runner's own placement holds what the plan says."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),

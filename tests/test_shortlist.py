@@ -100,6 +100,7 @@ def test_a_full_shortlist_is_the_draft_itself(version):
   np.testing.assert_allclose(a[1], b[1], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_q_lives_on_the_shortlist_and_the_inputs_tokens(tiny_draft):
   model, params = tiny_draft
   fixed = np.array([1, 2, 3])

@@ -31,6 +31,7 @@ def test_warm_up_widths_stops_once_every_width_ran():
   assert calls == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_costs_for_several_gammas_share_one_interleaved_step(tiny_target, tiny_draft):
   from specdec_jax.timing import measure_costs_many
   model, params = tiny_target
