@@ -183,7 +183,7 @@ def test_the_demo_block_draft_is_shipped_with_its_mask():
 @pytest.mark.parametrize("version", ["1.0", "1.1"])
 def test_output_layer_alone_equals_the_decoders_logits(version):
   """The block call sends only its γ block positions through the output
-  layer (``t5_block.output_logits`` on the decoder's final states): the same
+  layer (``T5Model.output_logits`` on the decoder's final states): the same
   logits as the decoder's own, for T5 1.0's tied embedding and 1.1's kernel."""
   from specdec_jax.models.t5 import T5Config
   cfg = T5Config(vocab_size=64, d_model=16, num_heads=2, head_dim=8, num_encoder_layers=1,
@@ -193,5 +193,5 @@ def test_output_layer_alone_equals_the_decoders_logits(version):
   inputs = jnp.array([[5, 6, 7, 1]], jnp.int32)
   dec_in = jnp.array([[0, 9, 10, 11, 12]], jnp.int32)
   logits, hidden = model(params, inputs, dec_in, return_hidden=True)
-  np.testing.assert_allclose(np.asarray(t5_block.output_logits(model, params, hidden[:, 2:])),
+  np.testing.assert_allclose(np.asarray(model.output_logits(params, hidden[:, 2:])),
                              np.asarray(logits[:, 2:]), rtol=1e-5, atol=1e-5)

@@ -147,19 +147,6 @@ def teacher_forced_block(dec_in: Array, cuts: Array, gamma: int, mask: Array, pa
   return tokens, extra, block
 
 
-def output_logits(model: T5Model, params: Any, hidden: Array) -> Array:
-  """The model's output layer alone: final normed hidden states [B, k, d]
-  (``T5Model.decode``'s ``return_hidden``) -> logits [B, k, V] float32, as the
-  decoder computes them (T5 1.0's tied embedding scaled by 1/sqrt(d); a
-  quantized kernel dequantized inside the product)."""
-  def head(module: Any, y: Array) -> Array:
-    c = module.config
-    if c.logits_via_embedding:
-      return module.token_embedder.attend(y) / jnp.sqrt(jnp.float32(c.d_model))
-    return module.decoder.logits_dense(y.astype(c.jnp_dtype))
-  return model.module.apply({"params": params}, hidden, method=head).astype(jnp.float32)
-
-
 # ------------------------------------------------------------ the draft
 
 
@@ -231,7 +218,7 @@ class T5BlockDraft:
       # positions' logits, half the call's output-layer work, are never
       # computed: XLA drops the unused product).
       _, cache, hidden = model.decode(params, tokens, pos, cache, extra, return_hidden=True)
-      logits = output_logits(model, params, hidden[:, catch_up - 1:])
+      logits = model.output_logits(params, hidden[:, catch_up - 1:])
     cache = constrain_cache(cache, self.t5.partitioner, "draft cache")
     return logits, self._join(cache, states)
 

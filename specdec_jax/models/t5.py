@@ -581,6 +581,16 @@ class Decoder(nn.Module):
     kv = [layer.cross_kv(encoded) for layer in self.layers]
     return tuple(k for k, _ in kv), tuple(v for _, v in kv)
 
+  def output_logits(self, y: Array, embed_attend: Any) -> Array:
+    """Final normed hidden states [B, k, d] -> logits [B, k, V] float32 (T5
+    1.0's tied embedding scaled by 1/sqrt(d))."""
+    c = self.config
+    if c.logits_via_embedding:
+      logits = embed_attend(y) / jnp.sqrt(jnp.float32(c.d_model))
+    else:
+      logits = self.logits_dense(y.astype(c.jnp_dtype))
+    return logits.astype(jnp.float32)
+
   def __call__(self, x: Array, positions: Array, cache: Optional[DecoderCache],
                cross: Optional[tuple], embed_attend, write: bool = True,
                return_hidden: bool = False, tree: Optional[NodeAttention] = None) -> tuple:
@@ -634,11 +644,7 @@ class Decoder(nn.Module):
       new_k.append(kc)
       new_v.append(vc)
     y = self.decoder_norm(x)
-    if c.logits_via_embedding:
-      logits = embed_attend(y) / jnp.sqrt(jnp.float32(c.d_model))
-    else:
-      logits = self.logits_dense(y.astype(c.jnp_dtype))
-    logits = logits.astype(jnp.float32)
+    logits = self.output_logits(y, embed_attend)
     if cache is not None and not write:
       out = logits, (tuple(new_k), tuple(new_v))
     else:
@@ -695,6 +701,9 @@ class T5(nn.Module):
     rows = out[1] if write else jax.tree.map(cut, out[1])
     return (cut(out[0]), rows) + tuple(cut(a) for a in out[2:])
 
+  def output_logits(self, hidden: Array) -> Array:
+    return self.decoder.output_logits(hidden, self.token_embedder.attend)
+
   def __call__(self, inputs: Array, decoder_inputs: Array,
                encoder_extra: Optional[Array] = None, decoder_extra: Optional[Array] = None,
                return_hidden: bool = False):
@@ -734,6 +743,11 @@ class T5Model:
     """inputs [B, S] int (0 = pad) -> encoded [B, S, d]. ``extra`` [B, S, d]
     is added to the input embeddings (the encoder bridge, ``specdec_jax.drafts.bridge``)."""
     return self.module.apply({"params": params}, inputs, extra, method=T5.encode)
+
+  def output_logits(self, params: dict, hidden: Array) -> Array:
+    """The output layer alone: final normed hidden states [B, k, d] (``decode``'s
+    ``return_hidden``) -> logits [B, k, V] float32, as ``decode`` computes them."""
+    return self.module.apply({"params": params}, hidden, method=T5.output_logits)
 
   def init_cache(self, params: dict, encoded: Array, inputs: Array,
                  cache_len: int) -> DecoderCache:
