@@ -1,34 +1,17 @@
 """Token trees: a static tree shape and the exact multi-candidate acceptance rule.
 
-A chain of γ proposals (``speculative.speculative_sampling``, paper §2.3) uses
-the target's verification pass only up to the first rejection. A token tree
-offers several candidates per position and lets one target pass score them
-all, each node attending to the committed prefix and its own ancestors (the
-tree attention mask of SpecInfer, Miao et al. 2023). The shape is fixed per
-run and described by parent indices, so everything compiles once (Medusa's
-static trees, Cai et al. 2024).
+A token tree offers several candidates per position, all scored by one target
+pass, each node attending to the prefix and its ancestors (SpecInfer's tree
+mask, Miao et al. 2023); shapes are static so everything compiles once
+(Medusa, Cai et al. 2024). Node 0 is the root (the last committed token); a
+node's parent precedes it, and children are tried in index order.
 
-Two pure functions verify a scored tree, batched with fixed shapes:
-
-* ``tree_speculative_sampling`` (T > 0, any standardization): walk from the
-  root; at the current node try its children in index order, accepting child c
-  with probability min(1, r(x_c) / q_c(x_c)), where r starts as the target's p
-  at the current node and becomes norm(max(0, r - q_c)) after each rejected
-  child (SpecInfer's multi-step speculative sampling); descend on acceptance;
-  when no child is accepted (or at a leaf) emit one token from r. Exact when
-  every node's token was drawn from the q_c reported for it: siblings i.i.d.
-  from the draft's distribution at their parent, or drawn in index order
-  without replacement with q_c renormalized over the tokens left
-  (``without_replacement``; recursive rejection sampling, Jeon et al. 2024).
-  Proof: docs/exactness.md, section 10.
-* ``tree_greedy_kernel`` (T = 0): the deepest path whose tokens equal the
-  target's argmax at each step, plus the target's argmax after it.
-
-Node 0 is the root: the last committed token, which the draft did not
-propose. Node i > 0 carries a proposed token; its parent precedes it, so
-index order is a topological order, and a node's children are tried in index
-order.
-"""
+* ``tree_speculative_sampling`` (T > 0): SpecInfer's multi-step speculative
+  sampling, §2.3 applied per sibling with the residual norm(max(0, r - q_c));
+  exact for i.i.d. siblings or ``without_replacement`` draws (recursive
+  rejection sampling, Jeon et al. 2024). Proof: docs/exactness.md, section 10.
+* ``tree_greedy_kernel`` (T = 0): the deepest path agreeing with the target's
+  argmax, plus the target's argmax after it."""
 
 from __future__ import annotations
 
@@ -50,20 +33,15 @@ MAX_NODES = 64
 
 
 def geometric_rank_rates(alpha: float, ranks: int = 8) -> list[float]:
-  """Rank acceptance rates from one α, for ``TreeShape.expected_tokens``:
-  the target's token is the draft's first choice with probability α (the
-  paper's α) and its k-th with α (1 - α)^(k - 1). An ASSUMPTION standing in
-  for measured rates, which the paper does not publish; generous to the
-  lower ranks (the rates sum to nearly 1)."""
+  """Rank acceptance rates from one α: the k-th choice accepted with
+  α (1 - α)^(k - 1). An ASSUMPTION (the paper publishes no rank rates),
+  generous to the lower ranks."""
   return [alpha * (1 - alpha) ** k for k in range(ranks)]
 
 
 def scaled_rank_rates(alpha: float, profile: Sequence[float]) -> list[float]:
-  """Rank acceptance rates with the paper's α first and the runner-ups
-  falling off as ``profile`` (a measured pair's rates over its first-choice
-  rate, e.g. ``measured.DEMO_RANK_PROFILE``) does: α x profile[k]. An
-  ASSUMPTION: the paper's pairs' rank profile is not known;
-  ``geometric_rank_rates`` is the generous alternative."""
+  """Rank acceptance rates α x profile[k] (``profile``: a measured pair's rates
+  over its first-choice rate, e.g. ``measured.DEMO_RANK_PROFILE``). An ASSUMPTION."""
   return [alpha * p for p in profile]
 
 
@@ -74,16 +52,10 @@ def _frozen(x: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class TreeShape:
-  """A static token tree, given by its parent indices (hashable: a static jit
-  argument; the derived tables below are computed once and read-only).
+  """A static token tree by parent indices (hashable: a static jit argument).
 
-  parents: tuple of N ints. parents[0] = -1 (node 0 is the root, the last
-    committed token); for i >= 1, 0 <= parents[i] < i. 2 <= N <= ``MAX_NODES``.
-
-  Children of a node are tried in index order by the acceptance rule, so the
-  order of siblings in ``parents`` is the order of preference. Any violation
-  raises one ``ValueError`` naming the offending node.
-  """
+  parents: N ints, parents[0] = -1, 0 <= parents[i] < i, 2 <= N <= ``MAX_NODES``;
+    sibling order is the order of preference."""
 
   parents: tuple[int, ...]
 
@@ -105,9 +77,8 @@ class TreeShape:
 
   @classmethod
   def from_branching(cls, branching: Sequence[int]) -> TreeShape:
-    """The full tree with ``branching[d]`` children under every node of depth d,
-    numbered breadth first (so siblings are contiguous). (3, 2, 2, 1) has
-    1 + 3 + 6 + 12 + 12 = 34 nodes and depth 4; (1,) * γ is the chain of γ."""
+    """The full tree with ``branching[d]`` children per node of depth d,
+    numbered breadth first; (1,) * γ is the chain of γ."""
     branching = tuple(branching)
     if not branching:
       raise ValueError("empty branching: give the number of children per depth, e.g. (3, 2, 1)")
@@ -129,11 +100,9 @@ class TreeShape:
 
   @classmethod
   def spine(cls, widths: Sequence[int]) -> TreeShape:
-    """A chain with sibling leaves: ``widths[d - 1]`` children under the
-    spine's node at depth d - 1, the first of them continuing the spine, the
-    others leaves. (4, 2, 2, 1) has 1 + 9 nodes and depth 4. The shape any
-    chain-proposing draft can fill from one ``propose`` of depth D (its
-    token at each depth plus alternatives of the same q as siblings)."""
+    """A chain with sibling leaves: ``widths[d - 1]`` children under the spine
+    node at depth d - 1, the first continuing the spine. Any chain draft can fill
+    it from one ``propose`` of depth D."""
     widths = tuple(widths)
     if not widths or any(not isinstance(k, (int, np.integer)) or k < 1 for k in widths):
       raise ValueError(f"spine widths must be a non-empty list of integers >= 1, got {widths}")
@@ -150,18 +119,11 @@ class TreeShape:
   @classmethod
   def from_acceptance(cls, rates: Sequence[float], num_nodes: int,
                       max_depth: int | None = None) -> TreeShape:
-    """The tree of ``num_nodes`` nodes (root included) that accepts the most
-    tokens per round in expectation when, at every node, the target's next
-    token is the draft's k-th choice with probability ``rates[k - 1]``
-    (depth- and history-independent: Sequoia's positional acceptance model,
-    Chen et al. 2024). A node is on the accepted path with the product of
-    the rates of the ranks along its path, and the expectation is the sum
-    of those products over the tree, so the best tree holds the nodes of
-    largest product: chosen greedily (every node's product is at most its
-    parent's and its earlier sibling's, so the chosen set is a tree), at
-    most ``max_depth`` deep. Children are numbered breadth first, in rank
-    order. At temperature 0 the rates are the frequencies of the target's
-    token among the draft's ranked choices (``lab.trees.rank_rates``)."""
+    """The ``num_nodes``-node tree with the most expected accepted tokens when
+    the target's token is the draft's k-th choice with probability ``rates[k - 1]``
+    at every node (Sequoia's positional model, Chen et al. 2024): the nodes of
+    largest path product, chosen greedily, at most ``max_depth`` deep, numbered
+    breadth first in rank order."""
     rates = [float(r) for r in rates]
     if not rates or any(not 0 < r <= 1 for r in rates) or sum(rates) > 1 + 1e-6:
       raise ValueError(f"acceptance rates must be in (0, 1] with sum <= 1 (the target's token "
@@ -202,11 +164,8 @@ class TreeShape:
 
   @classmethod
   def parse(cls, text: str) -> TreeShape:
-    """A shape from its text form (``Experiment.tree``): 'chain:4' (the chain
-    of γ = 4), 'spine:4,2,2,1' (``spine``), 'full:3,2,1'
-    (``from_branching``), 'parents:-1,0,0,1' (parent indices) or
-    'acceptance:16:0.7,0.1,0.04' (``from_acceptance`` with 16 nodes; a
-    third part ':D' caps the depth)."""
+    """A shape from text (``Experiment.tree``): 'chain:4', 'spine:4,2,2,1',
+    'full:3,2,1', 'parents:-1,0,0,1' or 'acceptance:16:0.7,0.1,0.04[:D]'."""
     kind, sep, rest = str(text).partition(":")
     if kind.strip() == "acceptance":
       parts = rest.split(":")
@@ -253,16 +212,14 @@ class TreeShape:
 
   @property
   def position_offsets(self) -> np.ndarray:
-    """[N] int32: node i sits at position (prefix length + depth(i)), the position
-    the same token would have in a chain, so T5's relative-position buckets
-    match the chain's."""
+    """[N] int32: node i sits at prefix length + depth(i), its chain position
+    (so T5's relative-position buckets match the chain's)."""
     return self.depths
 
   @functools.cached_property
   def ancestor_mask(self) -> np.ndarray:
-    """[N, N] bool: [i, j] iff j is i or an ancestor of i. Row i is what node i
-    attends to among the tree's nodes (SpecInfer's tree attention mask; the
-    committed prefix is visible to every node)."""
+    """[N, N] bool: [i, j] iff j is i or an ancestor of i (SpecInfer's tree
+    attention mask; the committed prefix is visible to every node)."""
     m = np.zeros((self.num_nodes, self.num_nodes), bool)
     for i in range(self.num_nodes):
       m[i, i] = True
@@ -313,12 +270,9 @@ class TreeShape:
     return _frozen(r)
 
   def expected_tokens(self, rates: Sequence[float]) -> float:
-    """Tokens one round yields in expectation under the positional model
-    (``from_acceptance``: the target's token is the draft's k-th choice with
-    probability ``rates[k - 1]`` at every node): the accepted path's length
-    plus the target's own token, 1 + the sum over non-root nodes of the
-    product of the rates along the node's path. For a chain at rates[0] = α
-    this is Corollary 3.6's (1 - α^(γ+1)) / (1 - α)."""
+    """Expected tokens per round under the positional model
+    (``from_acceptance``): 1 + the sum over nodes of their path's rate product.
+    A chain at rates[0] = α gives Corollary 3.6's (1 - α^(γ+1)) / (1 - α)."""
     rank = self.sibling_rank
     prob = [1.0] * self.num_nodes
     for j in range(1, self.num_nodes):
@@ -376,17 +330,14 @@ class TreeShape:
     return tuple(tuple(int(j) for j in a[leaf, :self.depths[leaf] + 1]) for leaf in self.leaves)
 
   def cache_len(self, max_decode_len: int) -> int:
-    """Self-attention cache slots per row for this tree: max_decode_len + N
-    (the chain's max_decode_len + γ + 1 with N = γ + 1): a round starting at
-    committed length L < max_decode_len writes the N nodes at slots L .. L+N-1."""
+    """Self-attention cache slots per row: max_decode_len + N (a round at length
+    L writes slots L .. L+N-1)."""
     self.check_room(max_decode_len)
     return max_decode_len + self.num_nodes
 
   def check_room(self, max_decode_len: int) -> None:
-    """Raise ``ValueError`` unless ``max_decode_len`` leaves room for this tree:
-    a round commits at most D + 1 tokens, so with D > max_decode_len the
-    deepest levels could never be committed and every pass would score nodes
-    for nothing."""
+    """Raise ``ValueError`` unless the depth D <= ``max_decode_len`` (a round
+    commits at most D + 1 tokens)."""
     if max_decode_len < 1:
       raise ValueError(f"max_decode_len must be >= 1, got {max_decode_len}")
     if self.max_depth > max_decode_len:
@@ -404,14 +355,11 @@ def _one(values: tuple[int, ...], text: str) -> int:
 class TreeOutput(NamedTuple):
   """Result of verifying one token tree per row (D = the tree's max depth).
 
-  num_accepted: [B] int32, n: the accepted depth (0..D), proposals committed.
+  num_accepted: [B] int32, n in 0..D, the proposals committed.
   path:         [B, D] int32, the accepted nodes at depths 1..n; -1 after n.
   path_tokens:  [B, D] int32, their tokens; 0 after n.
-  next_token:   [B] int32, the one token emitted after the path (a correction
-                from the residual, or the bonus from p at a leaf).
-  last_node:    [B] int32, the path's end (0 when n = 0): next_token follows
-                p at this node (or its residual).
-  """
+  next_token:   [B] int32, the correction or bonus token emitted after the path.
+  last_node:    [B] int32, the path's end (0 when n = 0)."""
 
   num_accepted: Array
   path: Array
@@ -439,10 +387,8 @@ def _finish(tokens: Array, path: Array, n: Array, next_token: Array,
 
 
 def residual(r: Array, q: Array) -> Array:
-  """norm(max(0, r - q)) over the last axis: what the target's distribution r
-  becomes once a child drawn from q is rejected (paper §2.3's p'(x), applied
-  after every rejected sibling). Where no mass is left (r == q up to
-  rounding, where a rejection has probability 0) r is kept."""
+  """norm(max(0, r - q)) over the last axis (§2.3's p'(x), after each rejected
+  sibling); r is kept where no mass is left."""
   res = jnp.maximum(r - q, 0.0)
   mass = jnp.sum(res, axis=-1, keepdims=True)
   return jnp.where(mass > 0, res / jnp.where(mass > 0, mass, 1.0), r)
@@ -452,38 +398,22 @@ def tree_speculative_sampling(key: Array, shape: TreeShape | RoundTree, tokens: 
                               valid: Array | None = None) -> TreeOutput:
   """Multi-candidate speculative sampling over a token tree, batched.
 
-  Args:
-    key: PRNG key (one uniform per node is drawn: node c's acceptance coin,
-      and node 0's slot for the emitted token).
-    shape: the static tree, or this round's tree as data (``RoundTree``,
-      one per row).
-    tokens: [B, N] int32, the token proposed at each node (node 0 unused).
-    q: [B, N, V], q[:, c] = the distribution node c's token was drawn from
-      (row 0 unused). Siblings drawn i.i.d.: the draft's (standardized)
-      distribution at c's parent, the same for all siblings. Siblings drawn
-      in index order without replacement: ``without_replacement`` of that.
-    p: [B, N, V], p[:, i] = the target's standardized distribution after the
-      committed prefix and node i's path (the tree scored in one pass).
-    valid: [B, N] bool or None (all valid): a row's invalid nodes are never
-      tested (nor anything under them). Whether node c is proposed must be
-      decided before x_c is drawn, from the prefix and earlier nodes only.
-
-  Returns ``TreeOutput``. With the contract above the emitted tokens (path
-  tokens, then next_token) follow the target exactly: each, given those
-  before it, is distributed as p at that prefix (docs/exactness.md, section 10).
-  """
+  key: one uniform per node is drawn. shape: the static tree, or this round's
+  ``RoundTree``. tokens [B, N] int32 (node 0 unused). q [B, N, V]: the
+  distribution node c's token was drawn from (i.i.d. siblings: the draft's at
+  c's parent; without replacement: ``without_replacement`` of that). p [B, N,
+  V]: the target's distribution after node i's path. valid [B, N] bool or None:
+  invalid nodes (decided before x_c is drawn) and their subtrees are never
+  tested. Returns ``TreeOutput``, distributed exactly as the target
+  (docs/exactness.md, section 10)."""
   return tree_sampling_with(jax.random.uniform(key, tokens.shape), shape, tokens, q, p, valid)
 
 
 def tree_sampling_with(u: Array, shape: TreeShape | RoundTree, tokens: Array, q: Array, p: Array,
                        valid: Array | None = None) -> TreeOutput:
-  """``tree_speculative_sampling`` with its uniforms given: u [B, N] in [0, 1).
-
-  Child c is accepted when (1 - u[:, c]) * q_c(x_c) <= r(x_c) and r(x_c) > 0,
-  i.e. with probability min(1, r(x_c) / q_c(x_c)), a token the (residual)
-  target gives 0 never; the emitted token is ``inverse_cdf(r, u[:, 0])``.
-  Other arguments and the result as there.
-  """
+  """``tree_speculative_sampling`` given its uniforms u [B, N] in [0, 1): child c
+  is accepted when (1 - u[:, c]) * q_c(x_c) <= r(x_c) and r(x_c) > 0; the emitted
+  token is ``inverse_cdf(r, u[:, 0])``."""
   _check_inputs(shape, tokens, q, p)
   b, n_nodes = tokens.shape
   rows = jnp.arange(b)
@@ -525,18 +455,11 @@ def tree_sampling_with(u: Array, shape: TreeShape | RoundTree, tokens: Array, q:
 
 def tree_greedy_kernel(shape: TreeShape | RoundTree, tokens: Array, target_tokens: Array,
                        valid: Array | None = None) -> TreeOutput:
-  """Tree verification at temperature 0 from the target's argmax tokens alone.
-
-  tokens [B, N] int32 (node 0 unused); target_tokens [B, N] int32:
-  ``sampling.argmax`` of the target's logits at each node; valid [B, N] bool
-  or None as in ``tree_speculative_sampling``. A node agrees when it and all
-  its proper ancestors carry the target's argmax at their parent; the result
-  is the deepest agreeing node (the first in index order among equally deep
-  ones), its path, and next_token = the target's argmax there: token for token
-  what the greedy baseline emits. Equal to ``tree_speculative_sampling`` on
-  one-hot p except where two siblings carry the same token (the walk takes
-  the first, this the deeper).
-  """
+  """Tree verification at T = 0 from the target's argmax tokens
+  target_tokens [B, N]: the deepest node (first in index order) whose path
+  carries the target's argmax at every step, and next_token = the argmax there,
+  what the greedy baseline emits. Differs from the sampling walk only when two
+  siblings carry the same token (the walk takes the first, this the deeper)."""
   _check_inputs(shape, tokens)
   b = tokens.shape[0]
   rows = jnp.arange(b)
@@ -554,18 +477,10 @@ def tree_greedy_kernel(shape: TreeShape | RoundTree, tokens: Array, target_token
 
 
 def without_replacement(shape: TreeShape | RoundTree, q: Array, tokens: Array) -> Array:
-  """Per-node proposal distributions for siblings drawn without replacement.
-
-  q [B, N, V]: q[:, c] = the draft's distribution at c's parent (as for i.i.d.
-  siblings); tokens [B, N]. Returns [B, N, V] float32: q[:, c] with the tokens
-  of c's earlier siblings removed and renormalized, the distribution x_c is
-  drawn from when a parent's children are drawn in index order without
-  replacement (e.g. Gumbel top-k of q). Passed to
-  ``tree_speculative_sampling`` this is recursive rejection sampling (Jeon et
-  al. 2024); Sequoia (Chen et al. 2024) verifies its trees the same way. A
-  node whose q has no mass left (all of q's support drawn before it) cannot
-  be proposed: mark it invalid. Its row here is all zeros.
-  """
+  """Per-node q [B, N, V] for siblings drawn in index order without replacement
+  (e.g. Gumbel top-k): the parent's q with earlier siblings' tokens removed and
+  renormalized (recursive rejection sampling, Jeon et al. 2024; Sequoia). A node
+  with no mass left is all zeros and must be marked invalid."""
   _check_inputs(shape, tokens, q)
   b, n_nodes, v = q.shape
   rows = jnp.arange(b)[:, None, None]
@@ -581,21 +496,17 @@ def without_replacement(shape: TreeShape | RoundTree, q: Array, tokens: Array) -
 
 @struct.dataclass
 class RoundTree:
-  """One round's token tree given by its parent indices as data: a tree whose
-  shape may change every round (EAGLE-2's per-round trees; ``DynamicTree``),
-  with the node count N, a bound D on the depth and a bound K on any node's
-  children static (fixed shapes: everything compiles once). A static
-  ``TreeShape`` is the special case whose parents are the same every round
-  and row (``RoundTree.of``).
+  """One round's token tree as data (per row; ``DynamicTree``'s per-round trees),
+  with N, a depth bound D and a branching bound K static. ``RoundTree.of`` gives
+  a static ``TreeShape``'s.
 
   parents:            [B, N] int32, parents[:, 0] = -1, 0 <= parents[:, i] < i.
   depths:             [B, N] int32, each node's depth (root 0), <= D.
   ancestor_mask:      [B, N, N] bool, [b, i, j] iff j is i or an ancestor of i.
-  ancestors_by_depth: [B, N, D+1] int32, [b, i, d] = i's ancestor at depth d, -1 past depth(i).
-  children_table:     [B, N, K] int32, [b, i, k] = i's k-th child (index order), -1 past the last.
+  ancestors_by_depth: [B, N, D+1] int32, i's ancestor at depth d, -1 past depth(i).
+  children_table:     [B, N, K] int32, i's k-th child, -1 past the last.
   sibling_rank:       [B, N] int32, a node's place among its siblings (root 0).
-  earlier_siblings:   [B, N, max(K-1, 1)] int32, the siblings tried before a node, -1 padded.
-  """
+  earlier_siblings:   [B, N, max(K-1, 1)] int32, siblings tried before a node, -1 padded."""
 
   parents: Array
   depths: Array
@@ -633,9 +544,8 @@ class RoundTree:
 
   @classmethod
   def from_parents(cls, parents: Array, max_depth: int, max_branching: int) -> RoundTree:
-    """The tables of parents [B, N] int32 (each parent precedes its child; the
-    caller guarantees depth <= ``max_depth`` and at most ``max_branching``
-    children per node; children beyond K would never be tried)."""
+    """The tables of parents [B, N] int32; the caller guarantees depth <=
+    ``max_depth`` and at most ``max_branching`` children per node."""
     parents = jnp.asarray(parents, jnp.int32)
     b, n = parents.shape
     idx = jnp.arange(n, dtype=jnp.int32)
@@ -673,18 +583,12 @@ def round_tree(shape: TreeShape | RoundTree, batch: int) -> RoundTree:
 class DynamicTree:
   """EAGLE-2-style draft trees chosen per round under a fixed node budget.
 
-  widths: (W_1, ..., W_D): the tree holds W_d nodes at depth d every round,
-    N = 1 + ΣW_d nodes in all (static shapes). Which parents they hang from
-    is chosen each round by the draft: at depth d every one of the W_{d-1}
-    nodes is expanded by the draft, its children are ranked by the draft's
-    probability, and the W_d children of highest cumulative draft
-    probability (the product of the draft's probabilities along the path)
-    are kept; the parents become data (``RoundTree``). The nodes of depth d
-    sit at indices 1 + ΣW_{<d} .. ΣW_{≤d}, ordered by parent, then rank, so
-    the layout (and each node's position) is the spine's
-    (``TreeShape.spine(widths)``, the ``skeleton``), which is also the tree a
-    draft that cannot choose per round fills. Exactness: docs/exactness_trees.md.
-  """
+  widths: (W_1, ..., W_D), W_d nodes at depth d (N = 1 + ΣW_d, static). Each
+    round the draft keeps the W_d children of highest cumulative draft
+    probability; the parents become data (``RoundTree``). Nodes of depth d sit at
+    1 + ΣW_{<d} .. ΣW_{≤d}, by parent then rank: the layout of
+    ``TreeShape.spine(widths)`` (the ``skeleton``). Exactness:
+    docs/exactness_trees.md."""
 
   widths: tuple[int, ...]
 

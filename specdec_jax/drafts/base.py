@@ -1,38 +1,21 @@
 """The approximation-model (M_q) interface the speculative engine talks to.
 
-An approximation model is a pytree (a ``flax.struct`` dataclass: arrays as
-leaves, configuration as static fields) with three pure methods:
+A model is a pytree (``flax.struct`` dataclass) with three pure methods:
 
-* ``init(inputs, cache_len) -> state``: once per example, given the encoder
-  input tokens [B, S] (0 = pad). ``state`` is any pytree.
+* ``init(inputs, cache_len) -> state``: once per example; inputs [B, S] (0 = pad).
 * ``propose(state, seq, length, gamma, sampling, key) -> (tokens, q, state)``:
-  γ tokens [B, γ] and the distributions q [B, γ, V] they were drawn from —
-  exactly those, since Algorithm 1 tests r·q(x) <= p(x) (one-hot for a
-  deterministic proposal). Standardizing q as the target's p (§2.2) matters
-  for α, not for exactness (§3.6). ``seq`` [B, T] holds the decoder inputs so far:
-  seq[:, 0] is the start token and seq[:, i + 1] the i-th committed output
-  token; ``length`` [B] is the number of committed output tokens, so the next
-  token is predicted from decoder inputs seq[:, :length + 1]. Entries past
-  length + 1 are stale and must be ignored.
-* ``commit(state, seq, length) -> state``: after the target's verdict, the
-  new committed length. Rolling back anything computed for rejected tokens is
-  the model's business (the T5 draft needs nothing: its cache is indexed by
-  position and a query only reads positions before it).
+  γ tokens [B, γ] and exactly the distributions q [B, γ, V] they were drawn
+  from (Algorithm 1 tests r·q(x) <= p(x); one-hot if deterministic). seq [B, T]
+  holds the decoder inputs (seq[:, 0] the start token, seq[:, i + 1] the i-th
+  output token); the next token is predicted from seq[:, :length + 1]; later
+  entries are stale.
+* ``commit(state, seq, length) -> state``: the new committed length after the
+  target's verdict; rolling back rejected work is the model's business.
 
-Optional methods, each with a default (so a model needs none of them), are
-declared once, with their contracts, in ``Capabilities``; ``capabilities``
-is the one place that asks a model which it has. The engine, α and the
-runner read that record, and reach the optional methods only through the
-functions here that fall back to the defaults (``init_draft``,
-``commit_draft``, ``adaptive_proposal``, ``tree_proposal``, ``commit_tree``,
-``check_tree``, ``proposal_steps``).
-
-Nothing in the engine depends on which model it is, so a new approximation
-model needs no engine change: implement the three required methods and
-register it with ``specdec_jax.drafts.register`` (README, "Adding an
-approximation model"). The runner calls ``check_interface`` once before
-compiling anything.
-"""
+Optional methods are declared once, with defaults, in ``Capabilities`` and
+reached only through the fallbacks here. A new model needs no engine change:
+implement the three methods and ``specdec_jax.drafts.register`` it (README,
+"Adding an approximation model")."""
 
 from __future__ import annotations
 
@@ -68,75 +51,33 @@ class ApproximationModel(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
-  """An approximation model's optional methods, one flag each (True: the model
-  has it), with their contracts and the default the engine uses without.
+  """An approximation model's optional methods (True: it has it), their
+  contracts and the default used without.
 
-  init_with_target: ``init_with_target(inputs, cache_len, target_encoded) ->
-    state``, ``init`` given the target's encoder output [B, S, d_target],
-    which the engine computes anyway; a draft that conditions on it (the
-    encoder bridge, ``drafts.bridge``) need not encode twice. Default ``init``.
-  target_states: ``wants_target_states`` (a bool attribute or property) is
-    true: the engine calls ``commit_with_target(state, seq, length, hidden,
-    positions) -> state`` in place of ``commit``, with the target's final
-    decoder states hidden [B, γ+1, d_target] of the round's pass at decoder
-    positions [B, γ+1] (-1: padding; for a tree, the root and the path).
-    States at positions >= ``length`` are of rejected proposals; reading only
-    positions < length keeps the draft off the target's verdict on anything
-    not yet committed (exactness; docs/exactness.md, section 7)
-    (``drafts.feature_bridge``). Default ``commit``.
-  propose_adaptive: ``propose_adaptive(state, seq, length, gamma, sampling,
-    key, limit, threshold, skip_below=None, cumulative=False, drawn=False) ->
-    (tokens, q, count, steps, state)`` for adaptive draft lengths
-    (``decoding.AdaptiveConfig``): like ``propose`` with γ = γ_max, but row b
-    proposes only ``count[b]`` tokens: x_1 (if ``limit[b] >= 1``, and, when
-    ``skip_below`` is a float, the top probability of q_1 is >
-    ``skip_below``), then x_{i+1} while i < ``limit[b]`` and the confidence
-    at x_i (``top_probability`` of q_i, or with ``drawn``
-    ``drawn_probability``) is > ``threshold`` — with ``cumulative``, the
-    product of the confidences of x_1..x_i (``stop_count`` is the rule; a
-    draft may define its confidence otherwise, from its own computation, as
-    prompt lookup does). ``limit`` [B] int32 in 0..γ (0: the row is done);
-    ``threshold`` a Python float in [0, 1]. tokens [B, γ] and q [B, γ, V] as
-    in ``propose``, entries past ``count`` arbitrary; ``count`` [B] int32;
-    ``steps`` a scalar int32, the draft steps actually run. The point is
-    early exit (``T5Draft`` stops computing once every row has stopped).
-    Every decision may use only the draft's own computation for the current
-    prefix — never the target — and never the token it governs, which keeps
-    decoding exact (docs/exactness.md, section 5). ``skip_below``,
-    ``cumulative`` and ``drawn`` are passed only when set. Default
-    (``adaptive_proposal``): ``propose(γ)`` and the count derived from q,
-    exact but saving no draft compute.
-  propose_tree: ``propose_tree(state, seq, length, tree, sampling, key) ->
-    (tokens, q, valid, steps, state)`` for token trees
-    (``decoding.tree_speculative_decode``): a token for every node of the
-    static ``tree.TreeShape`` (tokens [B, N]; node 0 is the root, the last
-    committed token, filled in by the engine), q [B, N, V] with q[:, c] the
-    distribution node c's token was drawn from (row 0 unused), valid [B, N]
-    bool (nodes not proposed, decided before their token was drawn) and
-    ``steps`` the draft calls it ran. Default (``tree_proposal``), spine
-    trees only (``TreeShape.spine``): ``propose`` of depth D, and next-best
-    siblings of each position's q (exact: each sibling's q is its one-hot).
-  commit_tree: ``commit_tree(state, seq, length, start, path, num_accepted)
-    -> state``, ``commit`` told which nodes were accepted
-    (``tree.TreeOutput``) in the round that started at ``start``, for a
-    draft that decoded the tree into its own cache. Default ``commit``.
-  propose_dynamic_tree: ``propose_dynamic_tree(state, seq, length, tree,
-    sampling, key) -> (tokens, q, valid, parents, steps, state)`` for trees
-    chosen per round (``tree.DynamicTree``): as ``propose_tree``, and parents
-    [B, N] int32, the tree the draft chose this round, W_d nodes at depth d
-    at the indices ``DynamicTree.level(d)``, ordered by parent; whether a
-    node exists is decided before its token is drawn, from the prefix and
-    earlier draws only (``expand_level``; docs/exactness_trees.md). Default
-    (``dynamic_tree_proposal``): the static ``skeleton`` through
-    ``tree_proposal``.
-  tree_unsupported: ``tree_unsupported(tree) -> str | None``, the reason the
-    draft cannot fill ``tree`` (None: it can), asked before any work
-    (``check_tree``). Default: every tree it can fill.
-  proposal_steps: ``proposal_steps(gamma) -> int``, the draft calls a chain
-    ``propose`` of γ tokens runs (a block draft, ``drafts.t5_block``: 1); the
-    engine counts it in ``draft_calls`` and the cost model prices a round
-    with it (``theory.RoundCost.draft_calls``). Default γ, one call a token.
-  """
+  init_with_target: ``(inputs, cache_len, target_encoded [B, S, d]) -> state``;
+    a draft conditioned on the target's encoder output. Default ``init``.
+  target_states: ``wants_target_states`` is true: ``commit_with_target(state,
+    seq, length, hidden [B, γ+1, d], positions [B, γ+1]) -> state`` replaces
+    ``commit`` (-1: padding). Reading only positions < length keeps the draft
+    off the verdict on uncommitted tokens (docs/exactness.md, section 7).
+  propose_adaptive: ``(state, seq, length, gamma, sampling, key, limit,
+    threshold, skip_below=None, cumulative=False, drawn=False) -> (tokens, q,
+    count, steps, state)``: ``propose`` at γ_max, but row b proposes only
+    ``count[b]`` tokens by the rule of ``stop_count`` (or the draft's own
+    confidence); limit [B] in 0..γ, ``steps`` the draft steps run. Decisions
+    use only the draft's computation on the prefix, never the token they
+    govern (docs/exactness.md, section 5). Default ``adaptive_proposal``.
+  propose_tree: ``(state, seq, length, tree, sampling, key) -> (tokens [B, N],
+    q [B, N, V], valid [B, N], steps, state)`` for a static ``TreeShape`` (node
+    0, the root, filled by the engine). Default: spine trees via ``propose``.
+  commit_tree: ``(state, seq, length, start, path, num_accepted) -> state``.
+    Default ``commit``.
+  propose_dynamic_tree: as ``propose_tree`` plus parents [B, N], for a
+    ``DynamicTree``; a node's existence is decided before its token is drawn
+    (``expand_level``; docs/exactness_trees.md). Default: the ``skeleton``.
+  tree_unsupported: ``(tree) -> str | None``, why the draft cannot fill it.
+  proposal_steps: ``(gamma) -> int``, draft calls per chain ``propose`` (a
+    block draft: 1). Default γ."""
 
   init_with_target: bool = False
   target_states: bool = False
@@ -167,8 +108,7 @@ def init_draft(draft: Any, inputs: Array, cache_len: int, target_encoded: Array)
 
 
 def proposal_steps(draft: Any, gamma: int) -> int:
-  """Draft calls one ``propose`` of γ tokens costs: ``draft.proposal_steps(γ)``
-  if the draft declares it (a block draft: 1), else γ (one call a token)."""
+  """Draft calls one ``propose`` of γ tokens costs (default γ)."""
   if capabilities(draft).proposal_steps:
     return int(draft.proposal_steps(gamma))
   return gamma
@@ -176,9 +116,8 @@ def proposal_steps(draft: Any, gamma: int) -> int:
 
 def commit_draft(draft: Any, state: Any, seq: Array, length: Array,
                  target_states: tuple[Array, Array] | None = None) -> Any:
-  """The round's commit: ``commit_with_target`` given the target's states
-  (hidden [B, W, d], positions [B, W], -1: padding), which the engine passes
-  to a draft whose capabilities include ``target_states``; else ``commit``."""
+  """``commit_with_target`` given the target's states (hidden [B, W, d],
+  positions [B, W]), else ``commit``."""
   if target_states is not None:
     return draft.commit_with_target(state, seq, length, *target_states)
   return draft.commit(state, seq, length)
@@ -191,12 +130,8 @@ def gather_positions(seq: Array, positions: Array) -> Array:
 
 
 def top_probability(q: Array, logits: Array | None, sampling: SamplingConfig) -> Array:
-  """A draft's confidence in a position, q [..., V] -> [...]: max_x q(x).
-
-  At temperature 0 q is one-hot and its maximum always 1, so with ``logits``
-  the draft's own softmax is used instead (the probability its model gives
-  the argmax it proposes; Hugging Face's assistant confidence at T = 0).
-  """
+  """A draft's confidence, q [..., V] -> max_x q(x) [...]; at T = 0 (one-hot q)
+  the draft's own softmax of ``logits`` when given."""
   if sampling.greedy and logits is not None:
     return jnp.max(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-1)
   return jnp.max(q, axis=-1)
@@ -204,14 +139,8 @@ def top_probability(q: Array, logits: Array | None, sampling: SamplingConfig) ->
 
 def drawn_probability(q: Array, logits: Array | None, tokens: Array,
                       sampling: SamplingConfig) -> Array:
-  """The probability the draft gave the token it drew, q [..., V], tokens
-  [...] -> q(x) [...] (``AdaptiveConfig.confidence='drawn'``).
-
-  At T > 0 this sees what max q cannot: a confident draft that drew one of
-  its tail tokens is often rejected (the acceptance probability of x is
-  min(1, p(x)/q(x)), §2.3). At temperature 0 the drawn token is the argmax, so
-  this is ``top_probability``.
-  """
+  """q(x) of the drawn tokens [...] (``AdaptiveConfig.confidence='drawn'``): sees
+  a confident draft that drew a tail token (§2.3). At T = 0, ``top_probability``."""
   if sampling.greedy:
     return top_probability(q, logits, sampling)
   return jnp.take_along_axis(q, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
@@ -220,17 +149,12 @@ def drawn_probability(q: Array, logits: Array | None, tokens: Array,
 def stop_count(confidence: Array, limit: Array, threshold: float,
                skip_below: float | None = None, cumulative: bool = False,
                first_top: Array | None = None) -> Array:
-  """How many tokens a row proposes under the adaptive rule (``propose_adaptive``).
+  """How many tokens each row proposes under the adaptive rule.
 
-  confidence [B, γ]: each position's confidence (``top_probability`` of its
-  q, or ``drawn_probability``); limit [B] in 0..γ. x_1 is proposed when
-  limit >= 1 (and, with ``skip_below``, q_1's top probability ``first_top``
-  [B], default confidence_1, is > skip_below); x_{i+1} when x_i was, i <
-  limit and confidence_i > threshold (``cumulative``: confidence_1 · ... ·
-  confidence_i > threshold). So threshold 0 never stops early (a
-  distribution's maximum is >= 1/V > 0, a drawn token's probability > 0)
-  and threshold 1 always stops after x_1.
-  """
+  confidence [B, γ], limit [B] in 0..γ. x_1 is proposed when limit >= 1 (and
+  ``first_top`` [B] > skip_below when set); x_{i+1} when x_i was, i < limit and
+  confidence_i (``cumulative``: the product up to i) > threshold. Threshold 0
+  never stops early, threshold 1 always after x_1."""
   going = keeps_going(confidence[:, :-1], threshold, cumulative)
   going = jnp.cumprod(going.astype(jnp.int32), axis=-1)
   count = jnp.minimum(limit, 1 + jnp.sum(going, axis=-1))
@@ -238,23 +162,18 @@ def stop_count(confidence: Array, limit: Array, threshold: float,
 
 
 def keeps_going(confidence: Array, threshold: float, cumulative: bool) -> Array:
-  """Whether a row may propose the token after each position, from the
-  confidences so far ([..., i] -> [..., i] bool, along the last axis): the
-  position's own confidence > threshold ('threshold' rule), or the running
-  product of them > threshold ('cumulative' rule, SpecDec++'s stopping test
-  with the draft's confidence as the acceptance estimate)."""
+  """Whether a row may propose the token after each position: its confidence
+  (or, ``cumulative``, SpecDec++'s running product) > threshold."""
   if cumulative:
     confidence = jnp.cumprod(confidence, axis=-1)
   return confidence > threshold
 
 
 def skip_unsure(count: Array, first_confidence: Array, skip_below: float | None) -> Array:
-  """``AdaptiveConfig.skip_below``: rows whose q_1 has confidence <= skip_below
-  propose nothing this round (count 0); None leaves ``count`` as it is.
+  """Rows whose q_1 top probability is <= skip_below propose nothing (count 0).
 
-  The confidence must be a property of q_1 alone (its top probability), never
-  of the drawn x_1: skipping by x_1's own probability would make x_1, given
-  that it is proposed, no longer ~ q_1 (docs/exactness.md, section 5)."""
+  A property of q_1 alone, never of the drawn x_1, or x_1 would no longer be
+  ~ q_1 (docs/exactness.md, section 5)."""
   if skip_below is not None:
     count = jnp.where(first_confidence > skip_below, count, 0)
   return count.astype(jnp.int32)
@@ -264,15 +183,9 @@ def adaptive_proposal(draft: Any, state: Any, seq: Array, length: Array, gamma: 
                       sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
                       skip_below: float | None = None, cumulative: bool = False,
                       drawn: bool = False) -> tuple[Array, Array, Array, Array, Any]:
-  """``draft.propose_adaptive`` if the draft has it, else the generic fallback.
-
-  The fallback runs ``propose(γ)`` (all γ steps: ``steps`` = γ) and derives
-  each row's count from max q, or with ``drawn`` from q(x) of the drawn
-  tokens (``stop_count``), exact but with no early exit; at temperature 0 a
-  one-hot q has confidence 1, so such a draft then stops early only at
-  threshold 1. Optional arguments reach ``propose_adaptive`` only when set,
-  and one its signature lacks is an interface error.
-  """
+  """``draft.propose_adaptive`` if the draft has it, else ``propose(γ)`` with
+  counts from ``stop_count`` (exact, no early exit). Optional arguments are
+  passed only when set; one the method lacks is an interface error."""
   if capabilities(draft).propose_adaptive:
     method = draft.propose_adaptive
     extra = {name: value for name, value, unset in
@@ -299,11 +212,8 @@ class DraftInterfaceError(ValueError):
 
 
 def next_best(scores: Array, exclude: Array, count: int) -> Array:
-  """The ``count`` highest-scoring tokens other than ``exclude``, best first.
-
-  scores [..., V] (logits or probabilities), exclude [..., m] int32 ->
-  [..., count] int32 (ties: lowest index first, as ``lax.top_k``).
-  """
+  """The ``count`` highest of scores [..., V] other than exclude [..., m], best
+  first -> [..., count] int32 (ties: lowest index)."""
   v = scores.shape[-1]
   hit = jnp.any(jnp.arange(v, dtype=jnp.int32) == exclude[..., None], axis=-2)
   _, idx = jax.lax.top_k(jnp.where(hit, -jnp.inf, scores.astype(jnp.float32)), count)
@@ -313,16 +223,11 @@ def next_best(scores: Array, exclude: Array, count: int) -> Array:
 def fill_children(tree: TreeShape, parents: tuple[int, ...], first: Array, first_q: Array,
                   scores: Array, floor: float, tokens: Array, q: Array, valid: Array
                   ) -> tuple[Array, Array, Array]:
-  """Writes the children of ``parents`` (static node indices, m of them).
+  """Writes the children of ``parents`` (m static node indices).
 
-  Child 0 of each parent carries ``first`` [B, m], drawn from ``first_q`` [B,
-  m, V]; the later children carry the next-best tokens of ``scores`` [B, m,
-  V] (the parent's logits, or its q) other than ``first``, each with its
-  one-hot as q — a deterministic proposal, so exact under
-  ``tree.tree_speculative_sampling`` — and are valid iff their score is >
-  ``floor`` (-inf for logits, 0 for probabilities). tokens [B, N], q [B, N,
-  V], valid [B, N] are updated and returned.
-  """
+  Child 0 carries ``first`` [B, m] drawn from first_q [B, m, V]; later children
+  the next-best tokens of scores [B, m, V] with one-hot q (deterministic, so
+  exact), valid iff their score > ``floor``. Updates tokens/q/valid [B, N(, V)]."""
   kids = tree.children_table[list(parents)]                           # [m, K] static
   v = q.shape[-1]
   for j, row in enumerate(kids):
@@ -342,15 +247,9 @@ def fill_children(tree: TreeShape, parents: tuple[int, ...], first: Array, first
 
 def spine_proposal(tree: TreeShape, chain: Array, chain_q: Array,
                    logits: Array | None = None) -> tuple[Array, Array, Array]:
-  """A spine tree (``TreeShape.spine``) from a chain proposal.
-
-  The chain's x_d [B, D], drawn from q_d (``chain_q`` [B, D, V]), sits at the
-  spine node of depth d; its siblings carry the next-best tokens of the
-  draft's ``logits`` [B, D, V] at that position or, without them, of q_d,
-  valid only where q_d gives them mass (at T = 0 a one-hot q has no
-  alternatives, and the tree is then the chain). -> (tokens [B, N], q [B,
-  N, V], valid [B, N]); node 0 (the root) is left to the engine.
-  """
+  """A spine tree (``TreeShape.spine``) from a chain proposal chain [B, D],
+  chain_q [B, D, V]: siblings carry next-best tokens of ``logits`` (or q_d, valid
+  only where q_d has mass). -> (tokens, q, valid), node 0 left to the engine."""
   if not tree.is_spine:
     raise ValueError(f"tree with parents {tree.parents} is not a spine tree (every node off "
                      "the first-child chain a leaf); a chain proposal cannot fill it")
@@ -370,9 +269,8 @@ def spine_proposal(tree: TreeShape, chain: Array, chain_q: Array,
 def tree_proposal(draft: Any, state: Any, seq: Array, length: Array, tree: TreeShape,
                   sampling: SamplingConfig, key: Array
                   ) -> tuple[Array, Array, Array, Array, Any]:
-  """``draft.propose_tree`` if the draft has it, else ``spine_proposal`` of its
-  ``propose`` of depth D (spine trees only; ``check_tree`` says so before
-  any work). -> (tokens [B, N], q [B, N, V], valid [B, N], steps, state)."""
+  """``draft.propose_tree``, else ``spine_proposal`` of ``propose`` of depth D.
+  -> (tokens [B, N], q [B, N, V], valid [B, N], steps, state)."""
   if capabilities(draft).propose_tree:
     return draft.propose_tree(state, seq, length, tree, sampling, key)
   chain, chain_q, state = draft.propose(state, seq, length, tree.max_depth, sampling, key)
@@ -381,13 +279,9 @@ def tree_proposal(draft: Any, state: Any, seq: Array, length: Array, tree: TreeS
 
 
 class Level(NamedTuple):
-  """A dynamic tree under construction (``expand_level``), [B, N] each.
-
-  tokens, valid, parents: as ``propose_dynamic_tree`` returns them.
-  q:     [B, N, V], the distribution each node's token was drawn from.
-  value: the cumulative draft probability of each node's path (root 1).
-  rank:  each node's place among its siblings.
-  """
+  """A dynamic tree under construction (``expand_level``), [B, N] each
+  (q [B, N, V]); value is the path's cumulative draft probability, rank the
+  place among siblings."""
 
   tokens: Array
   q: Array
@@ -404,36 +298,22 @@ class Level(NamedTuple):
 
 
 def first_child_score(probs: Array, first: Array) -> Array:
-  """What a dynamic tree ranks a first child by (``expand_level``): the top
-  of the draft's probabilities probs [..., V] at its parent, never the
-  probability of the token drawn, first [...] (choosing by that would keep a
-  sampled node only when its own token is likely: not exact,
-  docs/exactness_trees.md)."""
+  """A first child's rank score: the top of probs [..., V] at its parent, never
+  the drawn token's probability (not exact, docs/exactness_trees.md)."""
   del first
   return jnp.max(probs, axis=-1)
 
 
 def expand_level(tree: DynamicTree, depth: int, level: Level, probs: Array, first: Array,
                  first_q: Array, first_score: Array, first_value: Array) -> Level:
-  """Chooses and fills depth ``depth``'s W_d nodes of a ``DynamicTree``
-  (EAGLE-2's expansion and reranking under a fixed budget).
+  """Chooses and fills depth ``depth``'s W_d nodes (EAGLE-2's reranking under a
+  fixed budget).
 
-  The W_{d-1} nodes of depth d - 1 (the frontier, m of them) were fed to the
-  draft: probs [B, m, V] ranks their candidate children (the draft's
-  probabilities: its softmax at T = 0, its q at T > 0). Frontier node a's
-  candidates are its first child first [B, m] (drawn from first_q [B, m, V],
-  or copied) and then the W_d - 1 next-best tokens of probs[a] other than
-  it, each proposed with its one-hot as q (deterministic). A candidate's
-  score is value(a) times, for the first child, first_score [B, m] (the top
-  of probs[a], known BEFORE the first child is drawn: its token never
-  decides whether it exists) and for the others their probability. The W_d
-  candidates of highest score are kept (ties: the lower parent, then the
-  lower rank: a parent's kept children are its first ones), ordered by
-  parent, then rank; a kept candidate of score 0 (or an invalid parent's)
-  is marked invalid. A kept node's value is value(a) times first_value (the
-  drawn first child's probability) or its own probability: what the next
-  depth ranks by, after this depth's tokens are drawn.
-  """
+  probs [B, m, V] ranks the m frontier nodes' candidates: the first child
+  ``first`` [B, m] (from first_q [B, m, V]) and the W_d - 1 next-best tokens
+  (one-hot q). Score: value(parent) times first_score (known before the draw)
+  or the candidate's probability. The top W_d are kept, ordered by parent then
+  rank; score 0 marks a node invalid. Kept values use first_value once drawn."""
   b, m, _ = probs.shape
   (f0, _), (c0, c1) = tree.level(depth - 1), tree.level(depth)
   w = c1 - c0
@@ -462,10 +342,8 @@ def expand_level(tree: DynamicTree, depth: int, level: Level, probs: Array, firs
 def dynamic_tree_proposal(draft: Any, state: Any, seq: Array, length: Array, tree: DynamicTree,
                           sampling: SamplingConfig, key: Array
                           ) -> tuple[Array, Array, Array, Array, Array, Any]:
-  """``draft.propose_dynamic_tree`` if the draft has it, else its
-  ``tree_proposal`` of the static ``tree.skeleton`` (the same layout, the
-  same parents every round). -> (tokens [B, N], q [B, N, V], valid [B, N],
-  parents [B, N], steps, state)."""
+  """``draft.propose_dynamic_tree``, else ``tree_proposal`` of the static
+  skeleton. -> (tokens, q, valid, parents [B, N], steps, state)."""
   if capabilities(draft).propose_dynamic_tree:
     return draft.propose_dynamic_tree(state, seq, length, tree, sampling, key)
   tokens, q, valid, steps, state = tree_proposal(draft, state, seq, length, tree.skeleton,
@@ -483,10 +361,8 @@ def commit_tree(draft: Any, state: Any, seq: Array, length: Array, start: Array,
 
 
 def check_tree(name: str, draft: Any, tree: TreeShape | DynamicTree) -> None:
-  """Raises ``DraftInterfaceError`` (before any work) when ``draft`` cannot
-  propose ``tree``: a draft without ``propose_tree`` fills spine trees only,
-  and a draft may refuse a tree (its ``tree_unsupported(tree)`` returning the
-  reason as a string)."""
+  """Raises ``DraftInterfaceError`` before any work when ``draft`` cannot propose
+  ``tree`` (non-spine without ``propose_tree``, or its ``tree_unsupported``)."""
   where = f"approximation model {name!r} ({type(draft).__qualname__})"
   caps = capabilities(draft)
   dynamic = isinstance(tree, DynamicTree) and caps.propose_dynamic_tree
@@ -503,8 +379,7 @@ def check_tree(name: str, draft: Any, tree: TreeShape | DynamicTree) -> None:
 
 def _commit(draft: Any, state: Any, seq: Array, length: Array, gamma: int,
             target_width: int) -> Any:
-  """The round's commit as the engine makes it (``commit_draft``; zeros stand
-  in for the target's states)."""
+  """The engine's commit, zeros standing in for the target's states."""
   if not capabilities(draft).target_states:
     return draft.commit(state, seq, length)
   b = length.shape[0]
@@ -516,14 +391,10 @@ def _commit(draft: Any, state: Any, seq: Array, length: Array, gamma: int,
 def check_interface(name: str, draft: Any, inputs: Array, vocab_size: int, gamma: int,
                     cache_len: int, sampling: SamplingConfig, concrete: bool = True,
                     target_width: int = 1) -> None:
-  """Checks ``draft`` once, before the decoding loops are compiled.
-
-  Traces init -> propose -> commit abstractly (no compilation) to check the
-  shapes; with ``concrete``, also runs them once on ``inputs`` to check that
-  q is a distribution that gives each proposed token positive probability.
-  ``target_width``: the target's d_model (the states ``commit_with_target``
-  receives). Errors name the draft, the method and the shapes.
-  """
+  """Checks ``draft`` once, before the loops are compiled: traces init ->
+  propose -> commit for shapes and, with ``concrete``, runs it to check that q
+  is a distribution giving each token positive mass. ``target_width``: the
+  target's d_model."""
   where = f"approximation model {name!r} ({type(draft).__module__}.{type(draft).__qualname__})"
   for method in ("init", "propose", "commit"):
     if not callable(getattr(draft, method, None)):
@@ -581,9 +452,8 @@ def check_interface(name: str, draft: Any, inputs: Array, vocab_size: int, gamma
 def _check_adaptive(where: str, draft: Any, inputs: Array, seq: Array, length: Array,
                     key: Array, gamma: int, cache_len: int, sampling: SamplingConfig,
                     want_tokens: tuple, want_q: tuple, target_width: int = 1) -> None:
-  """The optional ``propose_adaptive``'s shapes, traced abstractly: once with
-  the required arguments, and once more with every optional one it declares
-  (``skip_below``, ``cumulative``) set."""
+  """``propose_adaptive``'s shapes, traced with the required arguments and
+  once more with the optional ones it declares."""
   limit = jnp.full(length.shape, gamma, jnp.int32)
   declared = inspect.signature(draft.propose_adaptive).parameters
   optional = {k: v for k, v in (("skip_below", 0.3), ("cumulative", True)) if k in declared}

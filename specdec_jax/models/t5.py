@@ -1,30 +1,17 @@
 """T5 1.0 / 1.1 encoder-decoder in Flax linen, shaped for speculative decoding.
 
-The parameter tree uses T5X's names (``token_embedder/embedding``,
-``{encoder,decoder}/layers_{i}/...``, ``decoder/logits_dense/kernel`` in 1.1;
-docs/sharding.md lists them), so a T5X checkpoint's ``target`` tree loads
-with no renaming.
+Parameters use T5X's names (docs/sharding.md), so a T5X checkpoint loads
+unrenamed. ``encode`` and ``init_cache`` run once per example; ``decode``
+writes k >= 1 tokens per row at explicit positions [B, k] into a fixed
+[B, cache_len, H, dh] cache and returns their logits. A query at t reads
+slots 0..t, so rollback is moving the row's index back; negative positions
+are not written (padding). ``T5Config.fixed_positions`` pads every call to
+one shape, so logits are bit-equal whichever call scores a position.
 
-Incremental decoding (``models.base.TargetModel``'s contract): ``encode`` and
-``init_cache`` (cross-attention keys/values, a fixed-shape self-attention
-cache ``[B, cache_len, H, dh]``) run once per example; ``decode`` takes k >= 1
-tokens per row at explicit positions ``[B, k]``, writes their keys/values
-there and returns logits for all k. A query at position t reads slots 0..t
-only, so rollback is the caller moving its per-row index back; negative
-positions are not written (their logits are garbage), so a caller can pad a
-write to a fixed k. ``T5Config.fixed_positions`` = R pads every call to R
-positions: one compiled shape, so a position's logits are bit-equal whichever
-call scores it. The relative-position bias is computed for each call's
-actual (query, key) positions, never as an ``[L, L]`` table.
-
-Token trees (SpecInfer's tree attention, Miao et al. 2023) use the same
-decode with a tree mask and explicit positions. For a row with committed
-length n (decoder inputs 0..n-1 in slots 0..n-1; the root, node 0, is input
-n): node j is written at scratch slot n + j (so n + N <= cache_len), its query
-and key at position n + depth(j); node i sees slots 0..n-1 and its
-ancestors' and its own slots. After verification the accepted nodes at depths
-1..a move to slots n + d (``commit_path``), so slot = position again and the
-caller advances the row to n + a + 1, as the chain loop does."""
+Token trees (SpecInfer's tree attention, Miao et al. 2023): for a row of
+committed length n, node j is written at scratch slot n + j with position
+n + depth(j) and sees the prefix and its ancestors; ``commit_path`` then moves
+the accepted nodes to slots n + d, so slot = position again."""
 
 from __future__ import annotations
 
@@ -178,11 +165,8 @@ class RMSNorm(nn.Module):
 
 def relative_position_bucket(relative_position: Array, bidirectional: bool,
                              num_buckets: int = 32, max_distance: int = 128) -> Array:
-  """T5's bucketing of (key position - query position).
-
-  Exact buckets for small distances, logarithmic up to ``max_distance``; in the
-  bidirectional case half the buckets are for keys after the query.
-  """
+  """T5's bucketing of (key position - query position): exact for small
+  distances, logarithmic up to ``max_distance``; half for later keys if bidirectional."""
   n = -relative_position
   ret = jnp.zeros_like(relative_position)
   if bidirectional:
@@ -221,16 +205,11 @@ class RelativePositionBias(nn.Module):
 
 
 class RowPaddedDense(nn.Dense):
-  """``nn.Dense`` (same parameters) whose product runs over at least
-  ``min_rows`` rows. XLA's GPU compiler turns a product with one row into a
-  multiply-and-reduce kernel that reads the weights far below the memory
-  bandwidth; zero rows appended (behind an optimization barrier, so that the
-  compiler cannot see that they are zero) keep it a GEMM. The extra rows are
-  dropped; no real row reads them.
-
-  A kernel stored quantized (a ``qwix.QArray``: ``specdec_jax.quantization``,
-  the draft's ``draft_quantization``) is dequantized inside the product, at
-  the activation dtype; a float kernel takes ``nn.Dense``'s path unchanged."""
+  """``nn.Dense`` whose product runs over at least ``min_rows`` rows: XLA's GPU
+  compiler turns a one-row product into a slow multiply-reduce; zero rows
+  behind an optimization barrier keep it a GEMM, and are dropped. A quantized
+  kernel (``qwix.QArray``, ``specdec_jax.quantization``) is dequantized inside
+  the product at the activation dtype."""
 
   min_rows: int = 1
 
@@ -298,10 +277,8 @@ class Attention(nn.Module):
     return self.attend_blocks(q, [(k, v, mask, bias)])
 
   def attend_blocks(self, q: Array, blocks: Sequence[tuple]) -> Array:
-    """Attention over the union of key blocks [(k, v, mask, bias), ...]
-    (shapes as in ``attend``, K per block): one softmax across all blocks, so
-    attending over (cache, new keys) equals attending over the cache with the
-    new keys written in, without writing (``T5Model.decode(write=False)``)."""
+    """Attention over key blocks [(k, v, mask, bias), ...] with one softmax, so
+    (cache, new keys) equals the cache with the keys written in."""
     # Heads to the front explicitly ([B,H,*,dh], dh stays minor) so that the
     # two dots are plain batched matmuls over (B, H). Left to the einsums
     # below with 'bkhd' operands, XLA may instead copy every K/V cache to a
@@ -377,9 +354,8 @@ def _normed_mlp(c: "T5Config") -> tuple[RMSNorm, MLP]:
 
 
 def _stack(c: "T5Config", encoder: bool) -> tuple:
-  """The encoder's or the decoder's relative-position bias (bidirectional in
-  the encoder), its layers ``layers_{i}`` and its final RMSNorm (float32 in the
-  decoder), created in its setup."""
+  """The encoder's or decoder's relative-position bias, layers ``layers_{i}`` and
+  final RMSNorm (float32 in the decoder)."""
   layer, n = (EncoderLayer, c.num_encoder_layers) if encoder else (DecoderLayer,
                                                                     c.num_decoder_layers)
   return (RelativePositionBias(c.num_heads, encoder, c.relative_attention_num_buckets,
@@ -422,10 +398,9 @@ class Encoder(nn.Module):
 class DecoderCache:
   """Fixed-shape decoding state for one model (a pytree).
 
-  self_k, self_v: per decoder layer, [B, cache_len, H, dh] (activation dtype).
+  self_k, self_v:   per decoder layer, [B, cache_len, H, dh] (activation dtype).
   cross_k, cross_v: per decoder layer, [B, S, H, dh], computed once per example.
-  encoder_mask: [B, S] bool, True at real (non-pad) encoder positions.
-  """
+  encoder_mask:     [B, S] bool, True at real (non-pad) encoder positions."""
 
   self_k: tuple
   self_v: tuple
@@ -457,18 +432,11 @@ class DecoderLayer(nn.Module):
                cross_mask, new_mask=None, new_bias=None, rows_only=False):
     """One decoder layer over k new tokens.
 
-    With k_cache None (teacher forcing) keys are the new tokens themselves;
-    otherwise the new keys/values are scattered into the cache at ``positions``
-    and the queries attend over the whole cache (masked by position). With
-    ``new_mask`` (and ``new_bias``) [B,1,k,k] the cache is only read: the
-    queries attend over the cache (``self_mask``/``bias``: committed
-    positions only) and the new keys as a second block, and the new rows
-    (k, v) [B,k,H,dh] are returned in place of the cache. ``rows_only``
-    (``T5Config.fixed_positions``) returns the rows too, but attends as a
-    write does (over a written copy of the cache): one softmax form for
-    every call, so a position reduces in the same order however it is
-    scored.
-    """
+    k_cache None: teacher forcing. Otherwise the new keys/values are written at
+    ``positions`` and the queries attend over the cache. With ``new_mask``
+    ([B,1,k,k]) the cache is only read (a second key block) and the new rows
+    [B,k,H,dh] are returned; ``rows_only`` returns them but attends as a write does,
+    so a position reduces in the same order however it is scored."""
     h = self.pre_self_attention_layer_norm(x)
     q, k, v = self.self_attention.project_qkv(h)
     if new_mask is not None:
@@ -494,14 +462,12 @@ class DecoderLayer(nn.Module):
 
 
 class NodeAttention(NamedTuple):
-  """Where a decode call's k nodes are written and what each sees, as arrays:
-  the one form of token trees (``T5Model.decode_tree``, ``tree_attention``)
-  and beam search's nodes (``T5Model.decode_nodes``).
+  """Where a decode call's k nodes are written and what each sees (token trees and
+  beam search's nodes).
 
   slots:         [B, k] int32, where the call's nodes are written (-1: nowhere).
   key_positions: [B, L] int32, the position of the key in every cache slot.
-  mask:          [B, k, L] bool, whether each node sees each slot.
-  """
+  mask:          [B, k, L] bool, whether each node sees each slot."""
 
   slots: Array
   key_positions: Array
@@ -510,12 +476,9 @@ class NodeAttention(NamedTuple):
 
 def tree_attention(start: Array, nodes: np.ndarray, key_offsets: Array, visible: Array,
                    cache_len: int) -> NodeAttention:
-  """A token tree's ``NodeAttention`` (the module docstring's slot convention):
-  a row's N scratch slots start at ``start`` [B] (its committed length n), slot
-  n + j holding node j, whose key sits at position n + key_offsets[j] (its
-  depth; key_offsets [N], or [B, N] for a ``tree.RoundTree``); slots before n
-  are the committed prefix (slot = position), seen by every node; the call's
-  ``nodes`` [k] see the scratch slots ``visible`` [k, N] (or [B, k, N]) marks."""
+  """A token tree's ``NodeAttention``: slot start + j holds node j, its key at
+  start + key_offsets[j] ([N] or [B, N]); the prefix (slots < start) is seen by
+  all, and the call's ``nodes`` [k] see the scratch slots ``visible`` marks."""
   slot = jnp.arange(cache_len, dtype=jnp.int32)[None]
   rel = slot - start[:, None]                                        # [B, L]
   n = key_offsets.shape[-1]
@@ -533,10 +496,8 @@ def tree_attention(start: Array, nodes: np.ndarray, key_offsets: Array, visible:
 
 
 def _write(cache: Array, new: Array, positions: Array) -> Array:
-  """cache [B, L, H, dh] <- new [B, k, H, dh] at per-row positions [B, k].
-
-  Negative positions are dropped (mapped out of bounds), never wrapped.
-  """
+  """cache [B, L, H, dh] <- new [B, k, H, dh] at positions [B, k]; negative
+  positions are dropped, never wrapped."""
   length = cache.shape[1]
   pos = jnp.where(positions < 0, length, positions)
   # Per row (vmap) rather than one scatter over (row, position) pairs: the
@@ -548,10 +509,8 @@ def _write(cache: Array, new: Array, positions: Array) -> Array:
 
 def _pad_call(tokens: Array, positions: Array, extra: Optional[Array],
               tree: Optional[NodeAttention], r: int) -> tuple:
-  """A decode call's k positions padded to r (``T5Config.fixed_positions``):
-  padding sits at position -1, so its keys/values are never written (and so
-  never seen), its query sees nothing, and a tree's padding nodes write
-  nowhere and see nothing. Real positions keep their place in the call."""
+  """A call's k positions padded to r (``T5Config.fixed_positions``): padding at
+  position -1 is never written or seen and sees nothing."""
   k = tokens.shape[1]
   if k > r:
     raise ValueError(f"a decode call scores {k} positions but T5Config.fixed_positions is "
@@ -594,15 +553,11 @@ class Decoder(nn.Module):
   def __call__(self, x: Array, positions: Array, cache: Optional[DecoderCache],
                cross: Optional[tuple], embed_attend, write: bool = True,
                return_hidden: bool = False, tree: Optional[NodeAttention] = None) -> tuple:
-    """-> (logits, cache); with a cache and ``write=False``, (logits, (new
-    keys, new values)) per layer, the cache only read (``T5Model.decode``).
-    ``return_hidden``: a third element, the final normed hidden states [B, k,
-    d] the logits are computed from (``specdec_jax.drafts.feature_bridge``).
-    ``tree`` (with a cache, ``write=True``): the new tokens are nodes, written
-    at ``tree.slots`` instead of their positions and masked by the
-    ``NodeAttention``'s mask; None is the chain, unchanged.
-    With ``decode_kernel='pallas'`` a call ``kernels.covers`` (the chain,
-    cache given, write=True) runs as ``kernels.decode``'s fused kernels."""
+    """-> (logits, cache); with ``write=False``, (logits, per-layer (keys, values)).
+
+    ``return_hidden`` appends the final normed hidden states [B, k, d]; ``tree``
+    (a ``NodeAttention``) writes at its slots under its mask. With
+    ``decode_kernel='pallas'`` a call ``kernels.covers`` runs as fused kernels."""
     c = self.config
     if c.decode_kernel == "pallas":
       # Imported here: only this setting needs Pallas (most of a second to import).
@@ -720,12 +675,8 @@ class T5(nn.Module):
 
 @dataclasses.dataclass(frozen=True)
 class T5Model:
-  """Pure-function view of ``T5``: every method takes params explicitly.
-
-  Hashable (only the config is held), so it can be a static argument of jit.
-  A ``models.base.TargetModel``: the decoding loops reach it through that
-  interface only.
-  """
+  """Pure-function view of ``T5`` (params explicit); hashable, so a static jit
+  argument. A ``models.base.TargetModel``."""
 
   config: T5Config
 
@@ -759,19 +710,12 @@ class T5Model:
              extra: Optional[Array] = None, return_hidden: bool = False, *, write: bool = True,
              tree: Optional[TreeShape] = None) -> tuple:
     """tokens [B, k] at positions [B, k] -> (logits [B, k, V] float32, cache).
-    ``extra`` [B, k, d] is added to the token embeddings; ``return_hidden``
-    appends the final normed hidden states [B, k, d] (``feature_bridge``);
-    ``tree`` (node 0 at positions[:, 0], the committed length) is
-    ``decode_tree`` of every node (``models.base.TargetModel.decode``).
 
-    ``write=False`` only reads the cache and returns (logits, rows), rows =
-    (new keys, new values), a [B, k, H, dh] per layer, for ``write_rows``: the
-    queries see the cache before positions[:, 0] (consecutive positions per
-    row) and the new tokens causally, one softmax over both blocks (equal to
-    a writing call to float rounding; bit for bit with
-    ``T5Config.fixed_positions``, which attends over a written copy). Inside
-    ``lax.switch`` a branch that writes the cache makes XLA copy all of it; the
-    rows are written once after the switch (the adaptive-γ loop's widths)."""
+    ``extra`` [B, k, d] is added to the embeddings; ``return_hidden`` appends the
+    final hidden states; ``tree`` makes it ``decode_tree``. ``write=False`` only
+    reads the cache (one softmax over cache and new tokens; bit-equal with
+    ``fixed_positions``) and returns (logits, rows) for ``write_rows``: inside
+    ``lax.switch`` a writing branch would make XLA copy the whole cache."""
     if tree is not None:
       if not write:
         raise ValueError("a tree pass writes its nodes at scratch slots; write=False is for "
@@ -804,19 +748,13 @@ class T5Model:
                   return_hidden: bool = False,
                   partitioner: Optional[Partitioner] = None,
                   extra: Optional[Array] = None) -> tuple:
-    """One pass over a token tree (SpecInfer's tree attention): tokens [B, k]
-        for the tree's ``nodes`` (default all N, in index order), lengths [B]
-        int32 committed lengths -> (logits [B, k, V] float32, cache).
+    """One pass over a token tree: tokens [B, k] for ``nodes`` (default all
+    N), lengths [B] committed lengths -> (logits [B, k, V] float32, cache).
 
-        The module docstring's slot convention (``tree_attention``; needs
-        lengths + N <= cache_len, ``TreeShape.cache_len``): node i's logits equal
-        a chain ``decode`` of its root-to-node path to float rounding, bit for bit
-        for a chain-shaped tree. ``nodes``: a subset, so a tree can be built a
-        depth at a time (EAGLE-2's expansion); the ancestors of a node not among
-        them must have been written by an earlier call from the same ``lengths``.
-        ``return_hidden`` and ``extra`` as in ``decode``; a ``partitioner`` pins
-        the returned cache to its layout; a ``tree.RoundTree`` (parents as data,
-        per row) reads its depths and ancestor mask from its arrays."""
+    Needs lengths + N <= cache_len. Node i's logits equal a chain ``decode`` of
+    its path to float rounding (bit for bit for a chain). A subset of
+    ``nodes`` builds a tree a depth at a time (EAGLE-2); their ancestors must
+    be written already. A ``tree.RoundTree`` gives depths and mask as data."""
     n_nodes = tree.num_nodes
     nodes = tuple(range(n_nodes)) if nodes is None else tuple(int(j) for j in nodes)
     if not nodes or len(set(nodes)) != len(nodes) or not all(0 <= j < n_nodes for j in nodes):
@@ -839,15 +777,11 @@ class T5Model:
 
   def decode_nodes(self, params: dict, tokens: Array, positions: Array, slots: Array,
                    key_positions: Array, mask: Array, cache: DecoderCache) -> tuple:
-    """One pass over k nodes whose slots and visibility are data: tokens [B,
-    k] at positions [B, k] are written at cache slots [B, k] (negative: not
-    written) and node i attends to the slots where mask [B, k, L] is True,
-    whose keys sit at key_positions [B, L] (L = cache_len) -> (logits [B, k,
-    V] float32, cache). The caller keeps its own slot layout (beam search
-    keeps each beam's prefix in a region of one row: ``specdec_jax.beam``);
-    every node must see at least its own slot. ``decode_tree`` is the case of
-    one static shape.
-    """
+    """One pass over k nodes with data-given layout: tokens [B, k] at positions
+    [B, k] written at slots [B, k] (negative: not), node i seeing the slots of
+    mask [B, k, L] with keys at key_positions [B, L] -> (logits, cache). Beam
+    search keeps its own layout (``specdec_jax.beam``); each node must see its
+    own slot."""
     if self.config.fixed_positions:
       raise ValueError("decode_nodes does not pad to T5Config.fixed_positions: set it to 0 for "
                        "beam search")
@@ -864,25 +798,17 @@ class T5Model:
   @staticmethod
   def commit_path(cache: DecoderCache, lengths: Array, path: Array, num_accepted: Array,
                   partitioner: Optional[Partitioner] = None) -> DecoderCache:
-    """``models.base.commit_path`` on a T5 cache: moves an accepted tree path's
-    keys/values from scratch slots lengths + path[:, d - 1] to lengths + d.
-
-    Any ``DecoderCache`` whose tree nodes sit at scratch slots lengths + j
-    works: the target's after ``decode_tree``, and a T5 draft's after it
-    decoded the tree with ``decode_tree`` from the same ``lengths``. Slots
-    whose source was never written (e.g. a draft's leaves, proposed but not
-    fed) move as garbage: such a draft must feed its last accepted token
-    again next round, as ``T5Draft`` does after a fully accepted chain.
-    """
+    """Moves an accepted tree path's keys/values from slots lengths + path[:, d - 1]
+    to lengths + d (target's or a T5 draft's cache after ``decode_tree``). Slots
+    never written (a draft's unfed leaves) move as garbage: such a draft must
+    re-feed its last accepted token, as ``T5Draft`` does."""
     return base.commit_path(T5Model, cache, lengths, path, num_accepted, partitioner)
 
   def __call__(self, params: dict, inputs: Array, decoder_inputs: Array,
                dropout_rng: Optional[Array] = None,
                encoder_extra: Optional[Array] = None, decoder_extra: Optional[Array] = None,
                return_hidden: bool = False):
-    """Teacher-forced logits [B, T, V]; with ``dropout_rng``, dropout at
-    ``config.dropout_rate`` (training); ``encoder_extra`` as in ``encode``,
-    ``decoder_extra`` and ``return_hidden`` as in ``decode``."""
+    """Teacher-forced logits [B, T, V]; ``dropout_rng`` enables dropout (training)."""
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else {}
     return self.module.apply({"params": params}, inputs, decoder_inputs, encoder_extra,
                              decoder_extra, return_hidden, rngs=rngs)
@@ -901,13 +827,9 @@ def param_shapes(config: T5Config) -> dict:
 
 
 def stored_dtype(name: str, param_dtype: Any) -> jnp.dtype:
-  """The dtype a parameter is kept in when weights are ``param_dtype``.
-
-  Kernels and the embedding (all but a few KB of the bytes a decoding step
-  reads) take ``param_dtype``; RMS-norm scales and relative-position tables
-  stay float32, as T5X keeps them, so that bfloat16 weights change only the
-  matmul inputs. ``name`` is the '/'-joined T5X parameter name.
-  """
+  """The dtype parameter ``name`` ('/'-joined T5X name) is kept in: kernels and
+  the embedding take ``param_dtype``; norm scales and relative-position tables
+  stay float32, as in T5X."""
   if name.endswith("/scale") or name.endswith("/rel_embedding"):
     return jnp.dtype(jnp.float32)
   return jnp.dtype(param_dtype)
@@ -928,13 +850,9 @@ _FUSED = (("attention", ("query", "key", "value"), "qkv"),
 
 
 def fuse_projections(params: Any) -> Any:
-  """A T5X parameter tree (``T5Config.fused_projections`` off) as the fused
-  model reads it: in every encoder layer's ``attention`` and decoder layer's
-  ``self_attention``, query/key/value become one ``qkv`` kernel (columns
-  side by side), and a gated MLP's wi_0/wi_1 one ``wi_fused``. Cross-attention
-  and every other parameter are unchanged. Pure; concatenation copies values
-  only, so each output column is computed from the same weights. Float kernels
-  only: quantize after fusing (per-output-column scales are the same)."""
+  """A T5X tree as the fused model reads it: self-attention q/k/v become one
+  ``qkv`` kernel and a gated MLP's wi_0/wi_1 one ``wi_fused`` (columns side by
+  side, values copied). Float kernels only: quantize after fusing."""
   def fuse_layer(layer: dict) -> dict:
     layer = dict(layer)
     for module, parts, fused in _FUSED:
