@@ -1,49 +1,23 @@
 """Beam search with T5X's semantics, and speculative beam search (paper Appendix A.4).
 
-``beam_search`` is the baseline: T5X's ``decoding.beam_search`` (the default
-decoder of its ``EncoderDecoderModel``) as one jitted ``lax.while_loop`` over
-fixed shapes. Each step every live beam's next-token log-probabilities are added
-to its log-probability, the best 2w (beam, token) candidates are kept (so that
-w can reach EOS at once and w stay live), candidates ending in EOS are scored
-log p / ((5 + length) / 6)^alpha and merged into the w finished beams, and the
-best w of the others become the live beams. A row stops at ``max_decode_len``
-tokens or once no live beam, even at the largest brevity penalty, could beat
-its worst finished beam. Beams are kept and returned in ascending order of
-score (the best last), as T5X returns them; a row with no finished beam returns
-its live beams and their log-probabilities.
+``beam_search`` is T5X's ``decoding.beam_search`` as one jitted
+``lax.while_loop``: each step keeps the best 2w (beam, token) candidates,
+merges those ending in EOS (scored log p / ((5 + length) / 6)^alpha) into the
+w finished beams and keeps the best w others live; a row stops at
+``max_decode_len`` or when no live beam can beat its worst finished one.
+Beams are returned ascending by score (best last), as T5X does.
 
-``speculative_beam_search`` gives the same beams with fewer target calls
-(paper Appendix A.4). Each round the draft runs beam search at width u >= w for
-γ steps from the target's live beams; the target scores the w live beams' last
-tokens and the draft's uγ beams, w + uγ nodes, in ONE tree pass; then the
-target's own beam-search steps are replayed on those logits, each with exactly
-the baseline's step (``beam_step``). A step needs the logits at every live beam;
-so the replay goes on while every new live beam is a node of the tree, and the
-first step whose live beams are not all nodes is still taken (its inputs, the
-logits at the previous live beams, are at hand), as Algorithm 1 emits a token
-after the first rejection. Every step is the baseline's step on the target's
-logits, so the beams, tokens and scores are the baseline's (to float rounding
-of the logits: one pass over a tree against one call per step).
+``speculative_beam_search`` gives the same beams with fewer target calls: the
+draft runs beam search at width u >= w for γ steps from the live beams (or, if
+it is an approximation model, proposes each beam's greedy chain, u = w); the
+target scores the w + uγ nodes in one tree pass and the baseline's own step
+(``beam_step``) is replayed on those logits while every live beam is a node,
+plus one more step, as Algorithm 1 emits a token after the first rejection.
 
-A draft that cannot run beam search (any approximation model of
-``specdec_jax.drafts``: prompt lookup, n-grams, a T5 draft behind a bridge or a
-shortlist) proposes instead each live beam's greedy chain of γ tokens, one
-draft row per beam: a tree of w + wγ nodes laid out as draft beams of width
-u = w, verified by the same replay. Its state rows follow their beams (gathered
-by the beam each new live beam descends from, as T5X gathers its caches).
-
-Layout. Beam search keeps w sequences per example that share no fixed prefix, so
-each example's decode cache is ONE row of w regions of R slots (``_Layout``): the
-live beam i's decoder inputs 0..n-1 sit at slots i·R + 0..n-1 (slot = position
-within the region) and a round's tree nodes at scratch slots of their root's
-region; every node sees its region's prefix and its ancestors
-(``T5Model.decode_nodes``). After the round, region i is rebuilt from the
-region of the new live beam i's root and its path (one gather of the cache, as
-T5X gathers its caches every step). The draft keeps the same layout.
-
-Shapes: B rows (examples), w beams, u draft beams, M = max_decode_len, V the
-vocabulary, N = w + uγ tree nodes.
-"""
+Layout: each example's cache is one row of w regions of R slots (``_Layout``);
+live beam i's inputs sit at slots i·R + position, a round's nodes at scratch
+slots of their root's region, and regions are rebuilt by one gather per round.
+Shapes: B rows, w beams, u draft beams, M = max_decode_len, N = w + uγ nodes."""
 
 from __future__ import annotations
 
@@ -76,17 +50,14 @@ def brevity_penalty(alpha: float, length: Any) -> Array:
 class BeamState:
   """Beam search's bookkeeping (B rows, w beams, M = max_decode_len).
 
-  live_seqs: [B, w, M] int32, the live beams' tokens y_1..y_cur (0 after),
-    ascending by live_logprobs after the first step (T5X's order).
-  live_logprobs: [B, w] float32, Σ log p(y_t) of each live beam (beams that
-    ended in EOS but were kept for want of others carry NEG_INF on top).
-  finished_seqs: [B, w, M] int32, the finished beams' tokens (EOS included).
-  finished_scores: [B, w] float32, log p / brevity penalty, ascending;
-    NEG_INF in an empty slot.
-  finished_flags: [B, w] bool, the slot holds a finished beam.
-  cur: [B] int32, tokens in every live beam (T5X's cur_index, per row).
-  done: [B] bool, the row has stopped (T5X's loop condition, per row).
-  """
+  live_seqs:       [B, w, M] int32, the live beams' tokens (0 after), ascending by
+                   live_logprobs (T5X's order).
+  live_logprobs:   [B, w] float32, Σ log p(y_t) (NEG_INF on top for kept EOS beams).
+  finished_seqs:   [B, w, M] int32, the finished beams' tokens (EOS included).
+  finished_scores: [B, w] float32, log p / brevity penalty, ascending; NEG_INF if empty.
+  finished_flags:  [B, w] bool, the slot holds a finished beam.
+  cur:             [B] int32, tokens in every live beam (T5X's cur_index).
+  done:            [B] bool, the row has stopped."""
 
   live_seqs: Array
   live_logprobs: Array
@@ -115,11 +86,9 @@ def init_beams(batch: int, beam_size: int, max_decode_len: int) -> BeamState:
 
 
 def _stopped(s: BeamState, alpha: float, max_decode_len: int) -> Array:
-  """[B] bool: T5X's loop condition fails for the row. At max_decode_len; or
-  every finished slot is filled and its worst score beats the best live beam's
-  log p over the largest brevity penalty (no live beam can enter the finished
-  set any more); or the best live beam is below NEG_INF over that penalty
-  (T5X's default ``min_log_prob``)."""
+  """[B] bool: T5X's loop condition fails (max_decode_len reached; every
+  finished slot beats the best live beam at the largest brevity penalty; or the
+  best live beam is below NEG_INF, T5X's ``min_log_prob``)."""
   min_penalty = brevity_penalty(alpha, max_decode_len + 1)
   best_live = s.live_logprobs[:, -1] / min_penalty
   worst_finished = jnp.min(s.finished_scores, axis=1)
@@ -141,14 +110,9 @@ def _take(x: Array, idx: Array) -> Array:
 
 def beam_step(s: BeamState, log_probs: Array, active: Array, *, alpha: float, eos_id: int,
               max_decode_len: int) -> tuple[BeamState, Array, Array]:
-  """One step of T5X's beam search for the rows where ``active`` [B].
-
-  log_probs [B, w, V]: log-softmax of the model's logits after each live beam.
-  -> (state, parents [B, w] int32: which old live beam each new one extends,
-  tokens [B, w] int32: its new token). Inactive rows are unchanged (parents
-  the identity). Both loops call this: the baseline on one call's logits, the
-  speculative loop on logits from its tree pass.
-  """
+  """One T5X beam-search step for rows where ``active`` [B]; log_probs [B, w, V].
+  -> (state, parents [B, w], tokens [B, w]); inactive rows unchanged. Shared by
+  the baseline and the speculative replay."""
   b, w, v = log_probs.shape
   m = s.live_seqs.shape[2]
   cand = (log_probs + s.live_logprobs[:, :, None]).reshape(b, w * v)
@@ -210,10 +174,8 @@ def _check(beam_size: int, max_decode_len: int, alpha: float) -> None:
 class _BaselineState:
   """The baseline's loop state.
 
-  beams: ``BeamState`` (B rows, w beams).
-  cache: the model's decode cache with one row per beam, [B·w, M, ...] self
-    attention (beam i of example b in row b·w + i, as T5X flattens beams).
-  """
+  beams: ``BeamState``.
+  cache: the decode cache, [B·w, M, ...], beam i of example b in row b·w + i."""
 
   beams: BeamState
   cache: Any
@@ -229,15 +191,9 @@ def _gather_rows(cache: Any, rows: Array) -> Any:
 
 def beam_search(model: Any, params: Any, inputs: Array, *, beam_size: int = 4,
                 alpha: float = 0.6, max_decode_len: int, eos_id: int = 1) -> BeamOutput:
-  """Beam search with T5X ``decoding.beam_search`` semantics (see the module
-  docstring): one target call per step for all w beams of every row, the
-  cache rows gathered after each step by the beam they extend.
-
-  inputs [B, S] int32 (0 = pad); alpha: the brevity penalty's exponent (a
-  traced argument: one compilation serves every alpha). -> ``BeamOutput``:
-  sequences [B, w, M] and scores [B, w], ascending by score (best last),
-  steps [B]. Jitted (``beam_search_jit``).
-  """
+  """T5X beam search, one target call per step for all beams. inputs [B, S]
+  int32 (0 = pad); alpha traced (one compilation). -> ``BeamOutput``: sequences
+  [B, w, M], scores [B, w] ascending, steps [B]."""
   _check(beam_size, max_decode_len, alpha)
   return beam_search_jit(model, params, inputs, jnp.float32(alpha), beam_size=beam_size,
                          max_decode_len=max_decode_len, eos_id=eos_id)
@@ -274,11 +230,8 @@ def beam_search_jit(model: Any, params: Any, inputs: Array, alpha: Array, *, bea
 
 @dataclasses.dataclass(frozen=True)
 class _Layout:
-  """Where a round's nodes live (static). Node j: roots j < w (live beam j's
-  last token, at depth 0), then the draft's beams, u per depth 1..γ.
-
-  w, u, gamma: widths and draft steps; region: R = M + uγ + 1 slots per beam.
-  """
+  """Where a round's nodes live (static): roots j < w (live beam j's last token),
+  then u draft beams per depth 1..γ; region R = M + uγ + 1 slots per beam."""
 
   w: int
   u: int
@@ -298,25 +251,22 @@ class _Layout:
     return jnp.where(j < self.w, 0, 1 + (j - self.w) // self.u)
 
   def slot(self, j: Array, root: Array, cur: Array) -> Array:
-    """Node j's cache slot in its root's region: the root at its position cur
-    (slot = position), node j >= w at scratch slot cur + 1 + (j - w). cur
-    broadcasts against j."""
+    """Node j's slot in its root's region: the root at cur, node j >= w at
+    scratch slot cur + 1 + (j - w)."""
     within = jnp.where(j < self.w, cur, cur + 1 + j - self.w)
     return root * self.region + within
 
   def key_positions(self, cur: Array) -> Array:
-    """[B, w·R] int32: the position of the key in every slot this round: the
-    region's offset up to cur, the depth of the node whose scratch slot it is
-    after (unused slots: their offset)."""
+    """[B, w·R] int32: each slot's key position this round (scratch slots: their
+    node's depth after cur)."""
     off = jnp.arange(self.cache_len, dtype=jnp.int32) % self.region
     node = off[None] - cur[:, None] - 1 + self.w
     scratch = (off[None] > cur[:, None]) & (node < self.num_nodes)
     return jnp.where(scratch, cur[:, None] + self.depth(node), off[None])
 
   def mask(self, root: Array, prefix: Array, seen: Array) -> Array:
-    """[B, k, w·R] bool: node i sees its root's region up to offset prefix
-    (exclusive) and the slots seen [B, k, P] (itself and its ancestors; -1
-    pads). root, prefix: [B, k]."""
+    """[B, k, w·R] bool: node i sees its root's region below ``prefix`` and the
+    slots ``seen`` [B, k, P] (itself and its ancestors; -1 pads)."""
     slot = jnp.arange(self.cache_len, dtype=jnp.int32)
     in_prefix = ((slot // self.region)[None, None] == root[..., None]) & (
         (slot % self.region)[None, None] < prefix[..., None])
@@ -324,10 +274,9 @@ class _Layout:
 
 
 class BeamStats(NamedTuple):
-  """Per-example counts of one speculative beam search (all [B] int32 but
-  ``steps_per_round``): rounds = target calls; steps = beam-search steps (the
-  baseline's target calls); draft_calls; steps_per_round [B, γ + 2]: how many
-  rounds took 0..γ+1 steps (0 only for rows that stopped early in a batch)."""
+  """Per-example counts ([B] int32): rounds (target calls), steps (the
+  baseline's target calls), draft_calls; steps_per_round [B, γ + 2], rounds by
+  steps taken."""
 
   rounds: Array
   steps: Array
@@ -344,14 +293,11 @@ class SpecBeamOutput(NamedTuple):
 class _SpecBeamState:
   """The speculative loop's state.
 
-  beams: ``BeamState`` (B rows, w beams).
-  target_cache, draft_cache: each model's cache, one row per example of w
-    regions of R slots (``_Layout``): live beam i's decoder inputs 0..cur-1 at
-    slots i·R + 0..cur-1 (the draft's may lack slot cur - 1: it feeds that
-    token again each round). A chain draft's (``_chain_tree``): its own
-    state, row b·w + i for live beam i.
-  rounds, draft_calls: [B] int32; hist: [B, γ + 2] int32 (``BeamStats``).
-  """
+  beams:         ``BeamState``.
+  target_cache:  one row per example of w regions of R slots (``_Layout``).
+  draft_cache:   likewise (may lack slot cur - 1: refed each round), or a chain
+                 draft's own state, row b·w + i for live beam i.
+  rounds, draft_calls: [B] int32; hist: [B, γ + 2] int32 (``BeamStats``)."""
 
   beams: BeamState
   target_cache: Any
@@ -363,15 +309,9 @@ class _SpecBeamState:
 
 def _draft_tree(draft: Any, draft_params: Any, lay: _Layout, beams: BeamState, cache: Any,
                 start: int, eos_id: int) -> tuple[Array, Array, Array, Any]:
-  """The draft's beam search at width u for γ steps from the target's live
-  beams (their target log p as the starting scores; EOS never extends a
-  beam, so every draft beam is a node worth scoring).
-
-  -> (tokens [B, N], parents [B, N] (node index, -1 for the roots), roots
-  [B, N] (the region: which live beam a node descends from), the draft's
-  cache). Calls: γ; the first also feeds each live beam's token before its
-  last (position cur - 1), which the previous round may not have written.
-  """
+  """The draft's beam search at width u for γ steps from the live beams (EOS
+  never extends a beam). -> (tokens [B, N], parents [B, N] (-1 for roots),
+  roots [B, N], cache). The first call also refeeds position cur - 1."""
   w, u, g = lay.w, lay.u, lay.gamma
   b = beams.cur.shape[0]
   cur = beams.cur
@@ -419,9 +359,8 @@ def _draft_tree(draft: Any, draft_params: Any, lay: _Layout, beams: BeamState, c
 
 
 def _is_beam_draft(draft: Any) -> bool:
-  """Whether the draft runs beam search itself (a model with ``decode_nodes``,
-  e.g. ``models.t5.T5Model``); else it is an approximation model
-  (``drafts.base``) and proposes greedy chains (``_chain_tree``)."""
+  """Whether the draft runs beam search itself (has ``decode_nodes``); else it
+  proposes greedy chains (``_chain_tree``)."""
   return callable(getattr(draft, "decode_nodes", None))
 
 
@@ -434,11 +373,8 @@ def _beam_rows(b: int, w: int, seqs: Array, start: int) -> Array:
 
 def _chain_tree(draft: Any, lay: _Layout, beams: BeamState, state: Any,
                 start: int) -> tuple[Array, Array, Array, Any]:
-  """A draft that cannot run beam search: each live beam's greedy chain of γ
-  tokens (``propose`` at temperature 0, draft row b·w + i for beam i), laid
-  out as draft beams of width u = w (node w + (d - 1)·w + i is beam i's d-th
-  proposal, so every node's parent is node - w). -> (tokens, parents, roots,
-  state) as ``_draft_tree``."""
+  """Each live beam's greedy chain of γ tokens (draft row b·w + i), laid out as
+  draft beams of width w (node - w is every node's parent). As ``_draft_tree``."""
   w, g = lay.w, lay.gamma
   b = beams.cur.shape[0]
   seq = _beam_rows(b, w, beams.live_seqs, start)
@@ -452,10 +388,8 @@ def _chain_tree(draft: Any, lay: _Layout, beams: BeamState, state: Any,
 
 
 def _follow_beams(draft: Any, state: Any, beams: BeamState, roots: Array, start: int) -> Any:
-  """A chain draft's state after the round: row b·w + i becomes the row of
-  the beam that live beam i descends from (roots [B, w]; every state leaf
-  with a leading B·w axis, others as they are), then ``commit`` of the new
-  beams."""
+  """A chain draft's state after the round: row b·w + i takes the row of live
+  beam i's root (leaves with a leading B·w axis), then ``commit``."""
   b, w = roots.shape
   rows = (jnp.arange(b, dtype=jnp.int32)[:, None] * w + roots).reshape(-1)
   take = lambda x: jnp.take(x, rows, axis=0) if x.ndim and x.shape[0] == b * w else x
@@ -476,9 +410,8 @@ def _paths(lay: _Layout, parents: Array, roots: Array, cur: Array) -> Array:
 
 def _rebuild(cache: Any, lay: _Layout, cur: Array, steps: Array, path: Array,
              roots: Array) -> Any:
-  """Region i <- the region of live beam i's root with its path's nodes moved
-  to slots cur + 1 .. cur + steps - 1 (path [B, w, γ + 1]: node indices by
-  depth; roots [B, w]). One gather per layer of the self-attention cache."""
+  """Region i <- its root's region with the path's nodes (path [B, w, γ + 1])
+  moved to slots cur + 1 .. cur + steps - 1; one gather per layer."""
   off = jnp.arange(lay.region, dtype=jnp.int32)
   d = off[None, None] - cur[:, None, None]                             # [B, 1, R]
   in_path = (d >= 1) & (d < steps[:, None, None])
@@ -555,18 +488,12 @@ def speculative_beam_search(target: Any, target_params: Any, draft: Any, draft_p
                             inputs: Array, *, beam_size: int = 4, draft_beam_size: int = 4,
                             gamma: int = 3, alpha: float = 0.6, max_decode_len: int,
                             eos_id: int = 1) -> SpecBeamOutput:
-  """Speculative beam search (paper Appendix A.4; the module docstring): the
-  beams and scores of ``beam_search`` on the target, with one target pass per
-  round of up to γ + 1 beam-search steps.
+  """Speculative beam search (Appendix A.4): ``beam_search``'s beams with one
+  target pass per round of up to γ + 1 steps.
 
-  target, draft: ``models.t5.T5Model``s (anything with ``encode``,
-  ``init_cache`` and ``decode_nodes``) over one vocabulary; draft_beam_size
-  u >= beam_size w; gamma γ >= 1 draft steps per round. draft may instead be
-  an approximation model (``drafts.base``; draft_params unused): each live
-  beam's greedy chain of γ tokens (u = w). inputs [B, S] int32.
-  -> ``SpecBeamOutput``: the ``BeamOutput`` and ``BeamStats``. Jitted
-  (``speculative_beam_search_jit``; alpha traced, as in ``beam_search``).
-  """
+  target, draft: models with ``encode``, ``init_cache`` and ``decode_nodes``
+  over one vocabulary, draft_beam_size u >= w; or an approximation model as
+  draft (greedy chains, u = w). -> ``SpecBeamOutput`` (``BeamOutput``, ``BeamStats``)."""
   _check(beam_size, max_decode_len, alpha)
   if draft_beam_size < beam_size:
     raise ValueError(f"the draft's beam width u must be >= the beam width w: got u = "

@@ -1,14 +1,9 @@
 """Closed-form analysis of speculative decoding (Leviathan et al., 2023, Section 3).
 
-Every function accepts python floats/ints or numpy arrays (broadcast together)
-and returns a python scalar when all inputs are scalars, otherwise an ndarray.
-Throughout, ``alpha`` is the expected acceptance rate E(beta) (Definition 3.1),
-``gamma`` the number of draft tokens per iteration, ``c`` the cost coefficient
-(Definition 3.7) and ``c_hat`` the per-token operations ratio (Definition 3.10).
-All results rely on the paper's simplifying assumption that the betas are i.i.d.
-
-Only numpy is used so that the analysis is importable without JAX.
-"""
+Functions take floats or numpy arrays (broadcast) and return a scalar for
+scalar inputs. ``alpha`` is E(beta) (Definition 3.1), ``gamma`` the draft
+tokens per iteration, ``c`` the cost coefficient (Definition 3.7), ``c_hat``
+the operations ratio (Definition 3.10); betas are assumed i.i.d. numpy only."""
 
 from __future__ import annotations
 
@@ -60,26 +55,16 @@ def _expected_tokens(a: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 
 def expected_tokens(alpha: ArrayLike, gamma: ArrayLike) -> ArrayLike:
-  """Expected tokens produced per run of Algorithm 1, Eq. (1).
-
-  E[# tokens] = (1 - alpha^(gamma+1)) / (1 - alpha): a geometric variable
-  with success probability 1 - alpha capped at gamma + 1. At alpha = 1 the
-  closed form is 0/0 and its limit gamma + 1 (every draft accepted plus the
-  bonus token) is returned.
-  """
+  """Expected tokens per run of Algorithm 1, Eq. (1):
+  (1 - alpha^(gamma+1)) / (1 - alpha), with the limit gamma + 1 at alpha = 1."""
   a = _check_alpha(alpha)
   g = _check_nonneg("gamma", gamma)
   return _to_output(_expected_tokens(a, g))
 
 
 def expected_tokens_by_position(alphas: Sequence[float]) -> float:
-  """Tokens per round when acceptance falls with the position: α_i is the
-  chance that proposal i is accepted given proposals 1..i−1 were, so
-
-      E[tokens per round] = 1 + Σ_i Π_{j ≤ i} α_j,   i = 1..γ,
-
-  which is Eq. (1) when every α_i = α (1 + α + … + α^γ). A block draft's
-  α_i falls with i (``specdec_jax.drafts.t5_block``)."""
+  """Tokens per round when α_i (proposal i accepted given 1..i−1 were) falls
+  with i: 1 + Σ_i Π_{j ≤ i} α_j, Eq. (1) when every α_i = α (a block draft)."""
   a = np.array([0.0 if x is None else x for x in alphas], np.float64)
   a = np.clip(np.nan_to_num(a), 0.0, 1.0)
   return float(1.0 + np.sum(np.cumprod(a)))
@@ -88,17 +73,9 @@ def expected_tokens_by_position(alphas: Sequence[float]) -> float:
 def walltime_improvement(
   alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike, v: ArrayLike = 1.0
 ) -> ArrayLike:
-  """Expected walltime improvement factor, Theorem 3.8 generalized by ``v``.
-
-  One iteration costs gamma draft steps (c each) plus one target pass that
-  scores gamma + 1 positions. The paper assumes that pass costs the same as
-  a one-token target step (v = 1); ``v`` is its measured relative cost, so
-
-    (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + v)).
-
-  With v = 1 this is exactly Theorem 3.8. Like the theorem, it assumes long
-  generations (the first target call is not amortized).
-  """
+  """Expected walltime improvement, Theorem 3.8 with a verification cost ``v``
+  (the pass over gamma + 1 positions in one-token target steps; v = 1 is the
+  theorem): (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + v))."""
   a = _check_alpha(alpha)
   g = _check_nonneg("gamma", gamma)
   c_arr = _check_nonneg("c", c)
@@ -110,31 +87,20 @@ def walltime_improvement(
 
 @dataclasses.dataclass(frozen=True)
 class RoundCost:
-  """THE cost of one round of speculative decoding and Theorem 3.8's
-  prediction from it (§3.3-3.4, with a verification cost v).
+  """THE cost of one round and Theorem 3.8's prediction from it (§3.3-3.4).
 
-  A round is ``draft_calls`` draft calls and ONE target pass that scores
-  ``gamma`` proposals plus the bonus position (``positions`` = γ + 1). A chain
-  at γ makes γ draft calls (the default); a token tree of N nodes and depth D
-  scores N positions with D calls (``for_tree``); a draft that proposes a
-  block in one call makes 1. Costs are in one-token target steps, so the
-  round costs ``draft_calls`` c + v of them and Theorem 3.8 is the tokens it
-  yields over that (``speedup``). The runner measures it (``timing``), the dry
-  run models it (``dryrun.costs.Roofline``); ``summary.json`` and every
-  ``examples.jsonl`` line carry it as ``record()``.
+  A round is ``draft_calls`` draft calls and one target pass over γ + 1
+  positions, costing draft_calls c + v one-token target steps; ``speedup`` is
+  the tokens it yields over that. Measured by ``timing``, modelled by
+  ``dryrun.costs.Roofline``, recorded by ``record()``.
 
   gamma: proposals the target scores per round (a tree: its N - 1 nodes).
   c: one draft call over one target step (Definition 3.7).
-  v: the target's pass over ``positions`` over one target step (the paper's
-    accounting: 1).
-  draft_calls: draft calls per round (None: ``gamma``, a chain's).
-  step_ms: one target step in milliseconds (nan where only the ratios are
-    known): what turns steps into milliseconds per token.
-  interplay: the round timed whole (draft and target alternating, as a round
-    runs them) over γ c + v timed apart; 1 where not measured.
-  c_se, v_se, round_se: standard errors of c, v and of the round timed whole
-    in steps (0 where not measured).
-  """
+  v: the target's pass over ``positions`` over one target step (paper: 1).
+  draft_calls: draft calls per round (None: ``gamma``; a tree: its depth).
+  step_ms: one target step in ms (nan where only ratios are known).
+  interplay: the round timed whole over γ c + v timed apart (1: not measured).
+  c_se, v_se, round_se: standard errors (0 where not measured)."""
 
   gamma: Any
   c: Any
@@ -165,9 +131,8 @@ class RoundCost:
     return self.gamma + 1
 
   def steps(self, with_v: bool = True, in_context: bool = False) -> Any:
-    """The round's cost in one-token target steps: draft_calls c + v (v = 1
-    without ``with_v``, the paper's Theorem 3.8), times the interplay
-    ``in_context``."""
+    """The round's cost in target steps: draft_calls c + v (v = 1 without
+    ``with_v``), times the interplay ``in_context``."""
     cost = self.draft_calls * self.c + (self.v if with_v else 1.0)
     return cost * self.interplay if in_context else cost
 
@@ -200,9 +165,7 @@ class RoundCost:
     return self.v * self.interplay
 
   def record(self) -> dict[str, float]:
-    """The JSON form every examples.jsonl line and summary.json carry
-    (``RECORD_KEYS``): c, v, the step, verification and draft-call times in
-    milliseconds, the interplay."""
+    """The JSON form examples.jsonl and summary.json carry (``RECORD_KEYS``)."""
     return {"c": float(self.c), "v": float(self.v), "target_step_ms": float(self.step_ms),
             "verify_ms": float(self.v * self.step_ms),
             "draft_token_ms": float(self.c * self.step_ms),
@@ -218,12 +181,8 @@ class RoundCost:
 
 
 def operations_factor(alpha: ArrayLike, gamma: ArrayLike, c_hat: ArrayLike) -> ArrayLike:
-  """Expected increase factor in total arithmetic operations, Theorem 3.11.
-
-  (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)): each iteration
-  spends gamma draft steps and gamma + 1 parallel target evaluations, divided
-  by the expected tokens of Eq. (1).
-  """
+  """Expected increase in arithmetic operations, Theorem 3.11:
+  (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1))."""
   a = _check_alpha(alpha)
   g = _check_nonneg("gamma", gamma)
   ch = _check_nonneg("c_hat", c_hat)
@@ -231,23 +190,15 @@ def operations_factor(alpha: ArrayLike, gamma: ArrayLike, c_hat: ArrayLike) -> A
 
 
 def improvement_exists(alpha: ArrayLike, c: ArrayLike) -> Union[bool, np.ndarray]:
-  """Corollary 3.9: some gamma gives a walltime improvement iff alpha > c.
-
-  (Sufficiency is the corollary; necessity follows because if gamma = 1 does
-  not help, no larger gamma does.) Assumes v = 1, as the paper does.
-  """
+  """Corollary 3.9: some gamma improves walltime iff alpha > c (v = 1)."""
   a = _check_alpha(alpha)
   c_arr = _check_nonneg("c", c)
   return _to_output(a > c_arr)
 
 
 def min_improvement(alpha: ArrayLike, c: ArrayLike) -> ArrayLike:
-  """Corollary 3.9 lower bound on the best improvement: (1 + alpha) / (1 + c).
-
-  This is Theorem 3.8 at gamma = 1, valid when alpha > c. Where alpha <= c
-  no gamma helps, the best choice is standard decoding (gamma = 0), and 1.0
-  is returned.
-  """
+  """Corollary 3.9's lower bound (1 + alpha) / (1 + c) (Theorem 3.8 at gamma = 1);
+  1.0 where alpha <= c (no gamma helps)."""
   a = _check_alpha(alpha)
   c_arr = _check_nonneg("c", c)
   return _to_output(np.where(a > c_arr, (1.0 + a) / (1.0 + c_arr), 1.0))
@@ -259,17 +210,10 @@ def optimal_gamma(
   v: ArrayLike = 1.0,
   max_gamma: int = DEFAULT_MAX_GAMMA,
 ) -> Union[int, np.ndarray]:
-  """Integer gamma in [1, max_gamma] maximizing walltime_improvement (Section 3.5, Fig. 3).
+  """Integer gamma in [1, max_gamma] maximizing walltime_improvement (§3.5, Fig. 3).
 
-  Returns 0 where no gamma in range beats standard decoding (improvement
-  <= 1, e.g. alpha <= c when v = 1): the sensible choice there is not to
-  speculate. Improvements within a relative ``_TIE_RTOL`` of the best count
-  as ties and go to the smallest gamma: the extra drafts buy nothing but
-  wasted operations (Theorem 3.11), and it keeps the answer stable where the
-  curve is flat to machine precision (c = 0, small alpha). When the
-  improvement is still growing at ``max_gamma`` (e.g. c = 0 with large
-  alpha, or alpha = 1) the result is ``max_gamma``.
-  """
+  0 where none beats standard decoding. Ties within ``_TIE_RTOL`` go to the
+  smallest gamma (fewer wasted operations, Theorem 3.11; stable on flat curves)."""
   if int(max_gamma) < 1:
     raise ValueError(f"max_gamma must be >= 1, got {max_gamma!r}")
   a = _check_alpha(alpha)
@@ -292,15 +236,10 @@ def best_gamma_measured(alpha: float, c: Mapping[int, float], v: Mapping[int, fl
                         alpha_se: float = 0.0, c_se: Optional[Mapping[int, float]] = None,
                         v_se: Optional[Mapping[int, float]] = None
                         ) -> tuple[int, dict[int, float]]:
-  """γ maximizing the v-generalized Theorem 3.8 over measured per-γ costs (§3.5).
-
-    ``c[γ]`` and ``v[γ]`` are measured per candidate γ (neither is constant in
-    γ on real hardware). Returns (γ, {γ: predicted improvement}); never 0 (the
-    caller asked for speculation); ties within ``_TIE_RTOL`` go to the smaller
-    γ (Theorem 3.11). With standard errors (``alpha_se``; ``c_se``/``v_se`` per
-    γ) the choice is the smallest γ within one standard error of its gap to the
-    argmax (``prediction_gap_se``): a shorter γ wastes fewer operations and is
-    less exposed to an overestimated α."""
+  """γ maximizing the v-generalized Theorem 3.8 over measured per-γ c[γ], v[γ]
+  (§3.5). -> (γ, {γ: prediction}); never 0; ties go to the smaller γ. With
+  standard errors, the smallest γ within one standard error of the argmax
+  (``prediction_gap_se``)."""
   choice = gamma_curve(alpha, c, v, alpha_se, c_se, v_se)
   return choice.gamma, choice.curve
 
@@ -339,13 +278,9 @@ def prediction_gap_se(alpha: float, c: Mapping[int, float], v: Mapping[int, floa
                       best: int, alpha_se: float = 0.0,
                       c_se: Optional[Mapping[int, float]] = None,
                       v_se: Optional[Mapping[int, float]] = None) -> dict[int, float]:
-  """Standard error of S(best) - S(γ) for every γ, S the v-generalized Theorem
-  3.8 (``walltime_improvement``), by first-order error propagation.
-
-  α is one estimate shared by every γ, so its error enters through the
-  derivative of the difference; the per-γ timings (c, v) are independent
-  measurements, so their variances add. All zero without standard errors.
-  """
+  """Standard error of S(best) - S(γ) for every γ by first-order propagation:
+  α's shared error through the difference's derivative, per-γ c and v
+  variances added. Zero without standard errors."""
   c_se, v_se = c_se or {}, v_se or {}
   out = {}
   for g in sorted(c):
@@ -362,14 +297,8 @@ def prediction_gap_se(alpha: float, c: Mapping[int, float], v: Mapping[int, floa
 
 def improvement_se(alpha: float, gamma: int, c: float, v: float, alpha_se: float = 0.0,
                    c_se: float = 0.0, v_se: float = 0.0) -> float:
-  """Standard error of one prediction S = (1 - α^(γ+1)) / ((1 - α)(γ c + v))
-  (Theorem 3.8 generalized by v, ``walltime_improvement``), by first-order
-  error propagation with α, c and v measured independently:
-
-    se(S)² = (∂S/∂α · se(α))² + (S γ/(γ c + v) · se(c))² + (S/(γ c + v) · se(v))²
-
-  (∂S/∂α by a central difference). What a measured prediction must clear to
-  tell a gain from noise: S - 1 > se(S)."""
+  """Standard error of S = (1 - α^(γ+1)) / ((1 - α)(γ c + v)) by first-order
+  propagation with independent α, c, v (∂S/∂α by central difference)."""
   a = min(float(_check_alpha(alpha)), 1.0 - 1e-12)
   var = (_dS_dalpha(a, gamma, c, v) * alpha_se) ** 2 + _timing_var(a, gamma, c, v, c_se, v_se)
   return float(np.sqrt(var))

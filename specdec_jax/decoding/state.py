@@ -1,18 +1,8 @@
 """What every decoding loop shares: the rows' state, the round's bookkeeping and
 one target pass judged by Algorithm 1.
 
-A loop's state holds, per row b of B (M = max_decode_len):
-
-  seq     [B, T_buf] int32  decoder inputs: seq[:, 0] = start, seq[:, i+1] = y_i
-  length  [B] int32         committed output tokens per row (the per-row index)
-  done    [B] bool          row emitted EOS or reached M
-
-A row stops changing once done. Outputs are ``seq[:, 1:M+1]`` with every
-position at or past ``length`` set to 0, so a row is padded with 0 after its EOS
-(T5X semantics). The rounds share ``round_keys`` (the key split), ``cut``
-(which committed tokens count: the EOS / length cut), ``pin_state`` (the
-state's layout on a mesh), the condition ``running`` and ``finish``.
-"""
+Outputs are ``seq[:, 1:M+1]`` with positions at or past ``length`` set to 0
+(T5X semantics: a row is 0 after its EOS). A row stops changing once done."""
 
 from __future__ import annotations
 
@@ -51,11 +41,8 @@ def init_rows(batch: int, buf_len: int, start_id: int) -> tuple[Array, Array, Ar
 
 
 def round_keys(key: Array, greedy: bool, num: int) -> tuple[Array, ...]:
-  """(the next round's key, then num - 1 keys for this round's draws).
-
-  At temperature 0 nothing is drawn (argmax; the speculative kernels then
-  need only the target's argmax, whatever the draft proposes), so the key is
-  not split at all and every key is the incoming one."""
+  """(the next round's key, then num - 1 keys for this round's draws); at T = 0
+  nothing is drawn, so every key is the incoming one."""
   if greedy:
     return (key,) * num
   return tuple(jax.random.split(key, num))
@@ -63,13 +50,9 @@ def round_keys(key: Array, greedy: bool, num: int) -> tuple[Array, ...]:
 
 def cut(new_tokens: Array, num_accepted: Array, length: Array, done: Array, eos_id: int,
         max_decode_len: int) -> tuple[Array, Array, Array]:
-  """Which of a round's tokens count, and which rows end.
-
-  new_tokens [B, W]: the tokens a round committed at positions length + 1 ..
-  length + num_accepted + 1 (columns past num_accepted [B] are ignored). A
-  live row keeps them up to its first EOS and at most up to max_decode_len.
-  -> (length [B] after the round, done [B], count [B]: tokens kept; for done
-  rows length is unchanged and count is not used)."""
+  """Which of a round's tokens count, and which rows end: new_tokens [B, W] at
+  positions length + 1 .. length + num_accepted + 1, kept up to the first EOS and
+  max_decode_len. -> (length [B], done [B], count [B])."""
   offsets = jnp.arange(new_tokens.shape[1], dtype=jnp.int32)[None]
   live = ~done
   is_eos = (new_tokens == eos_id) & (offsets <= num_accepted[:, None])  # --> [B, W]
@@ -81,10 +64,8 @@ def cut(new_tokens: Array, num_accepted: Array, length: Array, done: Array, eos_
 
 
 def pin_state(state: Any, partitioner: Partitioner | None) -> Any:
-  """A loop state's per-row arrays (seq, length, done and, if any, gamma_row)
-  with their batch over the mesh's 'data' axis, and its target cache in the
-  T5X layout (``partitioning.constrain_cache``); a no-op without a
-  partitioner. The draft pins its own state."""
+  """A loop state's per-row arrays over the mesh's 'data' axis and its target
+  cache in the T5X layout; a no-op without a partitioner."""
   if partitioner is None:
     return state
   pinned = dict(seq=constrain_batch(state.seq, partitioner, "seq"),
@@ -110,13 +91,10 @@ def finish(state: Any, max_decode_len: int) -> tuple[Array, Array]:
 
 @dataclasses.dataclass(frozen=True)
 class Loop:
-  """What every round of a loop reads and never changes (static under jit);
-  each loop's own record adds its fields to these.
+  """What every round of a loop reads and never changes (static under jit).
 
-  target: the target model M_p; sampling: §2.2's standardization of p and q;
-  eos_id, max_decode_len: where rows end; partitioner: the mesh layout (None:
-  one device).
-  """
+  target: M_p; sampling: §2.2's standardization; eos_id, max_decode_len: where
+  rows end; partitioner: the mesh layout (None: one device)."""
 
   target: TargetModel
   sampling: SamplingConfig
@@ -127,26 +105,19 @@ class Loop:
 
 @struct.dataclass
 class SpecState:
-  """The speculative loops' state (chain, adaptive and tree; B rows, M =
-  max_decode_len, W = the most tokens a round commits: γ + 1 in the chain
-  loop, γ_max + 1 with adaptive γ, D + 1 for a tree of depth D).
+  """The speculative loops' state (B rows, M = max_decode_len, W = the most tokens
+  a round commits: γ + 1, γ_max + 1 adaptive, D + 1 for a tree).
 
-  seq: [B, M + W + 1] int32, decoder inputs; seq[:, t + 1] = y_t once
-    committed. A round writes its candidates and next token at positions
-    length + 1 .. length + W; slots past a row's length are stale and never
-    read.
-  length: [B] int32, committed tokens n; the next round starts from seq[:, n].
-  done: [B] bool, the row emitted EOS or reached M.
-  target_cache: the target's decode cache, M + W slots per row (chain) or
-    M + N (a tree of N nodes, ``TreeShape.cache_len``); slots past length
-    are stale, so rollback is moving length (for T5, ``DecoderCache``:
-    self-attention K/V [B, slots, H, dh] per layer).
-  draft_state: the approximation model's own state (a pytree; its cache).
-  key: the PRNG key of the next round (unused at temperature 0).
-  stats: ``SpecStats`` (chain loops) or ``TreeStats`` (tree loop), per row.
-  gamma_row: [B] int32, the 'schedule' rule's γ_b for the next round; None
-    in every other loop.
-  """
+  seq:          [B, M + W + 1] int32, decoder inputs: seq[:, 0] = start,
+                seq[:, t + 1] = y_t; slots past length are stale.
+  length:       [B] int32, committed tokens n; the next round starts from seq[:, n].
+  done:         [B] bool, the row emitted EOS or reached M.
+  target_cache: M + W slots per row (a tree: ``TreeShape.cache_len``); stale past
+                length, so rollback is moving length.
+  draft_state:  the approximation model's own state (a pytree).
+  key:          the PRNG key of the next round (unused at T = 0).
+  stats:        ``SpecStats`` (chain loops) or ``TreeStats`` (tree loop), per row.
+  gamma_row:    [B] int32, the 'schedule' rule's γ_b for the next round, else None."""
 
   seq: Array
   length: Array
@@ -162,8 +133,7 @@ def start(target: TargetModel, target_params: Any, draft: ApproximationModel, in
           key: Array, *, buf_len: int, cache_len: int, stats: Any,
           partitioner: Partitioner | None, gamma_row: Array | None = None) -> SpecState:
   """The speculative loops' first state: both models encode the inputs (the
-  target once, for its cache and for a draft that reads its encoder output),
-  both caches start empty, no row has a token."""
+  target once), both caches empty."""
   if draft.vocab_size != target.config.vocab_size:
     raise ValueError(f"vocab mismatch: target vocab_size {target.config.vocab_size} != draft "
                      f"vocab_size {draft.vocab_size}; p and q must cover the same tokens")
@@ -178,20 +148,17 @@ def start(target: TargetModel, target_params: Any, draft: ApproximationModel, in
 
 
 def cache_length(max_decode_len: int, gamma: int) -> int:
-  """Self-attention cache slots per row of the speculative loop at γ (γ_max
-  when adaptive): rows finish at most at ``max_decode_len`` and a round
-  writes γ + 1 positions past a row's length (§2.3: the target scores
-  x_1..x_γ and one more). What every cost, memory and timing of that loop
-  sizes its caches with; a tree's is ``TreeShape.cache_len``."""
+  """Cache slots per row at γ (γ_max when adaptive): max_decode_len + γ + 1
+  (a round writes γ + 1 positions past length, §2.3). Trees:
+  ``TreeShape.cache_len``."""
   return max_decode_len + gamma + 1
 
 
 def target_pass(target: TargetModel, params: Any, seq: Array, n: Array, k: int, cache: Any, *,
                 write: bool = True, hidden: bool = False) -> tuple[Array, Any, Any, Array]:
-  """ONE target pass over [y_{n-1}, x_1..x_k] at positions n..n+k (n [B]
-  committed lengths; the candidates already in seq) -> (logits [B, k+1, V]
-  for p_1..p_{k+1}, the cache written or with ``write=False`` the new rows,
-  final decoder states [B, k+1, d] if ``hidden`` else None, positions [B, k+1])."""
+  """ONE target pass over [y_{n-1}, x_1..x_k] at positions n..n+k -> (logits
+  [B, k+1, V], cache (or new rows with ``write=False``), final states
+  [B, k+1, d] if ``hidden`` else None, positions [B, k+1])."""
   pos = n[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
   logits, new, states = score(target, params, gather_positions(seq, pos), pos, cache, write=write,
                               hidden=hidden)
@@ -200,14 +167,10 @@ def target_pass(target: TargetModel, params: Any, seq: Array, n: Array, k: int, 
 
 def judge(sampling: SamplingConfig, lenience: float, logits: Array, xs: Array, q: Array,
           key: Array, proposed: Array | None, width: int) -> KernelOutput:
-  """Algorithm 1 on x_1..x_k given the target's logits [B, k + 1, V] for
-  p_1..p_{k+1}; xs [B, >= k], q [B, >= k, V]: the proposals and their q.
-
-  With ``proposed`` [B], row b's positions past min(proposed[b], k) count as
-  not proposed (Algorithm 1 for γ = that count inside the kernel: one draw,
-  the correction or the bonus from the next p). k = 0 is a plain target step,
-  y ~ p_1, nothing tested. ``accepted`` and ``min_pq`` are padded to
-  ``width`` columns."""
+  """Algorithm 1 on x_1..x_k [B, >= k] with q [B, >= k, V], given logits
+  [B, k + 1, V]. ``proposed`` [B]: row b's positions past min(proposed[b], k)
+  count as unproposed. k = 0 is a plain target step. ``accepted`` and
+  ``min_pq`` are padded to ``width`` columns."""
   b, k = logits.shape[0], logits.shape[1] - 1
   capped = None if proposed is None else jnp.minimum(proposed, k)
   if sampling.greedy and lenience == 1.0:
@@ -238,9 +201,8 @@ def _skipped_round(b: int, width: int, next_token: Array) -> KernelOutput:
 
 def pad_states(hidden: Array | None, positions: Array, width: int
                ) -> tuple[Array, Array] | None:
-  """The target's final decoder states of a pass [B, k + 1, d] and their
-  positions [B, k + 1], padded to width + 1 (position -1: padding), for a
-  draft that reads them (``commit_with_target``); None without states."""
+  """The pass's final states [B, k + 1, d] and positions padded to width + 1
+  (position -1); None without states."""
   if hidden is None:
     return None
   extra = width + 1 - positions.shape[1]
@@ -249,10 +211,8 @@ def pad_states(hidden: Array | None, positions: Array, width: int
 
 
 class Proposal(NamedTuple):
-  """A round's proposals (Algorithm 1's first loop). xs [B, W] and q [B, W, V]
-  (W = γ, or γ_max with adaptive γ; entries past a row's count arbitrary);
-  proposed [B] int32: the row's count (0 for done rows when adaptive); steps:
-  the draft steps run; draft_state: the draft's state after proposing."""
+  """A round's proposals: xs [B, W], q [B, W, V] (past a row's count arbitrary),
+  proposed [B] int32 (the count), steps (draft steps run), draft_state."""
 
   xs: Array
   q: Array
@@ -262,11 +222,9 @@ class Proposal(NamedTuple):
 
 
 class Verdict(NamedTuple):
-  """A round's target pass and Algorithm 1's verdict. out: ``KernelOutput``
-  ([B, W] columns); target_cache: with the pass's rows written;
-  target_states: (hidden [B, W + 1, d], positions [B, W + 1], -1: padding)
-  for a draft that reads them, else None; width: the k the target scored
-  k + 1 positions at (int, or a traced scalar when chosen per round)."""
+  """A round's pass and verdict: out (``KernelOutput``, [B, W] columns),
+  target_cache, target_states ((hidden [B, W + 1, d], positions) or None), width
+  (the k scored, int or traced)."""
 
   out: KernelOutput
   target_cache: Any

@@ -1,41 +1,18 @@
 """A T5 draft that proposes a whole block of γ tokens in one decoder call.
 
-The autoregressive T5 draft spends γ decoder calls a round (paper §3.4: the
-cost c·γ per round in Theorem 3.8). This draft feeds one call:
+The autoregressive draft spends γ calls a round (c·γ in Theorem 3.8). This
+one feeds the committed tokens it has not cached (positions n − γ .. n) plus
+γ − 1 mask positions n + 1 .. n + γ − 1 (the pad embedding plus a learned
+``decoder/mask_embedding`` [1, d_model], stored in ``block_draft.npz`` and
+trained by ``specdec_jax.distill``). Output n is q_1, output n + i is q_{i+1},
+each x_i drawn from its own q_i independently.
 
-    [ committed tokens it has not cached yet ] + [ γ − 1 mask positions ]
-
-at decoder positions n − γ .. n and n + 1 .. n + γ − 1 (n = the committed
-output length; position n holds the last committed token). The output at
-position n is q_1 (the draft's next-token distribution, as an autoregressive
-step would give it) and the output at mask position n + i is q_{i+1}: a
-distribution over the token i places after the next one, given the committed
-prefix only. Each x_i is drawn from its own q_i, independently. Mask positions
-carry the pad token's embedding plus a learned mask embedding
-(``decoder/mask_embedding``, [1, d_model], stored beside the checkpoint in
-``block_draft.npz``), so every T5 checkpoint can become a block draft by
-training that one vector and fine-tuning (``specdec_jax.distill``, the block
-objective).
-
-Exactness (paper §2.3, Algorithm 1; proof in docs/exactness.md, section 12):
-Algorithm 1 needs x_i ~ q_i(· | prefix, x_1..x_{i−1}) with that q_i reported.
-A q_i that does not depend on x_1..x_{i−1} is one such conditional, so the
-target's output distribution is unchanged; only acceptance (α_i, falling with
-i) depends on how good the guesses are.
-
-The cache: mask positions write keys and values of tokens that were never
-committed. Every query reads only positions at or before its own, and the
-next round (committed length n' in n + 1 .. n + γ) re-feeds positions
-n' − γ .. n' — which cover every position > n, where the masks were — before
-any later query reads them. Rollback is, as for the autoregressive draft,
-moving the index: ``commit`` does nothing.
-
-With the feature bridge (``specdec_jax.drafts.feature_bridge``: the DFlash
-setting) every fed position t reads the target's state h_s K + e_j at s =
-min(t, n) − 1, staleness j = t − min(t, n): the catch-up positions their own
-fresh state, the mask positions the last committed one at staleness 1 .. γ − 1.
-Without it the draft is target-independent (the PARD setting).
-"""
+Exactness (§2.3; docs/exactness.md, section 12): a q_i independent of
+x_1..x_{i−1} is one valid conditional, so only α_i depends on the guesses.
+Mask keys in the cache are re-fed by the next round before any query reads
+them, so ``commit`` does nothing. With the feature bridge (DFlash) position t
+reads h_s K + e_j, s = min(t, n) − 1, j = t − min(t, n); without it the draft
+is target-independent (PARD)."""
 
 from __future__ import annotations
 
@@ -95,20 +72,17 @@ def check(block: Any, draft: T5Model, source: str) -> None:
 
 
 def block_positions(length: Array, gamma: int, catch_up: int) -> Array:
-  """The decoder positions of one block call [B, catch_up + γ − 1]: the
-  catch-up positions n − catch_up + 1 .. n (negative ones are dropped by the
-  model's cache writes) then the masks n + 1 .. n + γ − 1."""
+  """Positions of one block call [B, catch_up + γ − 1]: n − catch_up + 1 .. n
+  (negatives dropped) then the masks n + 1 .. n + γ − 1."""
   offsets = jnp.arange(1 - catch_up, gamma, dtype=jnp.int32)
   return length[:, None] + offsets[None]
 
 
 def block_extra(mask: Array, positions: Array, length: Array,
                 feature: Any = None, projected: Optional[Array] = None) -> Array:
-  """The decoder's extra input [B, k, d] at ``positions`` [B, k] of a block
-  whose last committed position is ``length`` [B]: the mask embedding
-  ([1, d]) at positions > length and, with the feature bridge, h_s K + e_j
-  (s = min(t, n) − 1, j = t − min(t, n)) read from ``projected`` [B, L, d]
-  (the target's states, already projected; ``T5Draft`` keeps them)."""
+  """The decoder's extra [B, k, d] at ``positions`` [B, k]: the mask embedding
+  past ``length`` and, with the feature bridge, h_s K + e_j from ``projected``
+  [B, L, d]."""
   n = length[:, None]
   is_mask = positions > n
   extra = jnp.where(is_mask[..., None], mask.astype(jnp.float32)[0], 0.0)
@@ -124,17 +98,10 @@ def block_extra(mask: Array, positions: Array, length: Array,
 def teacher_forced_block(dec_in: Array, cuts: Array, gamma: int, mask: Array, pad_id: int,
                          feature: Any = None, target_hidden: Optional[Array] = None
                          ) -> tuple[Array, Array, Array]:
-  """A block objective's draft input along sequences (``specdec_jax.distill``).
-
-  dec_in [R, T]: teacher-forced decoder inputs (start token first); cuts [R]
-  int: the committed length n of each row's block (0 <= n < T). Positions
-  0..n keep their tokens, n + 1 .. n + γ − 1 become mask positions (the pad
-  token plus ``mask`` [1, d]), later ones are never read by the block's
-  queries (causal attention). With the feature bridge, target_hidden [R, T,
-  d_p] (the target's states along dec_in) enters exactly as in decoding
-  (``block_extra``). -> (tokens [R, T], extra [R, T, d], block [R, T] bool:
-  the γ positions n .. n + γ − 1 whose outputs are q_1..q_γ).
-  """
+  """A block objective's draft input (``specdec_jax.distill``): dec_in [R, T]
+  with positions n + 1 .. n + γ − 1 masked, n = cuts [R]; target_hidden [R, T,
+  d_p] enters as in decoding. -> (tokens [R, T], extra [R, T, d], block [R, T]
+  bool: positions n .. n + γ − 1, whose outputs are q_1..q_γ)."""
   r, t = dec_in.shape
   pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (r, t))
   n = cuts[:, None].astype(jnp.int32)
@@ -152,12 +119,9 @@ def teacher_forced_block(dec_in: Array, cuts: Array, gamma: int, mask: Array, pa
 
 @struct.dataclass
 class T5BlockDraft:
-  """M_q = a T5 draft that proposes γ tokens from one decoder call (module
-  docstring). ``t5`` is the underlying ``T5Draft`` (its encoder, encoder
-  bridge, feature bridge and cache bookkeeping: ``init``,
-  ``commit_with_target`` are its own); ``mask`` [1, d_model] the learned mask
-  embedding. Shortlists are not supported (the block's output layer is
-  computed for all γ positions at once)."""
+  """M_q = a T5 draft proposing γ tokens from one call. ``t5``: the underlying
+  ``T5Draft`` (``init``, ``commit_with_target`` are its own); ``mask`` [1, d_model].
+  No shortlists (the output layer runs at all γ positions)."""
 
   t5: T5Draft
   mask: Any
@@ -200,9 +164,8 @@ class T5BlockDraft:
 
   def block_logits(self, state: Any, seq: Array, length: Array, gamma: int
                    ) -> tuple[Array, Any]:
-    """The one decoder call: logits [B, γ, V] of positions n .. n + γ − 1
-    (q_1..q_γ before standardization) and the state with the call's keys
-    written (masks included: the next call overwrites them)."""
+    """The one call: logits [B, γ, V] at positions n .. n + γ − 1 and the state
+    with its keys written (masks included, overwritten next call)."""
     cache, states = self._split(state)
     catch_up = gamma + 1  # a round commits at most γ + 1 tokens
     pos = block_positions(length, gamma, catch_up)                     # [B, 2γ]
@@ -240,10 +203,8 @@ class T5BlockDraft:
                        sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
                        skip_below: float | None = None, cumulative: bool = False,
                        drawn: bool = False) -> tuple[Array, Array, Array, Array, Any]:
-    """``propose`` at γ = γ_max, the count by ``base.stop_count`` over each
-    position's confidence (the draft's own softmax at T = 0, as
-    ``T5Draft``'s): the call is made whatever the count, so ``steps`` is 1.
-    Every decision reads q_1..q_γ, computed from the committed prefix only."""
+    """``propose`` at γ_max, counts by ``base.stop_count`` (confidence as
+    ``T5Draft``'s); steps is 1. Every decision reads only q_1..q_γ."""
     logits, state = self.block_logits(state, seq, length, gamma)
     tokens, q = self._draw(logits, sampling, key)
     top = top_probability(q, logits, sampling)
@@ -258,15 +219,9 @@ class T5BlockDraft:
   def propose_tree(self, state: Any, seq: Array, length: Array, tree: TreeShape,
                    sampling: SamplingConfig, key: Array
                    ) -> tuple[Array, Array, Array, Array, Any]:
-    """A token tree from one block call of depth D = ``tree.max_depth``.
-
-    Every node at depth d takes its tokens from q_d (which does not depend on
-    the path above it): a node's first child is drawn from q_d with its own
-    uniform, its later children are the next-best tokens of the logits at
-    position d other than the first child's, each with its one-hot as q
-    (``base.fill_children``), exactly as ``tree.tree_speculative_sampling``
-    requires (docs/exactness.md, sections 10 and 11). steps = 1.
-    """
+    """A token tree from one block call of depth D: depth d's nodes take tokens from
+    q_d (independent of the path above), first child drawn, later children next-best
+    with one-hot q (``base.fill_children``; docs/exactness.md, sections 10-11)."""
     depth = tree.max_depth
     logits, state = self.block_logits(state, seq, length, depth)
     q_all = standardize(logits, sampling)                              # [B, D, V]

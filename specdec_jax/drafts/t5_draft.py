@@ -30,10 +30,8 @@ def _no_override(i: Any, q: Array, x: Array) -> tuple[Array, Array, Array]:
 
 
 class FeatureState(struct.PyTreeNode):
-  """A feature-bridged draft's state: its cache and the target's final decoder
-  states by position, already projected by the bridge's kernel, h_s K [B,
-  cache_len, d_draft] (valid for committed positions;
-  ``T5Draft.commit_with_target`` writes them)."""
+  """A feature-bridged draft's state: its cache and the target's projected final
+  decoder states h_s K [B, cache_len, d_draft] by position (``commit_with_target``)."""
   cache: DecoderCache
   target_states: Array
 
@@ -49,21 +47,14 @@ class ShortlistState(struct.PyTreeNode):
 class T5Draft:
   """M_q = a T5 encoder-decoder with its own encoder and KV cache.
 
-    After a round that committed up to output length n, the cache holds
-    positions 0..n-2 at least (n-1 is missing only when all γ drafts were
-    accepted: x_γ was never fed), so each round's first step feeds positions n-1
-    and n in one call and the other γ-1 steps one token each; stale entries past
-    a position are never read, so nothing rolls back.
-
-    Options: a ``partitioner`` (params on its mesh, cache pinned to its layout);
-    ``bridge`` with ``target_model``/``target_params`` (the encoder also reads
-    the target's encoder output, ``drafts.bridge``; only ``init`` changes);
-    ``feature`` ({'kernel' [d_target, d_draft], 'staleness' [J, d_draft]}: the
-    step at position t, the round's j-th, adds h_s K + e_j with s = t - 1 - j,
-    the states handed over by ``commit_with_target``, ``drafts.feature_bridge``);
-    ``shortlist`` (q over the shortlisted tokens only, ``drafts.shortlist``);
-    ``observe`` (profiling only, ``lab.probes``: a host function each step calls
-    with the last fed position's final hidden state [B, d] and logits [B, V])."""
+  After a round committing up to length n the cache holds positions 0..n-2 at
+  least, so a round's first step feeds positions n-1 and n in one call; stale
+  entries are never read, so nothing rolls back. Options: ``partitioner``;
+  ``bridge`` with the target (``drafts.bridge``, only ``init`` changes);
+  ``feature`` ({'kernel' [d_target, d_draft], 'staleness' [J, d_draft]}: the
+  round's j-th step at t adds h_s K + e_j, s = t - 1 - j, ``drafts.feature_bridge``);
+  ``shortlist`` (``drafts.shortlist``); ``observe`` (profiling: a host function
+  called each step with the last hidden state [B, d] and logits [B, V])."""
 
   params: Any
   model: T5Model = struct.field(pytree_node=False)
@@ -90,9 +81,8 @@ class T5Draft:
 
   def init_with_target(self, inputs: Array, cache_len: int,
                        target_encoded: Array | None) -> Any:
-    """``init`` given the target's encoder output for ``inputs`` (the engine's
-    prefill has it), so a bridged draft does not encode with the target again;
-    None: encode here if the bridge needs it."""
+    """``init`` given the target's encoder output (None: encode here if the bridge
+    needs it)."""
     extra = None
     if self.bridge is not None:
       if target_encoded is None:
@@ -129,10 +119,8 @@ class T5Draft:
 
   def _decode(self, tokens: Array, positions: Array, cache: DecoderCache, extra: Array | None,
               part: Any) -> tuple[Array, DecoderCache]:
-    """The model's decode of tokens [B, k] -> (logits [B, V] of the last fed
-    position, cache); with a shortlist, logits over S only, for that position
-    only (the full output layer is then never computed: XLA drops the unused
-    product)."""
+    """Decode tokens [B, k] -> (logits [B, V] at the last fed position, cache);
+    with a shortlist only over S, so XLA drops the full output layer."""
     if self.shortlist is None and self.observe is None:
       logits, cache = self.model.decode(self.params, tokens, positions, cache, extra)
       return logits[:, -1], cache
@@ -147,9 +135,8 @@ class T5Draft:
     return logits, cache
 
   def _extra(self, states: Array | None, length: Array, positions: Array) -> Array | None:
-    """The feature bridge's decoder extra [B, k, d] for draft positions [B, k]
-    of a round that starts at ``length`` (position n - 1 is the re-fed one):
-    each reads the state at s = min(t, n) - 1, at staleness t - n (0 for n - 1)."""
+    """The feature bridge's extra [B, k, d] at positions [B, k] of a round starting
+    at ``length`` n: the state at s = min(t, n) - 1, staleness t - n (0 for n - 1)."""
     if states is None:
       return None
     start = jnp.minimum(positions, length[:, None])
@@ -192,12 +179,9 @@ class T5Draft:
   def propose(self, state: Any, seq: Array, length: Array, gamma: int,
               sampling: SamplingConfig, key: Array,
               override: Override | None = None) -> tuple[Array, Array, Any]:
-    """γ draft steps. ``override(i, q_i, x_i) -> (x_i, q_i, certain)`` (i
-    0-based) may replace each position's token and distribution before the
-    next step is fed it (``LookupT5Draft`` copies there); it must return the
-    distribution the returned token was drawn from, decided without the
-    target, and ``certain`` [B] bool: rows whose new q_i is one-hot by
-    construction (the adaptive rules' confidence is then 1)."""
+    """γ draft steps. ``override(i, q_i, x_i) -> (x_i, q_i, certain)`` may replace
+    each token and its distribution before the next step (``LookupT5Draft``
+    copies there), decided without the target; ``certain`` [B] marks one-hot q_i."""
     us = self._uniforms(key, gamma, length, sampling)
     override = override or _no_override
     cache, states, part = self._split(state)
@@ -228,17 +212,10 @@ class T5Draft:
                        skip_below: float | None = None, cumulative: bool = False,
                        override: Override | None = None, drawn: bool = False
                        ) -> tuple[Array, Array, Array, Array, Any]:
-    """Up to γ proposals per row with real early exit (``base``, propose_adaptive).
-
-        A ``lax.while_loop`` over draft steps that ends once no row is still
-        proposing, so k draft steps where every row stops after k tokens. The
-        confidence is ``top_probability`` of the model's logits, or with ``drawn``
-        the drawn token's (``skip_below`` still tests q_1's top probability);
-        ``cumulative`` tests their running product (``base.keeps_going``). Row
-        b's tokens and q match ``propose`` with the same key up to count[b]. Rows
-        that stopped keep being stepped (fixed shapes), writing only positions
-        the next round rewrites before reading. ``override`` as in ``propose``; a
-        ``certain`` row's confidence is 1."""
+    """Up to γ proposals per row with real early exit: a ``lax.while_loop`` that
+    ends once no row is proposing. Confidence as in ``base.stop_count`` from the
+    model's logits (a ``certain`` row's is 1). Row b matches ``propose`` with the
+    same key up to count[b]; stopped rows only write positions rewritten later."""
     b = length.shape[0]
     us = self._uniforms(key, gamma, length, sampling)
     override = override or _no_override
@@ -293,9 +270,8 @@ class T5Draft:
                    cache: DecoderCache,
                    nodes: tuple[int, ...], states: Array | None, part: Any
                    ) -> tuple[Array, DecoderCache]:
-    """``T5Model.decode_tree`` of ``nodes`` (tokens [B, m]) -> (logits [B, m, V],
-    cache), through the shortlist and with the feature bridge's extra at the
-    nodes' positions, as ``_decode`` for a chain."""
+    """``T5Model.decode_tree`` of tokens [B, m] -> (logits [B, m, V], cache), with
+    the shortlist and feature extra as ``_decode``."""
     offsets = jnp.asarray(tree.position_offsets, jnp.int32)               # [N] or [B, N]
     positions = length[:, None] + offsets[..., list(nodes)]
     extra = self._extra(states, length, positions)
@@ -309,10 +285,9 @@ class T5Draft:
 
   def _tree_root(self, state: Any, seq: Array, length: Array, skeleton: TreeShape, n_nodes: int,
                  sampling: SamplingConfig, key: Array) -> tuple:
-    """A tree round's start, static or chosen per round: the nodes' uniforms
-    [B, N] (zeros at T = 0) and the root's logits [B, V] from feeding
-    positions n-1 (-1 on the first round: dropped) and n; with the cache,
-    the target's states and the partitioner split out of ``state``."""
+    """A tree round's start: the nodes' uniforms [B, N] (zeros at T = 0) and the
+    root's logits [B, V] from feeding positions n-1 and n; cache, target states
+    and partitioner split out of ``state``."""
     why = self.tree_unsupported(skeleton)
     if why:
       raise ValueError(f"T5Draft cannot propose a token tree: {why}")
@@ -328,20 +303,12 @@ class T5Draft:
   def propose_tree(self, state: Any, seq: Array, length: Array, tree: TreeShape,
                    sampling: SamplingConfig, key: Array
                    ) -> tuple[Array, Array, Array, Array, Any]:
-    """A token tree, expanded a depth at a time (EAGLE-2's expansion).
-
-    One draft call per depth: the first feeds positions n-1 and n (the root,
-    whose scratch slot n is its position), then each call feeds that depth's
-    nodes that have children through ``T5Model.decode_tree`` (tree attention
-    over the draft's own cache, nodes at slots n + index; a feature-bridged
-    draft adds the target's state as a chain step at that depth would). A
-    node's first child is drawn from the draft's standardized q at the node
-    (its argmax at T = 0); its later children are the next-best tokens of
-    the draft's logits there (within its shortlist), each proposed with its
-    one-hot as q (``fill_children``), so the tree verifies exactly
-    (docs/exactness.md, section 10). Returns (tokens [B, N], q [B, N, V],
-    valid [B, N], steps = D, state); node 0's token is left to the engine.
-    """
+    """A token tree, one draft call per depth (EAGLE-2's expansion): after the
+    root, each call feeds the depth's nodes with children through
+    ``T5Model.decode_tree``. A first child is drawn from q (argmax at T = 0),
+    later children are the next-best logits with one-hot q (``fill_children``),
+    so the tree verifies exactly (docs/exactness.md, section 10). -> (tokens
+    [B, N], q [B, N, V], valid [B, N], steps = D, state)."""
     b, n_nodes, v = length.shape[0], tree.num_nodes, self.vocab_size
     us, logits, cache, states, part = self._tree_root(state, seq, length, tree, n_nodes,
                                                       sampling, key)
@@ -368,20 +335,12 @@ class T5Draft:
                            sampling: SamplingConfig, key: Array,
                            copy: tuple[Array, Array] | None = None
                            ) -> tuple[Array, Array, Array, Array, Array, Any]:
-    """A token tree chosen this round (EAGLE-2): one draft call per depth.
-
-    The first call feeds positions n-1 and n (the root); then, for d = 1..D,
-    ``base.expand_level`` keeps the W_d children of highest cumulative draft
-    probability among the top candidates of every depth-(d-1) node, and one
-    ``T5Model.decode_tree`` call (the parents as data, ``tree.RoundTree``)
-    feeds them. A node's first child is drawn from the draft's standardized q
-    there (its argmax at T = 0), its later children are the next-best tokens
-    with one-hot q; ranking uses the draft's softmax at T = 0 and q at T > 0.
-    ``copy`` = (tokens [B, D], copy [B, D] bool) (``LookupT5Draft``): a node
-    on the copied path takes the copy at the next depth as its first child,
-    one-hot, with probability 1. Returns (tokens [B, N], q [B, N, V], valid
-    [B, N], parents [B, N], steps = D, state); node 0's token is the engine's.
-    """
+    """A token tree chosen this round (EAGLE-2), one draft call per depth:
+    ``base.expand_level`` keeps the W_d best children by cumulative draft
+    probability and ``decode_tree`` feeds them (parents as data). ``copy`` =
+    (tokens [B, D], copy [B, D] bool) (``LookupT5Draft``): a copied path's next
+    copy is its first child, one-hot. -> (tokens, q, valid, parents [B, N],
+    steps = D, state)."""
     b, n_nodes, v = length.shape[0], tree.num_nodes, self.vocab_size
     us, logits, cache, states, part = self._tree_root(state, seq, length, tree.skeleton, n_nodes,
                                                       sampling, key)
@@ -419,9 +378,8 @@ class T5Draft:
 
   def commit_tree(self, state: Any, seq: Array, length: Array, start: Array, path: Array,
                   num_accepted: Array) -> Any:
-    """``commit`` after a tree round: the accepted path's keys/values move to
-    their positions (``T5Model.commit_path``). The path's last node may be a
-    leaf this draft never fed; the next round feeds position n - 1 again."""
+    """``commit`` after a tree round, moving the accepted path's keys/values to their
+    positions (``T5Model.commit_path``); the next round refeeds position n - 1."""
     del seq, length
     cache, states, part = self._split(state)
     cache = T5Model.commit_path(cache, start, path, num_accepted, self.partitioner)
@@ -433,11 +391,9 @@ class T5Draft:
 
   def commit_with_target(self, state: Any, seq: Array, length: Array, hidden: Array,
                          positions: Array) -> Any:
-    """``commit``, also storing the target's final decoder states hidden [B,
-    k, d_target] of the round's verification pass at decoder positions [B, k]
-    (negative: padding, dropped). States at positions >= ``length`` belong to
-    rejected proposals; they are never read (a round starting at n reads
-    positions n - 2 and n - 1 only) and the next pass overwrites them."""
+    """``commit``, also storing the target's final states hidden [B, k, d_target]
+    at positions [B, k] (negative: dropped). States of rejected proposals are
+    never read (a round at n reads n - 2 and n - 1) and later overwritten."""
     state = self.commit(state, seq, length)
     if self.feature is None:
       return state
