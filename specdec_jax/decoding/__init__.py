@@ -1,20 +1,13 @@
-"""Decoding loops: the plain T5X-style baseline and speculative decoding.
+"""Decoding loops, each one ``lax.while_loop`` under ``jax.jit`` over a
+fixed-shape state (``state``), one module a loop:
 
-Each loop is one ``lax.while_loop`` under ``jax.jit`` that runs until every row
-has ended — no host round trip per step — over a fixed-shape state whose core
-is the rows (``state``: seq, length, done), written as setup, a round (the
-``while_loop`` body) and the shared condition and finish. One module a loop:
-
-* ``baseline.temperature_sample``: one target call per token, the baseline;
-* ``chain.speculative_decode``: Algorithm 1 (paper §2.3) in a loop, with a
-  fixed γ (``chain.ChainLoop``) or an adaptive draft length
-  (``adaptive.AdaptiveConfig``, ``adaptive.AdaptiveLoop``);
+* ``baseline.temperature_sample``: one target call per token;
+* ``chain.speculative_decode``: Algorithm 1 (§2.3) with a fixed γ or an
+  adaptive draft length (``adaptive.AdaptiveConfig``);
 * ``tree.tree_speculative_decode``: Algorithm 1 over a token tree.
 
-They reach the target model only through ``models.base.TargetModel`` (which
-``models.t5.T5Model`` satisfies) and the draft only through the
-approximation-model interface of ``drafts.base``.
-"""
+They reach the target only through ``models.base.TargetModel`` and the draft
+only through ``drafts.base``."""
 
 from specdec_jax.decoding.adaptive import (ADAPTIVE_RULES, CONFIDENCE_RULES, CONFIDENCES,
                                            AdaptiveConfig)

@@ -1,13 +1,7 @@
-"""Adaptive draft length: the chain loop with γ chosen per row and per round,
-at most γ_max (``AdaptiveConfig``; the paper fixes γ, §3.5, and names varying
-it as future work, §6).
-
-``AdaptiveLoop`` is the chain round's record for it (``chain._chain_round``):
-each row proposes its own count c_b <= γ_max (``drafts.base.adaptive_proposal``),
-the target scores the narrowest compiled width covering every live row's
-count (a ``lax.switch`` over ``AdaptiveConfig.verify_widths``), and the
-'schedule' rule moves each row's γ_b after the round.
-"""
+"""Adaptive draft length: the chain loop with γ chosen per row and per round, at
+most γ_max (``AdaptiveConfig``; the paper fixes γ, §3.5, and names varying it
+as future work, §6). The target scores the narrowest compiled width covering
+every live row's count (a ``lax.switch``)."""
 
 from __future__ import annotations
 
@@ -35,12 +29,8 @@ CONFIDENCES = ("top", "drawn")
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveConfig:
-  """Adaptive draft length: γ chosen per row and per round, at most γ_max.
-
-  The paper fixes γ (§3.5 "Choosing γ") and names varying it during inference
-  as future work (§3.5, §6). With this config ``speculative_decode``'s
-  ``gamma`` is γ_max; each round row b proposes c_b <= γ_max tokens and is
-  verified as Algorithm 1 with γ = c_b, inside the same jitted loop.
+  """Adaptive draft length: ``speculative_decode``'s ``gamma`` is γ_max and each
+  round row b proposes c_b <= γ_max tokens, verified as Algorithm 1 with γ = c_b.
 
   rule: how a row's draft length is chosen each round: 'threshold',
     'cumulative' or 'schedule'.
@@ -138,12 +128,10 @@ class AdaptiveConfig:
 class AdaptiveLoop(Loop):
   """The adaptive loop's static record (``state.Loop``'s fields and):
 
-  states_wanted: the draft reads the target's decoder states
-    (``feature_bridge``), passed through ``commit_with_target``;
-  gamma_max: γ_max, the most draft tokens a row proposes in a round;
-  lenience: A.5's l (1: exact); config: the ``AdaptiveConfig``;
-  widths: the compiled verification widths k (``verify_widths``), sorted.
-  """
+  states_wanted: the draft reads the target's decoder states (``commit_with_target``).
+  gamma_max: γ_max, the most draft tokens a row proposes in a round.
+  lenience: A.5's l (1: exact); config: the ``AdaptiveConfig``.
+  widths: the compiled verification widths k (``verify_widths``), sorted."""
 
   states_wanted: bool
   gamma_max: int
@@ -182,11 +170,9 @@ class AdaptiveLoop(Loop):
 
   def verify(self, params: Any, seq: Array, n: Array, p: Proposal, cache: Any,
              key: Array) -> Verdict:
-    """ONE target pass at the narrowest compiled width k covering every live
-    row's count, then Algorithm 1 with row b's positions past c_b not
-    proposed. With several widths, a ``lax.switch`` whose branches only read
-    the cache (a branch that wrote it would copy all of it); the rows are
-    written once after it."""
+    """ONE target pass at the narrowest compiled width covering every live row's
+    count, then Algorithm 1 with positions past c_b unproposed. Switch branches
+    only read the cache (a writing branch copies it all); rows are written after."""
     widths = jnp.asarray(self.widths, jnp.int32)
     branch = jnp.sum(widths < jnp.max(p.proposed))
     if len(self.widths) == 1:

@@ -31,15 +31,12 @@ class DecodeOutput(NamedTuple):
 class BaselineState:
   """The baseline's loop state (B rows, M = max_decode_len).
 
-  seq: [B, M + 1] int32, decoder inputs; seq[:, t + 1] = y_t once committed.
-  length: [B] int32, tokens generated so far; the next decoder input is
-    seq[:, length], at position length.
-  done: [B] bool, the row emitted EOS or reached M.
-  log_prob: [B] float32, Σ log p(y_t) over the row's tokens (raw softmax).
-  target_cache: the target's decode cache, M slots per row (for T5,
-    ``DecoderCache``: self-attention K/V [B, M, H, dh] per layer).
-  key: the PRNG key of the next step (unused at temperature 0).
-  """
+  seq:          [B, M + 1] int32, decoder inputs; seq[:, t + 1] = y_t.
+  length:       [B] int32, tokens generated; the next input is seq[:, length].
+  done:         [B] bool, the row emitted EOS or reached M.
+  log_prob:     [B] float32, Σ log p(y_t) over the row's tokens (raw softmax).
+  target_cache: the target's decode cache, M slots per row.
+  key:          the PRNG key of the next step (unused at T = 0)."""
 
   seq: Array
   length: Array
@@ -78,15 +75,10 @@ BASELINE_STATIC = ("model", "max_decode_len", "sampling", "eos_id", "partitioner
 def temperature_sample(model: TargetModel, params: Any, inputs: Array, key: Array, *,
                        max_decode_len: int, sampling: SamplingConfig = SamplingConfig(),
                        eos_id: int = 1, partitioner: Partitioner | None = None) -> DecodeOutput:
-  """Plain autoregressive decoding with T5X ``temperature_sample`` semantics.
-
-  One target call per token. inputs [B, S] int32 (0 = pad); key: PRNG key
-  (unused at temperature 0). Returns ``DecodeOutput``: tokens [B,
-  max_decode_len] (0 after EOS), log_prob [B], length [B]. The baseline every
-  speedup is measured against: the same cached decode as the engine uses.
-  With a ``partitioner`` (``specdec_jax.partitioning``), params are expected
-  on its mesh and the caches and per-row state are pinned to its layout.
-  """
+  """Plain autoregressive decoding, one target call per token (T5X
+  ``temperature_sample`` semantics). inputs [B, S] int32 (0 = pad). ->
+  ``DecodeOutput``: tokens [B, max_decode_len] (0 after EOS), log_prob [B],
+  length [B]. A ``partitioner`` pins caches and state to its mesh."""
   validate(max_decode_len)
   b = inputs.shape[0]
   encoded = model.encode(params, inputs)

@@ -1,7 +1,6 @@
-"""The chain: speculative decoding, Algorithm 1 (paper §2.3) in a loop
-(``speculative_decode``). Its round (``_chain_round``) reads its static record
-for how to propose and verify: ``ChainLoop`` here (a fixed γ), or
-``adaptive.AdaptiveLoop`` (a count per row and round, at most γ_max)."""
+"""The chain: Algorithm 1 (paper §2.3) in a loop (``speculative_decode``). Its
+round reads ``ChainLoop`` (fixed γ) or ``adaptive.AdaptiveLoop`` (a count per
+row and round)."""
 
 from __future__ import annotations
 
@@ -31,23 +30,15 @@ Array = jax.Array
 class SpecStats:
   """Per-example statistics of one speculative generation (all [B] unless noted).
 
-  target_calls, draft_calls: serial forward passes of M_p / M_q.
+  target_calls, draft_calls: serial forward passes of M_p / M_q (adaptive: the
+    draft steps the batch ran in the row's live rounds).
   accepted_at [B, γ]: times draft position i was accepted.
   evaluated_at [B, γ]: times position i was evaluated (reached by the test).
-  accepted, rejected: totals over evaluated positions; positions after the
-    first rejection of a round were never evaluated and are not counted.
+  accepted, rejected: totals over evaluated positions.
   min_pq_sum: sum over evaluated positions of sum_x min(p(x), q(x)).
-  gamma_hist [B, γ + 1]: rounds in which the row proposed γ_row = j tokens,
-    at column j (with a fixed γ, all at column γ). Σ_j j·gamma_hist = drafts
-    proposed; Σ_j gamma_hist = target_calls.
+  gamma_hist [B, γ + 1]: rounds in which the row proposed j tokens, at column j.
   target_positions: positions the target scored, Σ over rounds of k + 1
-    for the compiled verification width k that ran ((γ + 1)·target_calls
-    with a fixed γ): the target's arithmetic (Theorem 3.11's accounting).
-
-  With adaptive γ, draft_calls counts the draft steps the batch actually ran
-  in the row's live rounds (T5Draft exits early; at batch 1 that is the
-  row's own proposals), and γ is γ_max.
-  """
+    (Theorem 3.11's accounting). With adaptive γ, γ is γ_max."""
 
   target_calls: Array
   draft_calls: Array
@@ -74,12 +65,9 @@ class SpecOutput(NamedTuple):
 
 
 def alpha_estimates(stats: SpecStats) -> dict[str, Array]:
-  """α two ways (paper §3.1-3.2), per row, plus tokens per target call.
-
-  alpha: accepted / (accepted + rejected) over evaluated positions.
-  alpha_min_pq: mean of sum_x min(p, q) over evaluated positions (Corollary
-    3.6): the expected acceptance, lower variance than counting.
-  """
+  """α two ways (§3.1-3.2) per row, plus tokens per target call: alpha =
+  accepted / evaluated; alpha_min_pq = mean sum_x min(p, q) (Corollary 3.6,
+  lower variance)."""
   evaluated = stats.accepted + stats.rejected
   denom = jnp.maximum(evaluated, 1)
   return {"alpha": stats.accepted / denom, "alpha_min_pq": stats.min_pq_sum / denom}
@@ -89,10 +77,9 @@ def alpha_estimates(stats: SpecStats) -> dict[str, Array]:
 class ChainLoop(Loop):
   """The fixed-γ loop's static record (``state.Loop``'s fields and):
 
-  states_wanted: the draft reads the target's decoder states
-    (``feature_bridge``), passed through ``commit_with_target``;
-  gamma: γ, the draft tokens every round proposes; lenience: A.5's l (1: exact).
-  """
+  states_wanted: the draft reads the target's decoder states (``commit_with_target``).
+  gamma: γ, the draft tokens every round proposes.
+  lenience: A.5's l (1: exact)."""
 
   states_wanted: bool
   gamma: int
@@ -121,9 +108,8 @@ class ChainLoop(Loop):
 
 def _chain_stats(st: SpecStats, out: KernelOutput, live: Array, proposed: Array, steps: Any,
                  width: Any, count: Array) -> SpecStats:
-  """``SpecStats`` after one round, over the positions whose verdict produced
-  committed tokens (a position past a row's proposals, or past its first
-  rejection, was never evaluated); count [B]: tokens the row kept (``cut``)."""
+  """``SpecStats`` after one round over the evaluated positions that produced
+  committed tokens; count [B]: tokens the row kept (``cut``)."""
   a = out.num_accepted
   gamma = st.accepted_at.shape[1]
   idx = jnp.arange(1, gamma + 1, dtype=jnp.int32)[None]                # 1..γ
@@ -181,30 +167,16 @@ def speculative_decode(target: TargetModel, target_params: Any, draft: Approxima
                        adaptive: Optional[AdaptiveConfig] = None) -> SpecOutput:
   """Speculative decoding (Algorithm 1 in a loop), batched with per-row acceptance.
 
-  Each round (``_chain_round``): the draft proposes γ tokens (its own
-  jit-compiled loop); the target scores all γ+1 positions in ONE forward
-  pass; the kernel keeps a prefix and adds the correction/bonus token; each
-  row advances by its own count. Rollback of both caches is implicit in the
-  per-row length (keys past a query's position are masked and later
-  overwritten).
-
-  inputs [B, S] int32 (0 = pad) are fed to both encoders; ``draft`` is any
-  approximation model (``specdec_jax.drafts``) over the same vocabulary.
-  With a ``partitioner``, the target's params are expected on its mesh and its
-  cache and the per-row state are pinned to its layout (a T5 draft built with
-  the same partitioner pins its own cache).
-
-  With ``adaptive`` (``AdaptiveConfig``), ``gamma`` is γ_max and each row
-  proposes its own count c_b <= γ_max per round
-  (``drafts.base.adaptive_proposal``); the target runs the narrowest compiled
-  width covering max_b c_b, and a row's positions past c_b count as not
-  proposed: its next token comes from p_{c_b + 1}. None is the fixed-γ loop.
-
-  Returns ``SpecOutput``: tokens [B, max_decode_len] (0 after EOS), length
-  [B], stats (``SpecStats``). With lenience 1 the output distribution is the
-  baseline's (token for token at temperature 0) for any draft; proof:
-  docs/exactness.md, sections 3-5.
-  """
+  Each round the draft proposes γ tokens, the target scores γ + 1 positions in
+  ONE pass, the kernel keeps a prefix plus the correction/bonus token, and each
+  row advances by its own count; rollback is the per-row length. inputs [B, S]
+  int32 (0 = pad) feed both encoders; ``draft`` is any approximation model over
+  the same vocabulary. With a ``partitioner`` params are on its mesh and the
+  state pinned to it. With ``adaptive`` (``AdaptiveConfig``), ``gamma`` is γ_max
+  and each row proposes c_b <= γ_max, verified at the narrowest compiled width.
+  -> ``SpecOutput``: tokens [B, max_decode_len] (0 after EOS), length [B],
+  ``SpecStats``. With lenience 1 the output distribution is the baseline's
+  (token for token at T = 0) for any draft; docs/exactness.md, sections 3-5."""
   validate(max_decode_len, gamma, lenience)
   b = inputs.shape[0]
   common = (target, sampling, eos_id, max_decode_len, partitioner,

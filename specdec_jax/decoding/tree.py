@@ -1,7 +1,5 @@
 """Speculative decoding over a token tree: one target pass scores every node
-(SpecInfer's tree attention; Algorithm 1 generalized to several candidates
-per position, ``specdec_jax.tree``). A chain of γ (``TreeShape.chain``) is
-Algorithm 1's round."""
+(SpecInfer's tree attention; ``specdec_jax.tree``)."""
 
 from __future__ import annotations
 
@@ -33,11 +31,8 @@ class TreeStats:
   target_calls, draft_calls: serial forward passes of M_p / M_q.
   accepted: proposals committed (Σ over rounds of the accepted depth).
   depth_hist [B, D + 1]: rounds whose accepted depth was j, at column j.
-  rank_hist [B, K]: accepted nodes by their place among their siblings
-    (column 0: the first child, the chain's own token; column k: the k-th
-    alternative), i.e. which branch won.
-  target_positions: positions the target scored (N per call).
-  """
+  rank_hist [B, K]: accepted nodes by their rank among siblings (0: first child).
+  target_positions: positions the target scored (N per call)."""
 
   target_calls: Array
   draft_calls: Array
@@ -63,20 +58,16 @@ class TreeSpecOutput(NamedTuple):
 class TreeLoop(Loop):
   """The tree loop's static record (``state.Loop``'s fields and):
 
-  states_wanted: the draft reads the target's decoder states
-    (``feature_bridge``), passed through ``commit_with_target``;
-  tree: the static ``TreeShape`` every round fills, or a ``DynamicTree``
-    (the draft chooses each round's parents under its fixed node budget).
-  """
+  states_wanted: the draft reads the target's decoder states (``commit_with_target``).
+  tree: the static ``TreeShape`` every round fills, or a ``DynamicTree``."""
 
   states_wanted: bool
   tree: TreeShape | DynamicTree
 
 
 def _path_states(hidden: Array, n: Array, out: TreeOutput) -> tuple[Array, Array]:
-  """The target's states of a round's committed nodes, for a draft that reads
-  them: the root, then the path (hidden [B, N, d] -> [B, D+1, d]), at
-  positions n .. n+a (-1 past the path)."""
+  """The target's states of the root and accepted path (hidden [B, N, d] ->
+  [B, D+1, d]) at positions n .. n+a (-1 past the path)."""
   b, depth = out.path.shape
   offsets = jnp.arange(depth + 1, dtype=jnp.int32)[None]
   nodes = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), out.path], axis=1)  # --> [B, D+1]
@@ -105,9 +96,8 @@ def _tree_stats(st: TreeStats, tree: RoundTree, out: TreeOutput, live: Array, st
 
 def _tree_round(loop: TreeLoop, target_params: Any, draft: ApproximationModel,
                 s: SpecState) -> SpecState:
-  """One tree round: the draft fills the tree, ONE target pass scores every
-  node, the kernel keeps a path and emits one more token, both caches move
-  the path into place, cut at EOS / max length."""
+  """One tree round: the draft fills the tree, ONE target pass scores it, the
+  kernel keeps a path plus one token, both caches move the path into place."""
   target = loop.target
   b = s.seq.shape[0]
   key, k_draft, k_kernel = round_keys(s.key, loop.sampling.greedy, 3)
@@ -155,19 +145,15 @@ def tree_speculative_decode(target: TargetModel, target_params: Any, draft: Appr
                             max_decode_len: int,
                             sampling: SamplingConfig = SamplingConfig(), eos_id: int = 1,
                             partitioner: Partitioner | None = None) -> TreeSpecOutput:
-  """Speculative decoding over a token tree: one target pass scores every node.
+  """Speculative decoding over a token tree (static or ``DynamicTree``).
 
-    Each round (``_tree_round``): the draft fills the static ``tree``
-    (``drafts.base.tree_proposal``; node 0 is the last committed token); the
-    target scores all N nodes in ONE pass (``decode_tree``); the tree kernel
-    (``tree.tree_greedy_kernel`` at T = 0, else
-    ``tree.tree_speculative_sampling``) keeps the accepted path and emits one
-    more token, whose keys/values move into place (``commit_path``, and
-    ``commit_tree`` for the draft). Arguments as ``speculative_decode`` (no
-    adaptive γ, no lenience). Returns ``TreeSpecOutput`` (tokens, length,
-    ``TreeStats``). The output distribution is the baseline's (token for token
-    at T = 0) for any draft keeping the ``propose_tree`` contract;
-    docs/exactness.md, section 10."""
+  Each round the draft fills the tree (node 0: the last committed token), the
+  target scores all N nodes in ONE ``decode_tree`` pass, the tree kernel
+  (``tree_greedy_kernel`` at T = 0, else ``tree_speculative_sampling``) keeps the
+  accepted path and one more token, and ``commit_path``/``commit_tree`` move it
+  into place. Arguments as ``speculative_decode`` (no adaptive γ, no lenience).
+  -> ``TreeSpecOutput``. Exact for any draft keeping the ``propose_tree``
+  contract; docs/exactness.md, section 10."""
   if not isinstance(tree, (TreeShape, DynamicTree)):
     raise ValueError(f"tree must be a TreeShape or a DynamicTree, got {tree!r}")
   cache_len = tree.cache_len(max_decode_len)  # also checks that the tree fits
