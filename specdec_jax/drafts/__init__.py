@@ -1,11 +1,6 @@
-"""Approximation models M_q behind one interface (see ``base``), by name.
-
-``REGISTRY`` maps a name to a builder; a config selects a draft by that name
-(the runner's ``draft_name`` binding), so swapping approximation models needs
-no code change. Register a new one with ``@register("name")`` on a builder
-function or directly on the draft class; see ``build`` for the arguments a
-builder may take.
-"""
+"""Approximation models M_q behind one interface (``base``), by name: ``REGISTRY``
+maps a name to a builder, selected by the runner's ``draft_name``. Register a
+new one with ``@register("name")`` on a builder or a draft class."""
 
 from __future__ import annotations
 
@@ -29,12 +24,9 @@ BUILD_ARGS = ("vocab_size", "vocab", "max_ngram", "model", "params", "corpus", "
 
 
 def register(name: str):
-  """Decorator: make a builder function, or a draft class, selectable by ``name``.
-
-  A class is called like a builder, with the ``build`` arguments its
-  constructor names. Re-registering the same object (a module imported twice,
-  e.g. by ``--import`` and a gin ``import`` line) is allowed.
-  """
+  """Decorator: make a builder function or a draft class (called with the
+  ``build`` arguments its constructor names) selectable by ``name``;
+  re-registering the same object is allowed."""
   def deco(obj):
     old = REGISTRY.get(name)
     if old is not None and _qualname(old) != _qualname(obj):
@@ -77,13 +69,10 @@ def requires(name: str) -> list[str]:
 def build(name: str, **kwargs: Any) -> ApproximationModel:
   """Build the approximation model registered as ``name``.
 
-    The runner offers ``vocab_size``, ``vocab``, ``max_ngram``, ``partitioner``
-    and, where configured, ``model``/``params`` (a draft checkpoint on that
-    mesh), ``bridge``, ``feature`` and ``block`` (that checkpoint's encoder
-    bridge, feature bridge and mask embedding, or None) with
-    ``target_model``/``target_params``, ``shortlist`` and ``corpus``. Each
-    builder receives only the keywords its signature names (all of them with
-    ``**kwargs``)."""
+  The runner offers ``vocab_size``, ``vocab``, ``max_ngram``, ``partitioner``
+  and, where configured, ``model``/``params``, ``bridge``, ``feature``, ``block``,
+  ``target_model``/``target_params``, ``shortlist`` and ``corpus``; each builder
+  receives only the keywords its signature names (all with ``**kwargs``)."""
   if name not in REGISTRY:
     raise ValueError(f"unknown approximation model {name!r}; known: {sorted(REGISTRY)}")
   missing = [a for a in requires(name) if a not in kwargs]

@@ -1,15 +1,9 @@
-"""The encoder bridge: a T5 draft that also reads the target's encoder output.
+"""The encoder bridge: a T5 draft whose encoder input is embed_q(x) + H_p W,
+H_p [B, S, d_p] the target's encoder output and W [d_p, d_q] learned.
 
-α depends on how well M_q predicts M_p's next token (paper §3.1-3.2), and
-M_p's encoder output H_p [B, S, d_p] is what M_p decodes from. The draft's
-encoder input becomes
-
-    embed_q(x) + H_p W,        W [d_p, d_q] learned,
-
-which changes only its once-per-example encoder pass, never its step, so c
-(Definition 3.7) is unchanged; the draft reuses the H_p of the target's
-prefill (``init_with_target``). W = 0 is exactly the draft without it
-(``zeros``). Exact: H_p depends on the input alone (docs/exactness.md,
+It changes only the once-per-example encoder pass, so c (Definition 3.7) is
+unchanged; H_p comes from the target's prefill (``init_with_target``); W = 0
+is the plain draft. Exact: H_p depends on the input alone (docs/exactness.md,
 section 7). On disk: ``encoder_bridge.npz`` beside the draft's checkpoint."""
 
 from __future__ import annotations
@@ -35,10 +29,8 @@ def zeros(target: T5Model, draft: T5Model) -> Array:
 
 
 def project(kernel: Array, target_encoded: Array) -> Array:
-  """H_p W [B, S, d_q]: the target's encoder output [B, S, d_p] mapped to the
-  draft's width (what ``T5Model.encode`` adds to the draft's embeddings).
-
-  No gradient flows into the target (it is fixed while the draft learns)."""
+  """H_p W [B, S, d_q] from the target's encoder output [B, S, d_p]; no gradient
+  into the target."""
   h = jax.lax.stop_gradient(target_encoded).astype(jnp.float32)
   return jnp.einsum("bsd,de->bse", h, kernel)
 
@@ -69,10 +61,9 @@ def save_arrays(directory: str, filename: str, arrays: dict) -> None:
 
 def load_arrays(directory: str, filename: str, keys: tuple[str, ...],
                 what: str) -> Optional[dict]:
-  """``keys`` of ``directory/filename`` (a local or ``gs://`` directory) as
-  finite 2-D float32 arrays, or None if there is no such file; a torn,
-  foreign or malformed file is an error naming the path and ``what`` it
-  should be."""
+  """``keys`` of ``directory/filename`` (local or ``gs://``) as finite 2-D
+  float32 arrays, or None without the file; a malformed file is an error naming
+  the path and ``what`` it should be."""
   path = storage.join(directory, filename)
   if not storage.is_file(path):
     return None

@@ -1,17 +1,11 @@
 """The feature bridge: a T5 draft that also reads the target's last verified decoder state.
 
-The target's final hidden state h_s is known for every committed position s
-after a round. The draft's decoder input at position t becomes
-
-    embed_q(x_t) + h_s K + e_j,    s = t - 1 - j,
-
-s the last position whose target state is known when the draft computes t, j
-the draft steps since, K [d_p, d_q] and e [J, d_q] learned; s < 0 adds
-nothing, and K = 0, e = 0 is exactly the draft without it. EAGLE's
-feature-level drafting (Li et al. 2024) restricted to committed positions,
-so the draft conditions only on the decided past and decoding stays exact
-(paper §2.3, Appendix A.1; docs/exactness.md, section 7). Distillation draws
-j uniformly from 0..J-1 per position (``teacher_forced_extra``)."""
+The draft's decoder input at position t becomes embed_q(x_t) + h_s K + e_j,
+s = t - 1 - j the last position whose target state h_s is committed, j the
+draft steps since, K [d_p, d_q] and e [J, d_q] learned (K = 0, e = 0: the
+plain draft). EAGLE's feature-level drafting (Li et al. 2024) restricted to
+committed positions, so decoding stays exact (§2.3, A.1; docs/exactness.md,
+section 7). Distillation draws j ~ U{0..J-1} (``teacher_forced_extra``)."""
 
 from __future__ import annotations
 
@@ -37,9 +31,8 @@ def zeros(target: T5Model, draft: T5Model, max_staleness: int) -> dict:
 
 
 def project_states(bridge: dict, hidden: Array) -> Array:
-  """h K [..., d_q] for target states hidden [..., d_p] (no gradient into the
-  target). The engine's draft projects each pass's states once, when they
-  are committed, so a draft step only gathers a d_q row."""
+  """h K [..., d_q] for target states [..., d_p] (no gradient into the target);
+  projected once per pass when committed."""
   h = jax.lax.stop_gradient(hidden).astype(jnp.float32)
   return jnp.einsum("...d,de->...e", h, bridge["kernel"])
 
@@ -59,9 +52,8 @@ def project(bridge: dict, hidden: Array, staleness: Array) -> Array:
 
 
 def teacher_forced_extra(bridge: dict, target_hidden: Array, key: Array) -> Array:
-  """The decoder extra [B, T, d_q] for teacher forcing along a sequence whose
-  target states are target_hidden [B, T, d_p] (position t's state predicts
-  token t + 1): each position t reads h_{t-1-j}, j ~ U{0..J-1}."""
+  """The decoder extra [B, T, d_q] along a sequence with target states
+  [B, T, d_p]: position t reads h_{t-1-j}, j ~ U{0..J-1}."""
   b, t = target_hidden.shape[:2]
   j = jax.random.randint(key, (b, t), 0, bridge["staleness"].shape[0])
   s = jnp.arange(t)[None, :] - 1 - j

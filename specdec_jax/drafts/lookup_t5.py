@@ -1,11 +1,9 @@
 """Prompt lookup where the context has a match, a T5 draft elsewhere.
 
-While the committed context ends in an n-gram (n >= ``min_ngram``) that
-occurs earlier in it, the draft proposes the tokens that followed, with q
-one-hot; from the first position without a valid continuation, the T5
-draft's q. Exact whatever the mix: whether position i copies depends only on
-the input and the proposed context, never the target (docs/exactness.md,
-sections 3 and 5). The T5 draft runs every step to keep its cache, so c is
+While the context ends in an n-gram (n >= ``min_ngram``) seen earlier, the
+draft copies what followed (one-hot q); from the first position without one,
+the T5 draft's q. Exact: copying depends only on the context
+(docs/exactness.md, sections 3 and 5). The T5 draft runs every step, so c is
 its own."""
 
 from __future__ import annotations
@@ -80,11 +78,8 @@ class LookupT5Draft:
   def propose_dynamic_tree(self, state: LookupT5State, seq: Array, length: Array,
                            tree: DynamicTree, sampling: SamplingConfig, key: Array
                            ) -> tuple[Array, Array, Array, Array, Array, LookupT5State]:
-    """A tree chosen per round (``T5Draft.propose_dynamic_tree``) whose copied
-    path (``copy_plan`` of depth D) is the first child at every depth with
-    probability 1: the copy is always in the tree, the T5 draft's best
-    alternatives fill the rest of the budget. Exact as ``propose``: the copy
-    depends only on the context and the path above it."""
+    """``T5Draft.propose_dynamic_tree`` with the copied path (``copy_plan``) as
+    the first child at every depth, probability 1; exact as ``propose``."""
     plan = self.copy_plan(state, seq, length, tree.max_depth)
     *out, cache = self.t5.propose_dynamic_tree(state.cache, seq, length, tree, sampling, key,
                                                copy=plan)
@@ -92,9 +87,8 @@ class LookupT5Draft:
 
   def commit_tree(self, state: LookupT5State, seq: Array, length: Array, start: Array,
                   path: Array, num_accepted: Array) -> LookupT5State:
-    """After a round of ``propose_dynamic_tree`` the accepted path moves into
-    place in the T5 draft's cache (``T5Draft.commit_tree``); after a chain
-    proposal (a static spine tree) the cache already holds it."""
+    """After ``propose_dynamic_tree`` the accepted path moves into place
+    (``T5Draft.commit_tree``); after a chain the cache already holds it."""
     moved = self.t5.commit_tree(state.cache, seq, length, start, path, num_accepted)
     cache = jax.tree.map(lambda a, b: jnp.where(state.tree_round, a, b), moved,
                          self.t5.commit(state.cache, seq, length))
@@ -105,12 +99,8 @@ class LookupT5Draft:
                        skip_below: float | None = None, cumulative: bool = False,
                        drawn: bool = False
                        ) -> tuple[Array, Array, Array, Array, LookupT5State]:
-    """Adaptive rounds (``drafts.base``) with ``T5Draft``'s early exit: a
-    copied position has confidence 1 (its q is one-hot by construction), a T5
-    position the T5 draft's own (its softmax at T = 0, where q is one-hot
-    too but says nothing of the model's certainty). So a copied stretch runs
-    on, and the rule stops where the T5 draft grows unsure. Every decision
-    comes from the context and the draft's own computation: exact."""
+    """``T5Draft``'s early exit with copied positions at confidence 1 and T5
+    positions at the T5 draft's own (its softmax at T = 0); exact."""
     tokens, q, count, steps, cache = self.t5.propose_adaptive(
         state.cache, seq, length, gamma, sampling, key, limit, threshold,
         skip_below=skip_below, cumulative=cumulative, drawn=drawn,

@@ -1,10 +1,7 @@
-"""Negligible-cost approximation models (paper §3.6, Table 3): unigram, bigram.
-
-Both are estimated from a token corpus. The bigram is stored sparsely — the
-``top_m`` most frequent successors of each token — and interpolated with the
-unigram, so it stays a proper distribution with full support at O(V * top_m)
-memory (a dense 32k x 32k table would be 4 GB).
-"""
+"""Negligible-cost approximation models (paper §3.6, Table 3): unigram, bigram,
+estimated from a token corpus. The bigram keeps each token's ``top_m`` most
+frequent successors interpolated with the unigram: full support at
+O(V * top_m) memory."""
 
 from __future__ import annotations
 
@@ -60,12 +57,8 @@ class UnigramDraft:
 
 @struct.dataclass
 class BigramDraft:
-  """q(x | prev) = (1 - λ) bigram_top_m(x | prev) + λ' unigram(x).
-
-  ``next_ids``/``next_probs`` [V, top_m] hold each token's most frequent
-  successors with their conditional probabilities; the mass they leave
-  (including the backoff weight λ) goes to the unigram.
-  """
+  """q(x | prev) = (1 - λ) bigram_top_m(x | prev) + λ' unigram(x); ``next_ids``/
+  ``next_probs`` [V, top_m], the mass left (and λ) going to the unigram."""
 
   unigram: Array      # [V] probabilities
   next_ids: Array     # [V, M] int32

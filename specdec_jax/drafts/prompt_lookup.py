@@ -1,9 +1,6 @@
 """Prompt lookup (paper §3.6): copy the continuation of a matching n-gram.
-
-Parameter-free, c ≈ 0. The proposal is deterministic given the context, so
-the q it reports is the one-hot of each proposed token — exactly what it
-"sampled" from, which keeps Algorithm 1 exact (docs/exactness.md, section 3).
-"""
+Parameter-free (c ≈ 0) and deterministic, so q is the one-hot of each token,
+which keeps Algorithm 1 exact (docs/exactness.md, section 3)."""
 
 from __future__ import annotations
 
@@ -21,11 +18,10 @@ Array = jax.Array
 
 def _match_lengths(inputs: Array, seq: Array, length: Array,
                    max_ngram: int) -> tuple[Array, Array, Array]:
-  """-> (context [B, C], valid [B, C], n [B, C]): the context (input tokens,
-  then the committed output tokens seq[:, 1:length + 1]), which of its
-  entries are real tokens, and at each position i the largest n <=
-  max_ngram such that the last n committed tokens occur ending at i (0:
-  none), excluding the suffix's own occurrence and matches ending at the end."""
+  """-> (context [B, C], valid [B, C], n [B, C]): the inputs then the committed
+  outputs, which entries are real, and at each i the largest n <= max_ngram
+  such that the last n committed tokens end at i (0: none; the suffix itself
+  and matches at the end excluded)."""
   b, s = inputs.shape
   t = seq.shape[1] - 1
   ctx = jnp.concatenate([inputs, seq[:, 1:]], axis=1)                # [B, S+T]
@@ -48,11 +44,9 @@ def _match_lengths(inputs: Array, seq: Array, length: Array,
 
 def lookup_branches(inputs: Array, seq: Array, length: Array, gamma: int, max_ngram: int,
                     branches: int) -> tuple[Array, Array, Array]:
-  """The γ tokens after each of the ``branches`` best matches of the
-  committed suffix: ranked by match length n, then recency (the first is
-  ``lookup_continuation``'s). Returns (tokens [B, K, γ] int32, matched [B,
-  K] int32: each match's n, 0 if none, valid [B, K, γ] bool: token i is a
-  real context token). Depends only on the context, never on the target."""
+  """The γ tokens after each of the ``branches`` best matches of the suffix
+  (by n, then recency). -> (tokens [B, K, γ], matched [B, K] (n, 0 if none),
+  valid [B, K, γ]); context only, never the target."""
   ctx, valid, n = _match_lengths(inputs, seq, length, max_ngram)
   c = ctx.shape[1]
   score = jnp.where(n > 0, n * c + jnp.arange(c)[None], -1)
@@ -69,29 +63,18 @@ def lookup_branches(inputs: Array, seq: Array, length: Array, gamma: int, max_ng
 
 def lookup_continuation(inputs: Array, seq: Array, length: Array, gamma: int,
                         max_ngram: int) -> tuple[Array, Array, Array]:
-  """The γ tokens after the most recent occurrence of the longest matching suffix.
-
-  Context = the input tokens (non-pad) followed by the committed output tokens
-  seq[:, 1:length + 1]. For n = 1..max_ngram the last n committed tokens are
-  searched for in the context (excluding their own occurrence); the longest n
-  found wins, and among its occurrences the most recent.
-
-  Returns (tokens [B, γ] int32, matched [B] int32: the winning n, 0 if none,
-  valid [B, γ] bool: token i is a real context token, not padding or past the
-  end). Depends only on the context, never on the target.
-  """
+  """The γ tokens after the most recent occurrence of the longest (n <=
+  max_ngram) suffix of the committed context (inputs, then outputs). ->
+  (tokens [B, γ], matched [B] (n, 0 if none), valid [B, γ] bool: a real
+  context token); context only, never the target."""
   cont, matched, ok = lookup_branches(inputs, seq, length, gamma, max_ngram, 1)
   return cont[:, 0], matched[:, 0], ok[:, 0]
 
 
 @struct.dataclass
 class PromptLookupDraft:
-  """Find the longest suffix n-gram (n = max_ngram..1) of the generated text in
-  the input or earlier in the generated text; propose the γ tokens after its
-  most recent occurrence (``lookup_continuation``). Without a match, repeat the
-  last token (any proposal is correct; this one is merely unlikely to be
-  accepted).
-  """
+  """Proposes the γ tokens after the longest suffix n-gram's most recent
+  occurrence (``lookup_continuation``); without a match, repeats the last token."""
 
   vocab_size: int = struct.field(pytree_node=False)
   max_ngram: int = struct.field(pytree_node=False, default=3)
@@ -112,15 +95,9 @@ class PromptLookupDraft:
 
   def propose_adaptive(self, state, seq, length, gamma, sampling, key, limit, threshold,
                        skip_below=None, cumulative=False, drawn=False):
-    """Adaptive rounds (``drafts.base``): a row proposes its copied run, the
-    leading tokens that come from a match, not the last-token filler. Its
-    confidence is 1 for a copied token and 0 for a filler (every q is
-    one-hot, so ``top_probability`` would say 1 for both): x_1 is proposed
-    unless ``skip_below`` is set and x_1 is a filler (then the round is a
-    plain target step), and at most one token when ``threshold`` is 1. The
-    run's confidences are all 1, so ``cumulative`` (their product) and
-    ``drawn`` (a copy's q is one-hot at it) change nothing. Depends only on
-    the context, so the engine stays exact."""
+    """A row proposes its copied run (confidence 1 per copy, 0 for the filler):
+    x_1 always unless ``skip_below`` is set and x_1 is a filler; one token at
+    threshold 1. ``cumulative`` and ``drawn`` change nothing. Context only: exact."""
     del key, sampling, cumulative, drawn
     tokens, q, copied = self._proposal(state, seq, length, gamma)
     run = jnp.sum(jnp.cumprod(copied.astype(jnp.int32), axis=-1), axis=-1)
@@ -138,12 +115,9 @@ class PromptLookupDraft:
             "the root")
 
   def propose_tree(self, state, seq, length, tree: TreeShape, sampling, key):
-    """A fan (``TreeShape.is_fan``): the root's k-th branch copies the
-    continuation of the k-th best match (``lookup_branches``), so several
-    matches of the suffix are verified in one pass; a node without a match
-    is not proposed (valid False, decided from the context alone). A spine
-    tree: the chain (``propose``) with its siblings unproposed. q is the
-    one-hot of each token (exact, docs/exactness.md, section 10)."""
+    """A fan (``TreeShape.is_fan``): branch k copies the k-th best match
+    (``lookup_branches``), unmatched nodes invalid. A spine: the chain with
+    siblings unproposed. q one-hot (docs/exactness.md, section 10)."""
     why = self.tree_unsupported(tree)
     if why:
       raise ValueError(f"PromptLookupDraft: {why}")

@@ -1,14 +1,11 @@
-"""A vocabulary shortlist for the draft's output layer: q over the tokens the
-target says most often, plus the tokens of the example's own input.
+"""A vocabulary shortlist S for the draft's output layer: the target's most
+frequent tokens (``frequent``, EOS included) plus the example's input tokens
+(``with_inputs``); q is the draft's softmax renormalized over S.
 
-Exact for any set S: Algorithm 1 needs only that x was drawn from the q
-reported for it (§2.3, Appendix A.1), so q may be zero outside S; a token the
-target wants outside S comes from the residual on a rejection
-(docs/exactness.md, section 6). S costs the target's mass outside S in β
-(Theorem 3.5) and buys a [d, |S|] output product in place of [d, V] (as
-FR-Spec, Zhao et al. 2025). S = frequent training tokens (``frequent``, EOS
-included) ∪ the example's input tokens (``with_inputs``); q is the draft's
-softmax renormalized over S."""
+Exact for any S: Algorithm 1 needs only that x ~ the reported q (§2.3, A.1);
+tokens outside S come from the residual (docs/exactness.md, section 6). S
+costs the target's mass outside S in β (Theorem 3.5) and buys a [d, |S|]
+output product in place of [d, V] (as FR-Spec, Zhao et al. 2025)."""
 
 from __future__ import annotations
 
@@ -31,9 +28,8 @@ FORMAT = "specdec_jax.shortlist/1"  # a file format name, kept across module mov
 
 def frequent(sequences: Iterable[Sequence[int]], size: int, vocab_size: int,
              always: Sequence[int] = ()) -> np.ndarray:
-  """The ``size`` most frequent token ids of ``sequences`` (ties: lower id
-  first; fewer if fewer occur), with every id of ``always`` (e.g. EOS)
-  included, sorted. Ids outside [0, vocab_size) are an error."""
+  """The ``size`` most frequent ids (ties: lower first) plus every id of
+  ``always``, sorted; ids outside [0, vocab_size) are an error."""
   if size < 1:
     raise ValueError(f"shortlist size must be >= 1, got {size}")
   counts: collections.Counter = collections.Counter()
@@ -53,11 +49,10 @@ def frequent(sequences: Iterable[Sequence[int]], size: int, vocab_size: int,
 
 def sequences_from(path: str, vocab: Any, split: str = "train",
                    max_examples: int | None = None) -> Iterator[list[int]]:
-  """Token sequences to count for ``frequent``: a JSONL whose records carry
-  ``tokens`` (the target's own outputs, as ``specdec_jax.distill`` writes them
-  to target_outputs.jsonl), or examples from ``seqio:<task>`` (its ``split``)
-  or a local TSV/JSONL, whose references are encoded with ``vocab`` (EOS
-  appended). At most ``max_examples`` examples (None: all)."""
+  """Token sequences for ``frequent``: a JSONL with ``tokens`` (e.g.
+  target_outputs.jsonl from ``specdec_jax.distill``), or ``seqio:<task>``/a local
+  TSV/JSONL whose references are encoded with ``vocab`` (EOS appended); at most
+  ``max_examples``."""
   if path.endswith(".jsonl") and os.path.isfile(path):
     with open(path) as f:
       first = f.readline()
@@ -93,9 +88,8 @@ def save(path: str, ids: np.ndarray, vocab_size: int, **meta: Any) -> None:
 
 
 def load(path: str, vocab_size: int) -> np.ndarray:
-  """The sorted token ids of a shortlist written by ``save`` (a local or
-  ``gs://`` path), checked to lie in [0, vocab_size) of the models; errors
-  name the path and the problem."""
+  """The sorted ids of a shortlist written by ``save`` (local or ``gs://``),
+  checked to lie in [0, vocab_size)."""
   if not storage.is_gcs(path) and not os.path.isfile(path):
     raise FileNotFoundError(f"draft shortlist not found: {path}")
   raw = storage.read_bytes(path, "draft shortlist")  # gs:// errors name what is missing
@@ -126,9 +120,8 @@ def check_ids(ids: np.ndarray, vocab_size: int, where: str) -> np.ndarray:
 
 
 def output_columns(model: T5Model, params: Any, ids: Array) -> Array:
-  """The draft's output-layer columns for token ids [...] -> [d, ...]: its
-  logits at those tokens are y @ columns, as ``T5Model.decode`` computes
-  them (T5 1.0's tied embedding includes the 1/sqrt(d) scaling)."""
+  """The draft's output-layer columns for ids [...] -> [d, ...], as
+  ``T5Model.decode`` computes logits (T5 1.0's tied scaling included)."""
   c = model.config
   if c.logits_via_embedding:
     table = params["token_embedder"]["embedding"]  # [V, d]
@@ -138,9 +131,7 @@ def output_columns(model: T5Model, params: Any, ids: Array) -> Array:
 
 
 class Shortlist(struct.PyTreeNode):
-  """S's fixed part: ``ids`` [N] and the draft's output columns for them,
-  ``kernel`` [d, N]; with ``with_inputs``, each example's input tokens join
-  S (``for_inputs``)."""
+  """S's fixed part: ``ids`` [N] and their output columns ``kernel`` [d, N]."""
   ids: Array
   kernel: Array
   with_inputs: bool = struct.field(pytree_node=False, default=True)
@@ -153,9 +144,8 @@ class Shortlist(struct.PyTreeNode):
 
 
 class InputPart(struct.PyTreeNode):
-  """S's per-example part: the input's tokens ``ids`` [B, L] (padding mapped
-  past the vocabulary, so it is dropped) and their output columns ``kernel``
-  [B, d, L]; computed once per example (``for_inputs``)."""
+  """S's per-example part: input ids [B, L] (padding mapped past the vocabulary)
+  and columns ``kernel`` [B, d, L] (``for_inputs``)."""
   ids: Array
   kernel: Array
 
@@ -171,8 +161,7 @@ def for_inputs(model: T5Model, params: Any, inputs: Array) -> InputPart:
 def logits(shortlist: Shortlist, part: InputPart | None, hidden: Array,
            vocab_size: int) -> Array:
   """The draft's logits over S, −inf elsewhere: hidden [B, k, d] -> [B, k, V]
-  float32. A token in both parts is written twice from the same column; the
-  input part's write, the later one, is kept."""
+  float32 (a token in both parts: the input part's write wins, same value)."""
   b, k, _ = hidden.shape
   y = hidden.astype(jnp.float32)
   out = jnp.full((b, k, vocab_size), -jnp.inf, jnp.float32)
