@@ -1,14 +1,7 @@
-"""Measuring α, the acceptance rate (paper §3.1, Corollary 3.6, §4.2).
-
-α = E[Σ_x min(p(x), q(x))] along the target's own outputs (Corollary 3.6):
-the expected acceptance of one draft token, with lower variance than counting
-acceptances. ``min_pq_along`` computes the sums along fixed outputs (one
-teacher-forced target pass, the draft fed the same prefixes); a draft whose q
-depends on where a round starts (one that reads the target's decoder states)
-is measured in the engine's own rounds instead (``min_pq_in_rounds``).
-``estimate_alpha`` puts either over a few batches, with the standard error of
-the ratio (``alpha_standard_error``).
-"""
+"""Measuring α, the acceptance rate (paper §3.1, Corollary 3.6, §4.2):
+α = E[Σ_x min(p(x), q(x))] along the target's own outputs, with lower variance
+than counting. ``min_pq_along`` uses one teacher-forced pass; a draft reading
+the target's states is measured in the engine's rounds (``min_pq_in_rounds``)."""
 
 from __future__ import annotations
 
@@ -44,9 +37,8 @@ def _draft_q_along(draft: Any, inputs: Array, tokens: Array, sampling: SamplingC
 
 
 def alpha_batches(inputs: np.ndarray, n: int, batch_size: int) -> list[tuple[Array, int]]:
-  """The first ``n`` rows of ``inputs`` (at least one) as ``estimate_alpha``'s
-  (inputs [batch_size, S], real rows) batches; a short last batch repeats its
-  last row, which is not counted."""
+  """The first ``n`` rows of ``inputs`` as (inputs [batch_size, S], real rows)
+  batches; a short last batch repeats its last row, not counted."""
   out = []
   for start in range(0, max(n, 1), batch_size):
     rows = list(range(start, min(start + batch_size, max(n, 1))))
@@ -58,13 +50,9 @@ def alpha_batches(inputs: np.ndarray, n: int, batch_size: int) -> list[tuple[Arr
 @functools.partial(jax.jit, static_argnames=("target", "sampling"))
 def min_pq_along(target: T5Model, params: Any, draft: Any, inputs: Array, tokens: Array,
                  lengths: Array, sampling: SamplingConfig) -> Array:
-  """Σ_t Σ_x min(p_t(x), q_t(x)) per row [B] over the first ``lengths`` [B]
-  tokens of tokens [B, T].
-
-  p from one teacher-forced target pass, q from the draft fed the same
-  prefix; both standardized as in decoding (§2.2). Divided by the token count
-  this is the α estimate of Corollary 3.6 (paper §4.2's method).
-  """
+  """Σ_t Σ_x min(p_t(x), q_t(x)) per row [B] over the first ``lengths`` tokens of
+  tokens [B, T]: p from one teacher-forced pass, q from the draft on the same
+  prefix, both standardized (§2.2, §4.2's method)."""
   if capabilities(draft).target_states:
     raise ValueError("this draft reads the target's decoder states (feature bridge): its q "
                      "depends on where a round starts, so α is measured in the engine's "
@@ -78,12 +66,8 @@ def min_pq_along(target: T5Model, params: Any, draft: Any, inputs: Array, tokens
 def min_pq_in_rounds(target: T5Model, params: Any, draft: Any, inputs: Array, key: Array,
                      gamma: int, max_decode_len: int, sampling: SamplingConfig,
                      partitioner: Any = None) -> tuple[SpecOutput, np.ndarray, np.ndarray]:
-  """(outputs, Σ min(p, q) per row [B], evaluated positions per row [B]) of
-  the engine's own rounds at ``gamma``: α for a draft whose q depends on where
-  a round starts (one that reads the target's decoder states,
-  ``feature_bridge``), for which ``min_pq_along`` is undefined. The sums run
-  over the positions the target evaluated (``SpecStats``), so sum / evaluated
-  is Corollary 3.6's estimate in the rounds decoding actually runs."""
+  """(outputs, Σ min(p, q) [B], evaluated positions [B]) of the engine's rounds
+  at ``gamma``: α for a draft whose q depends on where a round starts."""
   out = speculative_decode(target, params, draft, inputs, key, gamma=gamma,
                            max_decode_len=max_decode_len, sampling=sampling,
                            eos_id=target.config.eos_id, partitioner=partitioner)
@@ -95,12 +79,8 @@ def alpha_by_position_in_rounds(target: T5Model, params: Any, draft: Any,
                                 batches: Sequence[tuple[Array, int]], key: Array, gamma: int,
                                 sampling: SamplingConfig, max_decode_len: int,
                                 partitioner: Any = None) -> list[float]:
-  """α_i, i = 1..γ: the rate at which the engine's rounds at ``gamma``
-  accept proposal i given proposals 1..i−1 were accepted (``SpecStats``'s
-  accepted_at / evaluated_at over the batches' real rows; 0 where a position
-  was never evaluated). For a draft whose acceptance falls with the position
-  (a block draft, ``specdec_jax.drafts.t5_block``), where one α does not
-  describe a round."""
+  """α_i, i = 1..γ: accepted_at / evaluated_at in the engine's rounds (0 where
+  never evaluated), for drafts whose acceptance falls with position (block drafts)."""
   acc = np.zeros(gamma)
   ev = np.zeros(gamma)
   for i, (inputs, n) in enumerate(batches):
@@ -113,13 +93,9 @@ def alpha_by_position_in_rounds(target: T5Model, params: Any, draft: Any,
 
 
 def alpha_standard_error(sums: np.ndarray, tokens: np.ndarray) -> float:
-  """Standard error of α = Σ sums / Σ tokens, with sequences as clusters.
-
-  Tokens of one sequence are correlated (a hard verse is hard throughout), so
-  the binomial sqrt(α(1-α)/n) understates the error; this is the usual
-  linearized variance of a ratio estimator over m sequences,
-  m/(m-1) Σ_i (s_i - α n_i)² / (Σ n_i)², and never below the binomial one.
-  """
+  """Standard error of α = Σ sums / Σ tokens with sequences as clusters: the
+  linearized ratio variance m/(m-1) Σ_i (s_i - α n_i)² / (Σ n_i)², never below
+  the binomial one."""
   sums, tokens = np.asarray(sums, float), np.asarray(tokens, float)
   n = tokens.sum()
   if n <= 0:
@@ -137,11 +113,8 @@ def estimate_alpha(target: T5Model, params: Any, draft: Any,
                    batches: Sequence[tuple[Array, int]], key: Array, sampling: SamplingConfig,
                    max_decode_len: int, partitioner: Any = None,
                    rounds_gamma: int = 4) -> tuple[float, int, float]:
-  """(α, tokens, standard error) from the target's own outputs for ``batches``
-  of (inputs [B, S], number of real rows: the rest is padding and not counted).
-  A draft that reads the target's decoder states is measured in the engine's
-  rounds at ``rounds_gamma`` instead (``min_pq_in_rounds``; tokens are then
-  the evaluated positions)."""
+  """(α, tokens, standard error) over ``batches`` of (inputs, real rows); a
+  draft reading target states is measured in rounds at ``rounds_gamma``."""
   sums, lengths = [], []
   in_rounds = capabilities(draft).target_states
   for i, (inputs, n) in enumerate(batches):

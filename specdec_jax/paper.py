@@ -1,12 +1,7 @@
-"""The paper's published numbers (Leviathan et al., 2023), transcribed once.
-
-Table 2: walltime improvement of speculative decoding with a T5 1.1 XXL
-target on a single TPU-v4, per task, draft size and temperature (0: argmax,
-1: standard sampling), at the γ the paper chose, with α (Table 3's values
-for the same rows). Table 4 (Appendix A.3): the cost coefficient c of each
-draft on that chip and Theorem 3.8's expected improvement (EXP). Table 3's
-other rows: α for drafts and targets outside Table 2.
-"""
+"""The paper's published numbers (Leviathan et al., 2023), transcribed once:
+Table 2 (T5 1.1 XXL target on a TPU-v4: walltime improvement and α per task,
+draft and temperature, at the paper's γ), Table 4 (A.3: c and Theorem 3.8's
+expected improvement) and Table 3's other α rows."""
 
 from __future__ import annotations
 

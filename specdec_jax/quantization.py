@@ -1,18 +1,10 @@
-"""Weight-only quantization of the draft: int8 or int4 kernels with one float32
-scale per output channel.
+"""Weight-only quantization of the draft: int8 or int4 kernels, one float32 scale
+per output channel.
 
-Speculative decoding is exact for any approximation model M_q (paper §2.3),
-so a quantized draft changes only α and the cost ratio c (Definition 3.7),
-never the output; at batch 1 int8 about halves a bfloat16 draft's weight
-bytes per step and int4 about quarters them.
-
-Every ``Dense`` kernel is quantized (symmetric absmax over the input
-dimension, one [1, out] float32 scale) into a ``qwix.QArray`` at the kernel's
-place in the tree, and ``models.t5.RowPaddedDense`` runs it through
-``qwix.dot_general``, which dequantizes inside the jitted product. The token
-embedding, norm scales and relative-position tables keep their dtype. qwix
-rather than aqtp: it acts on a plain parameter tree, so the T5 module and its
-T5X names stay as they are."""
+Exact for any M_q (§2.3): only α and c change. Every ``Dense`` kernel becomes
+a ``qwix.QArray`` (symmetric absmax) in place, run by
+``models.t5.RowPaddedDense`` through ``qwix.dot_general``; embeddings, norm
+scales and position tables keep their dtype."""
 
 from __future__ import annotations
 
@@ -112,9 +104,7 @@ def take_columns(kernel: Any, ids: jax.Array) -> jax.Array:
 
 
 def dot(x: jax.Array, kernel: qwix.QArray, dtype: Any, precision: Any = None) -> jax.Array:
-  """x [..., in] @ a quantized kernel [in, out], at the activation ``dtype``:
-  the scale is cast to ``dtype`` so the dequantized operand (and the product)
-  is at it, as a float kernel is cast by ``nn.Dense``."""
+  """x [..., in] @ a quantized kernel [in, out] at the activation ``dtype``."""
   x = x.astype(dtype)
   return qwix.dot_general(x, kernel.astype(dtype), (((x.ndim - 1,), (0,)), ((), ())),
                           precision=precision)
@@ -140,9 +130,8 @@ def abstract_kernel(shape: Sequence[int], mode: str,
 
 
 def stored_bytes(name: str, shard: Sequence[int], mode: Optional[str], dtype: Any) -> int:
-  """Bytes one device holds of parameter ``name`` whose shard is ``shard``:
-  at ``dtype`` unquantized; quantized, the integers plus the float32 scales
-  of the shard's output columns."""
+  """Bytes one device holds of parameter ``name``'s ``shard``: at ``dtype``, or
+  the integers plus float32 scales when quantized."""
   if mode is None or not quantized(name):
     return array_bytes(shard, dtype)
   return array_bytes(shard, qtype(mode)) + array_bytes((1,) + tuple(shard[1:]), SCALE_DTYPE)

@@ -1,16 +1,10 @@
-"""Standardized sampling (paper §2.2): every sampling method as a distribution.
+"""Standardized sampling (paper §2.2): argmax, temperature, top-k and top-p as one
+distribution. The baseline and both models' p and q call ``standardize``.
 
-Argmax, temperature, top-k and top-p (nucleus) all become plain sampling from an
-adjusted probability distribution. The baseline and the speculative engine both
-call ``standardize`` — for the target's p and the draft's q alike — so the two
-can never disagree about what "sampling at these settings" means.
-
-Semantics follow T5X ``decoding.temperature_sample``: temperature 0 is argmax;
-``topk`` keeps exactly k tokens (ties broken by index, as ``lax.top_k`` does);
-``topp`` keeps the smallest most-probable prefix whose mass reaches ``topp``
-(tokens tied with the cut-off logit are kept); top-k and top-p together are an
-error; both filters act on the temperature-scaled logits.
-"""
+T5X ``temperature_sample`` semantics: temperature 0 is argmax; ``topk`` keeps
+exactly k (ties by index, as ``lax.top_k``); ``topp`` keeps the smallest
+most-probable prefix reaching ``topp`` (ties with the cut-off kept); both
+filters act on the scaled logits and together are an error."""
 
 from __future__ import annotations
 
@@ -54,12 +48,8 @@ class SamplingConfig:
 
 
 def argmax(x: Array) -> Array:
-  """x [..., V] -> [...] int32: first index of the maximum, as ``jnp.argmax``.
-
-  Written as a max and a min reduction because some backends (XLA:CPU) lower
-  ``argmax``'s variadic value/index reduce to a scalar loop, and argmax runs at
-  every decoding step. All-NaN rows give an index in range.
-  """
+  """x [..., V] -> [...] int32, the first index of the maximum, as a max and a
+  min reduction (XLA:CPU lowers ``argmax`` to a scalar loop). All-NaN: in range."""
   v = x.shape[-1]
   m = jnp.max(x, axis=-1, keepdims=True)
   idx = jnp.min(jnp.where(x == m, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
@@ -83,13 +73,9 @@ def _topp_mask(logits: Array, p: float) -> Array:
 
 
 def standardize(logits: Array, config: SamplingConfig) -> Array:
-  """logits [..., V] -> the distribution actually sampled from, [..., V] float32.
-
-  Paper §2.2: temperature 0 gives the one-hot of the first argmax; otherwise
-  the softmax of the temperature-scaled logits restricted to the top-k / top-p
-  set (renormalized). The baseline, the target in Algorithm 1 and the T5 drafts
-  all call this, so p has one meaning throughout (docs/exactness.md, section 1).
-  """
+  """logits [..., V] -> the distribution sampled from, [..., V] float32 (§2.2):
+  one-hot of the first argmax at T = 0, else the softmax of the scaled logits on
+  the top-k / top-p set. One meaning of p throughout (docs/exactness.md, section 1)."""
   logits = logits.astype(jnp.float32)
   if config.greedy:
     return jax.nn.one_hot(argmax(logits), logits.shape[-1], dtype=jnp.float32)
@@ -102,34 +88,23 @@ def standardize(logits: Array, config: SamplingConfig) -> Array:
 
 
 def sample(key: Array, probs: Array, config: SamplingConfig) -> Array:
-  """One token per row from a standardized distribution: probs [..., V] -> [...] int32.
-
-  Argmax needs no randomness (``key`` unused); otherwise inverse-CDF sampling
-  (``sample_any``).
-  """
+  """One token per row from probs [..., V] -> [...] int32 (argmax needs no key)."""
   if config.greedy:
     return argmax(probs)
   return sample_any(key, probs)
 
 
 def sample_with(u: Array | None, probs: Array, config: SamplingConfig) -> Array:
-  """``sample`` with the row's uniform u [...] in [0, 1) given (``inverse_cdf``);
-  at temperature 0 u is not used (may be None). probs [..., V] -> [...] int32.
-
-  For loops that draw several tokens in a row (a draft's γ steps), so that all
-  their uniforms come from one ``jax.random.uniform`` call instead of one
-  PRNG draw per step.
-  """
+  """``sample`` with uniforms u [...] in [0, 1) given (None at T = 0), so a
+  draft's γ steps draw all uniforms in one call."""
   if config.greedy:
     return argmax(probs)
   return inverse_cdf(probs, u)
 
 
 def _block_size(v: int) -> int:
-  """Tokens per block of ``sample_any``'s two-level inverse CDF: a divisor of
-  V near sqrt(V) (both levels short), so that the blocks are a free reshape
-  (padding can be slow where it fuses into the producer of probs); 128 with
-  zero padding when V has no divisor in [16, 1024]."""
+  """Block size of the two-level inverse CDF: a divisor of V near sqrt(V) (a free
+  reshape), or 128 with zero padding when V has none in [16, 1024]."""
   divisors = [d for d in range(16, min(v, 1024) + 1) if v % d == 0]
   if not divisors:
     return 128
@@ -148,20 +123,15 @@ def _last_positive(x: Array) -> Array:
 
 
 def sample_any(key: Array, probs: Array) -> Array:
-  """Sample from an arbitrary (unnormalized, nonnegative) distribution.
-
-    probs [..., V] -> [...] int32: inverse CDF with one uniform per row, u ~
-    U[0, total), the CDF taken over blocks of ``_block_size(V)`` tokens and then
-    within the block u falls in (no full-length cumulative sum). Token t is
-    drawn with probability probs[t] / sum(probs) up to float rounding; a zero
-    entry is never drawn (past the last boundary, the last positive entry)."""
+  """Sample from an unnormalized nonnegative probs [..., V] -> [...] int32:
+  two-level inverse CDF over ``_block_size(V)`` blocks, one uniform per row;
+  zero entries are never drawn."""
   return inverse_cdf(probs, jax.random.uniform(key, probs.shape[:-1]))
 
 
 def inverse_cdf(probs: Array, u: Array) -> Array:
-  """``sample_any``'s draw for given uniforms u [...] in [0, 1): probs [..., V]
-  -> [...] int32, the first token whose cumulative mass exceeds u · sum(probs)
-  (two-level, as there)."""
+  """``sample_any``'s draw for given u [...] in [0, 1): the first token whose
+  cumulative mass exceeds u · sum(probs)."""
   probs = probs.astype(jnp.float32)
   v = probs.shape[-1]
   block = _block_size(v)

@@ -1,9 +1,6 @@
 """The speculative sampling kernel (paper §2.3, Algorithm 1; lenience, App. A.5).
-
-Batched over rows; every row keeps its own prefix of the γ draft tokens. For any
-draft distributions q, the emitted tokens follow the target's p exactly (App.
-A.1); proof: docs/exactness.md, sections 2-4 (lenience l < 1: section 9).
-"""
+Batched; the emitted tokens follow p exactly for any q (App. A.1;
+docs/exactness.md, sections 2-4, lenience: section 9)."""
 
 from __future__ import annotations
 
@@ -33,9 +30,8 @@ class KernelOutput(NamedTuple):
 
 
 def _leading(accept: Array, proposed: Array | None) -> tuple[Array, Array]:
-  """Per-position verdicts [B, γ] -> (accepted: the leading run of passes,
-  prefix-closed [B, γ]; n: its length [B]). Positions past a row's
-  ``proposed`` count (if given) never pass."""
+  """Verdicts [B, γ] -> (accepted: the leading run, prefix-closed; n [B]);
+  positions past ``proposed`` never pass."""
   if proposed is not None:
     accept = accept & (jnp.arange(accept.shape[1])[None] < proposed[:, None])
   accepted = jnp.cumprod(accept.astype(jnp.int32), axis=-1).astype(bool)
@@ -48,35 +44,15 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
                          proposed: Array | None = None) -> KernelOutput:
   """Algorithm 1's acceptance and correction (paper §2.3), batched.
 
-  Args:
-    key: PRNG key.
-    draft_tokens: [B, γ] x_1..x_γ proposed by the draft.
-    q: [B, γ, V] the (standardized) distributions the x_i were drawn from.
-    p: [B, γ+1, V] the target's standardized distributions p_1..p_{γ+1}.
-    lenience: l in (0, 1] (App. A.5). l = 1 is exact; any l < 1 changes the
-      output distribution (each token's probability stays <= p(x)/l).
-    greedy: argmax decoding: p must be one-hot (``standardize`` at
-      temperature 0 makes it so), and then ``key`` is not used. With l < 1
-      the paper's argmax rule applies before standardization: accept x when
-      p_raw(x) >= l * max p_raw.
-    p_raw: [B, γ, V] the target's unstandardized softmax, needed only for
-      greedy with l < 1.
-    proposed: [B] int32 c_b <= γ, or None (= γ): row b proposed only x_1..x_c
-      (adaptive rounds, ``decoding.AdaptiveConfig``). Positions past c are
-      not tested (accepted is False there), n <= c, and when all c pass the
-      next token is the bonus drawn from p_{c+1}: Algorithm 1 for γ = c,
-      with the same uniforms as the full round on positions 1..c, and the
-      same draws as without ``proposed`` where c = γ.
+  draft_tokens [B, γ] drawn from q [B, γ, V]; p [B, γ+1, V] the target's
+  standardized p_1..p_{γ+1}. lenience l in (0, 1] (A.5; l < 1 inexact, P(x) <=
+  p(x)/l). greedy: p one-hot, ``key`` unused; with l < 1 the argmax rule
+  p_raw(x) >= l * max p_raw applies (p_raw [B, γ, V]). proposed [B] c_b <= γ or
+  None: Algorithm 1 for γ = c_b with the full round's uniforms (adaptive rounds).
 
-  Sampling case: r_i ~ U(0, 1]; x_i is accepted when r_i * l * q_i(x_i) <=
-  p_i(x_i) (i.e. r_i <= p_i(x_i) / (l q_i(x_i))) and p_i(x_i) > 0; n is the
-  number of leading acceptances; t ~ norm(max(0, p_{n+1} - l q_{n+1})) if
-  n < γ, else t ~ p_{γ+1}. The residual with l < 1 keeps P(x) <= p(x)/l.
-
-  Returns:
-    ``KernelOutput`` (shapes there). With l = 1, next_token given the accepted
-    prefix is distributed exactly as p_{n+1} (docs/exactness.md, sections 2-3).
-  """
+  x_i is accepted when r_i * l * q_i(x_i) <= p_i(x_i) and p_i(x_i) > 0, r_i ~
+  U(0, 1]; t ~ norm(max(0, p_{n+1} - l q_{n+1})) if n < γ, else p_{γ+1}.
+  -> ``KernelOutput`` (docs/exactness.md, sections 2-3)."""
   b, gamma = draft_tokens.shape
   px = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
   if greedy:
@@ -124,16 +100,10 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
 
 def greedy_kernel(draft_tokens: Array, q: Array, target_tokens: Array,
                   proposed: Array | None = None) -> KernelOutput:
-  """``speculative_sampling`` at temperature 0 and lenience 1 from the target's
-  argmax tokens alone; returns the same ``KernelOutput``, field for field.
-
-  draft_tokens [B, γ]; q [B, γ, V]; target_tokens [B, γ+1]: ``sampling.argmax``
-  of the target's logits at each position, i.e. where ``standardize``'s one-hot
-  p_i has its 1. Then x_i passes iff x_i = t_i, the next token is t_{n+1}, and
-  Σ_x min(p_i, q_i) = q_i(t_i) (docs/exactness.md, section 4). No [B, γ+1, V]
-  one-hot is built, so nothing is read over the vocabulary at temperature 0.
-  ``proposed`` as in ``speculative_sampling``.
-  """
+  """``speculative_sampling`` at T = 0, l = 1 from the target's argmax tokens
+  target_tokens [B, γ+1] alone (same ``KernelOutput``): x_i passes iff x_i = t_i,
+  the next token is t_{n+1}, min_pq = q_i(t_i) (docs/exactness.md, section 4).
+  Builds no one-hot p over the vocabulary."""
   gamma = draft_tokens.shape[1]
   accepted, n = _leading(draft_tokens == target_tokens[:, :gamma], proposed)
   next_token = jnp.take_along_axis(target_tokens, n[:, None], axis=1)[:, 0]

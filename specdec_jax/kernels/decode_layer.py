@@ -1,29 +1,18 @@
 """A T5 decoder layer at decode time in a few Pallas kernels.
 
-One decode call (``T5Model.decode``'s chain decode) runs each decoder layer
-as 6 kernels instead of XLA's ~34: (1) RMSNorm + q/k/v products +
-self-attention over the row's cache, the new rows written into it; (2) output
-product + residual; (3) RMSNorm + query product + cross-attention; (4) output
-product + residual; (5) RMSNorm + the MLP's input product(s) and activation;
-(6) the MLP's output product + residual. XLA computes the embedding and the
-relative-position bias once per call, one more kernel the final norm and
-logits. A product kernel tiles only the output columns (``_BLOCK_N``) and the
-reduction (``_BLOCK_K``), so it reads each weight once.
+A chain decode runs each layer as 6 kernels instead of XLA's ~34: norm + qkv
++ self-attention (rows written to the cache), output + residual, norm +
+cross-attention, output + residual, norm + MLP input(s), MLP output +
+residual. Product kernels tile only the output columns (``_BLOCK_N``) and the
+reduction (``_BLOCK_K``), reading each weight once.
 
-Same order for one position and for k: every call runs on ``QUERY_BLOCK``
-query rows per batch row (padding at position -1) and every tiling depends on
-the model's sizes, the cache length and the batch, never on k, and attention
-visits the cache in slot order; so a position's logits are bit for bit those
-of a one-position step after the same prefix, which lets speculative decoding
-at T = 0 (§2.3) reproduce the baseline token for token at low precision.
-Semantics are ``models.t5``'s; sums run in another order, so results equal
-the XLA path's to float rounding, not bitwise.
-
-``covers`` decides per call, at trace time, what falls back to the XLA path:
-teacher forcing and prefill, ``write=False`` calls, token trees,
-``return_hidden``, k > 16 or batch > 8, and sizes the kernels cannot tile.
-Quantized kernels and a mesh are refused with a ValueError. Lowering: Triton
-on GPUs, Pallas interpret mode on a CPU (slow; for tests)."""
+Every call runs ``QUERY_BLOCK`` query rows per batch row and every tiling is
+independent of k, so a position's logits are bit for bit a one-position
+step's: T = 0 speculative decoding (§2.3) reproduces the baseline at low
+precision. Results equal the XLA path's to float rounding. ``covers`` decides
+at trace time what falls back to XLA (prefill, ``write=False``, trees,
+``return_hidden``, k > 16, batch > 8, untileable sizes); quantized kernels
+and meshes are refused. Triton on GPUs, interpret mode on CPU (tests)."""
 
 from __future__ import annotations
 
@@ -85,9 +74,8 @@ def _compiler_params():
 
 def _normed_products(x_ref, s_ref, w_refs, bk: int, eps: float, dtype,
                      transpose: bool = False) -> list:
-  """[RMSNorm(x)] @ w for each w (float32 sums over ``bk``-wide tiles of the
-  reduction, in order): x_ref [R, K], s_ref [K] or None, w_refs [K, N] each
-  ([N, K] with ``transpose``) -> float32 [R, N] each."""
+  """[RMSNorm(x)] @ w for each w, float32 sums over ``bk``-wide tiles in order:
+  x_ref [R, K], s_ref [K] or None, w_refs [K, N] ([N, K] with ``transpose``)."""
   rows, k = x_ref.shape
   nk = k // bk
   f32 = jnp.float32
@@ -150,14 +138,12 @@ def rows_product(x: Array, weights: Sequence[Array], dtype: Any, *,
                  transpose: bool = False, out_dtype: Any = None,
                  divisor: Optional[float] = None,
                  interpret: Optional[bool] = None) -> list[Array]:
-  """One kernel: ``[RMSNorm(x)] @ w`` for each w of ``weights``, then the
-  epilogue. x [R, K] (all R rows in one block; R a power of two >= 16),
-  weights [K, N] each ([N, K] with ``transpose``). ``act``: None (one output
-  per weight), 'gated' (two weights -> gelu(x w0) * (x w1)) or 'relu' (one).
-  ``residual`` [R, N] is added at ``dtype``; ``divisor`` divides the float32
-  result (T5 1.0's logits). Products take ``dtype`` inputs with float32 sums
-  over ``_BLOCK_K`` tiles, in an order independent of R's content.
-  -> the outputs [R, N] (``out_dtype``, default ``dtype``)."""
+  """One kernel: ``[RMSNorm(x)] @ w`` for each of ``weights`` and an epilogue.
+
+  x [R, K] (R a power of two >= 16), weights [K, N] ([N, K] with
+  ``transpose``). ``act``: None, 'gated' (gelu(x w0) * (x w1)) or 'relu'.
+  ``residual`` [R, N] is added at ``dtype``; ``divisor`` divides the result (T5
+  1.0's logits). -> outputs [R, N] (``out_dtype``, default ``dtype``)."""
   rows, k = x.shape
   n = weights[0].shape[0 if transpose else 1]
   bk, bn = _tile(k, _BLOCK_K), _tile(n, _BLOCK_N)
@@ -277,19 +263,13 @@ def attention(x: Array, norm_scale: Array, w_q: Array, keys: Array, values: Arra
               w_v: Optional[Array] = None, positions: Optional[Array] = None,
               bias: Optional[Array] = None, key_mask: Optional[Array] = None,
               interpret: Optional[bool] = None):
-  """One kernel, grid (head, batch): RMSNorm(x) and this head's query
-  product, then T5 attention (no 1/sqrt(dh)) of ``QUERY_BLOCK`` query rows
-  per batch row over ``keys``/``values`` [B, L, H, dh].
-
-  x [R, d] (rows 16 b .. 16 b + 15 are batch row b's; R >= 16 B),
-  norm_scale [d], w_q [d, H*dh]. Self-attention (``w_k``/``w_v`` [d, H*dh],
-  ``positions`` [B, 16] int32, ``bias`` [B, H, 16, L] float32): the new
-  key/value rows are written into the cache at ``positions`` (negative ones
-  dropped) and query j sees slots 0..positions[b, j]; -> (out [R, H*dh],
-  keys, values), the caches updated in place. Cross-attention (``key_mask``
-  [B, L] int32, nonzero = visible): -> out. A head's weights are read once per
-  batch row (the batch rows of a head are neighbours in the grid).
-  """
+  """One kernel, grid (head, batch): RMSNorm(x), the head's query product and T5
+  attention (no 1/sqrt(dh)) of ``QUERY_BLOCK`` rows per batch row over keys/values
+  [B, L, H, dh]. x [R, d] (batch row b at rows 16 b ..), w_q [d, H*dh].
+  Self-attention (w_k/w_v, positions [B, 16], bias [B, H, 16, L]): new rows
+  written at ``positions`` (negatives dropped), query j sees slots
+  0..positions[b, j]; -> (out [R, H*dh], keys, values). Cross-attention
+  (``key_mask`` [B, L], nonzero = visible): -> out."""
   self_attn = positions is not None
   b, length, heads, dh = keys.shape
   rows, d = x.shape
@@ -359,13 +339,10 @@ def _check_float(params: Any) -> None:
 def layer(config: Any, params: dict, x: Array, positions: Array, bias: Array,
           k_cache: Array, v_cache: Array, cross_k: Array, cross_v: Array, enc_mask: Array,
           interpret: Optional[bool] = None) -> tuple[Array, Array, Array]:
-  """One decoder layer (``models.t5.DecoderLayer``, chain decode with a cache)
-  in 6 kernels. params: the layer's (T5X names); x [R, d] at the activation
-  dtype, R = 16 * (batch rounded up to a power of two), batch row b's queries
-  in rows 16 b .. 16 b + 15; positions [B, 16] int32 (-1: padding); bias [B,
-  H, 16, L] float32; k_cache/v_cache [B, L, H, dh]; cross_k/cross_v [B, S, H,
-  dh]; enc_mask [B, S] int32. -> (x [R, d], k_cache, v_cache), the new rows
-  written at ``positions``."""
+  """One decoder layer (chain decode with a cache) in 6 kernels: x [R, d], R = 16 *
+  (batch rounded up to a power of two); positions [B, 16] (-1: padding); bias
+  [B, H, 16, L]; caches [B, L, H, dh]; cross [B, S, H, dh]; enc_mask [B, S].
+  -> (x [R, d], k_cache, v_cache)."""
   c = config
   dt = jnp.dtype(c.dtype)
   run = functools.partial(rows_product, dtype=dt, eps=c.layer_norm_epsilon,
@@ -394,16 +371,10 @@ def layer(config: Any, params: dict, x: Array, positions: Array, bias: Array,
 def decode(config: Any, params: dict, x: Array, positions: Array, cache: Any,
            relpos_bias: Callable[[Array, Array], Array], embedding: Optional[Array] = None,
            interpret: Optional[bool] = None) -> tuple[Array, Any]:
-  """The decoder over k new tokens with the kernels: ``models.t5.Decoder``'s
-  chain decode (cache given, ``write=True``).
-
-  config: the ``T5Config``; params: the decoder's parameters (T5X names,
-  ``layers_{i}/...``, ``decoder_norm``, ``logits_dense`` for 1.1); x [B, k, d]
-  the new tokens' embeddings; positions [B, k] int32; cache: the
-  ``DecoderCache``; relpos_bias: (q_pos [B, Q], k_pos [B, L]) -> [B, H, Q, L]
-  (the decoder's table); embedding [V, d] (T5 1.0's logits).
-  -> (logits [B, k, V] float32, cache with the new rows written).
-  """
+  """``models.t5.Decoder``'s chain decode (cache given, ``write=True``) with the
+  kernels: x [B, k, d] embeddings at positions [B, k]; relpos_bias: (q_pos,
+  k_pos) -> [B, H, Q, L]; embedding [V, d] (T5 1.0's logits). -> (logits
+  [B, k, V] float32, cache)."""
   _check_float(params)
   c = config
   dt = jnp.dtype(c.dtype)
