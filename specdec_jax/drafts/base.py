@@ -458,35 +458,27 @@ def _check_adaptive(where: str, draft: Any, inputs: Array, seq: Array, length: A
   declared = inspect.signature(draft.propose_adaptive).parameters
   optional = {k: v for k, v in (("skip_below", 0.3), ("cumulative", True)) if k in declared}
   for extra in ({}, optional) if optional else ({},):
-    _check_adaptive_call(where, draft, inputs, seq, length, key, limit, gamma, cache_len,
-                         sampling, want_tokens, want_q, extra, target_width)
+    def call(inputs, seq, length, key, limit):
+      state = draft.init(inputs, cache_len)
+      tokens, q, count, steps, state = draft.propose_adaptive(
+          state, seq, length, gamma, sampling, key, limit, 0.5, **extra)
+      _commit(draft, state, seq, length + 1, gamma, target_width)
+      return tokens, q, count, steps
 
-
-def _check_adaptive_call(where: str, draft: Any, inputs: Array, seq: Array, length: Array,
-                         key: Array, limit: Array, gamma: int, cache_len: int,
-                         sampling: SamplingConfig, want_tokens: tuple, want_q: tuple,
-                         extra: dict, target_width: int = 1) -> None:
-  def call(inputs, seq, length, key, limit):
-    state = draft.init(inputs, cache_len)
-    tokens, q, count, steps, state = draft.propose_adaptive(state, seq, length, gamma,
-                                                            sampling, key, limit, 0.5, **extra)
-    _commit(draft, state, seq, length + 1, gamma, target_width)
-    return tokens, q, count, steps
-
-  extras = "".join(f", {k}={v}" for k, v in extra.items())
-  try:
-    tokens, q, count, steps = jax.eval_shape(call, inputs, seq, length, key, limit)
-  except Exception as e:  # report which draft failed, whatever the cause
-    raise DraftInterfaceError(
-        f"{where}.propose_adaptive(state, seq {tuple(seq.shape)}, length "
-        f"{tuple(length.shape)}, gamma={gamma}, sampling, key, limit {tuple(limit.shape)}, "
-        f"threshold=0.5{extras}) failed when traced: {type(e).__name__}: {e}") from e
-  got = [(tuple(x.shape), x.dtype) for x in (tokens, q, count, steps)]
-  want = [want_tokens, want_q, want_tokens[:1], ()]
-  kinds = [jnp.integer, jnp.floating, jnp.integer, jnp.integer]
-  if any(g[0] != w or not jnp.issubdtype(g[1], k) for g, w, k in zip(got, want, kinds)):
-    raise DraftInterfaceError(
-        f"{where}.propose_adaptive{f' (with{extras[1:]})' if extras else ''} returned "
-        "(tokens, q, count, steps) with shapes/dtypes "
-        f"{[(g[0], str(g[1])) for g in got]}; expected tokens {want_tokens} int, q {want_q} "
-        f"float, count {want_tokens[:1]} int and steps () int")
+    extras = "".join(f", {k}={v}" for k, v in extra.items())
+    try:
+      got = jax.eval_shape(call, inputs, seq, length, key, limit)
+    except Exception as e:  # report which draft failed, whatever the cause
+      raise DraftInterfaceError(
+          f"{where}.propose_adaptive(state, seq {tuple(seq.shape)}, length "
+          f"{tuple(length.shape)}, gamma={gamma}, sampling, key, limit {tuple(limit.shape)}, "
+          f"threshold=0.5{extras}) failed when traced: {type(e).__name__}: {e}") from e
+    got = [(tuple(x.shape), x.dtype) for x in got]
+    want = [want_tokens, want_q, want_tokens[:1], ()]
+    kinds = [jnp.integer, jnp.floating, jnp.integer, jnp.integer]
+    if any(g[0] != w or not jnp.issubdtype(g[1], k) for g, w, k in zip(got, want, kinds)):
+      raise DraftInterfaceError(
+          f"{where}.propose_adaptive{f' (with{extras[1:]})' if extras else ''} returned "
+          "(tokens, q, count, steps) with shapes/dtypes "
+          f"{[(g[0], str(g[1])) for g in got]}; expected tokens {want_tokens} int, q {want_q} "
+          f"float, count {want_tokens[:1]} int and steps () int")

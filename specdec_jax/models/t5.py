@@ -57,31 +57,20 @@ class T5Config:
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
   layer_norm_epsilon: float = 1e-6
-  # Training only: applied when a 'dropout' rng is passed (T5Model.__call__);
-  # decoding never passes one, so it never drops.
+  # Training only: applied when a 'dropout' rng is passed (T5Model.__call__).
   dropout_rate: float = 0.0
   dtype: str = "float32"  # activation dtype; params/norms/softmax/logits stay f32
-  # Weight products run over at least this many rows (zero rows padded, then
-  # dropped): 2 keeps a batch-1 one-token step a matrix product on GPUs,
-  # where XLA rewrites a one-row product into a slower multiply-and-reduce.
-  # A runtime choice like dtype; the weights and results per row are the same.
+  # Weight products run over at least this many rows (``RowPaddedDense``).
   min_rows: int = 1
   # 'xla' (the reference) or 'pallas': the chain decode's layers as fused
-  # Pallas kernels (``specdec_jax.kernels``; calls it does not cover, e.g.
-  # teacher forcing, trees and ``write=False`` calls, stay on XLA). A runtime choice.
+  # Pallas kernels (``specdec_jax.kernels``; uncovered calls stay on XLA).
   decode_kernel: str = "xla"
-  # 0: a decode call scores its own k positions. R > 0: every cached decode
-  # call (the one-token step, the (γ+1)-position pass, a tree pass) scores
-  # exactly R positions, the real ones then padding that writes nothing and
-  # that no real query sees, so every call is one compiled shape and each
-  # position's logits reduce in one order whatever k is: the baseline's step
-  # and the speculative pass agree bit for bit (T = 0 identical at any
-  # dtype). Costs v(R) per call where a k-position pass is dearer than a step.
+  # R > 0: every cached decode call scores exactly R positions (padding writes
+  # nothing), one compiled shape, so the baseline's step and the speculative
+  # pass agree bit for bit at any dtype; costs v(R) per call. 0: off.
   fixed_positions: int = 0
-  # Self-attention's query/key/value as one product ('qkv' [d, 3·H·dh]) and the
-  # gated MLP's wi_0/wi_1 as one ('wi_fused' [d, 2·d_ff]): fewer, larger
-  # kernels per step. The parameters are T5X's, fused in memory once after
-  # loading (``fuse_projections``); checkpoints keep the separate names.
+  # Self-attention's q/k/v as one 'qkv' product and wi_0/wi_1 as 'wi_fused',
+  # fused in memory after loading (``fuse_projections``).
   fused_projections: bool = False
   pad_id: int = 0
   eos_id: int = 1
@@ -279,12 +268,8 @@ class Attention(nn.Module):
   def attend_blocks(self, q: Array, blocks: Sequence[tuple]) -> Array:
     """Attention over key blocks [(k, v, mask, bias), ...] with one softmax, so
     (cache, new keys) equals the cache with the keys written in."""
-    # Heads to the front explicitly ([B,H,*,dh], dh stays minor) so that the
-    # two dots are plain batched matmuls over (B, H). Left to the einsums
-    # below with 'bkhd' operands, XLA may instead copy every K/V cache to a
-    # [H, dh, K] layout per layer and step (a strided transpose, costlier than
-    # this row-block copy). Same products and sums; only the memory order of
-    # the operands changes.
+    # Heads to the front ([B,H,*,dh]) so the dots are batched matmuls; left to
+    # XLA it may transpose every K/V cache per layer and step.
     q = jnp.swapaxes(q, 1, 2)
     logits, values = [], []
     for k, v, mask, bias in blocks:
