@@ -167,9 +167,6 @@ def _check(beam_size: int, max_decode_len: int, alpha: float) -> None:
     raise ValueError(f"the brevity penalty's alpha must be a finite number >= 0, got {alpha}")
 
 
-# ------------------------------------------------------------------ baseline
-
-
 @struct.dataclass
 class _BaselineState:
   """The baseline's loop state.
@@ -223,9 +220,6 @@ def beam_search_jit(model: Any, params: Any, inputs: Array, alpha: Array, *, bea
   state = _BaselineState(init_beams(b, w, max_decode_len), cache)
   state = jax.lax.while_loop(lambda s: jnp.any(~s.beams.done), step, state)
   return beam_output(state.beams)
-
-
-# ----------------------------------------------------------------- speculative
 
 
 @dataclasses.dataclass(frozen=True)

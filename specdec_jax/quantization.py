@@ -110,9 +110,6 @@ def dot(x: jax.Array, kernel: qwix.QArray, dtype: Any, precision: Any = None) ->
                           precision=precision)
 
 
-# -------------------------------------------------------- abstract layouts
-
-
 def scale_axes(axes: Sequence[Optional[str]]) -> tuple:
   """The logical axes of a kernel's [1, out] scale: its output axis only."""
   return (None,) + tuple(axes[1:])

@@ -56,18 +56,15 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
   b, gamma = draft_tokens.shape
   px = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
   if greedy:
-    # p is one-hot (``standardize`` at temperature 0), so the sampling rule
-    # below needs no random numbers: for any r in (0, 1], l <= 1 and
-    # q(x) <= 1 it accepts x iff p(x) = 1, i.e. iff x is p's argmax. Same
-    # verdicts as the general rule, without drawing r.
+    # p is one-hot, so for any r in (0, 1], l <= 1, q(x) <= 1 the rule below
+    # accepts x iff p(x) = 1: the same verdicts without drawing r.
     if lenience < 1.0:
       raw_x = jnp.take_along_axis(p_raw, draft_tokens[..., None], axis=-1)[..., 0]
       accept = raw_x >= lenience * jnp.max(p_raw, axis=-1)
     else:
       accept = px > 0
   else:
-    # One PRNG draw for the round: r_1..r_γ and the uniform of the next
-    # token's inverse CDF.
+    # One PRNG draw for the round: r_1..r_γ and the next token's uniform.
     u = jax.random.uniform(key, (b, gamma + 1))
     qx = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]
     # r in (0, 1]: a token with p(x) = 0 can never pass, even at r's extreme.
@@ -77,16 +74,12 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
 
   p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]
   if greedy:
-    # p_n is one-hot at a = argmax p_n: max(p_n - l q_n, 0) is 1 - l q_n(a)
-    # at a and 0 elsewhere, so the normalized residual is one-hot at a (or,
-    # with no mass left, falls back to p_n itself): its argmax is a. This
-    # skips the residual's three passes over the vocabulary.
+    # p_n one-hot at a: the normalized residual is one-hot at a too (or falls
+    # back to p_n), so skip its passes over the vocabulary.
     next_token = argmax(p_n)
   else:
-    # p' without a branch: q_{c+1} := 0, so n = c (all proposals passed;
-    # c = γ without ``proposed``) gives p' = p_{c+1} (the bonus). Gathered at
-    # min(n, γ-1) and zeroed, instead of concatenating a zero row to q (a
-    # copy of all of q every round).
+    # p' without a branch: q_{c+1} := 0, so n = c (all passed) gives the bonus
+    # p_{c+1}; gathered at min(n, γ-1) and zeroed rather than copying q.
     q_n = jnp.take_along_axis(q, jnp.minimum(n, gamma - 1)[:, None, None], axis=1)[:, 0]
     q_n = jnp.where((n < (gamma if proposed is None else proposed))[:, None], q_n, 0.0)
     residual = jnp.maximum(p_n - lenience * q_n, 0.0)

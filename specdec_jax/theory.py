@@ -15,14 +15,12 @@ import numpy as np
 
 ArrayLike = Union[float, int, np.ndarray]
 
-# Below this distance from 1 the closed form of Eq. (1) is 0/0 in floating
-# point, so its limit (gamma + 1) is used instead.
+# Within this distance of alpha = 1 Eq. (1) is 0/0: its limit gamma + 1 is used.
 _ALPHA_ONE_ATOL = 1e-9
 
 DEFAULT_MAX_GAMMA = 64
 
-# Relative difference below which two walltime improvements are treated as
-# equal by optimal_gamma (float round-off is ~1e-16).
+# Relative difference below which two walltime improvements tie (optimal_gamma).
 _TIE_RTOL = 1e-12
 
 

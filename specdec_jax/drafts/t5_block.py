@@ -38,9 +38,6 @@ FILENAME = "block_draft.npz"
 MASK_NAME = "decoder/mask_embedding"
 
 
-# ------------------------------------------------------------ the mask and its file
-
-
 def zeros(draft: T5Model) -> dict:
   """A mask embedding of zeros ({'mask_embedding': [1, d_model]}): mask
   positions then read the pad token's embedding alone."""
@@ -66,9 +63,6 @@ def check(block: Any, draft: T5Model, source: str) -> None:
   if shape != (1, draft.config.d_model):
     raise ValueError(f"{source}: block draft mask embedding has shape {shape}; this draft "
                      f"(d_model {draft.config.d_model}) needs (1, {draft.config.d_model})")
-
-
-# ------------------------------------------------------------ the layout
 
 
 def block_positions(length: Array, gamma: int, catch_up: int) -> Array:
@@ -112,9 +106,6 @@ def teacher_forced_block(dec_in: Array, cuts: Array, gamma: int, mask: Array, pa
   extra = block_extra(mask, pos, cuts.astype(jnp.int32), feature, projected)
   block = (pos >= n) & (pos < n + gamma)
   return tokens, extra, block
-
-
-# ------------------------------------------------------------ the draft
 
 
 @struct.dataclass
@@ -177,9 +168,7 @@ class T5BlockDraft:
       logits, cache = model.decode(params, tokens, pos, cache, extra)
       logits = logits[:, catch_up - 1:]
     else:
-      # Only the γ block positions go through the output layer (the catch-up
-      # positions' logits, half the call's output-layer work, are never
-      # computed: XLA drops the unused product).
+      # Only the γ block positions go through the output layer (XLA drops the rest).
       _, cache, hidden = model.decode(params, tokens, pos, cache, extra, return_hidden=True)
       logits = model.output_logits(params, hidden[:, catch_up - 1:])
     cache = constrain_cache(cache, self.t5.partitioner, "draft cache")

@@ -195,11 +195,9 @@ class T5Draft:
       nxt, q, _ = override(i, q, nxt)
       return (cache, nxt), (nxt, q)
 
-    # Unrolled: a nested loop would carry the draft's weights as loop state,
-    # and where the two-position first step and the one-position steps want
-    # a kernel in different layouts (T5-small's attention kernels on one TPU
-    # v4 chip) the compiler then converts them every round (the dry run's
-    # weight copies inside the loop). The same steps, computed alike.
+    # Unrolled: a nested loop carries the weights as loop state, and where the
+    # first and later steps want different kernel layouts (T5-small on a TPU v4)
+    # the compiler would convert them every round.
     (cache, _), (xs, qs) = jax.lax.scan(step, (cache, x1),
                                         (jnp.arange(1, gamma, dtype=jnp.int32), us[1:]),
                                         unroll=True)

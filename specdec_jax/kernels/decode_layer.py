@@ -32,8 +32,7 @@ Array = jax.Array
 QUERY_BLOCK = 16
 # Most batch rows a call runs on (all rows sit in one block of the products).
 MAX_BATCH = 8
-# Output-column and reduction tiles of the products (the largest power of two
-# dividing the size, capped here).
+# Output-column and reduction tiles of the products (capped powers of two).
 _BLOCK_N = 64
 _BLOCK_K = 128
 # Key slots per attention step (the largest power of two <= the length, capped).
@@ -67,9 +66,6 @@ def _pow2_floor(n: int) -> int:
 
 def _compiler_params():
   return plgpu.CompilerParams(num_warps=4, num_stages=2)
-
-
-# ------------------------------------------------------------------ products
 
 
 def _normed_products(x_ref, s_ref, w_refs, bk: int, eps: float, dtype,
@@ -175,9 +171,6 @@ def rows_product(x: Array, weights: Sequence[Array], dtype: Any, *,
       name="t5_rows_product")(*args)
 
 
-# ------------------------------------------------------------------ attention
-
-
 def _attn_kernel(*refs, self_attn: bool, bl: int, bk: int, eps: float, length: int, dtype):
   it = iter(refs)
   x_ref, s_ref, wq_ref = next(it), next(it), next(it)
@@ -193,8 +186,7 @@ def _attn_kernel(*refs, self_attn: bool, bl: int, bk: int, eps: float, length: i
     kout_ref, vout_ref = next(it), next(it)
   h, b = pl.program_id(0), pl.program_id(1)
   f32 = jnp.float32
-  # RMSNorm + this head's query (and new key/value) rows: [Qb, dh] each, at
-  # the activation dtype as the XLA path's Dense outputs.
+  # RMSNorm + this head's query (and new key/value) rows [Qb, dh], activation dtype.
   w_refs = [wq_ref, wk_ref, wv_ref] if self_attn else [wq_ref]
   projected = [a.astype(dtype) for a in _normed_products(x_ref, s_ref, w_refs, bk, eps, dtype)]
   q = projected[0]
@@ -225,10 +217,8 @@ def _attn_kernel(*refs, self_attn: bool, bl: int, bk: int, eps: float, length: i
       vt = jnp.where(written, jnp.dot(onehot, vn, precision=exact,
                                       preferred_element_type=f32).astype(dtype), vt)
 
-      # The cache write: a chunk holding a new row is stored back whole
-      # (negative or out-of-range positions match no slot: dropped). A thread
-      # still reading these slots merges the same rows in, so the order of
-      # the store and those reads does not matter.
+      # A chunk holding a new row is stored back whole (out-of-range positions
+      # match no slot); concurrent readers merge the same rows, so order is moot.
       @pl.when(jnp.max(hit) > 0)
       def _():
         kout_ref[b, pl.ds(start, bl), h, :] = kt.astype(kout_ref.dtype)
@@ -249,9 +239,8 @@ def _attn_kernel(*refs, self_attn: bool, bl: int, bk: int, eps: float, length: i
     o = corr[:, None] * o + jnp.dot(p.astype(dtype), vt, preferred_element_type=f32)
     return o, m_new, l
 
-  # Self-attention: only the chunks up to the row's last query position hold
-  # visible slots (and every slot written); the rest would add exact zeros.
-  # At least one, so that every row is finite.
+  # Self-attention visits only chunks up to the row's last query position (the
+  # rest add exact zeros), at least one so every row is finite.
   trips = jnp.clip(jnp.max(pos) // bl + 1, 1, n_chunks) if self_attn else n_chunks
   init = (jnp.zeros((nq, dh), f32), jnp.full((nq,), -1e30, f32), jnp.zeros((nq,), f32))
   o, _, l = jax.lax.fori_loop(0, trips, body, init)
@@ -309,9 +298,6 @@ def attention(x: Array, norm_scale: Array, w_q: Array, keys: Array, values: Arra
       interpret=interpret_mode(interpret),
       name="t5_self_attention" if self_attn else "t5_cross_attention")(*args)
   return tuple(out) if self_attn else out[0]
-
-
-# ------------------------------------------------------------------ the decoder
 
 
 def covers(config: Any, batch: int, k: int, cache: Any, write: bool, tree: Any,

@@ -135,9 +135,6 @@ def get_config(name: str, **overrides: Any) -> T5Config:
   return PRESETS[name].replace(**overrides)
 
 
-# ---------------------------------------------------------------- layers
-
-
 class RMSNorm(nn.Module):
   """T5 layer norm: no mean subtraction, no bias, computed in float32."""
 
@@ -485,9 +482,7 @@ def _write(cache: Array, new: Array, positions: Array) -> Array:
   positions are dropped, never wrapped."""
   length = cache.shape[1]
   pos = jnp.where(positions < 0, length, positions)
-  # Per row (vmap) rather than one scatter over (row, position) pairs: the
-  # batch becomes a scatter batch dimension, so a batch-sharded cache is
-  # updated in place on each device with no all-gather of the new rows.
+  # Per row (vmap): a batch-sharded cache is updated in place, no all-gather.
   write_row = lambda c, n, p: c.at[p].set(n, mode="drop")
   return jax.vmap(write_row)(cache, new.astype(cache.dtype), pos)
 
@@ -568,8 +563,7 @@ class Decoder(nn.Module):
     new_mask = new_bias = None
     rows_only = cache is not None and not write and c.fixed_positions > 0
     if cache is not None and not write and not rows_only:
-      # Cache block: only the positions before the first new token (later ones
-      # are stale rows of rejected proposals); the new tokens are block two.
+      # Cache block: positions before the first new token; new tokens: block two.
       self_mask = self_mask & (k_pos[:, None, :] < positions[:, :1, None])
       new_mask, new_bias = causal(positions)[:, None], self.relpos_bias(positions, positions)
     self_mask = self_mask[:, None]
