@@ -152,29 +152,27 @@ class T5Draft:
       return jnp.zeros((gamma,) + length.shape, jnp.float32)
     return jax.random.uniform(key, (gamma,) + length.shape)
 
+  def _feed(self, cache: DecoderCache, tokens: Array, pos: Array, sampling: SamplingConfig,
+            u: Array, states: Array | None, length: Array, part: Any):
+    """Feeds tokens [B, k] at pos [B, k]; returns (logits, q, next token, cache);
+    u [B] is the next token's uniform."""
+    logits, cache = self._decode(tokens, pos, cache, self._extra(states, length, pos), part)
+    cache = constrain_cache(cache, self.partitioner, "draft cache")
+    q = standardize(logits, sampling)
+    return logits, q, sample_with(u, q, sampling), cache
+
   def _first_step(self, cache: DecoderCache, seq: Array, length: Array,
                   sampling: SamplingConfig, u: Array, states: Array | None = None,
                   part: Any = None):
-    """Feeds positions n-1 and n; returns (logits, q_1, x_1, cache); u [B]
-    is x_1's uniform."""
-    # Position n-1 is -1 on the first round: the model drops negative writes.
+    """Feeds positions n-1 (-1 on the first round: dropped) and n."""
     pos = length[:, None] + jnp.arange(-1, 1, dtype=jnp.int32)[None, :]
-    logits, cache = self._decode(gather_positions(seq, pos), pos, cache,
-                                 self._extra(states, length, pos), part)
-    cache = constrain_cache(cache, self.partitioner, "draft cache")
-    q1 = standardize(logits, sampling)
-    return logits, q1, sample_with(u, q1, sampling), cache
+    return self._feed(cache, gather_positions(seq, pos), pos, sampling, u, states, length, part)
 
   def _step(self, cache: DecoderCache, x: Array, position: Array, sampling: SamplingConfig,
             u: Array, states: Array | None = None, length: Array | None = None,
             part: Any = None):
-    """Feeds x [B] at position [B]; returns (logits, q, next token, cache)."""
-    pos = position[:, None]
-    logits, cache = self._decode(x[:, None], pos, cache, self._extra(states, length, pos),
-                                 part)
-    cache = constrain_cache(cache, self.partitioner, "draft cache")
-    q = standardize(logits, sampling)
-    return logits, q, sample_with(u, q, sampling), cache
+    """Feeds x [B] at position [B]."""
+    return self._feed(cache, x[:, None], position[:, None], sampling, u, states, length, part)
 
   def propose(self, state: Any, seq: Array, length: Array, gamma: int,
               sampling: SamplingConfig, key: Array,
