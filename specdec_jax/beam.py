@@ -40,8 +40,7 @@ NEG_INF = -1.0e7
 
 
 def brevity_penalty(alpha: float, length: Any) -> Array:
-  """((5 + length) / 6)^alpha, the length normalization of T5X's beam search
-  (Wu et al. 2016); a finished beam's score is its log p divided by this."""
+  """((5 + length) / 6)^alpha, T5X's length normalization (Wu et al. 2016)."""
   return jnp.power((5.0 + jnp.asarray(length, jnp.float32)) / 6.0,
                    jnp.asarray(alpha, jnp.float32))
 
@@ -75,8 +74,7 @@ class BeamOutput(NamedTuple):
 
 
 def init_beams(batch: int, beam_size: int, max_decode_len: int) -> BeamState:
-  """T5X's initial state: one live beam of log p 0 and w - 1 fillers at NEG_INF
-  (so that the first step draws its 2w candidates from the one start)."""
+  """T5X's initial state: one live beam of log p 0, w - 1 fillers at NEG_INF."""
   lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam_size - 1), jnp.float32), (batch, 1))
   zeros = jnp.zeros((batch, beam_size, max_decode_len), jnp.int32)
   return BeamState(live_seqs=zeros, live_logprobs=lp, finished_seqs=zeros,
@@ -98,11 +96,6 @@ def _stopped(s: BeamState, alpha: float, max_decode_len: int) -> Array:
   return (s.cur >= max_decode_len) | terminated | hopeless
 
 
-def _top(x: Array, k: int) -> tuple[Array, Array]:
-  """lax.top_k (ties to the lower index) -> (values, indices), each [.., k]."""
-  return jax.lax.top_k(x, k)
-
-
 def _take(x: Array, idx: Array) -> Array:
   """x [B, n, ...] gathered along axis 1 at idx [B, k] -> [B, k, ...]."""
   return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
@@ -111,24 +104,23 @@ def _take(x: Array, idx: Array) -> Array:
 def beam_step(s: BeamState, log_probs: Array, active: Array, *, alpha: float, eos_id: int,
               max_decode_len: int) -> tuple[BeamState, Array, Array]:
   """One T5X beam-search step for rows where ``active`` [B]; log_probs [B, w, V].
-  -> (state, parents [B, w], tokens [B, w]); inactive rows unchanged. Shared by
-  the baseline and the speculative replay."""
+  -> (state, parents [B, w], tokens [B, w]); inactive rows unchanged."""
   b, w, v = log_probs.shape
   m = s.live_seqs.shape[2]
   cand = (log_probs + s.live_logprobs[:, :, None]).reshape(b, w * v)
-  top_lp, top_idx = _top(cand, 2 * w)                                   # [B, 2w]
+  top_lp, top_idx = jax.lax.top_k(cand, 2 * w)                          # [B, 2w]
   top_tok, top_par = top_idx % v, top_idx // v
   at_cur = jnp.arange(m)[None, None] == s.cur[:, None, None]
   top_seq = jnp.where(at_cur, top_tok[:, :, None], _take(s.live_seqs, top_par))
   newly_finished = top_tok == eos_id
   # Live: the best w candidates that did not end in EOS, ascending.
   live_lp = top_lp + newly_finished * jnp.float32(NEG_INF)
-  keep = _top(live_lp, w)[1][:, ::-1]
+  keep = jax.lax.top_k(live_lp, w)[1][:, ::-1]
   # Finished: the best w of the old finished and the new EOS candidates, ascending.
   scores = top_lp / brevity_penalty(alpha, s.cur + 1)[:, None]
   scores = scores + (~newly_finished) * jnp.float32(NEG_INF)
   all_scores = jnp.concatenate([s.finished_scores, scores], axis=1)
-  best = _top(all_scores, w)[1][:, ::-1]
+  best = jax.lax.top_k(all_scores, w)[1][:, ::-1]
   new = BeamState(
       live_seqs=_take(top_seq, keep), live_logprobs=_take(live_lp, keep),
       finished_seqs=_take(jnp.concatenate([s.finished_seqs, top_seq], axis=1), best),
@@ -151,8 +143,7 @@ def beam_output(s: BeamState) -> BeamOutput:
 
 
 def _input_at(seqs: Array, position: Array, start_id: int) -> Array:
-  """The decoder input at ``position`` [B] of every beam: seqs [B, w, M] holds
-  y_1..; position 0 is the start token -> [B, w] int32."""
+  """The decoder input at ``position`` [B] of every beam (0: the start) -> [B, w]."""
   idx = jnp.clip(position - 1, 0, seqs.shape[2] - 1)[:, None, None]
   tok = jnp.take_along_axis(seqs, jnp.broadcast_to(idx, seqs.shape[:2] + (1,)), axis=2)[..., 0]
   return jnp.where((position > 0)[:, None], tok, start_id).astype(jnp.int32)
@@ -179,18 +170,19 @@ class _BaselineState:
 
 
 def _gather_rows(cache: Any, rows: Array) -> Any:
-  """The self-attention cache's rows [B·w] re-ordered by ``rows`` [B·w] (the
-  cross-attention rows are equal across an example's beams: left as they are)."""
-  take = lambda c: jnp.take(c, rows, axis=0)
-  return cache.replace(self_k=tuple(take(c) for c in cache.self_k),
-                       self_v=tuple(take(c) for c in cache.self_v))
+  """The self-attention cache's rows [B·w] re-ordered by ``rows`` [B·w]."""
+  return _map_self_attention(cache, lambda c: jnp.take(c, rows, axis=0))
+
+
+def _map_self_attention(cache: Any, fn: Any) -> Any:
+  """``fn`` applied to every layer's self-attention keys and values."""
+  return cache.replace(self_k=tuple(map(fn, cache.self_k)), self_v=tuple(map(fn, cache.self_v)))
 
 
 def beam_search(model: Any, params: Any, inputs: Array, *, beam_size: int = 4,
                 alpha: float = 0.6, max_decode_len: int, eos_id: int = 1) -> BeamOutput:
-  """T5X beam search, one target call per step for all beams. inputs [B, S]
-  int32 (0 = pad); alpha traced (one compilation). -> ``BeamOutput``: sequences
-  [B, w, M], scores [B, w] ascending, steps [B]."""
+  """T5X beam search, one target call per step for all beams; inputs [B, S] int32,
+  alpha traced. -> ``BeamOutput`` (sequences [B, w, M], scores ascending, steps)."""
   _check(beam_size, max_decode_len, alpha)
   return beam_search_jit(model, params, inputs, jnp.float32(alpha), beam_size=beam_size,
                          max_decode_len=max_decode_len, eos_id=eos_id)
@@ -245,22 +237,20 @@ class _Layout:
     return jnp.where(j < self.w, 0, 1 + (j - self.w) // self.u)
 
   def slot(self, j: Array, root: Array, cur: Array) -> Array:
-    """Node j's slot in its root's region: the root at cur, node j >= w at
-    scratch slot cur + 1 + (j - w)."""
+    """Node j's slot in its root's region: roots at cur, others cur + 1 + (j - w)."""
     within = jnp.where(j < self.w, cur, cur + 1 + j - self.w)
     return root * self.region + within
 
   def key_positions(self, cur: Array) -> Array:
-    """[B, w·R] int32: each slot's key position this round (scratch slots: their
-    node's depth after cur)."""
+    """[B, w·R] int32: each slot's key position this round."""
     off = jnp.arange(self.cache_len, dtype=jnp.int32) % self.region
     node = off[None] - cur[:, None] - 1 + self.w
     scratch = (off[None] > cur[:, None]) & (node < self.num_nodes)
     return jnp.where(scratch, cur[:, None] + self.depth(node), off[None])
 
   def mask(self, root: Array, prefix: Array, seen: Array) -> Array:
-    """[B, k, w·R] bool: node i sees its root's region below ``prefix`` and the
-    slots ``seen`` [B, k, P] (itself and its ancestors; -1 pads)."""
+    """[B, k, w·R] bool: node i sees its root's region below ``prefix`` and ``seen``
+    [B, k, P] (itself and its ancestors; -1 pads)."""
     slot = jnp.arange(self.cache_len, dtype=jnp.int32)
     in_prefix = ((slot // self.region)[None, None] == root[..., None]) & (
         (slot % self.region)[None, None] < prefix[..., None])
@@ -268,9 +258,8 @@ class _Layout:
 
 
 class BeamStats(NamedTuple):
-  """Per-example counts ([B] int32): rounds (target calls), steps (the
-  baseline's target calls), draft_calls; steps_per_round [B, γ + 2], rounds by
-  steps taken."""
+  """Per-example counts [B]: rounds (target calls), steps, draft_calls;
+  steps_per_round [B, γ + 2], rounds by steps taken."""
 
   rounds: Array
   steps: Array
@@ -339,7 +328,7 @@ def _draft_tree(draft: Any, draft_params: Any, lay: _Layout, beams: BeamState, c
       node_of = jnp.broadcast_to(nodes, (b, u))
     v = log_q.shape[-1]
     cand = score[:, :, None] + log_q.at[:, :, eos_id].set(-jnp.inf)
-    score, idx = _top(cand.reshape(b, -1), u)
+    score, idx = jax.lax.top_k(cand.reshape(b, -1), u)
     par, tok = idx // v, (idx % v).astype(jnp.int32)
     new_nodes = w + (t - 1) * u + jnp.arange(u, dtype=jnp.int32)
     beam_root = _take(beam_root, par)
@@ -353,22 +342,20 @@ def _draft_tree(draft: Any, draft_params: Any, lay: _Layout, beams: BeamState, c
 
 
 def _is_beam_draft(draft: Any) -> bool:
-  """Whether the draft runs beam search itself (has ``decode_nodes``); else it
-  proposes greedy chains (``_chain_tree``)."""
+  """Whether the draft runs beam search itself (has ``decode_nodes``)."""
   return callable(getattr(draft, "decode_nodes", None))
 
 
 def _beam_rows(b: int, w: int, seqs: Array, start: int) -> Array:
-  """Every live beam's decoder inputs as one row: seqs [B, w, M] -> [B·w, M + 1]
-  (the start token, then y_1..)."""
+  """Every live beam's decoder inputs as one row: seqs [B, w, M] -> [B·w, M + 1]."""
   m = seqs.shape[2]
   return jnp.concatenate([jnp.full((b, w, 1), start, jnp.int32), seqs], 2).reshape(b * w, m + 1)
 
 
 def _chain_tree(draft: Any, lay: _Layout, beams: BeamState, state: Any,
                 start: int) -> tuple[Array, Array, Array, Any]:
-  """Each live beam's greedy chain of γ tokens (draft row b·w + i), laid out as
-  draft beams of width w (node - w is every node's parent). As ``_draft_tree``."""
+  """Each live beam's greedy chain of γ tokens (draft row b·w + i) as draft beams
+  of width w. As ``_draft_tree``."""
   w, g = lay.w, lay.gamma
   b = beams.cur.shape[0]
   seq = _beam_rows(b, w, beams.live_seqs, start)
@@ -382,8 +369,8 @@ def _chain_tree(draft: Any, lay: _Layout, beams: BeamState, state: Any,
 
 
 def _follow_beams(draft: Any, state: Any, beams: BeamState, roots: Array, start: int) -> Any:
-  """A chain draft's state after the round: row b·w + i takes the row of live
-  beam i's root (leaves with a leading B·w axis), then ``commit``."""
+  """A chain draft's state after the round: row b·w + i takes live beam i's root's
+  row, then ``commit``."""
   b, w = roots.shape
   rows = (jnp.arange(b, dtype=jnp.int32)[:, None] * w + roots).reshape(-1)
   take = lambda x: jnp.take(x, rows, axis=0) if x.ndim and x.shape[0] == b * w else x
@@ -414,15 +401,13 @@ def _rebuild(cache: Any, lay: _Layout, cur: Array, steps: Array, path: Array,
   src = jnp.where(in_path, lay.slot(node, roots[..., None], cur[:, None, None]),
                   roots[..., None] * lay.region + off[None, None])
   src = src.reshape(src.shape[0], -1)
-  take = lambda c: jnp.take_along_axis(c, src[:, :, None, None], axis=1)
-  return cache.replace(self_k=tuple(take(c) for c in cache.self_k),
-                       self_v=tuple(take(c) for c in cache.self_v))
+  return _map_self_attention(cache, lambda c: jnp.take_along_axis(c, src[:, :, None, None], 1))
 
 
 def _round(target: Any, target_params: Any, draft: Any, draft_params: Any, lay: _Layout,
            alpha: float, eos_id: int, max_decode_len: int, s: _SpecBeamState) -> _SpecBeamState:
-  """One round: the draft's beam search, the target's one pass over the N
-  nodes, the target's beam steps replayed while its live beams are nodes."""
+  """One round: the draft's beams, one target pass over the N nodes, the target's
+  beam steps replayed while its live beams are nodes."""
   w, u, g = lay.w, lay.u, lay.gamma
   beams = s.beams
   b, cur = beams.cur.shape[0], beams.cur
@@ -516,8 +501,7 @@ def speculative_beam_search_jit(target: Any, target_params: Any, draft: Any, dra
                                 inputs: Array, alpha: Array, *, beam_size: int,
                                 draft_beam_size: int, gamma: int, max_decode_len: int,
                                 eos_id: int) -> SpecBeamOutput:
-  """``speculative_beam_search`` after its checks, alpha a float32 scalar;
-  draft None when draft_params is an approximation model (a chain draft)."""
+  """``speculative_beam_search`` after its checks (draft None: a chain draft)."""
   lay = _Layout(beam_size, draft_beam_size, gamma, max_decode_len + draft_beam_size * gamma + 1)
   b = inputs.shape[0]
   encoded = target.encode(target_params, inputs)

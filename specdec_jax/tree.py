@@ -33,15 +33,12 @@ MAX_NODES = 64
 
 
 def geometric_rank_rates(alpha: float, ranks: int = 8) -> list[float]:
-  """Rank acceptance rates from one α: the k-th choice accepted with
-  α (1 - α)^(k - 1). An ASSUMPTION (the paper publishes no rank rates),
-  generous to the lower ranks."""
+  """Rank rates α (1 - α)^(k - 1) from one α: an ASSUMPTION, generous to low ranks."""
   return [alpha * (1 - alpha) ** k for k in range(ranks)]
 
 
 def scaled_rank_rates(alpha: float, profile: Sequence[float]) -> list[float]:
-  """Rank acceptance rates α x profile[k] (``profile``: a measured pair's rates
-  over its first-choice rate, e.g. ``measured.DEMO_RANK_PROFILE``). An ASSUMPTION."""
+  """Rank rates α x profile[k] (e.g. ``measured.DEMO_RANK_PROFILE``): an ASSUMPTION."""
   return [alpha * p for p in profile]
 
 
@@ -77,8 +74,7 @@ class TreeShape:
 
   @classmethod
   def from_branching(cls, branching: Sequence[int]) -> TreeShape:
-    """The full tree with ``branching[d]`` children per node of depth d,
-    numbered breadth first; (1,) * γ is the chain of γ."""
+    """The full tree with ``branching[d]`` children per depth-d node, breadth first."""
     branching = tuple(branching)
     if not branching:
       raise ValueError("empty branching: give the number of children per depth, e.g. (3, 2, 1)")
@@ -100,9 +96,8 @@ class TreeShape:
 
   @classmethod
   def spine(cls, widths: Sequence[int]) -> TreeShape:
-    """A chain with sibling leaves: ``widths[d - 1]`` children under the spine
-    node at depth d - 1, the first continuing the spine. Any chain draft can fill
-    it from one ``propose`` of depth D."""
+    """A chain with sibling leaves: ``widths[d - 1]`` children under the spine node
+    at depth d - 1, the first continuing the spine (fillable from one ``propose``)."""
     widths = tuple(widths)
     if not widths or any(not isinstance(k, (int, np.integer)) or k < 1 for k in widths):
       raise ValueError(f"spine widths must be a non-empty list of integers >= 1, got {widths}")
@@ -212,14 +207,12 @@ class TreeShape:
 
   @property
   def position_offsets(self) -> np.ndarray:
-    """[N] int32: node i sits at prefix length + depth(i), its chain position
-    (so T5's relative-position buckets match the chain's)."""
+    """[N] int32: node i sits at prefix length + depth(i), its chain position."""
     return self.depths
 
   @functools.cached_property
   def ancestor_mask(self) -> np.ndarray:
-    """[N, N] bool: [i, j] iff j is i or an ancestor of i (SpecInfer's tree
-    attention mask; the committed prefix is visible to every node)."""
+    """[N, N] bool: [i, j] iff j is i or an ancestor of i (SpecInfer's tree mask)."""
     m = np.zeros((self.num_nodes, self.num_nodes), bool)
     for i in range(self.num_nodes):
       m[i, i] = True
@@ -229,8 +222,7 @@ class TreeShape:
 
   @functools.cached_property
   def ancestors_by_depth(self) -> np.ndarray:
-    """[N, D+1] int32: [i, d] = node i's ancestor at depth d (i itself at
-    d = depth(i), the root at d = 0), -1 for d > depth(i)."""
+    """[N, D+1] int32: node i's ancestor at depth d, -1 for d > depth(i)."""
     a = np.full((self.num_nodes, self.max_depth + 1), -1, np.int32)
     for i in range(self.num_nodes):
       j = i
@@ -241,8 +233,7 @@ class TreeShape:
 
   @functools.cached_property
   def sibling_groups(self) -> tuple[tuple[int, ...], ...]:
-    """The children of every node that has any, each group in index order (the
-    order in which they are tried), groups ordered by their parent."""
+    """The children of every node that has any, in index order, by parent."""
     groups: dict[int, list[int]] = {}
     for i in range(1, self.num_nodes):
       groups.setdefault(self.parents[i], []).append(i)
@@ -306,13 +297,11 @@ class TreeShape:
 
   @property
   def is_fan(self) -> bool:
-    """Whether only the root branches: a fan of chains, one per root child
-    (e.g. several prompt-lookup matches)."""
+    """Whether only the root branches (a fan of chains, e.g. prompt-lookup matches)."""
     return all(len(g) == 1 for g in self.sibling_groups if self.parents[g[0]] != 0)
 
   def nodes_at(self, depth: int, with_children: bool = False) -> tuple[int, ...]:
-    """Nodes at ``depth`` in index order; with ``with_children`` only those that
-    have children (the ones a draft must feed to expand the tree)."""
+    """Nodes at ``depth`` in index order (``with_children``: only those with children)."""
     inner = set(self.parents[1:])
     return tuple(i for i in range(self.num_nodes) if self.depths[i] == depth
                  and (not with_children or i in inner))
@@ -330,14 +319,12 @@ class TreeShape:
     return tuple(tuple(int(j) for j in a[leaf, :self.depths[leaf] + 1]) for leaf in self.leaves)
 
   def cache_len(self, max_decode_len: int) -> int:
-    """Self-attention cache slots per row: max_decode_len + N (a round at length
-    L writes slots L .. L+N-1)."""
+    """Cache slots per row: max_decode_len + N (a round at L writes L .. L+N-1)."""
     self.check_room(max_decode_len)
     return max_decode_len + self.num_nodes
 
   def check_room(self, max_decode_len: int) -> None:
-    """Raise ``ValueError`` unless the depth D <= ``max_decode_len`` (a round
-    commits at most D + 1 tokens)."""
+    """Raise ``ValueError`` unless the depth is <= ``max_decode_len``."""
     if max_decode_len < 1:
       raise ValueError(f"max_decode_len must be >= 1, got {max_decode_len}")
     if self.max_depth > max_decode_len:
@@ -387,8 +374,7 @@ def _finish(tokens: Array, path: Array, n: Array, next_token: Array,
 
 
 def residual(r: Array, q: Array) -> Array:
-  """norm(max(0, r - q)) over the last axis (§2.3's p'(x), after each rejected
-  sibling); r is kept where no mass is left."""
+  """norm(max(0, r - q)) over the last axis (§2.3's p'(x)); r where no mass is left."""
   res = jnp.maximum(r - q, 0.0)
   mass = jnp.sum(res, axis=-1, keepdims=True)
   return jnp.where(mass > 0, res / jnp.where(mass > 0, mass, 1.0), r)
@@ -411,9 +397,9 @@ def tree_speculative_sampling(key: Array, shape: TreeShape | RoundTree, tokens: 
 
 def tree_sampling_with(u: Array, shape: TreeShape | RoundTree, tokens: Array, q: Array, p: Array,
                        valid: Array | None = None) -> TreeOutput:
-  """``tree_speculative_sampling`` given its uniforms u [B, N] in [0, 1): child c
-  is accepted when (1 - u[:, c]) * q_c(x_c) <= r(x_c) and r(x_c) > 0; the emitted
-  token is ``inverse_cdf(r, u[:, 0])``."""
+  """``tree_speculative_sampling`` given uniforms u [B, N] in [0, 1): child c is
+  accepted when (1 - u[:, c]) * q_c(x_c) <= r(x_c) > 0; the emitted token is
+  ``inverse_cdf(r, u[:, 0])``."""
   _check_inputs(shape, tokens, q, p)
   b, n_nodes = tokens.shape
   rows = jnp.arange(b)
@@ -455,11 +441,9 @@ def tree_sampling_with(u: Array, shape: TreeShape | RoundTree, tokens: Array, q:
 
 def tree_greedy_kernel(shape: TreeShape | RoundTree, tokens: Array, target_tokens: Array,
                        valid: Array | None = None) -> TreeOutput:
-  """Tree verification at T = 0 from the target's argmax tokens
-  target_tokens [B, N]: the deepest node (first in index order) whose path
-  carries the target's argmax at every step, and next_token = the argmax there,
-  what the greedy baseline emits. Differs from the sampling walk only when two
-  siblings carry the same token (the walk takes the first, this the deeper)."""
+  """Tree verification at T = 0 from the target's argmax tokens [B, N]: the deepest
+  agreeing node (first in index order) and the argmax there, as the greedy
+  baseline emits (the sampling walk takes the first of two equal siblings)."""
   _check_inputs(shape, tokens)
   b = tokens.shape[0]
   rows = jnp.arange(b)
@@ -491,8 +475,6 @@ def without_replacement(shape: TreeShape | RoundTree, q: Array, tokens: Array) -
   mass = jnp.sum(q, axis=-1, keepdims=True)
   return jnp.where(mass > 0, q / jnp.where(mass > 0, mass, 1.0), 0.0)
 
-
-# ------------------------------------------------------------ trees as data
 
 @struct.dataclass
 class RoundTree:
@@ -544,8 +526,8 @@ class RoundTree:
 
   @classmethod
   def from_parents(cls, parents: Array, max_depth: int, max_branching: int) -> RoundTree:
-    """The tables of parents [B, N] int32; the caller guarantees depth <=
-    ``max_depth`` and at most ``max_branching`` children per node."""
+    """The tables of parents [B, N] int32 (depth <= ``max_depth``, <=
+    ``max_branching`` children per node)."""
     parents = jnp.asarray(parents, jnp.int32)
     b, n = parents.shape
     idx = jnp.arange(n, dtype=jnp.int32)

@@ -151,8 +151,8 @@ class RMSNorm(nn.Module):
 
 def relative_position_bucket(relative_position: Array, bidirectional: bool,
                              num_buckets: int = 32, max_distance: int = 128) -> Array:
-  """T5's bucketing of (key position - query position): exact for small
-  distances, logarithmic up to ``max_distance``; half for later keys if bidirectional."""
+  """T5's bucketing of (key - query position): exact near, logarithmic up to
+  ``max_distance``; half the buckets for later keys if bidirectional."""
   n = -relative_position
   ret = jnp.zeros_like(relative_position)
   if bidirectional:
@@ -263,8 +263,7 @@ class Attention(nn.Module):
     return self.attend_blocks(q, [(k, v, mask, bias)])
 
   def attend_blocks(self, q: Array, blocks: Sequence[tuple]) -> Array:
-    """Attention over key blocks [(k, v, mask, bias), ...] with one softmax, so
-    (cache, new keys) equals the cache with the keys written in."""
+    """Attention over key blocks [(k, v, mask, bias), ...] with one softmax."""
     # Heads to the front ([B,H,*,dh]) so the dots are batched matmuls; left to
     # XLA it may transpose every K/V cache per layer and step.
     q = jnp.swapaxes(q, 1, 2)
@@ -312,8 +311,7 @@ class MLP(nn.Module):
 
 
 class Dropout(nn.Module):
-  """Dropout that is active only when the caller passed a 'dropout' rng, so the
-  inference paths (encode / init_cache / decode) need no flag."""
+  """Dropout active only when the caller passed a 'dropout' rng."""
 
   rate: float
 
@@ -336,8 +334,7 @@ def _normed_mlp(c: "T5Config") -> tuple[RMSNorm, MLP]:
 
 
 def _stack(c: "T5Config", encoder: bool) -> tuple:
-  """The encoder's or decoder's relative-position bias, layers ``layers_{i}`` and
-  final RMSNorm (float32 in the decoder)."""
+  """A stack's relative-position bias, ``layers_{i}`` and final RMSNorm."""
   layer, n = (EncoderLayer, c.num_encoder_layers) if encoder else (DecoderLayer,
                                                                     c.num_decoder_layers)
   return (RelativePositionBias(c.num_heads, encoder, c.relative_attention_num_buckets,
@@ -478,8 +475,7 @@ def tree_attention(start: Array, nodes: np.ndarray, key_offsets: Array, visible:
 
 
 def _write(cache: Array, new: Array, positions: Array) -> Array:
-  """cache [B, L, H, dh] <- new [B, k, H, dh] at positions [B, k]; negative
-  positions are dropped, never wrapped."""
+  """cache [B, L, H, dh] <- new [B, k, H, dh] at positions [B, k] (negatives dropped)."""
   length = cache.shape[1]
   pos = jnp.where(positions < 0, length, positions)
   # Per row (vmap): a batch-sharded cache is updated in place, no all-gather.
@@ -489,8 +485,7 @@ def _write(cache: Array, new: Array, positions: Array) -> Array:
 
 def _pad_call(tokens: Array, positions: Array, extra: Optional[Array],
               tree: Optional[NodeAttention], r: int) -> tuple:
-  """A call's k positions padded to r (``T5Config.fixed_positions``): padding at
-  position -1 is never written or seen and sees nothing."""
+  """A call's k positions padded to r (``T5Config.fixed_positions``) at position -1."""
   k = tokens.shape[1]
   if k > r:
     raise ValueError(f"a decode call scores {k} positions but T5Config.fixed_positions is "
@@ -521,8 +516,7 @@ class Decoder(nn.Module):
     return tuple(k for k, _ in kv), tuple(v for _, v in kv)
 
   def output_logits(self, y: Array, embed_attend: Any) -> Array:
-    """Final normed hidden states [B, k, d] -> logits [B, k, V] float32 (T5
-    1.0's tied embedding scaled by 1/sqrt(d))."""
+    """Final normed hidden states [B, k, d] -> logits [B, k, V] float32."""
     c = self.config
     if c.logits_via_embedding:
       logits = embed_attend(y) / jnp.sqrt(jnp.float32(c.d_model))
@@ -615,8 +609,7 @@ class T5(nn.Module):
                         encoder_mask=inputs != c.pad_id)
 
   def _embed(self, tokens: Array, extra: Optional[Array]) -> Array:
-    """Token embeddings plus ``extra`` if given: the encoder's input from
-    ``specdec_jax.drafts.bridge``, the decoder's from ``specdec_jax.drafts.feature_bridge``."""
+    """Token embeddings plus ``extra`` (from a bridge) if given."""
     x = self.token_embedder(tokens)
     return x if extra is None else x + extra.astype(x.dtype)
 
@@ -641,8 +634,7 @@ class T5(nn.Module):
   def __call__(self, inputs: Array, decoder_inputs: Array,
                encoder_extra: Optional[Array] = None, decoder_extra: Optional[Array] = None,
                return_hidden: bool = False):
-    """Teacher-forced logits [B, T, V] for decoder_inputs (start token first);
-    with ``return_hidden``, (logits, final normed hidden states [B, T, d])."""
+    """Teacher-forced logits [B, T, V] (with ``return_hidden``, and states [B, T, d])."""
     encoded = self.encode(inputs, encoder_extra)
     cross = self.decoder.cross_kv(encoded) + (inputs != self.config.pad_id,)
     b, t = decoder_inputs.shape
@@ -654,8 +646,7 @@ class T5(nn.Module):
 
 @dataclasses.dataclass(frozen=True)
 class T5Model:
-  """Pure-function view of ``T5`` (params explicit); hashable, so a static jit
-  argument. A ``models.base.TargetModel``."""
+  """Pure-function view of ``T5``, hashable (a static jit argument); a ``TargetModel``."""
 
   config: T5Config
 
@@ -670,13 +661,11 @@ class T5Model:
     return self.module.init(rng, dummy_in, dummy_out)["params"]
 
   def encode(self, params: dict, inputs: Array, extra: Optional[Array] = None) -> Array:
-    """inputs [B, S] int (0 = pad) -> encoded [B, S, d]. ``extra`` [B, S, d]
-    is added to the input embeddings (the encoder bridge, ``specdec_jax.drafts.bridge``)."""
+    """inputs [B, S] (0 = pad) -> encoded [B, S, d]; ``extra`` added to the embeddings."""
     return self.module.apply({"params": params}, inputs, extra, method=T5.encode)
 
   def output_logits(self, params: dict, hidden: Array) -> Array:
-    """The output layer alone: final normed hidden states [B, k, d] (``decode``'s
-    ``return_hidden``) -> logits [B, k, V] float32, as ``decode`` computes them."""
+    """The output layer alone: hidden [B, k, d] -> logits [B, k, V] float32."""
     return self.module.apply({"params": params}, hidden, method=T5.output_logits)
 
   def init_cache(self, params: dict, encoded: Array, inputs: Array,
@@ -706,16 +695,14 @@ class T5Model:
 
   @staticmethod
   def read_rows(cache: DecoderCache, slots: Array) -> tuple[tuple, tuple]:
-    """The self-attention rows at slots [B, k] (clipped): (keys, values), a
-    [B, k, H, dh] per layer."""
+    """The self-attention (keys, values) at slots [B, k] (clipped), per layer."""
     take = jax.vmap(lambda c, s: jnp.take(c, s, axis=0, mode="clip"))
     return tuple(take(c, slots) for c in cache.self_k), tuple(take(c, slots) for c in cache.self_v)
 
   @staticmethod
   def write_rows(cache: DecoderCache, rows: tuple[tuple, tuple],
                  positions: Array) -> DecoderCache:
-    """Scatter ``decode(write=False)``'s rows into the cache at positions [B, k]
-    (negative positions are dropped: padding)."""
+    """``decode(write=False)``'s rows written at positions [B, k] (negatives dropped)."""
     ks, vs = rows
     return cache.replace(
         self_k=tuple(_write(c, n, positions) for c, n in zip(cache.self_k, ks)),
@@ -777,10 +764,8 @@ class T5Model:
   @staticmethod
   def commit_path(cache: DecoderCache, lengths: Array, path: Array, num_accepted: Array,
                   partitioner: Optional[Partitioner] = None) -> DecoderCache:
-    """Moves an accepted tree path's keys/values from slots lengths + path[:, d - 1]
-    to lengths + d (target's or a T5 draft's cache after ``decode_tree``). Slots
-    never written (a draft's unfed leaves) move as garbage: such a draft must
-    re-feed its last accepted token, as ``T5Draft`` does."""
+    """Moves an accepted tree path from slots lengths + path[:, d - 1] to lengths + d.
+    Unwritten slots (a draft's unfed leaves) move as garbage: ``T5Draft`` refeeds."""
     return base.commit_path(T5Model, cache, lengths, path, num_accepted, partitioner)
 
   def __call__(self, params: dict, inputs: Array, decoder_inputs: Array,
@@ -806,9 +791,8 @@ def param_shapes(config: T5Config) -> dict:
 
 
 def stored_dtype(name: str, param_dtype: Any) -> jnp.dtype:
-  """The dtype parameter ``name`` ('/'-joined T5X name) is kept in: kernels and
-  the embedding take ``param_dtype``; norm scales and relative-position tables
-  stay float32, as in T5X."""
+  """The dtype T5X parameter ``name`` is kept in: ``param_dtype``, but float32 for
+  norm scales and relative-position tables (as in T5X)."""
   if name.endswith("/scale") or name.endswith("/rel_embedding"):
     return jnp.dtype(jnp.float32)
   return jnp.dtype(param_dtype)
