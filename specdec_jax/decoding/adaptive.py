@@ -106,8 +106,7 @@ class AdaptiveConfig:
                        f"{'' if least == 0 else ' (0 only with skip_below)'}, got {self.widths}")
 
   def verify_widths(self, gamma_max: int) -> tuple[int, ...]:
-    """The sorted compiled widths for γ_max (γ_max always among them; 0, a
-    plain target step, too when rows may skip a round)."""
+    """The sorted compiled widths (γ_max always; 0 too when rows may skip)."""
     too_big = [w for w in self.widths if w > gamma_max]
     if too_big:
       raise ValueError(f"verification widths {too_big} exceed gamma (γ_max) = {gamma_max}")
@@ -142,8 +141,7 @@ class AdaptiveLoop(Loop):
   @classmethod
   def build(cls, *common: Any, adaptive: AdaptiveConfig, gamma_max: int,
             lenience: float) -> "AdaptiveLoop":
-    """The record for ``adaptive`` at γ_max (``common``: ``Loop``'s fields
-    and states_wanted)."""
+    """The record for ``adaptive`` at γ_max (``common``: ``Loop``'s fields, states_wanted)."""
     if not isinstance(adaptive, AdaptiveConfig):
       raise ValueError(f"adaptive must be an AdaptiveConfig or None, got {adaptive!r}")
     return cls(*common, gamma_max=gamma_max, lenience=lenience, config=adaptive,
@@ -156,8 +154,7 @@ class AdaptiveLoop(Loop):
     return jnp.full((batch,), self.config.start_gamma(self.gamma_max), jnp.int32)
 
   def propose(self, draft: ApproximationModel, s: SpecState, key: Array) -> Proposal:
-    """Algorithm 1's first loop with a count per row: c_b <= the row's limit
-    (γ_max, or its γ_b under 'schedule'; 0 for done rows)."""
+    """Algorithm 1's first loop with a count per row c_b <= its limit (0 if done)."""
     adaptive = self.config
     limit = jnp.where(~s.done, self.gamma_max if s.gamma_row is None else s.gamma_row, 0)
     threshold = adaptive.threshold if adaptive.rule in CONFIDENCE_RULES else 0.0
@@ -185,8 +182,7 @@ class AdaptiveLoop(Loop):
 
   def _pass(self, k: int, write: bool, params: Any, seq: Array, n: Array, p: Proposal,
             cache: Any, key: Array) -> tuple:
-    """The pass at width k -> (``KernelOutput`` [B, γ_max], the cache written
-    or the new rows, the target's states or None, positions [B, k + 1])."""
+    """The pass at width k -> (``KernelOutput`` [B, γ_max], cache or rows, states, positions)."""
     logits, new, hidden, pos = target_pass(self.target, params, seq, n, k, cache, write=write,
                                            hidden=self.states_wanted)
     out = judge(self.sampling, self.lenience, logits, p.xs, p.q, key, p.proposed,
@@ -195,15 +191,14 @@ class AdaptiveLoop(Loop):
 
   def _rows_pass(self, k: int, params: Any, seq: Array, n: Array, p: Proposal, cache: Any,
                  key: Array) -> tuple:
-    """A ``lax.switch`` branch: the pass at width k reading the cache only,
-    its rows padded to γ_max + 1 (slot -1: padding)."""
+    """A ``lax.switch`` branch: the pass at width k, rows padded to γ_max + 1."""
     out, rows, states, pos = self._pass(k, False, params, seq, n, p, cache, key)
     return out, pad_rows(rows, pos, self.gamma_max + 1), states
 
   def next_gamma_row(self, gamma_row: Array | None, a: Array, proposed: Array,
                      live: Array) -> Array | None:
-    """Hugging Face's schedule: γ_b + 2 after a round that accepted all γ_b
-    drafts, else γ_b - 1, within [1, γ_max] (None: not the 'schedule' rule)."""
+    """Hugging Face's schedule: γ_b + 2 after a fully accepted round, else γ_b - 1,
+    within [1, γ_max] (None: not the 'schedule' rule)."""
     if gamma_row is None:
       return None
     grown = jnp.where(a >= proposed, jnp.minimum(gamma_row + 2, self.gamma_max),

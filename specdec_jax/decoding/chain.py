@@ -1,6 +1,5 @@
-"""The chain: Algorithm 1 (paper §2.3) in a loop (``speculative_decode``). Its
-round reads ``ChainLoop`` (fixed γ) or ``adaptive.AdaptiveLoop`` (a count per
-row and round)."""
+"""The chain: Algorithm 1 (paper §2.3) in a loop (``speculative_decode``), fixed γ
+(``ChainLoop``) or adaptive (``adaptive.AdaptiveLoop``)."""
 
 from __future__ import annotations
 
@@ -65,9 +64,8 @@ class SpecOutput(NamedTuple):
 
 
 def alpha_estimates(stats: SpecStats) -> dict[str, Array]:
-  """α two ways (§3.1-3.2) per row, plus tokens per target call: alpha =
-  accepted / evaluated; alpha_min_pq = mean sum_x min(p, q) (Corollary 3.6,
-  lower variance)."""
+  """α per row two ways (§3.1-3.2): accepted / evaluated, and the mean of
+  sum_x min(p, q) (Corollary 3.6); plus tokens per target call."""
   evaluated = stats.accepted + stats.rejected
   denom = jnp.maximum(evaluated, 1)
   return {"alpha": stats.accepted / denom, "alpha_min_pq": stats.min_pq_sum / denom}
@@ -94,8 +92,7 @@ class ChainLoop(Loop):
 
   def verify(self, params: Any, seq: Array, n: Array, p: Proposal, cache: Any,
              key: Array) -> Verdict:
-    """ONE target pass over [y_{n-1}, x_1..x_γ] at positions n..n+γ ->
-    p_1..p_{γ+1}; Algorithm 1 on x_1..x_γ."""
+    """ONE target pass at positions n..n+γ -> p_1..p_{γ+1}; Algorithm 1 on x_1..x_γ."""
     logits, cache, hidden, pos = target_pass(self.target, params, seq, n, self.gamma, cache,
                                              hidden=self.states_wanted)
     out = judge(self.sampling, self.lenience, logits, p.xs, p.q, key, None, self.gamma)
@@ -108,8 +105,7 @@ class ChainLoop(Loop):
 
 def _chain_stats(st: SpecStats, out: KernelOutput, live: Array, proposed: Array, steps: Any,
                  width: Any, count: Array) -> SpecStats:
-  """``SpecStats`` after one round over the evaluated positions that produced
-  committed tokens; count [B]: tokens the row kept (``cut``)."""
+  """``SpecStats`` after one round; count [B]: tokens the row kept (``cut``)."""
   a = out.num_accepted
   gamma = st.accepted_at.shape[1]
   idx = jnp.arange(1, gamma + 1, dtype=jnp.int32)[None]                # 1..γ
@@ -132,8 +128,7 @@ def _chain_stats(st: SpecStats, out: KernelOutput, live: Array, proposed: Array,
 
 def _chain_round(loop: ChainLoop | AdaptiveLoop, target_params: Any, draft: ApproximationModel,
                  s: SpecState) -> SpecState:
-  """One round of Algorithm 1 for every live row: propose, ONE target pass,
-  the kernel, commit n accepted tokens + one, cut at EOS / max length."""
+  """One round for every live row: propose, ONE target pass, the kernel, commit, cut."""
   b = s.seq.shape[0]
   key, k_draft, k_kernel = round_keys(s.key, loop.sampling.greedy, 3)
   n, live = s.length, ~s.done

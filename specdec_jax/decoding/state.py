@@ -34,15 +34,13 @@ def validate(max_decode_len: int, gamma: int | None = None,
 
 
 def init_rows(batch: int, buf_len: int, start_id: int) -> tuple[Array, Array, Array]:
-  """The empty rows: (seq [B, buf_len] with seq[:, 0] = start, length [B] = 0,
-  done [B] = False)."""
+  """The empty rows: seq [B, buf_len] (seq[:, 0] = start), length 0, done False."""
   seq = jnp.zeros((batch, buf_len), jnp.int32).at[:, 0].set(start_id)
   return seq, jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool)
 
 
 def round_keys(key: Array, greedy: bool, num: int) -> tuple[Array, ...]:
-  """(the next round's key, then num - 1 keys for this round's draws); at T = 0
-  nothing is drawn, so every key is the incoming one."""
+  """(the next round's key, then num - 1 draw keys); at T = 0 all the incoming one."""
   if greedy:
     return (key,) * num
   return tuple(jax.random.split(key, num))
@@ -64,8 +62,7 @@ def cut(new_tokens: Array, num_accepted: Array, length: Array, done: Array, eos_
 
 
 def pin_state(state: Any, partitioner: Partitioner | None) -> Any:
-  """A loop state's per-row arrays over the mesh's 'data' axis and its target
-  cache in the T5X layout; a no-op without a partitioner."""
+  """Per-row arrays over the mesh's 'data' axis, the target cache in T5X layout."""
   if partitioner is None:
     return state
   pinned = dict(seq=constrain_batch(state.seq, partitioner, "seq"),
@@ -132,8 +129,7 @@ class SpecState:
 def start(target: TargetModel, target_params: Any, draft: ApproximationModel, inputs: Array,
           key: Array, *, buf_len: int, cache_len: int, stats: Any,
           partitioner: Partitioner | None, gamma_row: Array | None = None) -> SpecState:
-  """The speculative loops' first state: both models encode the inputs (the
-  target once), both caches empty."""
+  """The speculative loops' first state: both models encode, both caches empty."""
   if draft.vocab_size != target.config.vocab_size:
     raise ValueError(f"vocab mismatch: target vocab_size {target.config.vocab_size} != draft "
                      f"vocab_size {draft.vocab_size}; p and q must cover the same tokens")
@@ -148,9 +144,7 @@ def start(target: TargetModel, target_params: Any, draft: ApproximationModel, in
 
 
 def cache_length(max_decode_len: int, gamma: int) -> int:
-  """Cache slots per row at γ (γ_max when adaptive): max_decode_len + γ + 1
-  (a round writes γ + 1 positions past length, §2.3). Trees:
-  ``TreeShape.cache_len``."""
+  """Cache slots per row at γ (γ_max if adaptive): max_decode_len + γ + 1 (§2.3)."""
   return max_decode_len + gamma + 1
 
 
@@ -201,8 +195,7 @@ def _skipped_round(b: int, width: int, next_token: Array) -> KernelOutput:
 
 def pad_states(hidden: Array | None, positions: Array, width: int
                ) -> tuple[Array, Array] | None:
-  """The pass's final states [B, k + 1, d] and positions padded to width + 1
-  (position -1); None without states."""
+  """The pass's states [B, k + 1, d] and positions padded to width + 1 (-1)."""
   if hidden is None:
     return None
   extra = width + 1 - positions.shape[1]
@@ -222,9 +215,8 @@ class Proposal(NamedTuple):
 
 
 class Verdict(NamedTuple):
-  """A round's pass and verdict: out (``KernelOutput``, [B, W] columns),
-  target_cache, target_states ((hidden [B, W + 1, d], positions) or None), width
-  (the k scored, int or traced)."""
+  """A round's pass and verdict: out (``KernelOutput``, [B, W]), target_cache,
+  target_states ((hidden, positions) or None), width (k scored, int or traced)."""
 
   out: KernelOutput
   target_cache: Any

@@ -1,5 +1,4 @@
-"""Speculative decoding over a token tree: one target pass scores every node
-(SpecInfer's tree attention; ``specdec_jax.tree``)."""
+"""Speculative decoding over a token tree (``specdec_jax.tree``)."""
 
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ class TreeLoop(Loop):
 
 
 def _path_states(hidden: Array, n: Array, out: TreeOutput) -> tuple[Array, Array]:
-  """The target's states of the root and accepted path (hidden [B, N, d] ->
-  [B, D+1, d]) at positions n .. n+a (-1 past the path)."""
+  """The target's states of the root and accepted path [B, D+1, d], positions n..n+a."""
   b, depth = out.path.shape
   offsets = jnp.arange(depth + 1, dtype=jnp.int32)[None]
   nodes = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), out.path], axis=1)  # --> [B, D+1]
@@ -77,8 +75,7 @@ def _path_states(hidden: Array, n: Array, out: TreeOutput) -> tuple[Array, Array
 
 def _tree_stats(st: TreeStats, tree: RoundTree, out: TreeOutput, live: Array, steps: Any,
                 count: Array) -> TreeStats:
-  """``TreeStats`` after one round, over the accepted nodes that produced
-  committed tokens (the cut at EOS included; count [B] from ``_cut``)."""
+  """``TreeStats`` after one round over the committed nodes (count [B] from the cut)."""
   depth = tree.max_depth
   kept = jnp.minimum(out.num_accepted, count)
   on_path = live[:, None] & (jnp.arange(1, depth + 1)[None] <= kept[:, None])  # --> [B, D]
@@ -96,8 +93,7 @@ def _tree_stats(st: TreeStats, tree: RoundTree, out: TreeOutput, live: Array, st
 
 def _tree_round(loop: TreeLoop, target_params: Any, draft: ApproximationModel,
                 s: SpecState) -> SpecState:
-  """One tree round: the draft fills the tree, ONE target pass scores it, the
-  kernel keeps a path plus one token, both caches move the path into place."""
+  """One tree round: the draft fills the tree, ONE target pass, the kernel, commit."""
   target = loop.target
   b = s.seq.shape[0]
   key, k_draft, k_kernel = round_keys(s.key, loop.sampling.greedy, 3)

@@ -30,15 +30,13 @@ def _no_override(i: Any, q: Array, x: Array) -> tuple[Array, Array, Array]:
 
 
 class FeatureState(struct.PyTreeNode):
-  """A feature-bridged draft's state: its cache and the target's projected final
-  decoder states h_s K [B, cache_len, d_draft] by position (``commit_with_target``)."""
+  """A feature-bridged draft's state: its cache and h_s K [B, cache_len, d_draft]."""
   cache: DecoderCache
   target_states: Array
 
 
 class ShortlistState(struct.PyTreeNode):
-  """A draft's state when its shortlist includes the input's tokens: the
-  state without it (cache or ``FeatureState``) and S's per-example part."""
+  """A draft's state (cache or ``FeatureState``) with S's per-example part."""
   inner: Any
   part: shortlist_lib.InputPart
 
@@ -72,8 +70,7 @@ class T5Draft:
 
   @property
   def wants_target_states(self) -> bool:
-    """Whether the engine should pass the target's decoder states to
-    ``commit_with_target`` (only a feature-bridged draft reads them)."""
+    """Only a feature-bridged draft reads the target's decoder states."""
     return self.feature is not None
 
   def init(self, inputs: Array, cache_len: int) -> Any:
@@ -81,8 +78,7 @@ class T5Draft:
 
   def init_with_target(self, inputs: Array, cache_len: int,
                        target_encoded: Array | None) -> Any:
-    """``init`` given the target's encoder output (None: encode here if the bridge
-    needs it)."""
+    """``init`` given the target's encoder output (None: encode if the bridge needs it)."""
     extra = None
     if self.bridge is not None:
       if target_encoded is None:
@@ -104,8 +100,7 @@ class T5Draft:
     return self.shortlist is not None and self.shortlist.with_inputs
 
   def _split(self, state: Any) -> tuple[DecoderCache, Array | None, Any]:
-    """state -> (cache, the target's projected states or None, S's input part
-    or None)."""
+    """state -> (cache, projected target states or None, S's input part or None)."""
     part = None
     if self._with_inputs:
       state, part = state.inner, state.part
@@ -119,8 +114,8 @@ class T5Draft:
 
   def _decode(self, tokens: Array, positions: Array, cache: DecoderCache, extra: Array | None,
               part: Any) -> tuple[Array, DecoderCache]:
-    """Decode tokens [B, k] -> (logits [B, V] at the last fed position, cache);
-    with a shortlist only over S, so XLA drops the full output layer."""
+    """Decode tokens [B, k] -> (logits [B, V] at the last position, cache); with a
+    shortlist only over S (XLA drops the full output layer)."""
     if self.shortlist is None and self.observe is None:
       logits, cache = self.model.decode(self.params, tokens, positions, cache, extra)
       return logits[:, -1], cache
@@ -135,8 +130,8 @@ class T5Draft:
     return logits, cache
 
   def _extra(self, states: Array | None, length: Array, positions: Array) -> Array | None:
-    """The feature bridge's extra [B, k, d] at positions [B, k] of a round starting
-    at ``length`` n: the state at s = min(t, n) - 1, staleness t - n (0 for n - 1)."""
+    """The feature bridge's extra [B, k, d] at positions [B, k] of a round at n:
+    the state at s = min(t, n) - 1, staleness t - n (0 for n - 1)."""
     if states is None:
       return None
     start = jnp.minimum(positions, length[:, None])
@@ -146,16 +141,14 @@ class T5Draft:
     return feature_lib.add_staleness(self.feature, h, j)
 
   def _uniforms(self, key: Array, gamma: int, length: Array, sampling: SamplingConfig):
-    """The γ steps' uniforms [γ, B], drawn at once (``sampling.sample_with``);
-    at temperature 0 none are needed: zeros, never read."""
+    """The γ steps' uniforms [γ, B], drawn at once (zeros at T = 0, never read)."""
     if sampling.greedy:
       return jnp.zeros((gamma,) + length.shape, jnp.float32)
     return jax.random.uniform(key, (gamma,) + length.shape)
 
   def _feed(self, cache: DecoderCache, tokens: Array, pos: Array, sampling: SamplingConfig,
             u: Array, states: Array | None, length: Array, part: Any):
-    """Feeds tokens [B, k] at pos [B, k]; returns (logits, q, next token, cache);
-    u [B] is the next token's uniform."""
+    """Feeds tokens [B, k] at pos [B, k] -> (logits, q, next token ~ u [B], cache)."""
     logits, cache = self._decode(tokens, pos, cache, self._extra(states, length, pos), part)
     cache = constrain_cache(cache, self.partitioner, "draft cache")
     q = standardize(logits, sampling)
@@ -267,7 +260,7 @@ class T5Draft:
                    nodes: tuple[int, ...], states: Array | None, part: Any
                    ) -> tuple[Array, DecoderCache]:
     """``T5Model.decode_tree`` of tokens [B, m] -> (logits [B, m, V], cache), with
-    the shortlist and feature extra as ``_decode``."""
+    shortlist and feature extra."""
     offsets = jnp.asarray(tree.position_offsets, jnp.int32)               # [N] or [B, N]
     positions = length[:, None] + offsets[..., list(nodes)]
     extra = self._extra(states, length, positions)
@@ -281,9 +274,8 @@ class T5Draft:
 
   def _tree_root(self, state: Any, seq: Array, length: Array, skeleton: TreeShape, n_nodes: int,
                  sampling: SamplingConfig, key: Array) -> tuple:
-    """A tree round's start: the nodes' uniforms [B, N] (zeros at T = 0) and the
-    root's logits [B, V] from feeding positions n-1 and n; cache, target states
-    and partitioner split out of ``state``."""
+    """A tree round's start: the nodes' uniforms [B, N] and the root's logits [B, V]
+    (positions n-1 and n fed), with ``state`` split."""
     why = self.tree_unsupported(skeleton)
     if why:
       raise ValueError(f"T5Draft cannot propose a token tree: {why}")
@@ -374,8 +366,8 @@ class T5Draft:
 
   def commit_tree(self, state: Any, seq: Array, length: Array, start: Array, path: Array,
                   num_accepted: Array) -> Any:
-    """``commit`` after a tree round, moving the accepted path's keys/values to their
-    positions (``T5Model.commit_path``); the next round refeeds position n - 1."""
+    """``commit`` after a tree round: the accepted path moves into place
+    (``T5Model.commit_path``)."""
     del seq, length
     cache, states, part = self._split(state)
     cache = T5Model.commit_path(cache, start, path, num_accepted, self.partitioner)
@@ -387,9 +379,8 @@ class T5Draft:
 
   def commit_with_target(self, state: Any, seq: Array, length: Array, hidden: Array,
                          positions: Array) -> Any:
-    """``commit``, also storing the target's final states hidden [B, k, d_target]
-    at positions [B, k] (negative: dropped). States of rejected proposals are
-    never read (a round at n reads n - 2 and n - 1) and later overwritten."""
+    """``commit``, storing the target's final states hidden [B, k, d_target] at
+    positions [B, k] (negatives dropped); rejected ones are never read."""
     state = self.commit(state, seq, length)
     if self.feature is None:
       return state
