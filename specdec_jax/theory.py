@@ -53,16 +53,14 @@ def _expected_tokens(a: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 
 def expected_tokens(alpha: ArrayLike, gamma: ArrayLike) -> ArrayLike:
-  """Expected tokens per run of Algorithm 1, Eq. (1):
-  (1 - alpha^(gamma+1)) / (1 - alpha), with the limit gamma + 1 at alpha = 1."""
+  """Eq. (1): (1 - alpha^(gamma+1)) / (1 - alpha), gamma + 1 at alpha = 1."""
   a = _check_alpha(alpha)
   g = _check_nonneg("gamma", gamma)
   return _to_output(_expected_tokens(a, g))
 
 
 def expected_tokens_by_position(alphas: Sequence[float]) -> float:
-  """Tokens per round when α_i (proposal i accepted given 1..i−1 were) falls
-  with i: 1 + Σ_i Π_{j ≤ i} α_j, Eq. (1) when every α_i = α (a block draft)."""
+  """1 + Σ_i Π_{j ≤ i} α_j: Eq. (1) when α_i falls with the position i."""
   a = np.array([0.0 if x is None else x for x in alphas], np.float64)
   a = np.clip(np.nan_to_num(a), 0.0, 1.0)
   return float(1.0 + np.sum(np.cumprod(a)))
@@ -71,8 +69,7 @@ def expected_tokens_by_position(alphas: Sequence[float]) -> float:
 def walltime_improvement(
   alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike, v: ArrayLike = 1.0
 ) -> ArrayLike:
-  """Expected walltime improvement, Theorem 3.8 with a verification cost ``v``
-  (the pass over gamma + 1 positions in one-token target steps; v = 1 is the
+  """Theorem 3.8 with a verification cost ``v`` in target steps (v = 1: the
   theorem): (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + v))."""
   a = _check_alpha(alpha)
   g = _check_nonneg("gamma", gamma)
@@ -119,8 +116,7 @@ class RoundCost:
 
   @classmethod
   def for_tree(cls, tree: Any, c: float, v: float = 1.0, **kw: Any) -> "RoundCost":
-    """A token tree's round (a ``tree.TreeShape``): one draft call per depth,
-    one pass over its N nodes."""
+    """A token tree's round: one draft call per depth, one pass over its N nodes."""
     return cls(tree.num_nodes - 1, c, v, draft_calls=tree.max_depth, **kw)
 
   @property
@@ -129,24 +125,20 @@ class RoundCost:
     return self.gamma + 1
 
   def steps(self, with_v: bool = True, in_context: bool = False) -> Any:
-    """The round's cost in target steps: draft_calls c + v (v = 1 without
-    ``with_v``), times the interplay ``in_context``."""
+    """Cost in target steps: draft_calls c + v (1 without ``with_v``), x interplay."""
     cost = self.draft_calls * self.c + (self.v if with_v else 1.0)
     return cost * self.interplay if in_context else cost
 
   def speedup(self, tokens: Any, with_v: bool = True, in_context: bool = False) -> Any:
-    """Tokens per round over the round's cost in target steps (§3.4's
-    accounting): with a chain's Eq. (1) tokens, Theorem 3.8."""
+    """Tokens per round over the round's cost (with Eq. (1)'s tokens: Theorem 3.8)."""
     return tokens / self.steps(with_v, in_context)
 
   def expected_tokens(self, alpha: float) -> float:
-    """Eq. (1) at this round's γ: the tokens a round of γ proposals in a line
-    yields at acceptance rate α."""
+    """Eq. (1) at this round's γ and acceptance rate α."""
     return float(expected_tokens(alpha, self.gamma))
 
   def predicted(self, alpha: float, with_v: bool = True, in_context: bool = False) -> float:
-    """Theorem 3.8 at α for a round of γ proposals in a line (v-generalized
-    unless ``with_v`` is False; with the interplay ``in_context``)."""
+    """Theorem 3.8 at α for a chain of γ (arguments as ``steps``)."""
     return float(self.speedup(self.expected_tokens(min(alpha, 1.0)), with_v, in_context))
 
   def ms_per_token(self, tokens: float) -> float:
@@ -179,8 +171,7 @@ class RoundCost:
 
 
 def operations_factor(alpha: ArrayLike, gamma: ArrayLike, c_hat: ArrayLike) -> ArrayLike:
-  """Expected increase in arithmetic operations, Theorem 3.11:
-  (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1))."""
+  """Theorem 3.11: (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1))."""
   a = _check_alpha(alpha)
   g = _check_nonneg("gamma", gamma)
   ch = _check_nonneg("c_hat", c_hat)
@@ -195,8 +186,7 @@ def improvement_exists(alpha: ArrayLike, c: ArrayLike) -> Union[bool, np.ndarray
 
 
 def min_improvement(alpha: ArrayLike, c: ArrayLike) -> ArrayLike:
-  """Corollary 3.9's lower bound (1 + alpha) / (1 + c) (Theorem 3.8 at gamma = 1);
-  1.0 where alpha <= c (no gamma helps)."""
+  """Corollary 3.9's bound (1 + alpha) / (1 + c); 1.0 where alpha <= c."""
   a = _check_alpha(alpha)
   c_arr = _check_nonneg("c", c)
   return _to_output(np.where(a > c_arr, (1.0 + a) / (1.0 + c_arr), 1.0))
@@ -243,8 +233,7 @@ def best_gamma_measured(alpha: float, c: Mapping[int, float], v: Mapping[int, fl
 
 
 class GammaCurve(NamedTuple):
-  """``gamma_curve``'s result: the choice, the curve's argmax, the predicted
-  improvement per γ and the standard error of each γ's gap to the argmax."""
+  """``gamma_curve``'s choice, argmax, prediction per γ and each γ's gap's standard error."""
 
   gamma: int
   argmax: int
@@ -276,9 +265,8 @@ def prediction_gap_se(alpha: float, c: Mapping[int, float], v: Mapping[int, floa
                       best: int, alpha_se: float = 0.0,
                       c_se: Optional[Mapping[int, float]] = None,
                       v_se: Optional[Mapping[int, float]] = None) -> dict[int, float]:
-  """Standard error of S(best) - S(γ) for every γ by first-order propagation:
-  α's shared error through the difference's derivative, per-γ c and v
-  variances added. Zero without standard errors."""
+  """Standard error of S(best) - S(γ) per γ by first-order propagation (α shared,
+  c and v independent per γ); zero without standard errors."""
   c_se, v_se = c_se or {}, v_se or {}
   out = {}
   for g in sorted(c):
@@ -295,8 +283,7 @@ def prediction_gap_se(alpha: float, c: Mapping[int, float], v: Mapping[int, floa
 
 def improvement_se(alpha: float, gamma: int, c: float, v: float, alpha_se: float = 0.0,
                    c_se: float = 0.0, v_se: float = 0.0) -> float:
-  """Standard error of S = (1 - α^(γ+1)) / ((1 - α)(γ c + v)) by first-order
-  propagation with independent α, c, v (∂S/∂α by central difference)."""
+  """Standard error of S = (1 - α^(γ+1)) / ((1 - α)(γ c + v)), first order."""
   a = min(float(_check_alpha(alpha)), 1.0 - 1e-12)
   var = (_dS_dalpha(a, gamma, c, v) * alpha_se) ** 2 + _timing_var(a, gamma, c, v, c_se, v_se)
   return float(np.sqrt(var))
@@ -310,8 +297,7 @@ def _dS_dalpha(alpha: float, gamma: int, c: float, v: float, h: float = 1e-5) ->
 
 def _timing_var(alpha: float, gamma: int, c: float, v: float, c_se: float, v_se: float
                 ) -> float:
-  """S's variance from c's and v's: S = E / (γ c + v), so ∂S/∂c = -S γ / (γ c + v)
-  and ∂S/∂v = -S / (γ c + v)."""
+  """S's variance from c and v: ∂S/∂c = -S γ / (γ c + v), ∂S/∂v = -S / (γ c + v)."""
   denom = gamma * c + v
   s = walltime_improvement(alpha, gamma, c, v)
   return (s * gamma / denom * c_se) ** 2 + (s / denom * v_se) ** 2

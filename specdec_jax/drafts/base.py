@@ -116,8 +116,7 @@ def proposal_steps(draft: Any, gamma: int) -> int:
 
 def commit_draft(draft: Any, state: Any, seq: Array, length: Array,
                  target_states: tuple[Array, Array] | None = None) -> Any:
-  """``commit_with_target`` given the target's states (hidden [B, W, d],
-  positions [B, W]), else ``commit``."""
+  """``commit_with_target`` given the target's states (hidden, positions), else ``commit``."""
   if target_states is not None:
     return draft.commit_with_target(state, seq, length, *target_states)
   return draft.commit(state, seq, length)
@@ -130,8 +129,7 @@ def gather_positions(seq: Array, positions: Array) -> Array:
 
 
 def top_probability(q: Array, logits: Array | None, sampling: SamplingConfig) -> Array:
-  """A draft's confidence, q [..., V] -> max_x q(x) [...]; at T = 0 (one-hot q)
-  the draft's own softmax of ``logits`` when given."""
+  """A draft's confidence max_x q(x) [...]; at T = 0 its softmax of ``logits`` if given."""
   if sampling.greedy and logits is not None:
     return jnp.max(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-1)
   return jnp.max(q, axis=-1)
@@ -139,8 +137,7 @@ def top_probability(q: Array, logits: Array | None, sampling: SamplingConfig) ->
 
 def drawn_probability(q: Array, logits: Array | None, tokens: Array,
                       sampling: SamplingConfig) -> Array:
-  """q(x) of the drawn tokens [...] (``AdaptiveConfig.confidence='drawn'``): sees
-  a confident draft that drew a tail token (§2.3). At T = 0, ``top_probability``."""
+  """q(x) of the drawn tokens (``confidence='drawn'``); at T = 0 ``top_probability``."""
   if sampling.greedy:
     return top_probability(q, logits, sampling)
   return jnp.take_along_axis(q, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
@@ -162,8 +159,8 @@ def stop_count(confidence: Array, limit: Array, threshold: float,
 
 
 def keeps_going(confidence: Array, threshold: float, cumulative: bool) -> Array:
-  """Whether a row may propose the token after each position: its confidence
-  (or, ``cumulative``, SpecDec++'s running product) > threshold."""
+  """Whether a row may go on after each position: confidence (or ``cumulative``,
+  SpecDec++'s running product) > threshold."""
   if cumulative:
     confidence = jnp.cumprod(confidence, axis=-1)
   return confidence > threshold
@@ -212,8 +209,7 @@ class DraftInterfaceError(ValueError):
 
 
 def next_best(scores: Array, exclude: Array, count: int) -> Array:
-  """The ``count`` highest of scores [..., V] other than exclude [..., m], best
-  first -> [..., count] int32 (ties: lowest index)."""
+  """The ``count`` best of scores [..., V] other than exclude [..., m] -> [..., count]."""
   v = scores.shape[-1]
   hit = jnp.any(jnp.arange(v, dtype=jnp.int32) == exclude[..., None], axis=-2)
   _, idx = jax.lax.top_k(jnp.where(hit, -jnp.inf, scores.astype(jnp.float32)), count)
@@ -269,8 +265,7 @@ def spine_proposal(tree: TreeShape, chain: Array, chain_q: Array,
 def tree_proposal(draft: Any, state: Any, seq: Array, length: Array, tree: TreeShape,
                   sampling: SamplingConfig, key: Array
                   ) -> tuple[Array, Array, Array, Array, Any]:
-  """``draft.propose_tree``, else ``spine_proposal`` of ``propose`` of depth D.
-  -> (tokens [B, N], q [B, N, V], valid [B, N], steps, state)."""
+  """``draft.propose_tree``, else ``spine_proposal`` of ``propose`` of depth D."""
   if capabilities(draft).propose_tree:
     return draft.propose_tree(state, seq, length, tree, sampling, key)
   chain, chain_q, state = draft.propose(state, seq, length, tree.max_depth, sampling, key)
@@ -298,8 +293,8 @@ class Level(NamedTuple):
 
 
 def first_child_score(probs: Array, first: Array) -> Array:
-  """A first child's rank score: the top of probs [..., V] at its parent, never
-  the drawn token's probability (not exact, docs/exactness_trees.md)."""
+  """A first child's rank score: the top of probs at its parent, never the drawn
+  token's probability (not exact, docs/exactness_trees.md)."""
   del first
   return jnp.max(probs, axis=-1)
 
@@ -342,8 +337,7 @@ def expand_level(tree: DynamicTree, depth: int, level: Level, probs: Array, firs
 def dynamic_tree_proposal(draft: Any, state: Any, seq: Array, length: Array, tree: DynamicTree,
                           sampling: SamplingConfig, key: Array
                           ) -> tuple[Array, Array, Array, Array, Array, Any]:
-  """``draft.propose_dynamic_tree``, else ``tree_proposal`` of the static
-  skeleton. -> (tokens, q, valid, parents [B, N], steps, state)."""
+  """``draft.propose_dynamic_tree``, else ``tree_proposal`` of the skeleton."""
   if capabilities(draft).propose_dynamic_tree:
     return draft.propose_dynamic_tree(state, seq, length, tree, sampling, key)
   tokens, q, valid, steps, state = tree_proposal(draft, state, seq, length, tree.skeleton,
@@ -361,8 +355,7 @@ def commit_tree(draft: Any, state: Any, seq: Array, length: Array, start: Array,
 
 
 def check_tree(name: str, draft: Any, tree: TreeShape | DynamicTree) -> None:
-  """Raises ``DraftInterfaceError`` before any work when ``draft`` cannot propose
-  ``tree`` (non-spine without ``propose_tree``, or its ``tree_unsupported``)."""
+  """Raises ``DraftInterfaceError`` when ``draft`` cannot propose ``tree``."""
   where = f"approximation model {name!r} ({type(draft).__qualname__})"
   caps = capabilities(draft)
   dynamic = isinstance(tree, DynamicTree) and caps.propose_dynamic_tree
@@ -452,8 +445,7 @@ def check_interface(name: str, draft: Any, inputs: Array, vocab_size: int, gamma
 def _check_adaptive(where: str, draft: Any, inputs: Array, seq: Array, length: Array,
                     key: Array, gamma: int, cache_len: int, sampling: SamplingConfig,
                     want_tokens: tuple, want_q: tuple, target_width: int = 1) -> None:
-  """``propose_adaptive``'s shapes, traced with the required arguments and
-  once more with the optional ones it declares."""
+  """``propose_adaptive``'s shapes, traced without and with its optional arguments."""
   limit = jnp.full(length.shape, gamma, jnp.int32)
   declared = inspect.signature(draft.propose_adaptive).parameters
   optional = {k: v for k, v in (("skip_below", 0.3), ("cumulative", True)) if k in declared}

@@ -31,29 +31,25 @@ def zeros(target: T5Model, draft: T5Model, max_staleness: int) -> dict:
 
 
 def project_states(bridge: dict, hidden: Array) -> Array:
-  """h K [..., d_q] for target states [..., d_p] (no gradient into the target);
-  projected once per pass when committed."""
+  """h K [..., d_q] for target states [..., d_p] (no gradient into the target)."""
   h = jax.lax.stop_gradient(hidden).astype(jnp.float32)
   return jnp.einsum("...d,de->...e", h, bridge["kernel"])
 
 
 def add_staleness(bridge: dict, projected: Array, staleness: Array) -> Array:
-  """h K + e_j for projected states [..., d_q] at staleness j [...] int
-  (clipped to the table; j < 0 means no state: zeros)."""
+  """h K + e_j for projected states at staleness j (clipped; j < 0: zeros)."""
   table = bridge["staleness"]
   e = table[jnp.clip(staleness, 0, table.shape[0] - 1)]
   return jnp.where((staleness >= 0)[..., None], projected + e, 0.0)
 
 
 def project(bridge: dict, hidden: Array, staleness: Array) -> Array:
-  """h K + e_j [..., d_q] for target states hidden [..., d_p] at staleness j
-  [...] int (clipped to the table; j < 0 means no state: zeros)."""
+  """h K + e_j [..., d_q] for target states [..., d_p] (``add_staleness``)."""
   return add_staleness(bridge, project_states(bridge, hidden), staleness)
 
 
 def teacher_forced_extra(bridge: dict, target_hidden: Array, key: Array) -> Array:
-  """The decoder extra [B, T, d_q] along a sequence with target states
-  [B, T, d_p]: position t reads h_{t-1-j}, j ~ U{0..J-1}."""
+  """The extra [B, T, d_q] along a sequence: position t reads h_{t-1-j}, j ~ U{0..J-1}."""
   b, t = target_hidden.shape[:2]
   j = jax.random.randint(key, (b, t), 0, bridge["staleness"].shape[0])
   s = jnp.arange(t)[None, :] - 1 - j
@@ -62,8 +58,7 @@ def teacher_forced_extra(bridge: dict, target_hidden: Array, key: Array) -> Arra
 
 
 def check(bridge: Any, target: T5Model, draft: T5Model, source: str) -> None:
-  """The kernel must map the target's d_model to the draft's; the staleness
-  table must have the draft's width."""
+  """The kernel maps the target's d_model to the draft's; the table has the draft's width."""
   d_p, d_q = target.config.d_model, draft.config.d_model
   kernel, table = np.shape(bridge["kernel"]), np.shape(bridge["staleness"])
   if tuple(kernel) != (d_p, d_q) or len(table) != 2 or table[1] != d_q or table[0] < 1:
@@ -79,13 +74,11 @@ def save(directory: str, bridge: Any) -> None:
 
 
 def load(directory: str) -> Optional[dict]:
-  """The feature bridge stored with a draft checkpoint (local or ``gs://``), or
-  None if it has none."""
+  """The feature bridge stored with a draft checkpoint (local or ``gs://``), or None."""
   return bridge_lib.load_arrays(directory, FILENAME, ("kernel", "staleness"), "feature bridge")
 
 
 def bridges_in(directory: str) -> list[str]:
-  """The bridge files a draft checkpoint directory holds (``bridge``'s and
-  this module's): a draft that has any needs the target to run."""
+  """The bridge files a draft checkpoint holds (such a draft needs the target)."""
   return [name for name in (bridge_lib.FILENAME, FILENAME)
           if storage.is_file(storage.join(directory, name))]

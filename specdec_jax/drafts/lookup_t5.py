@@ -30,8 +30,7 @@ class LookupT5State(struct.PyTreeNode):
 
 @struct.dataclass
 class LookupT5Draft:
-  """Copy while the context has a match of length >= ``min_ngram`` (up to
-  ``max_ngram``), else the T5 draft ``t5`` (module docstring)."""
+  """Copy while the context has a match (``min_ngram``..``max_ngram``), else ``t5``."""
 
   t5: T5Draft
   max_ngram: int = struct.field(pytree_node=False, default=3)
@@ -59,8 +58,7 @@ class LookupT5Draft:
     return cont, jnp.cumprod(copy.astype(jnp.int32), axis=1).astype(bool)
 
   def _override(self, state: LookupT5State, seq: Array, length: Array, gamma: int):
-    """``T5Draft``'s override: position i takes the copy (one-hot q, certain)
-    where ``copy_plan`` says so, else the T5 draft's own token and q."""
+    """``T5Draft``'s override: the copy (one-hot, certain) where ``copy_plan`` says."""
     cont, copy_at = self.copy_plan(state, seq, length, gamma)
 
     def copy(i, q, x):
@@ -78,8 +76,7 @@ class LookupT5Draft:
   def propose_dynamic_tree(self, state: LookupT5State, seq: Array, length: Array,
                            tree: DynamicTree, sampling: SamplingConfig, key: Array
                            ) -> tuple[Array, Array, Array, Array, Array, LookupT5State]:
-    """``T5Draft.propose_dynamic_tree`` with the copied path (``copy_plan``) as
-    the first child at every depth, probability 1; exact as ``propose``."""
+    """``T5Draft.propose_dynamic_tree`` with the copy as every depth's first child."""
     plan = self.copy_plan(state, seq, length, tree.max_depth)
     *out, cache = self.t5.propose_dynamic_tree(state.cache, seq, length, tree, sampling, key,
                                                copy=plan)
@@ -87,8 +84,7 @@ class LookupT5Draft:
 
   def commit_tree(self, state: LookupT5State, seq: Array, length: Array, start: Array,
                   path: Array, num_accepted: Array) -> LookupT5State:
-    """After ``propose_dynamic_tree`` the accepted path moves into place
-    (``T5Draft.commit_tree``); after a chain the cache already holds it."""
+    """After a dynamic tree, ``T5Draft.commit_tree``; a chain's cache is in place."""
     moved = self.t5.commit_tree(state.cache, seq, length, start, path, num_accepted)
     cache = jax.tree.map(lambda a, b: jnp.where(state.tree_round, a, b), moved,
                          self.t5.commit(state.cache, seq, length))
@@ -99,8 +95,7 @@ class LookupT5Draft:
                        skip_below: float | None = None, cumulative: bool = False,
                        drawn: bool = False
                        ) -> tuple[Array, Array, Array, Array, LookupT5State]:
-    """``T5Draft``'s early exit with copied positions at confidence 1 and T5
-    positions at the T5 draft's own (its softmax at T = 0); exact."""
+    """``T5Draft``'s early exit with copied positions at confidence 1."""
     tokens, q, count, steps, cache = self.t5.propose_adaptive(
         state.cache, seq, length, gamma, sampling, key, limit, threshold,
         skip_below=skip_below, cumulative=cumulative, drawn=drawn,

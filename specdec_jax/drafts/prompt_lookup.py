@@ -73,8 +73,8 @@ def lookup_continuation(inputs: Array, seq: Array, length: Array, gamma: int,
 
 @struct.dataclass
 class PromptLookupDraft:
-  """Proposes the γ tokens after the longest suffix n-gram's most recent
-  occurrence (``lookup_continuation``); without a match, repeats the last token."""
+  """Proposes what followed the longest suffix n-gram's latest occurrence
+  (``lookup_continuation``), else repeats the last token."""
 
   vocab_size: int = struct.field(pytree_node=False)
   max_ngram: int = struct.field(pytree_node=False, default=3)
@@ -106,8 +106,7 @@ class PromptLookupDraft:
     return tokens, q, count, jnp.asarray(gamma, jnp.int32), state
 
   def tree_unsupported(self, tree: TreeShape) -> str | None:
-    """Spine trees (its chain; one-hot q leaves no alternatives) and fans
-    (chains from the root, ``TreeShape.is_fan``: one match each) only."""
+    """Spine trees (siblings unproposed) and fans (``TreeShape.is_fan``) only."""
     if tree.is_spine or tree.is_fan:
       return None
     return ("prompt lookup fills spine trees (its chain) and fans of chains from the root "

@@ -39,20 +39,17 @@ MASK_NAME = "decoder/mask_embedding"
 
 
 def zeros(draft: T5Model) -> dict:
-  """A mask embedding of zeros ({'mask_embedding': [1, d_model]}): mask
-  positions then read the pad token's embedding alone."""
+  """A zero mask embedding {'mask_embedding': [1, d_model]}: masks read pad alone."""
   return {"mask_embedding": jnp.zeros((1, draft.config.d_model), jnp.float32)}
 
 
 def save(directory: str, block: Any) -> None:
-  """Writes ``directory/block_draft.npz`` (float32, T5X-style name
-  ``decoder/mask_embedding``)."""
+  """Writes ``directory/block_draft.npz`` (float32, ``decoder/mask_embedding``)."""
   bridge_lib.save_arrays(directory, FILENAME, {MASK_NAME: block["mask_embedding"]})
 
 
 def load(directory: str) -> Optional[dict]:
-  """The block draft's mask embedding stored with a checkpoint (local or
-  ``gs://``), or None if the checkpoint is not a block draft."""
+  """The stored mask embedding (local or ``gs://``), or None if not a block draft."""
   out = bridge_lib.load_arrays(directory, FILENAME, (MASK_NAME,), "block draft mask embedding")
   return None if out is None else {"mask_embedding": out[MASK_NAME]}
 
@@ -66,17 +63,15 @@ def check(block: Any, draft: T5Model, source: str) -> None:
 
 
 def block_positions(length: Array, gamma: int, catch_up: int) -> Array:
-  """Positions of one block call [B, catch_up + γ − 1]: n − catch_up + 1 .. n
-  (negatives dropped) then the masks n + 1 .. n + γ − 1."""
+  """Positions [B, catch_up + γ − 1]: n − catch_up + 1 .. n, then n + 1 .. n + γ − 1."""
   offsets = jnp.arange(1 - catch_up, gamma, dtype=jnp.int32)
   return length[:, None] + offsets[None]
 
 
 def block_extra(mask: Array, positions: Array, length: Array,
                 feature: Any = None, projected: Optional[Array] = None) -> Array:
-  """The decoder's extra [B, k, d] at ``positions`` [B, k]: the mask embedding
-  past ``length`` and, with the feature bridge, h_s K + e_j from ``projected``
-  [B, L, d]."""
+  """The extra [B, k, d] at ``positions``: the mask embedding past ``length``, plus
+  h_s K + e_j from ``projected`` [B, L, d] with the feature bridge."""
   n = length[:, None]
   is_mask = positions > n
   extra = jnp.where(is_mask[..., None], mask.astype(jnp.float32)[0], 0.0)
@@ -155,8 +150,7 @@ class T5BlockDraft:
 
   def block_logits(self, state: Any, seq: Array, length: Array, gamma: int
                    ) -> tuple[Array, Any]:
-    """The one call: logits [B, γ, V] at positions n .. n + γ − 1 and the state
-    with its keys written (masks included, overwritten next call)."""
+    """The one call: logits [B, γ, V] at n .. n + γ − 1 and the state."""
     cache, states = self._split(state)
     catch_up = gamma + 1  # a round commits at most γ + 1 tokens
     pos = block_positions(length, gamma, catch_up)                     # [B, 2γ]
@@ -192,8 +186,7 @@ class T5BlockDraft:
                        sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
                        skip_below: float | None = None, cumulative: bool = False,
                        drawn: bool = False) -> tuple[Array, Array, Array, Array, Any]:
-    """``propose`` at γ_max, counts by ``base.stop_count`` (confidence as
-    ``T5Draft``'s); steps is 1. Every decision reads only q_1..q_γ."""
+    """``propose`` at γ_max, counts by ``base.stop_count``; steps is 1."""
     logits, state = self.block_logits(state, seq, length, gamma)
     tokens, q = self._draw(logits, sampling, key)
     top = top_probability(q, logits, sampling)

@@ -42,8 +42,7 @@ _MASK_VALUE = -1e10
 
 
 def interpret_mode(interpret: Optional[bool] = None) -> bool:
-  """Whether the kernels run in interpret mode: ``interpret`` if given, else
-  on a CPU backend; Triton on GPUs; other backends are refused."""
+  """``interpret`` if given, else interpret mode on a CPU, Triton on GPUs."""
   if interpret is not None:
     return interpret
   backend = jax.default_backend()
@@ -302,8 +301,7 @@ def attention(x: Array, norm_scale: Array, w_q: Array, keys: Array, values: Arra
 
 def covers(config: Any, batch: int, k: int, cache: Any, write: bool, tree: Any,
            return_hidden: bool) -> bool:
-  """Whether the kernels run this decode call (else the XLA path does; see the
-  module docstring). Static: decided at trace time from shapes and flags."""
+  """Whether the kernels run this decode call (else XLA does), at trace time."""
   if cache is None or not write or tree is not None or return_hidden:
     return False
   if not (1 <= k <= QUERY_BLOCK and 1 <= batch <= MAX_BATCH):

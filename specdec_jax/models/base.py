@@ -28,8 +28,7 @@ Rows = Any   # cache rows, a pytree of [B, k, ...] arrays
 
 
 class TargetModel(Protocol):
-  """Structural type of a target model M_p; ``config`` has ``vocab_size`` and
-  ``decoder_start_id``."""
+  """Structural type of M_p; ``config`` has ``vocab_size`` and ``decoder_start_id``."""
 
   config: Any
 
@@ -63,15 +62,13 @@ class TargetModel(Protocol):
 
 def score(target: TargetModel, params: Any, tokens: Array, positions: Array, cache: Cache, *,
           write: bool = True, hidden: bool = False) -> tuple[Array, Any, Optional[Array]]:
-  """``decode`` with one return shape: (logits [B, k, V], cache or rows, final
-  states [B, k, d] if ``hidden`` else None)."""
+  """``decode`` with one return shape: (logits, cache or rows, states or None)."""
   out = target.decode(params, tokens, positions, cache, return_hidden=hidden, write=write)
   return out[0], out[1], (out[2] if hidden else None)
 
 
 def pad_rows(rows: Rows, slots: Array, width: int) -> tuple[Rows, Array]:
-  """Rows [B, k, ...] and slots [B, k] padded to ``width`` (slot -1: dropped), so
-  ``lax.switch`` branches return one shape."""
+  """Rows [B, k, ...] and slots padded to ``width`` (slot -1: dropped)."""
   extra = width - slots.shape[1]
   pad = lambda r: jnp.pad(r, ((0, 0), (0, extra)) + ((0, 0),) * (r.ndim - 2))
   return jax.tree.map(pad, rows), jnp.pad(slots, ((0, 0), (0, extra)), constant_values=-1)
