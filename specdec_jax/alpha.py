@@ -21,8 +21,7 @@ Array = jax.Array
 
 
 def _draft_q_along(draft: Any, inputs: Array, tokens: Array, sampling: SamplingConfig) -> Array:
-  """q_t [B, T, V] for every position t of fixed outputs tokens [B, T] (γ = 1
-  proposals, each from the true prefix)."""
+  """q_t [B, T, V] at every position of fixed outputs [B, T] (γ = 1 from each prefix)."""
   b, t = tokens.shape
   seq = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), tokens, jnp.zeros((b, 1), jnp.int32)], 1)
   state = draft.init(inputs, t + 2)
@@ -37,8 +36,8 @@ def _draft_q_along(draft: Any, inputs: Array, tokens: Array, sampling: SamplingC
 
 
 def alpha_batches(inputs: np.ndarray, n: int, batch_size: int) -> list[tuple[Array, int]]:
-  """The first ``n`` rows of ``inputs`` as (inputs [batch_size, S], real rows)
-  batches; a short last batch repeats its last row, not counted."""
+  """The first ``n`` rows as (inputs [batch_size, S], real rows) batches, the last
+  padded with its last row."""
   out = []
   for start in range(0, max(n, 1), batch_size):
     rows = list(range(start, min(start + batch_size, max(n, 1))))
@@ -66,8 +65,7 @@ def min_pq_along(target: T5Model, params: Any, draft: Any, inputs: Array, tokens
 def min_pq_in_rounds(target: T5Model, params: Any, draft: Any, inputs: Array, key: Array,
                      gamma: int, max_decode_len: int, sampling: SamplingConfig,
                      partitioner: Any = None) -> tuple[SpecOutput, np.ndarray, np.ndarray]:
-  """(outputs, Σ min(p, q) [B], evaluated positions [B]) of the engine's rounds
-  at ``gamma``: α for a draft whose q depends on where a round starts."""
+  """(outputs, Σ min(p, q) [B], evaluated [B]) of the engine's rounds at ``gamma``."""
   out = speculative_decode(target, params, draft, inputs, key, gamma=gamma,
                            max_decode_len=max_decode_len, sampling=sampling,
                            eos_id=target.config.eos_id, partitioner=partitioner)
@@ -79,8 +77,8 @@ def alpha_by_position_in_rounds(target: T5Model, params: Any, draft: Any,
                                 batches: Sequence[tuple[Array, int]], key: Array, gamma: int,
                                 sampling: SamplingConfig, max_decode_len: int,
                                 partitioner: Any = None) -> list[float]:
-  """α_i, i = 1..γ: accepted_at / evaluated_at in the engine's rounds (0 where
-  never evaluated), for drafts whose acceptance falls with position (block drafts)."""
+  """α_i = accepted_at / evaluated_at in the engine's rounds (0 if never
+  evaluated), for block drafts."""
   acc = np.zeros(gamma)
   ev = np.zeros(gamma)
   for i, (inputs, n) in enumerate(batches):
@@ -113,8 +111,7 @@ def estimate_alpha(target: T5Model, params: Any, draft: Any,
                    batches: Sequence[tuple[Array, int]], key: Array, sampling: SamplingConfig,
                    max_decode_len: int, partitioner: Any = None,
                    rounds_gamma: int = 4) -> tuple[float, int, float]:
-  """(α, tokens, standard error) over ``batches`` of (inputs, real rows); a
-  draft reading target states is measured in rounds at ``rounds_gamma``."""
+  """(α, tokens, standard error) over ``batches`` of (inputs, real rows)."""
   sums, lengths = [], []
   in_rounds = capabilities(draft).target_states
   for i, (inputs, n) in enumerate(batches):

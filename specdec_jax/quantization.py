@@ -27,8 +27,7 @@ SCHEME = "weight-only, Dense kernels, symmetric absmax per output channel (qwix)
 
 
 def check(value: Optional[str], setting: str = "draft_quantization") -> None:
-  """None or one of ``QUANTIZATIONS`` (with qwix installed); else a
-  ValueError naming ``setting`` and the value."""
+  """None or one of ``QUANTIZATIONS`` (qwix installed); else a ValueError."""
   if value is None:
     return
   if value not in QUANTIZATIONS:
@@ -57,8 +56,7 @@ def array_bytes(shape: Sequence[int], dtype: Any) -> int:
 
 
 def quantized(name: str) -> bool:
-  """Whether parameter ``name`` ('/'-joined T5X name) is quantized: the
-  ``Dense`` kernels; not the embedding, norm scales or relative-position tables."""
+  """Whether T5X parameter ``name`` is quantized (the ``Dense`` kernels)."""
   return name.endswith("/kernel")
 
 
@@ -68,8 +66,7 @@ def is_qarray(x: Any) -> bool:
 
 
 def quantize_kernel(kernel: jax.Array, mode: str) -> qwix.QArray:
-  """A [in, out] kernel -> QArray: qvalue [in, out] at ``qtype(mode)``, scale
-  [1, out] float32 (qwix's absmax over ``in`` / (the type's largest value + 1/2))."""
+  """[in, out] -> QArray: qvalue at ``qtype(mode)``, scale [1, out] float32 (absmax)."""
   return qwix.quantize(jnp.asarray(kernel, jnp.float32), qtype(mode), channelwise_axes=(1,),
                        scale_dtype=SCALE_DTYPE)
 
@@ -79,8 +76,7 @@ def _name(path: tuple) -> str:
 
 
 def quantize_params(params: Any, mode: str) -> Any:
-  """The parameter tree with every kernel (``quantized``) a ``QArray``; the
-  other leaves unchanged. Jitted: run on a mesh it keeps the leaves' layout."""
+  """Every ``quantized`` kernel a ``QArray``, jitted (keeps the leaves' layout)."""
   check(mode)
 
   def one(path, x):
@@ -94,8 +90,7 @@ def dequantize(x: Any, dtype: Any = jnp.float32) -> jax.Array:
 
 
 def take_columns(kernel: Any, ids: jax.Array) -> jax.Array:
-  """Columns ``ids`` of a [d, V] kernel as float32 [d, ...], reading only those
-  columns of a QArray (qvalue and scale) before dequantizing them."""
+  """Columns ``ids`` of a [d, V] kernel as float32 [d, ...], dequantizing only those."""
   if not is_qarray(kernel):
     return jnp.take(kernel, ids, axis=1)
   part = qwix.QArray(jnp.take(kernel.qvalue, ids, axis=1), jnp.take(kernel.scale, ids, axis=1),
@@ -117,8 +112,7 @@ def scale_axes(axes: Sequence[Optional[str]]) -> tuple:
 
 def abstract_kernel(shape: Sequence[int], mode: str,
                     sharding: Callable[[Sequence[Optional[int]], tuple], Any]) -> qwix.QArray:
-  """A kernel's QArray as ShapeDtypeStructs: ``sharding(shape, which)`` gives
-  the sharding of the qvalue (``which`` 'qvalue') or of the scale ('scale')."""
+  """A kernel's QArray as ShapeDtypeStructs, ``sharding(shape, 'qvalue'|'scale')``."""
   shape = tuple(shape)
   scale = (1,) + shape[1:]
   return qwix.QArray(jax.ShapeDtypeStruct(shape, qtype(mode), sharding=sharding(shape, "qvalue")),
@@ -127,8 +121,7 @@ def abstract_kernel(shape: Sequence[int], mode: str,
 
 
 def stored_bytes(name: str, shard: Sequence[int], mode: Optional[str], dtype: Any) -> int:
-  """Bytes one device holds of parameter ``name``'s ``shard``: at ``dtype``, or
-  the integers plus float32 scales when quantized."""
+  """Bytes one device holds of ``name``'s ``shard`` (quantized: ints + scales)."""
   if mode is None or not quantized(name):
     return array_bytes(shard, dtype)
   return array_bytes(shard, qtype(mode)) + array_bytes((1,) + tuple(shard[1:]), SCALE_DTYPE)

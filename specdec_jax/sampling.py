@@ -48,8 +48,8 @@ class SamplingConfig:
 
 
 def argmax(x: Array) -> Array:
-  """x [..., V] -> [...] int32, the first index of the maximum, as a max and a
-  min reduction (XLA:CPU lowers ``argmax`` to a scalar loop). All-NaN: in range."""
+  """x [..., V] -> [...] int32, the first maximum, as a max and a min reduction
+  (XLA:CPU lowers ``argmax`` to a scalar loop)."""
   v = x.shape[-1]
   m = jnp.max(x, axis=-1, keepdims=True)
   idx = jnp.min(jnp.where(x == m, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
@@ -95,16 +95,14 @@ def sample(key: Array, probs: Array, config: SamplingConfig) -> Array:
 
 
 def sample_with(u: Array | None, probs: Array, config: SamplingConfig) -> Array:
-  """``sample`` with uniforms u [...] in [0, 1) given (None at T = 0), so a
-  draft's γ steps draw all uniforms in one call."""
+  """``sample`` with given uniforms u [...] in [0, 1) (None at T = 0)."""
   if config.greedy:
     return argmax(probs)
   return inverse_cdf(probs, u)
 
 
 def _block_size(v: int) -> int:
-  """Block size of the two-level inverse CDF: a divisor of V near sqrt(V) (a free
-  reshape), or 128 with zero padding when V has none in [16, 1024]."""
+  """A divisor of V near sqrt(V) (a free reshape), else 128 with zero padding."""
   divisors = [d for d in range(16, min(v, 1024) + 1) if v % d == 0]
   if not divisors:
     return 128
@@ -130,8 +128,7 @@ def sample_any(key: Array, probs: Array) -> Array:
 
 
 def inverse_cdf(probs: Array, u: Array) -> Array:
-  """``sample_any``'s draw for given u [...] in [0, 1): the first token whose
-  cumulative mass exceeds u · sum(probs)."""
+  """The first token whose cumulative mass exceeds u · sum(probs), u [...] in [0, 1)."""
   probs = probs.astype(jnp.float32)
   v = probs.shape[-1]
   block = _block_size(v)

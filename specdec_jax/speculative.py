@@ -30,8 +30,7 @@ class KernelOutput(NamedTuple):
 
 
 def _leading(accept: Array, proposed: Array | None) -> tuple[Array, Array]:
-  """Verdicts [B, γ] -> (accepted: the leading run, prefix-closed; n [B]);
-  positions past ``proposed`` never pass."""
+  """Verdicts [B, γ] -> (the leading run, prefix-closed; n [B]); past ``proposed``: fail."""
   if proposed is not None:
     accept = accept & (jnp.arange(accept.shape[1])[None] < proposed[:, None])
   accepted = jnp.cumprod(accept.astype(jnp.int32), axis=-1).astype(bool)
@@ -94,9 +93,8 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
 def greedy_kernel(draft_tokens: Array, q: Array, target_tokens: Array,
                   proposed: Array | None = None) -> KernelOutput:
   """``speculative_sampling`` at T = 0, l = 1 from the target's argmax tokens
-  target_tokens [B, γ+1] alone (same ``KernelOutput``): x_i passes iff x_i = t_i,
-  the next token is t_{n+1}, min_pq = q_i(t_i) (docs/exactness.md, section 4).
-  Builds no one-hot p over the vocabulary."""
+  [B, γ+1] alone: x_i passes iff x_i = t_i, min_pq = q_i(t_i) (docs/exactness.md,
+  section 4); no one-hot p is built."""
   gamma = draft_tokens.shape[1]
   accepted, n = _leading(draft_tokens == target_tokens[:, :gamma], proposed)
   next_token = jnp.take_along_axis(target_tokens, n[:, None], axis=1)[:, 0]

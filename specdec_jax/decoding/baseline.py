@@ -1,5 +1,4 @@
-"""The baseline: plain autoregressive decoding with T5X ``temperature_sample``
-semantics, one target call per token — what every speedup is measured against."""
+"""The baseline: T5X ``temperature_sample``, one target call per token."""
 
 from __future__ import annotations
 
@@ -75,10 +74,8 @@ BASELINE_STATIC = ("model", "max_decode_len", "sampling", "eos_id", "partitioner
 def temperature_sample(model: TargetModel, params: Any, inputs: Array, key: Array, *,
                        max_decode_len: int, sampling: SamplingConfig = SamplingConfig(),
                        eos_id: int = 1, partitioner: Partitioner | None = None) -> DecodeOutput:
-  """Plain autoregressive decoding, one target call per token (T5X
-  ``temperature_sample`` semantics). inputs [B, S] int32 (0 = pad). ->
-  ``DecodeOutput``: tokens [B, max_decode_len] (0 after EOS), log_prob [B],
-  length [B]. A ``partitioner`` pins caches and state to its mesh."""
+  """Plain autoregressive decoding (T5X ``temperature_sample``): inputs [B, S] ->
+  ``DecodeOutput`` (tokens [B, max_decode_len], 0 after EOS; log_prob, length)."""
   validate(max_decode_len)
   b = inputs.shape[0]
   encoded = model.encode(params, inputs)

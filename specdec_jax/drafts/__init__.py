@@ -24,9 +24,8 @@ BUILD_ARGS = ("vocab_size", "vocab", "max_ngram", "model", "params", "corpus", "
 
 
 def register(name: str):
-  """Decorator: make a builder function or a draft class (called with the
-  ``build`` arguments its constructor names) selectable by ``name``;
-  re-registering the same object is allowed."""
+  """Decorator: a builder or draft class (called with the ``build`` arguments it
+  names) selectable by ``name``; re-registering the same object is allowed."""
   def deco(obj):
     old = REGISTRY.get(name)
     if old is not None and _qualname(old) != _qualname(obj):

@@ -29,8 +29,7 @@ def zeros(target: T5Model, draft: T5Model) -> Array:
 
 
 def project(kernel: Array, target_encoded: Array) -> Array:
-  """H_p W [B, S, d_q] from the target's encoder output [B, S, d_p]; no gradient
-  into the target."""
+  """H_p W [B, S, d_q] from the target's [B, S, d_p] (no gradient into the target)."""
   h = jax.lax.stop_gradient(target_encoded).astype(jnp.float32)
   return jnp.einsum("bsd,de->bse", h, kernel)
 
@@ -50,8 +49,7 @@ def check(kernel: Any, target: T5Model, draft: T5Model, source: str) -> None:
 
 
 def save_arrays(directory: str, filename: str, arrays: dict) -> None:
-  """Writes ``directory/filename`` (.npz, float32) whole or not at all (a
-  temporary file renamed into place): a bridge file never holds half a write."""
+  """Writes ``directory/filename`` (.npz, float32) atomically."""
   os.makedirs(directory, exist_ok=True)
   path = os.path.join(directory, filename)
   tmp = path + ".tmp.npz"
@@ -61,9 +59,8 @@ def save_arrays(directory: str, filename: str, arrays: dict) -> None:
 
 def load_arrays(directory: str, filename: str, keys: tuple[str, ...],
                 what: str) -> Optional[dict]:
-  """``keys`` of ``directory/filename`` (local or ``gs://``) as finite 2-D
-  float32 arrays, or None without the file; a malformed file is an error naming
-  the path and ``what`` it should be."""
+  """``keys`` of ``directory/filename`` (local or ``gs://``) as finite 2-D float32
+  arrays, or None without the file; errors name the path and ``what``."""
   path = storage.join(directory, filename)
   if not storage.is_file(path):
     return None

@@ -1,7 +1,5 @@
-"""Negligible-cost approximation models (paper §3.6, Table 3): unigram, bigram,
-estimated from a token corpus. The bigram keeps each token's ``top_m`` most
-frequent successors interpolated with the unigram: full support at
-O(V * top_m) memory."""
+"""Negligible-cost approximation models (paper §3.6, Table 3): unigram, bigram
+(each token's ``top_m`` successors interpolated with the unigram)."""
 
 from __future__ import annotations
 
@@ -57,8 +55,8 @@ class UnigramDraft:
 
 @struct.dataclass
 class BigramDraft:
-  """q(x | prev) = (1 - λ) bigram_top_m(x | prev) + λ' unigram(x); ``next_ids``/
-  ``next_probs`` [V, top_m], the mass left (and λ) going to the unigram."""
+  """q(x | prev) = (1 - λ) bigram_top_m(x | prev) + λ' unigram(x) (``next_ids``,
+  ``next_probs`` [V, top_m])."""
 
   unigram: Array      # [V] probabilities
   next_ids: Array     # [V, M] int32

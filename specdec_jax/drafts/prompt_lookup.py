@@ -18,10 +18,8 @@ Array = jax.Array
 
 def _match_lengths(inputs: Array, seq: Array, length: Array,
                    max_ngram: int) -> tuple[Array, Array, Array]:
-  """-> (context [B, C], valid [B, C], n [B, C]): the inputs then the committed
-  outputs, which entries are real, and at each i the largest n <= max_ngram
-  such that the last n committed tokens end at i (0: none; the suffix itself
-  and matches at the end excluded)."""
+  """-> (context [B, C], valid [B, C], n [B, C]): inputs then committed outputs, and
+  at each i the largest n <= max_ngram whose suffix match ends at i (0: none)."""
   b, s = inputs.shape
   t = seq.shape[1] - 1
   ctx = jnp.concatenate([inputs, seq[:, 1:]], axis=1)                # [B, S+T]
@@ -63,10 +61,8 @@ def lookup_branches(inputs: Array, seq: Array, length: Array, gamma: int, max_ng
 
 def lookup_continuation(inputs: Array, seq: Array, length: Array, gamma: int,
                         max_ngram: int) -> tuple[Array, Array, Array]:
-  """The γ tokens after the most recent occurrence of the longest (n <=
-  max_ngram) suffix of the committed context (inputs, then outputs). ->
-  (tokens [B, γ], matched [B] (n, 0 if none), valid [B, γ] bool: a real
-  context token); context only, never the target."""
+  """The γ tokens after the latest occurrence of the longest (n <= max_ngram)
+  suffix of the context -> (tokens [B, γ], matched n [B], valid [B, γ])."""
   cont, matched, ok = lookup_branches(inputs, seq, length, gamma, max_ngram, 1)
   return cont[:, 0], matched[:, 0], ok[:, 0]
 

@@ -28,8 +28,7 @@ FORMAT = "specdec_jax.shortlist/1"  # a file format name, kept across module mov
 
 def frequent(sequences: Iterable[Sequence[int]], size: int, vocab_size: int,
              always: Sequence[int] = ()) -> np.ndarray:
-  """The ``size`` most frequent ids (ties: lower first) plus every id of
-  ``always``, sorted; ids outside [0, vocab_size) are an error."""
+  """The ``size`` most frequent ids (ties: lower) plus ``always``, sorted."""
   if size < 1:
     raise ValueError(f"shortlist size must be >= 1, got {size}")
   counts: collections.Counter = collections.Counter()
@@ -49,10 +48,8 @@ def frequent(sequences: Iterable[Sequence[int]], size: int, vocab_size: int,
 
 def sequences_from(path: str, vocab: Any, split: str = "train",
                    max_examples: int | None = None) -> Iterator[list[int]]:
-  """Token sequences for ``frequent``: a JSONL with ``tokens`` (e.g.
-  target_outputs.jsonl from ``specdec_jax.distill``), or ``seqio:<task>``/a local
-  TSV/JSONL whose references are encoded with ``vocab`` (EOS appended); at most
-  ``max_examples``."""
+  """Token sequences for ``frequent``: a JSONL with ``tokens``, or the references of
+  ``seqio:<task>``/a TSV/JSONL encoded with ``vocab`` (EOS appended)."""
   if path.endswith(".jsonl") and os.path.isfile(path):
     with open(path) as f:
       first = f.readline()
@@ -88,8 +85,7 @@ def save(path: str, ids: np.ndarray, vocab_size: int, **meta: Any) -> None:
 
 
 def load(path: str, vocab_size: int) -> np.ndarray:
-  """The sorted ids of a shortlist written by ``save`` (local or ``gs://``),
-  checked to lie in [0, vocab_size)."""
+  """The sorted ids of a shortlist written by ``save`` (local or ``gs://``), checked."""
   if not storage.is_gcs(path) and not os.path.isfile(path):
     raise FileNotFoundError(f"draft shortlist not found: {path}")
   raw = storage.read_bytes(path, "draft shortlist")  # gs:// errors name what is missing
@@ -120,8 +116,7 @@ def check_ids(ids: np.ndarray, vocab_size: int, where: str) -> np.ndarray:
 
 
 def output_columns(model: T5Model, params: Any, ids: Array) -> Array:
-  """The draft's output-layer columns for ids [...] -> [d, ...], as
-  ``T5Model.decode`` computes logits (T5 1.0's tied scaling included)."""
+  """The output-layer columns for ids [...] -> [d, ...], as ``T5Model.decode``."""
   c = model.config
   if c.logits_via_embedding:
     table = params["token_embedder"]["embedding"]  # [V, d]
@@ -144,8 +139,7 @@ class Shortlist(struct.PyTreeNode):
 
 
 class InputPart(struct.PyTreeNode):
-  """S's per-example part: input ids [B, L] (padding mapped past the vocabulary)
-  and columns ``kernel`` [B, d, L] (``for_inputs``)."""
+  """S's per-example part: input ids [B, L] (pad mapped past V), ``kernel`` [B, d, L]."""
   ids: Array
   kernel: Array
 
@@ -160,8 +154,7 @@ def for_inputs(model: T5Model, params: Any, inputs: Array) -> InputPart:
 
 def logits(shortlist: Shortlist, part: InputPart | None, hidden: Array,
            vocab_size: int) -> Array:
-  """The draft's logits over S, −inf elsewhere: hidden [B, k, d] -> [B, k, V]
-  float32 (a token in both parts: the input part's write wins, same value)."""
+  """The draft's logits over S, −inf elsewhere: hidden [B, k, d] -> [B, k, V] float32."""
   b, k, _ = hidden.shape
   y = hidden.astype(jnp.float32)
   out = jnp.full((b, k, vocab_size), -jnp.inf, jnp.float32)
