@@ -1,22 +1,13 @@
 """Beam search with T5X's semantics, and speculative beam search (paper Appendix A.4).
 
-``beam_search`` is T5X's ``decoding.beam_search`` as one jitted
-``lax.while_loop``: each step keeps the best 2w (beam, token) candidates,
-merges those ending in EOS (scored log p / ((5 + length) / 6)^alpha) into the
-w finished beams and keeps the best w others live; a row stops at
-``max_decode_len`` or when no live beam can beat its worst finished one.
-Beams are returned ascending by score (best last), as T5X does.
-
-``speculative_beam_search`` gives the same beams with fewer target calls: the
-draft runs beam search at width u >= w for γ steps from the live beams (or, if
-it is an approximation model, proposes each beam's greedy chain, u = w); the
-target scores the w + uγ nodes in one tree pass and the baseline's own step
-(``beam_step``) is replayed on those logits while every live beam is a node,
-plus one more step, as Algorithm 1 emits a token after the first rejection.
-
-Layout: each example's cache is one row of w regions of R slots (``_Layout``);
-live beam i's inputs sit at slots i·R + position, a round's nodes at scratch
-slots of their root's region, and regions are rebuilt by one gather per round.
+``beam_search`` is T5X's ``decoding.beam_search`` as one jitted loop (EOS
+candidates scored log p / ((5 + length) / 6)^alpha; beams returned ascending by
+score). ``speculative_beam_search`` gives the same beams with fewer target
+calls: the draft runs beam search at width u >= w for γ steps (or proposes
+each beam's greedy chain), the target scores the w + uγ nodes in one tree pass,
+and the baseline's step (``beam_step``) is replayed on those logits while every
+live beam is a node, plus one step, as Algorithm 1 emits one token after a
+rejection. Each example's cache is one row of w regions of R slots (``_Layout``).
 Shapes: B rows, w beams, u draft beams, M = max_decode_len, N = w + uγ nodes."""
 
 from __future__ import annotations

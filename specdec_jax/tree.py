@@ -1,17 +1,11 @@
-"""Token trees: a static tree shape and the exact multi-candidate acceptance rule.
+"""Token trees: static shapes, trees as data, and the exact multi-candidate rule.
 
-A token tree offers several candidates per position, all scored by one target
-pass, each node attending to the prefix and its ancestors (SpecInfer's tree
-mask, Miao et al. 2023); shapes are static so everything compiles once
-(Medusa, Cai et al. 2024). Node 0 is the root (the last committed token); a
-node's parent precedes it, and children are tried in index order.
-
-* ``tree_speculative_sampling`` (T > 0): SpecInfer's multi-step speculative
-  sampling, §2.3 applied per sibling with the residual norm(max(0, r - q_c));
-  exact for i.i.d. siblings or ``without_replacement`` draws (recursive
-  rejection sampling, Jeon et al. 2024). Proof: docs/exactness.md, section 10.
-* ``tree_greedy_kernel`` (T = 0): the deepest path agreeing with the target's
-  argmax, plus the target's argmax after it."""
+Several candidates per position, all scored by one target pass with a tree mask
+(SpecInfer, Miao et al. 2023; static shapes as Medusa). Node 0 is the root (the
+last committed token); parents precede children, tried in index order.
+``tree_speculative_sampling`` (T > 0) is §2.3 applied per sibling with the
+residual norm(max(0, r - q_c)) (docs/exactness.md, section 10);
+``tree_greedy_kernel`` (T = 0) takes the deepest path agreeing with the argmax."""
 
 from __future__ import annotations
 

@@ -2,20 +2,15 @@
 
 A model is a pytree (``flax.struct`` dataclass) with three pure methods:
 
-* ``init(inputs, cache_len) -> state``: once per example; inputs [B, S] (0 = pad).
+* ``init(inputs [B, S], cache_len) -> state``, once per example.
 * ``propose(state, seq, length, gamma, sampling, key) -> (tokens, q, state)``:
-  γ tokens [B, γ] and exactly the distributions q [B, γ, V] they were drawn
-  from (Algorithm 1 tests r·q(x) <= p(x); one-hot if deterministic). seq [B, T]
-  holds the decoder inputs (seq[:, 0] the start token, seq[:, i + 1] the i-th
-  output token); the next token is predicted from seq[:, :length + 1]; later
-  entries are stale.
-* ``commit(state, seq, length) -> state``: the new committed length after the
-  target's verdict; rolling back rejected work is the model's business.
+  γ tokens [B, γ] and exactly the q [B, γ, V] they were drawn from (one-hot if
+  deterministic); seq [B, T] holds the decoder inputs (start token, then the
+  outputs), the next token follows seq[:, :length + 1], later entries are stale.
+* ``commit(state, seq, length) -> state`` after the verdict (rollback is its own).
 
-Optional methods are declared once, with defaults, in ``Capabilities`` and
-reached only through the fallbacks here. A new model needs no engine change:
-implement the three methods and ``specdec_jax.drafts.register`` it (README,
-"Adding an approximation model")."""
+Optional methods are declared once, with defaults, in ``Capabilities``. A new
+model needs no engine change: ``specdec_jax.drafts.register`` it (README)."""
 
 from __future__ import annotations
 

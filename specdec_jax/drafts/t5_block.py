@@ -1,18 +1,12 @@
-"""A T5 draft that proposes a whole block of γ tokens in one decoder call.
+"""A T5 draft that proposes a block of γ tokens in one decoder call (c·γ -> c).
 
-The autoregressive draft spends γ calls a round (c·γ in Theorem 3.8). This
-one feeds the committed tokens it has not cached (positions n − γ .. n) plus
-γ − 1 mask positions n + 1 .. n + γ − 1 (the pad embedding plus a learned
-``decoder/mask_embedding`` [1, d_model], stored in ``block_draft.npz`` and
-trained by ``specdec_jax.distill``). Output n is q_1, output n + i is q_{i+1},
-each x_i drawn from its own q_i independently.
-
-Exactness (§2.3; docs/exactness.md, section 12): a q_i independent of
-x_1..x_{i−1} is one valid conditional, so only α_i depends on the guesses.
-Mask keys in the cache are re-fed by the next round before any query reads
-them, so ``commit`` does nothing. With the feature bridge (DFlash) position t
-reads h_s K + e_j, s = min(t, n) − 1, j = t − min(t, n); without it the draft
-is target-independent (PARD)."""
+It feeds the uncached committed tokens (positions n − γ .. n) and γ − 1 mask
+positions (pad embedding + a learned ``decoder/mask_embedding`` [1, d_model],
+``block_draft.npz``, trained by ``specdec_jax.distill``); output n + i is q_{i+1}.
+Exact (§2.3; docs/exactness.md, section 12): a q_i independent of x_{<i} is a
+valid conditional. The next round re-feeds mask slots before reading them, so
+``commit`` does nothing. With the feature bridge position t reads h_s K + e_j,
+s = min(t, n) − 1, j = t − min(t, n) (DFlash); without, PARD."""
 
 from __future__ import annotations
 

@@ -1,18 +1,12 @@
-"""A T5 decoder layer at decode time in a few Pallas kernels.
+"""A T5 decoder layer at decode time in 6 Pallas kernels (XLA: ~34): norm + qkv +
+self-attention (rows written to the cache), output + residual, norm +
+cross-attention, output + residual, norm + MLP input, MLP output + residual.
 
-A chain decode runs each layer as 6 kernels instead of XLA's ~34: norm + qkv
-+ self-attention (rows written to the cache), output + residual, norm +
-cross-attention, output + residual, norm + MLP input(s), MLP output +
-residual. Product kernels tile only the output columns (``_BLOCK_N``) and the
-reduction (``_BLOCK_K``), reading each weight once.
-
-Every call runs ``QUERY_BLOCK`` query rows per batch row and every tiling is
+Every call runs ``QUERY_BLOCK`` query rows per batch row with tilings
 independent of k, so a position's logits are bit for bit a one-position
-step's: T = 0 speculative decoding (§2.3) reproduces the baseline at low
-precision. Results equal the XLA path's to float rounding. ``covers`` decides
-at trace time what falls back to XLA (prefill, ``write=False``, trees,
-``return_hidden``, k > 16, batch > 8, untileable sizes); quantized kernels
-and meshes are refused. Triton on GPUs, interpret mode on CPU (tests)."""
+step's (T = 0 speculative decoding reproduces the baseline at low precision);
+they equal the XLA path's to rounding. ``covers`` decides what falls back to
+XLA; quantized kernels are refused. Triton on GPUs, interpret mode on CPU."""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
 """What the decoding loops need from a target model M_p (``TargetModel``).
 
-The loops reach the target only through the five methods below (as T5X's
-``temperature_sample`` through ``tokens_to_logits``); tree passes, path moves
-and padding are derived here, once. Any hashable encoder-decoder keeping the
-contracts runs in every loop (``models.t5.T5Model`` does). Shapes: B rows, k
-new positions, N tree nodes, D depth; a cache holds ``cache_len`` slots a row.
-
-* ``encode`` and ``init_cache`` run once per example.
-* ``decode`` scores k tokens in one pass (§2.3's parallel run of M_p), causal
-  within the k and over the cache; a query at t reads slots 0..t, so rollback
-  is moving the row's length.
-* ``read_rows``/``write_rows`` read and write cache rows at given slots."""
+The loops reach the target only through five methods (as T5X through
+``tokens_to_logits``); tree passes, path moves and padding are derived here.
+``encode`` and ``init_cache`` run once per example; ``decode`` scores k tokens
+in one pass (§2.3), causal over the cache (a query at t reads slots 0..t, so
+rollback is moving the length); ``read_rows``/``write_rows`` move cache rows.
+Shapes: B rows, k new positions, N tree nodes, D depth."""
 
 from __future__ import annotations
 

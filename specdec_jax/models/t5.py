@@ -1,17 +1,11 @@
 """T5 1.0 / 1.1 encoder-decoder in Flax linen, shaped for speculative decoding.
 
-Parameters use T5X's names (docs/sharding.md), so a T5X checkpoint loads
-unrenamed. ``encode`` and ``init_cache`` run once per example; ``decode``
-writes k >= 1 tokens per row at explicit positions [B, k] into a fixed
-[B, cache_len, H, dh] cache and returns their logits. A query at t reads
-slots 0..t, so rollback is moving the row's index back; negative positions
-are not written (padding). ``T5Config.fixed_positions`` pads every call to
-one shape, so logits are bit-equal whichever call scores a position.
-
-Token trees (SpecInfer's tree attention, Miao et al. 2023): for a row of
-committed length n, node j is written at scratch slot n + j with position
-n + depth(j) and sees the prefix and its ancestors; ``commit_path`` then moves
-the accepted nodes to slots n + d, so slot = position again."""
+T5X parameter names (docs/sharding.md). ``decode`` writes k >= 1 tokens per row
+at positions [B, k] into a fixed [B, cache_len, H, dh] cache; a query at t reads
+slots 0..t, so rollback is moving the row's index; negative positions are not
+written. Token trees (SpecInfer, Miao et al. 2023): node j of a row at length n
+sits at slot n + j, position n + depth(j), seeing the prefix and its ancestors;
+``commit_path`` moves the accepted nodes to slots n + d."""
 
 from __future__ import annotations
 
