@@ -107,10 +107,9 @@ def alpha_standard_error(sums: np.ndarray, tokens: np.ndarray) -> float:
   return max(cluster, binomial)
 
 
-def estimate_alpha(target: T5Model, params: Any, draft: Any,
-                   batches: Sequence[tuple[Array, int]], key: Array, sampling: SamplingConfig,
-                   max_decode_len: int, partitioner: Any = None,
-                   rounds_gamma: int = 4) -> tuple[float, int, float]:
+def estimate_alpha(target: T5Model, params: Any, draft: Any, batches: Sequence[tuple[Array, int]],
+                   key: Array, sampling: SamplingConfig, max_decode_len: int,
+                   partitioner: Any = None, rounds_gamma: int = 4) -> tuple[float, int, float]:
   """(α, tokens, standard error) over ``batches`` of (inputs, real rows)."""
   sums, lengths = [], []
   in_rounds = capabilities(draft).target_states

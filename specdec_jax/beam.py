@@ -380,8 +380,7 @@ def _paths(lay: _Layout, parents: Array, roots: Array, cur: Array) -> Array:
   return jnp.stack(out, axis=2)
 
 
-def _rebuild(cache: Any, lay: _Layout, cur: Array, steps: Array, path: Array,
-             roots: Array) -> Any:
+def _rebuild(cache: Any, lay: _Layout, cur: Array, steps: Array, path: Array, roots: Array) -> Any:
   """Region i <- its root's region with the path's nodes (path [B, w, γ + 1])
   moved to slots cur + 1 .. cur + steps - 1; one gather per layer."""
   off = jnp.arange(lay.region, dtype=jnp.int32)

@@ -37,9 +37,8 @@ def _leading(accept: Array, proposed: Array | None) -> tuple[Array, Array]:
   return accepted, jnp.sum(accepted, axis=-1).astype(jnp.int32)
 
 
-def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array,
-                         lenience: float = 1.0, greedy: bool = False,
-                         p_raw: Array | None = None,
+def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array, lenience: float = 1.0,
+                         greedy: bool = False, p_raw: Array | None = None,
                          proposed: Array | None = None) -> KernelOutput:
   """Algorithm 1's acceptance and correction (paper §2.3), batched.
 

@@ -66,9 +66,8 @@ def expected_tokens_by_position(alphas: Sequence[float]) -> float:
   return float(1.0 + np.sum(np.cumprod(a)))
 
 
-def walltime_improvement(
-  alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike, v: ArrayLike = 1.0
-) -> ArrayLike:
+def walltime_improvement(alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike,
+                         v: ArrayLike = 1.0) -> ArrayLike:
   """Theorem 3.8 with a verification cost ``v`` in target steps (v = 1: the
   theorem): (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + v))."""
   a = _check_alpha(alpha)
@@ -192,12 +191,8 @@ def min_improvement(alpha: ArrayLike, c: ArrayLike) -> ArrayLike:
   return _to_output(np.where(a > c_arr, (1.0 + a) / (1.0 + c_arr), 1.0))
 
 
-def optimal_gamma(
-  alpha: ArrayLike,
-  c: ArrayLike,
-  v: ArrayLike = 1.0,
-  max_gamma: int = DEFAULT_MAX_GAMMA,
-) -> Union[int, np.ndarray]:
+def optimal_gamma(alpha: ArrayLike, c: ArrayLike, v: ArrayLike = 1.0,
+                  max_gamma: int = DEFAULT_MAX_GAMMA) -> Union[int, np.ndarray]:
   """Integer gamma in [1, max_gamma] maximizing walltime_improvement (§3.5, Fig. 3).
 
   0 where none beats standard decoding. Ties within ``_TIE_RTOL`` go to the
@@ -222,8 +217,7 @@ def optimal_gamma(
 
 def best_gamma_measured(alpha: float, c: Mapping[int, float], v: Mapping[int, float],
                         alpha_se: float = 0.0, c_se: Optional[Mapping[int, float]] = None,
-                        v_se: Optional[Mapping[int, float]] = None
-                        ) -> tuple[int, dict[int, float]]:
+                        v_se: Optional[Mapping[int, float]] = None) -> tuple[int, dict[int, float]]:
   """γ maximizing the v-generalized Theorem 3.8 over measured per-γ c[γ], v[γ]
   (§3.5). -> (γ, {γ: prediction}); never 0; ties go to the smaller γ. With
   standard errors, the smallest γ within one standard error of the argmax
@@ -261,9 +255,8 @@ def gamma_curve(alpha: float, c: Mapping[int, float], v: Mapping[int, float],
   return GammaCurve(gamma, argmax, curve, gap_se)
 
 
-def prediction_gap_se(alpha: float, c: Mapping[int, float], v: Mapping[int, float],
-                      best: int, alpha_se: float = 0.0,
-                      c_se: Optional[Mapping[int, float]] = None,
+def prediction_gap_se(alpha: float, c: Mapping[int, float], v: Mapping[int, float], best: int,
+                      alpha_se: float = 0.0, c_se: Optional[Mapping[int, float]] = None,
                       v_se: Optional[Mapping[int, float]] = None) -> dict[int, float]:
   """Standard error of S(best) - S(γ) per γ by first-order propagation (α shared,
   c and v independent per γ); zero without standard errors."""
@@ -295,8 +288,7 @@ def _dS_dalpha(alpha: float, gamma: int, c: float, v: float, h: float = 1e-5) ->
   return (walltime_improvement(hi, gamma, c, v) - walltime_improvement(lo, gamma, c, v)) / (hi - lo)
 
 
-def _timing_var(alpha: float, gamma: int, c: float, v: float, c_se: float, v_se: float
-                ) -> float:
+def _timing_var(alpha: float, gamma: int, c: float, v: float, c_se: float, v_se: float) -> float:
   """S's variance from c and v: ∂S/∂c = -S γ / (γ c + v), ∂S/∂v = -S / (γ c + v)."""
   denom = gamma * c + v
   s = walltime_improvement(alpha, gamma, c, v)

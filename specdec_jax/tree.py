@@ -359,8 +359,7 @@ def _check_inputs(shape: "TreeShape | RoundTree", tokens: Array, *dists: Array) 
                        f"{d.shape}")
 
 
-def _finish(tokens: Array, path: Array, n: Array, next_token: Array,
-            last: Array) -> TreeOutput:
+def _finish(tokens: Array, path: Array, n: Array, next_token: Array, last: Array) -> TreeOutput:
   rows = jnp.arange(tokens.shape[0])[:, None]
   path_tokens = jnp.where(path >= 0, tokens[rows, jnp.maximum(path, 0)], 0)
   return TreeOutput(n.astype(jnp.int32), path.astype(jnp.int32), path_tokens.astype(jnp.int32),

@@ -22,8 +22,7 @@ from specdec_jax.speculative import KernelOutput, greedy_kernel, speculative_sam
 Array = jax.Array
 
 
-def validate(max_decode_len: int, gamma: int | None = None,
-             lenience: float | None = None) -> None:
+def validate(max_decode_len: int, gamma: int | None = None, lenience: float | None = None) -> None:
   """A loop's arguments, checked before anything is traced."""
   if max_decode_len < 1:
     raise ValueError(f"max_decode_len must be >= 1, got {max_decode_len}")
@@ -193,8 +192,7 @@ def _skipped_round(b: int, width: int, next_token: Array) -> KernelOutput:
                       accepted=zeros.astype(bool), min_pq=zeros)
 
 
-def pad_states(hidden: Array | None, positions: Array, width: int
-               ) -> tuple[Array, Array] | None:
+def pad_states(hidden: Array | None, positions: Array, width: int) -> tuple[Array, Array] | None:
   """The pass's states [B, k + 1, d] and positions padded to width + 1 (-1)."""
   if hidden is None:
     return None

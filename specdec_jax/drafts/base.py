@@ -138,9 +138,8 @@ def drawn_probability(q: Array, logits: Array | None, tokens: Array,
   return jnp.take_along_axis(q, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
-def stop_count(confidence: Array, limit: Array, threshold: float,
-               skip_below: float | None = None, cumulative: bool = False,
-               first_top: Array | None = None) -> Array:
+def stop_count(confidence: Array, limit: Array, threshold: float, skip_below: float | None = None,
+               cumulative: bool = False, first_top: Array | None = None) -> Array:
   """How many tokens each row proposes under the adaptive rule.
 
   confidence [B, γ], limit [B] in 0..γ. x_1 is proposed when limit >= 1 (and
@@ -258,8 +257,7 @@ def spine_proposal(tree: TreeShape, chain: Array, chain_q: Array,
 
 
 def tree_proposal(draft: Any, state: Any, seq: Array, length: Array, tree: TreeShape,
-                  sampling: SamplingConfig, key: Array
-                  ) -> tuple[Array, Array, Array, Array, Any]:
+                  sampling: SamplingConfig, key: Array) -> tuple[Array, Array, Array, Array, Any]:
   """``draft.propose_tree``, else ``spine_proposal`` of ``propose`` of depth D."""
   if capabilities(draft).propose_tree:
     return draft.propose_tree(state, seq, length, tree, sampling, key)

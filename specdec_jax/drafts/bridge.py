@@ -57,8 +57,7 @@ def save_arrays(directory: str, filename: str, arrays: dict) -> None:
   os.replace(tmp, path)
 
 
-def load_arrays(directory: str, filename: str, keys: tuple[str, ...],
-                what: str) -> Optional[dict]:
+def load_arrays(directory: str, filename: str, keys: tuple[str, ...], what: str) -> Optional[dict]:
   """``keys`` of ``directory/filename`` (local or ``gs://``) as finite 2-D float32
   arrays, or None without the file; errors name the path and ``what``."""
   path = storage.join(directory, filename)

@@ -93,8 +93,7 @@ class LookupT5Draft:
   def propose_adaptive(self, state: LookupT5State, seq: Array, length: Array, gamma: int,
                        sampling: SamplingConfig, key: Array, limit: Array, threshold: float,
                        skip_below: float | None = None, cumulative: bool = False,
-                       drawn: bool = False
-                       ) -> tuple[Array, Array, Array, Array, LookupT5State]:
+                       drawn: bool = False) -> tuple[Array, Array, Array, Array, LookupT5State]:
     """``T5Draft``'s early exit with copied positions at confidence 1."""
     tokens, q, count, steps, cache = self.t5.propose_adaptive(
         state.cache, seq, length, gamma, sampling, key, limit, threshold,

@@ -152,8 +152,7 @@ def for_inputs(model: T5Model, params: Any, inputs: Array) -> InputPart:
                    kernel)
 
 
-def logits(shortlist: Shortlist, part: InputPart | None, hidden: Array,
-           vocab_size: int) -> Array:
+def logits(shortlist: Shortlist, part: InputPart | None, hidden: Array, vocab_size: int) -> Array:
   """The draft's logits over S, −inf elsewhere: hidden [B, k, d] -> [B, k, V] float32."""
   b, k, _ = hidden.shape
   y = hidden.astype(jnp.float32)

@@ -122,8 +122,7 @@ class T5BlockDraft:
   def init(self, inputs: Array, cache_len: int) -> Any:
     return self.t5.init(inputs, cache_len)
 
-  def init_with_target(self, inputs: Array, cache_len: int,
-                       target_encoded: Array | None) -> Any:
+  def init_with_target(self, inputs: Array, cache_len: int, target_encoded: Array | None) -> Any:
     return self.t5.init_with_target(inputs, cache_len, target_encoded)
 
   def commit(self, state: Any, seq: Array, length: Array) -> Any:
@@ -142,8 +141,7 @@ class T5BlockDraft:
   def _join(self, cache: DecoderCache, states: Optional[Array]) -> Any:
     return cache if states is None else FeatureState(cache, states)
 
-  def block_logits(self, state: Any, seq: Array, length: Array, gamma: int
-                   ) -> tuple[Array, Any]:
+  def block_logits(self, state: Any, seq: Array, length: Array, gamma: int) -> tuple[Array, Any]:
     """The one call: logits [B, γ, V] at n .. n + γ − 1 and the state."""
     cache, states = self._split(state)
     catch_up = gamma + 1  # a round commits at most γ + 1 tokens
@@ -162,8 +160,7 @@ class T5BlockDraft:
     cache = constrain_cache(cache, self.t5.partitioner, "draft cache")
     return logits, self._join(cache, states)
 
-  def _draw(self, logits: Array, sampling: SamplingConfig, key: Array
-            ) -> tuple[Array, Array]:
+  def _draw(self, logits: Array, sampling: SamplingConfig, key: Array) -> tuple[Array, Array]:
     """x_i ~ q_i independently: logits [B, γ, V] -> (tokens [B, γ], q [B, γ, V])."""
     q = standardize(logits, sampling)
     u = (None if sampling.greedy else jax.random.uniform(key, logits.shape[:2]))
@@ -193,8 +190,7 @@ class T5BlockDraft:
     return None
 
   def propose_tree(self, state: Any, seq: Array, length: Array, tree: TreeShape,
-                   sampling: SamplingConfig, key: Array
-                   ) -> tuple[Array, Array, Array, Array, Any]:
+                   sampling: SamplingConfig, key: Array) -> tuple[Array, Array, Array, Array, Any]:
     """A token tree from one block call of depth D: depth d's nodes take tokens from
     q_d (independent of the path above), first child drawn, later children next-best
     with one-hot q (``base.fill_children``; docs/exactness.md, sections 10-11)."""

@@ -76,8 +76,7 @@ class T5Draft:
   def init(self, inputs: Array, cache_len: int) -> Any:
     return self.init_with_target(inputs, cache_len, None)
 
-  def init_with_target(self, inputs: Array, cache_len: int,
-                       target_encoded: Array | None) -> Any:
+  def init_with_target(self, inputs: Array, cache_len: int, target_encoded: Array | None) -> Any:
     """``init`` given the target's encoder output (None: encode if the bridge needs it)."""
     extra = None
     if self.bridge is not None:
@@ -154,22 +153,19 @@ class T5Draft:
     q = standardize(logits, sampling)
     return logits, q, sample_with(u, q, sampling), cache
 
-  def _first_step(self, cache: DecoderCache, seq: Array, length: Array,
-                  sampling: SamplingConfig, u: Array, states: Array | None = None,
-                  part: Any = None):
+  def _first_step(self, cache: DecoderCache, seq: Array, length: Array, sampling: SamplingConfig,
+                  u: Array, states: Array | None = None, part: Any = None):
     """Feeds positions n-1 (-1 on the first round: dropped) and n."""
     pos = length[:, None] + jnp.arange(-1, 1, dtype=jnp.int32)[None, :]
     return self._feed(cache, gather_positions(seq, pos), pos, sampling, u, states, length, part)
 
   def _step(self, cache: DecoderCache, x: Array, position: Array, sampling: SamplingConfig,
-            u: Array, states: Array | None = None, length: Array | None = None,
-            part: Any = None):
+            u: Array, states: Array | None = None, length: Array | None = None, part: Any = None):
     """Feeds x [B] at position [B]."""
     return self._feed(cache, x[:, None], position[:, None], sampling, u, states, length, part)
 
-  def propose(self, state: Any, seq: Array, length: Array, gamma: int,
-              sampling: SamplingConfig, key: Array,
-              override: Override | None = None) -> tuple[Array, Array, Any]:
+  def propose(self, state: Any, seq: Array, length: Array, gamma: int, sampling: SamplingConfig,
+              key: Array, override: Override | None = None) -> tuple[Array, Array, Any]:
     """γ draft steps. ``override(i, q_i, x_i) -> (x_i, q_i, certain)`` may replace
     each token and its distribution before the next step (``LookupT5Draft``
     copies there), decided without the target; ``certain`` [B] marks one-hot q_i."""
@@ -256,9 +252,8 @@ class T5Draft:
     return None
 
   def _decode_tree(self, tokens: Array, length: Array, tree: TreeShape | RoundTree,
-                   cache: DecoderCache,
-                   nodes: tuple[int, ...], states: Array | None, part: Any
-                   ) -> tuple[Array, DecoderCache]:
+                   cache: DecoderCache, nodes: tuple[int, ...], states: Array | None,
+                   part: Any) -> tuple[Array, DecoderCache]:
     """``T5Model.decode_tree`` of tokens [B, m] -> (logits [B, m, V], cache), with
     shortlist and feature extra."""
     offsets = jnp.asarray(tree.position_offsets, jnp.int32)               # [N] or [B, N]
@@ -289,8 +284,7 @@ class T5Draft:
     return us, logits, cache, states, part
 
   def propose_tree(self, state: Any, seq: Array, length: Array, tree: TreeShape,
-                   sampling: SamplingConfig, key: Array
-                   ) -> tuple[Array, Array, Array, Array, Any]:
+                   sampling: SamplingConfig, key: Array) -> tuple[Array, Array, Array, Array, Any]:
     """A token tree, one draft call per depth (EAGLE-2's expansion): after the
     root, each call feeds the depth's nodes with children through
     ``T5Model.decode_tree``. A first child is drawn from q (argmax at T = 0),

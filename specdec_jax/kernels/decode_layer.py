@@ -122,11 +122,9 @@ def _rows_kernel(*refs, n_w: int, has_norm: bool, has_res: bool, act: Optional[s
 
 
 def rows_product(x: Array, weights: Sequence[Array], dtype: Any, *,
-                 norm_scale: Optional[Array] = None, eps: float = 1e-6,
-                 act: Optional[str] = None, residual: Optional[Array] = None,
-                 transpose: bool = False, out_dtype: Any = None,
-                 divisor: Optional[float] = None,
-                 interpret: Optional[bool] = None) -> list[Array]:
+                 norm_scale: Optional[Array] = None, eps: float = 1e-6, act: Optional[str] = None,
+                 residual: Optional[Array] = None, transpose: bool = False, out_dtype: Any = None,
+                 divisor: Optional[float] = None, interpret: Optional[bool] = None) -> list[Array]:
   """One kernel: ``[RMSNorm(x)] @ w`` for each of ``weights`` and an epilogue.
 
   x [R, K] (R a power of two >= 16), weights [K, N] ([N, K] with
@@ -240,11 +238,10 @@ def _attn_kernel(*refs, self_attn: bool, bl: int, bk: int, eps: float, length: i
   o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
 
 
-def attention(x: Array, norm_scale: Array, w_q: Array, keys: Array, values: Array,
-              dtype: Any, *, eps: float = 1e-6, w_k: Optional[Array] = None,
-              w_v: Optional[Array] = None, positions: Optional[Array] = None,
-              bias: Optional[Array] = None, key_mask: Optional[Array] = None,
-              interpret: Optional[bool] = None):
+def attention(x: Array, norm_scale: Array, w_q: Array, keys: Array, values: Array, dtype: Any, *,
+              eps: float = 1e-6, w_k: Optional[Array] = None, w_v: Optional[Array] = None,
+              positions: Optional[Array] = None, bias: Optional[Array] = None,
+              key_mask: Optional[Array] = None, interpret: Optional[bool] = None):
   """One kernel, grid (head, batch): RMSNorm(x), the head's query product and T5
   attention (no 1/sqrt(dh)) of ``QUERY_BLOCK`` rows per batch row over keys/values
   [B, L, H, dh]. x [R, d] (batch row b at rows 16 b ..), w_q [d, H*dh].

@@ -251,8 +251,7 @@ class Attention(nn.Module):
       return (self.project_q(x),) + self.project_kv(x)
     return tuple(map(self._split, jnp.split(self.qkv(x), 3, axis=-1)))
 
-  def attend(self, q: Array, k: Array, v: Array, mask: Array,
-             bias: Optional[Array]) -> Array:
+  def attend(self, q: Array, k: Array, v: Array, mask: Array, bias: Optional[Array]) -> Array:
     """q [B,Q,H,dh], k/v [B,K,H,dh], mask [B,1|H,Q,K] bool, bias [B,H,Q,K]."""
     return self.attend_blocks(q, [(k, v, mask, bias)])
 
@@ -625,9 +624,8 @@ class T5(nn.Module):
   def output_logits(self, hidden: Array) -> Array:
     return self.decoder.output_logits(hidden, self.token_embedder.attend)
 
-  def __call__(self, inputs: Array, decoder_inputs: Array,
-               encoder_extra: Optional[Array] = None, decoder_extra: Optional[Array] = None,
-               return_hidden: bool = False):
+  def __call__(self, inputs: Array, decoder_inputs: Array, encoder_extra: Optional[Array] = None,
+               decoder_extra: Optional[Array] = None, return_hidden: bool = False):
     """Teacher-forced logits [B, T, V] (with ``return_hidden``, and states [B, T, d])."""
     encoded = self.encode(inputs, encoder_extra)
     cross = self.decoder.cross_kv(encoded) + (inputs != self.config.pad_id,)
@@ -662,8 +660,7 @@ class T5Model:
     """The output layer alone: hidden [B, k, d] -> logits [B, k, V] float32."""
     return self.module.apply({"params": params}, hidden, method=T5.output_logits)
 
-  def init_cache(self, params: dict, encoded: Array, inputs: Array,
-                 cache_len: int) -> DecoderCache:
+  def init_cache(self, params: dict, encoded: Array, inputs: Array, cache_len: int) -> DecoderCache:
     """Cross-attention K/V (once per example) + an empty self-attention cache."""
     return self.module.apply({"params": params}, encoded, inputs, cache_len,
                              method=T5.init_cache)
@@ -694,8 +691,7 @@ class T5Model:
     return tuple(take(c, slots) for c in cache.self_k), tuple(take(c, slots) for c in cache.self_v)
 
   @staticmethod
-  def write_rows(cache: DecoderCache, rows: tuple[tuple, tuple],
-                 positions: Array) -> DecoderCache:
+  def write_rows(cache: DecoderCache, rows: tuple[tuple, tuple], positions: Array) -> DecoderCache:
     """``decode(write=False)``'s rows written at positions [B, k] (negatives dropped)."""
     ks, vs = rows
     return cache.replace(
@@ -703,9 +699,8 @@ class T5Model:
         self_v=tuple(_write(c, n, positions) for c, n in zip(cache.self_v, vs)))
 
   def decode_tree(self, params: dict, tokens: Array, lengths: Array,
-                  tree: Union[TreeShape, RoundTree],
-                  cache: DecoderCache, nodes: Optional[Sequence[int]] = None,
-                  return_hidden: bool = False,
+                  tree: Union[TreeShape, RoundTree], cache: DecoderCache,
+                  nodes: Optional[Sequence[int]] = None, return_hidden: bool = False,
                   partitioner: Optional[Partitioner] = None,
                   extra: Optional[Array] = None) -> tuple:
     """One pass over a token tree: tokens [B, k] for ``nodes`` (default all
@@ -763,9 +758,8 @@ class T5Model:
     return base.commit_path(T5Model, cache, lengths, path, num_accepted, partitioner)
 
   def __call__(self, params: dict, inputs: Array, decoder_inputs: Array,
-               dropout_rng: Optional[Array] = None,
-               encoder_extra: Optional[Array] = None, decoder_extra: Optional[Array] = None,
-               return_hidden: bool = False):
+               dropout_rng: Optional[Array] = None, encoder_extra: Optional[Array] = None,
+               decoder_extra: Optional[Array] = None, return_hidden: bool = False):
     """Teacher-forced logits [B, T, V]; ``dropout_rng`` enables dropout (training)."""
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else {}
     return self.module.apply({"params": params}, inputs, decoder_inputs, encoder_extra,
