@@ -69,8 +69,7 @@ def min_pq_in_rounds(target: T5Model, params: Any, draft: Any, inputs: Array, ke
   out = speculative_decode(target, params, draft, inputs, key, gamma=gamma,
                            max_decode_len=max_decode_len, sampling=sampling,
                            eos_id=target.config.eos_id, partitioner=partitioner)
-  return (out, np.asarray(out.stats.min_pq_sum),
-          np.asarray(out.stats.evaluated_at).sum(1))
+  return (out, np.asarray(out.stats.min_pq_sum), np.asarray(out.stats.evaluated_at).sum(1))
 
 
 def alpha_by_position_in_rounds(target: T5Model, params: Any, draft: Any,

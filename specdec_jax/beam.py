@@ -32,8 +32,7 @@ NEG_INF = -1.0e7
 
 def brevity_penalty(alpha: float, length: Any) -> Array:
   """((5 + length) / 6)^alpha, T5X's length normalization (Wu et al. 2016)."""
-  return jnp.power((5.0 + jnp.asarray(length, jnp.float32)) / 6.0,
-                   jnp.asarray(alpha, jnp.float32))
+  return jnp.power((5.0 + jnp.asarray(length, jnp.float32)) / 6.0, jnp.asarray(alpha, jnp.float32))
 
 
 @struct.dataclass

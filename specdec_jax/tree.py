@@ -514,8 +514,7 @@ class RoundTree:
     tile = lambda x: jnp.broadcast_to(jnp.asarray(x), (batch,) + np.shape(x))
     return cls(tile(np.asarray(shape.parents, np.int32)), tile(shape.depths),
                tile(shape.ancestor_mask), tile(shape.ancestors_by_depth),
-               tile(shape.children_table), tile(shape.sibling_rank),
-               tile(shape.earlier_siblings))
+               tile(shape.children_table), tile(shape.sibling_rank), tile(shape.earlier_siblings))
 
   @classmethod
   def from_parents(cls, parents: Array, max_depth: int, max_branching: int) -> RoundTree:

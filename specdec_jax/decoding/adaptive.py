@@ -185,8 +185,7 @@ class AdaptiveLoop(Loop):
     """The pass at width k -> (``KernelOutput`` [B, γ_max], cache or rows, states, positions)."""
     logits, new, hidden, pos = target_pass(self.target, params, seq, n, k, cache, write=write,
                                            hidden=self.states_wanted)
-    out = judge(self.sampling, self.lenience, logits, p.xs, p.q, key, p.proposed,
-                self.gamma_max)
+    out = judge(self.sampling, self.lenience, logits, p.xs, p.q, key, p.proposed, self.gamma_max)
     return out, new, pad_states(hidden, pos, self.gamma_max), pos
 
   def _rows_pass(self, k: int, params: Any, seq: Array, n: Array, p: Proposal, cache: Any,

@@ -134,11 +134,10 @@ def start(target: TargetModel, target_params: Any, draft: ApproximationModel, in
                      f"vocab_size {draft.vocab_size}; p and q must cover the same tokens")
   encoded = target.encode(target_params, inputs)
   seq, length, done = init_rows(inputs.shape[0], buf_len, target.config.decoder_start_id)
-  state = SpecState(
-      seq=seq, length=length, done=done,
-      target_cache=target.init_cache(target_params, encoded, inputs, cache_len),
-      draft_state=init_draft(draft, inputs, cache_len, encoded), key=key, stats=stats,
-      gamma_row=gamma_row)
+  state = SpecState(seq=seq, length=length, done=done,
+                    target_cache=target.init_cache(target_params, encoded, inputs, cache_len),
+                    draft_state=init_draft(draft, inputs, cache_len, encoded), key=key, stats=stats,
+                    gamma_row=gamma_row)
   return pin_state(state, partitioner)
 
 

@@ -52,8 +52,7 @@ def takes(name: str, arg: str) -> bool:
   sig = _signature(name)
   if sig is None:
     return True
-  return arg in sig.parameters or any(p.kind is p.VAR_KEYWORD
-                                      for p in sig.parameters.values())
+  return arg in sig.parameters or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
 
 
 def requires(name: str) -> list[str]:

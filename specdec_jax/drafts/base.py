@@ -119,8 +119,7 @@ def commit_draft(draft: Any, state: Any, seq: Array, length: Array,
 
 def gather_positions(seq: Array, positions: Array) -> Array:
   """seq [B, T], positions [B, k] -> seq[b, positions[b]] with clipping."""
-  return jax.numpy.take_along_axis(seq, jax.numpy.clip(positions, 0, seq.shape[1] - 1),
-                                   axis=1)
+  return jax.numpy.take_along_axis(seq, jax.numpy.clip(positions, 0, seq.shape[1] - 1), axis=1)
 
 
 def top_probability(q: Array, logits: Array | None, sampling: SamplingConfig) -> Array:

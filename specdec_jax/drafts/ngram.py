@@ -89,8 +89,7 @@ class BigramDraft:
       top = lst[:top_m]
       ids[a, :len(top)] = [b for _, b in top]
       probs[a, :len(top)] = [(1 - backoff) * c / total for c, _ in top]
-    return cls(jnp.asarray(unigram, jnp.float32), jnp.asarray(ids),
-               jnp.asarray(probs, jnp.float32))
+    return cls(jnp.asarray(unigram, jnp.float32), jnp.asarray(ids), jnp.asarray(probs, jnp.float32))
 
   def distribution(self, prev: Array) -> Array:
     """prev [B] -> q(. | prev) [B, V] (a proper distribution)."""

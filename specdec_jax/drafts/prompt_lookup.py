@@ -53,8 +53,7 @@ def lookup_branches(inputs: Array, seq: Array, length: Array, gamma: int, max_ng
   idx = at[..., None] + 1 + jnp.arange(gamma)[None, None]            # [B, K, γ]
   flat = jnp.clip(idx, 0, c - 1).reshape(idx.shape[0], -1)
   cont = jnp.take_along_axis(ctx, flat, axis=1).reshape(idx.shape)
-  ok = (found[..., None] & jnp.take_along_axis(valid, flat, axis=1).reshape(idx.shape)
-        & (idx < c))
+  ok = (found[..., None] & jnp.take_along_axis(valid, flat, axis=1).reshape(idx.shape) & (idx < c))
   matched = jnp.where(found, jnp.take_along_axis(n, at, axis=1), 0)
   return cont.astype(jnp.int32), matched.astype(jnp.int32), ok
 

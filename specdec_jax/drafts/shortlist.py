@@ -148,8 +148,7 @@ def for_inputs(model: T5Model, params: Any, inputs: Array) -> InputPart:
   """The per-example part of S for ``inputs`` [B, L]."""
   c = model.config
   kernel = jnp.moveaxis(output_columns(model, params, inputs), 0, 1).astype(jnp.float32)
-  return InputPart(jnp.where(inputs == c.pad_id, c.vocab_size, inputs).astype(jnp.int32),
-                   kernel)
+  return InputPart(jnp.where(inputs == c.pad_id, c.vocab_size, inputs).astype(jnp.int32), kernel)
 
 
 def logits(shortlist: Shortlist, part: InputPart | None, hidden: Array, vocab_size: int) -> Array:

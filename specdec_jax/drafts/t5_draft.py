@@ -302,8 +302,7 @@ class T5Draft:
       first_child = [int(tree.children_table[j, 0]) for j in fed]
       q_fed = standardize(logits, sampling)                            # [B, m, V]
       first = sample_with(us[:, first_child], q_fed, sampling)         # [B, m]
-      tokens, q, valid = fill_children(tree, fed, first, q_fed, logits, -jnp.inf, tokens, q,
-                                       valid)
+      tokens, q, valid = fill_children(tree, fed, first, q_fed, logits, -jnp.inf, tokens, q, valid)
       fed = tree.nodes_at(depth, with_children=True)
       if not fed:
         break

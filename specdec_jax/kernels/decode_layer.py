@@ -220,8 +220,7 @@ def _attn_kernel(*refs, self_attn: bool, bl: int, bk: int, eps: float, length: i
       s = s + bias_ref[b, h, :, pl.ds(start, bl)]
       seen = (slots[None, :] <= pos[:, None]) & fresh[None, :]
     else:
-      seen = jnp.broadcast_to(((mask_ref[b, pl.ds(start, bl)] != 0) & fresh)[None, :],
-                              s.shape)
+      seen = jnp.broadcast_to(((mask_ref[b, pl.ds(start, bl)] != 0) & fresh)[None, :], s.shape)
     s = jnp.where(seen, s, _MASK_VALUE)
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
     corr = jnp.exp(m - m_new)
@@ -320,10 +319,8 @@ def layer(config: Any, params: dict, x: Array, positions: Array, bias: Array,
   -> (x [R, d], k_cache, v_cache)."""
   c = config
   dt = jnp.dtype(c.dtype)
-  run = functools.partial(rows_product, dtype=dt, eps=c.layer_norm_epsilon,
-                          interpret=interpret)
-  att = functools.partial(attention, dtype=dt, eps=c.layer_norm_epsilon,
-                          interpret=interpret)
+  run = functools.partial(rows_product, dtype=dt, eps=c.layer_norm_epsilon, interpret=interpret)
+  att = functools.partial(attention, dtype=dt, eps=c.layer_norm_epsilon, interpret=interpret)
   kern = lambda p: p["kernel"]
   scale = lambda p: p["scale"]
   sa, ca, mlp = params["self_attention"], params["encoder_decoder_attention"], params["mlp"]
@@ -364,8 +361,7 @@ def decode(config: Any, params: dict, x: Array, positions: Array, cache: Any,
   k_pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
   bias = relpos_bias(pos, k_pos).astype(jnp.float32)     # [B, H, 16, L], once per call
   enc_mask = cache.encoder_mask.astype(jnp.int32)
-  run = functools.partial(rows_product, dtype=dt, eps=c.layer_norm_epsilon,
-                          interpret=interpret)
+  run = functools.partial(rows_product, dtype=dt, eps=c.layer_norm_epsilon, interpret=interpret)
   new_k, new_v = [], []
   for i in range(c.num_decoder_layers):
     x, kc, vc = layer(c, params[f"layers_{i}"], x, pos, bias, cache.self_k[i], cache.self_v[i],
@@ -377,7 +373,6 @@ def decode(config: Any, params: dict, x: Array, positions: Array, cache: Any,
     logits, = run(x, [embedding], norm_scale=final, transpose=True, out_dtype=jnp.float32,
                   divisor=math.sqrt(c.d_model))
   else:
-    logits, = run(x, [params["logits_dense"]["kernel"]], norm_scale=final,
-                  out_dtype=jnp.float32)
+    logits, = run(x, [params["logits_dense"]["kernel"]], norm_scale=final, out_dtype=jnp.float32)
   logits = logits.reshape(batch_rows, nq, -1)[:b, :k]
   return logits, cache.replace(self_k=tuple(new_k), self_v=tuple(new_v))

@@ -178,8 +178,7 @@ class RelativePositionBias(nn.Module):
     table = self.param("rel_embedding", nn.initializers.normal(0.1),
                        (self.num_heads, self.num_buckets), jnp.float32)
     rel = k_pos[:, None, :] - q_pos[:, :, None]
-    buckets = relative_position_bucket(rel, self.bidirectional, self.num_buckets,
-                                       self.max_distance)
+    buckets = relative_position_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
     # Gather via one-hot matmul-free indexing: table[:, buckets] -> [H, B, Q, K].
     return jnp.moveaxis(table[:, buckets], 0, 1)
 
@@ -662,8 +661,7 @@ class T5Model:
 
   def init_cache(self, params: dict, encoded: Array, inputs: Array, cache_len: int) -> DecoderCache:
     """Cross-attention K/V (once per example) + an empty self-attention cache."""
-    return self.module.apply({"params": params}, encoded, inputs, cache_len,
-                             method=T5.init_cache)
+    return self.module.apply({"params": params}, encoded, inputs, cache_len, method=T5.init_cache)
 
   def decode(self, params: dict, tokens: Array, positions: Array, cache: DecoderCache,
              extra: Optional[Array] = None, return_hidden: bool = False, *, write: bool = True,
@@ -694,9 +692,8 @@ class T5Model:
   def write_rows(cache: DecoderCache, rows: tuple[tuple, tuple], positions: Array) -> DecoderCache:
     """``decode(write=False)``'s rows written at positions [B, k] (negatives dropped)."""
     ks, vs = rows
-    return cache.replace(
-        self_k=tuple(_write(c, n, positions) for c, n in zip(cache.self_k, ks)),
-        self_v=tuple(_write(c, n, positions) for c, n in zip(cache.self_v, vs)))
+    return cache.replace(self_k=tuple(_write(c, n, positions) for c, n in zip(cache.self_k, ks)),
+                         self_v=tuple(_write(c, n, positions) for c, n in zip(cache.self_v, vs)))
 
   def decode_tree(self, params: dict, tokens: Array, lengths: Array,
                   tree: Union[TreeShape, RoundTree], cache: DecoderCache,
