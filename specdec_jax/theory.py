@@ -81,12 +81,9 @@ def walltime_improvement(alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike,
 
 @dataclasses.dataclass(frozen=True)
 class RoundCost:
-  """THE cost of one round and Theorem 3.8's prediction from it (§3.3-3.4).
-
-  A round is ``draft_calls`` draft calls and one target pass over γ + 1
-  positions, costing draft_calls c + v one-token target steps; ``speedup`` is
-  the tokens it yields over that. Measured by ``timing``, modelled by
-  ``dryrun.costs.Roofline``, recorded by ``record()``.
+  """THE cost of one round and Theorem 3.8's prediction from it (§3.3-3.4): draft_calls
+  draft calls and one pass over γ + 1 positions, draft_calls c + v target steps.
+  Measured by ``timing``, modelled by ``dryrun.costs.Roofline``, kept by ``record()``.
 
   gamma: proposals the target scores per round (a tree: its N - 1 nodes).
   c: one draft call over one target step (Definition 3.7).

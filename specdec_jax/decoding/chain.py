@@ -27,17 +27,15 @@ Array = jax.Array
 
 @struct.dataclass
 class SpecStats:
-  """Per-example statistics of one speculative generation (all [B] unless noted).
+  """Per-example statistics of one speculative generation ([B] unless noted; with
+  adaptive γ, γ is γ_max and draft_calls the steps the batch ran in live rounds).
 
-  target_calls, draft_calls: serial forward passes of M_p / M_q (adaptive: the
-    draft steps the batch ran in the row's live rounds).
-  accepted_at [B, γ]: times draft position i was accepted.
-  evaluated_at [B, γ]: times position i was evaluated (reached by the test).
+  target_calls, draft_calls: serial forward passes of M_p / M_q.
+  accepted_at, evaluated_at [B, γ]: times position i was accepted / evaluated.
   accepted, rejected: totals over evaluated positions.
   min_pq_sum: sum over evaluated positions of sum_x min(p(x), q(x)).
   gamma_hist [B, γ + 1]: rounds in which the row proposed j tokens, at column j.
-  target_positions: positions the target scored, Σ over rounds of k + 1
-    (Theorem 3.11's accounting). With adaptive γ, γ is γ_max."""
+  target_positions: positions the target scored, Σ over rounds of k + 1 (Theorem 3.11)."""
 
   target_calls: Array
   draft_calls: Array
@@ -163,15 +161,12 @@ def speculative_decode(target: TargetModel, target_params: Any, draft: Approxima
   """Speculative decoding (Algorithm 1 in a loop), batched with per-row acceptance.
 
   Each round the draft proposes γ tokens, the target scores γ + 1 positions in
-  ONE pass, the kernel keeps a prefix plus the correction/bonus token, and each
-  row advances by its own count; rollback is the per-row length. inputs [B, S]
-  int32 (0 = pad) feed both encoders; ``draft`` is any approximation model over
-  the same vocabulary. With a ``partitioner`` params are on its mesh and the
-  state pinned to it. With ``adaptive`` (``AdaptiveConfig``), ``gamma`` is γ_max
-  and each row proposes c_b <= γ_max, verified at the narrowest compiled width.
-  -> ``SpecOutput``: tokens [B, max_decode_len] (0 after EOS), length [B],
-  ``SpecStats``. With lenience 1 the output distribution is the baseline's
-  (token for token at T = 0) for any draft; docs/exactness.md, sections 3-5."""
+  ONE pass, and each row keeps its accepted prefix plus one token; rollback is
+  the per-row length. ``draft``: any approximation model over the target's
+  vocabulary; ``partitioner``: the mesh; ``adaptive`` (``AdaptiveConfig``):
+  ``gamma`` is γ_max and each row proposes c_b <= γ_max. -> ``SpecOutput``
+  (tokens [B, max_decode_len], 0 after EOS; length; ``SpecStats``). Lenience 1
+  is exact for any draft (docs/exactness.md, sections 3-5)."""
   validate(max_decode_len, gamma, lenience)
   b = inputs.shape[0]
   common = (target, sampling, eos_id, max_decode_len, partitioner,

@@ -141,15 +141,11 @@ def tree_speculative_decode(target: TargetModel, target_params: Any, draft: Appr
                             max_decode_len: int,
                             sampling: SamplingConfig = SamplingConfig(), eos_id: int = 1,
                             partitioner: Partitioner | None = None) -> TreeSpecOutput:
-  """Speculative decoding over a token tree (static or ``DynamicTree``).
-
-  Each round the draft fills the tree (node 0: the last committed token), the
-  target scores all N nodes in ONE ``decode_tree`` pass, the tree kernel
-  (``tree_greedy_kernel`` at T = 0, else ``tree_speculative_sampling``) keeps the
-  accepted path and one more token, and ``commit_path``/``commit_tree`` move it
-  into place. Arguments as ``speculative_decode`` (no adaptive γ, no lenience).
-  -> ``TreeSpecOutput``. Exact for any draft keeping the ``propose_tree``
-  contract; docs/exactness.md, section 10."""
+  """Speculative decoding over a token tree (static or ``DynamicTree``): the
+  draft fills the tree, ONE ``decode_tree`` pass scores its N nodes, the tree
+  kernel keeps the accepted path and one token, ``commit_path``/``commit_tree``
+  move it into place. Arguments as ``speculative_decode`` (no adaptive γ or
+  lenience). -> ``TreeSpecOutput``. Exact (docs/exactness.md, section 10)."""
   if not isinstance(tree, (TreeShape, DynamicTree)):
     raise ValueError(f"tree must be a TreeShape or a DynamicTree, got {tree!r}")
   cache_len = tree.cache_len(max_decode_len)  # also checks that the tree fits

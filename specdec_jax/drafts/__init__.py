@@ -130,6 +130,6 @@ def _lookup_t5(model, params, max_ngram=3, partitioner=None, bridge=None, target
 BUILTIN = frozenset(REGISTRY)
 
 __all__ = ["ApproximationModel", "BUILD_ARGS", "DraftInterfaceError", "BUILTIN", "BigramDraft",
-           "LookupT5Draft", "PromptLookupDraft",
-           "REGISTRY", "T5BlockDraft", "T5Draft", "UnigramDraft", "build", "check_interface", "check_tree",
-           "gather_positions", "register", "requires", "takes"]
+           "LookupT5Draft", "PromptLookupDraft", "REGISTRY", "T5BlockDraft", "T5Draft",
+           "UnigramDraft", "build", "check_interface", "check_tree", "gather_positions",
+           "register", "requires", "takes"]
