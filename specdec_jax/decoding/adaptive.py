@@ -33,32 +33,24 @@ class AdaptiveConfig:
   round row b proposes c_b <= γ_max tokens, verified as Algorithm 1 with γ = c_b.
 
   rule: how a row's draft length is chosen each round: 'threshold',
-    'cumulative' or 'schedule'.
-    'threshold': propose x_1, then continue after x_i while i < γ_max and the
-      draft's confidence at position i is > ``threshold``.
-    'cumulative': continue while the product of the confidences at positions
-      1..i is > ``threshold`` (the draft's own estimate that all i proposals
-      will be accepted; after SpecDec++, Huang et al. 2024).
-    'schedule' (Hugging Face's 'heuristic'): row b proposes γ_b tokens;
-      γ_b += 2 after a round where all γ_b were accepted, else γ_b -= 1,
-      within [1, γ_max].
+    'cumulative' or 'schedule'. 'threshold': after x_i, go on while i < γ_max
+    and the draft's confidence at i is > ``threshold``; 'cumulative': while the
+    product of the confidences 1..i is > ``threshold`` (after SpecDec++, Huang
+    et al. 2024); 'schedule' (Hugging Face's 'heuristic'): row b proposes γ_b,
+    += 2 after a fully accepted round, else -= 1, within [1, γ_max].
   threshold: the confidence the rules compare with, in [0, 1] (required by
     the confidence rules, refused by 'schedule'). 0 never stops early; 1
     always stops after x_1.
   skip_below: rows whose q_1 has top probability <= skip_below propose
     nothing that round, in [0, 1] (None: off; confidence rules only). The
-    round is then a plain target step (width 0, y ~ p_1). Always reads q_1's
-    top probability, whatever ``confidence`` says.
-  confidence: what the confidence rules read: 'top' or 'drawn'. 'top' reads
-    max_x q_i(x) (``drafts.base.top_probability``; at T = 0 the draft's own
-    softmax, since q is one-hot); 'drawn' reads q_i(x_i)
-    (``drafts.base.drawn_probability``).
+    round is then a plain target step; q_1's top probability is always read.
+  confidence: what the confidence rules read: 'top' or 'drawn'. 'top': max_x
+    q_i(x) (at T = 0 the draft's own softmax); 'drawn': q_i(x_i).
   initial_gamma: the schedule's γ_b in the first round, 1 to γ_max (None:
     γ_max; 'schedule' only).
   widths: the verification widths k compiled, the target scoring k + 1
-    positions (default: the powers of two below γ_max). Each round runs the
-    smallest k covering the longest live proposal, through ``lax.switch``.
-    γ_max is always added, and 0 with ``skip_below``; each must be <= γ_max.
+    positions (default: the powers of two below γ_max). Always with γ_max, and
+    0 with ``skip_below``; each must be <= γ_max.
 
   Every rule decides whether to propose x_i before drawing it, from the past
   and the draft alone, so the output distribution is the target's exactly;

@@ -49,30 +49,25 @@ class Capabilities:
   """An approximation model's optional methods (True: it has it), their
   contracts and the default used without.
 
-  init_with_target: ``(inputs, cache_len, target_encoded [B, S, d]) -> state``;
-    a draft conditioned on the target's encoder output. Default ``init``.
+  init_with_target: ``(inputs, cache_len, target_encoded [B, S, d]) -> state``.
+    Default ``init``.
   target_states: ``wants_target_states`` is true: ``commit_with_target(state,
     seq, length, hidden [B, γ+1, d], positions [B, γ+1]) -> state`` replaces
-    ``commit`` (-1: padding). Reading only positions < length keeps the draft
-    off the verdict on uncommitted tokens (docs/exactness.md, section 7).
+    ``commit``; reading only positions < length keeps it exact
+    (docs/exactness.md, section 7).
   propose_adaptive: ``(state, seq, length, gamma, sampling, key, limit,
     threshold, skip_below=None, cumulative=False, drawn=False) -> (tokens, q,
-    count, steps, state)``: ``propose`` at γ_max, but row b proposes only
-    ``count[b]`` tokens by the rule of ``stop_count`` (or the draft's own
-    confidence); limit [B] in 0..γ, ``steps`` the draft steps run. Decisions
-    use only the draft's computation on the prefix, never the token they
-    govern (docs/exactness.md, section 5). Default ``adaptive_proposal``.
+    count, steps, state)``: ``propose`` at γ_max with ``count[b]`` <= limit[b]
+    tokens by ``stop_count``'s rule, decided from the draft's own computation,
+    never the token decided (docs/exactness.md, section 5). Default
+    ``adaptive_proposal``.
   propose_tree: ``(state, seq, length, tree, sampling, key) -> (tokens [B, N],
-    q [B, N, V], valid [B, N], steps, state)`` for a static ``TreeShape`` (node
-    0, the root, filled by the engine). Default: spine trees via ``propose``.
+    q [B, N, V], valid [B, N], steps, state)``. Default: spine trees only.
   commit_tree: ``(state, seq, length, start, path, num_accepted) -> state``.
-    Default ``commit``.
   propose_dynamic_tree: as ``propose_tree`` plus parents [B, N], for a
-    ``DynamicTree``; a node's existence is decided before its token is drawn
-    (``expand_level``; docs/exactness_trees.md). Default: the ``skeleton``.
+    ``DynamicTree`` (docs/exactness_trees.md). Default: its ``skeleton``.
   tree_unsupported: ``(tree) -> str | None``, why the draft cannot fill it.
-  proposal_steps: ``(gamma) -> int``, draft calls per chain ``propose`` (a
-    block draft: 1). Default γ."""
+  proposal_steps: ``(gamma) -> int``, draft calls per ``propose`` (default γ)."""
 
   init_with_target: bool = False
   target_states: bool = False
@@ -293,14 +288,12 @@ def first_child_score(probs: Array, first: Array) -> Array:
 
 def expand_level(tree: DynamicTree, depth: int, level: Level, probs: Array, first: Array,
                  first_q: Array, first_score: Array, first_value: Array) -> Level:
-  """Chooses and fills depth ``depth``'s W_d nodes (EAGLE-2's reranking under a
-  fixed budget).
+  """Fills depth ``depth``'s W_d nodes (EAGLE-2's reranking under a fixed budget).
 
-  probs [B, m, V] ranks the m frontier nodes' candidates: the first child
-  ``first`` [B, m] (from first_q [B, m, V]) and the W_d - 1 next-best tokens
-  (one-hot q). Score: value(parent) times first_score (known before the draw)
-  or the candidate's probability. The top W_d are kept, ordered by parent then
-  rank; score 0 marks a node invalid. Kept values use first_value once drawn."""
+  probs [B, m, V] ranks the frontier's candidates: the first child ``first``
+  [B, m] (from first_q) and the W_d - 1 next-best tokens (one-hot q), scored by
+  value(parent) times first_score (known before the draw) or their probability.
+  The top W_d are kept by parent then rank; score 0 marks a node invalid."""
   b, m, _ = probs.shape
   (f0, _), (c0, c1) = tree.level(depth - 1), tree.level(depth)
   w = c1 - c0

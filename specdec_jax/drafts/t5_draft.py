@@ -45,14 +45,11 @@ class ShortlistState(struct.PyTreeNode):
 class T5Draft:
   """M_q = a T5 encoder-decoder with its own encoder and KV cache.
 
-  After a round committing up to length n the cache holds positions 0..n-2 at
-  least, so a round's first step feeds positions n-1 and n in one call; stale
-  entries are never read, so nothing rolls back. Options: ``partitioner``;
-  ``bridge`` with the target (``drafts.bridge``, only ``init`` changes);
-  ``feature`` ({'kernel' [d_target, d_draft], 'staleness' [J, d_draft]}: the
-  round's j-th step at t adds h_s K + e_j, s = t - 1 - j, ``drafts.feature_bridge``);
-  ``shortlist`` (``drafts.shortlist``); ``observe`` (profiling: a host function
-  called each step with the last hidden state [B, d] and logits [B, V])."""
+  A round's first step feeds positions n-1 and n; stale entries are never read,
+  so nothing rolls back. Options: ``partitioner``; ``bridge`` (``drafts.bridge``);
+  ``feature`` ({'kernel' [d_target, d_draft], 'staleness' [J, d_draft]},
+  ``drafts.feature_bridge``); ``shortlist`` (``drafts.shortlist``); ``observe``
+  (profiling: called each step with the last hidden state [B, d] and logits)."""
 
   params: Any
   model: T5Model = struct.field(pytree_node=False)
