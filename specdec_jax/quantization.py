@@ -1,10 +1,7 @@
-"""Weight-only quantization of the draft: int8 or int4 kernels, one float32 scale
-per output channel.
-
-Exact for any M_q (§2.3): only α and c change. Every ``Dense`` kernel becomes
-a ``qwix.QArray`` (symmetric absmax) in place, run by
-``models.t5.RowPaddedDense`` through ``qwix.dot_general``; embeddings, norm
-scales and position tables keep their dtype."""
+"""Weight-only int8/int4 quantization of the draft, one float32 scale per output
+channel. Exact for any M_q (§2.3): only α and c change. Every ``Dense`` kernel
+becomes a ``qwix.QArray``, run by ``models.t5.RowPaddedDense``; embeddings,
+norms and position tables keep their dtype."""
 
 from __future__ import annotations
 

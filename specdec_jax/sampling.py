@@ -1,10 +1,7 @@
 """Standardized sampling (paper §2.2): argmax, temperature, top-k and top-p as one
-distribution. The baseline and both models' p and q call ``standardize``.
-
-T5X ``temperature_sample`` semantics: temperature 0 is argmax; ``topk`` keeps
-exactly k (ties by index, as ``lax.top_k``); ``topp`` keeps the smallest
-most-probable prefix reaching ``topp`` (ties with the cut-off kept); both
-filters act on the scaled logits and together are an error."""
+distribution (``standardize``), shared by the baseline, p and q. T5X semantics:
+T = 0 is argmax; ``topk`` keeps k (ties by index); ``topp`` the smallest
+most-probable prefix reaching it (ties kept); both at once are an error."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""Decoding loops, each one ``lax.while_loop`` under ``jax.jit`` over a
-fixed-shape state (``state``), one module a loop:
-
-* ``baseline.temperature_sample``: one target call per token;
-* ``chain.speculative_decode``: Algorithm 1 (§2.3) with a fixed γ or an
-  adaptive draft length (``adaptive.AdaptiveConfig``);
-* ``tree.tree_speculative_decode``: Algorithm 1 over a token tree.
-
-They reach the target only through ``models.base.TargetModel`` and the draft
-only through ``drafts.base``."""
+"""Decoding loops, each one jitted ``lax.while_loop`` over a fixed-shape state:
+``baseline.temperature_sample`` (one target call per token),
+``chain.speculative_decode`` (Algorithm 1, §2.3, fixed or adaptive γ) and
+``tree.tree_speculative_decode`` (token trees). They reach the target only
+through ``models.base.TargetModel`` and the draft through ``drafts.base``."""
 
 from specdec_jax.decoding.adaptive import (ADAPTIVE_RULES, CONFIDENCE_RULES, CONFIDENCES,
                                            AdaptiveConfig)

@@ -1,10 +1,8 @@
-"""The encoder bridge: a T5 draft whose encoder input is embed_q(x) + H_p W,
-H_p [B, S, d_p] the target's encoder output and W [d_p, d_q] learned.
-
-It changes only the once-per-example encoder pass, so c (Definition 3.7) is
-unchanged; H_p comes from the target's prefill (``init_with_target``); W = 0
-is the plain draft. Exact: H_p depends on the input alone (docs/exactness.md,
-section 7). On disk: ``encoder_bridge.npz`` beside the draft's checkpoint."""
+"""The encoder bridge: a T5 draft whose encoder input is embed_q(x) + H_p W, H_p
+[B, S, d_p] the target's encoder output (from its prefill), W [d_p, d_q]
+learned (0: the plain draft). Only the encoder pass changes, so c does not;
+exact, as H_p depends on the input alone (docs/exactness.md, section 7).
+Stored as ``encoder_bridge.npz`` beside the draft's checkpoint."""
 
 from __future__ import annotations
 

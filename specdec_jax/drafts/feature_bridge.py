@@ -1,11 +1,9 @@
 """The feature bridge: a T5 draft that also reads the target's last verified decoder state.
 
-The draft's decoder input at position t becomes embed_q(x_t) + h_s K + e_j,
-s = t - 1 - j the last position whose target state h_s is committed, j the
-draft steps since, K [d_p, d_q] and e [J, d_q] learned (K = 0, e = 0: the
-plain draft). EAGLE's feature-level drafting (Li et al. 2024) restricted to
-committed positions, so decoding stays exact (§2.3, A.1; docs/exactness.md,
-section 7). Distillation draws j ~ U{0..J-1} (``teacher_forced_extra``)."""
+The draft's input at position t is embed_q(x_t) + h_s K + e_j, s = t - 1 - j the
+last committed position with a target state, K [d_p, d_q], e [J, d_q] learned
+(zeros: the plain draft). EAGLE (Li et al. 2024) restricted to committed
+positions, so decoding stays exact (docs/exactness.md, section 7)."""
 
 from __future__ import annotations
 

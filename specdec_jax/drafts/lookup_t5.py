@@ -1,10 +1,7 @@
-"""Prompt lookup where the context has a match, a T5 draft elsewhere.
-
-While the context ends in an n-gram (n >= ``min_ngram``) seen earlier, the
-draft copies what followed (one-hot q); from the first position without one,
-the T5 draft's q. Exact: copying depends only on the context
-(docs/exactness.md, sections 3 and 5). The T5 draft runs every step, so c is
-its own."""
+"""Prompt lookup where the context has a match, a T5 draft elsewhere: while the
+context ends in an n-gram (n >= ``min_ngram``) seen earlier, copy what followed
+(one-hot q), else the T5 draft's q. Exact: copying depends only on the context
+(docs/exactness.md, sections 3 and 5); the T5 draft runs every step."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""A vocabulary shortlist S for the draft's output layer: the target's most
-frequent tokens (``frequent``, EOS included) plus the example's input tokens
-(``with_inputs``); q is the draft's softmax renormalized over S.
-
-Exact for any S: Algorithm 1 needs only that x ~ the reported q (§2.3, A.1);
-tokens outside S come from the residual (docs/exactness.md, section 6). S
-costs the target's mass outside S in β (Theorem 3.5) and buys a [d, |S|]
+"""A vocabulary shortlist S for the draft's output layer: the target's most frequent
+tokens (``frequent``) plus the example's input tokens; q renormalized over S.
+Exact for any S (§2.3, A.1: x ~ the reported q; docs/exactness.md, section 6);
+S costs the target's mass outside S in β (Theorem 3.5) and buys a [d, |S|]
 output product in place of [d, V] (as FR-Spec, Zhao et al. 2025)."""
 
 from __future__ import annotations

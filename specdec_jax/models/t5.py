@@ -97,14 +97,12 @@ class T5Config:
     return dataclasses.replace(self, **kw)
 
 
-def _v11(d, h, l, ff):
-  return T5Config(d_model=d, num_heads=h, head_dim=64, num_encoder_layers=l,
-                  num_decoder_layers=l, d_ff=ff, version="1.1", vocab_size=32128)
-
-
-def _v10(d, h, l, ff, dh=64):
+def _preset(version, d, h, l, ff, dh=64):
   return T5Config(d_model=d, num_heads=h, head_dim=dh, num_encoder_layers=l,
-                  num_decoder_layers=l, d_ff=ff, version="1.0", vocab_size=32128)
+                  num_decoder_layers=l, d_ff=ff, version=version, vocab_size=32128)
+
+
+_v11, _v10 = functools.partial(_preset, "1.1"), functools.partial(_preset, "1.0")
 
 
 # Released sizes (T5 1.1 and T5 1.0).
