@@ -664,13 +664,9 @@ class T5Model:
   def decode(self, params: dict, tokens: Array, positions: Array, cache: DecoderCache,
              extra: Optional[Array] = None, return_hidden: bool = False, *, write: bool = True,
              tree: Optional[TreeShape] = None) -> tuple:
-    """tokens [B, k] at positions [B, k] -> (logits [B, k, V] float32, cache).
-
-    ``extra`` [B, k, d] is added to the embeddings; ``return_hidden`` appends the
-    final hidden states; ``tree`` makes it ``decode_tree``. ``write=False`` only
-    reads the cache (one softmax over cache and new tokens; bit-equal with
-    ``fixed_positions``) and returns (logits, rows) for ``write_rows``: inside
-    ``lax.switch`` a writing branch would make XLA copy the whole cache."""
+    """``models.base.TargetModel.decode``; ``extra`` [B, k, d] is added to the
+    embeddings. ``write=False`` attends over cache and new tokens with one softmax
+    (bit-equal to a write with ``T5Config.fixed_positions``)."""
     if tree is not None:
       if not write:
         raise ValueError("a tree pass writes its nodes at scratch slots; write=False is for "
@@ -698,13 +694,10 @@ class T5Model:
                   nodes: Optional[Sequence[int]] = None, return_hidden: bool = False,
                   partitioner: Optional[Partitioner] = None,
                   extra: Optional[Array] = None) -> tuple:
-    """One pass over a token tree: tokens [B, k] for ``nodes`` (default all
-    N), lengths [B] committed lengths -> (logits [B, k, V] float32, cache).
-
-    Needs lengths + N <= cache_len. Node i's logits equal a chain ``decode`` of
-    its path to float rounding (bit for bit for a chain). A subset of
-    ``nodes`` builds a tree a depth at a time (EAGLE-2); their ancestors must
-    be written already. A ``tree.RoundTree`` gives depths and mask as data."""
+    """``models.base.decode_tree`` for tokens [B, k] of ``nodes`` (default all N;
+    a subset builds a tree a depth at a time, EAGLE-2, ancestors already written).
+    Node i's logits equal a chain ``decode`` of its path to rounding. Needs
+    lengths + N <= cache_len; ``partitioner`` pins the cache."""
     n_nodes = tree.num_nodes
     nodes = tuple(range(n_nodes)) if nodes is None else tuple(int(j) for j in nodes)
     if not nodes or len(set(nodes)) != len(nodes) or not all(0 <= j < n_nodes for j in nodes):
@@ -748,8 +741,8 @@ class T5Model:
   @staticmethod
   def commit_path(cache: DecoderCache, lengths: Array, path: Array, num_accepted: Array,
                   partitioner: Optional[Partitioner] = None) -> DecoderCache:
-    """Moves an accepted tree path from slots lengths + path[:, d - 1] to lengths + d.
-    Unwritten slots (a draft's unfed leaves) move as garbage: ``T5Draft`` refeeds."""
+    """``models.base.commit_path`` on a T5 cache; unwritten slots (a draft's unfed
+    leaves) move as garbage, so ``T5Draft`` refeeds."""
     return base.commit_path(T5Model, cache, lengths, path, num_accepted, partitioner)
 
   def __call__(self, params: dict, inputs: Array, decoder_inputs: Array,
