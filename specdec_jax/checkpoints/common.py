@@ -1,8 +1,5 @@
-"""What every checkpoint format shares: errors, local and gs:// path helpers,
-'/'-joined name trees, shape checks against a config, config parsing, and
-orbax metadata. Internal to ``specdec_jax.checkpoints``; the package
-re-exports the public names.
-"""
+"""What every checkpoint format shares: errors, path helpers, '/'-joined name trees,
+shape and config checks, orbax metadata."""
 
 from __future__ import annotations
 
@@ -10,11 +7,10 @@ import dataclasses
 import functools
 import os
 import re
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specdec_jax import storage
 from specdec_jax.models.t5 import T5Config, param_shapes
@@ -32,9 +28,6 @@ T5X_ORBAX_ITEM = "state"
 ORBAX_METADATA = "_METADATA"
 STEP_DIR_RE = re.compile(r"^checkpoint_(\d+)$")
 
-# A whole-array reader; kept for importers of the old module (loaders now
-# read slices, see ``placement.SliceReader``).
-Reader = Callable[[], np.ndarray]
 
 
 class CheckpointError(ValueError):
@@ -49,17 +42,9 @@ class CheckpointExistsError(CheckpointError, FileExistsError):
   """Refusing to overwrite a non-empty directory."""
 
 
-# ------------------------------------------------------------ path helpers
-# Local and gs:// paths go through ``specdec_jax.storage`` (TensorStore's gcs
-# kvstore for gs://, with bounded retries and one-line errors).
+# ------------------------------------------------------------ path helpers (via storage)
 
-
-def is_gcs(path: str) -> bool:
-  return storage.is_gcs(path)
-
-
-def join(base: str, *parts: str) -> str:
-  return storage.join(base, *parts)
+is_gcs, join, is_dir, exists = storage.is_gcs, storage.join, storage.is_dir, storage.exists
 
 
 def split_gcs(path: str) -> tuple[str, str]:
@@ -71,8 +56,7 @@ def split_gcs(path: str) -> tuple[str, str]:
 
 
 def kvstore_spec(path: str) -> dict:
-  """A TensorStore kvstore spec for a local or ``gs://`` path (open it with
-  ``context=storage.context()``)."""
+  """A TensorStore kvstore spec for a local or ``gs://`` path."""
   if is_gcs(path):
     split_gcs(path)
   return storage.kvstore_spec(path)
@@ -87,17 +71,8 @@ def listdir(path: str) -> list[str]:
     raise CheckpointNotFoundError(str(e)) from None
 
 
-def is_dir(path: str) -> bool:
-  return storage.is_dir(path)
-
-
-def exists(path: str) -> bool:
-  return storage.exists(path)
-
-
 def read_bytes(path: str) -> bytes:
-  """The file's bytes; a missing one is a CheckpointNotFoundError naming it
-  (for gs://, also whether the bucket exists)."""
+  """The file's bytes; a missing one is a CheckpointNotFoundError naming it."""
   try:
     return storage.read_bytes(path, "checkpoint file")
   except storage.StorageNotFoundError as e:
@@ -154,7 +129,6 @@ def subtree_keys(tree: Mapping, candidates: Sequence[tuple[str, ...]]) -> Option
 
 
 def params_dtype_tree(params: Any, dtype: Optional[str]) -> Any:
-  """``params`` with every leaf cast to ``dtype`` (unchanged for None)."""
   if dtype is None:
     return params
   dt = jnp.dtype(dtype)
@@ -179,11 +153,8 @@ def few(names: Iterable[str], n: int = 5) -> str:
 
 def check_shapes(shapes: Mapping[str, tuple[int, ...]], config: T5Config,
                  source: str) -> None:
-  """Raises CheckpointError unless ``shapes`` is exactly the config's tree.
-
-  ``shapes`` maps '/'-joined parameter names to shapes; ``source`` (a path)
-  prefixes every message.
-  """
+  """CheckpointError, prefixed with ``source``, unless ``shapes`` ('/'-joined names ->
+  shapes) is exactly the config's tree."""
   want = expected_shapes(config)
   missing = set(want) - set(shapes)
   extra = set(shapes) - set(want)
@@ -210,7 +181,6 @@ def check_shapes(shapes: Mapping[str, tuple[int, ...]], config: T5Config,
 
 
 def config_from_dict(fields: Mapping[str, Any], source: str = "config") -> T5Config:
-  """A T5Config from its fields; unknown keys are an error naming ``source``."""
   known = {f.name for f in dataclasses.fields(T5Config)}
   unknown = set(fields) - known
   if unknown:
@@ -249,7 +219,7 @@ def root_cause(e: BaseException) -> str:
 
 
 def orbax_metadata_tree(directory: str) -> dict:
-  """The saved tree of an orbax PyTree checkpoint, with metadata leaves (no data)."""
+  """The saved tree of a local orbax PyTree checkpoint, with metadata leaves."""
   import orbax.checkpoint as ocp
   try:
     meta = ocp.PyTreeCheckpointer().metadata(directory)
@@ -263,5 +233,4 @@ def orbax_metadata_tree(directory: str) -> dict:
 
 
 def metadata_shapes(tree: Mapping) -> dict[str, tuple[int, ...]]:
-  """{name: shape} of an orbax metadata (sub)tree."""
   return {k: tuple(v.shape) for k, v in flatten(tree).items()}

@@ -24,13 +24,8 @@ from specdec_jax.partitioning import Partitioner
 
 def save_checkpoint(directory: str, params: Any, config: T5Config,
                     dtype: Optional[str] = None, overwrite: bool = False) -> None:
-  """Writes ``params`` (T5X-named tree) and ``config`` in our own format.
-
-  Layout: ``directory/config.json`` (T5Config fields) and ``directory/params``
-  (orbax PyTree). ``dtype`` (e.g. 'bfloat16') casts the arrays on disk;
-  loading casts back to the requested ``param_dtype``. A non-empty existing
-  directory is only replaced with ``overwrite=True``.
-  """
+  """Write ``params`` and ``config`` in our format (``dtype``, e.g. 'bfloat16', casts on
+  disk); a non-empty directory is only replaced with ``overwrite``."""
   import orbax.checkpoint as ocp
   if is_gcs(directory):
     raise CheckpointError(f"{directory}: saving to GCS is not supported")
@@ -52,9 +47,7 @@ def save_checkpoint(directory: str, params: Any, config: T5Config,
 
 
 def _checkpointer(ocp: Any) -> Any:
-  """Orbax's checkpointer for host arrays written by this process alone: in a
-  multi-process job only one process exports (the caller decides which), so
-  Orbax must not wait for the others at its barriers."""
+  """Orbax's checkpointer for arrays written by this process alone (no barriers with others)."""
   if jax.process_count() == 1:
     return ocp.PyTreeCheckpointer()
   me = jax.process_index()
@@ -66,8 +59,6 @@ def _checkpointer(ocp: Any) -> Any:
 
 def load_specdec(path: str, config: Optional[T5Config], param_dtype: Any,
                  partitioner: Optional[Partitioner] = None) -> tuple[dict, T5Config]:
-  """(params in their shards, config) from a directory written by ``save_checkpoint``
-  (local or ``gs://``)."""
   config_path = join(path, "config.json")
   try:
     fields = json.loads(read_bytes(config_path))
