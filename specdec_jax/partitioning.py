@@ -1,15 +1,9 @@
-"""Sharding T5 over a ('data', 'model') device mesh, T5X style (GSPMD via jax.jit).
+"""Sharding T5 over a ('data', 'model') mesh, T5X style (GSPMD via jax.jit).
 
-Every parameter and cache array has T5X's logical axis names (the table in
-docs/sharding.md); rules map them to mesh axes. ``STANDARD_RULES`` are T5X's
-standard ones (batch -> data; vocab, mlp, heads, joined_kv -> model; the rest
-replicated), replaceable from gin (``Experiment.logical_axis_rules``). The
-inputs are placed and the loop-carried caches constrained; ``jax.jit``
-partitions the rest, with no hand-written collective.
-
-A dimension the mesh axis does not divide is an error naming the array, its
-size and the axis; with ``fallback='replicate'`` it is replicated instead,
-with a warning."""
+Arrays carry T5X's logical axis names (docs/sharding.md); rules map them to mesh
+axes (``STANDARD_RULES``, or ``Experiment.logical_axis_rules``). Inputs are placed
+and loop-carried caches constrained; jit partitions the rest. A dimension its axis
+does not divide is an error naming it (``fallback='replicate'``: replicated)."""
 
 from __future__ import annotations
 
@@ -27,24 +21,14 @@ MESH_AXES = ("data", "model")
 
 Rules = tuple[tuple[str, Optional[str]], ...]
 
-# T5X's standard rules (t5x.partitioning.standard_logical_axis_rules, 1-D
-# model parallelism): activations' batch over 'data', the wide weight
-# dimensions over 'model', everything else replicated.
+# T5X's standard_logical_axis_rules (1-D model parallelism).
 STANDARD_RULES: Rules = (
-    ("batch", "data"),
-    ("vocab", "model"),
-    ("mlp", "model"),
-    ("heads", "model"),
-    ("joined_kv", "model"),
-    ("embed", None),
-    ("kv", None),
-    ("length", None),
-    ("relpos_buckets", None),
-)
+    ("batch", "data"), ("vocab", "model"), ("mlp", "model"), ("heads", "model"),
+    ("joined_kv", "model"), ("embed", None), ("kv", None), ("length", None),
+    ("relpos_buckets", None))
 
-# For approximation models: every weight replicated, only the batch split.
-# A draft is small, and its γ serial steps are latency-bound: an all-reduce
-# per layer per draft step would cost more than the memory it saves.
+# For drafts: weights replicated, only the batch split (γ serial latency-bound steps
+# would pay an all-reduce per layer per step).
 DATA_PARALLEL_RULES: Rules = (("batch", "data"),)
 
 FALLBACKS = ("error", "replicate")
@@ -69,7 +53,7 @@ class PartitioningError(ValueError):
 
 
 def param_logical_axes(name: str) -> tuple[str, ...]:
-  """T5X logical axis names of a parameter, from its '/'-joined T5X name."""
+  """T5X logical axis names of a parameter, from its '/'-joined name."""
   for pattern, axes in _PARAM_AXES:
     if re.search(pattern, name):
       return axes
@@ -78,9 +62,8 @@ def param_logical_axes(name: str) -> tuple[str, ...]:
 
 def flatten_names(tree: Mapping, is_leaf: Callable[[Any], bool] = lambda x: False,
                   prefix: str = "") -> dict[str, Any]:
-  """Nested dicts -> {'a/b/c': leaf}: the '/'-joined T5X names the axis
-  rules, the loaders and the checks speak in. ``is_leaf`` stops at a mapping
-  that is a leaf (e.g. a TensorStore spec)."""
+  """Nested dicts -> {'a/b/c': leaf}, the names rules and loaders use (``is_leaf`` stops
+  at a mapping that is a leaf)."""
   flat = {}
   for key, value in tree.items():
     name = f"{prefix}{key}"
@@ -119,14 +102,10 @@ def validate_rules(rules: Sequence[Sequence[Any]]) -> Rules:
 
 
 def make_mesh(shape: Sequence[int], devices: Optional[Sequence[Any]] = None) -> Mesh:
-  """A ('data', 'model') mesh over the given devices, or over this machine's.
+  """A ('data', 'model') mesh over ``devices`` (their number must match) or this machine's.
 
-  Given ``devices`` (a dry run's topology), the product of ``shape`` must
-  equal their number. Without, a mesh smaller than the machine takes its
-  first devices, saying so once (one chip of a multi-chip VM: the paper's
-  single-chip setting on the VM users get); on several processes it must
-  span them all, since every process takes part in each jitted loop.
-  """
+  On one process a smaller mesh takes the first devices (one chip of a multi-chip VM,
+  the paper's setting); on several it must span them all."""
   shape = tuple(int(s) for s in shape)
   if len(shape) != 2 or any(s < 1 for s in shape):
     raise PartitioningError(f"mesh_shape must be two positive sizes (data, model), got {shape}")
@@ -157,18 +136,14 @@ _SUBSET_SAID: set = set()
 
 
 def abstract_mesh(shape: Sequence[int]) -> jax.sharding.AbstractMesh:
-  """A ('data', 'model') mesh of the given shape with no devices behind it:
-  enough to compute specs and shard shapes when planning for other hardware."""
+  """A mesh of the given shape with no devices, for planning (specs, shard shapes)."""
   return jax.sharding.AbstractMesh(tuple(int(s) for s in shape), MESH_AXES,
                                    axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
 @dataclasses.dataclass(frozen=True)
 class Partitioner:
-  """A mesh plus logical axis rules; hashable, so a static argument of jit.
-
-  ``mesh`` may be an ``abstract_mesh`` for planning (specs, shard shapes).
-  """
+  """A mesh (or ``abstract_mesh``) plus logical axis rules; hashable (a static jit arg)."""
 
   mesh: Any
   rules: Rules = STANDARD_RULES
@@ -187,16 +162,10 @@ class Partitioner:
            what: str) -> PartitionSpec:
     """The PartitionSpec for an array of ``shape`` with logical ``axes``.
 
-    The rules are ordered, as in T5X and Flax: each rule (logical name, mesh
-    axis) in turn gives the array's dimension of that name the mesh axis if
-    the dimension has none yet and no other dimension of the array holds that
-    axis. A name may appear in several rules, as fallbacks: T5X's 2-D rules map
-    'embed' to 'model', then to 'data'. A rule with mesh axis None settles its
-    dimension as replicated; a dimension no rule settles is replicated. A mesh
-    axis of size 1 settles its dimension as replicated too. A dimension that
-    its mesh axis does not divide raises (or, with fallback='replicate', is
-    replicated with a warning).
-    """
+    Rules apply in order, as in T5X and Flax: (name, mesh axis) gives the dimension of
+    that name the axis if it has none yet and no other dimension holds it, so a name in
+    several rules has fallbacks. None, a size-1 axis, or no rule: replicated. A
+    dimension its axis does not divide raises (or is replicated, per ``fallback``)."""
     if len(axes) != len(shape):
       raise PartitioningError(f"{what}: {len(axes)} logical axes {tuple(axes)} for an array "
                               f"of shape {tuple(shape)}")
@@ -256,12 +225,8 @@ class Partitioner:
 
 
 def constrain_cache(cache: Any, partitioner: Optional[Partitioner], what: str) -> Any:
-  """Pins a ``DecoderCache`` to ('batch','length','heads','kv') inside jit.
-
-  Without it GSPMD would infer the loop-carried caches' layout from whatever
-  it meets first; pinned, every K/V is split on heads across 'model' and on
-  batch across 'data', the layout T5X uses. A no-op without a partitioner.
-  """
+  """Pin a ``DecoderCache``'s K/V to ('batch', 'length', 'heads', 'kv') inside jit, as
+  T5X does (otherwise GSPMD infers the loop-carried layout); no-op without one."""
   if partitioner is None:
     return cache
   kv = lambda xs, n: tuple(partitioner.constrain(x, CACHE_AXES, f"{what} {n}[{i}]")
@@ -283,9 +248,8 @@ def constrain_batch(x: jax.Array, partitioner: Optional[Partitioner], what: str)
 def from_settings(mesh_shape: Optional[Sequence[int]], rules: Optional[Sequence] = None,
                   fallback: str = "error",
                   mesh: Optional[Mesh] = None) -> Optional[Partitioner]:
-  """The partitioner for an experiment's settings; None (one device, no
-  sharding: exactly the unsharded code path) when ``mesh_shape`` is None.
-  ``mesh`` reuses an existing mesh (the draft shares the target's)."""
+  """The partitioner for an experiment's settings; None (the unsharded path) when
+  ``mesh_shape`` is None. ``mesh`` reuses an existing mesh."""
   if mesh_shape is None:
     return None
   mesh = make_mesh(mesh_shape) if mesh is None else mesh
@@ -295,14 +259,9 @@ def from_settings(mesh_shape: Optional[Sequence[int]], rules: Optional[Sequence]
 def initialize_multihost(coordinator_address: Optional[str] = None,
                          num_processes: Optional[int] = None,
                          process_id: Optional[int] = None) -> None:
-  """``jax.distributed.initialize`` for a multi-host job (TPU pod slice, GPU cluster).
-
-  Without a coordinator address, JAX detects the cluster from its environment
-  (Cloud TPU VMs, SLURM, Open MPI, Kubernetes, ...); where it finds none, this
-  says which settings to bind. With one, the number of processes and this
-  process's id are required, and the count the coordinator confirms must be
-  that number.
-  """
+  """``jax.distributed.initialize`` for a multi-host job; without a coordinator address
+  JAX detects the cluster from its environment, with one the process count and id
+  are required and checked."""
   if coordinator_address is not None and (num_processes is None or process_id is None):
     raise PartitioningError(
         f"multihost with coordinator_address={coordinator_address!r} also needs "
@@ -310,8 +269,7 @@ def initialize_multihost(coordinator_address: Optional[str] = None,
   kw = {} if coordinator_address is None else dict(
       coordinator_address=coordinator_address, num_processes=num_processes,
       process_id=process_id)
-  # CPU devices (tests, CPU clusters) need a collectives backend across
-  # processes; accelerators bring their own, which this leaves alone.
+  # CPU devices need a collectives backend across processes; accelerators bring their own.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   try:
     jax.distributed.initialize(**kw)
