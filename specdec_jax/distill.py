@@ -493,7 +493,7 @@ class DistillJob(PairSettings):
     A new bridge starts at zero and trains with Adam at ``bridge_learning_rate``.
   bridge_learning_rate: Adam's learning rate for the bridges and a block draft's mask embedding.
   feature_bridge: the draft also reads the target's decoder states of the committed prefix
-    (``specdec_jax.drafts.feature_bridge``), at staleness 0..feature_staleness-1.
+    (``specdec_jax.drafts.feature_bridge``). Staleness 0..feature_staleness-1.
   feature_staleness: the feature bridge's staleness range (set it to the γ the draft runs at).
   block_size: 0 trains the autoregressive draft; γ >= 2 a block draft of block size γ.
     (``specdec_jax.drafts.t5_block``), warm-started from the draft checkpoint.
