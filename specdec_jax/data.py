@@ -186,7 +186,7 @@ SEQIO_INSTALL = 'pip install -e ".[seqio]"'
 _SEQIO_MODULES = ("seqio", "tensorflow", "tensorflow_datasets")
 
 
-def _import_optional(module: str, needed_by: str) -> Any:
+def import_optional(module: str, needed_by: str) -> Any:
   """``import module`` from the ``seqio`` extra, or an ImportError naming the install
   command and ``needed_by``; TensorFlow is kept off the accelerators."""
   try:
@@ -194,7 +194,8 @@ def _import_optional(module: str, needed_by: str) -> Any:
   except ModuleNotFoundError as e:
     if (e.name or "").split(".")[0] not in _SEQIO_MODULES:
       raise  # installed, but one of its own imports is missing
-    what = "seqio" if module == "seqio" else "TensorFlow"
+    what = {"seqio": "seqio", "tensorflow_datasets": "TensorFlow Datasets"}.get(module,
+                                                                               "TensorFlow")
     raise ImportError(f"{what} is not installed: {SEQIO_INSTALL} ({needed_by} needs "
                       "it)") from None
   hide_accelerators_from_tensorflow()
@@ -218,7 +219,7 @@ def _read_bytes(path: str) -> bytes:
     return storage.read_bytes(path, "SentencePiece model")
   if "://" in path:
     # Other remote schemes need TF's file systems; local and gs:// paths do not.
-    tf = _import_optional("tensorflow", f"the remote path {path!r}")
+    tf = import_optional("tensorflow", f"the remote path {path!r}")
 
     if not tf.io.gfile.exists(path):
       raise FileNotFoundError(f"SentencePiece model not found: {path}")
@@ -309,7 +310,7 @@ class SeqioVocabAdapter:
   """Thin ``Vocabulary`` adapter over ``seqio.SentencePieceVocabulary``."""
 
   def __init__(self, path: str, extra_ids: int = 0):
-    seqio = _import_optional("seqio", "the 'seqio' vocabulary backend")
+    seqio = import_optional("seqio", "the 'seqio' vocabulary backend")
 
     # Fail early and clearly; seqio would fail lazily on first use.
     _load_sp_processor(path, extra_ids)
@@ -476,7 +477,7 @@ def _bible_dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = Non
 def register_tasks(vocab_path: Optional[str] = None, extra_ids: int = 100,
                    bible_dir: Optional[str] = None) -> list[str]:
   """Register the specdec seqio tasks (idempotent; other arguments replace them) -> names."""
-  seqio = _import_optional("seqio", "register_tasks (the specdec seqio tasks)")
+  seqio = import_optional("seqio", "register_tasks (the specdec seqio tasks)")
 
   vocab_path = vocab_path or T5_VOCAB_PATH
   bible_dir = bible_dir or DEFAULT_BIBLE_DIR
@@ -552,7 +553,7 @@ def load_seqio_examples(task_name: str, split: str, max_examples: Optional[int] 
                         data_dir: Optional[str] = None) -> list[Example]:
   """Raw text examples of a specdec seqio task (no prefix, no tokens); registers our
   tasks with defaults if needed."""
-  seqio = _import_optional("seqio", f"the source 'seqio:{task_name}'")
+  seqio = import_optional("seqio", f"the source 'seqio:{task_name}'")
 
   _check_max_examples(max_examples)
   if task_name not in seqio.TaskRegistry.names():
