@@ -67,21 +67,9 @@ def _make_example(path: str, line_no: int, raw_id: Any, text: Any, reference: An
   return Example(id=ex_id, input=text, reference=reference or None)
 
 
-def read_text(path: str) -> str:
-  """The file (local or ``gs://``) as UTF-8; a bad byte is reported with its line and column."""
-  raw = storage.read_bytes(path, "examples file")
-  try:
-    return raw.decode("utf-8")
-  except UnicodeDecodeError as e:
-    line = raw.count(b"\n", 0, e.start) + 1
-    col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-    raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
-             f"{col}: {e.reason}); save the file as UTF-8") from None
-
-
 def _read_tsv(path: str, input_key: str, reference_key: str, id_key: str,
               max_examples: Optional[int]) -> list[Example]:
-  lines = read_text(path).splitlines()
+  lines = storage.read_text(path, "examples file").splitlines()
   if not lines or not lines[0].strip():
     raise ValueError(f"{path}: missing TSV header line (expected columns like "
              f"'{id_key}\\t{input_key}\\t{reference_key}')")
@@ -108,7 +96,7 @@ def _read_tsv(path: str, input_key: str, reference_key: str, id_key: str,
 
 def _json_records(path: str) -> Iterable[tuple[int, Any]]:
   """(line_no, record) for JSON Lines, or a top-level JSON array."""
-  content = read_text(path)
+  content = storage.read_text(path, "examples file")
   if content.lstrip().startswith("["):
     try:
       records = json.loads(content)

@@ -448,11 +448,13 @@ def write_if(path: str, data: Optional[bytes], generation: bytes) -> Optional[by
 
 
 def read_text(path: str, what: str = "") -> str:
-  """``read_bytes`` decoded as UTF-8 (a bad byte is a ValueError naming the path)."""
+  """``read_bytes`` decoded as UTF-8 (a bad byte is a ValueError naming its line and column)."""
   raw = read_bytes(path, what)
   try:
     return raw.decode("utf-8")
   except UnicodeDecodeError as e:
     line = raw.count(b"\n", 0, e.start) + 1
-    raise ValueError(f"{path}:{line}: not valid UTF-8 ({e.reason})") from None
+    col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+    raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
+                     f"{col}: {e.reason}); save the file as UTF-8") from None
 

@@ -47,19 +47,12 @@ class CheckpointExistsError(CheckpointError, FileExistsError):
 is_gcs, join, is_dir, exists = storage.is_gcs, storage.join, storage.is_dir, storage.exists
 
 
-def split_gcs(path: str) -> tuple[str, str]:
-  """'gs://bucket/a/b' -> ('bucket', 'a/b')."""
-  try:
-    return storage.split(path)
-  except ValueError as e:
-    raise CheckpointError(str(e)) from None
-
-
 def kvstore_spec(path: str) -> dict:
   """A TensorStore kvstore spec for a local or ``gs://`` path."""
-  if is_gcs(path):
-    split_gcs(path)
-  return storage.kvstore_spec(path)
+  try:
+    return storage.kvstore_spec(path)
+  except ValueError as e:  # a malformed gs:// URL
+    raise CheckpointError(str(e)) from None
 
 
 def listdir(path: str) -> list[str]:
