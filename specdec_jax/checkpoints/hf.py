@@ -141,35 +141,49 @@ def hf_name_map(config: T5Config) -> dict[str, tuple[str, bool]]:
 
 
 class SafetensorsFile:
-  """Shapes and sliced reads of one local .safetensors file (bfloat16 from a memmap)."""
+  """Shapes and sliced reads of one .safetensors file, local or ``gs://``: the header
+  by ranged reads; a local tensor is memory-mapped (only the slices asked for are
+  read), a remote one fetched once, when its array is placed."""
+
+  DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
+            "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32, "I16": np.int16,
+            "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
   def __init__(self, path: str):
-    from safetensors import safe_open
     self.path = path
     try:
-      self._f = safe_open(path, framework="numpy")
-      self.shapes = {k: tuple(self._f.get_slice(k).get_shape()) for k in self._f.keys()}
-      self._dtypes = {k: self._f.get_slice(k).get_dtype() for k in self._f.keys()}
-    except Exception as e:  # safetensors raises its own error types
-      raise CheckpointError(f"{path}: cannot read safetensors file: {e}") from e
-
-  @functools.cached_property
-  def _header(self) -> tuple[int, dict]:
-    with open(self.path, "rb") as f:
-      n = int.from_bytes(f.read(8), "little")
-      return 8 + n, json.loads(f.read(n))
+      n = int.from_bytes(storage.read_range(path, 0, 8), "little")
+      self._start = 8 + n
+      header = json.loads(storage.read_range(path, 8, self._start))
+    except (ValueError, TypeError) as e:  # a torn or foreign file
+      raise CheckpointError(f"{path}: cannot read safetensors header: {e}") from e
+    header.pop("__metadata__", None)
+    self._header = header
+    self.shapes = {k: tuple(v["shape"]) for k, v in header.items()}
+    unknown = sorted({v["dtype"] for v in header.values()} - set(self.DTYPES))
+    if unknown:
+      raise CheckpointError(f"{path}: unsupported safetensors dtype(s) {unknown}")
 
   def slice_reader(self, key: str) -> placement.SliceReader:
-    if self._dtypes[key] != "BF16":
-      tensor = self._f.get_slice(key)
-      return lambda index: tensor[index]
-    start, header = self._header
-    begin, end = header[key]["data_offsets"]
-    raw = np.memmap(self.path, dtype=np.uint16, mode="r", offset=start + begin,
-                    shape=((end - begin) // 2,))
-    mapped = raw.view(ml_dtypes.bfloat16).reshape(self.shapes[key])
-    # Copy: a device buffer must not alias the mapped file.
-    return lambda index: np.array(mapped[index])
+    """Reads slices of tensor ``key`` (in HF's layout)."""
+    entry = self._header[key]
+    begin, end = entry["data_offsets"]
+    dtype = np.dtype(self.DTYPES[entry["dtype"]]).newbyteorder("<")
+    if not is_gcs(self.path):
+      try:
+        mapped = np.memmap(self.path, dtype=dtype, mode="r", offset=self._start + begin,
+                           shape=self.shapes[key])
+      except ValueError as e:  # the file ends before the tensor does
+        raise CheckpointError(f"{self.path}: cannot read tensor {key}: {e}") from e
+      return lambda index: np.array(mapped[index])  # a copy: never alias the mapped file
+    held: list[np.ndarray] = []
+
+    def read(index: placement.Index) -> np.ndarray:
+      if not held:
+        raw = storage.read_range(self.path, self._start + begin, self._start + end)
+        held.append(np.frombuffer(raw, dtype=dtype).reshape(self.shapes[key]))
+      return np.array(held[0][index])
+    return read
 
 
 # PyTorch's storage classes in a pytorch_model.bin, by the numpy dtype they hold.
@@ -248,43 +262,6 @@ class TorchBinFile:
     return lambda index: np.array(tensor[index])
 
 
-class RemoteSafetensorsFile:
-  """Shapes and sliced reads of a .safetensors object in Cloud Storage: the header by
-  ranged requests, a tensor fetched once when its array is placed."""
-
-  DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
-            "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32, "I16": np.int16,
-            "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-
-  def __init__(self, path: str):
-    self.path = path
-    try:
-      n = int.from_bytes(storage.read_range(path, 0, 8), "little")
-      self._start = 8 + n
-      header = json.loads(storage.read_range(path, 8, self._start))
-    except (ValueError, TypeError) as e:  # a torn or foreign object
-      raise CheckpointError(f"{path}: cannot read safetensors header: {e}") from e
-    header.pop("__metadata__", None)
-    self._header = header
-    self.shapes = {k: tuple(v["shape"]) for k, v in header.items()}
-    unknown = sorted({v["dtype"] for v in header.values()} - set(self.DTYPES))
-    if unknown:
-      raise CheckpointError(f"{path}: unsupported safetensors dtype(s) {unknown}")
-
-  def slice_reader(self, key: str) -> placement.SliceReader:
-    entry = self._header[key]
-    begin, end = entry["data_offsets"]
-    held: list[np.ndarray] = []
-
-    def read(index: placement.Index) -> np.ndarray:
-      if not held:
-        raw = storage.read_range(self.path, self._start + begin, self._start + end)
-        dtype = np.dtype(self.DTYPES[entry["dtype"]]).newbyteorder("<")
-        held.append(np.frombuffer(raw, dtype=dtype).reshape(self.shapes[key]))
-      return np.array(held[0][index])
-    return read
-
-
 def _hf_weight_files(path: str) -> list[str]:
   for single, index in (("model.safetensors", "model.safetensors.index.json"),
                         ("pytorch_model.bin", "pytorch_model.bin.index.json")):
@@ -304,8 +281,7 @@ def _open_weight_file(file_path: str) -> Any:
   if not storage.is_file(file_path):
     raise CheckpointNotFoundError(f"{file_path}: weight shard listed in the index is missing")
   if file_path.endswith(".safetensors"):
-    return (RemoteSafetensorsFile(file_path) if is_gcs(file_path)
-            else SafetensorsFile(file_path))
+    return SafetensorsFile(file_path)
   if is_gcs(file_path):
     raise CheckpointError(f"{file_path}: PyTorch .bin weights cannot be read from Cloud "
                           "Storage (they are memory-mapped from a local file); convert them to "
