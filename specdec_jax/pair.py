@@ -172,12 +172,11 @@ class ModelPair(PairSettings):
 
   def check_values(self, param_dtypes: Sequence[str] = DTYPES) -> None:
     """Every setting's value (no file is looked at); ``param_dtypes``: the owner's."""
-    for role in ROLES:
-      fmt = getattr(self, f"{role}_format")
-      if fmt not in checkpoints.FORMATS:
-        raise ValueError(f"{self.spell(role + '_format')} must be one of "
-                         f"{checkpoints.FORMATS}, got {fmt!r}")
-    for name, allowed in (("param_dtype", tuple(param_dtypes)), ("dtype", DTYPES)):
+    for name, allowed in (("target_format", checkpoints.FORMATS),
+                          ("draft_format", checkpoints.FORMATS),
+                          ("param_dtype", tuple(param_dtypes)), ("dtype", DTYPES),
+                          ("decode_kernel", DECODE_KERNELS),
+                          ("partition_fallback", partitioning.FALLBACKS)):
       if getattr(self, name) not in allowed:
         raise ValueError(f"{self.spell(name)} must be one of {allowed}, "
                          f"got {getattr(self, name)!r}")
@@ -187,9 +186,6 @@ class ModelPair(PairSettings):
     quantization.check(self.draft_quantization, self.spell("draft_quantization"))
     if isinstance(self.min_rows, bool) or not isinstance(self.min_rows, int) or self.min_rows < 1:
       raise ValueError(f"{self.spell('min_rows')} must be an int >= 1, got {self.min_rows!r}")
-    if self.decode_kernel not in DECODE_KERNELS:
-      raise ValueError(f"{self.spell('decode_kernel')} must be one of {DECODE_KERNELS}, "
-                       f"got {self.decode_kernel!r}")
     if self.decode_kernel == "pallas" and self.mesh_shape is not None:
       raise ValueError(f"{self.spell('decode_kernel')}='pallas' runs on one device; "
                        f"{self.spell('mesh_shape')} is {self.mesh_shape!r} (use 'xla' on a mesh)")
@@ -227,9 +223,6 @@ class ModelPair(PairSettings):
           partitioning.validate_rules(getattr(self, name))
         except (partitioning.PartitioningError, TypeError) as e:
           raise ValueError(f"{self.spell(name)}: {e}") from None
-    if self.partition_fallback not in partitioning.FALLBACKS:
-      raise ValueError(f"{self.spell('partition_fallback')} must be one of "
-                       f"{partitioning.FALLBACKS}, got {self.partition_fallback!r}")
 
   def unset(self, draft_needed: bool) -> list[str]:
     """The required paths that are not set (the draft's with ``draft_needed``)."""

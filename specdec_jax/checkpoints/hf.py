@@ -390,7 +390,8 @@ def export_hf(params: Any, config: T5Config, directory: str,
   flat = flatten(params)
   check_shapes({k: tuple(np.shape(v)) for k, v in flat.items()}, config,
                f"params to export to {directory}")
-  out_dtype = np.dtype(jnp.dtype(dtype) if dtype else jnp.asarray(flat["token_embedder/embedding"]).dtype)
+  out_dtype = np.dtype(jnp.dtype(dtype) if dtype
+                       else jnp.asarray(flat["token_embedder/embedding"]).dtype)
   arrays: dict[str, Callable[[], np.ndarray]] = {}
   shapes: dict[str, tuple[int, ...]] = {}
   for ours, (hf, transpose) in sorted(hf_name_map(config).items(), key=lambda kv: kv[1][0]):
