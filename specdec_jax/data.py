@@ -258,22 +258,9 @@ class SentencePieceVocab:
     if self._sp.pad_id() != PAD_ID:
       logging.warning("SentencePiece model %s has pad_id=%d; T5/seqio use %d",
               path, self._sp.pad_id(), PAD_ID)
-
-  @property
-  def vocab_size(self) -> int:
-    return int(self._sp.GetPieceSize())
-
-  @property
-  def pad_id(self) -> int:
-    return PAD_ID  # seqio fixes PAD at 0 regardless of the model's own setting
-
-  @property
-  def eos_id(self) -> int:
-    return int(self._sp.eos_id())
-
-  @property
-  def unk_id(self) -> int:
-    return int(self._sp.unk_id())
+    # seqio fixes PAD at 0 regardless of the model's own setting.
+    self.vocab_size, self.pad_id, self.eos_id, self.unk_id = (
+        int(self._sp.GetPieceSize()), PAD_ID, int(self._sp.eos_id()), int(self._sp.unk_id()))
 
   def encode(self, text: str) -> list[int]:
     """Text -> ids, without EOS (as seqio's ``encode``)."""
