@@ -14,34 +14,25 @@ from typing import Any, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AbstractMesh
 
 from specdec_jax.decoding import cache_length
 from specdec_jax.models.t5 import (DecoderCache, T5Config, T5Model, get_config,
                                    param_shapes, stored_dtype)
 from specdec_jax import partitioning, quantization
-from specdec_jax.partitioning import (CACHE_AXES, DATA_PARALLEL_RULES,
-                                      STANDARD_RULES, Partitioner, PartitioningError,
-                                      flatten_names, param_logical_axes, validate_rules)
+from specdec_jax.partitioning import (CACHE_AXES, DATA_PARALLEL_RULES, STANDARD_RULES,
+                                      Partitioner, flatten_names, param_logical_axes,
+                                      validate_rules)
 
 GiB = 2 ** 30
 ConfigLike = Union[T5Config, str]
 PLAN_KEYS = ("target_params", "draft_params", "target_caches", "draft_caches", "total")
 
 
-def abstract_mesh(mesh_shape: Optional[Sequence[int]]) -> AbstractMesh:
-  """A ('data', 'model') mesh with no devices behind it; None means one device."""
-  shape = (1, 1) if mesh_shape is None else tuple(int(s) for s in mesh_shape)
-  if len(shape) != 2 or any(s < 1 for s in shape):
-    raise PartitioningError(f"mesh_shape must be two positive sizes (data, model), got {shape}")
-  return partitioning.abstract_mesh(shape)
-
-
 def planning_partitioner(mesh_shape: Optional[Sequence[int]],
                          rules: Optional[Sequence] = None,
                          fallback: str = "error") -> Partitioner:
   """The Partitioner the runner would build, over an abstract mesh (rules None: standard)."""
-  return Partitioner(abstract_mesh(mesh_shape),
+  return Partitioner(partitioning.abstract_mesh((1, 1) if mesh_shape is None else mesh_shape),
                      validate_rules(STANDARD_RULES if rules is None else rules), fallback)
 
 

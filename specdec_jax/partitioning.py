@@ -106,9 +106,7 @@ def make_mesh(shape: Sequence[int], devices: Optional[Sequence[Any]] = None) -> 
 
   On one process a smaller mesh takes the first devices (one chip of a multi-chip VM,
   the paper's setting); on several it must span them all."""
-  shape = tuple(int(s) for s in shape)
-  if len(shape) != 2 or any(s < 1 for s in shape):
-    raise PartitioningError(f"mesh_shape must be two positive sizes (data, model), got {shape}")
+  shape = _mesh_shape(shape)
   n = math.prod(shape)
   given = devices is not None
   devices = list(jax.devices() if devices is None else devices)
@@ -135,9 +133,16 @@ def make_mesh(shape: Sequence[int], devices: Optional[Sequence[Any]] = None) -> 
 _SUBSET_SAID: set = set()
 
 
+def _mesh_shape(shape: Sequence[int]) -> tuple[int, int]:
+  shape = tuple(int(s) for s in shape)
+  if len(shape) != 2 or any(s < 1 for s in shape):
+    raise PartitioningError(f"mesh_shape must be two positive sizes (data, model), got {shape}")
+  return shape
+
+
 def abstract_mesh(shape: Sequence[int]) -> jax.sharding.AbstractMesh:
   """A mesh of the given shape with no devices, for planning (specs, shard shapes)."""
-  return jax.sharding.AbstractMesh(tuple(int(s) for s in shape), MESH_AXES,
+  return jax.sharding.AbstractMesh(_mesh_shape(shape), MESH_AXES,
                                    axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
