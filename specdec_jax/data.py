@@ -89,8 +89,7 @@ def _read_tsv(path: str, input_key: str, reference_key: str, id_key: str,
       raise ValueError(f"{path}:{line_no}: expected {len(columns)} tab-separated "
                f"fields {columns}, found {len(cells)}")
     get = lambda key: cells[col[key]] if key in col else None  # noqa: E731
-    examples.append(_make_example(path, line_no, get(id_key), get(input_key),
-                   get(reference_key)))
+    examples.append(_make_example(path, line_no, get(id_key), get(input_key), get(reference_key)))
   return examples
 
 
@@ -546,8 +545,7 @@ def load_seqio_examples(task_name: str, split: str, max_examples: Optional[int] 
     tfds_name = source.tfds_dataset.name
     resolved, how = _resolve_tfds_data_dir(data_dir)
     _check_tfds_prepared(tfds_name, resolved, how)
-    source = seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=resolved,
-                   splits=SPLITS)
+    source = seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=resolved, splits=SPLITS)
   dataset = source.get_dataset(split=split, shuffle=False)
   for fn in _text_preprocessors(task):
     dataset = fn(dataset)

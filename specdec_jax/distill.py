@@ -111,8 +111,7 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
   done = read_outputs(path)
   eos = target.config.eos_id
   chunks = _bucketed_chunks([len(x) for x in inputs], batch_size, buckets)
-  todo = [(m, b, idx) for m in modes for b, idx in chunks
-          if any((i, m) not in done for i in idx)]
+  todo = [(m, b, idx) for m in modes for b, idx in chunks if any((i, m) not in done for i in idx)]
   log_fn(f"target outputs: {len(done)} in {path}, {len(todo)} chunks to generate")
   primary = jax.process_index() == 0
   with open(path if primary else os.devnull, "a", encoding="utf-8") as f:
@@ -265,8 +264,7 @@ def draft_forward(draft: T5Model, target: T5Model, bridged: bool) -> Callable:
       enc_extra = bridge.extra(params["bridge"], target, target_params, inputs)
     if "feature" in params:
       dec_extra = feature_bridge.teacher_forced_extra(params["feature"], target_hidden, key)
-    return draft(params["draft"], inputs, dec_in, encoder_extra=enc_extra,
-                 decoder_extra=dec_extra)
+    return draft(params["draft"], inputs, dec_in, encoder_extra=enc_extra, decoder_extra=dec_extra)
   return forward
 
 
@@ -625,8 +623,7 @@ def _encode_source(vocab, source: str, split: str, prefix: str, max_examples, da
                    max_len: int, with_refs: bool):
   from specdec_jax import data
   try:
-    examples = data.load_examples(source, split=split, max_examples=max_examples,
-                                  data_dir=data_dir)
+    examples = data.load_examples(source, split=split, max_examples=max_examples, data_dir=data_dir)
   except UnicodeDecodeError as e:
     raise ValueError(f"{source}: not UTF-8 text ({e})") from None
   if not examples:
@@ -700,8 +697,7 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   if evaluate is not None:
     summary["after"] = evaluate(result.params)
   if jax.process_index() == 0:
-    _export(job, draft.config, jax.tree.map(training.host_value, result.params), bridged,
-            summary)
+    _export(job, draft.config, jax.tree.map(training.host_value, result.params), bridged, summary)
   log_fn(f"distilled draft written to {job.output_dir}")
   return summary
 
@@ -809,8 +805,7 @@ def _export(job: DistillJob, config: T5Config, params: Any, bridged: bool,
   if bridged and "block" in params:
     t5_block.save(job.output_dir, params["block"])
   out_params = params["draft"] if bridged else params
-  checkpoints.save_checkpoint(job.output_dir, out_params, config, dtype="bfloat16",
-                              overwrite=True)
+  checkpoints.save_checkpoint(job.output_dir, out_params, config, dtype="bfloat16", overwrite=True)
   with open(os.path.join(job.output_dir, "distill_log.json"), "w") as f:
     json.dump(summary, f, indent=1)
 

@@ -72,8 +72,7 @@ def param_bytes(cfg: ConfigLike, part: Partitioner, param_dtype: Any = "float32"
 def _param_bytes(cfg: T5Config, part: Partitioner, param_dtype: str,
                  quant: Optional[str] = None) -> int:
   shapes = flatten_names(_param_shapes(cfg))
-  return sum(_weight_bytes(part, name, x.shape, param_dtype, quant)
-             for name, x in shapes.items())
+  return sum(_weight_bytes(part, name, x.shape, param_dtype, quant) for name, x in shapes.items())
 
 
 @functools.lru_cache(maxsize=None)
@@ -104,8 +103,7 @@ def _cache_bytes(cfg: T5Config, part: Partitioner, batch: int, max_input_len: in
     for i, x in enumerate(getattr(cache, field)):
       total += _shard_bytes(part, CACHE_AXES, x.shape, x.dtype, f"{what} {field}[{i}]")
   m = cache.encoder_mask
-  return total + _shard_bytes(part, ("batch", "length"), m.shape, m.dtype,
-                              f"{what} encoder_mask")
+  return total + _shard_bytes(part, ("batch", "length"), m.shape, m.dtype, f"{what} encoder_mask")
 
 
 def reads_per_step(name: str, cfg: T5Config) -> bool:

@@ -35,8 +35,7 @@ def candidates(path: str, config_dirs: Sequence[str] = ()) -> list[str]:
     return [path]
   if os.path.isabs(path):
     return [str(Path(path))]
-  return [str(p) for p in [Path(path)] + [Path(d) / path for d in config_dirs]
-          + [REPO_ROOT / path]]
+  return [str(p) for p in [Path(path)] + [Path(d) / path for d in config_dirs] + [REPO_ROOT / path]]
 
 
 def resolve_path(path: str, config_dirs: Sequence[str] = ()) -> str:

@@ -194,8 +194,7 @@ class Partitioner:
           raise PartitioningError(msg + "; choose a mesh that divides it, map "
                                   f"'{logical}' to None in the logical axis rules, or set "
                                   "the partitioning fallback to 'replicate'")
-        logging.log_first_n(logging.WARNING, "%s; replicating it (fallback='replicate')", 20,
-                            msg)
+        logging.log_first_n(logging.WARNING, "%s; replicating it (fallback='replicate')", 20, msg)
         out[i] = None
         continue
       used.add(mesh_axis)

@@ -199,8 +199,7 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
   pieces = {"step": target_piece(1)}
   for g in gammas:
     pieces[("verify", g)] = target_piece(g + 1)
-    pieces[("draft", g)] = (lambda g=g: _proposes(draft, dstate, seq, length, key, g,
-                                                   sampling, n))
+    pieces[("draft", g)] = (lambda g=g: _proposes(draft, dstate, seq, length, key, g, sampling, n))
     pieces[("round", g)] = (lambda g=g: _rounds(target, target_params, cache, draft, dstate,
                                                  seq, length, key, g, sampling, n,
                                                  partitioner))

@@ -120,8 +120,7 @@ def fixed_batches(pairs: Sequence[Pair], batch_tokens: int,
 def token_ce_sums(model: T5Model, params, inputs, targets,
                   dropout_rng: Optional[jax.Array] = None) -> tuple[jax.Array, jax.Array]:
   """Summed teacher-forced cross-entropy over non-pad targets, and the count."""
-  logits = model(params, inputs, shift_right(targets, model.config.decoder_start_id),
-                 dropout_rng)
+  logits = model(params, inputs, shift_right(targets, model.config.decoder_start_id), dropout_rng)
   mask = (targets != model.config.pad_id).astype(jnp.float32)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
   return jnp.sum(ce * mask), jnp.sum(mask)
@@ -260,8 +259,7 @@ def _resume(mngr: ocp.CheckpointManager, params: Any, opt_state: Any
 def _record(step: int, window: dict[str, list], evaluate: Optional[Callable[[Any], dict]],
             params: Any, wall_s: float) -> dict:
   """One loss-log line: the metrics' means since the last line, the evaluation, wall time."""
-  rec = {"step": step, **{k: float(np.mean([host_value(x) for x in v]))
-                          for k, v in window.items()}}
+  rec = {"step": step, **{k: float(np.mean([host_value(x) for x in v])) for k, v in window.items()}}
   if evaluate is not None:
     rec.update(evaluate(params))
   rec["wall_s"] = round(wall_s, 1)

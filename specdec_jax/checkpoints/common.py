@@ -83,14 +83,12 @@ def require_dir(path: str) -> None:
     raise CheckpointNotFoundError(f"checkpoint directory {path} is an object, not a prefix "
                                   "with objects under it")
   # Says whether the bucket is missing, or only the objects under the prefix.
-  raise CheckpointNotFoundError(str(storage.not_found(path, "checkpoint directory",
-                                                      prefix=True)))
+  raise CheckpointNotFoundError(str(storage.not_found(path, "checkpoint directory", prefix=True)))
 
 
 def latest_step_dir(path: str) -> Optional[str]:
   """The ``checkpoint_<step>`` child with the largest step, if any."""
-  steps = [(int(m.group(1)), name) for name in listdir(path)
-           if (m := STEP_DIR_RE.match(name))]
+  steps = [(int(m.group(1)), name) for name in listdir(path) if (m := STEP_DIR_RE.match(name))]
   return join(path, max(steps)[1]) if steps else None
 
 

@@ -82,8 +82,7 @@ def metadata_tree(directory: str) -> dict:
     names["/".join(_keys(entry_key, entry))] = _array_spec(
         directory, ".".join(_keys(entry_key, entry)), meta)
   context = _load_context()
-  futures = {n: ts.open(spec, open=True, read=True, context=context)
-             for n, spec in names.items()}
+  futures = {n: ts.open(spec, open=True, read=True, context=context) for n, spec in names.items()}
   leaves = {}
   for name, future in futures.items():
     try:

@@ -218,8 +218,7 @@ def place_array(name: str, shape: tuple[int, ...],
   """One array on its devices; devices holding the same slice share one read."""
   shape = tuple(shape)
   if isinstance(read_slice, ChunkedReader):
-    local = {index_box(i, shape) for i in
-             sharding.addressable_devices_indices_map(shape).values()}
+    local = {index_box(i, shape) for i in sharding.addressable_devices_indices_map(shape).values()}
     slices = _assemble(name, sorted(local), read_slice, dtype)
     out = jax.make_array_from_callback(shape, sharding,
                                        lambda index: slices[index_box(index, shape)],
