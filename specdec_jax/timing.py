@@ -154,25 +154,16 @@ def _draft_init(draft: ApproximationModel, inputs, cache_len):
   return draft.init(inputs, cache_len)
 
 
-def measure_costs(target: T5Model, target_params: Any, draft: ApproximationModel,
-                  inputs: Array, gamma: int, sampling: SamplingConfig = SamplingConfig(),
-                  cache_len: int | None = None, position: int = 16, repeats: int = 15,
-                  inner: int = 16, partitioner: Optional[Partitioner] = None) -> RoundCost:
-  """One γ's round cost (``theory.RoundCost``) at a mid-sequence ``position``: medians
-  over ``repeats`` of ``inner`` back-to-back runs. Pass the loop's ``cache_len``."""
-  return measure_costs_many(target, target_params, draft, inputs, [gamma], sampling,
-                            cache_len, position, repeats, inner, partitioner)[gamma]
-
-
 def measure_costs_many(target: T5Model, target_params: Any, draft: ApproximationModel,
                        inputs: Array, gammas: Sequence[int],
                        sampling: SamplingConfig = SamplingConfig(),
                        cache_len: int | None = None, position: int = 16, repeats: int = 15,
                        inner: int = 16, partitioner: Optional[Partitioner] = None
                        ) -> dict[int, RoundCost]:
-  """``measure_costs`` for several γ in one interleaved measurement (one shared step
-  piece), so drift hits every γ alike -> {γ: RoundCost} with the standard errors of
-  the per-repeat ratios."""
+  """Each γ's round cost (``theory.RoundCost``) at a mid-sequence ``position``: medians
+  over ``repeats`` of ``inner`` back-to-back runs, all γ in one interleaved measurement
+  (one shared step piece) so drift hits them alike, with the standard errors of the
+  per-repeat ratios. Pass the loop's ``cache_len`` (``decoding.cache_length``)."""
   gammas = sorted(set(int(g) for g in gammas))
   if not gammas or gammas[0] < 1:
     raise ValueError(f"gammas must be >= 1, got {gammas}")
