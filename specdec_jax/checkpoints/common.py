@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import re
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -71,6 +72,14 @@ def read_bytes(path: str) -> bytes:
   except storage.StorageNotFoundError as e:
     raise CheckpointNotFoundError(f"{path}: file not found" if not is_gcs(path)
                                   else str(e)) from None
+
+
+def read_json(path: str) -> Any:
+  """A JSON file's content; invalid JSON is a CheckpointError naming the file."""
+  try:
+    return json.loads(read_bytes(path))
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f"{path}: invalid JSON: {e}") from e
 
 
 def require_dir(path: str) -> None:

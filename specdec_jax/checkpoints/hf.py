@@ -23,7 +23,7 @@ from specdec_jax.checkpoints import placement
 from specdec_jax.checkpoints.common import (HF_WEIGHT_FILES, CheckpointError,
                                             CheckpointNotFoundError, check_overwrite,
                                             check_shapes, few, flatten, is_gcs, join,
-                                            read_bytes, reconcile_config)
+                                            read_bytes, read_json, reconcile_config)
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.partitioning import Partitioner
 
@@ -309,10 +309,7 @@ def _transposed_reader(f: Any, key: str) -> placement.SliceReader:
 def load_hf(path: str, config: Optional[T5Config], param_dtype: Any,
             partitioner: Optional[Partitioner] = None) -> tuple[dict, T5Config]:
   config_path = join(path, "config.json")
-  try:
-    hf_cfg = json.loads(read_bytes(config_path))
-  except json.JSONDecodeError as e:
-    raise CheckpointError(f"{config_path}: invalid JSON: {e}") from e
+  hf_cfg = read_json(config_path)
   stored = hf_config_to_t5(hf_cfg, source=config_path)
   config = reconcile_config(stored, config, path)
   tensors = _open_hf_tensors(path)

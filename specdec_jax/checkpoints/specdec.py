@@ -16,7 +16,7 @@ from specdec_jax.checkpoints import orbax_ts, placement
 from specdec_jax.checkpoints.common import (SPECDEC_PARAMS_DIR, CheckpointError, check_overwrite,
                                             check_shapes, config_from_dict, flatten, is_gcs,
                                             join, metadata_shapes, orbax_metadata_tree,
-                                            params_dtype_tree, read_bytes, reconcile_config,
+                                            params_dtype_tree, read_json, reconcile_config,
                                             require_dir)
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.partitioning import Partitioner
@@ -60,11 +60,7 @@ def _checkpointer(ocp: Any) -> Any:
 def load_specdec(path: str, config: Optional[T5Config], param_dtype: Any,
                  partitioner: Optional[Partitioner] = None) -> tuple[dict, T5Config]:
   config_path = join(path, "config.json")
-  try:
-    fields = json.loads(read_bytes(config_path))
-  except json.JSONDecodeError as e:
-    raise CheckpointError(f"{config_path}: invalid JSON: {e}") from e
-  config = reconcile_config(config_from_dict(fields, config_path), config, path)
+  config = reconcile_config(config_from_dict(read_json(config_path), config_path), config, path)
   params_dir = join(path, SPECDEC_PARAMS_DIR)
   require_dir(params_dir)
   # gs://: TensorStore reads orbax's layout itself (orbax's file layer would need TF or gcsfs).
