@@ -41,9 +41,6 @@ FIXED_PAIR_SETTINGS = {
 }
 
 
-# ---------------------------------------------------------------- target outputs
-
-
 def _bucketed_chunks(lengths: Sequence[int], batch_size: int,
                      buckets: Sequence[int]) -> list[tuple[int, list[int]]]:
   """(bucket length, indices) chunks of at most batch_size inputs, in index order within
@@ -144,9 +141,6 @@ def _gathered(x: jax.Array) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-# ---------------------------------------------------------------- deepening a draft
-
-
 # Projections that write into the residual stream: zero them and a T5 1.1 layer
 # (pre-norm, x + f(norm(x)) for each sublayer) is exactly the identity.
 _RESIDUAL_OUTPUTS = ("out", "wo")
@@ -183,9 +177,6 @@ def _zero_residual_outputs(layer: Mapping) -> dict:
     else:
       out[name] = value
   return out
-
-
-# ---------------------------------------------------------------- the loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -419,9 +410,6 @@ def block_agreement(target: T5Model, target_params: Any, draft: T5Model, draft_p
           "t1_by_position": [round(float(x), 4) for x in o / c]}
 
 
-# ---------------------------------------------------------------- agreement
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1, 6))
 def _agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targets,
                     bridged: bool = False):
@@ -452,9 +440,6 @@ def agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params:
     g, o, n = g + sg, o + so, n + sn
   n = max(n, 1.0)
   return {"greedy_agreement": g / n, "t1_acceptance": o / n}
-
-
-# ---------------------------------------------------------------- a whole job
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -21,9 +21,6 @@ DTYPES = ("float32", "bfloat16", "float16")   # activation and weight dtypes
 ROLES = ("target", "draft")
 
 
-# ------------------------------------------------------------------- paths
-
-
 def is_remote(path: str) -> bool:
   """Whether ``path`` is ``gs://`` or a ``seqio:`` task (passed on unchanged)."""
   return storage.is_gcs(path) or path.startswith("seqio:")
@@ -57,9 +54,6 @@ def check_path(setting: str, value: str, config_dirs: Sequence[str] = (),
                                                                     config_dirs)).exists():
     raise FileNotFoundError(f"{setting}: {value!r} does not exist (looked in: "
                             f"{', '.join(candidates(value, config_dirs))})")
-
-
-# ------------------------------------------------------------------- the pair
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -149,8 +143,6 @@ class ModelPair(PairSettings):
 
   owner: str = ""
 
-  # --------------------------------------------------------------- naming
-
   def spell(self, setting: str) -> str:
     """``setting`` as the user writes it (``Experiment.draft_checkpoint``)."""
     return f"{self.owner}.{setting}" if self.owner else setting
@@ -166,8 +158,6 @@ class ModelPair(PairSettings):
       raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     return (getattr(self, f"{role}_checkpoint"), getattr(self, f"{role}_format"),
             getattr(self, f"{role}_preset"))
-
-  # --------------------------------------------------------------- validation
 
   def check_values(self, param_dtypes: Sequence[str] = DTYPES) -> None:
     """Every setting's value (no file is looked at); ``param_dtypes``: the owner's."""
@@ -233,8 +223,6 @@ class ModelPair(PairSettings):
     for name in ("target_checkpoint", "draft_checkpoint", "vocab_path"):
       if getattr(self, name):
         check_path(self.spell(name), getattr(self, name), self.config_dirs, must_exist)
-
-  # --------------------------------------------------------------- before loading
 
   def peek_config(self, role: str) -> Optional[T5Config]:
     """The model's architecture from its preset or ``config.json`` without reading weights
@@ -311,8 +299,6 @@ class ModelPair(PairSettings):
       self.check_vocabularies(target, draft)
     self.check_shardings(target_part, draft_part, decode)
     return target_part, draft_part
-
-  # --------------------------------------------------------------- loading
 
   def load(self, role: str, partitioner: Optional[Partitioner] = None,
            quantize: bool = True) -> tuple[T5Model, Any]:

@@ -50,9 +50,6 @@ class StorageAccessError(StorageError, PermissionError):
   """Cloud Storage refused the request (credentials or permissions)."""
 
 
-# ------------------------------------------------------------ paths
-
-
 def is_gcs(path: str) -> bool:
   """Whether ``path`` is a ``gs://`` URL."""
   return str(path).startswith(GCS_PREFIX)
@@ -88,9 +85,6 @@ def dirname(path: str) -> str:
   if is_gcs(path):
     return path.rstrip("/").rsplit("/", 1)[0]
   return os.path.dirname(path)
-
-
-# ------------------------------------------------------------ emulator and TensorStore
 
 
 def emulator_url() -> Optional[str]:
@@ -248,9 +242,6 @@ def not_found(path: str, what: str = "", prefix: bool = False) -> StorageNotFoun
                               f"{key!r})")
 
 
-# ------------------------------------------------------------ reading
-
-
 def _read_object(path: str, byte_range: Optional[slice] = None) -> Optional[bytes]:
   """The object's bytes (``byte_range``: only those; ``slice(0, 0)``: metadata alone),
   or None if there is none."""
@@ -389,9 +380,6 @@ def listdir(path: str) -> list[str]:
   return sorted(os.listdir(path))
 
 
-# ------------------------------------------------------------ writing
-
-
 def write_bytes(path: str, data: bytes) -> None:
   """Replace the file or object at ``path`` with ``data``, whole or not at all."""
   if is_gcs(path):
@@ -414,8 +402,6 @@ def write_bytes(path: str, data: bytes) -> None:
     f.write(data)
   os.replace(tmp, path)
 
-
-# ------------------------------------------------------------ conditional writes (gs://)
 
 # TensorStore's generation of an absent object: a write conditioned on it creates the
 # object only if there is none (``ifGenerationMatch=0``).

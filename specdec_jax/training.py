@@ -33,9 +33,6 @@ def buckets_upto(max_len: int) -> tuple[int, ...]:
   return tuple(b for b in ladder if b < max_len) + (max_len,)
 
 
-# ---------------------------------------------------------------- batching
-
-
 def bucket_len(n: int, buckets: Sequence[int] = BUCKETS) -> int:
   for b in buckets:
     if n <= b:
@@ -114,9 +111,6 @@ def fixed_batches(pairs: Sequence[Pair], batch_tokens: int,
                                   rows_multiple)]
 
 
-# ---------------------------------------------------------------- losses
-
-
 def token_ce_sums(model: T5Model, params, inputs, targets,
                   dropout_rng: Optional[jax.Array] = None) -> tuple[jax.Array, jax.Array]:
   """Summed teacher-forced cross-entropy over non-pad targets, and the count."""
@@ -134,9 +128,6 @@ def ce_loss(model: T5Model) -> Callable:
     loss = total / jnp.maximum(n, 1.0)
     return loss, {"ce": loss}
   return loss_fn
-
-
-# ---------------------------------------------------------------- optimizers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,9 +164,6 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
   else:
     opt = optax.adamw(sched, b1=0.9, b2=0.98, weight_decay=cfg.weight_decay)
   return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)
-
-
-# ---------------------------------------------------------------- the loop
 
 
 @dataclasses.dataclass

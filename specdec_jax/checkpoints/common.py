@@ -30,7 +30,6 @@ ORBAX_METADATA = "_METADATA"
 STEP_DIR_RE = re.compile(r"^checkpoint_(\d+)$")
 
 
-
 class CheckpointError(ValueError):
   """A checkpoint is malformed or disagrees with the model configuration."""
 
@@ -43,8 +42,7 @@ class CheckpointExistsError(CheckpointError, FileExistsError):
   """Refusing to overwrite a non-empty directory."""
 
 
-# ------------------------------------------------------------ path helpers (via storage)
-
+# Path helpers: storage's.
 is_gcs, join, is_dir, exists = storage.is_gcs, storage.join, storage.is_dir, storage.exists
 
 
@@ -109,9 +107,6 @@ def check_overwrite(directory: str, overwrite: bool) -> None:
     raise CheckpointExistsError(f"{directory} exists and is not a directory")
 
 
-# ------------------------------------------------------------ tree helpers
-
-
 # One implementation of the '/'-joined naming, shared with the axis rules.
 flatten = flatten_names
 unflatten = unflatten_names
@@ -133,9 +128,6 @@ def params_dtype_tree(params: Any, dtype: Optional[str]) -> Any:
     return params
   dt = jnp.dtype(dtype)
   return jax.tree_util.tree_map(lambda x: jnp.asarray(x).astype(dt), params)
-
-
-# ------------------------------------------------------------ shape and config checks
 
 
 @functools.lru_cache(maxsize=16)
@@ -203,9 +195,6 @@ def reconcile_config(stored: T5Config, given: Optional[T5Config], source: str) -
     raise CheckpointError(f"{source}: the given config disagrees with the checkpoint's: "
                           f"{details}")
   return given
-
-
-# ------------------------------------------------------------ orbax metadata
 
 
 def root_cause(e: BaseException) -> str:

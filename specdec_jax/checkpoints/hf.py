@@ -28,9 +28,6 @@ from specdec_jax.models.t5 import T5Config
 from specdec_jax.partitioning import Partitioner
 
 
-# ------------------------------------------------------------ configs and names
-
-
 def hf_config_to_t5(hf: Mapping[str, Any], dtype: str = "float32",
                     source: str = "config.json") -> T5Config:
   """Our T5Config from a Hugging Face T5 ``config.json`` dict. T5 1.0: ReLU, logits via
@@ -135,9 +132,6 @@ def hf_name_map(config: T5Config) -> dict[str, tuple[str, bool]]:
     names[f"{o}/pre_cross_attention_layer_norm/scale"] = (f"{h}.1.layer_norm.weight", False)
     block(o, f"{h}.2")
   return names
-
-
-# ------------------------------------------------------------ weight files
 
 
 class SafetensorsFile:
@@ -303,9 +297,6 @@ def _transposed_reader(f: Any, key: str) -> placement.SliceReader:
   return lambda index: read(tuple(reversed(index))).T
 
 
-# ------------------------------------------------------------ load
-
-
 def load_hf(path: str, config: Optional[T5Config], param_dtype: Any,
             partitioner: Optional[Partitioner] = None) -> tuple[dict, T5Config]:
   config_path = join(path, "config.json")
@@ -341,9 +332,6 @@ def load_hf(path: str, config: Optional[T5Config], param_dtype: Any,
   check_shapes({n: s.shape for n, s in sources.items()}, config, path)
   return placement.place_arrays(sources, param_dtype, partitioner,
                                 placement.in_flight_for(path)), config
-
-
-# ------------------------------------------------------------ export
 
 
 _SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",

@@ -87,9 +87,6 @@ class ArraySource:
   open: Callable[[], Union[SliceReader, ChunkedReader]]
 
 
-# ------------------------------------------------------------ read accounting
-
-
 @dataclasses.dataclass
 class ReadStats:
   """Bytes of the distinct device slices read while ``count_reads`` was active."""
@@ -125,9 +122,6 @@ def _record(name: str, nbytes: int) -> None:
     for stats in _active_stats:
       stats.bytes_by_array[name] = stats.bytes_by_array.get(name, 0) + nbytes
       stats.reads += 1
-
-
-# ------------------------------------------------------------ placement
 
 
 def in_flight_for(path: str) -> int:
