@@ -201,21 +201,14 @@ def hide_accelerators_from_tensorflow() -> None:
 
 
 def _read_bytes(path: str) -> bytes:
-  if storage.is_gcs(path):
-    # TensorStore's gcs kvstore: no TensorFlow, bounded retries, one-line errors.
-    return storage.read_bytes(path, "SentencePiece model")
-  if "://" in path:
+  if "://" in path and not storage.is_gcs(path):
     # Other remote schemes need TF's file systems; local and gs:// paths do not.
     tf = import_optional("tensorflow", f"the remote path {path!r}")
-
     if not tf.io.gfile.exists(path):
       raise FileNotFoundError(f"SentencePiece model not found: {path}")
     with tf.io.gfile.GFile(path, "rb") as f:
       return f.read()
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"SentencePiece model not found: {path}")
-  with open(path, "rb") as f:
-    return f.read()
+  return storage.read_bytes(path, "SentencePiece model")
 
 
 @functools.lru_cache(maxsize=8)
