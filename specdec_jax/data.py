@@ -1,9 +1,6 @@
-"""Data: examples, vocabularies, fixed-shape batches.
-
-Examples come from ``.tsv`` / ``.jsonl`` files (local or ``gs://``) or from the seqio
-tasks ``specdec_wmt_ende``, ``specdec_cnn_dailymail``, ``specdec_bible_modernize``
-(TensorFlow and seqio imported only there). ``Example.input`` is the raw source
-text; ``encode_batch(..., prefix=PREFIXES[task])`` adds the task prefix."""
+"""Data: examples from ``.tsv`` / ``.jsonl`` files (local or ``gs://``) or the specdec
+seqio tasks (TensorFlow imported only there), vocabularies, fixed-shape batches.
+``Example.input`` is the raw text; ``encode_batch`` adds the task prefix."""
 
 from __future__ import annotations
 

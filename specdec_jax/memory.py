@@ -1,10 +1,7 @@
-"""Per-device memory of a target/draft pair on a planned ('data', 'model') mesh.
-
-Counts what stays resident while decoding: both models' weights (at
-``stored_dtype``, or quantized) and both decoder caches (over
-``decoding.cache_length`` positions). Shapes come from ``jax.eval_shape`` and layouts
-from the real ``Partitioner`` over an ``AbstractMesh``, so nothing is allocated. XLA
-temporaries are not counted: leave headroom (``fits``: 10%)."""
+"""Per-device memory of a target/draft pair on a planned ('data', 'model') mesh: both
+models' weights (at ``stored_dtype`` or quantized) and decoder caches, from
+``jax.eval_shape`` and the real ``Partitioner`` over an abstract mesh (nothing is
+allocated). XLA temporaries are not counted: leave headroom (``fits``)."""
 
 from __future__ import annotations
 

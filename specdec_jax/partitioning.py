@@ -1,9 +1,6 @@
-"""Sharding T5 over a ('data', 'model') mesh, T5X style (GSPMD via jax.jit).
-
-Arrays carry T5X's logical axis names (docs/sharding.md); rules map them to mesh
-axes (``STANDARD_RULES``, or ``Experiment.logical_axis_rules``). Inputs are placed
-and loop-carried caches constrained; jit partitions the rest. A dimension its axis
-does not divide is an error naming it (``fallback='replicate'``: replicated)."""
+"""Sharding T5 over a ('data', 'model') mesh, T5X style: arrays carry T5X's logical axis
+names (docs/sharding.md), rules map them to mesh axes, inputs are placed and caches
+constrained, and jit (GSPMD) partitions the rest."""
 
 from __future__ import annotations
 

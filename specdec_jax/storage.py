@@ -1,12 +1,9 @@
-"""Paths and bytes, local or in Cloud Storage: every reader of checkpoints, vocabularies,
-data and workdirs goes through here.
+"""Paths and bytes, local or in Cloud Storage, for every reader and writer.
 
-``gs://`` paths use TensorStore's ``gcs`` kvstore (no TensorFlow, no Cloud SDK); a
-"directory" is the prefix ``key/``. Requests retry at most ``RETRIES['max_retries']``
-times and return or raise within ``TIMEOUT_S``; a failure is a one-line
-``StorageError`` naming the path. ``STORAGE_EMULATOR_HOST`` points every reader at
-an emulator. ``write_bytes`` replaces a file whole; ``read_versioned``/``write_if``
-are a compare-and-swap on an object's generation."""
+``gs://`` goes through TensorStore's ``gcs`` kvstore (no TensorFlow, no Cloud SDK): a
+"directory" is the prefix ``key/``, each call returns within ``TIMEOUT_S`` (bounded
+``RETRIES``), a failure is a one-line ``StorageError`` naming the path, and
+``STORAGE_EMULATOR_HOST`` points it at an emulator."""
 
 from __future__ import annotations
 

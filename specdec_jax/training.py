@@ -275,11 +275,10 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
   """Train ``params`` for ``opt_cfg.total_steps`` steps of ``loss_fn(params, batch[,
   frozen]) -> (loss, metrics)``.
 
-  ``batch['step_key']`` comes from ``seed`` and the step and make_stream(start_step)
-  yields the batches from that step on, so a run resumed from ``run_dir/ckpt`` draws
-  the same data and randomness. ``max_minutes`` stops early (and saves);
-  evaluate(params) is logged every ``eval_every`` steps; ``optimizer`` replaces
-  ``make_optimizer(opt_cfg)``; ``partitioner``: data-parallel on its mesh."""
+  ``batch['step_key']`` derives from ``seed`` and the step and ``make_stream(start)``
+  yields batches from ``start`` on, so a resumed run (``run_dir/ckpt``) sees the same
+  data. ``max_minutes`` stops early (and saves); ``evaluate(params)`` is logged every
+  ``eval_every`` steps; ``partitioner``: data-parallel on its mesh."""
   run_dir = os.path.abspath(run_dir)
   primary = jax.process_index() == 0
   os.makedirs(run_dir, exist_ok=True)

@@ -1,15 +1,9 @@
-"""Loading and saving T5 parameters in four formats, local or ``gs://``, straight into
-(sharded) device memory.
-
-* ``specdec`` (``specdec.py``): ``config.json`` and an orbax PyTree ``params/``.
-* ``t5x`` (``t5x_legacy.py``): ``checkpoint_<step>/checkpoint`` msgpack (leaves
-  inline or TensorStore zarr specs), or the same in ``state/`` without ``_METADATA``.
-* ``t5x_orbax`` (``t5x_orbax.py``): ``checkpoint_<step>/state/`` written by orbax.
-* ``hf`` (``hf.py``): a Hugging Face T5 directory; also ``export_hf``.
-
-Loaders check names and shapes against ``param_shapes(config)`` before reading,
-then read each array once into its sharding and dtype (``placement.py``), so a
-host holds about one array per array in flight."""
+"""Loading and saving T5 parameters, local or ``gs://``, straight into (sharded) device
+memory, in four formats: ``specdec`` (ours: ``config.json`` + orbax ``params/``),
+``t5x`` (T5X's msgpack ``checkpoint``), ``t5x_orbax`` (T5X's orbax ``state/``) and
+``hf`` (Hugging Face; also ``export_hf``). Names and shapes are checked against the
+config before any read; each array is then read once into its sharding and dtype
+(``placement.py``), so a host holds about one array per array in flight."""
 
 from __future__ import annotations
 
@@ -148,22 +142,16 @@ def load_checkpoint(path: str, fmt: str = "auto", config: Optional[T5Config] = N
                     partitioner: Optional[Partitioner] = None) -> tuple[dict, T5Config]:
   """T5 parameters (a T5X-named tree of ``jax.Array``) and their config.
 
-  Args:
-    path: a checkpoint directory, local or ``gs://``; for T5X formats a
-      ``checkpoint_<step>`` directory or a model directory (the largest step wins).
-    fmt: 'auto' (detected), 'specdec', 't5x', 't5x_orbax' or 'hf'.
-    config: required for T5X formats (which do not record the architecture); for the
-      others optional and must agree with the stored one except in ``dtype``.
-    param_dtype: of kernels and the embedding, cast on read; norm scales and
-      relative-position tables stay float32 (``models.t5.stored_dtype``).
-    partitioner: each array is read into ``partitioner.param_sharding(name, shape)``,
-      each device reading its own slice; None: the first local device.
+  path: a checkpoint directory, local or ``gs://`` (T5X: a ``checkpoint_<step>`` or the
+    model directory, whose largest step wins). fmt: 'auto' or one of ``FORMATS``.
+  config: required for T5X formats; for the others it must agree with the stored one
+    except in ``dtype``. param_dtype: of kernels and the embedding, cast on read (norms
+    and relative-position tables stay float32). partitioner: each array is read into
+    ``param_sharding(name, shape)``, each device its own slice; None: one device.
 
-  Raises:
-    CheckpointNotFoundError: a missing directory, file or bucket.
-    StorageError: an unreachable ``gs://`` endpoint or a refused request.
-    CheckpointError: corrupt files, unknown/missing parameters, shapes that disagree.
-    PartitioningError: a dimension the mesh does not divide (before any read)."""
+  Raises CheckpointNotFoundError (missing directory, file or bucket), StorageError
+  (unreachable or refused ``gs://``), CheckpointError (corrupt files, names or shapes
+  that disagree), PartitioningError (a dimension the mesh does not divide)."""
   if fmt not in FORMATS:
     raise ValueError(f"unknown checkpoint format {fmt!r}; expected one of {FORMATS}")
   path = path.rstrip("/") if is_gcs(path) else os.path.abspath(path)

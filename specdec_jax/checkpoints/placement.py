@@ -1,13 +1,10 @@
 """The one place where checkpoint arrays become (sharded) device arrays.
 
-A loader describes each array by name, shape and a reader of any rectangular slice
-(``ArraySource``); ``place_arrays`` builds each ``jax.Array`` with
-``make_array_from_callback`` in ``Partitioner.param_sharding`` and ``stored_dtype``,
-so a host reads only what its devices hold. A ``SliceReader`` is asked for each
-device's slice; a ``ChunkedReader`` (TensorStore, whole chunks) is read in
-``chunk_blocks`` so every chunk is fetched once per host. Host memory peaks at
-``in_flight`` arrays' local slices plus one block (``BLOCK_BYTES``). Local orbax
-checkpoints are restored by orbax into the same shardings (``restore_orbax``)."""
+A loader gives each array's name, shape and a reader of rectangular slices
+(``ArraySource``); ``place_arrays`` builds each ``jax.Array`` in its
+``param_sharding`` and ``stored_dtype``, reading only what this host's devices hold,
+every TensorStore chunk once (``chunk_blocks``). Local orbax checkpoints are
+restored by orbax into the same shardings (``restore_orbax``)."""
 
 from __future__ import annotations
 
