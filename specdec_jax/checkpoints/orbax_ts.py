@@ -14,8 +14,7 @@ import numpy as np
 
 from specdec_jax import storage
 from specdec_jax.checkpoints import placement
-from specdec_jax.checkpoints.common import (ORBAX_METADATA, CheckpointError, flatten,
-                                            root_cause, unflatten)
+from specdec_jax.checkpoints.common import ORBAX_METADATA, CheckpointError, flatten, unflatten
 from specdec_jax.partitioning import Partitioner
 
 METADATA_FILE = ORBAX_METADATA
@@ -85,11 +84,7 @@ def metadata_tree(directory: str) -> dict:
   futures = {n: ts.open(spec, open=True, read=True, context=context) for n, spec in names.items()}
   leaves = {}
   for name, future in futures.items():
-    try:
-      store = future.result(timeout=storage.TIMEOUT_S)
-    except Exception as e:  # TensorStore raises ValueError and TimeoutError
-      raise CheckpointError(f"{directory}: cannot open the array {name}: "
-                            f"{root_cause(e)}") from e
+    store = placement.open_tensorstore(names[name], directory, name, future=future)
     leaves[name] = StoredArray(tuple(int(d) for d in store.shape),
                                np.dtype(store.dtype.numpy_dtype), names[name], context)
   if not leaves:

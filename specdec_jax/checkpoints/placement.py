@@ -48,13 +48,16 @@ class ChunkedReader:
   dtype: np.dtype
 
 
-def open_tensorstore(spec: Any, directory: str, name: str, context: Any = None) -> Any:
+def open_tensorstore(spec: Any, directory: str, name: str, context: Any = None,
+                     future: Any = None) -> Any:
   """The way a checkpoint's TensorStore array is opened (in ``context``, within
-  ``storage.TIMEOUT_S``); a failure is a CheckpointError naming the array."""
+  ``storage.TIMEOUT_S``; ``future``: an open already started); a failure is a
+  CheckpointError naming the array."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   try:
-    return ts.open(spec, open=True, read=True, context=context or storage.context()).result(
-        timeout=storage.TIMEOUT_S)
+    if future is None:
+      future = ts.open(spec, open=True, read=True, context=context or storage.context())
+    return future.result(timeout=storage.TIMEOUT_S)
   except Exception as e:  # tensorstore raises ValueError and friends
     raise CheckpointError(f"{directory}: cannot open the array {name}: {root_cause(e)}") from e
 
