@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec_jax import partitioning, quantization, storage, training  # noqa: F401
+from specdec_jax import (checkpoints, data, partitioning, quantization, storage,  # noqa: F401
+                         training)
 from specdec_jax.drafts import bridge, feature_bridge, t5_block
 from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import T5Config, T5Model, shift_right
@@ -606,7 +607,6 @@ def check_before_loading(job: DistillJob) -> tuple[Optional[Partitioner],
 
 def _encode_source(vocab, source: str, split: str, prefix: str, max_examples, data_dir,
                    max_len: int, with_refs: bool):
-  from specdec_jax import data
   try:
     examples = data.load_examples(source, split=split, max_examples=max_examples, data_dir=data_dir)
   except UnicodeDecodeError as e:
@@ -630,7 +630,6 @@ def _encode_source(vocab, source: str, split: str, prefix: str, max_examples, da
 def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   """Generate the target's outputs, distill the draft, export it -> a summary (losses,
   agreement before/after on ``eval_source``). Only process 0 writes files."""
-  from specdec_jax import data
   target_part, draft_part = check_before_loading(job)
   spec = job.pair
   vocab = data.get_vocabulary(job.resolve(job.vocab_path), extra_ids=job.vocab_extra_ids)
@@ -740,7 +739,6 @@ def _load_draft(job: DistillJob, target: T5Model, draft_part: Optional[Partition
 
 def _encode_inputs(job: DistillJob, vocab: Any) -> tuple[list, Optional[list]]:
   """(training inputs, held-out (input, reference) pairs or None) as EOS-terminated ids."""
-  from specdec_jax import data
   prefix = job.prefix if job.prefix is not None else data.PREFIXES.get(job.task, "")
   inputs = _encode_source(vocab, job.resolve(job.source), job.split, prefix, job.max_examples,
                           job.tfds_data_dir, job.max_input_len, with_refs=False)
@@ -770,7 +768,6 @@ def _eval_batches(job: DistillJob, target: T5Model, target_params: Any, eval_pai
 def _export(job: DistillJob, config: T5Config, params: Any, bridged: bool,
             summary: dict) -> None:
   """The distilled draft into ``job.output_dir`` with its bridges, quantization record and log."""
-  from specdec_jax import checkpoints
   # An earlier export's files go first; config.json is written last (by save_checkpoint),
   # so a run killed midway leaves a directory that does not load.
   for name in ("distill_log.json", bridge.FILENAME, feature_bridge.FILENAME, t5_block.FILENAME,
@@ -818,14 +815,12 @@ def smoke_job(workdir: str, log_fn: Callable[[str], None] = print,
               encoder_bridge: bool = False, feature_bridge: bool = False,
               block_size: int = 0) -> dict:
   """Every stage of ``run_job`` on random micro models and the demo vocabulary, in seconds."""
-  from specdec_jax.checkpoints import save_checkpoint
-  from specdec_jax.models.t5 import T5Config
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   for name, d in (("target", 32), ("draft", 16)):
     cfg = T5Config(vocab_size=8000, d_model=d, num_heads=1, head_dim=16, num_encoder_layers=1,
                    num_decoder_layers=1, d_ff=2 * d)
-    save_checkpoint(os.path.join(workdir, name), T5Model(cfg).init(jax.random.PRNGKey(0)),
-                    cfg, overwrite=True)
+    checkpoints.save_checkpoint(os.path.join(workdir, name),
+                                T5Model(cfg).init(jax.random.PRNGKey(0)), cfg, overwrite=True)
   job = DistillJob(
       target_checkpoint=os.path.join(workdir, "target"),
       draft_checkpoint=os.path.join(workdir, "draft"),
