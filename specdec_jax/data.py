@@ -149,17 +149,10 @@ def load_local(path: str, input_key: str = "input", reference_key: str = "refere
 class Vocabulary(Protocol):
   """What decoding needs from a tokenizer (seqio conventions)."""
 
-  @property
-  def vocab_size(self) -> int: ...
-
-  @property
-  def pad_id(self) -> int: ...
-
-  @property
-  def eos_id(self) -> int: ...
-
-  @property
-  def unk_id(self) -> int: ...
+  vocab_size: int
+  pad_id: int
+  eos_id: int
+  unk_id: int
 
   def encode(self, text: str) -> list[int]: ...
 
