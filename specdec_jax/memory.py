@@ -51,25 +51,24 @@ def _param_shapes(cfg: T5Config) -> dict:
   return param_shapes(cfg)
 
 
-def _weight_bytes(part: Partitioner, name: str, shape: Sequence[int], param_dtype: str,
-                  quant: Optional[str]) -> int:
-  shard = part.sharding(param_logical_axes(name), shape,
-                        f"parameter {name}").shard_shape(tuple(shape))
-  return quantization.stored_bytes(name, shard, quant, stored_dtype(name, param_dtype))
-
-
 def param_bytes(cfg: ConfigLike, part: Partitioner, param_dtype: Any = "float32",
                 quant: Optional[str] = None) -> int:
   """Per-device bytes of a model's weights under ``part`` (``quant``: 'int8' / 'int4')."""
-  return _param_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name, quant)
+  return _weight_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name, quant, False)
 
 
 # Cached: a table of plans asks for the same (model, layout) many times.
 @functools.lru_cache(maxsize=None)
-def _param_bytes(cfg: T5Config, part: Partitioner, param_dtype: str,
-                 quant: Optional[str] = None) -> int:
-  shapes = flatten_names(_param_shapes(cfg))
-  return sum(_weight_bytes(part, name, x.shape, param_dtype, quant) for name, x in shapes.items())
+def _weight_bytes(cfg: T5Config, part: Partitioner, param_dtype: str, quant: Optional[str],
+                  per_step: bool) -> int:
+  """Per-device bytes of the weights (``per_step``: of those ``reads_per_step`` names)."""
+  total = 0
+  for name, x in flatten_names(_param_shapes(cfg)).items():
+    if not per_step or reads_per_step(name, cfg):
+      shard = part.sharding(param_logical_axes(name), x.shape,
+                            f"parameter {name}").shard_shape(tuple(x.shape))
+      total += quantization.stored_bytes(name, shard, quant, stored_dtype(name, param_dtype))
+  return total
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,15 +117,7 @@ def step_weight_bytes(cfg: ConfigLike, part: Optional[Partitioner] = None,
   """Bytes of weights each device reads per decoding step at batch 1 (its shards of the
   parameters ``reads_per_step`` names)."""
   part = planning_partitioner(None) if part is None else part
-  return _step_weight_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name, quant)
-
-
-@functools.lru_cache(maxsize=None)
-def _step_weight_bytes(cfg: T5Config, part: Partitioner, param_dtype: str,
-                       quant: Optional[str] = None) -> int:
-  return sum(_weight_bytes(part, name, x.shape, param_dtype, quant)
-             for name, x in flatten_names(_param_shapes(cfg)).items()
-             if reads_per_step(name, cfg))
+  return _weight_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name, quant, True)
 
 
 def plan(target_cfg: ConfigLike, draft_cfg: Optional[ConfigLike],
