@@ -164,8 +164,7 @@ _SEQIO_MODULES = ("seqio", "tensorflow", "tensorflow_datasets")
 
 
 def import_optional(module: str, needed_by: str) -> Any:
-  """``import module`` from the ``seqio`` extra, or an ImportError naming the install
-  command and ``needed_by``; TensorFlow is kept off the accelerators."""
+  """``import module`` (the ``seqio`` extra), or an ImportError naming the install command."""
   try:
     imported = importlib.import_module(module)
   except ModuleNotFoundError as e:
@@ -180,8 +179,7 @@ def import_optional(module: str, needed_by: str) -> Any:
 
 
 def hide_accelerators_from_tensorflow() -> None:
-  """Keep TensorFlow (seqio's pipelines) off the GPU/TPU so it cannot take the memory JAX
-  decodes in; must run before TensorFlow first touches a device."""
+  """Keep TensorFlow off the GPU/TPU (before it first touches one): JAX decodes there."""
   tf = importlib.import_module("tensorflow")
   for kind in ("GPU", "TPU"):
     try:
@@ -299,8 +297,7 @@ def check_vocab_compatible(target_vocab_size: int, draft_vocab_size: int,
                            target_pad_id: Optional[int] = None, draft_pad_id: Optional[int] = None,
                            target_eos_id: Optional[int] = None,
                            draft_eos_id: Optional[int] = None) -> None:
-  """ValueError unless target and draft share the token set (p and q are compared token
-  by token); pad/eos ids are compared when both are given."""
+  """ValueError unless target and draft share the token set (vocab_size, pad and eos ids)."""
   problems = []
   if target_vocab_size != draft_vocab_size:
     problems.append(f"vocab_size {target_name}={target_vocab_size} != "
@@ -508,8 +505,7 @@ def _text_preprocessors(task) -> list:
 
 def load_seqio_examples(task_name: str, split: str, max_examples: Optional[int] = None,
                         data_dir: Optional[str] = None) -> list[Example]:
-  """Raw text examples of a specdec seqio task (no prefix, no tokens); registers our
-  tasks with defaults if needed."""
+  """Raw text examples of a specdec seqio task (no prefix, no tokens)."""
   seqio = import_optional("seqio", f"the source 'seqio:{task_name}'")
 
   _check_max_examples(max_examples)
@@ -546,8 +542,7 @@ def load_seqio_examples(task_name: str, split: str, max_examples: Optional[int] 
 def load_examples(source: str, split: str = "test", max_examples: Optional[int] = None,
                   data_dir: Optional[str] = None, input_key: str = "input",
                   reference_key: str = "reference", id_key: str = "id") -> list[Example]:
-  """Raw examples from ``seqio:<task_name>`` or a .tsv/.jsonl path (``split`` and
-  ``data_dir`` for seqio only, the keys for files only)."""
+  """Raw examples from ``seqio:<task_name>`` or a .tsv/.jsonl path."""
   if source.startswith("seqio:"):
     task_name = source[len("seqio:"):]
     if not task_name:

@@ -44,8 +44,7 @@ FIXED_PAIR_SETTINGS = {
 
 def _bucketed_chunks(lengths: Sequence[int], batch_size: int,
                      buckets: Sequence[int]) -> list[tuple[int, list[int]]]:
-  """(bucket length, indices) chunks of at most batch_size inputs, in index order within
-  a bucket (so a resumed run redoes the same chunks)."""
+  """(bucket length, indices) chunks of at most batch_size inputs, in index order."""
   by_bucket: dict[int, list[int]] = {}
   for i, n in enumerate(lengths):
     by_bucket.setdefault(training.bucket_len(n, buckets), []).append(i)
@@ -54,8 +53,7 @@ def _bucketed_chunks(lengths: Sequence[int], batch_size: int,
 
 
 def read_outputs(path: str) -> dict[tuple[int, str], list[int]]:
-  """{(input index, mode): tokens} from a generate_target_outputs file; a torn last line
-  (a killed run) is ignored."""
+  """{(input index, mode): tokens} from a generate_target_outputs file."""
   out: dict[tuple[int, str], list[int]] = {}
   if not os.path.exists(path):
     return out
@@ -371,8 +369,7 @@ def block_loss(draft: T5Model, target: T5Model, cfg: DistillConfig) -> Callable:
 @functools.partial(jax.jit, static_argnums=(0, 1, 6, 7))
 def _block_agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targets,
                           gamma: int, cuts: int):
-  """Per block position (1..γ): summed greedy matches, Σ min(p, q) and counts, at cut
-  points drawn from a fixed key."""
+  """Per block position: summed greedy matches, Σ min(p, q) and counts."""
   pad = draft.config.pad_id
   dec_in = shift_right(targets, draft.config.decoder_start_id)
   logits, hidden = _target_pass(target, tp, inputs, dec_in, "feature" in dp)
@@ -430,8 +427,7 @@ def _agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targets,
 def agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params: Any,
               batches: Sequence[training.Batch], bridged: bool = False,
               partitioner: Optional[Partitioner] = None) -> dict[str, float]:
-  """Teacher-forced agreement along the batches' target sequences: greedy (α at T=0) and
-  Σ_x min(p, q) (α at T=1, Definition 3.1), token-weighted over non-pad positions."""
+  """Teacher-forced greedy (α at T=0) and Σ_x min(p, q) (α at T=1) agreement."""
   g = o = n = 0.0
   for b in batches:
     b = training.place_batch(b, partitioner)
@@ -536,8 +532,7 @@ class DistillJob(PairSettings):
     return dataclasses.replace(self.model_pair(), draft_param_dtype="float32")
 
   def validate(self, check_paths: bool = True) -> None:
-    """Checks that need no loading. ``check_paths`` False (the dry run) skips whether
-    inputs exist and outputs are empty."""
+    """Checks that need no loading (``check_paths`` False: not whether paths exist)."""
     DistillConfig(self.divergence, self.ce_weight, 1.0, self.on_policy_fraction,
                   self.block_size, self.block_cuts)
     if (self.encoder_bridge or self.feature_bridge) and self.on_policy_fraction > 0:
@@ -599,8 +594,7 @@ def check_vocabularies(target: T5Config, draft: T5Config, job: DistillJob) -> No
 
 def check_before_loading(job: DistillJob) -> tuple[Optional[Partitioner],
                                                    Optional[Partitioner]]:
-  """Every check that reads no weight (``validate``, ``ModelPair.check_before_loading``);
-  returns the (target's, draft's) partitioners."""
+  """Every check that reads no weight -> the (target's, draft's) partitioners."""
   job.validate()
   return job.pair.check_before_loading()
 
@@ -628,8 +622,7 @@ def _encode_source(vocab, source: str, split: str, prefix: str, max_examples, da
 
 
 def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
-  """Generate the target's outputs, distill the draft, export it -> a summary (losses,
-  agreement before/after on ``eval_source``). Only process 0 writes files."""
+  """Generate the target's outputs, distill the draft, export it -> a summary."""
   target_part, draft_part = check_before_loading(job)
   spec = job.pair
   vocab = data.get_vocabulary(job.resolve(job.vocab_path), extra_ids=job.vocab_extra_ids)
@@ -688,8 +681,7 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
 
 def _load_draft(job: DistillJob, target: T5Model, draft_part: Optional[Partitioner],
                 log_fn: Callable[[str], None]) -> tuple[T5Model, Any, bool]:
-  """The draft to train, in float32, grown by ``grow_*_layers`` and with its bridges
-  (loaded, or zero new ones) wrapped as in ``draft_forward`` -> (draft, params, bridged)."""
+  """The draft to train in float32, grown, its bridges wrapped -> (draft, params, bridged)."""
   draft, params = job.pair.load("draft", draft_part, quantize=False)  # trained in float
   where = job.resolve(job.draft_checkpoint)
   has_dir = storage.is_gcs(where) or os.path.isdir(where)
@@ -753,8 +745,7 @@ def _encode_inputs(job: DistillJob, vocab: Any) -> tuple[list, Optional[list]]:
 def _eval_batches(job: DistillJob, target: T5Model, target_params: Any, eval_pairs: list,
                   buckets: Sequence[int], rows: int, target_part: Optional[Partitioner],
                   log_fn: Callable[[str], None]) -> list[training.Batch]:
-  """Fixed batches of the target's greedy outputs on the held-out inputs (the prefixes
-  speculative decoding at T=0 visits)."""
+  """Fixed batches of the target's greedy outputs on the held-out inputs."""
   eval_out = generate_target_outputs(
       target, target_params, [x for x, _ in eval_pairs],
       os.path.join(job.workdir, "eval_target_outputs.jsonl"), modes=("greedy",),
@@ -802,8 +793,7 @@ def train_optimizer(job: DistillJob, bridged: bool) -> tuple[training.OptimizerC
 
 
 def _bridged_optimizer(cfg: training.OptimizerConfig, bridge_lr: float):
-  """``cfg``'s optimizer for the draft, Adam at ``bridge_lr`` on the bridges: a zero
-  tensor has no scale for Adafactor's relative steps."""
+  """Adam on the bridges: a zero tensor has no scale for Adafactor's relative steps."""
   adam_cfg = dataclasses.replace(cfg, name="adamw", peak_lr=bridge_lr, weight_decay=0.0)
   labels = lambda params: {k: jax.tree.map(lambda _: "draft" if k == "draft" else "bridge", v)
                            for k, v in params.items()}

@@ -114,8 +114,7 @@ def reads_per_step(name: str, cfg: T5Config) -> bool:
 
 def step_weight_bytes(cfg: ConfigLike, part: Optional[Partitioner] = None,
                       param_dtype: Any = "float32", quant: Optional[str] = None) -> int:
-  """Bytes of weights each device reads per decoding step at batch 1 (its shards of the
-  parameters ``reads_per_step`` names)."""
+  """Bytes of weights each device reads per decoding step at batch 1."""
   part = planning_partitioner(None) if part is None else part
   return _weight_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name, quant, True)
 

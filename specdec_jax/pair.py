@@ -43,8 +43,7 @@ def resolve_path(path: str, config_dirs: Sequence[str] = ()) -> str:
 
 def check_path(setting: str, value: str, config_dirs: Sequence[str] = (),
                must_exist: bool = True) -> None:
-  """A path setting before it is read: a malformed ``gs://`` URL, or with ``must_exist`` a
-  local path found nowhere, raises naming ``setting``, the value and where it looked."""
+  """Raise naming ``setting`` for a malformed ``gs://`` URL or (``must_exist``) a missing path."""
   if storage.is_gcs(value):
     try:
       storage.check_path(value)
@@ -225,8 +224,7 @@ class ModelPair(PairSettings):
         check_path(self.spell(name), getattr(self, name), self.config_dirs, must_exist)
 
   def peek_config(self, role: str) -> Optional[T5Config]:
-    """The model's architecture from its preset or ``config.json`` without reading weights
-    (``checkpoints.peek_config``); None when unknown."""
+    """The model's architecture without reading weights; None when unknown."""
     path, fmt, preset = self.model(role)
     if not path:
       return None
@@ -291,8 +289,7 @@ class ModelPair(PairSettings):
 
   def check_before_loading(self, decode: Optional[tuple[int, int, int]] = None
                            ) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
-    """Every check of the pair that reads no weight (mesh, vocabularies, shardings), each
-    failure one ValueError naming the setting -> ``partitioners()``."""
+    """Every check of the pair that reads no weight -> ``partitioners()``."""
     target_part, draft_part = self.partitioners()
     target, draft = self.peek_config("target"), self.peek_config("draft")
     if target is not None and draft is not None:
@@ -328,8 +325,7 @@ class ModelPair(PairSettings):
                           decode_kernel=self.decode_kernel)
 
   def quantization_of_draft(self) -> Optional[str]:
-    """``draft_quantization``, else what the draft's checkpoint records, else None; a
-    contradiction is a ValueError naming both."""
+    """``draft_quantization``, else what the draft's checkpoint records, else None."""
     path = self.draft_checkpoint
     where = self.resolve(path) if path and not is_remote(path) else ""
     recorded = recorded_quantization(where) if where else None

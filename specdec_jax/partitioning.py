@@ -59,8 +59,7 @@ def param_logical_axes(name: str) -> tuple[str, ...]:
 
 def flatten_names(tree: Mapping, is_leaf: Callable[[Any], bool] = lambda x: False,
                   prefix: str = "") -> dict[str, Any]:
-  """Nested dicts -> {'a/b/c': leaf}, the names rules and loaders use (``is_leaf`` stops
-  at a mapping that is a leaf)."""
+  """Nested dicts -> {'a/b/c': leaf} (``is_leaf`` stops at a mapping that is a leaf)."""
   flat = {}
   for key, value in tree.items():
     name = f"{prefix}{key}"
@@ -226,8 +225,7 @@ class Partitioner:
 
 
 def constrain_cache(cache: Any, partitioner: Optional[Partitioner], what: str) -> Any:
-  """Pin a ``DecoderCache``'s K/V to ('batch', 'length', 'heads', 'kv') inside jit, as
-  T5X does (otherwise GSPMD infers the loop-carried layout); no-op without one."""
+  """Pin a ``DecoderCache``'s K/V to ``CACHE_AXES`` inside jit, as T5X does."""
   if partitioner is None:
     return cache
   kv = lambda xs, n: tuple(partitioner.constrain(x, CACHE_AXES, f"{what} {n}[{i}]")
@@ -249,8 +247,7 @@ def constrain_batch(x: jax.Array, partitioner: Optional[Partitioner], what: str)
 def from_settings(mesh_shape: Optional[Sequence[int]], rules: Optional[Sequence] = None,
                   fallback: str = "error",
                   mesh: Optional[Mesh] = None) -> Optional[Partitioner]:
-  """The partitioner for an experiment's settings; None (the unsharded path) when
-  ``mesh_shape`` is None. ``mesh`` reuses an existing mesh."""
+  """The partitioner for the settings; None (unsharded) when ``mesh_shape`` is None."""
   if mesh_shape is None:
     return None
   mesh = make_mesh(mesh_shape) if mesh is None else mesh
@@ -260,9 +257,7 @@ def from_settings(mesh_shape: Optional[Sequence[int]], rules: Optional[Sequence]
 def initialize_multihost(coordinator_address: Optional[str] = None,
                          num_processes: Optional[int] = None,
                          process_id: Optional[int] = None) -> None:
-  """``jax.distributed.initialize`` for a multi-host job; without a coordinator address
-  JAX detects the cluster from its environment, with one the process count and id
-  are required and checked."""
+  """``jax.distributed.initialize``; without a coordinator JAX detects the cluster."""
   if coordinator_address is not None and (num_processes is None or process_id is None):
     raise PartitioningError(
         f"multihost with coordinator_address={coordinator_address!r} also needs "

@@ -29,8 +29,7 @@ def default_download_dir(data_dir: str) -> str:
 
 
 def prepare(dataset: str, data_dir: str, download_dir: Optional[str] = None) -> str:
-  """Download and prepare ``dataset`` (a key of ``data.TFDS_DATASETS``) into
-  ``data_dir`` -> the prepared version's directory."""
+  """Download and prepare ``dataset`` into ``data_dir`` -> the prepared version's directory."""
   if dataset not in data.TFDS_DATASETS:
     raise ValueError(f"unknown dataset {dataset!r}; one of {sorted(data.TFDS_DATASETS)}")
   if not data_dir:

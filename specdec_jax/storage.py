@@ -223,8 +223,7 @@ def bucket_exists(path: str) -> bool:
 
 
 def not_found(path: str, what: str = "", prefix: bool = False) -> StorageNotFoundError:
-  """The error for a missing file or object (``prefix``: no object under ``path/``),
-  saying whether a ``gs://`` bucket is missing too."""
+  """The error for a missing file or object, saying whether a ``gs://`` bucket is missing."""
   label = f"{what} {path}" if what else path
   if not is_gcs(path):
     return StorageNotFoundError(f"{label} does not exist")
@@ -240,8 +239,7 @@ def not_found(path: str, what: str = "", prefix: bool = False) -> StorageNotFoun
 
 
 def _read_object(path: str, byte_range: Optional[slice] = None) -> Optional[bytes]:
-  """The object's bytes (``byte_range``: only those; ``slice(0, 0)``: metadata alone),
-  or None if there is none."""
+  """The object's bytes (in ``byte_range``), or None if there is none."""
   bucket, key = split(path)
   if not key:
     return None
@@ -274,8 +272,7 @@ def _list_prefix(path: str) -> list[str]:
 
 
 def _cached_keys(cache: dict[str, list[str]], path: str) -> Optional[list[str]]:
-  """The keys under ``path/`` from a cached listing of it or a prefix above it; None if
-  none covers it."""
+  """The keys under ``path/`` from a cached listing; None if none covers it."""
   path = path.rstrip("/")
   if path in cache:
     return cache[path]
@@ -317,8 +314,7 @@ def cached_listings() -> Iterator[None]:
 
 
 def read_bytes(path: str, what: str = "") -> bytes:
-  """The whole content of a local file or ``gs://`` object; StorageNotFoundError names
-  ``what`` and the path."""
+  """The whole content of a local file or ``gs://`` object."""
   if is_gcs(path):
     data = _read_object(path)
     if data is None:

@@ -116,8 +116,7 @@ def _proposes(draft: ApproximationModel, state, seq, length, key, gamma, samplin
 @functools.partial(jax.jit, static_argnames=("model", "gamma", "sampling", "n", "partitioner"))
 def _rounds(model: T5Model, params, cache, draft: ApproximationModel, state, seq, length, key,
             gamma, sampling, n, partitioner: Optional[Partitioner] = None):
-  """n rounds' model work as the loop runs it: γ draft steps, then the target's pass over
-  the γ+1 positions (+ standardize + sample), caches carried."""
+  """n rounds' model work: γ draft steps, then the target's pass, caches carried."""
   b = seq.shape[0]
   first = jnp.full((b, 1), 3, jnp.int32)
 

@@ -41,8 +41,7 @@ def bucket_len(n: int, buckets: Sequence[int] = BUCKETS) -> int:
 
 
 def oversample_long(pairs: Sequence[Pair], min_tokens: int, times: int) -> list[Pair]:
-  """``pairs`` with every pair whose longer side has >= ``min_tokens`` tokens repeated
-  ``times`` times in all (rare long pairs get more steps)."""
+  """``pairs`` with those of >= ``min_tokens`` tokens repeated ``times`` times in all."""
   if min_tokens < 1 or times < 1:
     raise ValueError(f"oversample_long: min_tokens={min_tokens} and times={times} must be >= 1")
   out = list(pairs)
@@ -53,8 +52,7 @@ def oversample_long(pairs: Sequence[Pair], min_tokens: int, times: int) -> list[
 
 
 def batch_rows(length: int, batch_tokens: int, rows_multiple: int = 1) -> int:
-  """Rows of a batch padded to ``length`` within ``batch_tokens``, a multiple of (and at
-  least) ``rows_multiple`` (the mesh's 'data' axis)."""
+  """Rows of a batch padded to ``length``: a multiple of ``rows_multiple`` ('data')."""
   if rows_multiple < 1:
     raise ValueError(f"rows_multiple must be >= 1, got {rows_multiple}")
   return max(rows_multiple, batch_tokens // length // rows_multiple * rows_multiple)
@@ -220,8 +218,7 @@ def place_batch(batch: Batch, partitioner: Optional[Partitioner]) -> dict:
 
 def _train_copy(params: Any, opt: optax.GradientTransformation,
                 partitioner: Optional[Partitioner]) -> tuple[Any, Any]:
-  """A copy of ``params`` (the step donates them) and the optimizer's state, committed to
-  one device or replicated on the mesh."""
+  """A copy of ``params`` (the step donates them) and the optimizer's state, placed."""
   if partitioner is None:
     device = jax.local_devices()[0]
     params = jax.device_put(jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params),

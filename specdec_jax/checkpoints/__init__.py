@@ -48,8 +48,7 @@ def _orbax_step_dir(path: str) -> str:
 
 
 def _is_t5x_state(state_dir: str) -> bool:
-  """Whether ``state/`` holds T5X's msgpack rather than orbax's format (T5X's own rule:
-  a ``checkpoint`` file and no ``_METADATA``)."""
+  """Whether ``state/`` holds T5X's msgpack (a ``checkpoint`` and no ``_METADATA``)."""
   if not is_dir(state_dir):
     return False
   names = set(listdir(state_dir))
@@ -65,8 +64,7 @@ def _t5x_kind(directory: str, names: set[str]) -> Optional[str]:
 
 
 def _t5x_msgpack_dir(path: str) -> str:
-  """The directory holding the T5X msgpack: ``path`` or its ``state/``, else its latest
-  checkpoint_<step> or that one's ``state/``."""
+  """The directory of the T5X msgpack: ``path``, its ``state/``, or its latest step's."""
   if storage.is_file(join(path, T5X_MSGPACK)):
     return path
   if _is_t5x_state(join(path, T5X_ORBAX_ITEM)):

@@ -145,8 +145,7 @@ def few(names: Iterable[str], n: int = 5) -> str:
 
 def check_shapes(shapes: Mapping[str, tuple[int, ...]], config: T5Config,
                  source: str) -> None:
-  """CheckpointError, prefixed with ``source``, unless ``shapes`` ('/'-joined names ->
-  shapes) is exactly the config's tree."""
+  """CheckpointError (led by ``source``) unless ``shapes`` is exactly the config's tree."""
   want = expected_shapes(config)
   missing = set(want) - set(shapes)
   extra = set(shapes) - set(want)

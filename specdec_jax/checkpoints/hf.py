@@ -135,9 +135,7 @@ def hf_name_map(config: T5Config) -> dict[str, tuple[str, bool]]:
 
 
 class SafetensorsFile:
-  """Shapes and sliced reads of one .safetensors file, local or ``gs://``: the header
-  by ranged reads; a local tensor is memory-mapped (only the slices asked for are
-  read), a remote one fetched once, when its array is placed."""
+  """One .safetensors file: local tensors memory-mapped, remote ones fetched once each."""
 
   DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
             "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32, "I16": np.int16,
@@ -188,8 +186,7 @@ TORCH_STORAGES = {"FloatStorage": np.float32, "HalfStorage": np.float16,
 
 
 class _TorchUnpickler(pickle.Unpickler):
-  """Reads a pytorch_model.bin's ``data.pkl`` without torch: tensors become (storage key,
-  dtype, offset, shape, strides); any other global is refused (as ``weights_only``)."""
+  """A pytorch_model.bin's pickle without torch; any global but tensors is refused."""
 
   def find_class(self, module: str, name: str) -> Any:
     if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
@@ -209,8 +206,7 @@ class _TorchUnpickler(pickle.Unpickler):
 
 
 class TorchBinFile:
-  """Shapes and sliced reads of a zip-format pytorch_model.bin, read without torch, each
-  storage an uncompressed member memory-mapped here."""
+  """A zip-format pytorch_model.bin read without torch, its storages memory-mapped."""
 
   def __init__(self, path: str):
     self.path = path
@@ -340,8 +336,7 @@ _SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
 
 def write_safetensors(path: str, arrays: Mapping[str, Callable[[], np.ndarray]],
                       shapes: Mapping[str, tuple[int, ...]], dtype: np.dtype) -> None:
-  """Write a .safetensors file one tensor at a time: u64 header length, JSON header
-  (padded to 8 bytes) of dtype/shape/offsets, the raw data."""
+  """Write a .safetensors file (header, then the tensors one at a time)."""
   if dtype not in _SAFETENSORS_DTYPES:
     raise CheckpointError(f"{path}: cannot write dtype {dtype} to safetensors")
   header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
@@ -366,8 +361,7 @@ def write_safetensors(path: str, arrays: Mapping[str, Callable[[], np.ndarray]],
 
 def export_hf(params: Any, config: T5Config, directory: str,
               dtype: Optional[str] = None, overwrite: bool = False) -> None:
-  """Write a Hugging Face T5 directory (config.json + model.safetensors), the inverse of
-  ``load_checkpoint(fmt='hf')``; ``dtype`` default: the params' own."""
+  """Write a Hugging Face T5 directory; ``dtype`` default: the params' own."""
   if is_gcs(directory):
     raise CheckpointError(f"{directory}: exporting to GCS is not supported")
   directory = os.path.abspath(directory)

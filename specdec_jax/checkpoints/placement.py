@@ -40,8 +40,7 @@ BLOCK_BYTES = 64 * 2**20
 
 @dataclasses.dataclass(frozen=True)
 class ChunkedReader:
-  """A stored array read in whole chunks: ``read(index)`` -> the slice in ``dtype``;
-  ``chunks``: the chunk shape (grid from 0)."""
+  """A stored array read in whole chunks of shape ``chunks`` (a grid from 0)."""
 
   read: SliceReader
   chunks: tuple[int, ...]
@@ -50,9 +49,7 @@ class ChunkedReader:
 
 def open_tensorstore(spec: Any, directory: str, name: str, context: Any = None,
                      future: Any = None) -> Any:
-  """The way a checkpoint's TensorStore array is opened (in ``context``, within
-  ``storage.TIMEOUT_S``; ``future``: an open already started); a failure is a
-  CheckpointError naming the array."""
+  """Open a checkpoint's TensorStore array (or wait for ``future``); errors name the array."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   try:
     if future is None:
@@ -64,8 +61,7 @@ def open_tensorstore(spec: Any, directory: str, name: str, context: Any = None,
 
 def tensorstore_reader(spec: Any, directory: str, name: str, context: Any = None
                        ) -> ChunkedReader:
-  """A ``ChunkedReader`` of the array (opened once); a missing or corrupt chunk is a
-  CheckpointError naming ``directory`` and ``name``."""
+  """A ``ChunkedReader`` of the array; a missing or corrupt chunk is a CheckpointError."""
   store = open_tensorstore(spec, directory, name, context)
 
   def read(index: Index) -> np.ndarray:
@@ -80,8 +76,7 @@ def tensorstore_reader(spec: Any, directory: str, name: str, context: Any = None
 
 @dataclasses.dataclass(frozen=True)
 class ArraySource:
-  """A stored array: its shape, and ``open()`` (called once, just before its slices are
-  read) giving a ``SliceReader`` or ``ChunkedReader``."""
+  """A stored array: its shape, and ``open()`` (called just before it is placed)."""
 
   shape: tuple[int, ...]
   open: Callable[[], Union[SliceReader, ChunkedReader]]
@@ -105,8 +100,7 @@ _stats_lock = threading.Lock()
 
 @contextlib.contextmanager
 def count_reads() -> Iterator[ReadStats]:
-  """Count the bytes of every distinct device slice read in the block (a test hook; orbax
-  restores are not counted)."""
+  """Count the bytes of every distinct device slice read in the block (orbax's not)."""
   stats = ReadStats()
   with _stats_lock:
     _active_stats.append(stats)
@@ -239,8 +233,7 @@ def place_array(name: str, shape: tuple[int, ...],
 
 def place_arrays(sources: Mapping[str, ArraySource], param_dtype: Any,
                  partitioner: Optional[Partitioner], in_flight: int = 1) -> dict:
-  """Every array of ``sources`` placed, ``in_flight`` at a time -> the nested T5X tree.
-  A failure raises the first failing array's error in name order."""
+  """Every array of ``sources`` placed, ``in_flight`` at a time -> the nested T5X tree."""
   if in_flight < 1:
     raise ValueError(f"in_flight must be at least 1, got {in_flight}")
   # All shardings first: a dimension the mesh does not divide fails before any read.
@@ -267,8 +260,7 @@ def place_arrays(sources: Mapping[str, ArraySource], param_dtype: Any,
 
 def restore_orbax(directory: str, meta_tree: Mapping, subtree: tuple[str, ...],
                   param_dtype: Any, partitioner: Optional[Partitioner]) -> dict:
-  """``tree[subtree...]`` of a local orbax PyTree checkpoint restored by orbax into the
-  shardings and dtypes ``place_arrays`` would give; other subtrees are not read."""
+  """``tree[subtree...]`` of a local orbax checkpoint, restored as ``place_arrays`` would."""
   import orbax.checkpoint as ocp
   sub = meta_tree
   for key in subtree:

@@ -24,8 +24,7 @@ from specdec_jax.partitioning import Partitioner
 
 def save_checkpoint(directory: str, params: Any, config: T5Config,
                     dtype: Optional[str] = None, overwrite: bool = False) -> None:
-  """Write ``params`` and ``config`` in our format (``dtype``, e.g. 'bfloat16', casts on
-  disk); a non-empty directory is only replaced with ``overwrite``."""
+  """Write ``params`` and ``config`` in our format, arrays cast to ``dtype`` on disk."""
   import orbax.checkpoint as ocp
   if is_gcs(directory):
     raise CheckpointError(f"{directory}: saving to GCS is not supported")

@@ -23,8 +23,7 @@ def is_ts_spec(x: Any) -> bool:
 
 
 def resolve_ts_spec(spec: Mapping, step_dir: str) -> dict:
-  """A saved zarr spec pointed at its array inside ``step_dir``: T5X's relative path
-  (``path`` or ``kvstore.path``) is joined to ``step_dir``; absolute paths are kept."""
+  """A saved zarr spec pointed at its array: a relative path is joined to ``step_dir``."""
   spec = dict(spec)
   kvstore = spec.pop("kvstore", None)
   rel = spec.pop("path", None)
