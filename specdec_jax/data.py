@@ -131,10 +131,8 @@ _LOCAL_READERS = {".tsv": _read_tsv, ".jsonl": _read_jsonl, ".json": _read_jsonl
 
 def load_local(path: str, input_key: str = "input", reference_key: str = "reference",
                id_key: str = "id", max_examples: Optional[int] = None) -> list[Example]:
-  """Examples from a ``.tsv`` (with header) or ``.jsonl`` file, local or ``gs://``.
-
-  The input column is required; a missing id defaults to the 1-based line number
-  (the TSV header is line 1). ``.json``: JSON Lines, or an array if it starts with '['."""
+  """Examples from a ``.tsv`` (with header) or ``.jsonl`` file, local or ``gs://``; a
+  missing id is the 1-based line number; ``.json`` may also be an array."""
   _check_max_examples(max_examples)
   ext = os.path.splitext(path)[1].lower()
   if ext not in _LOCAL_READERS:
@@ -315,11 +313,8 @@ def check_vocab_compatible(target_vocab_size: int, draft_vocab_size: int,
 def encode_batch(vocab: Vocabulary, texts: list[str], max_len: int, prefix: str = "",
                  on_too_long: str = "truncate", append_eos: bool = True,
                  ids: Optional[Sequence[str]] = None) -> tuple[np.ndarray, list[int]]:
-  """``prefix + text`` per text as int32 [B, max_len], right-padded with pad_id ->
-  (array, truncated row indices).
-
-  Over-long rows are truncated (EOS kept last, logged) or rejected
-  (``on_too_long='error'``); ``ids`` name the rows in logs and errors."""
+  """``prefix + text`` per text as int32 [B, max_len], right-padded -> (array, truncated
+  rows). Over-long rows are truncated (EOS kept) or rejected (``on_too_long='error'``)."""
   if on_too_long not in ("truncate", "error"):
     raise ValueError(f"on_too_long must be 'truncate' or 'error', got {on_too_long!r}")
   min_len = 2 if append_eos else 1
@@ -373,11 +368,8 @@ def by_width(arrays: Sequence[Any]) -> dict[int, list[int]]:
 
 
 def fit_to_bucket(inputs: np.ndarray, buckets: Sequence[int]) -> np.ndarray:
-  """inputs [B, S] (right-padded with 0) cut to [B, L], L the smallest bucket (else S)
-  holding every row's tokens; () -> unchanged.
-
-  Only padding goes, and padding is masked everywhere, so the function of the tokens
-  is the same; the encoder and each step's cross-attention do less work."""
+  """inputs [B, S] cut to [B, L], L the smallest bucket (else S) holding every row's
+  tokens (() -> unchanged): only masked padding goes, so the outputs are the same."""
   if not len(buckets):
     return inputs
   nonzero = np.nonzero(np.any(np.asarray(inputs) != 0, axis=0))[0]

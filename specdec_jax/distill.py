@@ -80,11 +80,8 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
                             log_fn: Callable[[str], None] = print,
                             partitioner: Optional[Partitioner] = None) -> dict:
   """The target's outputs for every input, appended to ``path`` chunk by chunk (inputs
-  already there are skipped) -> {(index, mode): tokens}.
-
-  'sample' draws at ``temperature`` with a key folded from the seed and the chunk's
-  first index, so a resumed run draws the same samples. With a ``partitioner`` each
-  chunk is split over 'data'; only process 0 writes ``path``."""
+  there are skipped) -> {(index, mode): tokens}. Keys are folded from the seed and the
+  chunk, so a resumed run samples the same; only process 0 writes."""
   for m in modes:
     if m not in OUTPUT_MODES:
       raise ValueError(f"unknown output mode {m!r}; known: {OUTPUT_MODES}")
@@ -147,10 +144,8 @@ _RESIDUAL_OUTPUTS = ("out", "wo")
 
 def grow_layers(params: Any, config: Any, *, encoder_layers: int = 0,
                 decoder_layers: int = 0, seed: int = 0) -> tuple[Any, Any]:
-  """Append layers to a T5 draft without changing what it computes -> (params, config).
-
-  The new layers' residual outputs (attention ``out``, MLP ``wo``) are zero, so a
-  pre-norm layer is the identity and the logits are unchanged (as ReZero / Fixup)."""
+  """Append layers to a T5 draft -> (params, config); their residual outputs (``out``,
+  ``wo``) are zero, so each new pre-norm layer is the identity (as ReZero / Fixup)."""
   if encoder_layers < 0 or decoder_layers < 0:
     raise ValueError(f"grow_layers: layer counts must be >= 0, got encoder={encoder_layers}, "
                      f"decoder={decoder_layers}")
@@ -239,11 +234,8 @@ def _on_policy(draft: T5Model, params, inputs, targets, key, fraction: float):
 
 def draft_forward(draft: T5Model, target: T5Model, bridged: bool) -> Callable:
   """forward(params, target_params, inputs, dec_in, target_hidden=None, key=None) -> the
-  draft's teacher-forced logits.
-
-  ``bridged``: params are ``{'draft': tree}`` plus ``'bridge'`` (``drafts.bridge``,
-  reads the target's encoder output) and/or ``'feature'`` (``drafts.feature_bridge``,
-  reads ``target_hidden`` [B, T, d_p] at staleness drawn with ``key``)."""
+  draft's teacher-forced logits; ``bridged``: params {'draft', 'bridge' and/or
+  'feature'} (``drafts.bridge``, ``drafts.feature_bridge``)."""
   if not bridged:
     return lambda params, target_params, inputs, dec_in, target_hidden=None, key=None: draft(
         params, inputs, dec_in)
@@ -270,9 +262,7 @@ def _target_pass(target: T5Model, target_params: Any, inputs: jax.Array, dec_in:
 def distill_loss(draft: T5Model, target: T5Model, cfg: DistillConfig,
                  bridged: bool = False) -> Callable:
   """loss_fn(params, batch, target_params) for ``training.fit``: the mean over non-pad
-  positions of ce_weight·CE + divergence(p, q). batch: 'inputs', 'targets' (the
-  target's outputs), 'step_key'. The target's params are an argument so the jitted
-  step never embeds them as constants."""
+  positions of ce_weight·CE + divergence(p, q) on batch 'inputs' and 'targets'."""
   pad, start = draft.config.pad_id, draft.config.decoder_start_id
   if cfg.block_size:
     return block_loss(draft, target, cfg)
@@ -316,8 +306,7 @@ def _block_cuts(targets: jax.Array, pad: int, cuts: int, key: jax.Array) -> jax.
 
 def block_forward(draft: T5Model, target: T5Model, gamma: int) -> Callable:
   """forward(params, target_params, inputs, dec_in, cuts, target_hidden=None) -> (logits
-  [R, T, V], block [R, T] bool) of a block draft at committed lengths cuts [R], in
-  ``t5_block``'s layout."""
+  [R, T, V], block [R, T] bool) of a block draft at committed lengths cuts [R]."""
   pad = draft.config.pad_id
 
   def forward(params, target_params, inputs, dec_in, cuts, target_hidden=None):
@@ -334,10 +323,8 @@ def block_forward(draft: T5Model, target: T5Model, gamma: int) -> Callable:
 
 
 def block_loss(draft: T5Model, target: T5Model, cfg: DistillConfig) -> Callable:
-  """The block objective for γ = ``cfg.block_size``: at ``block_cuts`` cut points n per
-  sequence the draft sees the prefix and γ − 1 mask positions and learns the target's
-  distribution (divergence) and token (ce_weight · CE) at each block position; prefix
-  positions count at half weight."""
+  """The block objective (γ = ``cfg.block_size``): at ``block_cuts`` cut points per
+  sequence, divergence + ce_weight·CE at the γ block positions, prefix at half weight."""
   pad, start, gamma, k = (draft.config.pad_id, draft.config.decoder_start_id, cfg.block_size,
                           cfg.block_cuts)
   forward = block_forward(draft, target, gamma)
@@ -391,9 +378,8 @@ def _block_agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targe
 def block_agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params: Any,
                     batches: Sequence[training.Batch], gamma: int, cuts: int = 8,
                     partitioner: Optional[Partitioner] = None) -> dict[str, Any]:
-  """Teacher-forced agreement of a block draft at each block position 1..γ: greedy and
-  Σ_x min(p, q) at T = 1, by position and token-weighted means, given the target's
-  tokens before each position."""
+  """Teacher-forced greedy and Σ_x min(p, q) agreement of a block draft, by block position
+  (given the target's tokens before it) and token-weighted."""
   g = o = c = 0.0
   for b in batches:
     b = training.place_batch(b, partitioner)

@@ -103,9 +103,8 @@ def _cache_bytes(cfg: T5Config, part: Partitioner, batch: int, max_input_len: in
 
 
 def reads_per_step(name: str, cfg: T5Config) -> bool:
-  """Whether a decoding step reads parameter ``name``: the decoder's weights but not the
-  cross-attention K/V kernels (run once, in ``init_cache``), and T5 1.0's tied
-  embedding as the output layer."""
+  """Whether a decoding step reads parameter ``name`` (the decoder's weights, but the cross
+  K/V kernels only in ``init_cache``; T5 1.0's tied embedding as the output layer)."""
   cross_kv = "encoder_decoder_attention/key/" in name or \
       "encoder_decoder_attention/value/" in name
   return (name.startswith("decoder/") and not cross_kv) or (
@@ -125,12 +124,8 @@ def plan(target_cfg: ConfigLike, draft_cfg: Optional[ConfigLike],
          max_decode_len: int = 128, gamma: int = 5, rules: Optional[Sequence] = None,
          draft_rules: Optional[Sequence] = None, fallback: str = "error",
          draft_quantization: Optional[str] = None) -> dict[str, int]:
-  """Per-device bytes of speculative decoding -> {'target_params', 'draft_params',
-  'target_caches', 'draft_caches', 'total'}.
-
-  Arguments mirror ``Experiment``'s fields; configs are ``T5Config`` or preset names;
-  ``draft_cfg`` None is a draft with no weights (n-gram). A dimension the mesh does not
-  divide raises ``PartitioningError`` unless ``fallback='replicate'``."""
+  """Per-device bytes {'target_params', 'draft_params', 'target_caches', 'draft_caches',
+  'total'}; arguments mirror ``Experiment``'s fields, ``draft_cfg`` None: no weights."""
   if gamma < 1 or max_decode_len < 1 or batch < 1 or max_input_len < 1:
     raise ValueError(f"gamma, max_decode_len, batch and max_input_len must be >= 1, got "
                      f"{gamma}, {max_decode_len}, {batch}, {max_input_len}")

@@ -98,10 +98,8 @@ def validate_rules(rules: Sequence[Sequence[Any]]) -> Rules:
 
 
 def make_mesh(shape: Sequence[int], devices: Optional[Sequence[Any]] = None) -> Mesh:
-  """A ('data', 'model') mesh over ``devices`` (their number must match) or this machine's.
-
-  On one process a smaller mesh takes the first devices (one chip of a multi-chip VM,
-  the paper's setting); on several it must span them all."""
+  """A ('data', 'model') mesh over ``devices`` or this machine's (on one process a smaller
+  mesh takes the first devices; on several it must span them all)."""
   shape = _mesh_shape(shape)
   n = math.prod(shape)
   given = devices is not None
@@ -161,12 +159,10 @@ class Partitioner:
 
   def spec(self, axes: Sequence[Optional[str]], shape: Sequence[int],
            what: str) -> PartitionSpec:
-    """The PartitionSpec for an array of ``shape`` with logical ``axes``.
-
-    Rules apply in order, as in T5X and Flax: (name, mesh axis) gives the dimension of
-    that name the axis if it has none yet and no other dimension holds it, so a name in
-    several rules has fallbacks. None, a size-1 axis, or no rule: replicated. A
-    dimension its axis does not divide raises (or is replicated, per ``fallback``)."""
+    """The PartitionSpec for an array of ``shape`` with logical ``axes``. Rules apply in
+    order, as in T5X: a dimension takes a rule's mesh axis if it has none yet and no
+    other dimension holds it; None, a size-1 axis or no rule replicates; an axis that
+    does not divide it raises (or replicates, per ``fallback``)."""
     if len(axes) != len(shape):
       raise PartitioningError(f"{what}: {len(axes)} logical axes {tuple(axes)} for an array "
                               f"of shape {tuple(shape)}")

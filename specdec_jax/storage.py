@@ -93,9 +93,8 @@ def emulator_url() -> Optional[str]:
 
 
 def configure_emulator() -> None:
-  """Point TensorStore at ``STORAGE_EMULATOR_HOST`` if set: ``TENSORSTORE_GCS_HTTP_URL``
-  and a test token where the user has not set them; values set here earlier follow a
-  changed host and go when it is unset. Called before every ``gs://`` access."""
+  """Point TensorStore at ``STORAGE_EMULATOR_HOST`` where the user has not set its
+  variables (and undo that when it is unset); called before every ``gs://`` access."""
   url = emulator_url()
   wanted = {"TENSORSTORE_GCS_HTTP_URL": url, "GOOGLE_AUTH_TOKEN_FOR_TESTING": EMULATOR_TOKEN}
   for name, value in wanted.items():
@@ -300,9 +299,8 @@ def _cached_object(path: str) -> Optional[bool]:
 
 @contextlib.contextmanager
 def cached_listings() -> Iterator[None]:
-  """Inside the block each ``gs://`` prefix is listed at most once and ``listdir``,
-  ``is_dir``, ``exists``, ``is_file`` below it are answered from that snapshot (for
-  reads of a directory that does not change). Per thread / asyncio task."""
+  """Inside the block each ``gs://`` prefix is listed at most once and questions below it
+  answered from that snapshot (for a directory that does not change, per thread)."""
   if _listings.get() is not None:
     yield
     return
@@ -414,9 +412,8 @@ def read_versioned(path: str) -> tuple[Optional[bytes], bytes]:
 
 
 def write_if(path: str, data: Optional[bytes], generation: bytes) -> Optional[bytes]:
-  """Write ``data`` (None: delete) to a ``gs://`` object only if its generation is still
-  ``generation`` (``ifGenerationMatch``) -> the new generation, or None if another
-  writer changed it."""
+  """Write ``data`` (None: delete) only if the object's generation is still ``generation``
+  -> the new generation, or None if another writer changed it."""
   bucket, key = split(path)
   try:
     stamp = _kvstore(bucket).write(key, data, if_equal=generation).result(timeout=TIMEOUT_S)

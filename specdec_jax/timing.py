@@ -45,9 +45,8 @@ def median(xs: list[float]) -> float:
 
 def interleaved_times(fns: dict[Any, Callable[[], Any]], repeats: int,
                       inner: int = 1) -> dict[Any, list[float]]:
-  """The way to time pieces against each other: each called once untimed, then
-  ``repeats`` passes call every piece in turn, so drift hits all alike -> {key:
-  seconds per inner call in each pass}."""
+  """The way to time pieces against each other: after one untimed call each, ``repeats``
+  passes call every piece in turn -> {key: seconds per inner call in each pass}."""
   for fn in fns.values():
     block(fn())
   times: dict[Any, list[float]] = {key: [] for key in fns}
@@ -80,10 +79,9 @@ def total(tree: Any) -> Array:
 
 def repeat(body: Callable[[Array, Any], tuple[Any, Any]], carry: Any, n: int
            ) -> tuple[Any, Array]:
-  """The way to time a piece: ``body(i, carry) -> (carry, outputs)`` for i < n in one
-  ``lax.fori_loop`` inside the piece's jit, so per-call dispatch is not counted, the
-  carry passes on as in the loops and outputs are summed so no work is dropped. Vary
-  inputs with i: a loop-invariant input lets XLA hoist work. -> (carry, sum)."""
+  """The way to time a piece: ``body(i, carry)`` for i < n in one ``lax.fori_loop`` (no
+  dispatch counted, the carry passed on, outputs summed so nothing is dropped; vary the
+  inputs with i, or XLA hoists work) -> (carry, sum)."""
   def step(i, state):
     carry, acc = state
     carry, out = body(i, carry)
@@ -159,10 +157,9 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
                        cache_len: int | None = None, position: int = 16, repeats: int = 15,
                        inner: int = 16, partitioner: Optional[Partitioner] = None
                        ) -> dict[int, RoundCost]:
-  """Each γ's round cost (``theory.RoundCost``) at a mid-sequence ``position``: medians
-  over ``repeats`` of ``inner`` back-to-back runs, all γ in one interleaved measurement
-  (one shared step piece) so drift hits them alike, with the standard errors of the
-  per-repeat ratios. Pass the loop's ``cache_len`` (``decoding.cache_length``)."""
+  """Each γ's ``RoundCost`` at ``position``: medians of ``repeats`` passes of ``inner``
+  runs, all γ interleaved with one shared step piece, with standard errors. Pass the
+  loop's ``cache_len``."""
   gammas = sorted(set(int(g) for g in gammas))
   if not gammas or gammas[0] < 1:
     raise ValueError(f"gammas must be >= 1, got {gammas}")
@@ -214,9 +211,8 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
 
 def warm_up_widths(run: Callable[[Array], Any], batches: Iterable[Array],
                    widths: Sequence[int]) -> set[int]:
-  """Run an adaptive ``speculative_decode`` untimed over ``batches`` until every verify
-  width has run once (XLA:CPU generates a ``lax.switch`` branch's code on first run)
-  -> the widths seen (from ``gamma_hist``, a lower bound above batch 1)."""
+  """Run ``run`` untimed over ``batches`` until each verify width has run once (XLA:CPU
+  compiles a ``lax.switch`` branch on first use) -> the widths seen."""
   ws = sorted(widths)
   seen: set[int] = set()
   for x in batches:

@@ -145,10 +145,8 @@ class OptimizerConfig:
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-  """The optimizer of ``cfg`` (``schedule_start > 0``: a fresh schedule from there).
-
-  Adafactor as T5X configures it: factored second moments, no momentum, update
-  clipping at 1, steps relative to each parameter's RMS scale."""
+  """The optimizer of ``cfg``. Adafactor as T5X configures it: factored, no momentum,
+  update clipping at 1, steps relative to each parameter's RMS scale."""
   if cfg.name not in ("adafactor", "adamw"):
     raise ValueError(f"optimizer must be 'adafactor' or 'adamw', got {cfg.name!r}")
   span = max(1, cfg.total_steps - cfg.schedule_start)
@@ -194,11 +192,9 @@ def _restart_log(path: str, upto_step: int, primary: bool) -> list[dict]:
 
 def make_train_step(loss_fn: Callable, opt: optax.GradientTransformation,
                     partitioner: Optional[Partitioner] = None) -> Callable:
-  """The jitted step(params, opt_state, batch, frozen) -> (params, opt_state, loss, aux).
-
-  ``frozen`` (weights read but not trained, e.g. a distillation target) is an argument,
-  never a baked constant. params and opt_state are donated. With a ``partitioner``
-  outputs are replicated and batches split over 'data' (GSPMD reduces the gradients)."""
+  """The jitted step(params, opt_state, batch, frozen) -> (params, opt_state, loss, aux):
+  ``frozen`` (e.g. a distillation target) is an argument, never a baked constant;
+  params and opt_state are donated; with a ``partitioner``, data-parallel."""
   def step(params, opt_state, batch, frozen):
     fn = loss_fn if frozen is None else lambda p, b: loss_fn(p, b, frozen)
     (loss, aux), grads = jax.value_and_grad(fn, has_aux=True)(params, batch)
@@ -270,12 +266,9 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
         optimizer: Optional[optax.GradientTransformation] = None,
         frozen: Any = None, partitioner: Optional[Partitioner] = None) -> FitResult:
   """Train ``params`` for ``opt_cfg.total_steps`` steps of ``loss_fn(params, batch[,
-  frozen]) -> (loss, metrics)``.
-
-  ``batch['step_key']`` derives from ``seed`` and the step and ``make_stream(start)``
-  yields batches from ``start`` on, so a resumed run (``run_dir/ckpt``) sees the same
-  data. ``max_minutes`` stops early (and saves); ``evaluate(params)`` is logged every
-  ``eval_every`` steps; ``partitioner``: data-parallel on its mesh."""
+  frozen]) -> (loss, metrics)``. ``batch['step_key']`` and ``make_stream(start)`` depend
+  on the step only, so a run resumed from ``run_dir/ckpt`` sees the same data;
+  ``max_minutes`` stops early (and saves); ``evaluate`` runs every ``eval_every`` steps."""
   run_dir = os.path.abspath(run_dir)
   primary = jax.process_index() == 0
   os.makedirs(run_dir, exist_ok=True)

@@ -103,11 +103,8 @@ def detect_format(path: str) -> str:
 
 def peek_config(path: str, fmt: str = "auto", preset: Optional[str] = None,
                 dtype: str = "float32") -> Optional[T5Config]:
-  """A checkpoint's architecture from its preset or ``config.json``, reading no weights;
-  None when it does not say (a T5X one without a preset).
-
-  For ``gs://`` only ``config.json`` is read. An unreachable or refusing endpoint is
-  raised here; any other problem is left to the load."""
+  """A checkpoint's architecture from its preset or ``config.json`` (no weights read); None
+  when it does not say. An unreachable ``gs://`` raises; other problems are the load's."""
   if preset:
     return get_config(preset, dtype=dtype)
   try:
@@ -140,16 +137,12 @@ def load_checkpoint(path: str, fmt: str = "auto", config: Optional[T5Config] = N
                     partitioner: Optional[Partitioner] = None) -> tuple[dict, T5Config]:
   """T5 parameters (a T5X-named tree of ``jax.Array``) and their config.
 
-  path: a checkpoint directory, local or ``gs://`` (T5X: a ``checkpoint_<step>`` or the
-    model directory, whose largest step wins). fmt: 'auto' or one of ``FORMATS``.
-  config: required for T5X formats; for the others it must agree with the stored one
-    except in ``dtype``. param_dtype: of kernels and the embedding, cast on read (norms
-    and relative-position tables stay float32). partitioner: each array is read into
-    ``param_sharding(name, shape)``, each device its own slice; None: one device.
-
-  Raises CheckpointNotFoundError (missing directory, file or bucket), StorageError
-  (unreachable or refused ``gs://``), CheckpointError (corrupt files, names or shapes
-  that disagree), PartitioningError (a dimension the mesh does not divide)."""
+  path: local or ``gs://`` (T5X: a ``checkpoint_<step>`` or the model directory, whose
+  largest step wins); config: required for T5X formats, else it must match the stored
+  one but for ``dtype``; param_dtype: of kernels and the embedding (norms stay float32);
+  partitioner: each device reads its own slice (None: one device). A missing path,
+  unreachable storage, corrupt files, mismatched names/shapes or an indivisible mesh
+  dimension is one error naming it."""
   if fmt not in FORMATS:
     raise ValueError(f"unknown checkpoint format {fmt!r}; expected one of {FORMATS}")
   path = path.rstrip("/") if is_gcs(path) else os.path.abspath(path)

@@ -150,9 +150,8 @@ def _cells(start: int, stop: int, chunk: int) -> list[tuple[int, int]]:
 
 def chunk_blocks(box: Box, chunks: Sequence[int], itemsize: int,
                  block_bytes: int = BLOCK_BYTES) -> list[Box]:
-  """Boxes of whole chunks (clipped to ``box``) that tile ``box``, each chunk in exactly
-  one; a block holds at most ``block_bytes`` or one chunk (a chunk size of 0: the whole
-  dimension), grouped along the last dimensions first."""
+  """Boxes of whole chunks tiling ``box`` (each chunk in one), of at most ``block_bytes``
+  or one chunk, grouped along the last dimensions first (chunk size 0: whole dimension)."""
   chunks = [c if c > 0 else max(hi, 1) for c, (lo, hi) in zip(chunks, box)]
   cells = [_cells(lo, hi, c) for (lo, hi), c in zip(box, chunks)]
   budget = max(1, block_bytes // max(1, itemsize))
