@@ -427,12 +427,9 @@ def agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DistillJob(PairSettings):
-  """Everything a distillation run needs; field names follow ``run.Experiment``.
-
-  The pair's settings come from ``PairSettings``; those in ``FIXED_PAIR_SETTINGS`` are
-  refused at other values. The target generates sharded on the mesh; the draft is
-  replicated and trained in float32, data-parallel over 'data' (docs/sharding.md).
-  Each entry's first sentence is what ``--help`` prints.
+  """Everything a distillation run needs (``--help`` prints each entry's first sentence).
+  The pair's settings are ``PairSettings``'s, those in ``FIXED_PAIR_SETTINGS`` fixed; the
+  draft is replicated and trained in float32, data-parallel (docs/sharding.md).
 
   output_dir: where the distilled draft is written, in the project's format.
   workdir: the target outputs, optimizer checkpoints and loss log (a killed job resumes from it).
@@ -459,7 +456,7 @@ class DistillJob(PairSettings):
     A new bridge starts at zero and trains with Adam at ``bridge_learning_rate``.
   bridge_learning_rate: Adam's learning rate for the bridges and a block draft's mask embedding.
   feature_bridge: the draft also reads the target's decoder states of the committed prefix
-    (``specdec_jax.drafts.feature_bridge``). Staleness 0..feature_staleness-1.
+    (``specdec_jax.drafts.feature_bridge``).
   feature_staleness: the feature bridge's staleness range (set it to the γ the draft runs at).
   block_size: 0 trains the autoregressive draft; γ >= 2 a block draft of block size γ.
     (``specdec_jax.drafts.t5_block``), warm-started from the draft checkpoint.
@@ -578,8 +575,7 @@ def check_vocabularies(target: T5Config, draft: T5Config, job: DistillJob) -> No
   job.pair.check_vocabularies(target, draft)
 
 
-def check_before_loading(job: DistillJob) -> tuple[Optional[Partitioner],
-                                                   Optional[Partitioner]]:
+def check_before_loading(job: DistillJob) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
   """Every check that reads no weight -> the (target's, draft's) partitioners."""
   job.validate()
   return job.pair.check_before_loading()
@@ -742,8 +738,7 @@ def _eval_batches(job: DistillJob, target: T5Model, target_params: Any, eval_pai
       job.batch_tokens, buckets, rows)
 
 
-def _export(job: DistillJob, config: T5Config, params: Any, bridged: bool,
-            summary: dict) -> None:
+def _export(job: DistillJob, config: T5Config, params: Any, bridged: bool, summary: dict) -> None:
   """The distilled draft into ``job.output_dir`` with its bridges, quantization record and log."""
   # An earlier export's files go first; config.json is written last (by save_checkpoint),
   # so a run killed midway leaves a directory that does not load.
@@ -787,9 +782,8 @@ def _bridged_optimizer(cfg: training.OptimizerConfig, bridge_lr: float):
                                 "bridge": training.make_optimizer(adam_cfg)}, labels)
 
 
-def smoke_job(workdir: str, log_fn: Callable[[str], None] = print,
-              encoder_bridge: bool = False, feature_bridge: bool = False,
-              block_size: int = 0) -> dict:
+def smoke_job(workdir: str, log_fn: Callable[[str], None] = print, encoder_bridge: bool = False,
+              feature_bridge: bool = False, block_size: int = 0) -> dict:
   """Every stage of ``run_job`` on random micro models and the demo vocabulary, in seconds."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   for name, d in (("target", 32), ("draft", 16)):

@@ -25,8 +25,7 @@ ConfigLike = Union[T5Config, str]
 PLAN_KEYS = ("target_params", "draft_params", "target_caches", "draft_caches", "total")
 
 
-def planning_partitioner(mesh_shape: Optional[Sequence[int]],
-                         rules: Optional[Sequence] = None,
+def planning_partitioner(mesh_shape: Optional[Sequence[int]], rules: Optional[Sequence] = None,
                          fallback: str = "error") -> Partitioner:
   """The Partitioner the runner would build, over an abstract mesh (rules None: standard)."""
   return Partitioner(partitioning.abstract_mesh((1, 1) if mesh_shape is None else mesh_shape),
@@ -72,8 +71,7 @@ def _weight_bytes(cfg: T5Config, part: Partitioner, param_dtype: str, quant: Opt
 
 
 @functools.lru_cache(maxsize=None)
-def cache_shapes(cfg: T5Config, batch: int, max_input_len: int,
-                 cache_len: int) -> DecoderCache:
+def cache_shapes(cfg: T5Config, batch: int, max_input_len: int, cache_len: int) -> DecoderCache:
   """``T5Model.init_cache``'s ``DecoderCache`` as ShapeDtypeStructs."""
   model = T5Model(cfg)
   inputs = jax.ShapeDtypeStruct((batch, max_input_len), jnp.int32)
@@ -119,11 +117,10 @@ def step_weight_bytes(cfg: ConfigLike, part: Optional[Partitioner] = None,
 
 
 def plan(target_cfg: ConfigLike, draft_cfg: Optional[ConfigLike],
-         mesh_shape: Optional[Sequence[int]], param_dtype: str = "float32",
-         dtype: str = "float32", batch: int = 1, max_input_len: int = 512,
-         max_decode_len: int = 128, gamma: int = 5, rules: Optional[Sequence] = None,
-         draft_rules: Optional[Sequence] = None, fallback: str = "error",
-         draft_quantization: Optional[str] = None) -> dict[str, int]:
+         mesh_shape: Optional[Sequence[int]], param_dtype: str = "float32", dtype: str = "float32",
+         batch: int = 1, max_input_len: int = 512, max_decode_len: int = 128, gamma: int = 5,
+         rules: Optional[Sequence] = None, draft_rules: Optional[Sequence] = None,
+         fallback: str = "error", draft_quantization: Optional[str] = None) -> dict[str, int]:
   """Per-device bytes {'target_params', 'draft_params', 'target_caches', 'draft_caches',
   'total'}; arguments mirror ``Experiment``'s fields, ``draft_cfg`` None: no weights."""
   if gamma < 1 or max_decode_len < 1 or batch < 1 or max_input_len < 1:

@@ -57,9 +57,8 @@ def check_path(setting: str, value: str, config_dirs: Sequence[str] = (),
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PairSettings:
-  """The settings of a target and its draft, declared once (a new one is a field here, its
-  entry below and its use in ``ModelPair``). Each entry's first sentence is what
-  ``--help`` prints. Scale: docs/sharding.md.
+  """The settings of a target and its draft, declared once (``--help`` prints each
+  entry's first sentence; scale: docs/sharding.md).
 
   target_checkpoint: the target's checkpoint, a local path or gs://.
   draft_checkpoint: the draft's checkpoint ('' for an approximation model that reads none).
@@ -263,8 +262,7 @@ class ModelPair(PairSettings):
       raise ValueError(f"vocabulary {self.vocab_path} has {vocab_size} ids but the target's "
                        f"vocab_size is {target.vocab_size}")
 
-  def check_shardings(self, target_part: Optional[Partitioner],
-                      draft_part: Optional[Partitioner],
+  def check_shardings(self, target_part: Optional[Partitioner], draft_part: Optional[Partitioner],
                       decode: Optional[tuple[int, int, int]] = None) -> None:
     """Every parameter dimension the mesh must divide, from the architectures alone; with
     ``decode`` = (rows, input length, cache length) also the inputs and KV caches."""

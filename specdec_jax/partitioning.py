@@ -157,8 +157,7 @@ class Partitioner:
   def shape(self) -> dict[str, int]:
     return dict(self.mesh.shape)
 
-  def spec(self, axes: Sequence[Optional[str]], shape: Sequence[int],
-           what: str) -> PartitionSpec:
+  def spec(self, axes: Sequence[Optional[str]], shape: Sequence[int], what: str) -> PartitionSpec:
     """The PartitionSpec for an array of ``shape`` with logical ``axes``. Rules apply in
     order, as in T5X: a dimension takes a rule's mesh axis if it has none yet and no
     other dimension holds it; None, a size-1 axis or no rule replicates; an axis that
@@ -241,8 +240,7 @@ def constrain_batch(x: jax.Array, partitioner: Optional[Partitioner], what: str)
 
 
 def from_settings(mesh_shape: Optional[Sequence[int]], rules: Optional[Sequence] = None,
-                  fallback: str = "error",
-                  mesh: Optional[Mesh] = None) -> Optional[Partitioner]:
+                  fallback: str = "error", mesh: Optional[Mesh] = None) -> Optional[Partitioner]:
   """The partitioner for the settings; None (unsharded) when ``mesh_shape`` is None."""
   if mesh_shape is None:
     return None

@@ -39,8 +39,7 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
   return out, time.perf_counter() - t0
 
 
-def median(xs: list[float]) -> float:
-  return statistics.median(xs)
+median = statistics.median
 
 
 def interleaved_times(fns: dict[Any, Callable[[], Any]], repeats: int,
@@ -77,8 +76,7 @@ def total(tree: Any) -> Array:
              jnp.float32(0))
 
 
-def repeat(body: Callable[[Array, Any], tuple[Any, Any]], carry: Any, n: int
-           ) -> tuple[Any, Array]:
+def repeat(body: Callable[[Array, Any], tuple[Any, Any]], carry: Any, n: int) -> tuple[Any, Array]:
   """The way to time a piece: ``body(i, carry)`` for i < n in one ``lax.fori_loop`` (no
   dispatch counted, the carry passed on, outputs summed so nothing is dropped; vary the
   inputs with i, or XLA hoists work) -> (carry, sum)."""
@@ -138,8 +136,7 @@ def baseline_prefill(model: T5Model, params, inputs, cache_len):
 
 
 @functools.partial(jax.jit, static_argnames=("target", "cache_len"))
-def speculative_prefill(target: T5Model, params, draft: ApproximationModel, inputs,
-                        cache_len: int):
+def speculative_prefill(target: T5Model, params, draft: ApproximationModel, inputs, cache_len: int):
   """Both encoders and caches (``speculative_decode`` before its first round)."""
   encoded = target.encode(params, inputs)
   cache = target.init_cache(params, encoded, inputs, cache_len)
@@ -153,10 +150,9 @@ def _draft_init(draft: ApproximationModel, inputs, cache_len):
 
 def measure_costs_many(target: T5Model, target_params: Any, draft: ApproximationModel,
                        inputs: Array, gammas: Sequence[int],
-                       sampling: SamplingConfig = SamplingConfig(),
-                       cache_len: int | None = None, position: int = 16, repeats: int = 15,
-                       inner: int = 16, partitioner: Optional[Partitioner] = None
-                       ) -> dict[int, RoundCost]:
+                       sampling: SamplingConfig = SamplingConfig(), cache_len: int | None = None,
+                       position: int = 16, repeats: int = 15, inner: int = 16,
+                       partitioner: Optional[Partitioner] = None) -> dict[int, RoundCost]:
   """Each γ's ``RoundCost`` at ``position``: medians of ``repeats`` passes of ``inner``
   runs, all γ interleaved with one shared step piece, with standard errors. Pass the
   loop's ``cache_len``."""

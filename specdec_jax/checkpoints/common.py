@@ -143,8 +143,7 @@ def few(names: Iterable[str], n: int = 5) -> str:
   return ", ".join(names[:n]) + more
 
 
-def check_shapes(shapes: Mapping[str, tuple[int, ...]], config: T5Config,
-                 source: str) -> None:
+def check_shapes(shapes: Mapping[str, tuple[int, ...]], config: T5Config, source: str) -> None:
   """CheckpointError (led by ``source``) unless ``shapes`` is exactly the config's tree."""
   want = expected_shapes(config)
   missing = set(want) - set(shapes)

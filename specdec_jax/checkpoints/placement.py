@@ -59,8 +59,7 @@ def open_tensorstore(spec: Any, directory: str, name: str, context: Any = None,
     raise CheckpointError(f"{directory}: cannot open the array {name}: {root_cause(e)}") from e
 
 
-def tensorstore_reader(spec: Any, directory: str, name: str, context: Any = None
-                       ) -> ChunkedReader:
+def tensorstore_reader(spec: Any, directory: str, name: str, context: Any = None) -> ChunkedReader:
   """A ``ChunkedReader`` of the array; a missing or corrupt chunk is a CheckpointError."""
   store = open_tensorstore(spec, directory, name, context)
 
@@ -199,9 +198,8 @@ def _assemble(name: str, boxes: Sequence[Box], reader: ChunkedReader,
   return out
 
 
-def place_array(name: str, shape: tuple[int, ...],
-                read_slice: Union[SliceReader, ChunkedReader], dtype: np.dtype,
-                sharding: jax.sharding.Sharding) -> jax.Array:
+def place_array(name: str, shape: tuple[int, ...], read_slice: Union[SliceReader, ChunkedReader],
+                dtype: np.dtype, sharding: jax.sharding.Sharding) -> jax.Array:
   """One array on its devices; devices holding the same slice share one read."""
   shape = tuple(shape)
   if isinstance(read_slice, ChunkedReader):

@@ -33,11 +33,7 @@ def resolve_ts_spec(spec: Mapping, step_dir: str) -> dict:
     rel = kvstore
   if not rel:
     raise CheckpointError(f"{step_dir}: TensorStore spec without a path: {dict(spec)}")
-  if os.path.isabs(rel) or is_gcs(rel):
-    target = rel
-  else:
-    target = join(step_dir, rel)
-  spec["kvstore"] = kvstore_spec(target)
+  spec["kvstore"] = kvstore_spec(rel if os.path.isabs(rel) or is_gcs(rel) else join(step_dir, rel))
   return spec
 
 
