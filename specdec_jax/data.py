@@ -383,7 +383,6 @@ _REGISTERED: dict[str, tuple] = {}
 
 
 def _select_fields(dataset, input_key: str, target_key: str, id_key: Optional[str] = None):
-  """Raw records -> {'inputs', 'targets'} (+ 'id') text."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   def fn(ex):
@@ -407,7 +406,6 @@ def _add_prefix(dataset, prefix: str):
 
 def _bible_dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None, *,
            bible_dir: str):
-  """seqio FunctionDataSource reading ``{bible_dir}/{split}.tsv``."""
   del shuffle_files, seed  # one file per split: nothing to shuffle
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 

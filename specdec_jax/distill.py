@@ -130,7 +130,6 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
 
 
 def _gathered(x: jax.Array) -> np.ndarray:
-  """The whole of a (possibly sharded, multi-host) array on this host."""
   if x.is_fully_addressable:
     return np.asarray(x)
   from jax.experimental import multihost_utils
@@ -252,7 +251,6 @@ def draft_forward(draft: T5Model, target: T5Model, bridged: bool) -> Callable:
 
 def _target_pass(target: T5Model, target_params: Any, inputs: jax.Array, dec_in: jax.Array,
                  hidden: bool) -> tuple[jax.Array, Optional[jax.Array]]:
-  """The target's teacher-forced logits and, if ``hidden``, its decoder states."""
   if hidden:
     logits, h = target(target_params, inputs, dec_in, return_hidden=True)
     return jax.lax.stop_gradient(logits), jax.lax.stop_gradient(h)
@@ -571,7 +569,6 @@ class DistillJob(PairSettings):
 
 
 def check_vocabularies(target: T5Config, draft: T5Config, job: DistillJob) -> None:
-  """``ModelPair.check_vocabularies`` for a job."""
   job.pair.check_vocabularies(target, draft)
 
 

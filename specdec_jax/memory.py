@@ -72,7 +72,6 @@ def _weight_bytes(cfg: T5Config, part: Partitioner, param_dtype: str, quant: Opt
 
 @functools.lru_cache(maxsize=None)
 def cache_shapes(cfg: T5Config, batch: int, max_input_len: int, cache_len: int) -> DecoderCache:
-  """``T5Model.init_cache``'s ``DecoderCache`` as ShapeDtypeStructs."""
   model = T5Model(cfg)
   inputs = jax.ShapeDtypeStruct((batch, max_input_len), jnp.int32)
   # init_cache only projects the encoder's output: no need to trace the encoder.

@@ -125,7 +125,6 @@ class PairSettings:
                         for f in dataclasses.fields(PairSettings)}, owner=owner)
 
   def resolve(self, path: str) -> str:
-    """``path`` as it will be read."""
     return resolve_path(path, self.config_dirs)
 
   def weight_dtype(self, role: str) -> str:
@@ -151,7 +150,6 @@ class ModelPair(PairSettings):
     return message if message.startswith(name) else f"{name}: {message}"
 
   def model(self, role: str) -> tuple[str, str, Optional[str]]:
-    """(checkpoint, format, preset) of 'target' or 'draft'."""
     if role not in ROLES:
       raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     return (getattr(self, f"{role}_checkpoint"), getattr(self, f"{role}_format"),
@@ -217,7 +215,6 @@ class ModelPair(PairSettings):
     return [n for n in names if not getattr(self, n)]
 
   def check_paths(self, must_exist: bool = True) -> None:
-    """Each set path (checkpoints, vocabulary) through ``check_path``."""
     for name in ("target_checkpoint", "draft_checkpoint", "vocab_path"):
       if getattr(self, name):
         check_path(self.spell(name), getattr(self, name), self.config_dirs, must_exist)
@@ -335,7 +332,6 @@ class ModelPair(PairSettings):
 
 
 def recorded_quantization(directory: str) -> Optional[str]:
-  """The quantization a distilled draft's export records, or None."""
   import json
   path = Path(directory) / quantization.RECORD_FILE
   if not path.is_file():

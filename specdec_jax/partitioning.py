@@ -50,7 +50,6 @@ class PartitioningError(ValueError):
 
 
 def param_logical_axes(name: str) -> tuple[str, ...]:
-  """T5X logical axis names of a parameter, from its '/'-joined name."""
   for pattern, axes in _PARAM_AXES:
     if re.search(pattern, name):
       return axes
@@ -71,7 +70,6 @@ def flatten_names(tree: Mapping, is_leaf: Callable[[Any], bool] = lambda x: Fals
 
 
 def unflatten_names(flat: Mapping[str, Any]) -> dict:
-  """{'a/b/c': leaf} -> nested dicts."""
   tree: dict = {}
   for name, value in flat.items():
     *parents, last = name.split("/")
@@ -215,7 +213,6 @@ class Partitioner:
     return NamedSharding(self.mesh, PartitionSpec())
 
   def constrain(self, x: jax.Array, axes: Sequence[Optional[str]], what: str) -> jax.Array:
-    """``with_sharding_constraint`` by logical axes (inside jit)."""
     return jax.lax.with_sharding_constraint(x, self.sharding(axes, x.shape, what))
 
 
@@ -233,7 +230,6 @@ def constrain_cache(cache: Any, partitioner: Optional[Partitioner], what: str) -
 
 
 def constrain_batch(x: jax.Array, partitioner: Optional[Partitioner], what: str) -> jax.Array:
-  """Pins a batch-major array's batch dimension to 'data' (no-op without one)."""
   if partitioner is None:
     return x
   return partitioner.constrain(x, ("batch",) + (None,) * (x.ndim - 1), what)

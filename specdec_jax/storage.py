@@ -48,7 +48,6 @@ class StorageAccessError(StorageError, PermissionError):
 
 
 def is_gcs(path: str) -> bool:
-  """Whether ``path`` is a ``gs://`` URL."""
   return str(path).startswith(GCS_PREFIX)
 
 
@@ -111,7 +110,6 @@ def configure_emulator() -> None:
 
 
 def endpoint() -> str:
-  """The Cloud Storage endpoint TensorStore talks to (an emulator, or Google's)."""
   configure_emulator()
   return os.environ.get("TENSORSTORE_GCS_HTTP_URL") or DEFAULT_ENDPOINT
 
@@ -312,7 +310,6 @@ def cached_listings() -> Iterator[None]:
 
 
 def read_bytes(path: str, what: str = "") -> bytes:
-  """The whole content of a local file or ``gs://`` object."""
   if is_gcs(path):
     data = _read_object(path)
     if data is None:
@@ -347,7 +344,6 @@ def exists(path: str) -> bool:
 
 
 def is_file(path: str) -> bool:
-  """Whether a local file or a ``gs://`` object exists at ``path``."""
   if is_gcs(path):
     cached = _cached_object(path)
     return cached if cached is not None else _read_object(path, slice(0, 0)) is not None
@@ -355,7 +351,6 @@ def is_file(path: str) -> bool:
 
 
 def is_dir(path: str) -> bool:
-  """Whether a local directory, or a ``gs://`` prefix with objects under it, exists."""
   if not is_gcs(path):
     return os.path.isdir(path)
   try:

@@ -33,7 +33,6 @@ def block(x: Any) -> Any:
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-  """(fn()'s result, seconds it took up to ``block_until_ready``)."""
   t0 = time.perf_counter()
   out = block(fn())
   return out, time.perf_counter() - t0
@@ -57,7 +56,6 @@ def interleaved_times(fns: dict[Any, Callable[[], Any]], repeats: int,
 
 def interleaved_medians_ms(fns: dict[Any, Callable[[], Any]], repeats: int,
                            inner: int = 1) -> dict[Any, float]:
-  """Median ms per inner call of each piece (``interleaved_times``)."""
   return {key: 1e3 * median(v) for key, v in interleaved_times(fns, repeats, inner).items()}
 
 
@@ -71,7 +69,6 @@ def median_se(xs: list[float]) -> float:
 
 
 def total(tree: Any) -> Array:
-  """The sum of every leaf of ``tree`` as one float32 scalar."""
   return sum((jnp.sum(a.astype(jnp.float32)) for a in jax.tree_util.tree_leaves(tree)),
              jnp.float32(0))
 

@@ -111,7 +111,6 @@ def fixed_batches(pairs: Sequence[Pair], batch_tokens: int,
 
 def token_ce_sums(model: T5Model, params, inputs, targets,
                   dropout_rng: Optional[jax.Array] = None) -> tuple[jax.Array, jax.Array]:
-  """Summed teacher-forced cross-entropy over non-pad targets, and the count."""
   logits = model(params, inputs, shift_right(targets, model.config.decoder_start_id), dropout_rng)
   mask = (targets != model.config.pad_id).astype(jnp.float32)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
@@ -206,7 +205,6 @@ def make_train_step(loss_fn: Callable, opt: optax.GradientTransformation,
 
 
 def place_batch(batch: Batch, partitioner: Optional[Partitioner]) -> dict:
-  """A host batch as the step takes it (with a partitioner: split over 'data' by rows)."""
   if partitioner is None:
     return dict(batch)
   return {k: partitioner.shard_batch(v, f"batch {k!r}") for k, v in batch.items()}

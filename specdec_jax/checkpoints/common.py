@@ -47,7 +47,6 @@ is_gcs, join, is_dir, exists = storage.is_gcs, storage.join, storage.is_dir, sto
 
 
 def kvstore_spec(path: str) -> dict:
-  """A TensorStore kvstore spec for a local or ``gs://`` path."""
   try:
     return storage.kvstore_spec(path)
   except ValueError as e:  # a malformed gs:// URL

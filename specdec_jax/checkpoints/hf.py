@@ -157,7 +157,6 @@ class SafetensorsFile:
       raise CheckpointError(f"{path}: unsupported safetensors dtype(s) {unknown}")
 
   def slice_reader(self, key: str) -> placement.SliceReader:
-    """Reads slices of tensor ``key`` (in HF's layout)."""
     entry = self._header[key]
     begin, end = entry["data_offsets"]
     dtype = np.dtype(self.DTYPES[entry["dtype"]]).newbyteorder("<")

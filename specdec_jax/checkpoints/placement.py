@@ -130,7 +130,6 @@ def target_sharding(name: str, shape: tuple[int, ...],
 
 
 def index_box(index: Index, shape: Sequence[int]) -> Box:
-  """A device's index as (start, stop) per dimension."""
   box = []
   for s, n in zip(index, shape):
     start, stop, step = s.indices(n)
@@ -174,7 +173,6 @@ def _index(box: Box) -> Index:
 
 
 def _within(inner: Box, outer: Box) -> Index:
-  """``inner`` as an index into an array holding ``outer``."""
   return tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(inner, outer))
 
 
