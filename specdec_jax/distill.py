@@ -540,7 +540,12 @@ class DistillJob(PairSettings):
     pair = self.pair
     pair.check_values(PARAM_DTYPES)
     quantization.check(self.export_quantization, "export_quantization")
-    self._check_data_axis()
+    if self.mesh_shape is not None and self.generate_batch_size % self.mesh_shape[0]:
+      data_axis = self.mesh_shape[0]
+      raise ValueError(f"generate_batch_size={self.generate_batch_size} is not divisible by "
+                       f"the 'data' axis of mesh_shape={tuple(self.mesh_shape)} ({data_axis}): "
+                       f"target outputs are generated in batches split over 'data'; use a "
+                       f"multiple of {data_axis}")
     for name in pair.unset(draft_needed=True) + ([] if self.source else ["source"]):
       raise ValueError(f"{name} is not set")
     pair.check_paths(must_exist=check_paths)
@@ -556,17 +561,6 @@ class DistillJob(PairSettings):
       if check_paths and not self.resume and os.path.isdir(path) and os.listdir(path):
         raise FileExistsError(f"{name} {path!r} exists and is not empty; pass --resume to "
                               "continue that run, or choose another directory")
-
-  def _check_data_axis(self) -> None:
-    if self.mesh_shape is None:
-      return
-    data_axis = self.mesh_shape[0]
-    if self.generate_batch_size % data_axis:
-      raise ValueError(f"generate_batch_size={self.generate_batch_size} is not divisible by "
-                       f"the 'data' axis of mesh_shape={tuple(self.mesh_shape)} ({data_axis}): "
-                       f"target outputs are generated in batches split over 'data'; use a "
-                       f"multiple of {data_axis}")
-
 
 def check_vocabularies(target: T5Config, draft: T5Config, job: DistillJob) -> None:
   job.pair.check_vocabularies(target, draft)

@@ -278,15 +278,6 @@ def _open_weight_file(file_path: str) -> Any:
   return TorchBinFile(file_path)
 
 
-def _open_hf_tensors(path: str) -> dict[str, tuple[Any, tuple[int, ...]]]:
-  tensors = {}
-  for file_path in _hf_weight_files(path):
-    f = _open_weight_file(file_path)
-    for key, shape in f.shapes.items():
-      tensors[key] = (f, shape)
-  return tensors
-
-
 def _transposed_reader(f: Any, key: str) -> placement.SliceReader:
   read = f.slice_reader(key)
   return lambda index: read(tuple(reversed(index))).T
@@ -298,7 +289,9 @@ def load_hf(path: str, config: Optional[T5Config], param_dtype: Any,
   hf_cfg = read_json(config_path)
   stored = hf_config_to_t5(hf_cfg, source=config_path)
   config = reconcile_config(stored, config, path)
-  tensors = _open_hf_tensors(path)
+  tensors = {}  # HF key -> (its file, shape)
+  for f in map(_open_weight_file, _hf_weight_files(path)):
+    tensors.update({key: (f, shape) for key, shape in f.shapes.items()})
   mapping = hf_name_map(config)
   # Tied checkpoints may omit aliases: fall back to the shared embedding.
   if "shared.weight" not in tensors and "encoder.embed_tokens.weight" in tensors:
