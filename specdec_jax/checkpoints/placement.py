@@ -242,15 +242,12 @@ def place_arrays(sources: Mapping[str, ArraySource], param_dtype: Any,
   names = sorted(sources)
   if in_flight == 1:
     return unflatten({name: place(name) for name in names})
-  out = {}
   pool = concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="place_array")
   try:
     futures = {name: pool.submit(place, name) for name in names}
-    for name in names:
-      out[name] = futures[name].result()
+    return unflatten({name: futures[name].result() for name in names})
   finally:
     pool.shutdown(wait=True, cancel_futures=True)
-  return unflatten(out)
 
 
 def restore_orbax(directory: str, meta_tree: Mapping, subtree: tuple[str, ...],
