@@ -78,9 +78,7 @@ def basename(path: str) -> str:
 
 
 def dirname(path: str) -> str:
-  if is_gcs(path):
-    return path.rstrip("/").rsplit("/", 1)[0]
-  return os.path.dirname(path)
+  return path.rstrip("/").rsplit("/", 1)[0] if is_gcs(path) else os.path.dirname(path)
 
 
 def emulator_url() -> Optional[str]:
@@ -215,8 +213,7 @@ def _bucket_missing(bucket: str, key: str) -> bool:
 
 def bucket_exists(path: str) -> bool:
   """Whether the bucket of a ``gs://`` path exists (unreachable or refused raises)."""
-  bucket, key = split(path)
-  return not _bucket_missing(bucket, key)
+  return not _bucket_missing(*split(path))
 
 
 def not_found(path: str, what: str = "", prefix: bool = False) -> StorageNotFoundError:
