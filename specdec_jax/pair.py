@@ -1,8 +1,7 @@
-"""A target and its draft as one spec: where each is read from, its layout over a mesh
-and its dtypes, validated before any weight is read. ``Experiment`` and
-``DistillJob`` inherit ``PairSettings``; ``ModelPair`` adds the checks, the peeked
-architectures, the partitioners and loading. Relative paths are looked up in the
-working directory, then ``config_dirs`` (last first), then the repository root."""
+"""A target and its draft as one spec (paths, mesh layout, dtypes), validated before any
+weight is read: ``PairSettings`` (inherited by ``Experiment`` and ``DistillJob``) and
+``ModelPair`` (checks, peeked architectures, partitioners, loading). Relative paths
+are looked up in the cwd, then ``config_dirs`` (last first), then the repository root."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""Builds the TFDS datasets behind the seqio tasks (WMT EnDe, CNN/DM) into a
-data directory, local or ``gs://``:
+"""Builds the TFDS datasets behind the seqio tasks (WMT EnDe, CNN/DM) into a data
+directory, local or ``gs://``, for ``Experiment.tfds_data_dir`` (the runner never
+downloads; a version already prepared is kept):
 
   python -m specdec_jax.prepare_data --dataset=wmt_ende --data_dir=gs://BUCKET/tfds
-  python -m specdec_jax.prepare_data --dataset=cnn_dailymail --data_dir=gs://BUCKET/tfds
-
-then bind ``Experiment.tfds_data_dir`` to it (the runner never downloads). A version
-already prepared is left as it is."""
+  python -m specdec_jax.prepare_data --dataset=cnn_dailymail --data_dir=gs://BUCKET/tfds"""
 
 from __future__ import annotations
 
