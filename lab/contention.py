@@ -78,7 +78,7 @@ def cache_contention(model: T5Model, params: Any, inputs: Array, ks: Sequence[in
   through the caches between passes, as the draft's steps do in a round.
 
   Theorem 3.8's cost model adds the two models' times as if each ran alone;
-  timed alone (``timing.measure_costs``), a target whose decode working set
+  timed alone (``timing.measure_costs_many``), a target whose decode working set
   is about the size of the last-level cache keeps much of it there from one
   pass to the next. In a round the draft's steps evict part of it first.
   Each k is timed with nothing read in between and after reading a buffer of

@@ -1,11 +1,6 @@
-"""Data for speculative decoding: examples, vocabularies, fixed-shape batches.
-
-Examples come from files (``.tsv`` / ``.jsonl``, local or ``gs://``) or from
-seqio tasks (``specdec_wmt_ende``, ``specdec_cnn_dailymail``,
-``specdec_bible_modernize``) with the T5 paper's preprocessing. TensorFlow and
-seqio (the ``seqio`` extra) are imported only inside the seqio functions.
-``Example.input`` is always the raw source text; the task prefix
-(``PREFIXES``) is added by ``encode_batch(..., prefix=...)``."""
+"""Data: examples from ``.tsv`` / ``.jsonl`` files (local or ``gs://``) or the specdec
+seqio tasks (TensorFlow imported only there), vocabularies, fixed-shape batches.
+``Example.input`` is the raw text; ``encode_batch`` adds the task prefix."""
 
 from __future__ import annotations
 
@@ -44,11 +39,6 @@ SPLITS = ("train", "validation", "test")
 DEFAULT_BIBLE_DIR = str(Path(__file__).resolve().parent.parent / "data" / "bible")
 
 
-# --------------------------------------------------------------------------- #
-# Examples and local files
-# --------------------------------------------------------------------------- #
-
-
 @dataclasses.dataclass(frozen=True)
 class Example:
   """One source text with an optional reference output."""
@@ -63,10 +53,8 @@ def _check_max_examples(max_examples: Optional[int]) -> None:
     raise ValueError(f"max_examples must be >= 0 or None, got {max_examples}")
 
 
-def _make_example(
-  path: str, line_no: int, raw_id: Any, text: Any, reference: Any
-) -> Example:
-  """Validates one record; `line_no` is 1-based and only used in errors/ids."""
+def _make_example(path: str, line_no: int, raw_id: Any, text: Any, reference: Any) -> Example:
+  """One validated record; ``line_no`` (1-based) is the default id."""
   if not isinstance(text, str) or not text.strip():
     raise ValueError(f"{path}:{line_no}: empty or non-string input text: {text!r}")
   if reference is not None and not isinstance(reference, str):
@@ -76,23 +64,9 @@ def _make_example(
   return Example(id=ex_id, input=text, reference=reference or None)
 
 
-def read_text(path: str) -> str:
-  """The file (local or ``gs://``) as UTF-8 text; a bad byte is reported with
-  its line and column."""
-  raw = storage.read_bytes(path, "examples file")
-  try:
-    return raw.decode("utf-8")
-  except UnicodeDecodeError as e:
-    line = raw.count(b"\n", 0, e.start) + 1
-    col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-    raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
-             f"{col}: {e.reason}); save the file as UTF-8") from None
-
-
-def _read_tsv(
-  path: str, input_key: str, reference_key: str, id_key: str, max_examples: Optional[int]
-) -> list[Example]:
-  lines = read_text(path).splitlines()
+def _read_tsv(path: str, input_key: str, reference_key: str, id_key: str,
+              max_examples: Optional[int]) -> list[Example]:
+  lines = storage.read_text(path, "examples file").splitlines()
   if not lines or not lines[0].strip():
     raise ValueError(f"{path}: missing TSV header line (expected columns like "
              f"'{id_key}\\t{input_key}\\t{reference_key}')")
@@ -112,14 +86,13 @@ def _read_tsv(
       raise ValueError(f"{path}:{line_no}: expected {len(columns)} tab-separated "
                f"fields {columns}, found {len(cells)}")
     get = lambda key: cells[col[key]] if key in col else None  # noqa: E731
-    examples.append(_make_example(path, line_no, get(id_key), get(input_key),
-                   get(reference_key)))
+    examples.append(_make_example(path, line_no, get(id_key), get(input_key), get(reference_key)))
   return examples
 
 
 def _json_records(path: str) -> Iterable[tuple[int, Any]]:
-  """Yields (line_no, record) for JSON Lines, or a top-level JSON array."""
-  content = read_text(path)
+  """(line_no, record) for JSON Lines, or a top-level JSON array."""
+  content = storage.read_text(path, "examples file")
   if content.lstrip().startswith("["):
     try:
       records = json.loads(content)
@@ -136,9 +109,8 @@ def _json_records(path: str) -> Iterable[tuple[int, Any]]:
       raise ValueError(f"{path}:{line_no}: invalid JSON: {e}") from e
 
 
-def _read_jsonl(
-  path: str, input_key: str, reference_key: str, id_key: str, max_examples: Optional[int]
-) -> list[Example]:
+def _read_jsonl(path: str, input_key: str, reference_key: str, id_key: str,
+                max_examples: Optional[int]) -> list[Example]:
   examples: list[Example] = []
   for line_no, record in _json_records(path):
     if max_examples is not None and len(examples) >= max_examples:
@@ -157,21 +129,10 @@ def _read_jsonl(
 _LOCAL_READERS = {".tsv": _read_tsv, ".jsonl": _read_jsonl, ".json": _read_jsonl}
 
 
-def load_local(
-  path: str,
-  input_key: str = "input",
-  reference_key: str = "reference",
-  id_key: str = "id",
-  max_examples: Optional[int] = None,
-) -> list[Example]:
-  """Loads examples from a ``.tsv`` (with header) or ``.jsonl`` file, local or
-  ``gs://`` (read whole through ``specdec_jax.storage``).
-
-  The input column/key is required; reference and id are optional. A missing
-  id defaults to the example's 1-based line number in the file (the TSV
-  header is line 1), so ids always point back to the source line. ``.json``
-  is read as JSON Lines, or as a JSON array of objects if it starts with '['.
-  """
+def load_local(path: str, input_key: str = "input", reference_key: str = "reference",
+               id_key: str = "id", max_examples: Optional[int] = None) -> list[Example]:
+  """Examples from a ``.tsv`` (with header) or ``.jsonl`` file, local or ``gs://``; a
+  missing id is the 1-based line number; ``.json`` may also be an array."""
   _check_max_examples(max_examples)
   ext = os.path.splitext(path)[1].lower()
   if ext not in _LOCAL_READERS:
@@ -182,26 +143,14 @@ def load_local(
   return _LOCAL_READERS[ext](path, input_key, reference_key, id_key, max_examples)
 
 
-# --------------------------------------------------------------------------- #
-# Vocabularies
-# --------------------------------------------------------------------------- #
-
-
 @runtime_checkable
 class Vocabulary(Protocol):
   """What decoding needs from a tokenizer (seqio conventions)."""
 
-  @property
-  def vocab_size(self) -> int: ...
-
-  @property
-  def pad_id(self) -> int: ...
-
-  @property
-  def eos_id(self) -> int: ...
-
-  @property
-  def unk_id(self) -> int: ...
+  vocab_size: int
+  pad_id: int
+  eos_id: int
+  unk_id: int
 
   def encode(self, text: str) -> list[int]: ...
 
@@ -212,16 +161,15 @@ SEQIO_INSTALL = 'pip install -e ".[seqio]"'
 _SEQIO_MODULES = ("seqio", "tensorflow", "tensorflow_datasets")
 
 
-def _import_optional(module: str, needed_by: str) -> Any:
-  """``import module`` (seqio or tensorflow, the ``seqio`` extra); if the extra
-  is missing, an ImportError naming the install command and ``needed_by``.
-  TensorFlow is kept off the accelerators (``hide_accelerators_from_tensorflow``)."""
+def import_optional(module: str, needed_by: str) -> Any:
+  """``import module`` (the ``seqio`` extra), or an ImportError naming the install command."""
   try:
     imported = importlib.import_module(module)
   except ModuleNotFoundError as e:
     if (e.name or "").split(".")[0] not in _SEQIO_MODULES:
       raise  # installed, but one of its own imports is missing
-    what = "seqio" if module == "seqio" else "TensorFlow"
+    what = {"seqio": "seqio", "tensorflow_datasets": "TensorFlow Datasets"}.get(module,
+                                                                               "TensorFlow")
     raise ImportError(f"{what} is not installed: {SEQIO_INSTALL} ({needed_by} needs "
                       "it)") from None
   hide_accelerators_from_tensorflow()
@@ -229,10 +177,7 @@ def _import_optional(module: str, needed_by: str) -> Any:
 
 
 def hide_accelerators_from_tensorflow() -> None:
-  """Makes TensorFlow (which seqio's input pipelines run on) see no GPU or
-  TPU, so that it cannot take the device memory JAX decodes in; the data
-  pipeline only needs the host. Must run before TensorFlow first touches a
-  device; later calls change nothing."""
+  """Keep TensorFlow off the GPU/TPU (before it first touches one): JAX decodes there."""
   tf = importlib.import_module("tensorflow")
   for kind in ("GPU", "TPU"):
     try:
@@ -242,30 +187,20 @@ def hide_accelerators_from_tensorflow() -> None:
 
 
 def _read_bytes(path: str) -> bytes:
-  if storage.is_gcs(path):
-    # TensorStore's gcs kvstore: no TensorFlow, bounded retries, one-line errors.
-    return storage.read_bytes(path, "SentencePiece model")
-  if "://" in path:
+  if "://" in path and not storage.is_gcs(path):
     # Other remote schemes need TF's file systems; local and gs:// paths do not.
-    tf = _import_optional("tensorflow", f"the remote path {path!r}")
-
+    tf = import_optional("tensorflow", f"the remote path {path!r}")
     if not tf.io.gfile.exists(path):
       raise FileNotFoundError(f"SentencePiece model not found: {path}")
     with tf.io.gfile.GFile(path, "rb") as f:
       return f.read()
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"SentencePiece model not found: {path}")
-  with open(path, "rb") as f:
-    return f.read()
+  return storage.read_bytes(path, "SentencePiece model")
 
 
 @functools.lru_cache(maxsize=8)
 def _load_sp_processor(path: str, extra_ids: int):
-  """Loads a SentencePiece model with `extra_ids` sentinel pieces appended.
-
-  Mirrors seqio: sentinels are USER_DEFINED pieces "▁<extra_id_i>" added in
-  reverse order, so <extra_id_0> gets the highest id (vocab_size - 1).
-  """
+  """A SentencePiece model with ``extra_ids`` sentinels appended as seqio does
+  ("▁<extra_id_i>" in reverse, so <extra_id_0> is vocab_size - 1)."""
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   from google.protobuf.message import DecodeError  # pylint: disable=g-import-not-at-top
   from sentencepiece import sentencepiece_model_pb2 as pb2  # pylint: disable=g-import-not-at-top
@@ -289,11 +224,8 @@ def _load_sp_processor(path: str, extra_ids: int):
 
 
 class SentencePieceVocab:
-  """SentencePiece vocabulary with seqio's conventions, without TF/seqio.
-
-  vocab_size = model pieces + extra_ids; pad 0, eos 1, unk 2 as in T5
-  (T5's cc_all.32000 + 100 extra ids = 32128).
-  """
+  """SentencePiece with seqio's conventions, without TF/seqio: vocab_size = pieces +
+  extra_ids (T5's cc_all.32000 + 100 = 32128); pad 0, eos 1, unk 2."""
 
   def __init__(self, path: str, extra_ids: int = 0):
     if extra_ids < 0:
@@ -304,22 +236,9 @@ class SentencePieceVocab:
     if self._sp.pad_id() != PAD_ID:
       logging.warning("SentencePiece model %s has pad_id=%d; T5/seqio use %d",
               path, self._sp.pad_id(), PAD_ID)
-
-  @property
-  def vocab_size(self) -> int:
-    return int(self._sp.GetPieceSize())
-
-  @property
-  def pad_id(self) -> int:
-    return PAD_ID  # seqio fixes PAD at 0 regardless of the model's own setting
-
-  @property
-  def eos_id(self) -> int:
-    return int(self._sp.eos_id())
-
-  @property
-  def unk_id(self) -> int:
-    return int(self._sp.unk_id())
+    # seqio fixes PAD at 0 regardless of the model's own setting.
+    self.vocab_size, self.pad_id, self.eos_id, self.unk_id = (
+        int(self._sp.GetPieceSize()), PAD_ID, int(self._sp.eos_id()), int(self._sp.unk_id()))
 
   def encode(self, text: str) -> list[int]:
     """Text -> ids, without EOS (as seqio's ``encode``)."""
@@ -344,7 +263,7 @@ class SeqioVocabAdapter:
   """Thin ``Vocabulary`` adapter over ``seqio.SentencePieceVocabulary``."""
 
   def __init__(self, path: str, extra_ids: int = 0):
-    seqio = _import_optional("seqio", "the 'seqio' vocabulary backend")
+    seqio = import_optional("seqio", "the 'seqio' vocabulary backend")
 
     # Fail early and clearly; seqio would fail lazily on first use.
     _load_sp_processor(path, extra_ids)
@@ -363,7 +282,7 @@ class SeqioVocabAdapter:
 
 
 def get_vocabulary(path: str, extra_ids: int = 0, backend: str = "sentencepiece") -> Vocabulary:
-  """Returns a vocabulary: ``'sentencepiece'`` (no TF) or ``'seqio'`` (imports seqio)."""
+  """``'sentencepiece'`` (no TF) or ``'seqio'`` (imports seqio) vocabulary."""
   if backend == "sentencepiece":
     return SentencePieceVocab(path, extra_ids=extra_ids)
   if backend == "seqio":
@@ -371,22 +290,12 @@ def get_vocabulary(path: str, extra_ids: int = 0, backend: str = "sentencepiece"
   raise ValueError(f"unknown vocabulary backend {backend!r}; use 'sentencepiece' or 'seqio'")
 
 
-def check_vocab_compatible(
-  target_vocab_size: int,
-  draft_vocab_size: int,
-  target_name: str = "target",
-  draft_name: str = "draft",
-  target_pad_id: Optional[int] = None,
-  draft_pad_id: Optional[int] = None,
-  target_eos_id: Optional[int] = None,
-  draft_eos_id: Optional[int] = None,
-) -> None:
-  """Raises ValueError unless target and draft share the token set.
-
-  Speculative sampling compares p (target) and q (draft) token by token, so
-  both must be distributions over the same ids. Pad/eos ids are compared
-  only when both are given.
-  """
+def check_vocab_compatible(target_vocab_size: int, draft_vocab_size: int,
+                           target_name: str = "target", draft_name: str = "draft",
+                           target_pad_id: Optional[int] = None, draft_pad_id: Optional[int] = None,
+                           target_eos_id: Optional[int] = None,
+                           draft_eos_id: Optional[int] = None) -> None:
+  """ValueError unless target and draft share the token set (vocab_size, pad and eos ids)."""
   problems = []
   if target_vocab_size != draft_vocab_size:
     problems.append(f"vocab_size {target_name}={target_vocab_size} != "
@@ -401,27 +310,11 @@ def check_vocab_compatible(
              + "; ".join(problems))
 
 
-# --------------------------------------------------------------------------- #
-# Fixed-shape tokenization
-# --------------------------------------------------------------------------- #
-
-
-def encode_batch(
-  vocab: Vocabulary,
-  texts: list[str],
-  max_len: int,
-  prefix: str = "",
-  on_too_long: str = "truncate",
-  append_eos: bool = True,
-  ids: Optional[Sequence[str]] = None,
-) -> tuple[np.ndarray, list[int]]:
-  """Tokenizes ``prefix + text`` for each text into an int32 [B, max_len] array.
-
-  Rows are right-padded with ``vocab.pad_id`` (0). Over-long rows are either
-  truncated (``'truncate'``: logged, EOS kept as the last token) or rejected
-  (``'error'``). ``ids`` (one per text) name the rows in logs and errors.
-  Returns the array and the indices of truncated rows.
-  """
+def encode_batch(vocab: Vocabulary, texts: list[str], max_len: int, prefix: str = "",
+                 on_too_long: str = "truncate", append_eos: bool = True,
+                 ids: Optional[Sequence[str]] = None) -> tuple[np.ndarray, list[int]]:
+  """``prefix + text`` per text as int32 [B, max_len], right-padded -> (array, truncated
+  rows). Over-long rows are truncated (EOS kept) or rejected (``on_too_long='error'``)."""
   if on_too_long not in ("truncate", "error"):
     raise ValueError(f"on_too_long must be 'truncate' or 'error', got {on_too_long!r}")
   min_len = 2 if append_eos else 1
@@ -445,18 +338,15 @@ def encode_batch(
   return out, truncated
 
 
-def check_input_buckets(buckets: Sequence[int], max_len: int, what: str = "input_buckets"
-                        ) -> None:
-  """Buckets must be strictly increasing ints in [1, max_len] (``max_len`` is
-  always the last bucket, whether listed or not)."""
+def check_input_buckets(buckets: Sequence[int], max_len: int, what: str = "input_buckets") -> None:
+  """Buckets must be strictly increasing ints in [1, max_len]."""
   if any(not isinstance(n, (int, np.integer)) or isinstance(n, bool) or not 1 <= n <= max_len
          for n in buckets) or list(buckets) != sorted(set(buckets)):
     raise ValueError(f"{what} must be strictly increasing ints in [1, max_input_len={max_len}], "
                      f"got {tuple(buckets)!r}")
 
 
-def parse_input_buckets(text: str, max_len: int, what: str = "--input_buckets"
-                        ) -> tuple[int, ...]:
+def parse_input_buckets(text: str, max_len: int, what: str = "--input_buckets") -> tuple[int, ...]:
   """'32,48,64' -> (32, 48, 64), checked; '' or 'none' -> () (no bucketing)."""
   if text.strip() in ("", "none"):
     return ()
@@ -470,8 +360,7 @@ def parse_input_buckets(text: str, max_len: int, what: str = "--input_buckets"
 
 
 def by_width(arrays: Sequence[Any]) -> dict[int, list[int]]:
-  """Indices of ``arrays`` ([B, L] each) grouped by their width L, in order:
-  each width is its own compiled program, warmed up through its group."""
+  """Indices of ``arrays`` ([B, L] each) grouped by width L (one compiled program each)."""
   groups: dict[int, list[int]] = {}
   for i, x in enumerate(arrays):
     groups.setdefault(int(np.shape(x)[-1]), []).append(i)
@@ -479,15 +368,8 @@ def by_width(arrays: Sequence[Any]) -> dict[int, list[int]]:
 
 
 def fit_to_bucket(inputs: np.ndarray, buckets: Sequence[int]) -> np.ndarray:
-  """inputs [B, S] (right-padded with 0, as ``encode_batch`` makes them) cut to
-  [B, L], L the smallest of ``buckets`` (then S) that holds every row's tokens.
-
-  Only padding is removed, and padded positions are masked everywhere (encoder
-  self-attention, cross-attention), so the models compute the same function of
-  the tokens; what shrinks is the work: the encoder's S rows and every decode
-  step's cross-attention over S positions. One compiled program per bucket
-  used. () -> ``inputs`` unchanged (T5X's fixed feature length).
-  """
+  """inputs [B, S] cut to [B, L], L the smallest bucket (else S) holding every row's
+  tokens (() -> unchanged): only masked padding goes, so the outputs are the same."""
   if not len(buckets):
     return inputs
   nonzero = np.nonzero(np.any(np.asarray(inputs) != 0, axis=0))[0]
@@ -496,16 +378,11 @@ def fit_to_bucket(inputs: np.ndarray, buckets: Sequence[int]) -> np.ndarray:
   return inputs[:, :min(length, inputs.shape[1])]
 
 
-# --------------------------------------------------------------------------- #
-# seqio tasks (lazy TF/seqio imports)
-# --------------------------------------------------------------------------- #
-
 # name -> registration config, to make register_tasks idempotent.
 _REGISTERED: dict[str, tuple] = {}
 
 
 def _select_fields(dataset, input_key: str, target_key: str, id_key: Optional[str] = None):
-  """Maps raw source records to {'inputs', 'targets'} (+ 'id') text, no prefix."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   def fn(ex):
@@ -529,7 +406,6 @@ def _add_prefix(dataset, prefix: str):
 
 def _bible_dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None, *,
            bible_dir: str):
-  """seqio FunctionDataSource reading `{bible_dir}/{split}.tsv` via load_local."""
   del shuffle_files, seed  # one file per split: nothing to shuffle
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -542,25 +418,15 @@ def _bible_dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = Non
   })
 
 
-def register_tasks(
-  vocab_path: Optional[str] = None,
-  extra_ids: int = 100,
-  bible_dir: Optional[str] = None,
-) -> list[str]:
-  """Registers the specdec seqio tasks (idempotent); returns their names.
-
-  vocab_path defaults to the T5 vocabulary on GCS; pass a local copy when
-  offline. Re-registering with different arguments replaces the tasks.
-  """
-  seqio = _import_optional("seqio", "register_tasks (the specdec seqio tasks)")
+def register_tasks(vocab_path: Optional[str] = None, extra_ids: int = 100,
+                   bible_dir: Optional[str] = None) -> list[str]:
+  """Register the specdec seqio tasks (idempotent; other arguments replace them) -> names."""
+  seqio = import_optional("seqio", "register_tasks (the specdec seqio tasks)")
 
   vocab_path = vocab_path or T5_VOCAB_PATH
   bible_dir = bible_dir or DEFAULT_BIBLE_DIR
   vocab = seqio.SentencePieceVocabulary(vocab_path, extra_ids=extra_ids)
-  features = {
-    "inputs": seqio.Feature(vocabulary=vocab, add_eos=True),
-    "targets": seqio.Feature(vocabulary=vocab, add_eos=True),
-  }
+  features = {k: seqio.Feature(vocabulary=vocab, add_eos=True) for k in ("inputs", "targets")}
   specs = {
     f"{TASK_PREFIX}wmt_ende": (
       seqio.TfdsDataSource(tfds_name=WMT_TFDS_NAME, splits=SPLITS),
@@ -581,17 +447,10 @@ def register_tasks(
     if name in seqio.TaskRegistry.names():
       seqio.TaskRegistry.remove(name)
     seqio.TaskRegistry.add(
-      name,
-      source=source,
-      preprocessors=[
-        functools.partial(_select_fields, **keys),
-        functools.partial(_add_prefix, prefix=prefix),
-        seqio.preprocessors.tokenize,
-        seqio.preprocessors.append_eos_after_trim,
-      ],
-      output_features=features,
-      metric_fns=[],
-    )
+        name, source=source, output_features=features, metric_fns=[],
+        preprocessors=[functools.partial(_select_fields, **keys),
+                       functools.partial(_add_prefix, prefix=prefix),
+                       seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim])
     _REGISTERED[name] = config
   return list(specs)
 
@@ -606,9 +465,7 @@ def _resolve_tfds_data_dir(data_dir: Optional[str]) -> tuple[str, str]:
 
 
 def _check_tfds_prepared(tfds_name: str, data_dir: str, how: str) -> None:
-  """Raises FileNotFoundError with preparation instructions if data is absent
-  (``data_dir`` local or ``gs://``, checked through ``specdec_jax.storage``:
-  an unreachable bucket is its own one-line error, not a hang)."""
+  """FileNotFoundError with preparation instructions if the TFDS data is absent."""
   name, _, version = tfds_name.partition(":")
   version_dir = storage.join(data_dir, *name.split("/"), version)
   if storage.is_file(storage.join(version_dir, "dataset_info.json")):
@@ -636,19 +493,10 @@ def _text_preprocessors(task) -> list:
            f"(no _add_prefix step); cannot extract raw text")
 
 
-def load_seqio_examples(
-  task_name: str,
-  split: str,
-  max_examples: Optional[int] = None,
-  data_dir: Optional[str] = None,
-) -> list[Example]:
-  """Raw text examples of a registered specdec seqio task (no prefix, no tokens).
-
-  Reads the task's source and applies its field-selecting preprocessor; the
-  prefix is ``PREFIXES[...]``, added later by ``encode_batch``. Registers
-  the tasks with defaults if ``task_name`` is one of ours and unregistered.
-  """
-  seqio = _import_optional("seqio", f"the source 'seqio:{task_name}'")
+def load_seqio_examples(task_name: str, split: str, max_examples: Optional[int] = None,
+                        data_dir: Optional[str] = None) -> list[Example]:
+  """Raw text examples of a specdec seqio task (no prefix, no tokens)."""
+  seqio = import_optional("seqio", f"the source 'seqio:{task_name}'")
 
   _check_max_examples(max_examples)
   if task_name not in seqio.TaskRegistry.names():
@@ -666,8 +514,7 @@ def load_seqio_examples(
     tfds_name = source.tfds_dataset.name
     resolved, how = _resolve_tfds_data_dir(data_dir)
     _check_tfds_prepared(tfds_name, resolved, how)
-    source = seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=resolved,
-                   splits=SPLITS)
+    source = seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=resolved, splits=SPLITS)
   dataset = source.get_dataset(split=split, shuffle=False)
   for fn in _text_preprocessors(task):
     dataset = fn(dataset)
@@ -682,20 +529,10 @@ def load_seqio_examples(
   return examples
 
 
-def load_examples(
-  source: str,
-  split: str = "test",
-  max_examples: Optional[int] = None,
-  data_dir: Optional[str] = None,
-  input_key: str = "input",
-  reference_key: str = "reference",
-  id_key: str = "id",
-) -> list[Example]:
-  """Loads raw examples from ``seqio:<task_name>`` or a local .tsv/.jsonl path.
-
-  ``split`` and ``data_dir`` apply to seqio sources only; the key arguments
-  to local files only. Inputs never carry the task prefix (see PREFIXES).
-  """
+def load_examples(source: str, split: str = "test", max_examples: Optional[int] = None,
+                  data_dir: Optional[str] = None, input_key: str = "input",
+                  reference_key: str = "reference", id_key: str = "id") -> list[Example]:
+  """Raw examples from ``seqio:<task_name>`` or a .tsv/.jsonl path."""
   if source.startswith("seqio:"):
     task_name = source[len("seqio:"):]
     if not task_name:

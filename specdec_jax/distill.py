@@ -1,19 +1,10 @@
 """Draft distillation: train an approximation model M_q toward a target M_p.
 
-α = E[Σ_x min(p(x), q(x))] = 1 − E[D_LK(p, q)] (paper Definition 3.1,
-Corollary 3.6) is taken along the target's outputs, so the draft learns what
-the target says, not the references (DistillSpec, Zhou et al. 2023), in one
-loss combining:
-
-* sequence level: cross-entropy on the target's own outputs (greedy and/or
-  T = 1 samples), generated once by ``generate_target_outputs`` (resumable);
-* token level: forward KL(p‖q), total variation ½Σ|p−q| (1 − per-token
-  acceptance) or reverse KL(q‖p) at every position of those sequences,
-  optionally on the draft's own T = 1 samples (on-policy).
-
-Everything trains through ``training.fit`` with the target's weights as its
-``frozen`` argument; on a mesh the target generates sharded and the draft
-trains data-parallel over 'data'."""
+α = 1 − E[D_LK(p, q)] (Definition 3.1, Corollary 3.6) is taken along the target's
+outputs, so the draft learns from them, not the references (DistillSpec): cross-entropy
+on the target's greedy/T = 1 outputs plus a token-level divergence (forward KL, total
+variation = 1 − per-token acceptance, or reverse KL), optionally on the draft's own
+samples. Trains through ``training.fit`` with the target's weights as ``frozen``."""
 
 from __future__ import annotations
 
@@ -28,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec_jax import partitioning, quantization, storage, training  # noqa: F401
+from specdec_jax import (checkpoints, data, partitioning, quantization, storage,  # noqa: F401
+                         training)
 from specdec_jax.drafts import bridge, feature_bridge, t5_block
 from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import T5Config, T5Model, shift_right
@@ -50,13 +42,9 @@ FIXED_PAIR_SETTINGS = {
 }
 
 
-# ---------------------------------------------------------------- target outputs
-
-
 def _bucketed_chunks(lengths: Sequence[int], batch_size: int,
                      buckets: Sequence[int]) -> list[tuple[int, list[int]]]:
-  """(bucket length, indices) chunks of at most batch_size inputs of similar length,
-  in index order within a bucket (so a resumed run redoes the same chunks)."""
+  """(bucket length, indices) chunks of at most batch_size inputs, in index order."""
   by_bucket: dict[int, list[int]] = {}
   for i, n in enumerate(lengths):
     by_bucket.setdefault(training.bucket_len(n, buckets), []).append(i)
@@ -65,11 +53,7 @@ def _bucketed_chunks(lengths: Sequence[int], batch_size: int,
 
 
 def read_outputs(path: str) -> dict[tuple[int, str], list[int]]:
-  """{(input index, mode): tokens} from a generate_target_outputs file.
-
-  A torn last line (a killed run) is ignored; a corrupt earlier line is an error
-  naming the file and line.
-  """
+  """{(input index, mode): tokens} from a generate_target_outputs file."""
   out: dict[tuple[int, str], list[int]] = {}
   if not os.path.exists(path):
     return out
@@ -95,19 +79,13 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
                             buckets: Sequence[int] = training.BUCKETS,
                             log_fn: Callable[[str], None] = print,
                             partitioner: Optional[Partitioner] = None) -> dict:
-  """The target's outputs for every input (token ids, EOS-terminated input rows),
-    appended to ``path`` chunk by chunk; inputs already there are skipped.
-
-    The baseline's jitted ``temperature_sample`` decodes; 'sample' mode draws at
-    ``temperature`` with a key folded from the seed and the input index, so a
-    resumed run draws the same samples. -> {(index, mode): tokens}, EOS appended
-    where the output ended on it. With a ``partitioner`` each chunk is split
-    over 'data' and the outputs gathered; only process 0 writes ``path``."""
+  """The target's outputs for every input, appended to ``path`` chunk by chunk (inputs
+  there are skipped) -> {(index, mode): tokens}. Keys are folded from the seed and the
+  chunk, so a resumed run samples the same; only process 0 writes."""
   for m in modes:
     if m not in OUTPUT_MODES:
       raise ValueError(f"unknown output mode {m!r}; known: {OUTPUT_MODES}")
-  # What the file's records are outputs *of*: a resumed run under other
-  # settings (another target, length, temperature, seed) must not reuse them.
+  # What the records are outputs of: a resume under other settings must not reuse them.
   meta = {"target": dataclasses.asdict(target.config), "max_decode_len": max_decode_len,
           "temperature": temperature, "seed": seed, "num_inputs": len(inputs)}
   meta_path = path + ".meta.json"
@@ -126,8 +104,7 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
   done = read_outputs(path)
   eos = target.config.eos_id
   chunks = _bucketed_chunks([len(x) for x in inputs], batch_size, buckets)
-  todo = [(m, b, idx) for m in modes for b, idx in chunks
-          if any((i, m) not in done for i in idx)]
+  todo = [(m, b, idx) for m in modes for b, idx in chunks if any((i, m) not in done for i in idx)]
   log_fn(f"target outputs: {len(done)} in {path}, {len(todo)} chunks to generate")
   primary = jax.process_index() == 0
   with open(path if primary else os.devnull, "a", encoding="utf-8") as f:
@@ -153,14 +130,10 @@ def generate_target_outputs(target: T5Model, params: Any, inputs: Sequence[Seque
 
 
 def _gathered(x: jax.Array) -> np.ndarray:
-  """The whole of a (possibly batch-sharded, possibly multi-host) array on this host."""
   if x.is_fully_addressable:
     return np.asarray(x)
   from jax.experimental import multihost_utils
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
-# ---------------------------------------------------------------- deepening a draft
 
 
 # Projections that write into the residual stream: zero them and a T5 1.1 layer
@@ -170,12 +143,8 @@ _RESIDUAL_OUTPUTS = ("out", "wo")
 
 def grow_layers(params: Any, config: Any, *, encoder_layers: int = 0,
                 decoder_layers: int = 0, seed: int = 0) -> tuple[Any, Any]:
-  """Append layers to a T5 draft without changing what it computes.
-
-    The new layers' residual output projections (attention ``out``, MLP
-    ``wo``) are zero, the rest freshly initialized, so the grown model's logits
-    equal the original's exactly and distillation trains the extra capacity
-    (as ReZero / Fixup). Returns (params, config)."""
+  """Append layers to a T5 draft -> (params, config); their residual outputs (``out``,
+  ``wo``) are zero, so each new pre-norm layer is the identity (as ReZero / Fixup)."""
   if encoder_layers < 0 or decoder_layers < 0:
     raise ValueError(f"grow_layers: layer counts must be >= 0, got encoder={encoder_layers}, "
                      f"decoder={decoder_layers}")
@@ -203,19 +172,13 @@ def _zero_residual_outputs(layer: Mapping) -> dict:
   return out
 
 
-# ---------------------------------------------------------------- the loss
-
-
 @dataclasses.dataclass(frozen=True)
 class DistillConfig:
   """divergence: 'fkl' (KL(p‖q)), 'tv' (½Σ|p−q|), 'rkl' (KL(q‖p)) or 'none'.
-  ce_weight: weight of cross-entropy on the sequence's tokens (sequence-level
-  distillation when the sequences are the target's). temperature: the
-  distributions p and q are compared at (α at T=1 is 1 − TV at temperature 1).
-  on_policy_fraction: share of each batch whose decoder sequences are replaced
-  by the draft's own T=1 samples (generated in the step; 0 = off).
-  block_size: 0 for an autoregressive draft; γ >= 2 trains a block draft
-  (``block_loss``) on ``block_cuts`` cut points per sequence."""
+  ce_weight: weight of cross-entropy on the sequence's tokens. temperature: at which
+  p and q are compared. on_policy_fraction: share of each batch replaced by the
+  draft's own T=1 samples. block_size: 0 for an autoregressive draft, γ >= 2 for a
+  block draft (``block_loss``) trained at ``block_cuts`` cut points per sequence."""
 
   divergence: str = "fkl"
   ce_weight: float = 1.0
@@ -269,16 +232,9 @@ def _on_policy(draft: T5Model, params, inputs, targets, key, fraction: float):
 
 
 def draft_forward(draft: T5Model, target: T5Model, bridged: bool) -> Callable:
-  """forward(params, target_params, inputs, decoder_inputs, target_hidden=None,
-  key=None) -> the draft's teacher-forced logits.
-
-  Plain: ``params`` is the draft's tree (``target_params`` unused). ``bridged``:
-  ``{'draft': tree}`` plus ``'bridge'`` (a kernel: the draft reads the target's
-  encoder output, computed from ``target_params``, ``specdec_jax.drafts.bridge``)
-  and/or ``'feature'`` (the draft reads the target's decoder states
-  ``target_hidden`` [B, T, d_p] along the same sequence, at staleness drawn with
-  ``key``, ``specdec_jax.drafts.feature_bridge``). The target's params are an
-  argument, so a jitted caller passes them in rather than baking them in."""
+  """forward(params, target_params, inputs, dec_in, target_hidden=None, key=None) -> the
+  draft's teacher-forced logits; ``bridged``: params {'draft', 'bridge' and/or
+  'feature'} (``drafts.bridge``, ``drafts.feature_bridge``)."""
   if not bridged:
     return lambda params, target_params, inputs, dec_in, target_hidden=None, key=None: draft(
         params, inputs, dec_in)
@@ -289,15 +245,12 @@ def draft_forward(draft: T5Model, target: T5Model, bridged: bool) -> Callable:
       enc_extra = bridge.extra(params["bridge"], target, target_params, inputs)
     if "feature" in params:
       dec_extra = feature_bridge.teacher_forced_extra(params["feature"], target_hidden, key)
-    return draft(params["draft"], inputs, dec_in, encoder_extra=enc_extra,
-                 decoder_extra=dec_extra)
+    return draft(params["draft"], inputs, dec_in, encoder_extra=enc_extra, decoder_extra=dec_extra)
   return forward
 
 
 def _target_pass(target: T5Model, target_params: Any, inputs: jax.Array, dec_in: jax.Array,
                  hidden: bool) -> tuple[jax.Array, Optional[jax.Array]]:
-  """The target's teacher-forced logits and, if ``hidden``, its decoder states
-  (one pass for both; no gradient)."""
   if hidden:
     logits, h = target(target_params, inputs, dec_in, return_hidden=True)
     return jax.lax.stop_gradient(logits), jax.lax.stop_gradient(h)
@@ -306,13 +259,8 @@ def _target_pass(target: T5Model, target_params: Any, inputs: jax.Array, dec_in:
 
 def distill_loss(draft: T5Model, target: T5Model, cfg: DistillConfig,
                  bridged: bool = False) -> Callable:
-  """loss_fn(params, batch, target_params) for ``training.fit`` with
-  ``frozen=target_params``: batch holds 'inputs', 'targets' (the target's
-  outputs) and 'step_key' (added by ``fit``). Mean over non-pad positions of
-  ce_weight·CE + divergence(p, q). The target's params are an argument (not
-  closed over), so the jitted step takes them as an input in their own
-  sharding and never embeds them as constants. ``bridged``: params as in
-  ``draft_forward``."""
+  """loss_fn(params, batch, target_params) for ``training.fit``: the mean over non-pad
+  positions of ce_weight·CE + divergence(p, q) on batch 'inputs' and 'targets'."""
   pad, start = draft.config.pad_id, draft.config.decoder_start_id
   if cfg.block_size:
     return block_loss(draft, target, cfg)
@@ -347,8 +295,7 @@ def distill_loss(draft: T5Model, target: T5Model, cfg: DistillConfig,
 
 
 def _block_cuts(targets: jax.Array, pad: int, cuts: int, key: jax.Array) -> jax.Array:
-  """``cuts`` committed lengths n per row [B, cuts], uniform over 0 .. L − 1
-  (L: the row's non-pad tokens), so every block starts inside the sequence."""
+  """``cuts`` committed lengths per row [B, cuts], uniform over 0 .. L − 1 (L: non-pad)."""
   lengths = jnp.sum(targets != pad, axis=-1)
   u = jax.random.uniform(key, (targets.shape[0], cuts))
   return jnp.minimum(jnp.floor(u * lengths[:, None]), jnp.maximum(lengths[:, None] - 1, 0)
@@ -356,11 +303,8 @@ def _block_cuts(targets: jax.Array, pad: int, cuts: int, key: jax.Array) -> jax.
 
 
 def block_forward(draft: T5Model, target: T5Model, gamma: int) -> Callable:
-  """forward(params, target_params, inputs, dec_in, cuts, target_hidden=None)
-  -> (the draft's logits [R, T, V], block [R, T] bool) for a block draft's
-  params ({'draft', 'block'} and optionally 'bridge' and 'feature', as
-  ``draft_forward``'s) at committed lengths cuts [R] (``t5_block``'s layout,
-  the same as in decoding)."""
+  """forward(params, target_params, inputs, dec_in, cuts, target_hidden=None) -> (logits
+  [R, T, V], block [R, T] bool) of a block draft at committed lengths cuts [R]."""
   pad = draft.config.pad_id
 
   def forward(params, target_params, inputs, dec_in, cuts, target_hidden=None):
@@ -377,13 +321,8 @@ def block_forward(draft: T5Model, target: T5Model, gamma: int) -> Callable:
 
 
 def block_loss(draft: T5Model, target: T5Model, cfg: DistillConfig) -> Callable:
-  """The block objective (``DistillConfig.block_size`` = γ): for
-  ``block_cuts`` cut points n per sequence of the target's outputs, the draft
-  sees the prefix up to n and γ − 1 mask positions (``t5_block``) and learns,
-  at each of the block's γ positions, the target's next-token distribution
-  there along the sequence (the divergence) and its token (ce_weight · CE);
-  the prefix positions (each a one-token block at staleness 0) count at half
-  weight. loss_fn(params, batch, target_params) for ``training.fit``."""
+  """The block objective (γ = ``cfg.block_size``): at ``block_cuts`` cut points per
+  sequence, divergence + ce_weight·CE at the γ block positions, prefix at half weight."""
   pad, start, gamma, k = (draft.config.pad_id, draft.config.decoder_start_id, cfg.block_size,
                           cfg.block_cuts)
   forward = block_forward(draft, target, gamma)
@@ -415,9 +354,7 @@ def block_loss(draft: T5Model, target: T5Model, cfg: DistillConfig) -> Callable:
 @functools.partial(jax.jit, static_argnums=(0, 1, 6, 7))
 def _block_agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targets,
                           gamma: int, cuts: int):
-  """Per block position i (1..γ): summed greedy matches, Σ min(p, q) and
-  counts over one batch, at ``cuts`` cut points per row drawn from a fixed key
-  (every evaluation sees the same blocks)."""
+  """Per block position: summed greedy matches, Σ min(p, q) and counts."""
   pad = draft.config.pad_id
   dec_in = shift_right(targets, draft.config.decoder_start_id)
   logits, hidden = _target_pass(target, tp, inputs, dec_in, "feature" in dp)
@@ -439,11 +376,8 @@ def _block_agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targe
 def block_agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params: Any,
                     batches: Sequence[training.Batch], gamma: int, cuts: int = 8,
                     partitioner: Optional[Partitioner] = None) -> dict[str, Any]:
-  """Teacher-forced agreement of a block draft at each block position i =
-  1..γ, along the batches' target sequences (``cuts`` blocks per row): greedy
-  (argmax match) and Σ_x min(p, q) at T = 1, each a list by position, and
-  their token-weighted means. A position's agreement is measured given the
-  target's own tokens before it (not given that the draft's were accepted)."""
+  """Teacher-forced greedy and Σ_x min(p, q) agreement of a block draft, by block position
+  (given the target's tokens before it) and token-weighted."""
   g = o = c = 0.0
   for b in batches:
     b = training.place_batch(b, partitioner)
@@ -458,17 +392,12 @@ def block_agreement(target: T5Model, target_params: Any, draft: T5Model, draft_p
           "t1_by_position": [round(float(x), 4) for x in o / c]}
 
 
-# ---------------------------------------------------------------- agreement
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1, 6))
 def _agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targets,
                     bridged: bool = False):
-  """Summed greedy matches, Σ min(p, q) and non-pad count over one batch (jitted
-  once per model pair and shape, so repeated evaluations during training reuse it)."""
+  """Summed greedy matches, Σ min(p, q) and non-pad count over one batch."""
   dec_in = shift_right(targets, draft.config.decoder_start_id)
-  # A feature-bridged draft reads target states at staleness drawn from a
-  # fixed key: every evaluation sees the same mix.
+  # Staleness drawn from a fixed key: every evaluation sees the same mix.
   logits, hidden = _target_pass(target, tp, inputs, dec_in, bridged and "feature" in dp)
   lp = jax.nn.log_softmax(logits)
   lq = jax.nn.log_softmax(draft_forward(draft, target, bridged)(
@@ -482,11 +411,7 @@ def _agreement_sums(target: T5Model, draft: T5Model, tp, dp, inputs, targets,
 def agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params: Any,
               batches: Sequence[training.Batch], bridged: bool = False,
               partitioner: Optional[Partitioner] = None) -> dict[str, float]:
-  """Teacher-forced agreement along the batches' target sequences: greedy
-  (argmax match, α at T=0 along those prefixes) and Σ_x min(p, q) at T=1
-  (α at T=1, Definition 3.1), token-weighted over non-pad positions.
-  ``bridged``: draft_params as in ``draft_forward``. ``partitioner``: the
-  batches are split over its 'data' axis (params already on its mesh)."""
+  """Teacher-forced greedy (α at T=0) and Σ_x min(p, q) (α at T=1) agreement."""
   g = o = n = 0.0
   for b in batches:
     b = training.place_batch(b, partitioner)
@@ -498,19 +423,11 @@ def agreement(target: T5Model, target_params: Any, draft: T5Model, draft_params:
   return {"greedy_agreement": g / n, "t1_acceptance": o / n}
 
 
-# ---------------------------------------------------------------- a whole job
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DistillJob(PairSettings):
-  """Everything a distillation run needs; field names follow ``run.Experiment``.
-
-  The pair's settings are inherited from ``specdec_jax.pair.PairSettings``
-  (``pair`` is them as a validated ``ModelPair``); those distillation holds
-  fixed (``FIXED_PAIR_SETTINGS``) are refused at any other value. At scale
-  the target is read into its shards and generates on the mesh; the draft is
-  replicated, trained in float32, data-parallel over 'data' (docs/sharding.md).
-  Each entry starts with the one sentence ``--help`` prints.
+  """Everything a distillation run needs (``--help`` prints each entry's first sentence).
+  The pair's settings are ``PairSettings``'s, those in ``FIXED_PAIR_SETTINGS`` fixed; the
+  draft is replicated and trained in float32, data-parallel (docs/sharding.md).
 
   output_dir: where the distilled draft is written, in the project's format.
   workdir: the target outputs, optimizer checkpoints and loss log (a killed job resumes from it).
@@ -534,17 +451,13 @@ class DistillJob(PairSettings):
   grow_encoder_layers: encoder layers added to the draft before training (``grow_layers``).
   grow_decoder_layers: decoder layers added to the draft before training (``grow_layers``).
   encoder_bridge: the draft also reads the target's encoder output (``specdec_jax.drafts.bridge``).
-    A new bridge starts at zero (the draft unchanged) and trains with Adam at
-    ``bridge_learning_rate`` (Adafactor's scale-relative steps cannot grow a
-    zero tensor); a draft that already has one continues it.
+    A new bridge starts at zero and trains with Adam at ``bridge_learning_rate``.
   bridge_learning_rate: Adam's learning rate for the bridges and a block draft's mask embedding.
   feature_bridge: the draft also reads the target's decoder states of the committed prefix
-    (``specdec_jax.drafts.feature_bridge``). Zero-initialized and trained like
-    the encoder bridge, at staleness 0..feature_staleness-1.
+    (``specdec_jax.drafts.feature_bridge``).
   feature_staleness: the feature bridge's staleness range (set it to the γ the draft runs at).
   block_size: 0 trains the autoregressive draft; γ >= 2 a block draft of block size γ.
-    (``specdec_jax.drafts.t5_block``, ``block_loss``), warm-started from the
-    draft checkpoint; a feature bridge's staleness table is extended to γ rows.
+    (``specdec_jax.drafts.t5_block``), warm-started from the draft checkpoint.
   block_cuts: block cut points per training sequence.
   optimizer: the draft's optimizer, 'adafactor' or 'adamw'.
   learning_rate: the draft's learning rate.
@@ -555,9 +468,7 @@ class DistillJob(PairSettings):
   seed: the PRNG seed of sampling and training.
   resume: continue a run in an existing workdir/output_dir.
   export_quantization: record that the exported draft runs weight-only 'int8' or 'int4'.
-    The weights are written as always and the scheme recorded beside them
-    (``quantization.RECORD_FILE``); the runner quantizes it when it loads it.
-  """
+    The runner quantizes it when it loads it (``quantization.RECORD_FILE``)."""
 
   output_dir: str
   workdir: str
@@ -598,18 +509,11 @@ class DistillJob(PairSettings):
 
   @property
   def pair(self) -> ModelPair:
-    """The target and the draft as one ``ModelPair`` (messages name the
-    fields, which are the script's flags): the target's weights at
-    ``param_dtype`` under ``logical_axis_rules``, the draft's kept in float32
-    (whatever ``param_dtype`` is) and replicated, activations float32."""
+    """The target and the draft as one ``ModelPair``, the draft kept in float32."""
     return dataclasses.replace(self.model_pair(), draft_param_dtype="float32")
 
   def validate(self, check_paths: bool = True) -> None:
-    """Checks that need no loading; fail before any work. ``check_paths``
-    False (the TPU dry run, ``specdec_jax.dryrun.distill_programs``, which reads
-    and writes nothing) skips whether the paths to read exist and whether
-    the directories to write are empty; that they are set, and that
-    ``output_dir`` and ``workdir`` are local, is still checked."""
+    """Checks that need no loading (``check_paths`` False: not whether paths exist)."""
     DistillConfig(self.divergence, self.ce_weight, 1.0, self.on_policy_fraction,
                   self.block_size, self.block_cuts)
     if (self.encoder_bridge or self.feature_bridge) and self.on_policy_fraction > 0:
@@ -636,7 +540,12 @@ class DistillJob(PairSettings):
     pair = self.pair
     pair.check_values(PARAM_DTYPES)
     quantization.check(self.export_quantization, "export_quantization")
-    self._check_data_axis()
+    if self.mesh_shape is not None and self.generate_batch_size % self.mesh_shape[0]:
+      data_axis = self.mesh_shape[0]
+      raise ValueError(f"generate_batch_size={self.generate_batch_size} is not divisible by "
+                       f"the 'data' axis of mesh_shape={tuple(self.mesh_shape)} ({data_axis}): "
+                       f"target outputs are generated in batches split over 'data'; use a "
+                       f"multiple of {data_axis}")
     for name in pair.unset(draft_needed=True) + ([] if self.source else ["source"]):
       raise ValueError(f"{name} is not set")
     pair.check_paths(must_exist=check_paths)
@@ -653,51 +562,20 @@ class DistillJob(PairSettings):
         raise FileExistsError(f"{name} {path!r} exists and is not empty; pass --resume to "
                               "continue that run, or choose another directory")
 
-  def _check_data_axis(self) -> None:
-    """Target outputs are generated in batches split over the mesh's 'data' axis."""
-    if self.mesh_shape is None:
-      return
-    data_axis = self.mesh_shape[0]
-    if self.generate_batch_size % data_axis:
-      raise ValueError(f"generate_batch_size={self.generate_batch_size} is not divisible by "
-                       f"the 'data' axis of mesh_shape={tuple(self.mesh_shape)} ({data_axis}): "
-                       f"target outputs are generated in batches split over 'data'; use a "
-                       f"multiple of {data_axis}")
-
-
-def partitioners(job: DistillJob) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
-  """(target's, draft's) partitioners over one mesh of ``job.mesh_shape``, or
-  (None, None) for one device (``ModelPair.partitioners``): the target's
-  rules are ``job.logical_axis_rules``, the draft's
-  ``partitioning.DATA_PARALLEL_RULES`` (replicated weights, batches over
-  'data'). A mesh that does not match the devices is a ValueError."""
-  return job.pair.partitioners()
-
-
 def check_vocabularies(target: T5Config, draft: T5Config, job: DistillJob) -> None:
-  """The draft must speak the target's token ids (same vocab_size, pad and EOS):
-  ``ModelPair.check_vocabularies``."""
   job.pair.check_vocabularies(target, draft)
 
 
-def check_before_loading(job: DistillJob) -> tuple[Optional[Partitioner],
-                                                   Optional[Partitioner]]:
-  """Every check that reads no weight: the settings (``validate``), then the
-  pair's (``ModelPair.check_before_loading``: the mesh against the devices,
-  the target's and draft's vocabularies from their presets or config files,
-  every parameter dimension the mesh must divide). Each failure is one
-  ValueError line naming the setting. Returns the (target's, draft's)
-  partitioners."""
+def check_before_loading(job: DistillJob) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
+  """Every check that reads no weight -> the (target's, draft's) partitioners."""
   job.validate()
   return job.pair.check_before_loading()
 
 
 def _encode_source(vocab, source: str, split: str, prefix: str, max_examples, data_dir,
                    max_len: int, with_refs: bool):
-  from specdec_jax import data
   try:
-    examples = data.load_examples(source, split=split, max_examples=max_examples,
-                                  data_dir=data_dir)
+    examples = data.load_examples(source, split=split, max_examples=max_examples, data_dir=data_dir)
   except UnicodeDecodeError as e:
     raise ValueError(f"{source}: not UTF-8 text ({e})") from None
   if not examples:
@@ -717,14 +595,7 @@ def _encode_source(vocab, source: str, split: str, prefix: str, max_examples, da
 
 
 def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
-  """Generate the target's outputs, distill the draft, export it; returns a summary
-  (losses, and teacher-forced agreement before/after on ``eval_source``).
-
-  Everything ``check_before_loading`` checks fails before any weight is read.
-  Only process 0 writes the exported draft and its log (and, in ``fit``, the
-  loss log; Orbax writes the training checkpoints once across processes).
-  """
-  from specdec_jax import data
+  """Generate the target's outputs, distill the draft, export it -> a summary."""
   target_part, draft_part = check_before_loading(job)
   spec = job.pair
   vocab = data.get_vocabulary(job.resolve(job.vocab_path), extra_ids=job.vocab_extra_ids)
@@ -776,18 +647,14 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   if evaluate is not None:
     summary["after"] = evaluate(result.params)
   if jax.process_index() == 0:
-    _export(job, draft.config, jax.tree.map(training.host_value, result.params), bridged,
-            summary)
+    _export(job, draft.config, jax.tree.map(training.host_value, result.params), bridged, summary)
   log_fn(f"distilled draft written to {job.output_dir}")
   return summary
 
 
 def _load_draft(job: DistillJob, target: T5Model, draft_part: Optional[Partitioner],
                 log_fn: Callable[[str], None]) -> tuple[T5Model, Any, bool]:
-  """The draft to train: read in float32 (replicated over ``draft_part``'s
-  mesh), deepened by ``grow_*_layers``, and with its bridges (those its
-  checkpoint has, zero new ones the job asks for) wrapped as in
-  ``draft_forward``. Returns (draft, params, bridged)."""
+  """The draft to train in float32, grown, its bridges wrapped -> (draft, params, bridged)."""
   draft, params = job.pair.load("draft", draft_part, quantize=False)  # trained in float
   where = job.resolve(job.draft_checkpoint)
   has_dir = storage.is_gcs(where) or os.path.isdir(where)
@@ -836,9 +703,7 @@ def _load_draft(job: DistillJob, target: T5Model, draft_part: Optional[Partition
 
 
 def _encode_inputs(job: DistillJob, vocab: Any) -> tuple[list, Optional[list]]:
-  """(training inputs, held-out (input, reference) pairs or None), each an
-  EOS-terminated id list cut to ``max_input_len``, with the task's prefix."""
-  from specdec_jax import data
+  """(training inputs, held-out (input, reference) pairs or None) as EOS-terminated ids."""
   prefix = job.prefix if job.prefix is not None else data.PREFIXES.get(job.task, "")
   inputs = _encode_source(vocab, job.resolve(job.source), job.split, prefix, job.max_examples,
                           job.tfds_data_dir, job.max_input_len, with_refs=False)
@@ -853,9 +718,7 @@ def _encode_inputs(job: DistillJob, vocab: Any) -> tuple[list, Optional[list]]:
 def _eval_batches(job: DistillJob, target: T5Model, target_params: Any, eval_pairs: list,
                   buckets: Sequence[int], rows: int, target_part: Optional[Partitioner],
                   log_fn: Callable[[str], None]) -> list[training.Batch]:
-  """Fixed batches of the target's greedy outputs on the held-out inputs:
-  agreement along them is measured on the prefixes speculative decoding at
-  T=0 actually visits."""
+  """Fixed batches of the target's greedy outputs on the held-out inputs."""
   eval_out = generate_target_outputs(
       target, target_params, [x for x, _ in eval_pairs],
       os.path.join(job.workdir, "eval_target_outputs.jsonl"), modes=("greedy",),
@@ -866,16 +729,10 @@ def _eval_batches(job: DistillJob, target: T5Model, target_params: Any, eval_pai
       job.batch_tokens, buckets, rows)
 
 
-def _export(job: DistillJob, config: T5Config, params: Any, bridged: bool,
-            summary: dict) -> None:
-  """The distilled draft (host arrays) into ``job.output_dir``, its bridges,
-  its quantization record (``export_quantization``) and log."""
-  from specdec_jax import checkpoints
-  # What an earlier export left must not describe the params written next if
-  # this run dies midway: its log and bridge go first, and the bridge is
-  # written before the params because ``save_checkpoint`` writes config.json
-  # last (until then the directory does not load at all, so new params never
-  # load beside an old bridge or without their own).
+def _export(job: DistillJob, config: T5Config, params: Any, bridged: bool, summary: dict) -> None:
+  """The distilled draft into ``job.output_dir`` with its bridges, quantization record and log."""
+  # An earlier export's files go first; config.json is written last (by save_checkpoint),
+  # so a run killed midway leaves a directory that does not load.
   for name in ("distill_log.json", bridge.FILENAME, feature_bridge.FILENAME, t5_block.FILENAME,
                quantization.RECORD_FILE, "config.json"):
     path = os.path.join(job.output_dir, name)
@@ -893,16 +750,14 @@ def _export(job: DistillJob, config: T5Config, params: Any, bridged: bool,
   if bridged and "block" in params:
     t5_block.save(job.output_dir, params["block"])
   out_params = params["draft"] if bridged else params
-  checkpoints.save_checkpoint(job.output_dir, out_params, config, dtype="bfloat16",
-                              overwrite=True)
+  checkpoints.save_checkpoint(job.output_dir, out_params, config, dtype="bfloat16", overwrite=True)
   with open(os.path.join(job.output_dir, "distill_log.json"), "w") as f:
     json.dump(summary, f, indent=1)
 
 
 def train_optimizer(job: DistillJob, bridged: bool) -> tuple[training.OptimizerConfig,
                                                              optax.GradientTransformation]:
-  """The draft's optimizer settings and transformation for ``fit``: the job's
-  optimizer, with Adam on the bridges of a ``bridged`` draft."""
+  """(optimizer settings, transformation) for ``fit``; Adam on a bridged draft's bridges."""
   opt_cfg = training.OptimizerConfig(job.optimizer, job.learning_rate, job.steps)
   if bridged:
     return opt_cfg, _bridged_optimizer(opt_cfg, job.bridge_learning_rate)
@@ -910,9 +765,7 @@ def train_optimizer(job: DistillJob, bridged: bool) -> tuple[training.OptimizerC
 
 
 def _bridged_optimizer(cfg: training.OptimizerConfig, bridge_lr: float):
-  """``cfg``'s optimizer for the draft, Adam on the bridges (same warmup and
-  cosine shape, peak ``bridge_lr``): a zero-initialized tensor has no scale
-  for Adafactor's parameter-relative steps to follow."""
+  """Adam on the bridges: a zero tensor has no scale for Adafactor's relative steps."""
   adam_cfg = dataclasses.replace(cfg, name="adamw", peak_lr=bridge_lr, weight_decay=0.0)
   labels = lambda params: {k: jax.tree.map(lambda _: "draft" if k == "draft" else "bridge", v)
                            for k, v in params.items()}
@@ -920,20 +773,15 @@ def _bridged_optimizer(cfg: training.OptimizerConfig, bridge_lr: float):
                                 "bridge": training.make_optimizer(adam_cfg)}, labels)
 
 
-def smoke_job(workdir: str, log_fn: Callable[[str], None] = print,
-              encoder_bridge: bool = False, feature_bridge: bool = False,
-              block_size: int = 0) -> dict:
-  """Every stage of ``run_job`` on random micro models and the demo vocabulary,
-  in seconds (``scripts/distill_draft.py --smoke``, with ``--encoder_bridge``
-  through the bridged path)."""
-  from specdec_jax.checkpoints import save_checkpoint
-  from specdec_jax.models.t5 import T5Config
+def smoke_job(workdir: str, log_fn: Callable[[str], None] = print, encoder_bridge: bool = False,
+              feature_bridge: bool = False, block_size: int = 0) -> dict:
+  """Every stage of ``run_job`` on random micro models and the demo vocabulary, in seconds."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   for name, d in (("target", 32), ("draft", 16)):
     cfg = T5Config(vocab_size=8000, d_model=d, num_heads=1, head_dim=16, num_encoder_layers=1,
                    num_decoder_layers=1, d_ff=2 * d)
-    save_checkpoint(os.path.join(workdir, name), T5Model(cfg).init(jax.random.PRNGKey(0)),
-                    cfg, overwrite=True)
+    checkpoints.save_checkpoint(os.path.join(workdir, name),
+                                T5Model(cfg).init(jax.random.PRNGKey(0)), cfg, overwrite=True)
   job = DistillJob(
       target_checkpoint=os.path.join(workdir, "target"),
       draft_checkpoint=os.path.join(workdir, "draft"),

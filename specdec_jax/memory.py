@@ -1,13 +1,7 @@
-"""Per-device memory of a target/draft pair on a planned ('data', 'model') mesh.
-
-Counts what stays resident while speculative decoding runs: both models'
-weights (at ``stored_dtype``; a quantized draft's kernels as their integers
-plus scales) and both decoder caches (self-attention K/V over
-``decoding.cache_length`` positions, cross-attention K/V, the encoder mask).
-Nothing is allocated: shapes come from ``jax.eval_shape`` and layouts from the
-real ``Partitioner`` over an ``AbstractMesh``, so a v5e-8 plan runs on a
-laptop. XLA temporaries, the loop state and the runtime's reservations are
-not counted: leave headroom (``fits``: 10%)."""
+"""Per-device memory of a target/draft pair on a planned ('data', 'model') mesh: both
+models' weights (at ``stored_dtype`` or quantized) and decoder caches, from
+``jax.eval_shape`` and the real ``Partitioner`` over an abstract mesh (nothing is
+allocated). XLA temporaries are not counted: leave headroom (``fits``)."""
 
 from __future__ import annotations
 
@@ -17,44 +11,30 @@ from typing import Any, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AbstractMesh
 
 from specdec_jax.decoding import cache_length
 from specdec_jax.models.t5 import (DecoderCache, T5Config, T5Model, get_config,
                                    param_shapes, stored_dtype)
 from specdec_jax import partitioning, quantization
-from specdec_jax.partitioning import (CACHE_AXES, DATA_PARALLEL_RULES,
-                                      STANDARD_RULES, Partitioner, PartitioningError,
-                                      flatten_names, param_logical_axes, validate_rules)
+from specdec_jax.partitioning import (CACHE_AXES, DATA_PARALLEL_RULES, STANDARD_RULES,
+                                      Partitioner, flatten_names, param_logical_axes,
+                                      validate_rules)
 
 GiB = 2 ** 30
 ConfigLike = Union[T5Config, str]
 PLAN_KEYS = ("target_params", "draft_params", "target_caches", "draft_caches", "total")
 
 
-def abstract_mesh(mesh_shape: Optional[Sequence[int]]) -> AbstractMesh:
-  """A ('data', 'model') mesh with no devices behind it; None means one device."""
-  shape = (1, 1) if mesh_shape is None else tuple(int(s) for s in mesh_shape)
-  if len(shape) != 2 or any(s < 1 for s in shape):
-    raise PartitioningError(f"mesh_shape must be two positive sizes (data, model), got {shape}")
-  return partitioning.abstract_mesh(shape)
-
-
-def planning_partitioner(mesh_shape: Optional[Sequence[int]],
-                         rules: Optional[Sequence] = None,
+def planning_partitioner(mesh_shape: Optional[Sequence[int]], rules: Optional[Sequence] = None,
                          fallback: str = "error") -> Partitioner:
-  """The Partitioner the runner would build, over an abstract mesh.
-
-  ``rules`` None means ``STANDARD_RULES`` (as ``Experiment.logical_axis_rules``).
-  """
-  return Partitioner(abstract_mesh(mesh_shape),
+  """The Partitioner the runner would build, over an abstract mesh (rules None: standard)."""
+  return Partitioner(partitioning.abstract_mesh((1, 1) if mesh_shape is None else mesh_shape),
                      validate_rules(STANDARD_RULES if rules is None else rules), fallback)
 
 
 def _shard_bytes(part: Partitioner, axes: Sequence[Optional[str]], shape: Sequence[int],
                  dtype: Any, what: str) -> int:
-  """Bytes one device holds of an array (shards are equal: the partitioner
-  either divides a dimension evenly or replicates it)."""
+  """Bytes one device holds of an array (shards are equal)."""
   shard = part.sharding(axes, shape, what).shard_shape(tuple(shape))
   return math.prod(shard) * jnp.dtype(dtype).itemsize
 
@@ -66,46 +46,35 @@ def _config(cfg: ConfigLike, dtype: Optional[str] = None) -> T5Config:
 
 @functools.lru_cache(maxsize=None)
 def _param_shapes(cfg: T5Config) -> dict:
-  # Callers pass cfg.replace(dtype='float32'): shapes do not depend on the
-  # activation dtype, so every dtype shares one traced entry.
+  # Callers pass dtype='float32' (shapes do not depend on it): one traced entry.
   return param_shapes(cfg)
-
-
-def _weight_bytes(part: Partitioner, name: str, shape: Sequence[int], param_dtype: str,
-                  quant: Optional[str]) -> int:
-  """Bytes one device holds of parameter ``name``: its shard at
-  ``stored_dtype``, or quantized (``quantization.stored_bytes``)."""
-  shard = part.sharding(param_logical_axes(name), shape,
-                        f"parameter {name}").shard_shape(tuple(shape))
-  return quantization.stored_bytes(name, shard, quant, stored_dtype(name, param_dtype))
 
 
 def param_bytes(cfg: ConfigLike, part: Partitioner, param_dtype: Any = "float32",
                 quant: Optional[str] = None) -> int:
-  """Per-device bytes of a model's weights under ``part``, at ``stored_dtype``
-  (``quant`` 'int8' / 'int4': kernels quantized, with their scales)."""
-  return _param_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name, quant)
+  """Per-device bytes of a model's weights under ``part`` (``quant``: 'int8' / 'int4')."""
+  return _weight_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name, quant, False)
 
 
 # Cached: a table of plans asks for the same (model, layout) many times.
 @functools.lru_cache(maxsize=None)
-def _param_bytes(cfg: T5Config, part: Partitioner, param_dtype: str,
-                 quant: Optional[str] = None) -> int:
-  shapes = flatten_names(_param_shapes(cfg))
-  return sum(_weight_bytes(part, name, x.shape, param_dtype, quant)
-             for name, x in shapes.items())
+def _weight_bytes(cfg: T5Config, part: Partitioner, param_dtype: str, quant: Optional[str],
+                  per_step: bool) -> int:
+  """Per-device bytes of the weights (``per_step``: of those ``reads_per_step`` names)."""
+  total = 0
+  for name, x in flatten_names(_param_shapes(cfg)).items():
+    if not per_step or reads_per_step(name, cfg):
+      shard = part.sharding(param_logical_axes(name), x.shape,
+                            f"parameter {name}").shard_shape(tuple(x.shape))
+      total += quantization.stored_bytes(name, shard, quant, stored_dtype(name, param_dtype))
+  return total
 
 
 @functools.lru_cache(maxsize=None)
-def cache_shapes(cfg: T5Config, batch: int, max_input_len: int,
-                 cache_len: int) -> DecoderCache:
-  """The ``DecoderCache`` pytree ``T5Model.init_cache`` returns, as
-  ShapeDtypeStructs (``cfg.dtype`` is the activation dtype)."""
+def cache_shapes(cfg: T5Config, batch: int, max_input_len: int, cache_len: int) -> DecoderCache:
   model = T5Model(cfg)
   inputs = jax.ShapeDtypeStruct((batch, max_input_len), jnp.int32)
-  # The encoder's output is [B, S, d_model]; init_cache only projects it
-  # (its Dense layers compute in cfg.dtype whatever the input dtype), so
-  # tracing the encoder as well would cost time and change nothing.
+  # init_cache only projects the encoder's output: no need to trace the encoder.
   encoded = jax.ShapeDtypeStruct((batch, max_input_len, cfg.d_model), cfg.jnp_dtype)
   return jax.eval_shape(lambda p, e, x: model.init_cache(p, e, x, cache_len),
                         _param_shapes(cfg.replace(dtype="float32")), encoded, inputs)
@@ -113,12 +82,7 @@ def cache_shapes(cfg: T5Config, batch: int, max_input_len: int,
 
 def cache_bytes(cfg: ConfigLike, part: Partitioner, batch: int, max_input_len: int,
                 cache_len: int, dtype: Optional[str] = None, what: str = "cache") -> int:
-  """Per-device bytes of one model's decoder cache under ``part``.
-
-  The layout is the one ``partitioning.constrain_cache`` pins inside the
-  decoding loops: K/V over ``CACHE_AXES``, the encoder mask over
-  ('batch', 'length'); error messages name the arrays as it does.
-  """
+  """Per-device bytes of one model's decoder cache in the layout ``constrain_cache`` pins."""
   return _cache_bytes(_config(cfg, dtype), part, int(batch), int(max_input_len),
                       int(cache_len), what)
 
@@ -132,15 +96,12 @@ def _cache_bytes(cfg: T5Config, part: Partitioner, batch: int, max_input_len: in
     for i, x in enumerate(getattr(cache, field)):
       total += _shard_bytes(part, CACHE_AXES, x.shape, x.dtype, f"{what} {field}[{i}]")
   m = cache.encoder_mask
-  return total + _shard_bytes(part, ("batch", "length"), m.shape, m.dtype,
-                              f"{what} encoder_mask")
+  return total + _shard_bytes(part, ("batch", "length"), m.shape, m.dtype, f"{what} encoder_mask")
 
 
 def reads_per_step(name: str, cfg: T5Config) -> bool:
-  """Whether a decoding step reads parameter ``name`` (flattened, 'a/b/c'):
-  the decoder's weights and the output layer's (T5 1.0: the tied embedding),
-  not the cross-attention K/V kernels (they run once per example, in
-  ``init_cache``); the embedding's one row per position is left out."""
+  """Whether a decoding step reads parameter ``name`` (the decoder's weights, but the cross
+  K/V kernels only in ``init_cache``; T5 1.0's tied embedding as the output layer)."""
   cross_kv = "encoder_decoder_attention/key/" in name or \
       "encoder_decoder_attention/value/" in name
   return (name.startswith("decoder/") and not cross_kv) or (
@@ -149,37 +110,18 @@ def reads_per_step(name: str, cfg: T5Config) -> bool:
 
 def step_weight_bytes(cfg: ConfigLike, part: Optional[Partitioner] = None,
                       param_dtype: Any = "float32", quant: Optional[str] = None) -> int:
-  """Bytes of weights each device must read per decoding step at batch 1:
-  its shards (under ``part``; the whole model on one device without) of
-  the parameters ``reads_per_step`` names, at ``stored_dtype`` (``quant``:
-  kernels as int8 / int4 values plus their scales)."""
+  """Bytes of weights each device reads per decoding step at batch 1."""
   part = planning_partitioner(None) if part is None else part
-  return _step_weight_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name, quant)
-
-
-@functools.lru_cache(maxsize=None)
-def _step_weight_bytes(cfg: T5Config, part: Partitioner, param_dtype: str,
-                       quant: Optional[str] = None) -> int:
-  return sum(_weight_bytes(part, name, x.shape, param_dtype, quant)
-             for name, x in flatten_names(_param_shapes(cfg)).items()
-             if reads_per_step(name, cfg))
+  return _weight_bytes(_config(cfg, "float32"), part, jnp.dtype(param_dtype).name, quant, True)
 
 
 def plan(target_cfg: ConfigLike, draft_cfg: Optional[ConfigLike],
-         mesh_shape: Optional[Sequence[int]], param_dtype: str = "float32",
-         dtype: str = "float32", batch: int = 1, max_input_len: int = 512,
-         max_decode_len: int = 128, gamma: int = 5, rules: Optional[Sequence] = None,
-         draft_rules: Optional[Sequence] = None, fallback: str = "error",
-         draft_quantization: Optional[str] = None) -> dict[str, int]:
-  """Per-device bytes of speculative decoding with ``target_cfg`` and ``draft_cfg``.
-
-    Arguments mirror the runner's ``Experiment`` fields (``rules``,
-    ``draft_rules`` and ``fallback``: the logical axis rules and partition
-    fallback); configs are ``T5Config`` or preset names; ``draft_cfg`` None is a
-    draft with no weights or cache (n-gram). -> {'target_params',
-    'draft_params', 'target_caches', 'draft_caches', 'total'} in bytes on one
-    device. Raises ``PartitioningError`` for a dimension the mesh does not
-    divide, unless ``fallback='replicate'``."""
+         mesh_shape: Optional[Sequence[int]], param_dtype: str = "float32", dtype: str = "float32",
+         batch: int = 1, max_input_len: int = 512, max_decode_len: int = 128, gamma: int = 5,
+         rules: Optional[Sequence] = None, draft_rules: Optional[Sequence] = None,
+         fallback: str = "error", draft_quantization: Optional[str] = None) -> dict[str, int]:
+  """Per-device bytes {'target_params', 'draft_params', 'target_caches', 'draft_caches',
+  'total'}; arguments mirror ``Experiment``'s fields, ``draft_cfg`` None: no weights."""
   if gamma < 1 or max_decode_len < 1 or batch < 1 or max_input_len < 1:
     raise ValueError(f"gamma, max_decode_len, batch and max_input_len must be >= 1, got "
                      f"{gamma}, {max_decode_len}, {batch}, {max_input_len}")

@@ -1,12 +1,7 @@
-"""A target and its draft as one spec: where each is read from, how both are
-laid out over a device mesh, and in which dtypes; one validation, checked
-before any weight is read.
-
-The settings are declared once, in ``PairSettings``: ``Experiment`` and
-``DistillJob`` inherit them, and ``ModelPair`` is them with every check, the
-architectures peeked from the checkpoints, the partitioners and the loading
-of either model. Relative paths to read are looked up in the working
-directory, then in ``config_dirs`` (last first), then in the repository root."""
+"""A target and its draft as one spec (paths, mesh layout, dtypes), validated before any
+weight is read: ``PairSettings`` (inherited by ``Experiment`` and ``DistillJob``) and
+``ModelPair`` (checks, peeked architectures, partitioners, loading). Relative paths
+are looked up in the cwd, then ``config_dirs`` (last first), then the repository root."""
 
 from __future__ import annotations
 
@@ -25,39 +20,29 @@ DTYPES = ("float32", "bfloat16", "float16")   # activation and weight dtypes
 ROLES = ("target", "draft")
 
 
-# ------------------------------------------------------------------- paths
-
-
 def is_remote(path: str) -> bool:
-  """Whether ``path`` is a ``gs://`` URL or a ``seqio:`` task: never looked up
-  on the local file system, and passed on unchanged."""
+  """Whether ``path`` is ``gs://`` or a ``seqio:`` task (passed on unchanged)."""
   return storage.is_gcs(path) or path.startswith("seqio:")
 
 
 def candidates(path: str, config_dirs: Sequence[str] = ()) -> list[str]:
-  """Where a relative path is looked for: cwd, each of ``config_dirs``, the
-  repository root; a remote or absolute path is its only candidate, unchanged."""
+  """Where a relative path is looked for: cwd, each of ``config_dirs``, the repo root."""
   if is_remote(path):
     return [path]
   if os.path.isabs(path):
     return [str(Path(path))]
-  return [str(p) for p in [Path(path)] + [Path(d) / path for d in config_dirs]
-          + [REPO_ROOT / path]]
+  return [str(p) for p in [Path(path)] + [Path(d) / path for d in config_dirs] + [REPO_ROOT / path]]
 
 
 def resolve_path(path: str, config_dirs: Sequence[str] = ()) -> str:
-  """The first existing candidate (see ``candidates``), else the repo-root one;
-  ``gs://`` and ``seqio:`` paths are returned as they are."""
+  """The first existing candidate, else the repo-root one."""
   cands = candidates(path, config_dirs)
   return next((c for c in cands if Path(c).exists()), cands[-1]) if len(cands) > 1 else cands[0]
 
 
 def check_path(setting: str, value: str, config_dirs: Sequence[str] = (),
                must_exist: bool = True) -> None:
-  """A path setting before it is read: a malformed ``gs://`` URL (whether it
-  exists is found when it is read), or with ``must_exist`` a local path found
-  in none of its ``candidates``, raises naming ``setting``, the value and
-  where it was looked for. ``seqio:`` tasks pass."""
+  """Raise naming ``setting`` for a malformed ``gs://`` URL or (``must_exist``) a missing path."""
   if storage.is_gcs(value):
     try:
       storage.check_path(value)
@@ -69,16 +54,10 @@ def check_path(setting: str, value: str, config_dirs: Sequence[str] = (),
                             f"{', '.join(candidates(value, config_dirs))})")
 
 
-# ------------------------------------------------------------------- the pair
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PairSettings:
-  """The settings of a target and its draft, declared once: ``ModelPair``,
-  ``run.Experiment`` and ``distill.DistillJob`` inherit them, so a new one
-  is a field here with its entry below (and its use in ``ModelPair``),
-  nothing else. Each entry starts with the one sentence ``--help`` prints.
-  Scale: docs/sharding.md.
+  """The settings of a target and its draft, declared once (``--help`` prints each
+  entry's first sentence; scale: docs/sharding.md).
 
   target_checkpoint: the target's checkpoint, a local path or gs://.
   draft_checkpoint: the draft's checkpoint ('' for an approximation model that reads none).
@@ -104,22 +83,18 @@ class PairSettings:
   decode_kernel: both models' chain decode: 'xla', the reference, or 'pallas'
     (``specdec_jax.kernels``; one device, float kernels, unfused projections).
   fixed_positions: positions every target decode call scores, 0 off
-    (``T5Config.fixed_positions``; at least γ + 1 or a tree's node count). The
-    one-token step and the (γ + 1)-position pass then reduce each position in
-    one order, so T = 0 is identical to the baseline in bfloat16 too; 0 scores
-    k positions.
+    (``T5Config.fixed_positions``; at least γ + 1 or a tree's node count). Every
+    call then reduces each position in one order, so T = 0 matches the baseline
+    in bfloat16 too.
   fused_projections: run self-attention's query/key/value and the gated MLP's
     wi_0/wi_1 as one product each (kernels fused after loading,
     ``t5.fuse_projections``; one device only).
   draft_quantization: the draft's kernels quantized weight-only when it loads:
     None, 'int8' or 'int4' (``specdec_jax.quantization``). None keeps what the
-    draft's checkpoint records (a quantized distillation export,
-    ``recorded_quantization``), else float; the target is never quantized.
-    Exact for any value: only α and the draft's cost change.
+    draft's checkpoint records, else float. Exact for any value: only α and the
+    draft's cost change.
 
-  ``config_dirs`` is not a setting: the owner sets it to where relative paths
-  are looked for after the working directory (see ``candidates``).
-  """
+  ``config_dirs`` is not a setting: where relative paths are looked for after the cwd."""
 
   target_checkpoint: str = ""
   draft_checkpoint: str = ""
@@ -144,64 +119,48 @@ class PairSettings:
   config_dirs: tuple = ()
 
   def model_pair(self, owner: str = "") -> ModelPair:
-    """These settings as a ``ModelPair`` whose messages spell them as
-    ``owner`` does (see ``ModelPair.owner``)."""
+    """These settings as a ``ModelPair`` whose messages spell them as ``owner`` does."""
     return ModelPair(**{f.name: getattr(self, f.name)
                         for f in dataclasses.fields(PairSettings)}, owner=owner)
 
   def resolve(self, path: str) -> str:
-    """``path`` as it will be read (``resolve_path`` with ``config_dirs``)."""
     return resolve_path(path, self.config_dirs)
 
   def weight_dtype(self, role: str) -> str:
-    """The dtype 'target' or 'draft' keeps its weights in (norms aside):
-    ``param_dtype``, the draft's ``draft_param_dtype`` where set."""
+    """The dtype 'target' or 'draft' keeps its weights in (norms aside)."""
     return self.draft_param_dtype if role == "draft" and self.draft_param_dtype \
         else self.param_dtype
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelPair(PairSettings):
-  """The target and the draft (``PairSettings``), validated and loaded.
-
-  ``owner`` names whose settings these are, for messages: 'Experiment'
-  (they are spelled as its gin bindings, ``Experiment.draft_checkpoint``) or
-  '' (``DistillJob`` fields, the flags of ``scripts/distill_draft.py``: the
-  bare name).
-  """
+  """The target and the draft, validated and loaded. ``owner`` spells the settings in
+  messages: 'Experiment' (gin bindings) or '' (``DistillJob``'s flags, the bare name)."""
 
   owner: str = ""
-
-  # --------------------------------------------------------------- naming
 
   def spell(self, setting: str) -> str:
     """``setting`` as the user writes it (``Experiment.draft_checkpoint``)."""
     return f"{self.owner}.{setting}" if self.owner else setting
 
   def _named(self, setting: str, message: str) -> str:
-    """``message`` led by the setting's name (once: a message that already
-    starts with it is left as it is)."""
+    """``message`` led by the setting's name (once)."""
     name = self.spell(setting)
     return message if message.startswith(name) else f"{name}: {message}"
 
   def model(self, role: str) -> tuple[str, str, Optional[str]]:
-    """(checkpoint, format, preset) of 'target' or 'draft'."""
     if role not in ROLES:
       raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     return (getattr(self, f"{role}_checkpoint"), getattr(self, f"{role}_format"),
             getattr(self, f"{role}_preset"))
 
-  # --------------------------------------------------------------- validation
-
   def check_values(self, param_dtypes: Sequence[str] = DTYPES) -> None:
-    """Every setting's value (no file is looked at): formats, dtypes
-    (``param_dtypes``: those the owner supports), mesh, rules, fallback."""
-    for role in ROLES:
-      fmt = getattr(self, f"{role}_format")
-      if fmt not in checkpoints.FORMATS:
-        raise ValueError(f"{self.spell(role + '_format')} must be one of "
-                         f"{checkpoints.FORMATS}, got {fmt!r}")
-    for name, allowed in (("param_dtype", tuple(param_dtypes)), ("dtype", DTYPES)):
+    """Every setting's value (no file is looked at); ``param_dtypes``: the owner's."""
+    for name, allowed in (("target_format", checkpoints.FORMATS),
+                          ("draft_format", checkpoints.FORMATS),
+                          ("param_dtype", tuple(param_dtypes)), ("dtype", DTYPES),
+                          ("decode_kernel", DECODE_KERNELS),
+                          ("partition_fallback", partitioning.FALLBACKS)):
       if getattr(self, name) not in allowed:
         raise ValueError(f"{self.spell(name)} must be one of {allowed}, "
                          f"got {getattr(self, name)!r}")
@@ -211,9 +170,6 @@ class ModelPair(PairSettings):
     quantization.check(self.draft_quantization, self.spell("draft_quantization"))
     if isinstance(self.min_rows, bool) or not isinstance(self.min_rows, int) or self.min_rows < 1:
       raise ValueError(f"{self.spell('min_rows')} must be an int >= 1, got {self.min_rows!r}")
-    if self.decode_kernel not in DECODE_KERNELS:
-      raise ValueError(f"{self.spell('decode_kernel')} must be one of {DECODE_KERNELS}, "
-                       f"got {self.decode_kernel!r}")
     if self.decode_kernel == "pallas" and self.mesh_shape is not None:
       raise ValueError(f"{self.spell('decode_kernel')}='pallas' runs on one device; "
                        f"{self.spell('mesh_shape')} is {self.mesh_shape!r} (use 'xla' on a mesh)")
@@ -251,29 +207,19 @@ class ModelPair(PairSettings):
           partitioning.validate_rules(getattr(self, name))
         except (partitioning.PartitioningError, TypeError) as e:
           raise ValueError(f"{self.spell(name)}: {e}") from None
-    if self.partition_fallback not in partitioning.FALLBACKS:
-      raise ValueError(f"{self.spell('partition_fallback')} must be one of "
-                       f"{partitioning.FALLBACKS}, got {self.partition_fallback!r}")
 
   def unset(self, draft_needed: bool) -> list[str]:
-    """The paths that must be set and are not: the target's checkpoint, the
-    vocabulary, and with ``draft_needed`` the draft's checkpoint."""
+    """The required paths that are not set (the draft's with ``draft_needed``)."""
     names = ["target_checkpoint", "vocab_path"] + (["draft_checkpoint"] if draft_needed else [])
     return [n for n in names if not getattr(self, n)]
 
   def check_paths(self, must_exist: bool = True) -> None:
-    """Each set path (checkpoints, vocabulary) through ``check_path``."""
     for name in ("target_checkpoint", "draft_checkpoint", "vocab_path"):
       if getattr(self, name):
         check_path(self.spell(name), getattr(self, name), self.config_dirs, must_exist)
 
-  # --------------------------------------------------------------- before loading
-
   def peek_config(self, role: str) -> Optional[T5Config]:
-    """The model's architecture from its preset or ``config.json``, reading
-    no weight (``checkpoints.peek_config``, activations at ``dtype``); None
-    when it has no checkpoint, or the checkpoint does not say (a T5X one
-    without a preset: the loader checks its shapes then)."""
+    """The model's architecture without reading weights; None when unknown."""
     path, fmt, preset = self.model(role)
     if not path:
       return None
@@ -283,9 +229,7 @@ class ModelPair(PairSettings):
     return checkpoints.peek_config(where, fmt, preset, self.dtype)
 
   def partitioners(self) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
-    """(target's, draft's) partitioners over one mesh of ``mesh_shape``, or
-    (None, None) for one device. A mesh that does not match the devices is a
-    ValueError naming ``mesh_shape``."""
+    """(target's, draft's) partitioners over one mesh, or (None, None) for one device."""
     try:
       target = partitioning.from_settings(self.mesh_shape, self.logical_axis_rules,
                                           self.partition_fallback)
@@ -310,19 +254,14 @@ class ModelPair(PairSettings):
                        "a draft with the target's vocabulary") from None
 
   def check_vocab_size(self, vocab_size: int, target: T5Config) -> None:
-    """The vocabulary file's ids must all be ids of the target."""
     if vocab_size > target.vocab_size:
       raise ValueError(f"vocabulary {self.vocab_path} has {vocab_size} ids but the target's "
                        f"vocab_size is {target.vocab_size}")
 
-  def check_shardings(self, target_part: Optional[Partitioner],
-                      draft_part: Optional[Partitioner],
+  def check_shardings(self, target_part: Optional[Partitioner], draft_part: Optional[Partitioner],
                       decode: Optional[tuple[int, int, int]] = None) -> None:
-    """Every parameter dimension the mesh must divide, from the architectures
-    alone; with ``decode`` = (rows, input length, self-attention cache
-    length) also the decoding inputs and each model's KV caches. A model
-    whose architecture is not known here is checked by the loader, array by
-    array."""
+    """Every parameter dimension the mesh must divide, from the architectures alone; with
+    ``decode`` = (rows, input length, cache length) also the inputs and KV caches."""
     if target_part is None:
       return
     if decode is not None:
@@ -344,11 +283,7 @@ class ModelPair(PairSettings):
 
   def check_before_loading(self, decode: Optional[tuple[int, int, int]] = None
                            ) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
-    """Every check of the pair that reads no weight, after its owner's
-    settings are validated: the mesh against the devices, the two
-    vocabularies (from the presets or config files), every dimension the
-    mesh must divide (``check_shardings``). Each failure is one ValueError
-    line naming the setting. Returns ``partitioners()``."""
+    """Every check of the pair that reads no weight -> ``partitioners()``."""
     target_part, draft_part = self.partitioners()
     target, draft = self.peek_config("target"), self.peek_config("draft")
     if target is not None and draft is not None:
@@ -356,15 +291,10 @@ class ModelPair(PairSettings):
     self.check_shardings(target_part, draft_part, decode)
     return target_part, draft_part
 
-  # --------------------------------------------------------------- loading
-
   def load(self, role: str, partitioner: Optional[Partitioner] = None,
            quantize: bool = True) -> tuple[T5Model, Any]:
-    """(model, params) of 'target' or 'draft', read straight into the
-    partitioner's shards (one device without one) at the role's weight
-    dtype; the model computes at ``dtype``. The draft's kernels are then
-    quantized per ``quantization_of_draft`` unless ``quantize`` is False
-    (distillation trains it in float)."""
+    """(model, params) of 'target' or 'draft', read into the partitioner's shards at the
+    role's weight dtype; the draft quantized per ``quantization_of_draft`` if ``quantize``."""
     path, fmt, preset = self.model(role)
     config = get_config(preset, dtype=self.dtype) if preset else None
     params, config = checkpoints.load_checkpoint(self.resolve(path), fmt=fmt, config=config,
@@ -382,18 +312,14 @@ class ModelPair(PairSettings):
     return T5Model(self.runtime(config, role)), params
 
   def runtime(self, config: T5Config, role: str) -> T5Config:
-    """``config`` with the runtime choices that change no weight value: the
-    activation dtype, ``min_rows``, (the target's) ``fixed_positions``,
-    ``fused_projections`` and ``decode_kernel``."""
+    """``config`` with the runtime choices that change no weight value."""
     fixed = self.fixed_positions if role == "target" else 0
     return config.replace(dtype=self.dtype, min_rows=self.min_rows, fixed_positions=fixed,
                           fused_projections=self.fused_projections,
                           decode_kernel=self.decode_kernel)
 
   def quantization_of_draft(self) -> Optional[str]:
-    """The draft's weight-only quantization: ``draft_quantization``, else
-    what its checkpoint records (``recorded_quantization``), else None. A
-    setting that contradicts the record is a ValueError naming both."""
+    """``draft_quantization``, else what the draft's checkpoint records, else None."""
     path = self.draft_checkpoint
     where = self.resolve(path) if path and not is_remote(path) else ""
     recorded = recorded_quantization(where) if where else None
@@ -405,9 +331,6 @@ class ModelPair(PairSettings):
 
 
 def recorded_quantization(directory: str) -> Optional[str]:
-  """The quantization a distilled draft's export records in
-  ``quantization.RECORD_FILE`` ('draft_quantization'), or None (no record,
-  or ``directory`` is not a local directory)."""
   import json
   path = Path(directory) / quantization.RECORD_FILE
   if not path.is_file():

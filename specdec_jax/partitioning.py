@@ -1,15 +1,6 @@
-"""Sharding T5 over a ('data', 'model') device mesh, T5X style (GSPMD via jax.jit).
-
-Every parameter and cache array has T5X's logical axis names (the table in
-docs/sharding.md); rules map them to mesh axes. ``STANDARD_RULES`` are T5X's
-standard ones (batch -> data; vocab, mlp, heads, joined_kv -> model; the rest
-replicated), replaceable from gin (``Experiment.logical_axis_rules``). The
-inputs are placed and the loop-carried caches constrained; ``jax.jit``
-partitions the rest, with no hand-written collective.
-
-A dimension the mesh axis does not divide is an error naming the array, its
-size and the axis; with ``fallback='replicate'`` it is replicated instead,
-with a warning."""
+"""Sharding T5 over a ('data', 'model') mesh, T5X style: arrays carry T5X's logical axis
+names (docs/sharding.md), rules map them to mesh axes, inputs are placed and caches
+constrained, and jit (GSPMD) partitions the rest."""
 
 from __future__ import annotations
 
@@ -27,24 +18,14 @@ MESH_AXES = ("data", "model")
 
 Rules = tuple[tuple[str, Optional[str]], ...]
 
-# T5X's standard rules (t5x.partitioning.standard_logical_axis_rules, 1-D
-# model parallelism): activations' batch over 'data', the wide weight
-# dimensions over 'model', everything else replicated.
+# T5X's standard_logical_axis_rules (1-D model parallelism).
 STANDARD_RULES: Rules = (
-    ("batch", "data"),
-    ("vocab", "model"),
-    ("mlp", "model"),
-    ("heads", "model"),
-    ("joined_kv", "model"),
-    ("embed", None),
-    ("kv", None),
-    ("length", None),
-    ("relpos_buckets", None),
-)
+    ("batch", "data"), ("vocab", "model"), ("mlp", "model"), ("heads", "model"),
+    ("joined_kv", "model"), ("embed", None), ("kv", None), ("length", None),
+    ("relpos_buckets", None))
 
-# For approximation models: every weight replicated, only the batch split.
-# A draft is small, and its γ serial steps are latency-bound: an all-reduce
-# per layer per draft step would cost more than the memory it saves.
+# For drafts: weights replicated, only the batch split (γ serial latency-bound steps
+# would pay an all-reduce per layer per step).
 DATA_PARALLEL_RULES: Rules = (("batch", "data"),)
 
 FALLBACKS = ("error", "replicate")
@@ -69,7 +50,6 @@ class PartitioningError(ValueError):
 
 
 def param_logical_axes(name: str) -> tuple[str, ...]:
-  """T5X logical axis names of a parameter, from its '/'-joined T5X name."""
   for pattern, axes in _PARAM_AXES:
     if re.search(pattern, name):
       return axes
@@ -78,9 +58,7 @@ def param_logical_axes(name: str) -> tuple[str, ...]:
 
 def flatten_names(tree: Mapping, is_leaf: Callable[[Any], bool] = lambda x: False,
                   prefix: str = "") -> dict[str, Any]:
-  """Nested dicts -> {'a/b/c': leaf}: the '/'-joined T5X names the axis
-  rules, the loaders and the checks speak in. ``is_leaf`` stops at a mapping
-  that is a leaf (e.g. a TensorStore spec)."""
+  """Nested dicts -> {'a/b/c': leaf} (``is_leaf`` stops at a mapping that is a leaf)."""
   flat = {}
   for key, value in tree.items():
     name = f"{prefix}{key}"
@@ -92,7 +70,6 @@ def flatten_names(tree: Mapping, is_leaf: Callable[[Any], bool] = lambda x: Fals
 
 
 def unflatten_names(flat: Mapping[str, Any]) -> dict:
-  """{'a/b/c': leaf} -> nested dicts."""
   tree: dict = {}
   for name, value in flat.items():
     *parents, last = name.split("/")
@@ -119,17 +96,9 @@ def validate_rules(rules: Sequence[Sequence[Any]]) -> Rules:
 
 
 def make_mesh(shape: Sequence[int], devices: Optional[Sequence[Any]] = None) -> Mesh:
-  """A ('data', 'model') mesh over the given devices, or over this machine's.
-
-  Given ``devices`` (a dry run's topology), the product of ``shape`` must
-  equal their number. Without, a mesh smaller than the machine takes its
-  first devices, saying so once (one chip of a multi-chip VM: the paper's
-  single-chip setting on the VM users get); on several processes it must
-  span them all, since every process takes part in each jitted loop.
-  """
-  shape = tuple(int(s) for s in shape)
-  if len(shape) != 2 or any(s < 1 for s in shape):
-    raise PartitioningError(f"mesh_shape must be two positive sizes (data, model), got {shape}")
+  """A ('data', 'model') mesh over ``devices`` or this machine's (on one process a smaller
+  mesh takes the first devices; on several it must span them all)."""
+  shape = _mesh_shape(shape)
   n = math.prod(shape)
   given = devices is not None
   devices = list(jax.devices() if devices is None else devices)
@@ -156,19 +125,22 @@ def make_mesh(shape: Sequence[int], devices: Optional[Sequence[Any]] = None) -> 
 _SUBSET_SAID: set = set()
 
 
+def _mesh_shape(shape: Sequence[int]) -> tuple[int, int]:
+  shape = tuple(int(s) for s in shape)
+  if len(shape) != 2 or any(s < 1 for s in shape):
+    raise PartitioningError(f"mesh_shape must be two positive sizes (data, model), got {shape}")
+  return shape
+
+
 def abstract_mesh(shape: Sequence[int]) -> jax.sharding.AbstractMesh:
-  """A ('data', 'model') mesh of the given shape with no devices behind it:
-  enough to compute specs and shard shapes when planning for other hardware."""
-  return jax.sharding.AbstractMesh(tuple(int(s) for s in shape), MESH_AXES,
+  """A mesh of the given shape with no devices, for planning (specs, shard shapes)."""
+  return jax.sharding.AbstractMesh(_mesh_shape(shape), MESH_AXES,
                                    axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
 @dataclasses.dataclass(frozen=True)
 class Partitioner:
-  """A mesh plus logical axis rules; hashable, so a static argument of jit.
-
-  ``mesh`` may be an ``abstract_mesh`` for planning (specs, shard shapes).
-  """
+  """A mesh (or ``abstract_mesh``) plus logical axis rules; hashable (a static jit arg)."""
 
   mesh: Any
   rules: Rules = STANDARD_RULES
@@ -183,20 +155,11 @@ class Partitioner:
   def shape(self) -> dict[str, int]:
     return dict(self.mesh.shape)
 
-  def spec(self, axes: Sequence[Optional[str]], shape: Sequence[int],
-           what: str) -> PartitionSpec:
-    """The PartitionSpec for an array of ``shape`` with logical ``axes``.
-
-    The rules are ordered, as in T5X and Flax: each rule (logical name, mesh
-    axis) in turn gives the array's dimension of that name the mesh axis if
-    the dimension has none yet and no other dimension of the array holds that
-    axis. A name may appear in several rules, as fallbacks: T5X's 2-D rules map
-    'embed' to 'model', then to 'data'. A rule with mesh axis None settles its
-    dimension as replicated; a dimension no rule settles is replicated. A mesh
-    axis of size 1 settles its dimension as replicated too. A dimension that
-    its mesh axis does not divide raises (or, with fallback='replicate', is
-    replicated with a warning).
-    """
+  def spec(self, axes: Sequence[Optional[str]], shape: Sequence[int], what: str) -> PartitionSpec:
+    """The PartitionSpec for an array of ``shape`` with logical ``axes``. Rules apply in
+    order, as in T5X: a dimension takes a rule's mesh axis if it has none yet and no
+    other dimension holds it; None, a size-1 axis or no rule replicates; an axis that
+    does not divide it raises (or replicates, per ``fallback``)."""
     if len(axes) != len(shape):
       raise PartitioningError(f"{what}: {len(axes)} logical axes {tuple(axes)} for an array "
                               f"of shape {tuple(shape)}")
@@ -220,8 +183,7 @@ class Partitioner:
           raise PartitioningError(msg + "; choose a mesh that divides it, map "
                                   f"'{logical}' to None in the logical axis rules, or set "
                                   "the partitioning fallback to 'replicate'")
-        logging.log_first_n(logging.WARNING, "%s; replicating it (fallback='replicate')", 20,
-                            msg)
+        logging.log_first_n(logging.WARNING, "%s; replicating it (fallback='replicate')", 20, msg)
         out[i] = None
         continue
       used.add(mesh_axis)
@@ -251,17 +213,11 @@ class Partitioner:
     return NamedSharding(self.mesh, PartitionSpec())
 
   def constrain(self, x: jax.Array, axes: Sequence[Optional[str]], what: str) -> jax.Array:
-    """``with_sharding_constraint`` by logical axes (inside jit)."""
     return jax.lax.with_sharding_constraint(x, self.sharding(axes, x.shape, what))
 
 
 def constrain_cache(cache: Any, partitioner: Optional[Partitioner], what: str) -> Any:
-  """Pins a ``DecoderCache`` to ('batch','length','heads','kv') inside jit.
-
-  Without it GSPMD would infer the loop-carried caches' layout from whatever
-  it meets first; pinned, every K/V is split on heads across 'model' and on
-  batch across 'data', the layout T5X uses. A no-op without a partitioner.
-  """
+  """Pin a ``DecoderCache``'s K/V to ``CACHE_AXES`` inside jit, as T5X does."""
   if partitioner is None:
     return cache
   kv = lambda xs, n: tuple(partitioner.constrain(x, CACHE_AXES, f"{what} {n}[{i}]")
@@ -274,18 +230,14 @@ def constrain_cache(cache: Any, partitioner: Optional[Partitioner], what: str) -
 
 
 def constrain_batch(x: jax.Array, partitioner: Optional[Partitioner], what: str) -> jax.Array:
-  """Pins a batch-major array's batch dimension to 'data' (no-op without one)."""
   if partitioner is None:
     return x
   return partitioner.constrain(x, ("batch",) + (None,) * (x.ndim - 1), what)
 
 
 def from_settings(mesh_shape: Optional[Sequence[int]], rules: Optional[Sequence] = None,
-                  fallback: str = "error",
-                  mesh: Optional[Mesh] = None) -> Optional[Partitioner]:
-  """The partitioner for an experiment's settings; None (one device, no
-  sharding: exactly the unsharded code path) when ``mesh_shape`` is None.
-  ``mesh`` reuses an existing mesh (the draft shares the target's)."""
+                  fallback: str = "error", mesh: Optional[Mesh] = None) -> Optional[Partitioner]:
+  """The partitioner for the settings; None (unsharded) when ``mesh_shape`` is None."""
   if mesh_shape is None:
     return None
   mesh = make_mesh(mesh_shape) if mesh is None else mesh
@@ -295,14 +247,7 @@ def from_settings(mesh_shape: Optional[Sequence[int]], rules: Optional[Sequence]
 def initialize_multihost(coordinator_address: Optional[str] = None,
                          num_processes: Optional[int] = None,
                          process_id: Optional[int] = None) -> None:
-  """``jax.distributed.initialize`` for a multi-host job (TPU pod slice, GPU cluster).
-
-  Without a coordinator address, JAX detects the cluster from its environment
-  (Cloud TPU VMs, SLURM, Open MPI, Kubernetes, ...); where it finds none, this
-  says which settings to bind. With one, the number of processes and this
-  process's id are required, and the count the coordinator confirms must be
-  that number.
-  """
+  """``jax.distributed.initialize``; without a coordinator JAX detects the cluster."""
   if coordinator_address is not None and (num_processes is None or process_id is None):
     raise PartitioningError(
         f"multihost with coordinator_address={coordinator_address!r} also needs "
@@ -310,8 +255,7 @@ def initialize_multihost(coordinator_address: Optional[str] = None,
   kw = {} if coordinator_address is None else dict(
       coordinator_address=coordinator_address, num_processes=num_processes,
       process_id=process_id)
-  # CPU devices (tests, CPU clusters) need a collectives backend across
-  # processes; accelerators bring their own, which this leaves alone.
+  # CPU devices need a collectives backend across processes; accelerators bring their own.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   try:
     jax.distributed.initialize(**kw)

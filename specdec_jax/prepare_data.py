@@ -1,69 +1,40 @@
-"""Builds the TFDS datasets behind the seqio tasks (WMT EnDe, CNN/DM) into a
-data directory, local or ``gs://``:
+"""Builds the TFDS datasets behind the seqio tasks (WMT EnDe, CNN/DM) into a data
+directory, local or ``gs://``, for ``Experiment.tfds_data_dir`` (the runner never
+downloads; a version already prepared is kept):
 
   python -m specdec_jax.prepare_data --dataset=wmt_ende --data_dir=gs://BUCKET/tfds
-  python -m specdec_jax.prepare_data --dataset=cnn_dailymail --data_dir=gs://BUCKET/tfds
-
-then bind ``Experiment.tfds_data_dir`` to it; the runner never downloads. It
-runs TFDS's builder for the exact name, config and version the tasks read
-(``data.TFDS_DATASETS``) and its ``download_and_prepare`` (raw downloads in
-``--download_dir``); a version already prepared is left as it is."""
+  python -m specdec_jax.prepare_data --dataset=cnn_dailymail --data_dir=gs://BUCKET/tfds"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from specdec_jax import data
-
-INSTALL = 'pip install -e ".[seqio]"'
-
-
-def _import_tfds() -> Any:
-  """``tensorflow_datasets``, or an ImportError that says how to install it."""
-  try:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  except ModuleNotFoundError as e:
-    if (e.name or "").split(".")[0] not in ("tensorflow_datasets", "tensorflow"):
-      raise  # installed, but one of its own imports is missing
-    raise ImportError(f"TensorFlow Datasets is not installed: {INSTALL} "
-                      "(python -m specdec_jax.prepare_data needs it)") from None
-  return tfds
-
 
 def _local_or_remote(path: str) -> str:
   return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
 def default_download_dir(data_dir: str) -> str:
-  """Where the raw downloads go without ``--download_dir``: TFDS's
-  ``<data_dir>/downloads`` for a local data dir; for a remote one (gs://),
-  ``~/tensorflow_datasets/downloads`` on this machine, since TFDS's WMT
-  builder looks for its extracted files with a glob that only finds local
-  ones."""
+  """``<data_dir>/downloads``, or for a gs:// data dir ``~/tensorflow_datasets/downloads``
+  (TFDS's WMT builder globs for its extracted files locally)."""
   if "://" in data_dir:
     return os.path.expanduser(os.path.join("~", "tensorflow_datasets", "downloads"))
   return os.path.join(data_dir, "downloads")
 
 
 def prepare(dataset: str, data_dir: str, download_dir: Optional[str] = None) -> str:
-  """Downloads and prepares ``dataset`` (a key of ``data.TFDS_DATASETS``:
-  'wmt_ende' or 'cnn_dailymail') into ``data_dir`` (local or gs://); returns
-  the directory of the prepared version. ``download_dir`` holds the raw
-  downloads (default: ``default_download_dir(data_dir)``). Raises ValueError for
-  an unknown dataset or an empty ``data_dir`` before importing anything, and
-  ImportError naming the install command without TensorFlow Datasets."""
+  """Download and prepare ``dataset`` into ``data_dir`` -> the prepared version's directory."""
   if dataset not in data.TFDS_DATASETS:
     raise ValueError(f"unknown dataset {dataset!r}; one of {sorted(data.TFDS_DATASETS)}")
   if not data_dir:
     raise ValueError("data_dir is empty: name the directory to build into (local or gs://)")
-  tfds = _import_tfds()
-  # The builder from TFDS's code, as tfds.builder(name) would make it once it
-  # has looked for a prepared copy; that look lists <data_dir>/<name>/<config>
-  # and, in a gs:// data dir that does not hold it yet, fails (TensorFlow's
-  # NotFoundError is no OSError, which is all TFDS expects there).
+  tfds = data.import_optional("tensorflow_datasets", "python -m specdec_jax.prepare_data")
+  # builder_cls, not tfds.builder(name): that first lists <data_dir>/<name>/<config>, which
+  # fails in a gs:// data dir without it (TensorFlow's NotFoundError is no OSError).
   name, _, version = data.TFDS_DATASETS[dataset].partition(":")
   name, _, config = name.partition("/")
   builder = tfds.builder_cls(name)(config=config or None, version=version,

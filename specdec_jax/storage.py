@@ -1,25 +1,9 @@
-"""Paths and bytes, local or in Cloud Storage: the one place every reader of
-checkpoints, vocabularies, data, shortlists, bridges and workdirs goes through.
+"""Paths and bytes, local or in Cloud Storage, for every reader and writer.
 
-``gs://bucket/key`` paths use TensorStore's ``gcs`` key-value store (no
-TensorFlow, no Cloud SDK); a "directory" is the prefix ``key/``. For them:
-
-* every request retries transient failures at most ``RETRIES['max_retries']``
-  times and every call returns or raises within ``TIMEOUT_S`` seconds
-  (TensorStore arrays opened with ``kvstore_spec(path)`` and ``context()`` get
-  the same bound);
-* a failure is a one-line ``StorageError`` (an ``OSError``) naming the path and
-  what is missing: ``StorageNotFoundError`` (object or bucket),
-  ``StorageUnreachableError`` (the endpoint), ``StorageAccessError``;
-* ``STORAGE_EMULATOR_HOST`` points every reader at an emulator
-  (``configure_emulator``);
-* inside ``cached_listings()`` each prefix is listed once and later questions
-  about paths below it are answered from that listing.
-
-``write_bytes`` replaces a whole file or object at once, so a reader never
-sees half a write; ``read_versioned`` and ``write_if`` are a compare-and-swap
-on an object's generation (``ifGenerationMatch``), with which workdir holds and
-results are written."""
+``gs://`` goes through TensorStore's ``gcs`` kvstore (no TensorFlow, no Cloud SDK): a
+"directory" is the prefix ``key/``, each call returns within ``TIMEOUT_S`` (bounded
+``RETRIES``), a failure is a one-line ``StorageError`` naming the path, and
+``STORAGE_EMULATOR_HOST`` points it at an emulator."""
 
 from __future__ import annotations
 
@@ -39,12 +23,10 @@ TIMEOUT_S = 120.0
 # A value for GOOGLE_AUTH_TOKEN_FOR_TESTING when an emulator is used (any token does).
 EMULATOR_TOKEN = "emulator"
 
-# The values configure_emulator derived last, so that a later change of
-# STORAGE_EMULATOR_HOST replaces them (a value set by the user never is).
+# The values configure_emulator set (a value set by the user is never replaced).
 _derived: dict[str, str] = {}
 
-# The listings of the innermost ``cached_listings`` block of this thread (or
-# asyncio task): prefix path (no trailing '/') -> its sorted relative keys.
+# cached_listings' snapshot: prefix path (no trailing '/') -> its sorted relative keys.
 _listings: contextvars.ContextVar[Optional[dict[str, list[str]]]] = contextvars.ContextVar(
     "specdec_storage_listings", default=None)
 
@@ -65,11 +47,7 @@ class StorageAccessError(StorageError, PermissionError):
   """Cloud Storage refused the request (credentials or permissions)."""
 
 
-# ------------------------------------------------------------ paths
-
-
 def is_gcs(path: str) -> bool:
-  """Whether ``path`` is a ``gs://`` URL."""
   return str(path).startswith(GCS_PREFIX)
 
 
@@ -83,32 +61,24 @@ def split(path: str) -> tuple[str, str]:
 
 
 def check_path(path: str) -> None:
-  """Raises ValueError for a malformed ``gs://`` path (no network); local paths pass."""
+  """ValueError for a malformed ``gs://`` path (no network)."""
   if is_gcs(path):
     split(path)
 
 
 def join(base: str, *parts: str) -> str:
-  """``base/part/...``: '/'-joined for ``gs://``, ``os.path.join`` for local paths."""
   if is_gcs(base):
     return "/".join([base.rstrip("/")] + [p.strip("/") for p in parts if p])
   return os.path.join(base, *parts)
 
 
 def basename(path: str) -> str:
-  """The last component of a local or ``gs://`` path (a trailing '/' ignored)."""
   return path.rstrip("/").rsplit("/", 1)[-1] if is_gcs(path) else os.path.basename(
       path.rstrip(os.sep))
 
 
 def dirname(path: str) -> str:
-  """The parent of a local or ``gs://`` path."""
-  if is_gcs(path):
-    return path.rstrip("/").rsplit("/", 1)[0]
-  return os.path.dirname(path)
-
-
-# ------------------------------------------------------------ emulator and TensorStore
+  return path.rstrip("/").rsplit("/", 1)[0] if is_gcs(path) else os.path.dirname(path)
 
 
 def emulator_url() -> Optional[str]:
@@ -120,14 +90,8 @@ def emulator_url() -> Optional[str]:
 
 
 def configure_emulator() -> None:
-  """Points TensorStore at ``STORAGE_EMULATOR_HOST`` if it is set.
-
-  Sets ``TENSORSTORE_GCS_HTTP_URL`` to the emulator's URL and
-  ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` (no real credentials are looked for)
-  where the user has not set them; values this function set earlier follow a
-  changed ``STORAGE_EMULATOR_HOST``, and are removed when it is unset.
-  Idempotent and cheap: called before every ``gs://`` access.
-  """
+  """Point TensorStore at ``STORAGE_EMULATOR_HOST`` where the user has not set its
+  variables (and undo that when it is unset); called before every ``gs://`` access."""
   url = emulator_url()
   wanted = {"TENSORSTORE_GCS_HTTP_URL": url, "GOOGLE_AUTH_TOKEN_FOR_TESTING": EMULATOR_TOKEN}
   for name, value in wanted.items():
@@ -144,14 +108,12 @@ def configure_emulator() -> None:
 
 
 def endpoint() -> str:
-  """The Cloud Storage endpoint TensorStore talks to (an emulator, or Google's)."""
   configure_emulator()
   return os.environ.get("TENSORSTORE_GCS_HTTP_URL") or DEFAULT_ENDPOINT
 
 
 def kvstore_spec(path: str) -> dict:
-  """A TensorStore kvstore spec for a local or ``gs://`` path; open it with
-  ``context=context()`` for the bounded retries."""
+  """A TensorStore kvstore spec for a local or ``gs://`` path (open with ``context()``)."""
   if is_gcs(path):
     configure_emulator()
     bucket, key = split(path)
@@ -163,8 +125,7 @@ _context = None
 
 
 def context() -> "tensorstore.Context":  # noqa: F821 (imported lazily)
-  """The TensorStore Context every ``gs://`` open should use: ``RETRIES`` bounds
-  the retries of its requests (shared, so its caches and connections are too)."""
+  """The shared TensorStore Context for ``gs://`` opens, with ``RETRIES``."""
   global _context
   if _context is None:
     _context = _ts().Context({"gcs_request_retries": dict(RETRIES)})
@@ -183,7 +144,7 @@ def _kvstore(bucket: str, prefix: str = ""):
 
 
 def credentials_note() -> str:
-  """Where credentials would come from, in a few words (for error messages)."""
+  """Where credentials would come from (for error messages)."""
   if os.environ.get("GOOGLE_AUTH_TOKEN_FOR_TESTING"):
     return "GOOGLE_AUTH_TOKEN_FOR_TESTING is set (no real credentials are used)"
   if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
@@ -198,8 +159,7 @@ def credentials_note() -> str:
 
 
 def _reason(e: BaseException) -> str:
-  """TensorStore's error in a few words: its first line, without the status
-  prefix of a retried failure and without bracketed payloads."""
+  """TensorStore's error in a few words (first line, no status prefix or payloads)."""
   text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
   text = re.sub(r"\s*\[[a-z_]+=[^\]]*\]", "", text)
   attempts = re.search(r"All (\d+) retry attempts failed: (?:CURL error )?(.*)", text)
@@ -238,7 +198,7 @@ def _classify(path: str, e: BaseException) -> StorageError:
 
 
 def _bucket_missing(bucket: str, key: str) -> bool:
-  """Whether listing at ``key`` fails for want of the bucket (True) or works (False)."""
+  """Whether listing at ``key`` fails for want of the bucket."""
   ts = _ts()
   try:
     _kvstore(bucket).list(ts.KvStore.KeyRange(key, key + "\x00")).result(timeout=TIMEOUT_S)
@@ -252,16 +212,12 @@ def _bucket_missing(bucket: str, key: str) -> bool:
 
 
 def bucket_exists(path: str) -> bool:
-  """Whether the bucket of a ``gs://`` path exists (one listing request; an
-  unreachable endpoint or a refused request raises)."""
-  bucket, key = split(path)
-  return not _bucket_missing(bucket, key)
+  """Whether the bucket of a ``gs://`` path exists (unreachable or refused raises)."""
+  return not _bucket_missing(*split(path))
 
 
 def not_found(path: str, what: str = "", prefix: bool = False) -> StorageNotFoundError:
-  """The error for a missing local file or ``gs://`` object (``prefix``: a
-  "directory", no object under ``path/``), saying whether a ``gs://`` bucket
-  is missing too (which costs one listing request)."""
+  """The error for a missing file or object, saying whether a ``gs://`` bucket is missing."""
   label = f"{what} {path}" if what else path
   if not is_gcs(path):
     return StorageNotFoundError(f"{label} does not exist")
@@ -276,12 +232,8 @@ def not_found(path: str, what: str = "", prefix: bool = False) -> StorageNotFoun
                               f"{key!r})")
 
 
-# ------------------------------------------------------------ reading
-
-
 def _read_object(path: str, byte_range: Optional[slice] = None) -> Optional[bytes]:
-  """The object's bytes (``byte_range``: only those; ``slice(0, 0)`` asks for its
-  metadata alone), or None if there is no such object."""
+  """The object's bytes (in ``byte_range``), or None if there is none."""
   bucket, key = split(path)
   if not key:
     return None
@@ -293,8 +245,7 @@ def _read_object(path: str, byte_range: Optional[slice] = None) -> Optional[byte
 
 
 def _list_prefix(path: str) -> list[str]:
-  """Keys under the prefix ``path/``, relative to it (from the cached listing
-  of ``path`` or a prefix above it inside ``cached_listings``)."""
+  """Keys under ``path/``, relative to it (from a cached listing if one covers it)."""
   cache = _listings.get()
   cached = None if cache is None else _cached_keys(cache, path)
   if cached is not None:
@@ -315,8 +266,7 @@ def _list_prefix(path: str) -> list[str]:
 
 
 def _cached_keys(cache: dict[str, list[str]], path: str) -> Optional[list[str]]:
-  """The keys under ``path/`` from a cached listing of it or of a prefix above
-  it, relative to ``path``; None if no cached listing covers it."""
+  """The keys under ``path/`` from a cached listing; None if none covers it."""
   path = path.rstrip("/")
   if path in cache:
     return cache[path]
@@ -330,8 +280,7 @@ def _cached_keys(cache: dict[str, list[str]], path: str) -> Optional[list[str]]:
 
 
 def _cached_object(path: str) -> Optional[bool]:
-  """Whether an object ``path`` exists, per a cached listing of a prefix above
-  it; None if no cached listing covers it."""
+  """Whether object ``path`` exists per a cached listing; None if none covers it."""
   cache = _listings.get()
   if not cache:
     return None
@@ -345,11 +294,8 @@ def _cached_object(path: str) -> Optional[bool]:
 
 @contextlib.contextmanager
 def cached_listings() -> Iterator[None]:
-  """Inside the block each ``gs://`` prefix is listed at most once, and
-    ``listdir``, ``is_dir``, ``exists`` and ``is_file`` below it are answered
-    from that snapshot: use it around reads of a directory that does not change
-    (a checkpoint load). Nested blocks share the outer listings; each thread or
-    asyncio task has its own."""
+  """Inside the block each ``gs://`` prefix is listed at most once and questions below it
+  answered from that snapshot (for a directory that does not change, per thread)."""
   if _listings.get() is not None:
     yield
     return
@@ -361,12 +307,6 @@ def cached_listings() -> Iterator[None]:
 
 
 def read_bytes(path: str, what: str = "") -> bytes:
-  """The whole content of a local file or ``gs://`` object.
-
-  Raises StorageNotFoundError (naming ``what`` and the path, and for
-  ``gs://`` whether the bucket exists) when it does not exist, and the other
-  StorageErrors for an unreachable endpoint or a refused request.
-  """
   if is_gcs(path):
     data = _read_object(path)
     if data is None:
@@ -391,8 +331,7 @@ def read_range(path: str, start: int, stop: int) -> bytes:
 
 
 def exists(path: str) -> bool:
-  """Whether a file or directory (local), or an object or a non-empty prefix
-  (``gs://``), exists. A missing bucket is False; other failures raise."""
+  """A file or directory (local), an object or non-empty prefix (``gs://``)."""
   if not is_gcs(path):
     return os.path.exists(path)
   cached = _cached_object(path)
@@ -402,7 +341,6 @@ def exists(path: str) -> bool:
 
 
 def is_file(path: str) -> bool:
-  """Whether a local file or a ``gs://`` object exists at ``path``."""
   if is_gcs(path):
     cached = _cached_object(path)
     return cached if cached is not None else _read_object(path, slice(0, 0)) is not None
@@ -410,7 +348,6 @@ def is_file(path: str) -> bool:
 
 
 def is_dir(path: str) -> bool:
-  """Whether a local directory, or a ``gs://`` prefix with objects under it, exists."""
   if not is_gcs(path):
     return os.path.isdir(path)
   try:
@@ -420,20 +357,14 @@ def is_dir(path: str) -> bool:
 
 
 def listdir(path: str) -> list[str]:
-  """The sorted names directly inside a directory (for ``gs://``: the first
-  component of every key under the prefix; this lists the keys recursively, so
-  it costs as much as the number of objects below ``path``)."""
+  """The sorted names directly inside a directory (for ``gs://`` all keys below are listed)."""
   if is_gcs(path):
     return sorted({k.split("/", 1)[0] for k in _list_prefix(path)})
   return sorted(os.listdir(path))
 
 
-# ------------------------------------------------------------ writing
-
-
 def write_bytes(path: str, data: bytes) -> None:
-  """Replaces the file or object at ``path`` with ``data``, whole or not at all
-  (local: the parent directory is created; a temporary file is renamed)."""
+  """Replace the file or object at ``path`` with ``data``, whole or not at all."""
   if is_gcs(path):
     bucket, key = split(path)
     try:
@@ -455,29 +386,13 @@ def write_bytes(path: str, data: bytes) -> None:
   os.replace(tmp, path)
 
 
-def remove(path: str) -> None:
-  """Deletes a file or object if it exists."""
-  if is_gcs(path):
-    bucket, key = split(path)
-    try:
-      _kvstore(bucket).write(key, None).result(timeout=TIMEOUT_S)
-    except Exception as e:  # pylint: disable=broad-except
-      raise _classify(path, e) from None
-  elif os.path.exists(path):
-    os.remove(path)
-
-
-# ------------------------------------------------------------ conditional writes (gs://)
-
-# TensorStore's generation of an absent object (``StorageGeneration::NoValue``):
-# a write conditioned on it creates the object only if there is none, which
-# TensorStore sends to Cloud Storage as the precondition ``ifGenerationMatch=0``.
+# TensorStore's generation of an absent object: a write conditioned on it creates the
+# object only if there is none (``ifGenerationMatch=0``).
 NO_OBJECT = b"\x02"
 
 
 def read_versioned(path: str) -> tuple[Optional[bytes], bytes]:
-  """A ``gs://`` object's bytes (None if there is none) and its generation
-  (``NO_OBJECT`` if there is none), read together, for ``write_if``."""
+  """A ``gs://`` object's bytes and generation (None, ``NO_OBJECT`` if absent), for ``write_if``."""
   bucket, key = split(path)
   try:
     result = _kvstore(bucket).read(key).result(timeout=TIMEOUT_S)
@@ -489,12 +404,8 @@ def read_versioned(path: str) -> tuple[Optional[bytes], bytes]:
 
 
 def write_if(path: str, data: Optional[bytes], generation: bytes) -> Optional[bytes]:
-  """Writes ``data`` to a ``gs://`` object (None: deletes it) only if its
-  generation is still ``generation`` (``NO_OBJECT``: only if it does not
-  exist), as one request with Cloud Storage's ``ifGenerationMatch``
-  precondition. Returns the object's new generation (``NO_OBJECT`` after a
-  delete), or None when the precondition failed (another writer changed the
-  object; nothing was written)."""
+  """Write ``data`` (None: delete) only if the object's generation is still ``generation``
+  -> the new generation, or None if another writer changed it."""
   bucket, key = split(path)
   try:
     stamp = _kvstore(bucket).write(key, data, if_equal=generation).result(timeout=TIMEOUT_S)
@@ -505,19 +416,13 @@ def write_if(path: str, data: Optional[bytes], generation: bytes) -> Optional[by
 
 
 def read_text(path: str, what: str = "") -> str:
-  """``read_bytes`` decoded as UTF-8 (a bad byte is a ValueError naming the path)."""
+  """``read_bytes`` decoded as UTF-8 (a bad byte is a ValueError naming its line and column)."""
   raw = read_bytes(path, what)
   try:
     return raw.decode("utf-8")
   except UnicodeDecodeError as e:
     line = raw.count(b"\n", 0, e.start) + 1
-    raise ValueError(f"{path}:{line}: not valid UTF-8 ({e.reason})") from None
+    col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+    raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
+                     f"{col}: {e.reason}); save the file as UTF-8") from None
 
-
-__all__ = ["GCS_PREFIX", "RETRIES", "TIMEOUT_S", "StorageAccessError", "StorageError",
-           "StorageNotFoundError", "StorageUnreachableError", "basename", "bucket_exists",
-           "NO_OBJECT", "cached_listings", "check_path", "configure_emulator", "context",
-           "credentials_note", "dirname", "emulator_url", "endpoint", "exists", "is_dir",
-           "is_file", "is_gcs", "join", "kvstore_spec", "listdir", "not_found", "read_bytes",
-           "read_range", "read_text", "read_versioned", "remove", "split", "write_bytes",
-           "write_if"]

@@ -1,10 +1,9 @@
-"""Wall-clock measurement: medians, compile excluded, ``block_until_ready``;
-and the cost coefficients the theory needs, measured with jitted pieces of
-the computation the loops run:
+"""Wall-clock measurement (medians, compile excluded) and the cost coefficients the
+theory needs, from jitted pieces of what the loops run:
 
   c = (draft time per proposed token) / (one-token target step)   (Def. 3.7)
   v = (target pass over γ+1 tokens) / (one-token target step)
-  interplay = (the two timed alternating, as a round runs them) / (γ c + v)
+  interplay = (the two alternating, as a round runs them) / (γ c + v)
 
 Theorem 3.8 assumes v = 1 (§3.3); ``theory.walltime_improvement`` takes v."""
 
@@ -34,23 +33,18 @@ def block(x: Any) -> Any:
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-  """(fn()'s result, seconds it took up to ``block_until_ready``)."""
   t0 = time.perf_counter()
   out = block(fn())
   return out, time.perf_counter() - t0
 
 
-def median(xs: list[float]) -> float:
-  return statistics.median(xs)
+median = statistics.median
 
 
 def interleaved_times(fns: dict[Any, Callable[[], Any]], repeats: int,
                       inner: int = 1) -> dict[Any, list[float]]:
-  """THE way to time pieces against each other: each piece is called once
-  untimed (compile, warm-up), then ``repeats`` passes call every piece in
-  turn, each call blocked until ready, so machine drift hits all pieces
-  alike. -> {key: seconds per inner call in each pass} (``inner``: how many
-  runs one call makes, e.g. ``repeat``'s n)."""
+  """The way to time pieces against each other: after one untimed call each, ``repeats``
+  passes call every piece in turn -> {key: seconds per inner call in each pass}."""
   for fn in fns.values():
     block(fn())
   times: dict[Any, list[float]] = {key: [] for key in fns}
@@ -62,14 +56,11 @@ def interleaved_times(fns: dict[Any, Callable[[], Any]], repeats: int,
 
 def interleaved_medians_ms(fns: dict[Any, Callable[[], Any]], repeats: int,
                            inner: int = 1) -> dict[Any, float]:
-  """Median ms per inner call of each piece (``interleaved_times``)."""
   return {key: 1e3 * median(v) for key, v in interleaved_times(fns, repeats, inner).items()}
 
 
 def median_se(xs: list[float]) -> float:
-  """Standard error of a median, robustly: 1.2533 σ / sqrt(n) (the median's
-  asymptotic efficiency under normal noise) with σ = 1.4826 · MAD, so that a
-  few load spikes among the repeats do not inflate it. 0 for n < 2."""
+  """Robust standard error of a median: 1.2533 σ / sqrt(n), σ = 1.4826 · MAD (0 for n < 2)."""
   if len(xs) < 2:
     return 0.0
   m = statistics.median(xs)
@@ -78,22 +69,14 @@ def median_se(xs: list[float]) -> float:
 
 
 def total(tree: Any) -> Array:
-  """The sum of every leaf of ``tree`` as one float32 scalar (0 for no leaves)."""
   return sum((jnp.sum(a.astype(jnp.float32)) for a in jax.tree_util.tree_leaves(tree)),
              jnp.float32(0))
 
 
-def repeat(body: Callable[[Array, Any], tuple[Any, Any]], carry: Any, n: int
-           ) -> tuple[Any, Array]:
-  """THE way to time a piece: call it inside the piece's jitted function, and
-  it runs ``body(i, carry) -> (carry, outputs)`` for i = 0..n-1 in one
-  ``lax.fori_loop``. Python's per-call dispatch is then not counted (the
-  decoding loops never pay it); the carry (caches, draft state) passes from
-  one run to the next as in the loops; every run's outputs are summed
-  (``total``) into the result, so XLA can drop none of the work. Vary the
-  inputs with i (e.g. alternate two positions): a loop-invariant input lets
-  XLA hoist work out of the loop that every real step does. -> (the final
-  carry, the sum of the outputs)."""
+def repeat(body: Callable[[Array, Any], tuple[Any, Any]], carry: Any, n: int) -> tuple[Any, Array]:
+  """The way to time a piece: ``body(i, carry)`` for i < n in one ``lax.fori_loop`` (no
+  dispatch counted, the carry passed on, outputs summed so nothing is dropped; vary the
+  inputs with i, or XLA hoists work) -> (carry, sum)."""
   def step(i, state):
     carry, acc = state
     carry, out = body(i, carry)
@@ -104,8 +87,7 @@ def repeat(body: Callable[[Array, Any], tuple[Any, Any]], carry: Any, n: int
 @functools.partial(jax.jit, static_argnames=("model", "sampling", "n", "partitioner"))
 def target_steps(model: T5Model, params, cache, tokens, positions, key, sampling, n,
                  partitioner: Optional[Partitioner] = None):
-  """n decode calls (+ standardize + sample) in one jitted loop (``repeat``),
-  positions alternating between ``positions`` and ``positions + 1``."""
+  """n decode calls (+ standardize + sample), positions alternating by one."""
   def body(i, cache):
     logits, cache = model.decode(params, tokens, positions + i % 2, cache)
     cache = constrain_cache(cache, partitioner, "target cache")  # the loops' layout
@@ -127,11 +109,7 @@ def _proposes(draft: ApproximationModel, state, seq, length, key, gamma, samplin
 @functools.partial(jax.jit, static_argnames=("model", "gamma", "sampling", "n", "partitioner"))
 def _rounds(model: T5Model, params, cache, draft: ApproximationModel, state, seq, length, key,
             gamma, sampling, n, partitioner: Optional[Partitioner] = None):
-  """n rounds' model work as the loop runs it: γ draft steps, then the target's
-  pass over the γ+1 positions holding the proposal (+ standardize + sample,
-  as in the verify piece). The proposal feeds the target and the caches are
-  carried, so the two models alternate exactly as in a round; the kernel and
-  bookkeeping (``lab.rounds`` times them) are left out."""
+  """n rounds' model work: γ draft steps, then the target's pass, caches carried."""
   b = seq.shape[0]
   first = jnp.full((b, 1), 3, jnp.int32)
 
@@ -150,16 +128,13 @@ def _rounds(model: T5Model, params, cache, draft: ApproximationModel, state, seq
 
 @functools.partial(jax.jit, static_argnames=("model", "cache_len"))
 def baseline_prefill(model: T5Model, params, inputs, cache_len):
-  """What ``decoding.temperature_sample`` does before its first step: the
-  target's encoder and its cache."""
+  """The target's encoder and cache (``temperature_sample`` before its first step)."""
   return model.init_cache(params, model.encode(params, inputs), inputs, cache_len)
 
 
 @functools.partial(jax.jit, static_argnames=("target", "cache_len"))
-def speculative_prefill(target: T5Model, params, draft: ApproximationModel, inputs,
-                        cache_len: int):
-  """What ``decoding.speculative_decode`` does before its first round: both
-  encoders (the draft's given the target's output) and both caches."""
+def speculative_prefill(target: T5Model, params, draft: ApproximationModel, inputs, cache_len: int):
+  """Both encoders and caches (``speculative_decode`` before its first round)."""
   encoded = target.encode(params, inputs)
   cache = target.init_cache(params, encoded, inputs, cache_len)
   return cache, init_draft(draft, inputs, cache_len, encoded)
@@ -170,42 +145,20 @@ def _draft_init(draft: ApproximationModel, inputs, cache_len):
   return draft.init(inputs, cache_len)
 
 
-def measure_costs(target: T5Model, target_params: Any, draft: ApproximationModel,
-                  inputs: Array, gamma: int, sampling: SamplingConfig = SamplingConfig(),
-                  cache_len: int | None = None, position: int = 16, repeats: int = 15,
-                  inner: int = 16, partitioner: Optional[Partitioner] = None) -> RoundCost:
-  """Median (over ``repeats``) times of the three pieces at a mid-sequence
-  ``position``, each the mean of ``inner`` back-to-back runs in one jit call.
-  inputs [B, S] int32; returns that γ's round cost (``theory.RoundCost``, c
-  as Definition 3.7).
-
-  Pass the decoding loop's ``cache_len`` (``decoding.cache_length``) so that
-  attention spans what it does there.
-  """
-  return measure_costs_many(target, target_params, draft, inputs, [gamma], sampling,
-                            cache_len, position, repeats, inner, partitioner)[gamma]
-
-
 def measure_costs_many(target: T5Model, target_params: Any, draft: ApproximationModel,
                        inputs: Array, gammas: Sequence[int],
-                       sampling: SamplingConfig = SamplingConfig(),
-                       cache_len: int | None = None, position: int = 16, repeats: int = 15,
-                       inner: int = 16, partitioner: Optional[Partitioner] = None
-                       ) -> dict[int, RoundCost]:
-  """``measure_costs`` for several γ in ONE interleaved measurement (one shared
-    target-step piece, each γ's verify and draft pieces, round-robin in every
-    repeat), so machine drift hits every γ alike. ``cache_len`` (default:
-    position + the largest γ + 3) is shared. -> {γ: ``theory.RoundCost``} with
-    c, v, the step's milliseconds, the interplay and the standard errors
-    (``median_se`` of the per-repeat ratios to the step)."""
+                       sampling: SamplingConfig = SamplingConfig(), cache_len: int | None = None,
+                       position: int = 16, repeats: int = 15, inner: int = 16,
+                       partitioner: Optional[Partitioner] = None) -> dict[int, RoundCost]:
+  """Each γ's ``RoundCost`` at ``position``: medians of ``repeats`` passes of ``inner``
+  runs, all γ interleaved with one shared step piece, with standard errors. Pass the
+  loop's ``cache_len``."""
   gammas = sorted(set(int(g) for g in gammas))
   if not gammas or gammas[0] < 1:
     raise ValueError(f"gammas must be >= 1, got {gammas}")
   b = inputs.shape[0]
   cache_len = max(cache_len or 0, position + gammas[-1] + 3)  # +1: steps alternate positions
-  # With a partitioner, every batch-major array is placed as the loops place
-  # theirs (and the caches constrained as they are), so the pieces time the
-  # loops' own layout.
+  # With a partitioner, arrays are placed as the loops place theirs (their layout timed).
   place = partitioner.shard_batch if partitioner is not None else jnp.asarray
   if not isinstance(inputs, jax.Array) or partitioner is not None and \
       inputs.sharding != partitioner.batch_sharding(inputs.shape):
@@ -226,8 +179,7 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
   pieces = {"step": target_piece(1)}
   for g in gammas:
     pieces[("verify", g)] = target_piece(g + 1)
-    pieces[("draft", g)] = (lambda g=g: _proposes(draft, dstate, seq, length, key, g,
-                                                   sampling, n))
+    pieces[("draft", g)] = (lambda g=g: _proposes(draft, dstate, seq, length, key, g, sampling, n))
     pieces[("round", g)] = (lambda g=g: _rounds(target, target_params, cache, draft, dstate,
                                                  seq, length, key, g, sampling, n,
                                                  partitioner))
@@ -236,12 +188,10 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
   out = {}
   for g in gammas:
     t_verify = median(times[("verify", g)])
-    # c is one draft call's (Definition 3.7): a chain's γ calls, a block
-    # draft's one (``drafts.base.proposal_steps``).
+    # c is one draft call's (Definition 3.7): a chain makes γ, a block draft one.
     k = proposal_steps(draft, g)
     t_draft = median(times[("draft", g)]) / k
-    # Each repeat's ratio pairs pieces timed under the same load: their
-    # spread is the noise of c and v.
+    # Per-repeat ratios pair pieces timed under the same load: their spread is the noise.
     c_reps = [d / k / s for d, s in zip(times[("draft", g)], times["step"])]
     v_reps = [vf / s for vf, s in zip(times[("verify", g)], times["step"])]
     r_reps = [r / s for r, s in zip(times[("round", g)], times["step"])]
@@ -254,13 +204,8 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
 
 def warm_up_widths(run: Callable[[Array], Any], batches: Iterable[Array],
                    widths: Sequence[int]) -> set[int]:
-  """Runs an adaptive ``speculative_decode`` (``run(x)``) untimed over ``batches``
-    until every compiled verification width has run once; returns the widths seen.
-
-    XLA:CPU generates a ``lax.switch`` branch's code the first time it runs, so
-    a one-example warm-up can leave that cost in the timings. Widths are read
-    from ``gamma_hist`` (exact at batch 1, a lower bound otherwise: this may
-    warm up longer than needed, never too short)."""
+  """Run ``run`` untimed over ``batches`` until each verify width has run once (XLA:CPU
+  compiles a ``lax.switch`` branch on first use) -> the widths seen."""
   ws = sorted(widths)
   seen: set[int] = set()
   for x in batches:

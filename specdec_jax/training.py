@@ -1,9 +1,7 @@
-"""One training loop for T5 models: teacher-forced training and draft
-distillation (``specdec_jax.distill``) both run through ``fit``: length-bucketed
-batches to a token budget (few shapes, few compiles), T5X's Adafactor or
-AdamW with warmup + cosine decay, jitted steps of any ``loss_fn(params,
-batch[, frozen])``, orbax checkpoints (same data order after a restart), a
-wall-clock cap, a JSONL loss log, data-parallel on a mesh."""
+"""One training loop (``fit``) for teacher-forced training and draft distillation:
+length-bucketed batches to a token budget, T5X's Adafactor or AdamW with warmup +
+cosine decay, jitted steps of any ``loss_fn``, orbax checkpoints (same data order
+after a restart), a wall-clock cap, a JSONL loss log, data-parallel on a mesh."""
 
 from __future__ import annotations
 
@@ -35,9 +33,6 @@ def buckets_upto(max_len: int) -> tuple[int, ...]:
   return tuple(b for b in ladder if b < max_len) + (max_len,)
 
 
-# ---------------------------------------------------------------- batching
-
-
 def bucket_len(n: int, buckets: Sequence[int] = BUCKETS) -> int:
   for b in buckets:
     if n <= b:
@@ -46,10 +41,7 @@ def bucket_len(n: int, buckets: Sequence[int] = BUCKETS) -> int:
 
 
 def oversample_long(pairs: Sequence[Pair], min_tokens: int, times: int) -> list[Pair]:
-  """``pairs`` with every pair whose longer side has >= ``min_tokens`` tokens
-  repeated ``times`` times in all. Long pairs are often rare, and a model
-  trained on them in proportion can loop on long inputs; repeating them gives
-  those lengths more steps without dropping anything else."""
+  """``pairs`` with those of >= ``min_tokens`` tokens repeated ``times`` times in all."""
   if min_tokens < 1 or times < 1:
     raise ValueError(f"oversample_long: min_tokens={min_tokens} and times={times} must be >= 1")
   out = list(pairs)
@@ -60,10 +52,7 @@ def oversample_long(pairs: Sequence[Pair], min_tokens: int, times: int) -> list[
 
 
 def batch_rows(length: int, batch_tokens: int, rows_multiple: int = 1) -> int:
-  """Rows of a batch padded to ``length``: as many as fit in ``batch_tokens``,
-  rounded down to a multiple of ``rows_multiple`` (the mesh's 'data' axis, so
-  every data shard gets the same rows), and at least ``rows_multiple`` (one row
-  per shard when a single row is already longer than the budget)."""
+  """Rows of a batch padded to ``length``: a multiple of ``rows_multiple`` ('data')."""
   if rows_multiple < 1:
     raise ValueError(f"rows_multiple must be >= 1, got {rows_multiple}")
   return max(rows_multiple, batch_tokens // length // rows_multiple * rows_multiple)
@@ -71,8 +60,7 @@ def batch_rows(length: int, batch_tokens: int, rows_multiple: int = 1) -> int:
 
 def make_batches(pairs: Sequence[Pair], batch_tokens: int, rng: np.random.Generator,
                  buckets: Sequence[int] = BUCKETS, rows_multiple: int = 1) -> list[list[int]]:
-  """Index batches of similar length, each padded size <= batch_tokens (rows per
-  ``batch_rows``); shuffled."""
+  """Shuffled index batches of similar length (rows per ``batch_rows``)."""
   by_bucket: dict[int, list[int]] = {}
   for i in rng.permutation(len(pairs)):
     s, t = pairs[i]
@@ -87,8 +75,7 @@ def make_batches(pairs: Sequence[Pair], batch_tokens: int, rng: np.random.Genera
 
 def pad_batch(pairs: Sequence[Pair], idx: Sequence[int], batch_tokens: int,
               buckets: Sequence[int] = BUCKETS, rows_multiple: int = 1) -> Batch:
-  """{'inputs', 'targets'}: [B, L] int32, zero (pad) filled; B fixed per bucket L
-  (``batch_rows``)."""
+  """{'inputs', 'targets'}: [B, L] int32, zero (pad) filled; B fixed per bucket L."""
   length = bucket_len(max(max(len(pairs[i][0]), len(pairs[i][1])) for i in idx), buckets)
   bs = batch_rows(length, batch_tokens, rows_multiple)
   inputs = np.zeros((bs, length), np.int32)
@@ -122,22 +109,16 @@ def fixed_batches(pairs: Sequence[Pair], batch_tokens: int,
                                   rows_multiple)]
 
 
-# ---------------------------------------------------------------- losses
-
-
 def token_ce_sums(model: T5Model, params, inputs, targets,
                   dropout_rng: Optional[jax.Array] = None) -> tuple[jax.Array, jax.Array]:
-  """Summed teacher-forced token cross-entropy over non-pad targets, and the count."""
-  logits = model(params, inputs, shift_right(targets, model.config.decoder_start_id),
-                 dropout_rng)
+  logits = model(params, inputs, shift_right(targets, model.config.decoder_start_id), dropout_rng)
   mask = (targets != model.config.pad_id).astype(jnp.float32)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
   return jnp.sum(ce * mask), jnp.sum(mask)
 
 
 def ce_loss(model: T5Model) -> Callable:
-  """loss_fn for plain training: mean token cross-entropy on the batch's targets,
-  with dropout at ``model.config.dropout_rate`` (keyed by ``fit``'s step key)."""
+  """loss_fn for plain training: mean token cross-entropy, with the config's dropout."""
   def loss_fn(params, batch):
     rng = batch["step_key"] if model.config.dropout_rate > 0 else None
     total, n = token_ce_sums(model, params, batch["inputs"], batch["targets"], rng)
@@ -146,14 +127,11 @@ def ce_loss(model: T5Model) -> Callable:
   return loss_fn
 
 
-# ---------------------------------------------------------------- optimizers
-
-
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
   """``name``: 'adafactor' (T5X's recipe) or 'adamw'. LR: linear warmup over
-  ``warmup_steps`` (default min(500, span/10)) then cosine decay to
-  ``end_fraction`` of the peak over [schedule_start, total_steps]."""
+  ``warmup_steps`` (default min(500, span/10)), then cosine decay to ``end_fraction``
+  of the peak over [schedule_start, total_steps]."""
 
   name: str = "adafactor"
   peak_lr: float = 1e-3
@@ -166,15 +144,8 @@ class OptimizerConfig:
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-  """The optimizer of ``cfg``; ``schedule_start > 0`` continues a finished run
-  with a fresh schedule (the restored step count is shifted by it).
-
-  Adafactor as T5X configures it: factored second moments, no momentum, update
-  clipping at RMS 1, and steps relative to each parameter's RMS scale
-  (``multiply_by_parameter_scale``), so a query kernel initialized at
-  1/sqrt(d*head_dim) (T5's folded attention scaling) moves in proportion to its
-  size instead of by an absolute Adam step.
-  """
+  """The optimizer of ``cfg``. Adafactor as T5X configures it: factored, no momentum,
+  update clipping at 1, steps relative to each parameter's RMS scale."""
   if cfg.name not in ("adafactor", "adamw"):
     raise ValueError(f"optimizer must be 'adafactor' or 'adamw', got {cfg.name!r}")
   span = max(1, cfg.total_steps - cfg.schedule_start)
@@ -190,9 +161,6 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
   return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)
 
 
-# ---------------------------------------------------------------- the loop
-
-
 @dataclasses.dataclass
 class FitResult:
   params: Any
@@ -202,16 +170,14 @@ class FitResult:
 
 
 def host_value(x: Any) -> np.ndarray:
-  """A replicated (or one-device) array's value on this host; every process
-  holds a full copy of a replicated array, even when it spans hosts."""
+  """A replicated (or one-device) array's value on this host."""
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
     return np.asarray(x.addressable_data(0))
   return np.asarray(jax.device_get(x))
 
 
 def _restart_log(path: str, upto_step: int, primary: bool) -> list[dict]:
-  """Log records up to the resumed step (later ones are redone after a
-  restart), written back as the log by the ``primary`` process."""
+  """Log records up to the resumed step, written back by the ``primary`` process."""
   recs = []
   if os.path.exists(path):
     with open(path) as f:
@@ -225,17 +191,9 @@ def _restart_log(path: str, upto_step: int, primary: bool) -> list[dict]:
 
 def make_train_step(loss_fn: Callable, opt: optax.GradientTransformation,
                     partitioner: Optional[Partitioner] = None) -> Callable:
-  """The jitted step ``fit`` runs: step(params, opt_state, batch, frozen) ->
-  (params, opt_state, loss, aux).
-
-  ``loss_fn(params, batch)`` when ``frozen`` is None, else ``loss_fn(params,
-  batch, frozen)``: weights that are read but not trained (a distillation
-  target) enter as an argument, never as constants baked into the program, and
-  keep the sharding they were placed with. params and opt_state are donated,
-  ``frozen`` is not. With a ``partitioner`` every output is replicated on its
-  mesh; given batches split over its 'data' axis, each device then computes the
-  gradient of its rows and GSPMD reduces the gradients across 'data'.
-  """
+  """The jitted step(params, opt_state, batch, frozen) -> (params, opt_state, loss, aux):
+  ``frozen`` (e.g. a distillation target) is an argument, never a baked constant;
+  params and opt_state are donated; with a ``partitioner``, data-parallel."""
   def step(params, opt_state, batch, frozen):
     fn = loss_fn if frozen is None else lambda p, b: loss_fn(p, b, frozen)
     (loss, aux), grads = jax.value_and_grad(fn, has_aux=True)(params, batch)
@@ -247,8 +205,6 @@ def make_train_step(loss_fn: Callable, opt: optax.GradientTransformation,
 
 
 def place_batch(batch: Batch, partitioner: Optional[Partitioner]) -> dict:
-  """A host batch as the train step takes it: unchanged without a partitioner,
-  else every array split over the mesh's 'data' axis by rows."""
   if partitioner is None:
     return dict(batch)
   return {k: partitioner.shard_batch(v, f"batch {k!r}") for k, v in batch.items()}
@@ -256,11 +212,7 @@ def place_batch(batch: Batch, partitioner: Optional[Partitioner]) -> dict:
 
 def _train_copy(params: Any, opt: optax.GradientTransformation,
                 partitioner: Optional[Partitioner]) -> tuple[Any, Any]:
-  """A copy of ``params`` and the optimizer's initial state, placed for training:
-  the step donates its params, so it never trains on the caller's arrays.
-  Without a partitioner both are committed to one device like the step's
-  outputs (so the second step reuses the first one's compiled program); with
-  one, replicated on its mesh."""
+  """A copy of ``params`` (the step donates them) and the optimizer's state, placed."""
   if partitioner is None:
     device = jax.local_devices()[0]
     params = jax.device_put(jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params),
@@ -274,8 +226,7 @@ def _train_copy(params: Any, opt: optax.GradientTransformation,
 
 def _resume(mngr: ocp.CheckpointManager, params: Any, opt_state: Any
             ) -> tuple[Any, Any, int, float]:
-  """(params, opt_state, step, seconds trained before) from the newest
-  checkpoint of ``mngr``, or the given state at step 0."""
+  """(params, opt_state, step, seconds trained) from the newest checkpoint, or step 0."""
   if mngr.latest_step() is None:
     return params, opt_state, 0, 0.0
   state = {"params": params, "opt_state": opt_state, "elapsed": np.zeros((), np.float64)}
@@ -286,11 +237,8 @@ def _resume(mngr: ocp.CheckpointManager, params: Any, opt_state: Any
 
 def _record(step: int, window: dict[str, list], evaluate: Optional[Callable[[Any], dict]],
             params: Any, wall_s: float) -> dict:
-  """One line of the loss log: the metrics' means over the steps since the
-  last line (device scalars, read back only now), the evaluation's metrics,
-  and the wall time trained so far."""
-  rec = {"step": step, **{k: float(np.mean([host_value(x) for x in v]))
-                          for k, v in window.items()}}
+  """One loss-log line: the metrics' means since the last line, the evaluation, wall time."""
+  rec = {"step": step, **{k: float(np.mean([host_value(x) for x in v])) for k, v in window.items()}}
   if evaluate is not None:
     rec.update(evaluate(params))
   rec["wall_s"] = round(wall_s, 1)
@@ -299,8 +247,7 @@ def _record(step: int, window: dict[str, list], evaluate: Optional[Callable[[Any
 
 def _clock(t0: float, last_save: float, max_minutes: Optional[float],
            ckpt_minutes: float) -> tuple[bool, bool]:
-  """(over the time limit, a checkpoint due) now; on several processes,
-  process 0's answer for all (saving and stopping are collective)."""
+  """(over the time limit, a checkpoint due); process 0 decides for all."""
   over_time = max_minutes is not None and time.time() - t0 > 60 * max_minutes
   due = time.time() - last_save > 60 * ckpt_minutes
   if jax.process_count() > 1:
@@ -309,36 +256,17 @@ def _clock(t0: float, last_save: float, max_minutes: Optional[float],
   return over_time, due
 
 
-def _append(log_path: str, rec: dict, primary: bool) -> None:
-  """Appends one record to the loss log (process 0 writes it)."""
-  if primary:
-    with open(log_path, "a") as f:
-      f.write(json.dumps(rec) + "\n")
-
-
 def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Batch]],
         opt_cfg: OptimizerConfig, run_dir: str, *,
         evaluate: Optional[Callable[[Any], dict]] = None, eval_every: int = 250,
-        seed: int = 0,
-        ckpt_minutes: float = 3.0, max_minutes: Optional[float] = None,
+        seed: int = 0, ckpt_minutes: float = 3.0, max_minutes: Optional[float] = None,
         name: str = "model", log_fn: Callable[[str], None] = print,
         optimizer: Optional[optax.GradientTransformation] = None,
         frozen: Any = None, partitioner: Optional[Partitioner] = None) -> FitResult:
-  """Train ``params`` to ``opt_cfg.total_steps`` steps of ``loss_fn``.
-
-    loss_fn(params, batch[, frozen]) -> (scalar loss, dict of scalar metrics)
-    is jitted with the optimizer update (``make_train_step``); ``frozen`` (e.g.
-    a distillation target's weights) is passed as an argument, never trained.
-    ``batch['step_key']`` is a PRNG key from ``seed`` and the step, and
-    make_stream(start_step) yields the batches from that step on, so a resumed
-    run (from the newest orbax checkpoint under ``run_dir/ckpt``) draws the
-    same data and randomness. ``max_minutes`` stops early (and saves);
-    evaluate(params) is logged every ``eval_every`` steps and at the end;
-    ``optimizer`` replaces ``make_optimizer(opt_cfg)``.
-
-    ``partitioner``: data-parallel on its mesh (params and optimizer state
-    replicated, each batch split over 'data', ``batch_rows``); process 0 writes
-    the loss log."""
+  """Train ``params`` for ``opt_cfg.total_steps`` steps of ``loss_fn(params, batch[,
+  frozen]) -> (loss, metrics)``. ``batch['step_key']`` and ``make_stream(start)`` depend
+  on the step only, so a run resumed from ``run_dir/ckpt`` sees the same data;
+  ``max_minutes`` stops early (and saves); ``evaluate`` runs every ``eval_every`` steps."""
   run_dir = os.path.abspath(run_dir)
   primary = jax.process_index() == 0
   os.makedirs(run_dir, exist_ok=True)
@@ -367,8 +295,7 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
     batch["step_key"] = jax.random.fold_in(jax.random.PRNGKey(seed), step)
     params, opt_state, loss, aux = train_step(params, opt_state, batch, frozen)
     step += 1
-    # Device scalars: read back only when logged, so steps dispatch without a
-    # host round trip each.
+    # Device scalars, read back only when logged (no host round trip per step).
     for k, v in {"train_loss": loss, **aux}.items():
       window.setdefault(k, []).append(v)
     done = step >= opt_cfg.total_steps
@@ -377,7 +304,9 @@ def fit(loss_fn: Callable, params: Any, make_stream: Callable[[int], Iterator[Ba
       rec = _record(step, window, evaluate, params, elapsed_before + time.time() - t0)
       window = {}
       log.append(rec)
-      _append(log_path, rec, primary)
+      if primary:
+        with open(log_path, "a") as f:
+          f.write(json.dumps(rec) + "\n")
       log_fn(f"[{name}] {json.dumps(rec)}")
     if due or done or over_time:
       save(step)

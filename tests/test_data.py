@@ -242,5 +242,5 @@ def test_the_seqio_path_hides_accelerators_from_tensorflow(monkeypatch):
   calls = []
   monkeypatch.setattr(tf.config, "set_visible_devices",
                       lambda devices, kind: calls.append((list(devices), kind)))
-  data._import_optional("seqio", "this test")
+  data.import_optional("seqio", "this test")
   assert ([], "GPU") in calls and ([], "TPU") in calls

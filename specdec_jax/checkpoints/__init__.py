@@ -1,20 +1,9 @@
-"""Loading and saving T5 parameters in four on-disk formats, from local paths
-or ``gs://`` (``specdec_jax.storage``), straight into (sharded) device memory.
-
-* ``specdec``: our own, ``config.json`` (the ``T5Config``) and ``params/`` (an
-  orbax PyTree). ``specdec.py``.
-* ``t5x``: T5X's legacy layout, ``checkpoint_<step>/checkpoint`` (msgpack, its
-  leaves inline arrays or TensorStore zarr specs), or the same in
-  ``checkpoint_<step>/state/`` without orbax ``_METADATA``. ``t5x_legacy.py``.
-* ``t5x_orbax``: ``checkpoint_<step>/state/`` written by orbax (OCDBT); only
-  the parameters are restored. ``t5x_orbax.py``.
-* ``hf``: a Hugging Face T5 directory (safetensors, or locally
-  ``pytorch_model.bin``, possibly sharded); also ``export_hf``. ``hf.py``.
-
-Every loader checks the stored names and shapes against
-``param_shapes(config)`` before reading anything, then reads each array once
-into its sharding and dtype (``placement.py``: a host holds about one array
-per array in flight, so a 44 GB T5-XXL loads on a host with far less memory)."""
+"""Loading and saving T5 parameters, local or ``gs://``, straight into (sharded) device
+memory, in four formats: ``specdec`` (ours: ``config.json`` + orbax ``params/``),
+``t5x`` (T5X's msgpack ``checkpoint``), ``t5x_orbax`` (T5X's orbax ``state/``) and
+``hf`` (Hugging Face; also ``export_hf``). Names and shapes are checked against the
+config before any read; each array is then read once into its sharding and dtype
+(``placement.py``), so a host holds about one array per array in flight."""
 
 from __future__ import annotations
 
@@ -26,7 +15,7 @@ from specdec_jax import storage
 from specdec_jax.checkpoints.common import (FORMATS, HF_WEIGHT_FILES, ORBAX_METADATA,
                                             SPECDEC_PARAMS_DIR, T5X_MSGPACK, T5X_ORBAX_ITEM,
                                             CheckpointError, CheckpointExistsError,
-                                            CheckpointNotFoundError, Reader, check_shapes,
+                                            CheckpointNotFoundError, check_shapes,
                                             config_from_dict, expected_shapes, few, is_dir,
                                             is_gcs, join, latest_step_dir, listdir,
                                             require_dir)
@@ -41,14 +30,14 @@ from specdec_jax.partitioning import Partitioner
 
 __all__ = [
     "FORMATS", "CheckpointError", "CheckpointExistsError", "CheckpointNotFoundError",
-    "Reader", "ReadStats", "check_shapes", "config_from_dict", "count_reads",
+    "ReadStats", "check_shapes", "config_from_dict", "count_reads",
     "detect_format", "expected_shapes", "export_hf", "hf_config_to_t5", "hf_name_map",
     "load_checkpoint", "peek_config", "save_checkpoint", "t5_to_hf_config",
 ]
 
 
 def _orbax_step_dir(path: str) -> str:
-  """``path`` itself if it holds an orbax ``state/``, else its latest checkpoint_<step>."""
+  """``path`` if it holds an orbax ``state/``, else its latest checkpoint_<step>."""
   if is_dir(join(path, T5X_ORBAX_ITEM)):
     return path
   latest = latest_step_dir(path)
@@ -59,9 +48,7 @@ def _orbax_step_dir(path: str) -> str:
 
 
 def _is_t5x_state(state_dir: str) -> bool:
-  """Whether ``state/`` holds T5X's own msgpack format rather than orbax's:
-  a msgpack ``checkpoint`` file and no orbax ``_METADATA`` beside it (T5X's
-  own rule, checkpoint_utils.detect_checkpoint_type)."""
+  """Whether ``state/`` holds T5X's msgpack (a ``checkpoint`` and no ``_METADATA``)."""
   if not is_dir(state_dir):
     return False
   names = set(listdir(state_dir))
@@ -69,7 +56,6 @@ def _is_t5x_state(state_dir: str) -> bool:
 
 
 def _t5x_kind(directory: str, names: set[str]) -> Optional[str]:
-  """'t5x' or 't5x_orbax' for a checkpoint_<step> directory holding ``names``."""
   if T5X_MSGPACK in names:
     return "t5x"
   if T5X_ORBAX_ITEM in names:
@@ -78,10 +64,7 @@ def _t5x_kind(directory: str, names: set[str]) -> Optional[str]:
 
 
 def _t5x_msgpack_dir(path: str) -> str:
-  """The directory holding the T5X msgpack ``checkpoint`` file: ``path`` or
-  its ``state/``, else its latest checkpoint_<step> or that one's ``state/``
-  (the step directory itself when it holds neither, so that the error names
-  the missing file)."""
+  """The directory of the T5X msgpack: ``path``, its ``state/``, or its latest step's."""
   if storage.is_file(join(path, T5X_MSGPACK)):
     return path
   if _is_t5x_state(join(path, T5X_ORBAX_ITEM)):
@@ -95,8 +78,7 @@ def _t5x_msgpack_dir(path: str) -> str:
 
 
 def detect_format(path: str) -> str:
-  """Which of 'specdec', 't5x', 't5x_orbax', 'hf' the directory holds
-  (a ``gs://`` directory is listed once)."""
+  """Which of 'specdec', 't5x', 't5x_orbax', 'hf' the directory holds."""
   with storage.cached_listings():
     require_dir(path)
     names = set(listdir(path))
@@ -121,15 +103,8 @@ def detect_format(path: str) -> str:
 
 def peek_config(path: str, fmt: str = "auto", preset: Optional[str] = None,
                 dtype: str = "float32") -> Optional[T5Config]:
-  """A checkpoint's architecture from its preset or ``config.json``, reading
-  no weights (activations at ``dtype``); None when the checkpoint does not
-  say (a T5X one without a preset: the loader checks its shapes then).
-
-  For ``gs://`` only ``config.json`` is read (no listing): a T5X checkpoint
-  has none, and a Hugging Face one is told from ours by its keys. A ``gs://``
-  endpoint that cannot be reached, or refuses access, is raised here (one
-  line, before anything else is read); any other problem is left to the load.
-  """
+  """A checkpoint's architecture from its preset or ``config.json`` (no weights read); None
+  when it does not say. An unreachable ``gs://`` raises; other problems are the load's."""
   if preset:
     return get_config(preset, dtype=dtype)
   try:
@@ -160,34 +135,14 @@ def peek_config(path: str, fmt: str = "auto", preset: Optional[str] = None,
 def load_checkpoint(path: str, fmt: str = "auto", config: Optional[T5Config] = None,
                     param_dtype: Any = "float32",
                     partitioner: Optional[Partitioner] = None) -> tuple[dict, T5Config]:
-  """Loads T5 parameters (a T5X-named tree of ``jax.Array``) and their config.
+  """T5 parameters (a T5X-named tree of ``jax.Array``) and their config.
 
-  Args:
-    path: a checkpoint directory, local or ``gs://`` (every format; Hugging
-      Face weights in Cloud Storage as safetensors); for T5X formats either a
-      ``checkpoint_<step>`` directory or a model directory holding several
-      (the largest step wins).
-    fmt: 'auto' (detect from the directory contents), 'specdec', 't5x',
-      't5x_orbax' or 'hf'.
-    config: required for T5X formats (their checkpoints do not record the
-      architecture), e.g. ``PRESETS['t5_1_1_xl']``. For self-describing formats
-      it is optional and must agree with the stored one except in ``dtype``.
-    param_dtype: dtype of the kernels and the embedding, cast as they are
-      read; norm scales and relative-position tables stay float32
-      (``models.t5.stored_dtype``).
-    partitioner: each array is read straight into
-      ``partitioner.param_sharding(name, shape)``, every device reading only
-      its own slice; None places everything on the first local device.
-
-  Raises:
-    CheckpointNotFoundError: a missing directory or file (for ``gs://``, also
-      a missing bucket, said so).
-    StorageError: a ``gs://`` endpoint that cannot be reached, or a refused
-      request (``specdec_jax.storage``; one-line messages).
-    CheckpointError: corrupt files, unknown/missing parameters, or shapes
-      (including the vocabulary size) that disagree with the config.
-    PartitioningError: a dimension the mesh does not divide (before any read).
-  """
+  path: local or ``gs://`` (T5X: a ``checkpoint_<step>`` or the model directory, whose
+  largest step wins); config: required for T5X formats, else it must match the stored
+  one but for ``dtype``; param_dtype: of kernels and the embedding (norms stay float32);
+  partitioner: each device reads its own slice (None: one device). A missing path,
+  unreachable storage, corrupt files, mismatched names/shapes or an indivisible mesh
+  dimension is one error naming it."""
   if fmt not in FORMATS:
     raise ValueError(f"unknown checkpoint format {fmt!r}; expected one of {FORMATS}")
   path = path.rstrip("/") if is_gcs(path) else os.path.abspath(path)

@@ -1,20 +1,17 @@
-"""What every checkpoint format shares: errors, local and gs:// path helpers,
-'/'-joined name trees, shape checks against a config, config parsing, and
-orbax metadata. Internal to ``specdec_jax.checkpoints``; the package
-re-exports the public names.
-"""
+"""What every checkpoint format shares: errors, path helpers, '/'-joined name trees,
+shape and config checks, orbax metadata."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import re
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specdec_jax import storage
 from specdec_jax.models.t5 import T5Config, param_shapes
@@ -32,10 +29,6 @@ T5X_ORBAX_ITEM = "state"
 ORBAX_METADATA = "_METADATA"
 STEP_DIR_RE = re.compile(r"^checkpoint_(\d+)$")
 
-# A whole-array reader; kept for importers of the old module (loaders now
-# read slices, see ``placement.SliceReader``).
-Reader = Callable[[], np.ndarray]
-
 
 class CheckpointError(ValueError):
   """A checkpoint is malformed or disagrees with the model configuration."""
@@ -49,33 +42,15 @@ class CheckpointExistsError(CheckpointError, FileExistsError):
   """Refusing to overwrite a non-empty directory."""
 
 
-# ------------------------------------------------------------ path helpers
-# Local and gs:// paths go through ``specdec_jax.storage`` (TensorStore's gcs
-# kvstore for gs://, with bounded retries and one-line errors).
-
-
-def is_gcs(path: str) -> bool:
-  return storage.is_gcs(path)
-
-
-def join(base: str, *parts: str) -> str:
-  return storage.join(base, *parts)
-
-
-def split_gcs(path: str) -> tuple[str, str]:
-  """'gs://bucket/a/b' -> ('bucket', 'a/b')."""
-  try:
-    return storage.split(path)
-  except ValueError as e:
-    raise CheckpointError(str(e)) from None
+# Path helpers: storage's.
+is_gcs, join, is_dir, exists = storage.is_gcs, storage.join, storage.is_dir, storage.exists
 
 
 def kvstore_spec(path: str) -> dict:
-  """A TensorStore kvstore spec for a local or ``gs://`` path (open it with
-  ``context=storage.context()``)."""
-  if is_gcs(path):
-    split_gcs(path)
-  return storage.kvstore_spec(path)
+  try:
+    return storage.kvstore_spec(path)
+  except ValueError as e:  # a malformed gs:// URL
+    raise CheckpointError(str(e)) from None
 
 
 def listdir(path: str) -> list[str]:
@@ -87,22 +62,21 @@ def listdir(path: str) -> list[str]:
     raise CheckpointNotFoundError(str(e)) from None
 
 
-def is_dir(path: str) -> bool:
-  return storage.is_dir(path)
-
-
-def exists(path: str) -> bool:
-  return storage.exists(path)
-
-
 def read_bytes(path: str) -> bytes:
-  """The file's bytes; a missing one is a CheckpointNotFoundError naming it
-  (for gs://, also whether the bucket exists)."""
+  """The file's bytes; a missing one is a CheckpointNotFoundError naming it."""
   try:
     return storage.read_bytes(path, "checkpoint file")
   except storage.StorageNotFoundError as e:
     raise CheckpointNotFoundError(f"{path}: file not found" if not is_gcs(path)
                                   else str(e)) from None
+
+
+def read_json(path: str) -> Any:
+  """A JSON file's content; invalid JSON is a CheckpointError naming the file."""
+  try:
+    return json.loads(read_bytes(path))
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f"{path}: invalid JSON: {e}") from e
 
 
 def require_dir(path: str) -> None:
@@ -115,14 +89,12 @@ def require_dir(path: str) -> None:
     raise CheckpointNotFoundError(f"checkpoint directory {path} is an object, not a prefix "
                                   "with objects under it")
   # Says whether the bucket is missing, or only the objects under the prefix.
-  raise CheckpointNotFoundError(str(storage.not_found(path, "checkpoint directory",
-                                                      prefix=True)))
+  raise CheckpointNotFoundError(str(storage.not_found(path, "checkpoint directory", prefix=True)))
 
 
 def latest_step_dir(path: str) -> Optional[str]:
   """The ``checkpoint_<step>`` child with the largest step, if any."""
-  steps = [(int(m.group(1)), name) for name in listdir(path)
-           if (m := STEP_DIR_RE.match(name))]
+  steps = [(int(m.group(1)), name) for name in listdir(path) if (m := STEP_DIR_RE.match(name))]
   return join(path, max(steps)[1]) if steps else None
 
 
@@ -132,9 +104,6 @@ def check_overwrite(directory: str, overwrite: bool) -> None:
         f"{directory} exists and is not empty; pass overwrite=True to replace it")
   if os.path.exists(directory) and not os.path.isdir(directory):
     raise CheckpointExistsError(f"{directory} exists and is not a directory")
-
-
-# ------------------------------------------------------------ tree helpers
 
 
 # One implementation of the '/'-joined naming, shared with the axis rules.
@@ -154,14 +123,10 @@ def subtree_keys(tree: Mapping, candidates: Sequence[tuple[str, ...]]) -> Option
 
 
 def params_dtype_tree(params: Any, dtype: Optional[str]) -> Any:
-  """``params`` with every leaf cast to ``dtype`` (unchanged for None)."""
   if dtype is None:
     return params
   dt = jnp.dtype(dtype)
   return jax.tree_util.tree_map(lambda x: jnp.asarray(x).astype(dt), params)
-
-
-# ------------------------------------------------------------ shape and config checks
 
 
 @functools.lru_cache(maxsize=16)
@@ -177,13 +142,8 @@ def few(names: Iterable[str], n: int = 5) -> str:
   return ", ".join(names[:n]) + more
 
 
-def check_shapes(shapes: Mapping[str, tuple[int, ...]], config: T5Config,
-                 source: str) -> None:
-  """Raises CheckpointError unless ``shapes`` is exactly the config's tree.
-
-  ``shapes`` maps '/'-joined parameter names to shapes; ``source`` (a path)
-  prefixes every message.
-  """
+def check_shapes(shapes: Mapping[str, tuple[int, ...]], config: T5Config, source: str) -> None:
+  """CheckpointError (led by ``source``) unless ``shapes`` is exactly the config's tree."""
   want = expected_shapes(config)
   missing = set(want) - set(shapes)
   extra = set(shapes) - set(want)
@@ -210,7 +170,6 @@ def check_shapes(shapes: Mapping[str, tuple[int, ...]], config: T5Config,
 
 
 def config_from_dict(fields: Mapping[str, Any], source: str = "config") -> T5Config:
-  """A T5Config from its fields; unknown keys are an error naming ``source``."""
   known = {f.name for f in dataclasses.fields(T5Config)}
   unknown = set(fields) - known
   if unknown:
@@ -235,9 +194,6 @@ def reconcile_config(stored: T5Config, given: Optional[T5Config], source: str) -
   return given
 
 
-# ------------------------------------------------------------ orbax metadata
-
-
 def root_cause(e: BaseException) -> str:
   """The first line of the innermost exception (which names the file, for TensorStore)."""
   seen = set()
@@ -249,7 +205,7 @@ def root_cause(e: BaseException) -> str:
 
 
 def orbax_metadata_tree(directory: str) -> dict:
-  """The saved tree of an orbax PyTree checkpoint, with metadata leaves (no data)."""
+  """The saved tree of a local orbax PyTree checkpoint, with metadata leaves."""
   import orbax.checkpoint as ocp
   try:
     meta = ocp.PyTreeCheckpointer().metadata(directory)
@@ -263,5 +219,4 @@ def orbax_metadata_tree(directory: str) -> dict:
 
 
 def metadata_shapes(tree: Mapping) -> dict[str, tuple[int, ...]]:
-  """{name: shape} of an orbax metadata (sub)tree."""
   return {k: tuple(v.shape) for k, v in flatten(tree).items()}

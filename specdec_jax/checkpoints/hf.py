@@ -1,12 +1,6 @@
-"""Hugging Face T5: a directory with ``config.json`` and ``model.safetensors``
-or ``pytorch_model.bin`` (optionally sharded with an index file); loading,
-exporting (a streaming safetensors writer), config conversion and the
-parameter name map.
-
-HF stores Linear weights as [out, in] and relative biases as [buckets, H],
-the transposes of our kernels and ``rel_embedding``: a device's slice of one
-of ours is read as the transposed slice of HF's tensor, then transposed.
-"""
+"""Hugging Face T5 directories: loading, exporting, config conversion and the name map.
+HF's Linear weights [out, in] and relative biases [buckets, H] are the transposes of
+our kernels and ``rel_embedding``; a slice of ours is read transposed from HF's."""
 
 from __future__ import annotations
 
@@ -29,23 +23,16 @@ from specdec_jax.checkpoints import placement
 from specdec_jax.checkpoints.common import (HF_WEIGHT_FILES, CheckpointError,
                                             CheckpointNotFoundError, check_overwrite,
                                             check_shapes, few, flatten, is_gcs, join,
-                                            read_bytes, reconcile_config)
+                                            read_bytes, read_json, reconcile_config)
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.partitioning import Partitioner
 
 
-# ------------------------------------------------------------ configs and names
-
-
 def hf_config_to_t5(hf: Mapping[str, Any], dtype: str = "float32",
                     source: str = "config.json") -> T5Config:
-  """Our T5Config from a Hugging Face T5 ``config.json`` dict.
-
-  T5 1.0 is a ReLU MLP with logits through the embedding scaled by
-  1/sqrt(d_model); T5 1.1 is gated-GELU with unscaled logits. Transformers
-  4.x marks the scaling with ``tie_word_embeddings``; 5.x always ties and
-  writes ``scale_decoder_outputs`` instead, so that key wins when present.
-  """
+  """Our T5Config from a Hugging Face T5 ``config.json`` dict. T5 1.0: ReLU, logits via
+  the embedding scaled by 1/sqrt(d_model); 1.1: gated-GELU, unscaled. Transformers 5.x
+  writes ``scale_decoder_outputs`` (which wins), 4.x ``tie_word_embeddings``."""
   model_type = hf.get("model_type", "t5")
   if model_type not in ("t5", "mt5"):
     raise CheckpointError(f"{source}: model_type {model_type!r} is not supported "
@@ -85,30 +72,20 @@ def hf_config_to_t5(hf: Mapping[str, Any], dtype: str = "float32",
 
 
 def t5_to_hf_config(config: T5Config) -> dict:
-  """The Hugging Face ``config.json`` dict for a T5Config (inverse of the above)."""
+  c = config
   return {
-      "architectures": ["T5ForConditionalGeneration"],
-      "model_type": "t5",
-      "vocab_size": config.vocab_size,
-      "d_model": config.d_model,
-      "d_kv": config.head_dim,
-      "d_ff": config.d_ff,
-      "num_heads": config.num_heads,
-      "num_layers": config.num_encoder_layers,
-      "num_decoder_layers": config.num_decoder_layers,
-      "relative_attention_num_buckets": config.relative_attention_num_buckets,
-      "relative_attention_max_distance": config.relative_attention_max_distance,
-      "layer_norm_epsilon": config.layer_norm_epsilon,
-      "feed_forward_proj": "gated-gelu" if config.gated else "relu",
-      # 4.x reads the logits scaling from this; 5.x turns it into
-      # scale_decoder_outputs and keeps lm_head untied when it differs.
-      "tie_word_embeddings": config.logits_via_embedding,
-      "is_encoder_decoder": True,
-      "pad_token_id": config.pad_id,
-      "eos_token_id": config.eos_id,
-      "decoder_start_token_id": config.decoder_start_id,
-      "initializer_factor": 1.0,
-  }
+      "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
+      "vocab_size": c.vocab_size, "d_model": c.d_model, "d_kv": c.head_dim, "d_ff": c.d_ff,
+      "num_heads": c.num_heads, "num_layers": c.num_encoder_layers,
+      "num_decoder_layers": c.num_decoder_layers,
+      "relative_attention_num_buckets": c.relative_attention_num_buckets,
+      "relative_attention_max_distance": c.relative_attention_max_distance,
+      "layer_norm_epsilon": c.layer_norm_epsilon,
+      "feed_forward_proj": "gated-gelu" if c.gated else "relu",
+      # 4.x reads the logits scaling from this; 5.x turns it into scale_decoder_outputs.
+      "tie_word_embeddings": c.logits_via_embedding, "is_encoder_decoder": True,
+      "pad_token_id": c.pad_id, "eos_token_id": c.eos_id,
+      "decoder_start_token_id": c.decoder_start_id, "initializer_factor": 1.0}
 
 
 # HF keys that alias other weights (tied embeddings) or that HF itself ignores.
@@ -117,11 +94,7 @@ HF_IGNORED = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
 
 
 def hf_name_map(config: T5Config) -> dict[str, tuple[str, bool]]:
-  """{our param name: (HF state-dict key, transpose?)} for a config.
-
-  HF Linear weights are [out, in] and relative biases [buckets, H], the
-  transposes of T5X's kernels [in, out] and rel_embedding [H, buckets].
-  """
+  """{our param name: (HF state-dict key, transpose?)} for a config."""
   names: dict[str, tuple[str, bool]] = {
       "token_embedder/embedding": ("shared.weight", False),
       "encoder/relpos_bias/rel_embedding":
@@ -161,46 +134,47 @@ def hf_name_map(config: T5Config) -> dict[str, tuple[str, bool]]:
   return names
 
 
-# ------------------------------------------------------------ weight files
-
-
 class SafetensorsFile:
-  """Shapes and sliced reads of one .safetensors file.
+  """One .safetensors file: local tensors memory-mapped, remote ones fetched once each."""
 
-  Uses ``safetensors.safe_open(framework='numpy')``, whose ``get_slice``
-  reads only the requested slice; bfloat16 (which numpy lacks) is sliced from
-  a memmap of the tensor's bytes viewed as ``ml_dtypes.bfloat16``.
-  """
+  DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
+            "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32, "I16": np.int16,
+            "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
   def __init__(self, path: str):
-    from safetensors import safe_open
     self.path = path
     try:
-      self._f = safe_open(path, framework="numpy")
-      self.shapes = {k: tuple(self._f.get_slice(k).get_shape()) for k in self._f.keys()}
-      self._dtypes = {k: self._f.get_slice(k).get_dtype() for k in self._f.keys()}
-    except Exception as e:  # safetensors raises its own error types
-      raise CheckpointError(f"{path}: cannot read safetensors file: {e}") from e
-
-  @functools.cached_property
-  def _header(self) -> tuple[int, dict]:
-    """(offset of the data section, parsed JSON header)."""
-    with open(self.path, "rb") as f:
-      n = int.from_bytes(f.read(8), "little")
-      return 8 + n, json.loads(f.read(n))
+      n = int.from_bytes(storage.read_range(path, 0, 8), "little")
+      self._start = 8 + n
+      header = json.loads(storage.read_range(path, 8, self._start))
+    except (ValueError, TypeError) as e:  # a torn or foreign file
+      raise CheckpointError(f"{path}: cannot read safetensors header: {e}") from e
+    header.pop("__metadata__", None)
+    self._header = header
+    self.shapes = {k: tuple(v["shape"]) for k, v in header.items()}
+    unknown = sorted({v["dtype"] for v in header.values()} - set(self.DTYPES))
+    if unknown:
+      raise CheckpointError(f"{path}: unsupported safetensors dtype(s) {unknown}")
 
   def slice_reader(self, key: str) -> placement.SliceReader:
-    """Reads slices of tensor ``key`` (in HF's layout)."""
-    if self._dtypes[key] != "BF16":
-      tensor = self._f.get_slice(key)
-      return lambda index: tensor[index]
-    start, header = self._header
-    begin, end = header[key]["data_offsets"]
-    raw = np.memmap(self.path, dtype=np.uint16, mode="r", offset=start + begin,
-                    shape=((end - begin) // 2,))
-    mapped = raw.view(ml_dtypes.bfloat16).reshape(self.shapes[key])
-    # Copy: a device buffer must not alias the mapped file.
-    return lambda index: np.array(mapped[index])
+    entry = self._header[key]
+    begin, end = entry["data_offsets"]
+    dtype = np.dtype(self.DTYPES[entry["dtype"]]).newbyteorder("<")
+    if not is_gcs(self.path):
+      try:
+        mapped = np.memmap(self.path, dtype=dtype, mode="r", offset=self._start + begin,
+                           shape=self.shapes[key])
+      except ValueError as e:  # the file ends before the tensor does
+        raise CheckpointError(f"{self.path}: cannot read tensor {key}: {e}") from e
+      return lambda index: np.array(mapped[index])  # a copy: never alias the mapped file
+    held: list[np.ndarray] = []
+
+    def read(index: placement.Index) -> np.ndarray:
+      if not held:
+        raw = storage.read_range(self.path, self._start + begin, self._start + end)
+        held.append(np.frombuffer(raw, dtype=dtype).reshape(self.shapes[key]))
+      return np.array(held[0][index])
+    return read
 
 
 # PyTorch's storage classes in a pytorch_model.bin, by the numpy dtype they hold.
@@ -211,10 +185,7 @@ TORCH_STORAGES = {"FloatStorage": np.float32, "HalfStorage": np.float16,
 
 
 class _TorchUnpickler(pickle.Unpickler):
-  """Reads a pytorch_model.bin's ``data.pkl`` without torch: tensors become
-  (storage key, dtype, offset, shape, strides) records; any global but a
-  tensor, a storage class and an OrderedDict is refused (as torch's
-  ``weights_only`` loading refuses them)."""
+  """A pytorch_model.bin's pickle without torch; any global but tensors is refused."""
 
   def find_class(self, module: str, name: str) -> Any:
     if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
@@ -234,13 +205,7 @@ class _TorchUnpickler(pickle.Unpickler):
 
 
 class TorchBinFile:
-  """Shapes and sliced reads of one pytorch_model.bin, read without torch.
-
-  The file is a zip archive (PyTorch >= 1.6): ``<name>/data.pkl`` pickles the
-  state dict with each tensor's storage, offset, shape and strides; each
-  storage is an uncompressed member ``<name>/data/<key>`` of little-endian
-  values, memory-mapped here. Older (non-zip) files are refused with a way out.
-  """
+  """A zip-format pytorch_model.bin read without torch, its storages memory-mapped."""
 
   def __init__(self, path: str):
     self.path = path
@@ -264,7 +229,6 @@ class TorchBinFile:
     self.shapes = {k: v[3] for k, v in self._tensors.items()}
 
   def _storage(self, key: str, dtype: np.dtype) -> np.ndarray:
-    """Storage ``key`` memory-mapped (a zip member stored uncompressed)."""
     info = self._members[key]
     if info.file_size == 0:
       return np.zeros((0,), dtype)
@@ -278,7 +242,6 @@ class TorchBinFile:
                      shape=(info.file_size // dtype.itemsize,))
 
   def slice_reader(self, key: str) -> placement.SliceReader:
-    """Reads slices of tensor ``key`` (in HF's layout) from the mapped file."""
     storage_key, dtype, offset, shape, strides = self._tensors[key]
     flat = self._storage(storage_key, dtype)
     tensor = np.lib.stride_tricks.as_strided(
@@ -288,50 +251,7 @@ class TorchBinFile:
     return lambda index: np.array(tensor[index])
 
 
-class RemoteSafetensorsFile:
-  """Shapes and sliced reads of one .safetensors object in Cloud Storage.
-
-  The header is read with two ranged requests; a tensor's bytes are fetched
-  once, when its array is placed (the slice reader of one array caches them
-  until that array is on its devices), so the host holds about one tensor.
-  """
-
-  DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
-            "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32, "I16": np.int16,
-            "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-
-  def __init__(self, path: str):
-    self.path = path
-    try:
-      n = int.from_bytes(storage.read_range(path, 0, 8), "little")
-      self._start = 8 + n
-      header = json.loads(storage.read_range(path, 8, self._start))
-    except (ValueError, TypeError) as e:  # a torn or foreign object
-      raise CheckpointError(f"{path}: cannot read safetensors header: {e}") from e
-    header.pop("__metadata__", None)
-    self._header = header
-    self.shapes = {k: tuple(v["shape"]) for k, v in header.items()}
-    unknown = sorted({v["dtype"] for v in header.values()} - set(self.DTYPES))
-    if unknown:
-      raise CheckpointError(f"{path}: unsupported safetensors dtype(s) {unknown}")
-
-  def slice_reader(self, key: str) -> placement.SliceReader:
-    """Reads slices of tensor ``key`` (in HF's layout); fetches it on the first call."""
-    entry = self._header[key]
-    begin, end = entry["data_offsets"]
-    held: list[np.ndarray] = []
-
-    def read(index: placement.Index) -> np.ndarray:
-      if not held:
-        raw = storage.read_range(self.path, self._start + begin, self._start + end)
-        dtype = np.dtype(self.DTYPES[entry["dtype"]]).newbyteorder("<")
-        held.append(np.frombuffer(raw, dtype=dtype).reshape(self.shapes[key]))
-      return np.array(held[0][index])
-    return read
-
-
 def _hf_weight_files(path: str) -> list[str]:
-  """The weight files of an HF directory (one file, or the shards of an index)."""
   for single, index in (("model.safetensors", "model.safetensors.index.json"),
                         ("pytorch_model.bin", "pytorch_model.bin.index.json")):
     if storage.is_file(join(path, single)):
@@ -347,12 +267,10 @@ def _hf_weight_files(path: str) -> list[str]:
 
 
 def _open_weight_file(file_path: str) -> Any:
-  """A reader of one weight file: safetensors (local or gs://) or a local .bin."""
   if not storage.is_file(file_path):
     raise CheckpointNotFoundError(f"{file_path}: weight shard listed in the index is missing")
   if file_path.endswith(".safetensors"):
-    return (RemoteSafetensorsFile(file_path) if is_gcs(file_path)
-            else SafetensorsFile(file_path))
+    return SafetensorsFile(file_path)
   if is_gcs(file_path):
     raise CheckpointError(f"{file_path}: PyTorch .bin weights cannot be read from Cloud "
                           "Storage (they are memory-mapped from a local file); convert them to "
@@ -360,37 +278,20 @@ def _open_weight_file(file_path: str) -> Any:
   return TorchBinFile(file_path)
 
 
-def _open_hf_tensors(path: str) -> dict[str, tuple[Any, tuple[int, ...]]]:
-  """{HF key: (file object with .slice_reader(key), shape)} over all weight files."""
-  tensors = {}
-  for file_path in _hf_weight_files(path):
-    f = _open_weight_file(file_path)
-    for key, shape in f.shapes.items():
-      tensors[key] = (f, shape)
-  return tensors
-
-
 def _transposed_reader(f: Any, key: str) -> placement.SliceReader:
-  """Slices of our [in, out] from HF's [out, in]: read the transposed index, transpose."""
   read = f.slice_reader(key)
   return lambda index: read(tuple(reversed(index))).T
 
 
-# ------------------------------------------------------------ load
-
-
 def load_hf(path: str, config: Optional[T5Config], param_dtype: Any,
             partitioner: Optional[Partitioner] = None) -> tuple[dict, T5Config]:
-  """(params in their shards, config) from a Hugging Face T5 directory, local or
-  ``gs://`` (safetensors only there)."""
   config_path = join(path, "config.json")
-  try:
-    hf_cfg = json.loads(read_bytes(config_path))
-  except json.JSONDecodeError as e:
-    raise CheckpointError(f"{config_path}: invalid JSON: {e}") from e
+  hf_cfg = read_json(config_path)
   stored = hf_config_to_t5(hf_cfg, source=config_path)
   config = reconcile_config(stored, config, path)
-  tensors = _open_hf_tensors(path)
+  tensors = {}  # HF key -> (its file, shape)
+  for f in map(_open_weight_file, _hf_weight_files(path)):
+    tensors.update({key: (f, shape) for key, shape in f.shapes.items()})
   mapping = hf_name_map(config)
   # Tied checkpoints may omit aliases: fall back to the shared embedding.
   if "shared.weight" not in tensors and "encoder.embed_tokens.weight" in tensors:
@@ -421,20 +322,13 @@ def load_hf(path: str, config: Optional[T5Config], param_dtype: Any,
                                 placement.in_flight_for(path)), config
 
 
-# ------------------------------------------------------------ export
-
-
 _SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
                        np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.float64): "F64"}
 
 
 def write_safetensors(path: str, arrays: Mapping[str, Callable[[], np.ndarray]],
                       shapes: Mapping[str, tuple[int, ...]], dtype: np.dtype) -> None:
-  """Writes a .safetensors file one tensor at a time (the header needs only shapes).
-
-  Format: u64 little-endian header length, JSON header (padded with spaces to
-  8 bytes) mapping names to dtype/shape/byte offsets, then the raw data.
-  """
+  """Write a .safetensors file (header, then the tensors one at a time)."""
   if dtype not in _SAFETENSORS_DTYPES:
     raise CheckpointError(f"{path}: cannot write dtype {dtype} to safetensors")
   header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
@@ -459,12 +353,7 @@ def write_safetensors(path: str, arrays: Mapping[str, Callable[[], np.ndarray]],
 
 def export_hf(params: Any, config: T5Config, directory: str,
               dtype: Optional[str] = None, overwrite: bool = False) -> None:
-  """Writes a Hugging Face T5 directory (config.json + model.safetensors).
-
-  The inverse of ``load_checkpoint(fmt='hf')``. ``dtype`` (default: the
-  params' own, float32 for a model from ``init``) is the on-disk dtype.
-  Tensors are transferred to the host one at a time.
-  """
+  """Write a Hugging Face T5 directory; ``dtype`` default: the params' own."""
   if is_gcs(directory):
     raise CheckpointError(f"{directory}: exporting to GCS is not supported")
   directory = os.path.abspath(directory)
@@ -472,7 +361,8 @@ def export_hf(params: Any, config: T5Config, directory: str,
   flat = flatten(params)
   check_shapes({k: tuple(np.shape(v)) for k, v in flat.items()}, config,
                f"params to export to {directory}")
-  out_dtype = np.dtype(jnp.dtype(dtype) if dtype else jnp.asarray(flat["token_embedder/embedding"]).dtype)
+  out_dtype = np.dtype(jnp.dtype(dtype) if dtype
+                       else jnp.asarray(flat["token_embedder/embedding"]).dtype)
   arrays: dict[str, Callable[[], np.ndarray]] = {}
   shapes: dict[str, tuple[int, ...]] = {}
   for ours, (hf, transpose) in sorted(hf_name_map(config).items(), key=lambda kv: kv[1][0]):

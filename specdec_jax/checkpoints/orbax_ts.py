@@ -1,12 +1,6 @@
 """Orbax PyTree checkpoints (ours, T5X's orbax layout) read from ``gs://`` with
-TensorStore alone, under ``specdec_jax.storage``'s retry bound and error
-lines (orbax's own ``gs://`` path goes through TensorFlow or gcsfs).
-
-The layout read: ``_METADATA`` (JSON: the tree's key paths; zarr or zarr3; in
-an OCDBT database or not) and one zarr array per leaf, named by its keys
-joined with '.'. Each array is placed by ``placement.place_arrays`` as a
-``ChunkedReader``, as the T5X msgpack loader's are; values equal what orbax
-restores from the same directory."""
+TensorStore alone (orbax's own ``gs://`` path needs TensorFlow or gcsfs): its
+``_METADATA`` and one zarr array per leaf, placed as ``ChunkedReader``s."""
 
 from __future__ import annotations
 
@@ -20,8 +14,7 @@ import numpy as np
 
 from specdec_jax import storage
 from specdec_jax.checkpoints import placement
-from specdec_jax.checkpoints.common import (ORBAX_METADATA, CheckpointError, flatten,
-                                            root_cause, unflatten)
+from specdec_jax.checkpoints.common import ORBAX_METADATA, CheckpointError, flatten, unflatten
 from specdec_jax.partitioning import Partitioner
 
 METADATA_FILE = ORBAX_METADATA
@@ -32,8 +25,7 @@ OCDBT_CACHE_BYTES = 32 * 2**20
 
 @dataclasses.dataclass(frozen=True)
 class StoredArray:
-  """One leaf of an orbax checkpoint: its shape, dtype and TensorStore spec,
-  opened in ``context`` (shared by the leaves of one ``metadata_tree``)."""
+  """One leaf of an orbax checkpoint, opened in ``context`` (one per ``metadata_tree``)."""
 
   shape: tuple[int, ...]
   dtype: np.dtype
@@ -42,8 +34,7 @@ class StoredArray:
 
 
 def _load_context() -> Any:
-  """A child of ``storage.context()`` (its retry bound) with a cache for OCDBT's
-  nodes; one per ``metadata_tree``, so the cache lives as long as one load."""
+  """A child of ``storage.context()`` with a cache for OCDBT's nodes, for one load."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   spec = {"cache_pool#ocdbt": {"total_bytes_limit": OCDBT_CACHE_BYTES}}
   return ts.Context(ts.Context.Spec(spec), storage.context())
@@ -69,12 +60,7 @@ def _array_spec(directory: str, name: str, meta: Mapping) -> dict:
 
 
 def metadata_tree(directory: str) -> dict:
-  """The checkpoint's tree (nested dicts) with a ``StoredArray`` per array leaf.
-
-  Leaves that are not arrays (scalars, strings) are left out. Raises
-  CheckpointError for a directory without orbax ``_METADATA`` or with arrays
-  that cannot be opened (naming the directory and the array).
-  """
+  """The checkpoint's tree with a ``StoredArray`` per array leaf (other leaves dropped)."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   meta_path = storage.join(directory, METADATA_FILE)
   if not storage.is_file(meta_path):
@@ -95,15 +81,10 @@ def metadata_tree(directory: str) -> dict:
     names["/".join(_keys(entry_key, entry))] = _array_spec(
         directory, ".".join(_keys(entry_key, entry)), meta)
   context = _load_context()
-  futures = {n: ts.open(spec, open=True, read=True, context=context)
-             for n, spec in names.items()}
+  futures = {n: ts.open(spec, open=True, read=True, context=context) for n, spec in names.items()}
   leaves = {}
   for name, future in futures.items():
-    try:
-      store = future.result(timeout=storage.TIMEOUT_S)
-    except Exception as e:  # TensorStore raises ValueError and TimeoutError
-      raise CheckpointError(f"{directory}: cannot open the array {name}: "
-                            f"{root_cause(e)}") from e
+    store = placement.open_tensorstore(names[name], directory, name, future=future)
     leaves[name] = StoredArray(tuple(int(d) for d in store.shape),
                                np.dtype(store.dtype.numpy_dtype), names[name], context)
   if not leaves:
@@ -111,20 +92,14 @@ def metadata_tree(directory: str) -> dict:
   return unflatten(leaves)
 
 
-def _reader(leaf: StoredArray, name: str, directory: str) -> placement.ChunkedReader:
-  """Opens the array once; each call reads one region (whole chunks)."""
-  return placement.tensorstore_reader(leaf.spec, directory, name, leaf.context)
-
-
 def restore(directory: str, meta_tree: Mapping, subtree: tuple[str, ...], param_dtype: Any,
             partitioner: Optional[Partitioner]) -> dict:
-  """``meta_tree[subtree...]`` (from ``metadata_tree``) placed in its shards and
-  dtypes (``placement.place_arrays``); nothing outside the subtree is read."""
+  """``meta_tree[subtree...]`` placed by ``placement.place_arrays``."""
   sub: Any = meta_tree
   for key in subtree:
     sub = sub[key]
-  sources = {name: placement.ArraySource(leaf.shape,
-                                         functools.partial(_reader, leaf, name, directory))
+  sources = {name: placement.ArraySource(leaf.shape, functools.partial(
+                 placement.tensorstore_reader, leaf.spec, directory, name, leaf.context))
              for name, leaf in flatten(sub).items()}
   return placement.place_arrays(sources, param_dtype, partitioner,
                                 placement.in_flight_for(directory))

@@ -1,24 +1,10 @@
 """The one place where checkpoint arrays become (sharded) device arrays.
 
-A loader describes each stored array by its T5X name, shape and a reader of
-any rectangular slice (``ArraySource``); ``place_arrays`` creates every
-``jax.Array`` with ``jax.make_array_from_callback`` in the sharding
-``Partitioner.param_sharding(name, shape)`` and the dtype ``stored_dtype``, so
-a host never holds more of an array than its own devices hold (in a multi-host
-job each host reads only the chunks its devices need).
-
-A ``SliceReader`` (memory maps, inline arrays) is asked for exactly each
-device's slice. A ``ChunkedReader`` (TensorStore zarr, which fetches whole
-chunks) is read in ``chunk_blocks``: boxes of whole chunks covering this
-process's slices, each read once and copied into the slices it overlaps, so
-every chunk is fetched once per host. Host memory peaks at ``in_flight``
-arrays' distinct local slices plus one block (``BLOCK_BYTES``); each array is
-waited on before its host copies are dropped.
-
-Local Orbax checkpoints are restored by orbax itself into the same shardings
-(``restore_orbax``); from ``gs://`` they are read here (``orbax_ts``).
-``count_reads`` is a test hook that sums the bytes of each distinct device
-slice read while it is active."""
+A loader gives each array's name, shape and a reader of rectangular slices
+(``ArraySource``); ``place_arrays`` builds each ``jax.Array`` in its
+``param_sharding`` and ``stored_dtype``, reading only what this host's devices hold,
+every TensorStore chunk once (``chunk_blocks``). Local orbax checkpoints are
+restored by orbax into the same shardings (``restore_orbax``)."""
 
 from __future__ import annotations
 
@@ -54,37 +40,27 @@ BLOCK_BYTES = 64 * 2**20
 
 @dataclasses.dataclass(frozen=True)
 class ChunkedReader:
-  """A stored array whose reads fetch and decode whole chunks (TensorStore).
-
-  ``read(index)`` returns the slice ``index`` (in ``dtype``); ``chunks`` is
-  the shape of the chunks it is stored in, on a grid starting at 0.
-  ``place_array`` reads it in ``chunk_blocks`` rather than per device.
-  """
+  """A stored array read in whole chunks of shape ``chunks`` (a grid from 0)."""
 
   read: SliceReader
   chunks: tuple[int, ...]
   dtype: np.dtype
 
 
-def open_tensorstore(spec: Any, directory: str, name: str, context: Any = None) -> Any:
-  """THE way a checkpoint's TensorStore array is opened (T5X's and Orbax's):
-  for reading, in ``context`` (default ``storage.context()``), within
-  ``storage.TIMEOUT_S``; a failure is a ``CheckpointError`` naming
-  ``directory`` and the array ``name``."""
+def open_tensorstore(spec: Any, directory: str, name: str, context: Any = None,
+                     future: Any = None) -> Any:
+  """Open a checkpoint's TensorStore array (or wait for ``future``); errors name the array."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
   try:
-    return ts.open(spec, open=True, read=True, context=context or storage.context()).result(
-        timeout=storage.TIMEOUT_S)
+    if future is None:
+      future = ts.open(spec, open=True, read=True, context=context or storage.context())
+    return future.result(timeout=storage.TIMEOUT_S)
   except Exception as e:  # tensorstore raises ValueError and friends
     raise CheckpointError(f"{directory}: cannot open the array {name}: {root_cause(e)}") from e
 
 
-def tensorstore_reader(spec: Any, directory: str, name: str, context: Any = None
-                       ) -> ChunkedReader:
-  """Opens the array once (``open_tensorstore``); each call reads one region
-  (whole chunks), with the array's read chunk shape (0 for a dimension
-  TensorStore does not chunk) and dtype. A missing or corrupt chunk is a
-  ``CheckpointError`` naming ``directory`` and ``name``."""
+def tensorstore_reader(spec: Any, directory: str, name: str, context: Any = None) -> ChunkedReader:
+  """A ``ChunkedReader`` of the array; a missing or corrupt chunk is a CheckpointError."""
   store = open_tensorstore(spec, directory, name, context)
 
   def read(index: Index) -> np.ndarray:
@@ -99,24 +75,15 @@ def tensorstore_reader(spec: Any, directory: str, name: str, context: Any = None
 
 @dataclasses.dataclass(frozen=True)
 class ArraySource:
-  """A stored array: its shape, and ``open()`` giving a ``SliceReader`` or a
-  ``ChunkedReader``.
-
-  ``open`` is called once per array, just before its slices are read, so a
-  handle (a TensorStore array, a memmap) lives only while that array is placed.
-  """
+  """A stored array: its shape, and ``open()`` (called just before it is placed)."""
 
   shape: tuple[int, ...]
   open: Callable[[], Union[SliceReader, ChunkedReader]]
 
 
-# ------------------------------------------------------------ read accounting
-
-
 @dataclasses.dataclass
 class ReadStats:
-  """Bytes of the distinct device slices read while ``count_reads`` was
-  active (per array; ``reads``: how many slices)."""
+  """Bytes of the distinct device slices read while ``count_reads`` was active."""
 
   bytes_by_array: dict[str, int] = dataclasses.field(default_factory=dict)
   reads: int = 0
@@ -132,12 +99,7 @@ _stats_lock = threading.Lock()
 
 @contextlib.contextmanager
 def count_reads() -> Iterator[ReadStats]:
-  """Counts the bytes of every distinct device slice read or assembled inside
-  the ``with`` block.
-
-  Observation only (for tests and diagnostics): loading behaves the same with
-  or without it. Orbax restores are not counted (orbax reads internally).
-  """
+  """Count the bytes of every distinct device slice read in the block (orbax's not)."""
   stats = ReadStats()
   with _stats_lock:
     _active_stats.append(stats)
@@ -155,25 +117,19 @@ def _record(name: str, nbytes: int) -> None:
       stats.reads += 1
 
 
-# ------------------------------------------------------------ placement
-
-
 def in_flight_for(path: str) -> int:
-  """How many arrays to place at once when reading from ``path``: ``IN_FLIGHT``
-  from ``gs://`` (each request waits on the network), 1 from local files."""
+  """Arrays placed at once: ``IN_FLIGHT`` from ``gs://``, 1 from local files."""
   return IN_FLIGHT if storage.is_gcs(path) else 1
 
 
 def target_sharding(name: str, shape: tuple[int, ...],
                     partitioner: Optional[Partitioner]) -> jax.sharding.Sharding:
-  """Where parameter ``name`` goes: its partitioner sharding, else one local device."""
   if partitioner is None:
     return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   return partitioner.param_sharding(name, shape)
 
 
 def index_box(index: Index, shape: Sequence[int]) -> Box:
-  """A device's index (slices, as jax gives them) as (start, stop) per dimension."""
   box = []
   for s, n in zip(index, shape):
     start, stop, step = s.indices(n)
@@ -192,14 +148,8 @@ def _cells(start: int, stop: int, chunk: int) -> list[tuple[int, int]]:
 
 def chunk_blocks(box: Box, chunks: Sequence[int], itemsize: int,
                  block_bytes: int = BLOCK_BYTES) -> list[Box]:
-  """Boxes of whole chunks (clipped to ``box``) that tile ``box``.
-
-  Every chunk of the grid (``chunks``, origin 0; a chunk size of 0 means the
-  whole dimension) that meets ``box`` lies in exactly one block, so reading
-  each block once reads each chunk once. A block holds at most
-  ``block_bytes`` or one chunk, whichever is more: chunks are grouped along
-  the last dimensions first (contiguous in C order).
-  """
+  """Boxes of whole chunks tiling ``box`` (each chunk in one), of at most ``block_bytes``
+  or one chunk, grouped along the last dimensions first (chunk size 0: whole dimension)."""
   chunks = [c if c > 0 else max(hi, 1) for c, (lo, hi) in zip(chunks, box)]
   cells = [_cells(lo, hi, c) for (lo, hi), c in zip(box, chunks)]
   budget = max(1, block_bytes // max(1, itemsize))
@@ -223,14 +173,12 @@ def _index(box: Box) -> Index:
 
 
 def _within(inner: Box, outer: Box) -> Index:
-  """``inner`` as an index into an array holding ``outer``."""
   return tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(inner, outer))
 
 
 def _assemble(name: str, boxes: Sequence[Box], reader: ChunkedReader,
               dtype: np.dtype) -> dict[Box, np.ndarray]:
-  """The slices ``boxes`` of a chunked array in ``dtype``, every chunk they
-  need read once (``chunk_blocks`` of their bounding box)."""
+  """The slices ``boxes`` of a chunked array, every chunk they need read once."""
   out = {b: np.empty([hi - lo for lo, hi in b], dtype) for b in boxes}
   if not boxes:
     return out
@@ -248,18 +196,12 @@ def _assemble(name: str, boxes: Sequence[Box], reader: ChunkedReader,
   return out
 
 
-def place_array(name: str, shape: tuple[int, ...],
-                read_slice: Union[SliceReader, ChunkedReader], dtype: np.dtype,
-                sharding: jax.sharding.Sharding) -> jax.Array:
-  """One array on its devices; devices holding the same slice share one read.
-
-  A ``SliceReader`` is asked for each distinct device slice; a
-  ``ChunkedReader`` is read once per chunk for all of them (``_assemble``).
-  """
+def place_array(name: str, shape: tuple[int, ...], read_slice: Union[SliceReader, ChunkedReader],
+                dtype: np.dtype, sharding: jax.sharding.Sharding) -> jax.Array:
+  """One array on its devices; devices holding the same slice share one read."""
   shape = tuple(shape)
   if isinstance(read_slice, ChunkedReader):
-    local = {index_box(i, shape) for i in
-             sharding.addressable_devices_indices_map(shape).values()}
+    local = {index_box(i, shape) for i in sharding.addressable_devices_indices_map(shape).values()}
     slices = _assemble(name, sorted(local), read_slice, dtype)
     out = jax.make_array_from_callback(shape, sharding,
                                        lambda index: slices[index_box(index, shape)],
@@ -286,12 +228,7 @@ def place_array(name: str, shape: tuple[int, ...],
 
 def place_arrays(sources: Mapping[str, ArraySource], param_dtype: Any,
                  partitioner: Optional[Partitioner], in_flight: int = 1) -> dict:
-  """Every array of ``sources`` placed, ``in_flight`` at a time; returns the
-  nested T5X tree (the same arrays whatever ``in_flight``).
-
-  A failure stops arrays not yet started and raises the error of the first
-  failing array in name order among those placed.
-  """
+  """Every array of ``sources`` placed, ``in_flight`` at a time -> the nested T5X tree."""
   if in_flight < 1:
     raise ValueError(f"in_flight must be at least 1, got {in_flight}")
   # All shardings first: a dimension the mesh does not divide fails before any read.
@@ -305,27 +242,17 @@ def place_arrays(sources: Mapping[str, ArraySource], param_dtype: Any,
   names = sorted(sources)
   if in_flight == 1:
     return unflatten({name: place(name) for name in names})
-  out = {}
   pool = concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="place_array")
   try:
     futures = {name: pool.submit(place, name) for name in names}
-    for name in names:
-      out[name] = futures[name].result()
+    return unflatten({name: futures[name].result() for name in names})
   finally:
     pool.shutdown(wait=True, cancel_futures=True)
-  return unflatten(out)
 
 
 def restore_orbax(directory: str, meta_tree: Mapping, subtree: tuple[str, ...],
                   param_dtype: Any, partitioner: Optional[Partitioner]) -> dict:
-  """Restores ``tree[subtree...]`` of an orbax PyTree checkpoint into its shards.
-
-  ``meta_tree`` is the checkpoint's metadata tree (``orbax_metadata_tree``).
-  Every leaf's target is a ``jax.ShapeDtypeStruct`` with the same sharding and
-  dtype ``place_arrays`` would give it, so orbax reads only each device's
-  shard and casts on read. Other subtrees (optimizer state) are not read
-  (``partial_restore``).
-  """
+  """``tree[subtree...]`` of a local orbax checkpoint, restored as ``place_arrays`` would."""
   import orbax.checkpoint as ocp
   sub = meta_tree
   for key in subtree:

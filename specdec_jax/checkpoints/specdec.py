@@ -16,7 +16,7 @@ from specdec_jax.checkpoints import orbax_ts, placement
 from specdec_jax.checkpoints.common import (SPECDEC_PARAMS_DIR, CheckpointError, check_overwrite,
                                             check_shapes, config_from_dict, flatten, is_gcs,
                                             join, metadata_shapes, orbax_metadata_tree,
-                                            params_dtype_tree, read_bytes, reconcile_config,
+                                            params_dtype_tree, read_json, reconcile_config,
                                             require_dir)
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.partitioning import Partitioner
@@ -24,13 +24,7 @@ from specdec_jax.partitioning import Partitioner
 
 def save_checkpoint(directory: str, params: Any, config: T5Config,
                     dtype: Optional[str] = None, overwrite: bool = False) -> None:
-  """Writes ``params`` (T5X-named tree) and ``config`` in our own format.
-
-  Layout: ``directory/config.json`` (T5Config fields) and ``directory/params``
-  (orbax PyTree). ``dtype`` (e.g. 'bfloat16') casts the arrays on disk;
-  loading casts back to the requested ``param_dtype``. A non-empty existing
-  directory is only replaced with ``overwrite=True``.
-  """
+  """Write ``params`` and ``config`` in our format, arrays cast to ``dtype`` on disk."""
   import orbax.checkpoint as ocp
   if is_gcs(directory):
     raise CheckpointError(f"{directory}: saving to GCS is not supported")
@@ -52,9 +46,7 @@ def save_checkpoint(directory: str, params: Any, config: T5Config,
 
 
 def _checkpointer(ocp: Any) -> Any:
-  """Orbax's checkpointer for host arrays written by this process alone: in a
-  multi-process job only one process exports (the caller decides which), so
-  Orbax must not wait for the others at its barriers."""
+  """Orbax's checkpointer for arrays written by this process alone (no barriers with others)."""
   if jax.process_count() == 1:
     return ocp.PyTreeCheckpointer()
   me = jax.process_index()
@@ -66,14 +58,8 @@ def _checkpointer(ocp: Any) -> Any:
 
 def load_specdec(path: str, config: Optional[T5Config], param_dtype: Any,
                  partitioner: Optional[Partitioner] = None) -> tuple[dict, T5Config]:
-  """(params in their shards, config) from a directory written by ``save_checkpoint``
-  (local or ``gs://``)."""
   config_path = join(path, "config.json")
-  try:
-    fields = json.loads(read_bytes(config_path))
-  except json.JSONDecodeError as e:
-    raise CheckpointError(f"{config_path}: invalid JSON: {e}") from e
-  config = reconcile_config(config_from_dict(fields, config_path), config, path)
+  config = reconcile_config(config_from_dict(read_json(config_path), config_path), config, path)
   params_dir = join(path, SPECDEC_PARAMS_DIR)
   require_dir(params_dir)
   # gs://: TensorStore reads orbax's layout itself (orbax's file layer would need TF or gcsfs).

@@ -1,15 +1,6 @@
-"""T5X's legacy layout: a msgpack file ``checkpoint`` whose parameter leaves
-are inline arrays or TensorStore zarr specs relative to the directory holding
-it. That directory is ``checkpoint_<step>/``, or ``checkpoint_<step>/state/``
-when that holds the msgpack and no orbax ``_METADATA``: T5X's restore reads
-``state/checkpoint`` whenever ``state/`` exists, takes it for its own format
-unless orbax's ``_METADATA`` is beside it, and resolves the specs against the
-msgpack file's directory. Local paths and ``gs://`` paths.
-
-Each TensorStore array is opened once, when it is placed, and read as a
-``placement.ChunkedReader``: the chunks this host's devices need are fetched
-and decoded once, whatever the number of devices.
-"""
+"""T5X's legacy layout: a msgpack ``checkpoint`` whose leaves are inline arrays or
+TensorStore zarr specs relative to its directory (``checkpoint_<step>/`` or its
+``state/``, by T5X's rule). Each TensorStore array is read as a ``ChunkedReader``."""
 
 from __future__ import annotations
 
@@ -28,18 +19,11 @@ from specdec_jax.partitioning import Partitioner
 
 
 def is_ts_spec(x: Any) -> bool:
-  """Whether a msgpack leaf is a TensorStore spec (a dict with a driver)."""
   return isinstance(x, Mapping) and "driver" in x
 
 
 def resolve_ts_spec(spec: Mapping, step_dir: str) -> dict:
-  """Points a saved zarr spec at its array inside ``step_dir``.
-
-  T5X stores paths relative to the step directory, either at the top level
-  (old: ``path``) or in ``kvstore.path``; the saved driver/bucket may name
-  where the checkpoint was written, not where it is now, so it is replaced by
-  one for ``step_dir`` (local file or gs://). Absolute paths are kept.
-  """
+  """A saved zarr spec pointed at its array: a relative path is joined to ``step_dir``."""
   spec = dict(spec)
   kvstore = spec.pop("kvstore", None)
   rel = spec.pop("path", None)
@@ -49,11 +33,7 @@ def resolve_ts_spec(spec: Mapping, step_dir: str) -> dict:
     rel = kvstore
   if not rel:
     raise CheckpointError(f"{step_dir}: TensorStore spec without a path: {dict(spec)}")
-  if os.path.isabs(rel) or is_gcs(rel):
-    target = rel
-  else:
-    target = join(step_dir, rel)
-  spec["kvstore"] = kvstore_spec(target)
+  spec["kvstore"] = kvstore_spec(rel if os.path.isabs(rel) or is_gcs(rel) else join(step_dir, rel))
   return spec
 
 
@@ -68,17 +48,11 @@ def _ts_shape(spec: Mapping, resolved: dict, name: str, step_dir: str) -> tuple[
   return tuple(placement.open_tensorstore(resolved, step_dir, _where(resolved, name)).shape)
 
 
-def _ts_reader(resolved: dict, name: str, step_dir: str) -> placement.ChunkedReader:
-  """Opens the array once; the reader fetches one region (whole chunks) per call."""
-  return placement.tensorstore_reader(resolved, step_dir, _where(resolved, name))
-
-
 def _inline_reader(arr: np.ndarray) -> placement.SliceReader:
   return lambda index: arr[index]
 
 
 def _t5x_target(state: Any, msgpack_path: str) -> Mapping:
-  """The parameter tree inside a decoded T5X msgpack checkpoint."""
   if not isinstance(state, Mapping):
     raise CheckpointError(f"{msgpack_path}: expected a dict at the top level, "
                           f"got {type(state).__name__}")
@@ -93,13 +67,7 @@ def _t5x_target(state: Any, msgpack_path: str) -> Mapping:
 
 def load_t5x(step_dir: str, config: T5Config, param_dtype: Any,
              partitioner: Optional[Partitioner] = None) -> dict:
-  """The parameters of one T5X msgpack checkpoint, placed in their shards.
-
-  ``step_dir`` is the directory holding the msgpack file ``checkpoint`` (a
-  ``checkpoint_<step>`` directory or its ``state/``); TensorStore specs are
-  resolved against it. From ``gs://``, ``placement.IN_FLIGHT`` arrays are
-  read at once.
-  """
+  """The parameters of the T5X msgpack checkpoint in ``step_dir``, placed in their shards."""
   from flax import serialization
   msgpack_path = join(step_dir, T5X_MSGPACK)
   raw = read_bytes(msgpack_path)
@@ -121,7 +89,8 @@ def load_t5x(step_dir: str, config: T5Config, param_dtype: Any,
       resolved = resolve_ts_spec(leaf, step_dir)
       sources[name] = placement.ArraySource(
           _ts_shape(leaf, resolved, name, step_dir),
-          functools.partial(_ts_reader, resolved, name, step_dir))
+          functools.partial(placement.tensorstore_reader, resolved, step_dir,
+                            _where(resolved, name)))
     else:
       arr = np.asarray(leaf)
       sources[name] = placement.ArraySource(arr.shape, functools.partial(_inline_reader, arr))

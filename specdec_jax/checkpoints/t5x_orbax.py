@@ -1,6 +1,4 @@
-"""T5X's newer layout: ``checkpoint_<step>/state/`` written by orbax-checkpoint
-(OCDBT); only the parameter subtree is restored, straight into its shards (by
-orbax for local paths, by ``orbax_ts`` for ``gs://``)."""
+"""T5X's orbax layout ``checkpoint_<step>/state/``: only the parameters are restored."""
 
 from __future__ import annotations
 
@@ -15,7 +13,6 @@ from specdec_jax.partitioning import Partitioner
 
 
 def find_params_subtree(tree: Mapping, directory: str) -> tuple[str, ...]:
-  """The key path of the parameters in a T5X orbax state tree."""
   keys = subtree_keys(tree, (("target",), ("params",), ("optimizer", "target"),
                              ("state", "params")))
   if keys is None:
@@ -26,8 +23,6 @@ def find_params_subtree(tree: Mapping, directory: str) -> tuple[str, ...]:
 
 def load_t5x_orbax(step_dir: str, config: T5Config, param_dtype: Any,
                    partitioner: Optional[Partitioner] = None) -> dict:
-  """The parameters of one T5X orbax checkpoint (local or ``gs://``), restored
-  into their shards."""
   item_dir = join(step_dir, T5X_ORBAX_ITEM)
   require_dir(item_dir)
   # gs://: TensorStore reads orbax's layout itself (orbax's file layer would need TF or gcsfs).
