@@ -42,12 +42,15 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array, le
                          proposed: Array | None = None) -> KernelOutput:
   """Algorithm 1's acceptance and correction (paper §2.3), batched.
 
-  draft_tokens [B, γ] drawn from q [B, γ, V]; p [B, γ+1, V]: the target's
-  p_1..p_{γ+1}. lenience l in (0, 1] (A.5; l < 1 is inexact). greedy: p one-hot,
-  ``key`` unused, and with l < 1 the rule p_raw(x) >= l * max p_raw (p_raw [B, γ,
-  V]). proposed [B] c_b <= γ: Algorithm 1 for γ = c_b (adaptive rounds).
-  x_i passes when r_i * l * q_i(x_i) <= p_i(x_i) > 0, r_i ~ U(0, 1]; then
-  t ~ norm(max(0, p_{n+1} - l q_{n+1})), or p_{γ+1} (docs/exactness.md, 2-3)."""
+  draft_tokens [B, γ]: x_1..x_γ, drawn from q [B, γ, V]; p [B, γ+1, V]: the
+  target's p_1..p_{γ+1}. x_i passes when r_i ~ U(0, 1] gives
+  r_i * l * q_i(x_i) <= p_i(x_i) and p_i(x_i) > 0; n is the number of leading
+  passes; t ~ norm(max(0, p_{n+1} - l q_{n+1})) if n < γ, else t ~ p_{γ+1}.
+  lenience l in (0, 1] (A.5; l < 1 is inexact). greedy: p is one-hot and
+  ``key`` unused; with l < 1 x passes when p_raw(x) >= l * max p_raw (p_raw
+  [B, γ, V], the unstandardized softmax). proposed [B]: c_b <= γ, Algorithm 1
+  for γ = c_b (adaptive rounds). Exactness: docs/exactness.md, sections 2-3.
+  """
   b, gamma = draft_tokens.shape
   px = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
   if greedy:
