@@ -373,8 +373,8 @@ def residual(r: Array, q: Array) -> Array:
   return jnp.where(mass > 0, res / jnp.where(mass > 0, mass, 1.0), r)
 
 
-def tree_speculative_sampling(key: Array, shape: TreeShape | RoundTree, tokens: Array, q: Array, p: Array,
-                              valid: Array | None = None) -> TreeOutput:
+def tree_speculative_sampling(key: Array, shape: TreeShape | RoundTree, tokens: Array, q: Array,
+                              p: Array, valid: Array | None = None) -> TreeOutput:
   """Multi-candidate speculative sampling over a token tree, batched.
 
   key: one uniform per node is drawn. shape: the static tree, or this round's
