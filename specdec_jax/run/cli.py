@@ -130,9 +130,8 @@ def _load_file(path: Path) -> None:
 
 
 def import_modules(names: Sequence[str], config_dirs: Sequence[Path] = ()) -> None:
-  """Imports each module (a name, or a path to a .py file) for its
-  registrations; looked for in the working directory and on sys.path, then
-  next to each ``--config`` file (``config_dirs``)."""
+  """Imports each module (a name or a .py path) for its registrations, from the
+  working directory, sys.path, then beside each ``--config`` file."""
   if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())  # as `python -m` does; in-process callers need it too
   for name in names:
@@ -160,10 +159,8 @@ def import_modules(names: Sequence[str], config_dirs: Sequence[Path] = ()) -> No
 
 
 def _in_python_package(path: str) -> bool:
-  """gin's check for an include inside a Python package, answering False where
-  the folder is a namespace package (no ``__init__.py``: ``configs/`` when the
-  repository root is on ``sys.path``) instead of raising TypeError, so that the
-  search goes on to the next location."""
+  """gin's package-include check, False (not TypeError) for a namespace
+  package such as ``configs/``, so the search goes on."""
   try:
     return resource_reader.system_path_file_exists(path)
   except TypeError:
@@ -200,9 +197,7 @@ def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
 
 
 def _config_files(given: str) -> list[str]:
-  """The gin files a mistyped ``--config`` may have meant, spelled as the
-  user would type them: the repository's and the working directory's
-  ``configs/`` and top-level files, and the files beside ``given``."""
+  """The gin files a mistyped ``--config`` may have meant, as the user would type them."""
   found: list[str] = []
   folder = Path(given).parent
   for base in (Path.cwd(), REPO_ROOT):
@@ -240,8 +235,7 @@ def main(argv: Sequence[str]) -> None:
   exp = parse_config(FLAGS.config, FLAGS.gin_bindings)
   config_str = gin.config_str()
   alpha_only = FLAGS.alpha_only
-  # Every config names the run: a hardware overlay (configs/tpu_v4_8.gin) must
-  # not make two Table 2 rows share a workdir.
+  # Every config names the run, so an overlay cannot make two rows share a workdir.
   stem = "+".join(Path(c).stem for c in FLAGS.config) if FLAGS.config else "default"
   if exp.decode_method == "beam" and (FLAGS.calibrate or FLAGS.dry_run):
     raise ValueError("--calibrate and --dry_run do not cover Experiment.decode_method='beam'; "
@@ -261,9 +255,7 @@ def main(argv: Sequence[str]) -> None:
   if exp.decode_method == "beam" and not alpha_only:
     mode = "beam"
   name = stem + ("_alpha" if alpha_only else "")
-  # The first line at once; on several hosts only after jax.distributed starts
-  # (in check_before_loading: no JAX call may come before it), from process 0,
-  # whose choice of a default workdir is everyone's.
+  # The first line at once; on several hosts after jax.distributed starts, from process 0.
   if not exp.multihost:
     _state.workdir = FLAGS.workdir or default_workdir(name, FLAGS.resume)
     logging.info("%s", intro(exp, alpha_only, _state.workdir))
@@ -310,11 +302,8 @@ def main(argv: Sequence[str]) -> None:
 
 
 def default_workdir(name: str, resume: bool, root: str = "runs") -> str:
-  """The workdir when ``--workdir`` is not given, so that a command can be
-  repeated: ``runs/<name>`` if it holds nothing, else the first of
-  ``runs/<name>-2``, ``-3``, ... that holds nothing (a fresh run each time).
-  With ``--resume``: the last of them that holds results (the run the same
-  command last wrote), else ``runs/<name>``."""
+  """Without ``--workdir``: the first of ``runs/<name>``, ``-2``, ``-3``, ...
+  that holds nothing; with ``--resume`` the last that holds results."""
   paths = [Path(root) / name] + [Path(root) / f"{name}-{i}" for i in range(2, 10_000)]
   used = lambda p: p.is_dir() and any(p.iterdir())
   if resume:
@@ -325,10 +314,8 @@ def default_workdir(name: str, resume: bool, root: str = "runs") -> str:
 
 @dataclasses.dataclass
 class _Run:
-  """What an interrupted run reports (``interrupted_words``): its workdir,
-  once chosen, the ``Workdir`` once opened, and how many examples it was to
-  time; and ``quiet``, the filter of native noise on stderr while loading
-  (``logs.quiet_native_noise``), closed before the timed loop."""
+  """What an interrupted run reports (``interrupted_words``); ``quiet``: the
+  native-noise filter, closed before the timed loop."""
 
   workdir: Optional[str] = None
   opened: Optional[Workdir] = None
@@ -340,8 +327,7 @@ _state = _Run()
 
 
 def continue_command(workdir: str) -> str:
-  """The command line that continues this run in ``workdir``: its flags as
-  given, with ``--workdir`` spelled out and ``--resume``."""
+  """The command line that continues this run in ``workdir`` (``--resume``)."""
   args = [f"--config={c}" for c in FLAGS.config]
   args += [f"--gin_bindings={b}" for b in FLAGS.gin_bindings]
   args += [f"--import={m}" for m in FLAGS["import"].value]
@@ -384,8 +370,7 @@ def intro(exp: Experiment, alpha_only: bool, workdir: str) -> str:
 
 
 def weights_words(exp: Experiment) -> str:
-  """The weights about to be read, in words ("12 MiB of weights"); '' where
-  a checkpoint does not say its architecture."""
+  """The weights about to be read, e.g. "12 MiB of weights" ('' if unknown)."""
   try:
     parts = estimate_bytes(exp)
   except (ValueError, OSError):
@@ -411,8 +396,7 @@ def cli(argv: Sequence[str]) -> int:
   global _state
   _state = _Run()
   logs.quiet_libraries(not FLAGS.verbose)
-  # The progress lines are INFO records: shown under absl.app (the command
-  # line) and, in process (tests, notebooks), wherever a handler takes them.
+  # The progress lines are INFO records.
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.INFO)
   try:
@@ -458,8 +442,7 @@ def wants_help(args: Sequence[str]) -> bool:
 
 
 def help_text() -> str:
-  """The usage text: this module's docstring (protocol and every setting
-  with its default, ``settings.settings_help``), then every runner flag with its help."""
+  """The usage text: this module's docstring and settings, then the runner's flags."""
   flags_text = FLAGS.module_help(__name__)
   return f"{__doc__.rstrip()}\n\nFlags (library flags: --helpfull):\n{flags_text}\n"
 
