@@ -400,17 +400,9 @@ def compare(rl: Roofline, gamma: int, meas: Side, row: Optional[paper.Row], topo
 
 def write(workdir: str, result: dict) -> str:
   """``calibrate.json`` in ``workdir`` (created if need be); its path."""
-  text = json.dumps(result, indent=2, default=str) + "\n"
-  if storage.is_gcs(workdir):
-    path = storage.join(workdir, FILENAME)
-    storage.write_bytes(path, text.encode())
-    return path
-  Path(workdir).mkdir(parents=True, exist_ok=True)
-  path = Path(workdir) / FILENAME
-  tmp = path.with_suffix(".json.tmp")
-  tmp.write_text(text)
-  tmp.replace(path)
-  return str(path)
+  path = storage.join(workdir, FILENAME)
+  storage.write_bytes(path, (json.dumps(result, indent=2, default=str) + "\n").encode())
+  return path
 
 
 def describe(devices: Sequence[Any]) -> str:

@@ -5,47 +5,26 @@ r"""Experiment runner: speculative decoding vs the plain baseline (paper §4).
       [--alpha_only] [--import=my_drafts] [--verbose] [--dry_run=v5e:2x4]
       [--calibrate=v4:1x1x1]
 
-Everything an experiment varies is a gin binding: of ``Experiment``, of
-``SamplingConfig`` or of ``AdaptiveConfig``, each listed below in one line
-with its default (from the docstring of the class that declares it).
-Measurement protocol (``specdec_jax.run.loop``):
+Everything an experiment varies is a gin binding of ``Experiment``,
+``SamplingConfig`` or ``AdaptiveConfig``, each listed below with its default.
+Protocol: the first ``num_warmup`` examples compile and warm both loops,
+untimed; c and v are measured once, up front; each timed batch is decoded by
+the baseline and by speculative decoding with the same inputs and key; one
+line of ``examples.jsonl`` per example, from which ``summary.json`` is
+recomputed. ``--alpha_only`` (§4.2) averages sum_x min(p, q) along the
+target's own generations; ``--calibrate=TOPOLOGY`` sets c, v(k) and the
+collectives measured here beside the dry run's model, decoding nothing.
 
-* the first ``num_warmup`` examples compile and warm both loops, untimed;
-* each timed batch is decoded by the baseline and by speculative decoding with
-  the same inputs, max length, sampling settings and key, each call ending in
-  ``block_until_ready``;
-* c and v are measured once, up front, with the same jitted pieces;
-* per example, one line of ``examples.jsonl`` (appended and flushed as it
-  completes); ``summary.json`` is recomputed from all lines, so every number
-  it holds can be recomputed from ``examples.jsonl``.
+Output: progress on stderr; the Table 2 row (with the measured v, c and
+Theorem 3.8's prediction) and a closing sentence on stdout.
 
-``--calibrate=TOPOLOGY`` (or ``auto`` on a TPU) times c, v(k) and the loop's
-collectives on this machine and prints them beside the dry run's cost model
-for that topology, with the fixed cost per operation that would make the
-model's c match (``specdec_jax.run.check_model``); nothing is decoded.
-
-``--alpha_only`` (paper §4.2, Table 3) generates with the target alone and
-averages sum_x min(p, q) along the generated tokens.
-
-Output: on stderr, a line naming the run, then each long step before it
-starts (with its size and, where something measured allows, about how long it
-takes) and the progress of the timed examples; on stdout, the Table 2 row
-(with the measured v and c, and Theorem 3.8's prediction from them) and a
-closing sentence. ``--verbose`` adds the cost account (also in ``summary.json``).
-
-Workdir integrity: nothing is written before the first result; ``config.gin``
-(the run's gin config) is written atomically with it, so a workdir's files
-always describe its results. A workdir holds one mode (speculative or
-``--alpha_only``); the other mode, a different config, or a corrupt line is
-refused before any work, with nothing changed. ``--resume`` may raise
-``Experiment.num_examples`` (the run is extended); on a finished run it prints
-the table without loading any model. Without ``--workdir`` a repeated command
-starts a new run beside the last (``default_workdir``); Ctrl-C says what is on
-disk and prints the command that continues the run.
-
-Relative paths in configs (checkpoints, vocabulary, data) are looked up in the
-working directory, then next to each ``--config`` file (last first), then in
-the repository root.
+Workdir: nothing is written before the first result, ``config.gin`` with it.
+Another mode, another config or a corrupt line is refused with nothing
+changed; ``--resume`` may raise ``Experiment.num_examples``. Without
+``--workdir`` a repeated command starts a new run beside the last; Ctrl-C
+prints the command that continues the run. Relative paths are looked up in
+the working directory, next to each ``--config`` (last first), then in the
+repository root.
 """
 
 

@@ -88,8 +88,7 @@ def block_width(exp: Experiment) -> int:
 def _checkable(exp: Experiment) -> tuple[Experiment, list]:
   """The experiment with unset or absent unread paths swapped for a
   placeholder, and the (field, value) pairs it does not read."""
-  needs_ckpt = bool({"model", "params"} & set(drafts.requires(exp.draft_name))) \
-      if exp.draft_name in drafts.REGISTRY else False
+  needs_ckpt = exp.draft_name in drafts.REGISTRY and _has_weights(exp)
   swap, unread = {}, []
   for name in PATH_FIELDS:
     value = getattr(exp, name)
@@ -99,6 +98,10 @@ def _checkable(exp: Experiment) -> tuple[Experiment, list]:
     if not value or (not is_remote(value) and not Path(exp.resolve(value)).exists()):
       swap[name] = PLACEHOLDER + name
   return dataclasses.replace(exp, **swap), unread
+
+
+def _has_weights(exp: Experiment) -> bool:
+  return bool({"model", "params"} & set(drafts.requires(exp.draft_name)))
 
 
 def _architecture(exp: Experiment, role: str) -> T5Config:
@@ -144,7 +147,7 @@ class RunnerPrograms(driver.ProgramList):
 
   def architectures(self) -> tuple[T5Config, Optional[T5Config]]:
     target = _architecture(self.checkable, "target")
-    if not {"model", "params"} & set(drafts.requires(self.settings.draft_name)):
+    if not _has_weights(self.settings):
       return target, None
     draft = _architecture(self.checkable, "draft")
     data.check_vocab_compatible(target.vocab_size, draft.vocab_size,
@@ -222,7 +225,7 @@ def dry_run(exp: Experiment, topology: str, alpha_only: bool = False,
 
 def draft_quant(exp: Experiment) -> Optional[str]:
   """The draft's weight-only quantization as the run loads it; None without weights."""
-  if not {"model", "params"} & set(drafts.requires(exp.draft_name)):
+  if not _has_weights(exp):
     return None
   return exp.pair.quantization_of_draft()
 
@@ -270,11 +273,16 @@ def lower_pass(cfg: T5Config, part: Optional[Partitioner], device: Any, exp: Exp
   params = abstract_params(cfg, part, exp.param_dtype, device, quant)
   tokens = sharded(part, device, ("batch", None), (b, k), jnp.int32, "tokens")
   cache = _cache(cfg, part, device, b, exp.max_input_len, cache_len)
+  return _lower_auto(_pass(T5Model(cfg), part), params, tokens, tokens, cache)
+
+
+def _lower_auto(fn: Callable, params: Any, *args: Any) -> Any:
+  """``fn(params, *args)`` lowered with the weights in ``Layout.AUTO`` and the
+  cache (argument 3) donated."""
   shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
   formats = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), params)
-  return jax.jit(_pass(T5Model(cfg), part), donate_argnums=(3,),
-                 in_shardings=(formats, shardings(tokens), shardings(tokens), shardings(cache))
-                 ).lower(params, tokens, tokens, cache)
+  return jax.jit(fn, donate_argnums=(3,), in_shardings=(formats, *map(shardings, args))
+                 ).lower(params, *args)
 
 
 def _tree_pass(model: T5Model, part: Optional[Partitioner],
@@ -296,12 +304,8 @@ def lower_tree_pass(cfg: T5Config, part: Optional[Partitioner], device: Any, exp
   tokens = sharded(part, device, ("batch", None), (b, tree.num_nodes), jnp.int32, "tokens")
   lengths = sharded(part, device, ("batch",), (b,), jnp.int32, "lengths")
   cache = _cache(cfg, part, device, b, exp.max_input_len, cache_len)
-  shardings = lambda t: jax.tree.map(lambda x: x.sharding, t)
-  formats = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), params)
-  return jax.jit(_tree_pass(T5Model(cfg), part, tree), donate_argnums=(3,),
-                 in_shardings=(formats, shardings(tokens), shardings(lengths),
-                               shardings(cache), shardings(tokens))
-                 ).lower(params, tokens, lengths, cache, tokens)
+  return _lower_auto(_tree_pass(T5Model(cfg), part, tree), params, tokens, lengths, cache,
+                     tokens)
 
 
 def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
