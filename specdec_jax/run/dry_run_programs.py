@@ -447,7 +447,7 @@ class RunDryRun(DryRun):
     return None if math.isnan(ms) else ms
 
   def _priced(self) -> bool:
-      return self.roofline is not None and self.paper is not None and \
+    return self.roofline is not None and self.paper is not None and \
         self.roofline.draft is not None
 
   def settings_lines(self) -> list[str]:
