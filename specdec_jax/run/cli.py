@@ -198,10 +198,9 @@ def _print_result(s: dict, workdir: Workdir) -> None:
     return
   if s.get("mode") == "beam":
     print(beam_run.row(s))
-    sys.stdout.flush()
-    return
-  print(alpha_row(s) if s.get("mode") == "alpha_only" else table2_row(s, FLAGS.verbose))
-  print(conclusion(s, str(workdir.path)))
+  else:
+    print(alpha_row(s) if s.get("mode") == "alpha_only" else table2_row(s, FLAGS.verbose))
+    print(conclusion(s, str(workdir.path)))
   sys.stdout.flush()
 
 
@@ -230,9 +229,7 @@ def main(argv: Sequence[str]) -> None:
     driver.main(dry_run_programs.RunnerPrograms(exp, alpha_only, configs=FLAGS.config),
                 FLAGS.dry_run, full=FLAGS.verbose)
     return
-  mode = "alpha_only" if alpha_only else "speculative"
-  if exp.decode_method == "beam" and not alpha_only:
-    mode = "beam"
+  mode = "alpha_only" if alpha_only else "beam" if exp.decode_method == "beam" else "speculative"
   name = stem + ("_alpha" if alpha_only else "")
   # The first line at once; on several hosts after jax.distributed starts, from process 0.
   if not exp.multihost:
@@ -255,11 +252,10 @@ def main(argv: Sequence[str]) -> None:
   if workdir.records and not pending(exp, len(d.examples), workdir, alpha_only):
     logging.info("%s: the run is finished (%d examples); nothing to do", workdir.path,
                  len(workdir.records))
-    if mode == "beam":
-      _print_result(beam_run.summarize(exp, workdir.records), workdir)
-      return
-    _print_result(summarize_alpha(exp, workdir.records, len(d.examples) - exp.num_warmup)
-                  if alpha_only else summarize(exp, workdir.records), workdir)
+    recs = workdir.records
+    _print_result(beam_run.summarize(exp, recs) if mode == "beam" else
+                  summarize_alpha(exp, recs, len(d.examples) - exp.num_warmup) if alpha_only
+                  else summarize(exp, recs), workdir)
     return
   if workdir.records:
     logging.info("Resuming: %d examples already in %s", len(workdir.records), workdir.path)
@@ -273,11 +269,9 @@ def main(argv: Sequence[str]) -> None:
   logging.info("Workdir %s (%d examples already done)", workdir.path, len(workdir.records),
                extra=logs.DETAIL)
   _state.quiet.close()  # the timed loop's progress line redraws on a terminal
-  if mode == "beam":
-    s = beam_run.run_beam(setup, workdir)
-  else:
-    s = run_alpha_only(setup, workdir) if alpha_only else run_speculative(setup, workdir)
-  _print_result(s, workdir)
+  run = {"beam": beam_run.run_beam, "alpha_only": run_alpha_only,
+         "speculative": run_speculative}[mode]
+  _print_result(run(setup, workdir), workdir)
 
 
 def default_workdir(name: str, resume: bool, root: str = "runs") -> str:

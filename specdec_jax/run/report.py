@@ -13,9 +13,6 @@ from specdec_jax.run import account
 from specdec_jax.run.settings import Experiment
 from specdec_jax.theory import RoundCost, expected_tokens_by_position
 
-# A round's cost as the lines and summary.json carry it (``RoundCost.record``).
-COST_KEYS = RoundCost.RECORD_KEYS
-
 
 def summarize(exp: Experiment, records: list[dict]) -> dict:
   """summary.json from examples.jsonl's lines alone (costs: their median)."""
@@ -67,7 +64,7 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
 def median_costs(records: list[dict]) -> dict[str, float]:
   """The lines' cost measurements, median over lines (no 'interplay': 1)."""
   return {k: float(np.median([r.get(k, 1.0 if k == "interplay" else None) for r in records]))
-          if records else float("nan") for k in COST_KEYS}
+          if records else float("nan") for k in RoundCost.RECORD_KEYS}
 
 
 def _settings(exp: Experiment) -> dict:
@@ -161,8 +158,8 @@ def cost_segments(records: list[dict]) -> list[dict]:
   """Each resumed segment's cost measurement (consecutive equal lines), in order."""
   out: list[dict] = []
   for r in records:
-    costs = {k: r.get(k) for k in COST_KEYS}
-    if out and all(out[-1][k] == costs[k] for k in COST_KEYS):
+    costs = {k: r.get(k) for k in RoundCost.RECORD_KEYS}
+    if out and all(out[-1][k] == costs[k] for k in RoundCost.RECORD_KEYS):
       out[-1]["examples"] += 1
     else:
       out.append({**costs, "examples": 1})

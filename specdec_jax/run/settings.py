@@ -26,8 +26,6 @@ from specdec_jax.sampling import SamplingConfig
 from specdec_jax.tree import DynamicTree, TreeShape, parse_tree
 
 REPO_ROOT = pair_lib.REPO_ROOT
-DTYPES = pair_lib.DTYPES   # activation and weight dtypes
-MODES = ("speculative", "alpha_only")
 # Experiment fields outside the pair that hold paths that must exist.
 _PATH_FIELDS = ("source", "ngram_corpus", "draft_shortlist")
 
@@ -239,8 +237,7 @@ class Experiment(PairSettings):
     data.check_input_buckets(self.input_buckets, self.max_input_len, "Experiment.input_buckets")
     if self.num_warmup < 0:
       raise ValueError(f"Experiment.num_warmup must be >= 0, got {self.num_warmup}")
-    if (isinstance(self.command_buffers, bool) or not isinstance(self.command_buffers, int)
-        or self.command_buffers < 0):
+    if self.command_buffers < 0:  # an int: check_types
       raise ValueError(f"Experiment.command_buffers must be an int >= 0 (0: off, else the "
                        f"fewest kernels per graph), got {self.command_buffers!r}")
     if self.on_too_long not in ("truncate", "error"):

@@ -31,18 +31,13 @@ class Data:
   held_out: Optional[np.ndarray] = None   # [M, max_input_len]: auto_alpha_source's inputs
 
 
-@dataclasses.dataclass
-class Setup:
+@dataclasses.dataclass(kw_only=True)
+class Setup(Data):
   exp: Experiment
-  vocab: Any
-  examples: list            # data.Example, warm-up first
-  inputs: np.ndarray        # [N, max_input_len] int32
   target: T5Model
   target_params: Any
   draft: Any
-  truncated: set = dataclasses.field(default_factory=set)
   partitioner: Optional[partitioning.Partitioner] = None   # the target's (None: one device)
-  held_out: Optional[np.ndarray] = None   # [M, max_input_len] int32: ``Data.held_out``
 
 
 def _device_memory() -> tuple[int, str]:
@@ -182,9 +177,9 @@ def load_models(exp: Experiment, d: Data) -> Setup:
   target_part, draft_part = partitioners(exp)
   target, target_params = _load_model(exp, "target", target_part)
   exp.pair.check_vocab_size(d.vocab.vocab_size, target.config)
-  return Setup(exp, d.vocab, d.examples, d.inputs, target, target_params,
-               load_draft(exp, d, target, draft_part, target_params), d.truncated,
-               target_part, d.held_out)
+  return Setup(**vars(d), exp=exp, target=target, target_params=target_params,
+               draft=load_draft(exp, d, target, draft_part, target_params),
+               partitioner=target_part)
 
 
 def load_draft(exp: Experiment, d: Data, target: T5Model,
