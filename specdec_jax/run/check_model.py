@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import json
 import math
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import jax
@@ -29,7 +28,7 @@ from specdec_jax.dryrun.costs import Roofline
 from specdec_jax.run import calibrate, dry_run_programs, hosts
 from specdec_jax.run.settings import Experiment
 from specdec_jax.run.setup import check_before_loading, load_data, load_models
-from specdec_jax.run.workdir import check_writable
+from specdec_jax.run.workdir import check_workdir
 
 FILENAME = "calibrate.json"
 AUTO = "auto"
@@ -96,17 +95,6 @@ def machine_note(devices: Sequence[Any], topology: str) -> Optional[str]:
   here = d.platform if d.platform != "tpu" else d.device_kind
   return (f"measured on {here} ({len(devices)} device{'s' * (len(devices) != 1)}), model for "
           f"{topology} ({n} {chip.label} chip{'s' * (n != 1)}): compare only on that TPU")
-
-
-def check_workdir(path: str) -> None:
-  """A workdir ``calibrate.json`` can be written into (checked, not created)."""
-  if storage.is_gcs(path):
-    try:
-      storage.check_path(path)
-    except ValueError as e:
-      raise ValueError(f"--workdir: {e}") from None
-    return
-  check_writable(Path(path))
 
 
 # ------------------------------------------------------------ the two sides

@@ -303,6 +303,16 @@ def check_writable(path: Path) -> None:
     raise PermissionError(f"--workdir {path} is not writable{where}; choose another --workdir")
 
 
+def check_workdir(path: str) -> None:
+  """A workdir that can be written (checked, not created)."""
+  if not storage.is_gcs(path):
+    return check_writable(Path(path))
+  try:
+    storage.check_path(path)
+  except ValueError as e:
+    raise ValueError(f"--workdir: {e}") from None
+
+
 class Workdir:
   """examples.jsonl, summary.json and config.gin. The constructor takes the
   writer hold (process 0 only) and reads finished lines; the directory and
@@ -313,16 +323,10 @@ class Workdir:
     if mode not in MODES:
       raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     self.remote = storage.is_gcs(str(path))
-    if self.remote:
-      try:
-        storage.check_path(str(path))
-      except ValueError as e:
-        raise ValueError(f"--workdir: {e}") from None
-      if not storage.bucket_exists(str(path)):  # before any model is read
-        raise storage.StorageNotFoundError(f"--workdir {path}: the bucket "
-                                           f"gs://{storage.split(str(path))[0]} does not exist")
-    else:
-      check_writable(Path(path))
+    check_workdir(str(path))
+    if self.remote and not storage.bucket_exists(str(path)):  # before any model is read
+      raise storage.StorageNotFoundError(f"--workdir {path}: the bucket "
+                                         f"gs://{storage.split(str(path))[0]} does not exist")
     self.path = str(path).rstrip("/") if self.remote else str(Path(path))
     self.examples_path = storage.join(self.path, "examples.jsonl")
     self.config_path = storage.join(self.path, "config.gin")
