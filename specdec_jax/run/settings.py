@@ -307,23 +307,18 @@ class Experiment(PairSettings):
       raise ValueError(f"unknown approximation model Experiment.draft_name="
                        f"{self.draft_name!r}; known: {sorted(drafts.REGISTRY)} (a draft "
                        "defined outside the package needs --import=<its module>)")
-    uses_checkpoint = drafts.takes(self.draft_name, "model") or drafts.takes(self.draft_name,
-                                                                             "params")
-    if self.draft_checkpoint and not uses_checkpoint:
-      raise ValueError(f"Experiment.draft_checkpoint={self.draft_checkpoint!r} is set but "
-                       f"approximation model {self.draft_name!r} takes no checkpoint (its "
-                       "builder has no model/params argument); bind "
-                       "Experiment.draft_checkpoint = '' for it")
-    if self.draft_quantization is not None and not uses_checkpoint:
-      raise ValueError(f"Experiment.draft_quantization={self.draft_quantization!r} is set but "
-                       f"approximation model {self.draft_name!r} has no weights to quantize "
-                       "(only T5 drafts do, e.g. 't5' and 'lookup_t5'); bind "
-                       "Experiment.draft_quantization = None for it")
-    if self.draft_shortlist and not drafts.takes(self.draft_name, "shortlist"):
-      raise ValueError(f"Experiment.draft_shortlist={self.draft_shortlist!r} is set but "
-                       f"approximation model {self.draft_name!r} takes no 'shortlist' "
-                       "argument (the T5 drafts 't5' and 'lookup_t5' do); bind "
-                       "Experiment.draft_shortlist = '' for it")
+    takes = lambda *args: any(drafts.takes(self.draft_name, a) for a in args)
+    for field, ok, lacks, off in (
+        ("draft_checkpoint", takes("model", "params"),
+         "takes no checkpoint (its builder has no model/params argument)", ""),
+        ("draft_quantization", takes("model", "params"),
+         "has no weights to quantize (only T5 drafts do, e.g. 't5' and 'lookup_t5')", None),
+        ("draft_shortlist", takes("shortlist"),
+         "takes no 'shortlist' argument (the T5 drafts 't5' and 'lookup_t5' do)", "")):
+      value = getattr(self, field)
+      if value not in ("", None) and not ok:
+        raise ValueError(f"Experiment.{field}={value!r} is set but approximation model "
+                         f"{self.draft_name!r} {lacks}; bind Experiment.{field} = {off!r} for it")
 
   def _check_beam(self) -> None:
     """Beam search: a known method, widths u >= w >= 1, alpha >= 0, and what it runs with."""
