@@ -26,17 +26,22 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       tempfile.mkdtemp(prefix="specdec_jax_tests_jit_cache_"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-# Tiny models: compiling is most of the suite's time, and LLVM's optimization
-# passes most of compiling. Without them XLA:CPU compiles in about two thirds of
-# the CPU time. Every comparison in the suite is between programs compiled the
-# same way (subprocesses inherit the setting), so what a test asserts (token
-# for token, bit for bit between two paths, a distribution) is checked under
-# one compiler, as before; only the bits of a single program's output differ
-# from a default build's. SPECDEC_TEST_DEFAULT_XLA=1 runs the default passes.
-if os.environ.get("SPECDEC_TEST_DEFAULT_XLA") != "1" and \
-    "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_backend_optimization_level=0").strip()
+# Tiny models: compiling is most of the suite's time. Three settings halve the
+# CPU time of XLA:CPU's compiles: LLVM without its optimization passes,
+# fusions emitted straight to LLVM IR rather than through XLA's MLIR fusion
+# emitters, and code generated in one piece (two workers already fill the
+# two cores; splitting a module for parallel codegen only adds work). Every
+# comparison in the suite is between programs compiled the same way
+# (subprocesses inherit the settings), so what a test asserts (token for
+# token, bit for bit between two paths, a distribution) is checked under one
+# compiler, as before; only the bits of a single program's output differ from
+# a default build's. SPECDEC_TEST_DEFAULT_XLA=1 runs the default compiler.
+FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
+                "--xla_cpu_parallel_codegen_split_count=1")
+if os.environ.get("SPECDEC_TEST_DEFAULT_XLA") != "1":
+  os.environ["XLA_FLAGS"] = " ".join(
+      [os.environ.get("XLA_FLAGS", "")]
+      + [f for f in FAST_COMPILE if f.split("=")[0] not in os.environ.get("XLA_FLAGS", "")]).strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
