@@ -54,7 +54,8 @@ def test_every_ms_accounted_for_when_the_walltimes_follow_the_model():
   assert a.unexplained == pytest.approx(1.0)
   assert a.prefill_baseline_ms == pytest.approx(3.5)        # half the records at each width
   assert a.prefill_speculative_ms == pytest.approx(4.05)
-  table = accounting.markdown(a)
+  from lab.accounting import markdown
+  table = markdown(a)
   assert f"{a.speed:.3f}x" in table and "interplay" in table and "prefill" in table
 
 

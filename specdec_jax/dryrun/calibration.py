@@ -1,20 +1,8 @@
-"""The cost model's one calibrated parameter (``costs``): the fixed cost per
-launched operation on a TPU v4 chip, from the paper's measured c for a
-T5-small draft (Table 4: 0.02 on one TPU-v4) and nothing else.
-
-``PIECES`` stores what the calibration needs, so that it is recomputed
-without compiling anything: for T5 1.1 XXL (the target) and each T5 1.1
-draft, one one-position decoding step on one v4 chip (``v4:1x1x1``) at the
-EnDe rows' settings (input 512, cache 136 = decode 128 + γ 7 + 1), as
-compiled by the runner's dry run (``run.dry_run_programs.piece_compiles`` at depths
-1 and 2, extrapolated to the full depth): XLA's flops and bytes accessed, and
-the operations it launches (``hlo.op_count``). ``run.dry_run_programs.calibration_pieces``
-recompiles them (``scripts/calibrate_costs.py --recompile``).
-
-``calibrate`` solves the model's c (Definition 3.7) = 0.02 for the fixed
-cost with the T5-small and T5-XXL pieces only (``costs.calibrate_op_seconds``);
-``predicted_c`` then gives T5-base's and T5-large's c on the same chip,
-with no further fitting, to be set beside the paper's 0.04 and 0.11.
+"""The cost model's one calibrated parameter: the fixed cost per launched
+operation on TPU v4, from the paper's c = 0.02 for T5-small (Table 4) alone.
+``PIECES`` stores the one-position steps it needs (T5 1.1 XXL and each draft
+on ``v4:1x1x1`` at the EnDe rows' settings), so nothing is compiled;
+``predicted_c`` then gives base's and large's c with no further fitting.
 """
 
 from __future__ import annotations
@@ -47,8 +35,7 @@ def pieces(stored: Optional[dict] = None) -> dict[str, Piece]:
 
 
 def calibrate(stored: Optional[dict] = None, chip: Chip = CHIPS["v4"]) -> float:
-  """Seconds per operation on ``chip`` such that the model's c for T5-small
-  is the paper's (Table 4), from the stored T5-small and T5-XXL steps only."""
+  """Seconds per operation making the model's c for T5-small the paper's."""
   got = pieces(stored)
   return calibrate_op_seconds(got["target"], got[CALIBRATED_ON], chip,
                               paper.DRAFT_C[CALIBRATED_ON])
@@ -56,8 +43,7 @@ def calibrate(stored: Optional[dict] = None, chip: Chip = CHIPS["v4"]) -> float:
 
 def predicted_c(op_seconds: float, stored: Optional[dict] = None,
                 chip: Chip = CHIPS["v4"]) -> dict[str, float]:
-  """Each draft's c (Definition 3.7) on ``chip`` at ``op_seconds`` per
-  operation, from the stored steps."""
+  """Each draft's c (Definition 3.7) at ``op_seconds`` per operation."""
   got = pieces(stored)
   at = dataclasses.replace(chip, op_seconds=op_seconds)
   target = got["target"].seconds(at)
@@ -65,8 +51,7 @@ def predicted_c(op_seconds: float, stored: Optional[dict] = None,
 
 
 def table(stored: Optional[dict] = None) -> str:
-  """The calibration as text: the parameter, then per draft the model's c
-  without and with the fixed cost beside the paper's, and the error."""
+  """The calibration as text: per draft c without and with the fixed cost vs the paper's."""
   t = calibrate(stored)
   before, after = predicted_c(0.0, stored), predicted_c(t, stored)
   lines = [f"fixed cost per operation on TPU v4, calibrated on T5-{CALIBRATED_ON} only: "

@@ -1,32 +1,13 @@
-"""The dry run's cost model: what one decoding step costs on a TPU chip,
-predicted from XLA's analyses of a compiled piece. A model, not a
-measurement.
+"""The dry run's cost model (a model, not a measurement): a compiled piece (a
+target pass over k positions, a draft step) costs, per device,
 
-A piece (one target pass over k positions, one draft step) is priced as the
-sum of three terms, each per device:
+* the roofline: max(flops / peak, bytes accessed / HBM bandwidth);
+* its collectives: hops x per-hop latency + wire bytes / ICI ring bandwidth;
+* launched operations x ``Chip.op_seconds`` (the one calibrated parameter).
 
-* the roofline: max(flops / peak, bytes accessed / HBM bandwidth), with the
-  chip's published peak and bandwidth (``chips.CHIPS``);
-* its collectives, each by size and topology (``collective_seconds``):
-  hops x the per-hop latency + bytes on the wire / the ICI bandwidth of a
-  bidirectional ring over the collective's replica group (``Chip.ici_*``,
-  ``Chip.hop_latency``);
-* a fixed cost per launched operation (``hlo.op_count``: fusions, copies,
-  custom calls; a loop iteration's own bookkeeping is among them) times
-  ``Chip.op_seconds``, the model's one calibrated parameter per chip family
-  (``calibration``).
-
-From those: c = draft step / target step (Definition 3.7), v(k) = pass over
-k positions / one-position pass, and a round's cost (``Roofline.round_cost``,
-the one ``theory.RoundCost``), whose Theorem 3.8 speedup at an α and γ the
-dry run reports.
-
-The pieces are compiled with XLA's ``exec_time_optimization_effort`` = -1
-(``PIECE_OPTIONS``), at decoder depths 1 and 2 (``PIECE_DEPTHS``), and
-extrapolated linearly to the model's depth (``extrapolate``: the layers are
-identical, so flops, bytes, operations and collectives are affine in the
-depth). At that effort the TPU compiler does not stage weights through
-on-chip VMEM, so 'bytes accessed' counts HBM traffic.
+From those c (Definition 3.7), v(k) and a round's ``theory.RoundCost``.
+Pieces compile at depths 1 and 2 and are extrapolated linearly (the layers
+are identical).
 """
 
 from __future__ import annotations
@@ -46,11 +27,8 @@ PIECE_DEPTHS = (1, 2)
 
 
 def ring_hops(kind: str, group: int) -> int:
-  """Ring steps (hops) a collective's data travels over a group of
-  ``group`` chips on a bidirectional ring, each half going one way: an
-  all-reduce reduces then broadcasts (2 * (group // 2) steps), an
-  all-gather, reduce-scatter or all-to-all does one of those (group // 2),
-  a collective-permute one step."""
+  """Ring steps of a collective over ``group`` chips on a bidirectional ring:
+  all-reduce 2 (group // 2), permute 1, the others group // 2."""
   if group <= 1:
     return 0
   if kind == "collective-permute":
@@ -59,10 +37,7 @@ def ring_hops(kind: str, group: int) -> int:
 
 
 def wire_bytes(kind: str, nbytes: float, group: int) -> float:
-  """Bytes each chip sends for a collective whose result is ``nbytes`` per
-  device (the ring algorithms' volumes): all-reduce 2(n-1)/n of the array,
-  all-gather and all-to-all (n-1)/n, reduce-scatter (n-1) result shards,
-  collective-permute the array."""
+  """Bytes each chip sends for a collective of result ``nbytes`` (ring volumes)."""
   n = group
   if n <= 1:
     return 0.0
@@ -71,8 +46,7 @@ def wire_bytes(kind: str, nbytes: float, group: int) -> float:
 
 
 def collective_seconds(kind: str, nbytes: float, group: int, chip: Chip) -> float:
-  """One collective's time: hops x ``chip.hop_latency`` + bytes on the wire
-  over both directions of one ICI link (2 x ``chip.ici_link_bandwidth``)."""
+  """One collective's time: hops x latency + wire bytes over one ICI link both ways."""
   if group <= 1:
     return 0.0
   wire = wire_bytes(kind, nbytes, group)
@@ -82,8 +56,7 @@ def collective_seconds(kind: str, nbytes: float, group: int, chip: Chip) -> floa
 
 @dataclasses.dataclass(frozen=True)
 class Piece:
-  """One piece's per-device cost: XLA's cost analysis (flops, bytes), the
-  operations it launches and its collectives."""
+  """One piece's per-device cost inputs."""
 
   flops: float
   bytes: float
@@ -114,8 +87,7 @@ class Piece:
 
 
 def collective_counts(program: Any, devices: int) -> dict:
-  """(kind, bytes per device, group size) -> how many, for a compiled
-  program's collectives (a group the HLO does not name is every device)."""
+  """(kind, bytes per device, group size) -> how many, for a compiled program."""
   out: dict = {}
   for c in program.collectives:
     key = (c.kind, c.nbytes, c.group or devices)
@@ -124,9 +96,8 @@ def collective_counts(program: Any, devices: int) -> dict:
 
 
 def extrapolate(got: dict, role: str, k: int, depth: int, devices: int = 1) -> Piece:
-  """The piece at ``depth`` layers from the depth-1 and depth-2 compiles
-  (``got``: (role, depth, k) -> a ``driver.Program``): X(L) = X(1) + (L - 1)
-  (X(2) - X(1)) for flops, bytes, operations and each collective's count."""
+  """The piece at ``depth`` layers: X(L) = X(1) + (L - 1)(X(2) - X(1)) from
+  ``got``'s (role, depth, k) compiles."""
   one, two = got[(role, 1, k)], got[(role, 2, k)]
   line = lambda a, b: a + (depth - 1) * (b - a)
   c1, c2 = collective_counts(one, devices), collective_counts(two, devices)
@@ -137,11 +108,8 @@ def extrapolate(got: dict, role: str, k: int, depth: int, devices: int = 1) -> P
 
 
 def calibrate_op_seconds(target: Piece, draft: Piece, chip: Chip, c: float) -> float:
-  """The fixed cost per operation that makes the model's c (Definition 3.7)
-  equal ``c``: solves (D + n_d t) / (T + n_t t) = c for t, where D and T
-  are the draft's and the target's one-position steps without the fixed
-  cost (roofline and collectives) and n_d, n_t their operation counts. A
-  ``ValueError`` where no t >= 0 does it."""
+  """Solves (D + n_d t) / (T + n_t t) = c for the fixed cost per operation t
+  (D, T: the steps without it; n: operation counts); t >= 0 or ValueError."""
   free = dataclasses.replace(chip, op_seconds=0.0)
   d, t = draft.seconds(free), target.seconds(free)
   denominator = draft.ops - c * target.ops
@@ -153,32 +121,26 @@ def calibrate_op_seconds(target: Piece, draft: Piece, chip: Chip, c: float) -> f
 
 @dataclasses.dataclass
 class Roofline:
-  """Predicted costs per device (a model, not a measurement): each piece
-  priced by ``Piece.seconds`` (roofline + collectives + fixed cost)."""
+  """Predicted costs per device, each piece priced by ``Piece.seconds``."""
 
   chip: Chip
   target: dict          # k (positions scored) -> Piece
   draft: Optional[Piece]
   floor: int            # decoder + output-layer weight bytes per device
   draft_floor: int = 0  # the same for the draft
-  # A block draft's proposal (``drafts.t5_block``): its one call over its
-  # catch-up and mask positions; None for a draft that proposes a token a call.
-  block: Optional[Piece] = None
+  block: Optional[Piece] = None   # a block draft's one proposal call
 
   def round_cost(self, gamma: int, draft_calls: Optional[int] = None) -> RoundCost:
-    """A round of ``draft_calls`` draft steps (default γ, a chain's) and one
-    target pass over γ + 1 positions, priced (``theory.RoundCost``; no draft:
-    c = 0; v is nan where that pass was not compiled). With ``block``, the
-    proposal is that one call (c = the call over a target step, one call)."""
+    """A round: ``draft_calls`` draft steps (default γ; a block draft's one
+    call) and a target pass over γ + 1 positions (v nan if not compiled)."""
     v = self.v(gamma + 1) if gamma + 1 in self.target else math.nan
     if self.block is not None:
       return RoundCost(gamma, self.block_c(), v, 1, step_ms=self.baseline_ms_per_token())
     return RoundCost(gamma, self.c(), v, draft_calls, step_ms=self.baseline_ms_per_token())
 
   def tree_round_cost(self, tree: TreeShape) -> RoundCost:
-    """A token tree's round: one draft step per depth (a block draft: its
-    one call) and the pass over its N nodes (``target[N]``, priced with the
-    tree's own mask)."""
+    """A tree's round: a draft step per depth (or one block call) and the
+    pass over its N nodes."""
     if self.block is not None:
       return RoundCost(tree.num_nodes - 1, self.block_c(), self.v(tree.num_nodes), 1,
                        step_ms=self.baseline_ms_per_token())

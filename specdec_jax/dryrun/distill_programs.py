@@ -1,50 +1,14 @@
-r"""The distillation's TPU dry run: compile a ``DistillJob``'s programs for a
-TPU topology on any machine.
+r"""The distillation's TPU dry run: a ``DistillJob``'s programs compiled for a
+topology on any machine, reading nothing:
 
   python scripts/distill_draft.py --target_preset=t5_1_1_xxl ... --dry_run=v4:2x2x1
 
-validates the job, then lowers and compiles, for the topology's devices
-(libtpu's compile-only devices, ``chips``) and on abstract arrays
-(``jax.ShapeDtypeStruct`` with the shardings the job would place them in),
-the programs distillation runs for hours:
-
-* **generate (MODE)**: the target generating its training outputs
-  (``decoding.temperature_sample``, as ``distill.generate_target_outputs``
-  calls it): ``generate_batch_size`` rows split over 'data', at the longest
-  input bucket (``max_input_len``), the target's weights in their shards at
-  ``param_dtype``; one program per output mode ('greedy' at temperature 0,
-  'sample' at ``sample_temperature``; the held-out outputs are greedy, the
-  same program).
-* **train step**: the draft's training step (``training.make_train_step``
-  over ``distill.distill_loss``, with the job's optimizer): the draft and
-  its optimizer state replicated in float32, the batch's rows split over
-  'data' (``training.batch_rows`` at the longest bucket, the largest
-  activations a step has), the target's weights an argument in their
-  shards. Bridges the job adds (``encoder_bridge``, ``feature_bridge``) are
-  in it; a bridge already stored beside the draft is not read, so pass the
-  flag to include it.
-
-No weight, vocabulary or example is read and nothing is written or
-downloaded: the architectures come from ``target_preset`` / ``draft_preset``
-(or a local checkpoint's ``config.json``), the checkpoint and data paths
-need not exist here.
-
-Each program is reported per device from the compiled executable's memory
-analysis (arguments + temporaries + outputs, less outputs that reuse a donated
-argument's buffer) against the chip's HBM, with the collectives it runs
-(generation: one iteration of its loop; the train step: the whole step) and
-any collective whose operand is a weight, the target's or the draft's
-(``weight_moves``), which is an error. When a program does not fit,
-the dry run looks for settings that would: a smaller ``batch_tokens``
-(train step) or ``generate_batch_size`` (generation), the first halving whose
-compile fits; ``format_report`` prints what it found.
-
-Bad input is one line (``ValueError``) before any compile: an unknown
-topology, settings ``DistillJob.validate`` refuses, an architecture the dry
-run cannot know without reading, a draft whose vocabulary differs from the
-target's, a mesh the topology's device count does not match, a dimension the
-mesh does not divide, and weights that alone exceed the chip's HBM (with the
-mesh that would hold them, where one would).
+Programs: 'generate (MODE)', the target generating its training outputs
+(``generate_batch_size`` rows at the longest input bucket), one per output
+mode; 'train step', the draft's step (draft, optimizer state and the job's
+bridges replicated in float32, the target's sharded weights an argument) at
+the longest bucket. A program that does not fit gets the first halving of
+its batch (``batch_tokens`` or ``generate_batch_size``) whose compile fits.
 """
 
 from __future__ import annotations
@@ -106,9 +70,8 @@ def train_rows(ctx: Context, batch_tokens: Optional[int] = None) -> int:
 
 def _meshes_holding(cfg: T5Config, job: distill.DistillJob, devices: Sequence[Any],
                     room: float) -> list[tuple[tuple[int, int], int]]:
-  """(mesh shape, target weight bytes per device) for every (data, model)
-  mesh over ``devices`` that shards the target and leaves its weights within
-  ``room`` bytes, fewest bytes first."""
+  """(mesh shape, target bytes per device) of each (data, model) mesh over
+  ``devices`` holding the target within ``room`` bytes, fewest bytes first."""
   n, out = len(devices), []
   for model in range(1, n + 1):
     if n % model:
@@ -128,9 +91,8 @@ def _meshes_holding(cfg: T5Config, job: distill.DistillJob, devices: Sequence[An
 
 
 class DistillPrograms(driver.ProgramList):
-  """The distillation's programs: 'generate (MODE)' for each of the job's
-  output modes and 'train step'; with ``find_fixes``, a smaller batch for
-  each that does not fit (``find_fix``)."""
+  """The distillation's programs; ``find_fixes``: a smaller batch for each
+  that does not fit."""
 
   def __init__(self, job: distill.DistillJob, programs: Optional[Sequence[str]] = None,
                find_fixes: bool = True):
@@ -154,9 +116,7 @@ class DistillPrograms(driver.ProgramList):
         num_decoder_layers=draft.num_decoder_layers + job.grow_decoder_layers)
 
   def partitioners(self, ctx: Context) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
-    """As ``distill.partitioners`` builds them over the machine's devices; a
-    mesh of another size names the one that holds the target in the fewest
-    bytes."""
+    """As ``distill.partitioners``; a wrong-size mesh names one that fits."""
     job = self.settings
     try:
       return driver.mesh_partitioners(job.mesh_shape, job.logical_axis_rules,
@@ -169,8 +129,7 @@ class DistillPrograms(driver.ProgramList):
       raise ValueError(f"{ctx.where}: DistillJob.mesh_shape: {e}{hint}") from None
 
   def resident(self, ctx: Context) -> dict[str, int]:
-    """The weights per device: the target's at ``param_dtype``, the draft's
-    float32 copy."""
+    """The weights per device: the target's and the draft's float32 copy."""
     job, out = self.settings, {}
     for role, cfg, part, dtype in (
         ("target", ctx.target_config, ctx.target_part, job.param_dtype),
@@ -229,14 +188,13 @@ def _mode_sampling(job: distill.DistillJob, mode: str) -> SamplingConfig:
 
 def _rows(part: Optional[Partitioner], device: Any, shape: Sequence[int],
           what: str) -> jax.ShapeDtypeStruct:
-  """A batch-major int32 abstract array, rows over 'data' (``Partitioner.batch_sharding``)."""
+  """A batch-major int32 abstract array, rows over 'data'."""
   sharding = part.batch_sharding(shape, what) if part else SingleDeviceSharding(device)
   return jax.ShapeDtypeStruct(tuple(shape), jnp.int32, sharding=sharding)
 
 
 def lower_generate(ctx: Context, mode: str, batch_size: Optional[int] = None) -> Any:
-  """The target's generation of its outputs in ``mode``, lowered: ``batch_size``
-  (default ``generate_batch_size``) rows at the longest input bucket."""
+  """The target's generation in ``mode``, lowered, at the longest input bucket."""
   job, tp = ctx.settings, ctx.target_part
   b = batch_size or job.generate_batch_size
   params = abstract_params(ctx.target_config, tp, job.param_dtype, ctx.device)
@@ -253,8 +211,7 @@ def _bridged(job: distill.DistillJob) -> bool:
 
 
 def abstract_draft(ctx: Context) -> Any:
-  """The draft's trained parameters as ``run_job`` hands them to ``fit``:
-  float32, replicated; wrapped with the bridges the job adds."""
+  """The draft's trained parameters as ``fit`` gets them (with the bridges)."""
   job = ctx.settings
   params = abstract_params(ctx.draft_config, ctx.draft_part, "float32", ctx.device)
   if not _bridged(job):
@@ -271,10 +228,8 @@ def abstract_draft(ctx: Context) -> Any:
 
 
 def lower_train(ctx: Context, batch_tokens: Optional[int] = None) -> Any:
-  """The draft's training step, lowered as ``fit`` runs it: ``(params,
-  opt_state, batch, frozen)`` with the target's weights as ``frozen``, at the
-  longest bucket with ``training.batch_rows`` rows (``batch_tokens``:
-  default the job's)."""
+  """The draft's training step ``(params, opt_state, batch, frozen)`` lowered
+  as ``fit`` runs it, at the longest bucket."""
   job, dp = ctx.settings, ctx.draft_part
   target, draft = T5Model(ctx.target_config), T5Model(ctx.draft_config)
   bridged = _bridged(job)
@@ -293,8 +248,7 @@ def lower_train(ctx: Context, batch_tokens: Optional[int] = None) -> Any:
 
 
 def lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
-  """Program name -> a thunk lowering it: 'generate (MODE)' for each of the
-  job's output modes, and 'train step'."""
+  """Program name -> a thunk lowering it."""
   out: dict[str, Callable[[], Any]] = {
       f"generate ({m})": (lambda m=m: lower_generate(ctx, m)) for m in ctx.settings.modes}
   out["train step"] = lambda: lower_train(ctx)
@@ -320,10 +274,8 @@ def _fits(p: Program, chip: Any) -> bool:
 
 
 def find_fix(ctx: Context, name: str) -> Optional[Fix]:
-  """Halves the program's batch (``batch_tokens`` for the train step, keeping
-  at least one row per 'data' shard; ``generate_batch_size`` for generation,
-  a multiple of 'data') and compiles each until one fits, at most
-  ``MAX_HALVINGS`` times."""
+  """Halves the program's batch (at least a row per 'data' shard) and compiles
+  it until one fits, at most ``MAX_HALVINGS`` times."""
   job, tried = ctx.settings, []
   if name == "train step":
     flag, value, floor = "batch_tokens", job.batch_tokens, train_len(ctx) * data_axis(ctx)

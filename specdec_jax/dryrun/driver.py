@@ -1,21 +1,7 @@
-"""The dry-run driver: check a job for a TPU topology, compile its list of
-programs for the topology's devices on any machine, and report.
-
-A job is a ``ProgramList``: the runner's (``specdec_jax.run.dry_run_programs``) or the
-distillation's (``distill_programs``). The driver does what both share:
-
-* ``check``: every check before a compile, each failure one line
-  (``ValueError``): the topology (libtpu's compile-only devices,
-  ``chips.topology_devices``), the job's settings, the architectures
-  (``architecture``: a preset or a local ``config.json``; no weight is read),
-  the mesh against the topology's devices, and what stays resident against
-  the chip's HBM;
-* ``dry_run``: lowers each of the job's programs (``Compile``) on abstract
-  arrays (``jax.ShapeDtypeStruct`` with the job's shardings) and compiles it
-  in a worker thread (``compile_program``: XLA's memory and cost analyses,
-  the collectives it runs and any that moves a weight, ``is_weight``);
-* ``format_report`` and ``main``: the report every dry run prints (setup,
-  per-program memory against HBM, collectives), with the job's own lines.
+"""The dry-run driver: check a job (a ``ProgramList``: the runner's or
+distillation's) for a TPU topology, compile its programs on abstract arrays
+for libtpu's compile-only devices on any machine, and report their memory
+against HBM and their collectives. Each failed check is one line.
 """
 
 from __future__ import annotations
@@ -84,19 +70,16 @@ class Program:
 
   @property
   def total(self) -> int:
-    """Device memory the executable needs: arguments + temporaries +
-    outputs, less outputs that reuse argument buffers (program code apart)."""
+    """Device memory: arguments + temporaries + outputs - aliased (code apart)."""
     return self.arguments + self.temporaries + self.outputs - self.aliased
 
   def take_memory(self, compiled: Any) -> None:
-    """Fills the byte counts from XLA's memory analysis of ``compiled``."""
     m = compiled.memory_analysis()
     self.arguments, self.temporaries = m.argument_size_in_bytes, m.temp_size_in_bytes
     self.outputs, self.aliased = m.output_size_in_bytes, m.alias_size_in_bytes
     self.code = m.generated_code_size_in_bytes
 
   def take_module(self, module: hlo.Module, backward: bool) -> None:
-    """Fills the arguments, collectives and weight moves from the compiled HLO."""
     params = hlo.parameters(module)
     self.padded_arguments = sum(hlo.array_bytes(i.shape, padded=True) for i in params)
     self.weights = sum(hlo.array_bytes(i.shape) for i in params if is_weight(i))
@@ -110,23 +93,18 @@ class Program:
 
 
 def is_weight(param: hlo.Instr) -> bool:
-  """An entry parameter holding a weight: jit names parameters by their
-  argument path; every weight lives under a 'params' tree (a model's, or a
-  draft's inside its pytree) or, in a training step, the target's 'frozen'."""
+  """An entry parameter under a 'params' tree (or a training step's 'frozen')."""
   return "params[" in param.op_name or param.op_name.startswith("frozen[")
 
 
-# Compiled programs, by (topology, options, lowered program text): a table of
-# rows compiles each distinct program once.
+# Compiled programs by (topology, options, program text): each compiles once.
 _COMPILED: dict[str, Program] = {}
 
 
 def compile_program(name: str, lowered: Any, topology: str = "", estimate: int = 0,
                     options: Optional[dict] = None, backward: bool = False) -> Program:
-  """Compiles ``lowered`` into a ``Program``: the executable's memory and cost
-  analyses, its weight arguments' bytes, its collectives and those that move
-  a weight. A program the compiler refuses (e.g. out of memory) gets the
-  compiler's first line in ``error``."""
+  """Compiles ``lowered`` into a ``Program``; one the compiler refuses gets
+  its first line in ``error``."""
   text = lowered.as_text()
   key = hashlib.sha256(f"{topology}\n{options}\n{backward}\n".encode()
                        + text.encode()).hexdigest()
@@ -158,10 +136,8 @@ def default_workers() -> int:
 
 def compile_all(topology: str, specs: Sequence[Compile],
                 workers: Optional[int] = None) -> list[Program]:
-  """Each spec lowered here and compiled in a worker thread as soon as it is
-  lowered, so lowering overlaps compiling; the programs in ``specs``' order.
-  Says what it compiles, then each program's name and compile time as it
-  finishes."""
+  """Each spec lowered here and compiled in a worker thread (lowering overlaps
+  compiling), logging each as it finishes; in ``specs``' order."""
   workers = default_workers() if workers is None else max(1, workers)
   logging.info("Compiling %d program%s for %s, %d at a time: %s…", len(specs),
                "s" if len(specs) != 1 else "", topology, workers,
@@ -194,11 +170,8 @@ def _shapes(cfg: T5Config) -> dict:
 
 def abstract_params(cfg: T5Config, part: Optional[Partitioner], param_dtype: str,
                     device: Any, quant: Optional[str] = None) -> dict:
-  """The parameter tree as ShapeDtypeStructs: ``stored_dtype`` at
-  ``param_dtype``, each with its sharding (``part``; one device without);
-  with ``quant`` ('int8' / 'int4', a quantized draft) each kernel is the
-  ``qwix.QArray`` ``quantization.quantize_params`` makes, its integers
-  sharded as the kernel and its [1, out] scales over the output axis."""
+  """The parameter tree as sharded ShapeDtypeStructs; with ``quant`` each
+  kernel is the ``QArray`` ``quantization.quantize_params`` makes."""
   one = SingleDeviceSharding(device)
 
   def leaf(n: str, shape: tuple) -> Any:
@@ -233,8 +206,7 @@ def abstract_key(part: Optional[Partitioner], device: Any) -> jax.ShapeDtypeStru
 
 
 def weight_bytes(params: Any) -> int:
-  """Bytes per device of an abstract parameter tree: each leaf's shard shape
-  (``sharding.shard_shape``) at its dtype."""
+  """Bytes per device of an abstract parameter tree (each leaf's shard)."""
   return sum(quantization.array_bytes(x.sharding.shard_shape(x.shape), x.dtype)
              for x in jax.tree.leaves(params))
 
@@ -244,11 +216,8 @@ def weight_bytes(params: Any) -> int:
 
 def architecture(role: str, path: str, fmt: str, preset: Optional[str],
                  dtype: str, how: tuple[str, str]) -> T5Config:
-  """A model's architecture without reading a weight or anything remote:
-  its preset, else a local checkpoint's ``config.json``
-  (``checkpoints.peek_config``). One line if neither says; ``how``: (verb,
-  prefix) of a setting as the user gives it (('bind', 'Experiment.') or
-  ('pass', '--'))."""
+  """A model's architecture from its preset or a local ``config.json``, no
+  weight read; ``how``: (verb, prefix) naming a setting, e.g. ('pass', '--')."""
   local = bool(path) and "://" not in path and os.path.isdir(path)
   cfg = checkpoints.peek_config(path, fmt, preset, dtype) if preset or local else None
   if cfg is None:
@@ -261,9 +230,8 @@ def architecture(role: str, path: str, fmt: str, preset: Optional[str],
 def mesh_partitioners(mesh_shape: Optional[Sequence[int]], rules: Optional[Sequence],
                       draft_rules: Sequence, fallback: str, devices: Sequence[Any]
                       ) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
-  """The target's and the draft's partitioners over the topology's devices
-  (None, None on one device); ``partitioning.PartitioningError`` for a mesh
-  of another size."""
+  """The target's and the draft's partitioners over ``devices`` (None, None
+  without a mesh)."""
   if mesh_shape is None:
     return None, None
   mesh = partitioning.make_mesh(mesh_shape, devices)
@@ -298,15 +266,13 @@ class Context:
 
 
 class ProgramList(abc.ABC):
-  """A job the driver checks and compiles: its settings' checks, its models,
-  its programs and the result it makes of them."""
+  """A job the driver checks and compiles. Checks raise one-line ``ValueError``s."""
 
   settings: Any
 
   @abc.abstractmethod
   def validate(self) -> list:
-    """The settings' own checks (one line each); -> the (field, value) the
-    dry run does not read."""
+    """The settings' checks; -> the (field, value) the dry run does not read."""
 
   @abc.abstractmethod
   def architectures(self) -> tuple[T5Config, Optional[T5Config]]:
@@ -314,8 +280,7 @@ class ProgramList(abc.ABC):
 
   @abc.abstractmethod
   def partitioners(self, ctx: Context) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
-    """The target's and the draft's partitioners over ``ctx.devices``,
-    every dimension checked (one line each)."""
+    """The partitioners over ``ctx.devices``, every dimension checked."""
 
   @abc.abstractmethod
   def resident(self, ctx: Context) -> dict[str, int]:
@@ -335,10 +300,8 @@ class ProgramList(abc.ABC):
 
 
 def check(job: ProgramList, topology: str) -> Context:
-  """Every check before a compile, each failure one line (``ValueError``):
-  the topology, the job's settings, the architectures, the mesh against the
-  topology's devices, every dimension the mesh must divide, and what stays
-  resident against the chip's HBM."""
+  """Every check before a compile: topology, settings, architectures, mesh,
+  and what stays resident against the chip's HBM."""
   chip, devices = topology_devices(topology)
   unread = job.validate()
   target, draft = job.architectures()
@@ -355,8 +318,7 @@ def check(job: ProgramList, topology: str) -> Context:
 
 @dataclasses.dataclass
 class DryRun:
-  """Everything a dry run found (``format_report`` prints it); each job's
-  result adds its own lines (``settings_lines``, ``closing_lines``)."""
+  """Everything a dry run found; each job's result adds its own lines."""
 
   ctx: Context
   programs: list = dataclasses.field(default_factory=list)   # Program
@@ -375,7 +337,6 @@ class DryRun:
 
   @property
   def memory(self) -> int:
-    """The largest per-device total among the compiled programs."""
     return max((p.total for p in self.programs if not p.error), default=0)
 
   @property
@@ -390,8 +351,6 @@ class DryRun:
     return []
 
   def table_note(self) -> str:
-    """The memory table's header note after 'XLA's memory analysis of the
-    chip's executable; '."""
     return f"total = arguments + temporaries + outputs - aliased, against " \
         f"{self.chip.hbm_bytes / GiB:.0f} GiB"
 
@@ -402,16 +361,11 @@ class DryRun:
     return []
 
   def summary_lines(self) -> list[str]:
-    """The job's own sentences in the short report (``summary_report``),
-    e.g. its prediction."""
     return []
 
 
 def dry_run(job: ProgramList, topology: str, workers: Optional[int] = None) -> DryRun:
-  """Checks ``job`` for ``topology`` (``check``), compiles its programs in
-  ``workers`` threads and returns the job's result. Raises ``ValueError``
-  (one line) for bad input, before any compile; a program the compiler
-  refuses is reported in its ``Program.error``."""
+  """Checks ``job`` for ``topology`` and compiles its programs -> the job's result."""
   t0 = time.perf_counter()
   ctx = check(job, topology)
   specs = job.programs(ctx)
@@ -440,9 +394,8 @@ def size(n: float) -> str:
 
 def program_lines(programs: Sequence[Program], chip: Chip, name_width: int,
                   tail: Sequence[str]) -> list[str]:
-  """A header and one line per compiled program: compile seconds,
-  arguments, temporaries, outputs, then the ``Program`` fields named in
-  ``tail`` (e.g. 'total', 'estimate'), and whether ``total`` fits the chip's HBM."""
+  """A header and one line per program: its memory, the fields named in
+  ``tail``, and whether ``total`` fits the chip's HBM."""
   lines = [f"  {'program':{name_width}s} {'compile':>8s} {'arguments':>11s} "
            f"{'temporaries':>12s} {'outputs':>10s}" + "".join(f" {c:>10s}" for c in tail)
            + "  fits"]
@@ -459,8 +412,7 @@ def program_lines(programs: Sequence[Program], chip: Chip, name_width: int,
 
 
 def collective_lines(p: Program, label: str) -> list[str]:
-  """The collectives ``p`` runs (one loop iteration's, where it has a loop),
-  grouped; the weights it copies; and any collective that moves a weight."""
+  """``p``'s collectives (per loop iteration) grouped, its weight copies and moves."""
   groups: dict = {}
   for c in p.collectives:
     key = (c.where, c.kind, c.shape, c.nbytes)
@@ -489,9 +441,7 @@ def collective_lines(p: Program, label: str) -> list[str]:
 
 
 def format_report(r: DryRun) -> str:
-  """The dry run as text: the topology and what was not read, the job's
-  settings, each program's memory per device against the chip's HBM, its
-  collectives, then the job's closing lines."""
+  """The dry run's full account as text (``--verbose``)."""
   ctx, chip = r.ctx, r.chip
   devices = f"{r.num_devices} device" + ("s" if r.num_devices != 1 else "")
   lines = [f"{r.title} for {ctx.topology}: {devices}, one per {chip.label} chip "
@@ -513,11 +463,8 @@ def format_report(r: DryRun) -> str:
 
 
 def summary_report(r: DryRun) -> str:
-  """The dry run in a few plain sentences: what was compiled for which chip,
-  the memory of the largest program against the chip's, what would not fit
-  or did not compile, collectives that move a weight, the job's own lines
-  (``DryRun.summary_lines``: the runner's prediction), and where the full
-  account is (``format_report``)."""
+  """The dry run in a few plain sentences: largest program against HBM, what
+  does not fit or compile, weight moves, the job's own lines."""
   ctx, chip = r.ctx, r.chip
   hbm = f"{chip.hbm_bytes / GiB:.0f} GiB"
   chips = f"{r.num_devices} {chip.label} chip" + ("s" if r.num_devices != 1 else "")
@@ -546,9 +493,8 @@ def summary_report(r: DryRun) -> str:
 
 def main(job: ProgramList, topology: str, out: Optional[TextIO] = None,
          full: bool = True) -> DryRun:
-  """``--dry_run``: runs ``dry_run`` and prints the report (``full``: the
-  whole account, ``format_report``; else ``summary_report``); a collective
-  that moves a weight is an error (``ValueError``) after the report."""
+  """``--dry_run``: prints the report (``full`` or summary); a collective that
+  moves a weight is a ``ValueError`` after it."""
   r = dry_run(job, topology)
   out = out or sys.stdout
   print(format_report(r) if full else summary_report(r), file=out)

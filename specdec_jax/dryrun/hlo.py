@@ -1,11 +1,6 @@
-"""Reading a compiled (optimized, SPMD-partitioned) HLO module's text, as
-``jax.stages.Compiled.as_text()`` prints it, for the dry run
-(``specdec_jax.dryrun``): its parameters with their padded device bytes,
-its main loop, the collectives one iteration runs (or, in a program without
-a loop, all of them) and whether any of them moves a weight.
-
-The text is per device: shapes are shard shapes, and each layout's tile
-(``{1,0:T(8,128)(2,1)}``) says how the device pads the array in memory.
+"""Reading a compiled HLO module's text (``Compiled.as_text()``, per device:
+shard shapes, layout tiles) for the dry run: parameters and their padded
+bytes, the main loop, its collectives and whether any moves a weight.
 """
 
 from __future__ import annotations
@@ -19,8 +14,7 @@ ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2
             "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
                "ragged-all-to-all", "collective-broadcast")
-# Ops that only move, slice or relabel their first operand: what they give is
-# still (part of) that operand.
+# Ops whose result is still (part of) their first operand.
 _MOVES = {"bitcast", "copy", "reshape", "transpose", "convert", "bitcast-convert", "copy-start",
           "copy-done", "slice-start", "slice-done", "slice", "dynamic-slice", "all-gather",
           "all-gather-start", "all-gather-done", "collective-permute",
@@ -51,8 +45,7 @@ class Instr:
 
   @property
   def called(self) -> list[str]:
-    """The computations this instruction runs (loop body and condition,
-    branches, fused or applied computations)."""
+    """The computations this instruction runs (bodies, branches, fusions)."""
     out = [c for c in (self.attr(k) for k in ("body", "condition", "calls", "to_apply",
                                               "true_computation", "false_computation")) if c]
     m = re.search(r"branch_computations=\{([^}]*)\}", self.attrs)
@@ -118,8 +111,7 @@ def parse(text: str) -> Module:
 
 
 def array_bytes(shape: str, padded: bool = False) -> int:
-  """Bytes of every array in a shape text; ``padded``: as laid out on the
-  device (each dimension a tile covers rounded up to the tile)."""
+  """Bytes of every array in a shape text; ``padded``: rounded up to the layout's tile."""
   total = 0
   for dtype, dims, layout in _ARRAY.findall(shape):
     sizes = [int(d) for d in dims.split(",") if d]
@@ -138,14 +130,12 @@ def array_bytes(shape: str, padded: bool = False) -> int:
 
 
 def parameters(module: Module) -> list[Instr]:
-  """The entry computation's parameters (one per argument array the
-  executable takes, per device)."""
+  """The entry computation's parameters (one per argument array)."""
   return [i for i in module.instrs(module.entry) if i.opcode == "parameter"]
 
 
 def main_loop(module: Module) -> Optional[tuple[str, Instr]]:
-  """(computation, instruction) of the decoding loop: the entry's
-  ``while`` whose body holds the most instructions (nested ones counted)."""
+  """(computation, instruction) of the entry's largest ``while``: the decoding loop."""
   def size(comp: str, seen: set) -> int:
     if comp in seen or comp not in module.computations:
       return 0
@@ -173,17 +163,14 @@ def _kind(opcode: str) -> Optional[str]:
 
 
 def group_size(ins: Instr) -> int:
-  """Devices in each of a collective's replica groups, as the HLO text
-  writes them (``replica_groups={{0,1,2,3}}``, the iota form
-  ``replica_groups=[2,4]<=[8]`` or the mesh form
-  ``replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_1'}``); 2 for a collective-permute (a pair); 0
-  where the text names no group (every device)."""
+  """Devices in each of a collective's replica groups (listed, iota or mesh
+  form); 2 for a collective-permute; 0 where none is named (every device)."""
   if _kind(ins.opcode) == "collective-permute":
     return 2
   m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", ins.attrs)
   if m:
     return int(m.group(2))
-  # The mesh form: replica_groups=mesh['x'=2,'y'=4] {'y'} (a group spans the named axes).
+  # replica_groups=mesh['x'=2,'y'=4] {'y'}: a group spans the named axes.
   m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", ins.attrs)
   if m:
     sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", m.group(1))}
@@ -203,14 +190,9 @@ _NO_LAUNCH = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "
 
 
 def op_count(module: Module) -> int:
-  """Operations one call of the program launches on the device (the fixed
-  cost model's count, ``costs``): the instructions of the entry computation
-  and of what it runs as control flow (a loop's body and condition times
-  its known trip count, else once; a conditional's largest branch; a
-  called computation's own), a fusion counted once. Collectives are not
-  counted (priced by size and topology instead), nor instructions that
-  launch nothing (parameters, constants, tuple plumbing, bitcasts), and an
-  asynchronous pair (``-start``/``-done``) counts once."""
+  """Operations one call launches (the fixed cost model's count): loops times
+  their known trip count, a conditional's largest branch, a fusion once;
+  collectives and instructions that launch nothing not counted."""
   def count(comp: str, seen: tuple) -> int:
     if comp in seen or comp not in module.computations:
       return 0
@@ -234,16 +216,14 @@ def op_count(module: Module) -> int:
 
 
 def all_collectives(module: Module) -> list[Collective]:
-  """Every collective of a program without a decoding loop (a train step),
-  each computation's once."""
+  """Every collective of a program without a decoding loop, each once."""
   return [_collective(ins, "") for comp in module.computations for ins in module.instrs(comp)
           if _kind(ins.opcode)]
 
 
 def loop_collectives(module: Module) -> list[Collective]:
-  """The collectives one iteration of the main loop runs, including those
-  in nested loops (once each; marked 'nested loop') and in ``lax.switch``
-  branches (marked with their branch; one branch runs per iteration)."""
+  """The collectives one main-loop iteration runs (nested loops' once, and
+  ``lax.switch`` branches' marked with their branch)."""
   found = main_loop(module)
   if found is None:
     return []
@@ -272,17 +252,10 @@ def loop_collectives(module: Module) -> list[Collective]:
 
 
 class WeightFlow:
-  """Which values of a module are weights or pieces of them: an entry
-  parameter ``is_weight`` accepts, followed through moves, slices, copies,
-  dtype conversions, loop state, fusions that only transform it elementwise,
-  and tuple plumbing.
-
-  ``moves_only`` (programs with a backward pass): a fusion passes a weight on
-  only if every op in it moves, slices or converts (no arithmetic). Without
-  it, fusions that only compute elementwise are followed too, which in a
-  gradient includes an activation-sized product with a broadcast weight (an
-  RMS-norm scale times the incoming gradient): a new value, not the weight,
-  and moving it is not moving a weight."""
+  """Which values are weights or pieces of them: ``is_weight`` parameters
+  followed through moves, conversions, loop state, tuples and elementwise
+  fusions. ``moves_only`` (backward passes) follows only fusions without
+  arithmetic: a gradient's norm-scale product is a new value, not a weight."""
 
   MOVE_OPS = frozenset({"parameter", "tuple", "get-tuple-element", "bitcast", "copy",
                         "reshape", "transpose", "convert", "bitcast-convert", "slice",
@@ -307,8 +280,7 @@ class WeightFlow:
     return not any(op in _COMPUTES or op in ("fusion", "custom-call") for op in ops)
 
   def derived(self, comp: str, name: str, index: Optional[int] = None) -> bool:
-    """Whether instruction ``name`` of ``comp`` (its tuple element ``index``)
-    is a weight or a piece of one."""
+    """Whether ``name`` of ``comp`` (its element ``index``) is (part of) a weight."""
     key = (comp, name, index)
     if key in self.memo:
       return self.memo[key]
@@ -349,11 +321,8 @@ class WeightFlow:
 
 def weight_collectives(module: Module, is_weight: Callable[[Instr], bool],
                        moves_only: bool = False) -> list[Collective]:
-  """Every collective in the module (loop or not) whose operand is a weight
-  or a piece, copy or conversion of one (``WeightFlow``; ``moves_only`` for
-  programs with a backward pass). Decoding and training should move
-  activations and gradients only, so anything listed here moves weights
-  between devices at run time."""
+  """Every collective whose operand is (derived from) a weight (``WeightFlow``):
+  decoding and training should move activations and gradients only."""
   flow = WeightFlow(module, is_weight, moves_only)
   return [_collective(ins, comp) for comp in module.computations
           for ins in module.instrs(comp)
@@ -369,11 +338,8 @@ class WeightCopy:
 
 
 def weight_copies(module: Module, is_weight: Callable[[Instr], bool]) -> list[WeightCopy]:
-  """Whole weights the program rewrites into device memory (HBM): layout
-  copies and dtype conversions of a weight (``WeightFlow``) whose result is
-  not in on-chip memory (layout without 'S(n)'). Inside the main loop such a
-  copy is HBM traffic every iteration; outside it, a temporary as large as
-  the weight, made once per call."""
+  """Whole weights rewritten into HBM (layout copies, conversions; not 'S(n)'
+  on-chip): each iteration inside the main loop, else once per call."""
   flow = WeightFlow(module, is_weight)
   found = main_loop(module)
   loop: set = set()

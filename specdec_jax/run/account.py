@@ -1,20 +1,12 @@
-"""Where a run's speedup goes between Theorem 3.8 and the clock (paper §3.4,
-Theorem 3.8 generalized by the measured verification cost v).
-
-The runner reports SPEED (walltimes, whole examples) next to EXP (with v) =
-E[tokens per round] / (γ c + v). This module accounts for the difference,
-each step replacing one of the theorem's assumptions by what the same run
-measured:
+"""Where a run's speedup goes between Theorem 3.8 (with v) and the clock, each
+step replacing one assumption by what the run measured:
 
   EXP (with v)      Eq. (1) tokens per round over γ c + v, c and v timed apart.
-  x interplay       the round's two models timed alternating
-                    (``theory.RoundCost.interplay``).
+  x interplay       the round's two models timed alternating.
   x tokens/call     the measured tokens per target call instead of Eq. (1)'s.
-  + prefill         each example's encoders and caches, which the theorem
-                    leaves out.
+  + prefill         each example's encoders and caches.
 
-SPEED over the last prediction is what no cost in the model explains;
-``attribute`` also reports each loop's walltime over its own model."""
+SPEED over the last prediction is what the model does not explain."""
 
 from __future__ import annotations
 
@@ -36,11 +28,8 @@ Array = jax.Array
 def prefill_ms(target: T5Model, params: Any, draft: ApproximationModel,
                inputs: Mapping[int, Array], max_decode_len: int, gamma: int,
                repeats: int = 15) -> dict[int, tuple[float, float]]:
-  """{width: (baseline prefill ms, speculative prefill ms)} for one input batch
-  per padded width (each width is its own compiled program in the runner);
-  medians over ``repeats`` passes that interleave every width and both loops,
-  compile excluded. Cache lengths are the loops' own (``max_decode_len`` for
-  the baseline, ``decoding.cache_length`` for speculative decoding)."""
+  """{width: (baseline ms, speculative ms)} of the prefill, one batch per
+  padded width; interleaved medians over ``repeats``, at the loops' cache lengths."""
   fns = {}
   for w, x in inputs.items():
     fns[(w, 0)] = functools.partial(baseline_prefill, target, params, x, max_decode_len)
@@ -51,9 +40,7 @@ def prefill_ms(target: T5Model, params: Any, draft: ApproximationModel,
 
 
 def prefill_of(records: Sequence[Mapping[str, Any]]) -> dict[int, tuple[float, float]]:
-  """The prefill times the runner wrote on its lines, {width: (baseline ms,
-  speculative ms)}; medians per width (a resumed run's processes each timed
-  their own)."""
+  """The lines' prefill times, {width: (baseline ms, speculative ms)}, medians."""
   by_width: dict[int, list[tuple[float, float]]] = {}
   for r in records:
     by_width.setdefault(int(r["input_width"]), []).append(
@@ -85,9 +72,8 @@ class Attribution(NamedTuple):
 
 def attribute(records: Sequence[Mapping[str, Any]], prefill: Mapping[int, tuple[float, float]],
               widths: Sequence[int]) -> Attribution:
-  """The account above for a fixed-γ run's ``examples.jsonl`` records (batch
-  1; each with the run's costs, as the runner writes them) and the prefill
-  times of ``prefill_ms``; ``widths[i]`` is record i's padded input width."""
+  """The account for a fixed-γ batch-1 run's records; ``widths[i]``: record
+  i's padded input width."""
   if not records:
     raise ValueError("no records to attribute")
   if len(widths) != len(records):
@@ -138,25 +124,3 @@ def attribute(records: Sequence[Mapping[str, Any]], prefill: Mapping[int, tuple[
       baseline_vs_model=float(base_ms.sum() / model_base.sum()),
       speculative_vs_model=float(spec_ms.sum() / model_spec.sum()))
 
-
-def markdown(a: Attribution) -> str:
-  """The account as a table: each row's prediction and its factor on the row above."""
-  rows = [
-      ("EXP (with v): Eq. (1) over γ c + v, c and v timed apart", a.expected_v, None),
-      ("× the round timed whole (interplay): EXP in context", a.expected_in_context,
-       a.expected_in_context / a.expected_v),
-      (f"× measured tokens per target call ({a.tokens_per_call:.2f} against Eq. (1)'s "
-       f"{a.tokens_per_call_theory:.2f} at α {a.alpha:.3f}, γ {a.gamma})",
-       a.expected_measured_tau, a.expected_measured_tau / a.expected_in_context),
-      (f"+ prefill per example (baseline {a.prefill_baseline_ms:.2f} ms, speculative "
-       f"{a.prefill_speculative_ms:.2f} ms): whole examples", a.expected_whole_run,
-       a.expected_whole_run / a.expected_measured_tau),
-      ("SPEED, measured", a.speed, a.unexplained),
-  ]
-  lines = ["| step | speedup | factor |", "|---|---|---|"]
-  for name, value, factor in rows:
-    lines.append(f"| {name} | {value:.3f}x | {'' if factor is None else f'{factor:.3f}'} |")
-  lines.append("")
-  lines.append(f"Measured walltime over its model: baseline {a.baseline_vs_model:.3f}, "
-               f"speculative {a.speculative_vs_model:.3f} (1 = every ms accounted for).")
-  return "\n".join(lines)

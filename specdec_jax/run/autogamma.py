@@ -1,20 +1,11 @@
-"""Choosing γ by measurement: the paper's §3.5 with this machine's costs.
-
-The choice maximizes Theorem 3.8 generalized by the verification cost v(γ),
+"""Choosing γ by measurement (§3.5): maximize Theorem 3.8 generalized by v,
 
     S(γ) = (1 - α^(γ+1)) / ((1 - α)(γ c(γ) + v(γ)))
 
-over γ = 1..γ_max, with α estimated on the warm-up examples or a held-out
-source (``specdec_jax.alpha``, Corollary 3.6) and γ c(γ) + v(γ) a round timed
-whole, its two models alternating (``theory.RoundCost.interplay``).
-
-Each prediction carries a standard error (``theory.improvement_se``) from
-α's (``alpha.alpha_standard_error``) and the round's
-(``theory.RoundCost.round_se``). The choice is γ = 0 (the target alone) unless
-the best prediction beats 1 by more than its standard error; otherwise the
-smallest γ within one standard error of the best (``theory.gamma_curve``)
-whose own gain exceeds its error. The costs it used are the run's
-(``GammaChoice.costs``)."""
+over γ = 1..γ_max, α from Corollary 3.6 and γ c + v a round timed whole.
+The choice is γ = 0 (the target alone) unless the best prediction beats 1 by
+more than its standard error; else the smallest γ within one standard error
+of the best whose own gain exceeds its error."""
 
 from __future__ import annotations
 
@@ -36,19 +27,13 @@ from specdec_jax.timing import measure_costs_many
 
 Array = jax.Array
 
-# Below this many target tokens the α estimate is too noisy to choose γ on a
-# flat curve: on the demo pair, 80 warm-up tokens gave α 0.725 against 0.63 on
-# 100 examples, and 'auto' chose γ = 5 (0.75X) over γ = 1 (0.92X).
+# Below this many target tokens α is too noisy to choose γ on a flat curve.
 MIN_ALPHA_TOKENS = 500
 
 
 @dataclasses.dataclass(frozen=True)
 class GammaChoice:
-  """The outcome of ``choose_gamma``: what was measured and what it implies.
-
-  ``gamma`` 0 is plain decoding: no γ considered is predicted to beat it by
-  more than the prediction's standard error, so the run decodes with the
-  target alone (``plain``)."""
+  """The outcome of ``choose_gamma``: what was measured and what it implies."""
 
   gamma: int                         # the choice; 0: plain decoding
   alpha: float                       # Σmin(p, q) / tokens on the warm-up outputs
@@ -68,7 +53,6 @@ class GammaChoice:
 
   @property
   def plain(self) -> bool:
-    """No γ ≤ γ_max is predicted to beat plain decoding beyond its error."""
     return self.gamma == 0
 
   def as_record(self) -> dict:
@@ -82,9 +66,7 @@ class GammaChoice:
 
   @classmethod
   def from_record(cls, record: dict) -> GammaChoice:
-    """The choice an earlier part of a run recorded (``as_record``), without
-    its costs: a resumed run times its own."""
-    # (Records of runs before the standard errors were recorded lack them.)
+    """A recorded choice (``as_record``), without its costs."""
     per = lambda key: {int(g): float(x) for g, x in record.get(key, {}).items()}
     return cls(record["gamma"], record["alpha_warmup"], record["alpha_tokens"],
                record["alpha_se"], per("c"), per("v"), per("round_se"), per("predicted"),
@@ -94,13 +76,8 @@ class GammaChoice:
 
 def in_context_costs(costs: dict[int, RoundCost], gammas: Sequence[int]
                      ) -> tuple[dict[int, float], dict[int, float], dict[int, float]]:
-  """(c, v, round_se) per γ with the two models timed alternating, as a round
-  runs them (``RoundCost.interplay``): γ c + v is the round timed whole, in
-  one-token steps, and ``round_se`` its standard error. The interplay grows
-  with γ where the draft's steps evict the target's weights, so ignoring it
-  favours long γ. A draft that proposes γ tokens in fewer calls (a block
-  draft: one) is priced by its calls: c here is per proposed token,
-  draft_calls · c / γ, so that γ c + v is still the round."""
+  """(c, v, round_se) per γ, timed as a round runs them (γ c + v the round
+  in one-token steps); c is per proposed token, draft_calls · c / γ."""
   c = {g: costs[g].c_in_context * costs[g].draft_calls / g for g in gammas}
   v = {g: costs[g].v_in_context for g in gammas}
   return c, v, {g: costs[g].round_se for g in gammas}
@@ -109,12 +86,9 @@ def in_context_costs(costs: dict[int, RoundCost], gammas: Sequence[int]
 def decide(alpha: float, tokens: int, alpha_se: float, costs: dict[int, RoundCost],
            gamma_max: int, alpha_by_position: Optional[Sequence[float]] = None
            ) -> GammaChoice:
-  """The choice from α (``tokens``, ``alpha_se``) and ``costs`` for γ =
-  1..γ_max, by the rule in this module's docstring: plain decoding unless
-  the best prediction's gain exceeds its standard error. With
-  ``alpha_by_position`` (α_1..α_γmax, a one-call draft's) each γ's tokens
-  per round are 1 + Σ_{i≤γ} Π_{j≤i} α_j in place of Eq. (1) at one α (the
-  standard errors stay the one-α ones)."""
+  """The choice by this module's rule. With ``alpha_by_position`` (a one-call
+  draft's α_1..α_γmax) tokens per round are 1 + Σ_{i≤γ} Π_{j≤i} α_j in
+  place of Eq. (1)."""
   gammas = range(1, gamma_max + 1)
   c, v, round_se = in_context_costs(costs, gammas)
   # The round is timed whole: its error is the denominator's, which S takes as v's.
@@ -138,16 +112,11 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
                  batches: Sequence[tuple[Array, int]], key: Array, sampling: SamplingConfig,
                  max_decode_len: int, gamma_max: int, partitioner: Any = None,
                  costs: Optional[dict[int, RoundCost]] = None, repeats: int = 15) -> GammaChoice:
-  """α on ``batches`` (the warm-up examples, ``alpha.estimate_alpha``), c(γ) and
-    v(γ) for γ = 1..γ_max (one interleaved measurement at the loop's cache
-    length), and the choice (``decide``, the module's rule). The returned
-    ``costs`` are the ones the choice used, which the run records and predicts
-    with. ``costs`` reuses measurements already made (all of 1..γ_max from one
-    ``measure_costs_many``); missing γ are measured here."""
+  """α on ``batches``, c(γ) and v(γ) for γ = 1..γ_max (``costs``: those
+  already measured) and the choice (``decide``), which carries its costs."""
   if gamma_max < 1:
     raise ValueError(f"gamma_max must be >= 1, got {gamma_max}")
-  # A state-reading draft's α depends a little on γ (the staleness of what it
-  # reads); it is measured in rounds at γ_max, the longest rounds considered.
+  # A state-reading draft's α depends a little on γ: measured in rounds at γ_max.
   alpha, tokens, alpha_se = estimate_alpha(target, params, draft, batches, key, sampling,
                                            max_decode_len, partitioner, rounds_gamma=gamma_max)
   costs = dict(costs or {})
@@ -159,8 +128,7 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
                                     partitioner=partitioner))
   by_position = None
   if capabilities(draft).proposal_steps:
-    # A one-call draft: its acceptance falls with the position, so the
-    # choice reads α_1..α_γmax from rounds at γ_max (``decide``).
+    # A one-call draft's acceptance falls with the position.
     by_position = alpha_by_position_in_rounds(target, params, draft, batches, key, gamma_max,
                                               sampling, max_decode_len, partitioner)
   choice = decide(alpha, tokens, alpha_se, costs, gamma_max, by_position)

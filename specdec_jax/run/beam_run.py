@@ -1,14 +1,6 @@
-"""The runner's beam-search mode (``Experiment.decode_method = 'beam'``): beam
-search with T5X's semantics (``specdec_jax.beam.beam_search``) timed against
-speculative beam search (paper Appendix A.4,
-``specdec_jax.beam.speculative_beam_search``) on the same batches, each call
-ending in ``block_until_ready``, both compiled for every input width before
-anything is timed.
-
-One line of ``examples.jsonl`` per example: both times, the beam steps (the
-baseline's target calls), the speculative loop's target and draft calls and
-steps per round, whether every beam's tokens matched and the largest score
-difference; ``summary.json`` is recomputed from the lines.
+"""The runner's beam mode (``Experiment.decode_method = 'beam'``): T5X-style
+beam search timed against speculative beam search (Appendix A.4) on the same
+batches, one line of ``examples.jsonl`` per example.
 """
 
 from __future__ import annotations
@@ -30,10 +22,8 @@ from specdec_jax.timing import timed
 
 
 def draft_model(setup: Setup) -> tuple[Any, Any]:
-  """(draft, params) for ``beam.speculative_beam_search``: a plain T5 draft's
-  model and params (it runs beam search itself); any other draft (bridges,
-  shortlist, lookup, n-grams) as it is, with None (it proposes each beam's
-  greedy chain)."""
+  """(model, params) of a plain T5 draft (it runs beam search itself); any
+  other draft as it is, with None (each beam's greedy chain)."""
   d = setup.draft
   extras = [name for name in ("bridge", "feature", "shortlist")
             if getattr(d, name, None) is not None]
@@ -43,8 +33,7 @@ def draft_model(setup: Setup) -> tuple[Any, Any]:
 
 
 def draft_width(setup: Setup) -> int:
-  """The draft's beam width u: Experiment.draft_beam_size for a draft that
-  runs beam search, w (one greedy chain per beam) for any other."""
+  """The draft's beam width u (w for greedy chains)."""
   chains = draft_model(setup)[1] is None
   return setup.exp.beam_size if chains else setup.exp.draft_beam_width
 
@@ -125,8 +114,7 @@ def row(s: dict) -> str:
 
 
 def run_beam(setup: Setup, workdir: Workdir) -> dict:
-  """Compiles both programs for every input width the examples use (on the
-  warm-up examples and one batch per width), then times both on every
+  """Compiles both programs for every input width, then times both on every
   example not yet in ``workdir``."""
   exp = setup.exp
   base_fn, spec_fn = programs(setup)

@@ -1,9 +1,6 @@
-"""Everything a run measures before its timed loop (paper §4's protocol):
-γ (fixed, kept from an earlier part of the run, or chosen by measurement,
-§3.5), the compile-and-warm-up of both programs, the costs c and v
-(Definition 3.7 and the verification cost, ``timing``) and each example's
-fixed cost before its first step (the prefill, ``account``). Nothing here is
-timed into the results; the timed loop is ``loop``.
+"""Everything a run measures before its timed loop (§4): γ (§3.5), the
+warm-up, c and v (Definition 3.7) and each example's prefill. Nothing here
+is timed into the results.
 """
 
 from __future__ import annotations
@@ -29,14 +26,11 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-  """What the timed loop writes beside each example's own measurements (the
-  run's γ is its programs', ``Programs.gamma``).
+  """What the timed loop writes beside each example's own measurements.
 
-  gamma_auto: ``autogamma.GammaChoice.as_record()`` for gamma='auto', else None.
-  costs: the round's cost (``theory.RoundCost``: c, v, the step time, the
-    interplay), measured at the run's γ (plain decoding: at the γ the choice
-    found best, the costs that ruled speculation out); with gamma='auto', taken
-    from the measurement the choice was made with.
+  gamma_auto: ``GammaChoice.as_record()`` for gamma='auto', else None.
+  costs: the round's cost at the run's γ (plain decoding: at the best γ,
+    which ruled speculation out); for 'auto', the choice's own measurement.
   prefill: input width -> (baseline ms, speculative ms) before the first step.
   """
 
@@ -47,13 +41,9 @@ class Calibration:
 
 def gamma_of_run(setup: Setup, records: Sequence[dict], root: Array
                  ) -> tuple[int, Optional[autogamma.GammaChoice]]:
-  """(γ, gamma='auto''s choice or None) for this run: the fixed one, the
-  tree's positions less one (``Experiment.gamma_max``), the one an earlier part of this run chose
-  (resume: without costs), or ``autogamma.choose_gamma`` on the held-out
-  inputs (``Setup.held_out``) or else the warm-up examples, with the costs
-  timed here (``costs_many`` at γ = 1..γ_max), which ``calibrate``
-  then records: the choice and the run's prediction use one measurement.
-  0 is plain decoding."""
+  """(γ, gamma='auto''s choice or None): the fixed γ or tree's N - 1, the
+  choice an earlier part of the run made, or ``autogamma.choose_gamma`` on the
+  held-out or warm-up inputs with costs timed here. 0 is plain decoding."""
   exp = setup.exp
   if exp.tree_shape is not None:
     return exp.gamma_max, None
@@ -79,13 +69,9 @@ def gamma_of_run(setup: Setup, records: Sequence[dict], root: Array
 
 
 def warm_up(setup: Setup, progs: Programs, root: Array) -> float:
-  """Compiles and runs both programs, untimed: on the warm-up examples (or
-  the first batch), on every input bucket the examples use, and for an
-  adaptive run every verification width (its code is generated on its first
-  run, per program: ``timing.warm_up_widths``). Says what it compiles, then
-  each input width's time as it is done, with about how long the others
-  will take at the fastest width's pace; returns that pace per compiled
-  program (compilation and one run), which later steps are estimated at."""
+  """Compiles and runs both programs untimed on the warm-up examples, every
+  input bucket used and (adaptive) every verification width; -> the fastest
+  pace per compiled program, at which later steps are estimated."""
   exp = setup.exp
   t0 = time.perf_counter()
   warm = [pad_batch(setup.inputs, idx, exp.batch_size, exp.input_buckets)
@@ -138,9 +124,7 @@ def warm_up(setup: Setup, progs: Programs, root: Array) -> float:
 
 
 def costs_many(setup: Setup, gammas: Sequence[int]) -> dict[int, RoundCost]:
-  """``timing.measure_costs_many`` at each γ in ``gammas`` (one interleaved
-  measurement) on the run's first input, at the loop's cache length for the
-  largest γ, placed as the run's partitioner places the loops' arrays."""
+  """``timing.measure_costs_many`` at each γ in ``gammas`` on the run's first input."""
   exp = setup.exp
   return measure_costs_many(setup.target, setup.target_params, setup.draft,
                             pad_batch(setup.inputs, [0], exp.batch_size, exp.input_buckets),
@@ -151,8 +135,7 @@ def costs_many(setup: Setup, gammas: Sequence[int]) -> dict[int, RoundCost]:
 
 def costs_at(setup: Setup, gamma: int, measured: Optional[dict[int, RoundCost]] = None
              ) -> RoundCost:
-  """The round's cost at ``gamma``: from ``measured`` where it holds
-  ``gamma`` (the choice's measurement), else timed now (``costs_many``)."""
+  """The round's cost at ``gamma``, from ``measured`` or timed now."""
   c = (measured or {}).get(gamma) or costs_many(setup, [gamma])[gamma]
   logging.info("Costs: c %.3f, v %.2f (target step %.2f ms, verification %.2f ms, draft "
                "token %.3f ms), interplay %.2f", *c.record().values(), extra=logs.DETAIL)
@@ -161,10 +144,8 @@ def costs_at(setup: Setup, gamma: int, measured: Optional[dict[int, RoundCost]] 
 
 def prefill(setup: Setup, todo: Sequence[int], gamma: int, plain: bool
             ) -> dict[int, tuple[float, float]]:
-  """Each example's fixed cost before its first step or round (the encoders
-  and caches), timed per input width of the batches ``todo`` makes: the
-  whole-run account (``account``). Plain decoding's speculative loop is the
-  baseline, and so is its prefill."""
+  """Each example's fixed cost before its first step (encoders, caches) per
+  input width of ``todo``'s batches; plain decoding's is the baseline's."""
   exp = setup.exp
   place = setup.partitioner.shard_batch if setup.partitioner else (lambda x: x)
   first = {}
@@ -190,18 +171,12 @@ def prefill_widths(setup: Setup, todo: Sequence[int]) -> int:
 
 def calibrate(setup: Setup, progs: Programs, gamma_auto: Optional[autogamma.GammaChoice],
               todo: Sequence[int], root: Array) -> Calibration:
-  """Warm-up, costs and prefill, in that order, for the examples ``todo``;
-  with gamma='auto' the costs are those its choice was made with
-  (``gamma_of_run``), not timed a second time. Says before the costs how many
-  programs they compile and about how long that takes at the warm-up's pace."""
+  """Warm-up, costs (gamma='auto': its choice's) and prefill for ``todo``."""
   pace = warm_up(setup, progs, root)
   # Plain decoding: the costs at the γ the choice found best (what ruled it out).
   cost_gamma = progs.gamma if not progs.plain else gamma_auto.argmax
   reused = gamma_auto.costs if gamma_auto is not None else None
-  # timing's cost pieces (step, verify, draft, round) unless reused, and
-  # account.prefill_ms's two per input width: each a few steps, not a whole
-  # loop, and about half a loop program's compile and run (0.4 to 0.85 of it
-  # in three runs on a loaded 2-core CPU, demo and toy models).
+  # The cost pieces and prefill's two per width: each about half a loop's compile.
   pieces = (0 if reused is not None else 4) + 2 * prefill_widths(setup, todo)
   logging.info("Measuring %sthe prefill (%d small programs to compile, then %d "
                "interleaved repeats; about %.0f s at the warm-up's pace)…",

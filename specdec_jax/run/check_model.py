@@ -3,15 +3,10 @@ r"""``--calibrate``: the dry run's cost model beside one real run's costs.
   python -m specdec_jax.run --config=configs/table2/ende_small_t0.gin \
       --config=configs/tpu_v4_1.gin --calibrate=v4:1x1x1   # on one TPU v4 chip
 
-The row's models are loaded as a run loads them and timed with the runner's
-pieces (``calibrate.costs_many``: the target's step, v(k) for k = 1 .. γ+1,
-the draft's step and c, Definition 3.7) and, on a mesh, each collective of
-one loop iteration (``loop_collectives``, ``time_collectives``). ``table``
-prints them beside the dry run's priced pieces for the named topology, with
-Theorem 3.8's speedup from each at the paper's α and the fixed cost per
-operation that makes the model's c the measured one
-(``costs.calibrate_op_seconds``); ``calibrate.json`` keeps it all. On a
-machine other than the topology the report says so first."""
+Times the target's step, v(k), c (Definition 3.7) and, on a mesh, one loop
+iteration's collectives; prints them beside the model's pieces with Theorem
+3.8 from each and the fixed cost per operation that makes the model's c the
+measured one; ``calibrate.json`` keeps it all."""
 
 from __future__ import annotations
 
@@ -19,7 +14,6 @@ import dataclasses
 import functools
 import json
 import math
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import jax
@@ -34,7 +28,7 @@ from specdec_jax.dryrun.costs import Roofline
 from specdec_jax.run import calibrate, dry_run_programs, hosts
 from specdec_jax.run.settings import Experiment
 from specdec_jax.run.setup import check_before_loading, load_data, load_models
-from specdec_jax.run.workdir import check_writable
+from specdec_jax.run.workdir import check_workdir
 
 FILENAME = "calibrate.json"
 AUTO = "auto"
@@ -57,8 +51,7 @@ def check_flags(calibrate_flag: str, dry_run: Optional[str], alpha_only: bool) -
 
 
 def parse_flag(value: str) -> str:
-  """``value`` if it is 'auto' or a topology ``chips.parse_topology``
-  accepts; otherwise one line (``ValueError``), before libtpu is loaded."""
+  """``value`` if it is 'auto' or a known topology, checked before libtpu loads."""
   if value == AUTO:
     return value
   try:
@@ -71,9 +64,7 @@ def parse_flag(value: str) -> str:
 
 
 def topology_of(devices: Sequence[Any]) -> str:
-  """The topology string of TPU ``devices`` (their chip kind and the
-  extent of their coordinates), e.g. 'v4:1x1x1' or 'v5e:2x4'; one line
-  where they are not TPUs the dry run knows."""
+  """The topology string of TPU ``devices``, e.g. 'v4:1x1x1' or 'v5e:2x4'."""
   platform = devices[0].platform
   if platform != "tpu":
     raise ValueError(f"--calibrate=auto: the devices here are {platform}, not TPUs; name the "
@@ -90,14 +81,12 @@ def topology_of(devices: Sequence[Any]) -> str:
 
 
 def run_devices(exp: Experiment) -> list:
-  """The devices a run of ``exp`` uses: the mesh's (the first ones, as
-  ``partitioning.make_mesh`` takes them), else the first."""
+  """The devices a run of ``exp`` uses (the first ones, as the mesh takes them)."""
   return list(jax.devices())[:math.prod(exp.mesh_shape) if exp.mesh_shape else 1]
 
 
 def machine_note(devices: Sequence[Any], topology: str) -> Optional[str]:
-  """None where ``devices`` are the topology's chips (same kind, as many as
-  it has); otherwise the line that says the two cannot be compared."""
+  """None where ``devices`` are the topology's chips; else why not to compare."""
   chip, grid = chips.parse_topology(topology)
   n = math.prod(grid)
   d = devices[0]
@@ -106,17 +95,6 @@ def machine_note(devices: Sequence[Any], topology: str) -> Optional[str]:
   here = d.platform if d.platform != "tpu" else d.device_kind
   return (f"measured on {here} ({len(devices)} device{'s' * (len(devices) != 1)}), model for "
           f"{topology} ({n} {chip.label} chip{'s' * (n != 1)}): compare only on that TPU")
-
-
-def check_workdir(path: str) -> None:
-  """A workdir ``calibrate.json`` can be written into (checked, not created)."""
-  if storage.is_gcs(path):
-    try:
-      storage.check_path(path)
-    except ValueError as e:
-      raise ValueError(f"--workdir: {e}") from None
-    return
-  check_writable(Path(path))
 
 
 # ------------------------------------------------------------ the two sides
@@ -134,9 +112,8 @@ class Side:
 
 
 def loop_collectives(rl: Roofline, gamma: int) -> dict:
-  """(kind, bytes per device, group) -> how many, for one iteration of the
-  speculative loop as the model prices it: γ draft steps and one target
-  pass over γ+1 positions."""
+  """(kind, bytes per device, group) -> count in one modelled loop iteration
+  (γ draft steps and a target pass over γ+1 positions)."""
   out: dict = {}
   pieces = [(rl.target[gamma + 1], 1)] + ([(rl.draft, gamma)] if rl.draft is not None else [])
   for piece, times in pieces:
@@ -157,18 +134,15 @@ def modelled(rl: Roofline, gamma: int) -> Side:
 
 
 def measured(per_gamma: dict, gamma: int, collectives_us: Optional[float]) -> Side:
-  """The measured column from ``calibrate.costs_many`` at γ' = 1 .. γ
-  (v(γ'+1) is the pass over γ'+1 positions; c and the draft's step are at
-  the run's γ)."""
+  """The measured column from ``calibrate.costs_many`` at γ' = 1 .. γ."""
   at = per_gamma[gamma]
   v = {1: 1.0, **{g + 1: per_gamma[g].v for g in sorted(per_gamma)}}
   return Side(at.step_ms, v, at.c * at.step_ms, at.c, collectives_us)
 
 
 def model_side(exp: Experiment, topology: str) -> tuple[dry_run_programs.RunDryRun, list[str]]:
-  """The dry run's priced pieces (no loop) for ``exp`` on ``topology``, and
-  notes on what the model leaves out of this row. A draft shortlist is
-  dropped (the dry run prices the full-vocabulary draft)."""
+  """The dry run's priced pieces for ``exp`` on ``topology`` and notes on what
+  the model leaves out (a shortlist)."""
   notes = []
   if exp.draft_shortlist:
     notes.append("the model prices the draft over its full vocabulary (the run's draft "
@@ -189,16 +163,14 @@ def model_side(exp: Experiment, topology: str) -> tuple[dry_run_programs.RunDryR
 
 
 def _dtype_for(nbytes: int, dtype: str) -> Any:
-  """The element type to time an ``nbytes`` collective in: the run's
-  activations where they divide it, else bytes."""
+  """The activations' dtype where it divides ``nbytes``, else bytes."""
   d = jnp.dtype(dtype)
   return d if nbytes % d.itemsize == 0 else jnp.dtype(jnp.uint8)
 
 
 def group_mesh(mesh: Mesh, group: int) -> Optional[Mesh]:
-  """A ('rest', 'group') mesh of ``mesh``'s devices whose 'group' rows are
-  a collective's replica groups of ``group`` devices: along the mesh axis of
-  that size (the last such), else consecutive devices; None where
+  """A ('rest', 'group') mesh whose rows are replica groups of ``group``
+  devices (along a mesh axis of that size, else consecutive); None if
   ``group`` does not divide the mesh."""
   devs = np.asarray(mesh.devices)
   for axis in reversed(range(devs.ndim)):
@@ -210,8 +182,8 @@ def group_mesh(mesh: Mesh, group: int) -> Optional[Mesh]:
 
 
 def _collective_body(kind: str, group: int) -> Any:
-  """x -> x after one collective of ``kind`` over the 'group' axis, with
-  the carry's shape kept (each result feeds the next, so none is hoisted)."""
+  """x -> x after one collective of ``kind`` over 'group', shape kept (so
+  none is hoisted)."""
   ax = "group"
   if kind == "all-reduce":
     return lambda x: jax.lax.psum(x, ax)
@@ -241,12 +213,9 @@ def _local_elements(kind: str, nbytes: int, group: int, itemsize: int) -> int:
 
 def time_collectives(mesh: Mesh, keys: Sequence[tuple], dtype: str = "bfloat16",
                      repeats: int = 15, inner: int = 16) -> dict:
-  """Microseconds per collective on ``mesh``'s devices, for each (kind,
-  bytes per device, group) in ``keys``: ``inner`` of them back to back in
-  one jitted loop, the median over ``repeats`` (``timing.interleaved_medians_ms``;
-  a loop iteration's own bookkeeping is included). A key that cannot be
-  run here (a kind not in ``TIMED_KINDS``, a group the mesh does not hold)
-  maps to None."""
+  """µs per collective for each (kind, bytes, group) in ``keys``: ``inner``
+  back to back in one jitted loop, median over ``repeats``; None for a key
+  that cannot run here."""
   fns, out = {}, {}
   for key in keys:
     kind, nbytes, group = key
@@ -271,9 +240,8 @@ def time_collectives(mesh: Mesh, keys: Sequence[tuple], dtype: str = "bfloat16",
 
 def measured_collectives_us(partitioner: Any, loop: dict, dtype: str, repeats: int
                             ) -> tuple[Optional[float], dict]:
-  """(µs of one loop iteration's collectives on the run's mesh, µs each by
-  key); (None, {}) on one device. A key that cannot be timed here counts 0
-  and is kept as None."""
+  """(µs of one loop iteration's collectives, µs each by key); (None, {}) on
+  one device."""
   if partitioner is None or np.asarray(partitioner.mesh.devices).size < 2 or not loop:
     return None, {}
   each = time_collectives(partitioner.mesh, sorted(loop), dtype, repeats)
@@ -293,8 +261,7 @@ def theorem_speedups(side: Side, alpha: float, gamma: int) -> tuple[Optional[flo
 
 
 def solve_op_seconds(rl: Roofline, c: float) -> float:
-  """The fixed cost per operation at which the model's c equals ``c``
-  (``costs.calibrate_op_seconds``; ``ValueError`` where none does)."""
+  """The fixed cost per operation at which the model's c equals ``c``."""
   if rl.draft is None:
     raise ValueError("the row's draft has no weights: the model has no c to fit")
   return costs.calibrate_op_seconds(rl.target[1], rl.draft, rl.chip, c)
@@ -376,8 +343,7 @@ def table(result: dict) -> str:
 
 
 def collective_lines(collectives: Sequence[dict], most: int = 8) -> list[str]:
-  """Per collective of a loop iteration, largest share first: how many,
-  what, and its µs measured and modelled."""
+  """Per collective of a loop iteration, largest share first, µs measured and modelled."""
   ordered = sorted(collectives, key=lambda c: -c["per_iteration"] * c["model_us"])
   out = [f"    {c['per_iteration']:g} x {c['kind']} of {c['bytes']} B over {c['group']} "
          f"devices: {_cell(c['measured_us'], 'µs')} µs measured, {c['model_us']:.3g} µs "
@@ -390,10 +356,8 @@ def collective_lines(collectives: Sequence[dict], most: int = 8) -> list[str]:
 def compare(rl: Roofline, gamma: int, meas: Side, row: Optional[paper.Row], topology: str,
             here: str, note: Optional[str], model_notes: Sequence[str] = (),
             collective_detail: Optional[dict] = None, paper_models: bool = True) -> dict:
-  """Everything ``calibrate.json`` holds: both sides, the rows of the table,
-  each collective of a loop iteration (model and measured µs), the paper's
-  row, the model's pieces (so the model can be re-priced without compiling)
-  and the fitted fixed cost."""
+  """Everything ``calibrate.json`` holds: both sides, the table's rows, the
+  collectives, the paper's row, the model's pieces and the fitted fixed cost."""
   model = modelled(rl, gamma)
   fit: dict[str, Any] = {"current": rl.chip.op_seconds}
   try:
@@ -424,17 +388,9 @@ def compare(rl: Roofline, gamma: int, meas: Side, row: Optional[paper.Row], topo
 
 def write(workdir: str, result: dict) -> str:
   """``calibrate.json`` in ``workdir`` (created if need be); its path."""
-  text = json.dumps(result, indent=2, default=str) + "\n"
-  if storage.is_gcs(workdir):
-    path = storage.join(workdir, FILENAME)
-    storage.write_bytes(path, text.encode())
-    return path
-  Path(workdir).mkdir(parents=True, exist_ok=True)
-  path = Path(workdir) / FILENAME
-  tmp = path.with_suffix(".json.tmp")
-  tmp.write_text(text)
-  tmp.replace(path)
-  return str(path)
+  path = storage.join(workdir, FILENAME)
+  storage.write_bytes(path, (json.dumps(result, indent=2, default=str) + "\n").encode())
+  return path
 
 
 def describe(devices: Sequence[Any]) -> str:
@@ -449,9 +405,8 @@ def describe(devices: Sequence[Any]) -> str:
 
 def main(exp: Experiment, flag: str, workdir: str, dry_run: Optional[str] = None,
          alpha_only: bool = False) -> dict:
-  """``--calibrate=flag``: every check before any weight is read (flags,
-  topology, workdir, the run's own checks, the model's pieces), then the
-  measurement, the table (printed by process 0) and ``calibrate.json``."""
+  """``--calibrate=flag``: every check before any weight is read, then the
+  measurement, the table and ``calibrate.json``."""
   check_flags(flag, dry_run, alpha_only)
   parse_flag(flag)
   check_workdir(workdir)

@@ -5,47 +5,26 @@ r"""Experiment runner: speculative decoding vs the plain baseline (paper §4).
       [--alpha_only] [--import=my_drafts] [--verbose] [--dry_run=v5e:2x4]
       [--calibrate=v4:1x1x1]
 
-Everything an experiment varies is a gin binding: of ``Experiment``, of
-``SamplingConfig`` or of ``AdaptiveConfig``, each listed below in one line
-with its default (from the docstring of the class that declares it).
-Measurement protocol (``specdec_jax.run.loop``):
+Everything an experiment varies is a gin binding of ``Experiment``,
+``SamplingConfig`` or ``AdaptiveConfig``, each listed below with its default.
+Protocol: the first ``num_warmup`` examples compile and warm both loops,
+untimed; c and v are measured once, up front; each timed batch is decoded by
+the baseline and by speculative decoding with the same inputs and key; one
+line of ``examples.jsonl`` per example, from which ``summary.json`` is
+recomputed. ``--alpha_only`` (§4.2) averages sum_x min(p, q) along the
+target's own generations; ``--calibrate=TOPOLOGY`` sets c, v(k) and the
+collectives measured here beside the dry run's model, decoding nothing.
 
-* the first ``num_warmup`` examples compile and warm both loops, untimed;
-* each timed batch is decoded by the baseline and by speculative decoding with
-  the same inputs, max length, sampling settings and key, each call ending in
-  ``block_until_ready``;
-* c and v are measured once, up front, with the same jitted pieces;
-* per example, one line of ``examples.jsonl`` (appended and flushed as it
-  completes); ``summary.json`` is recomputed from all lines, so every number
-  it holds can be recomputed from ``examples.jsonl``.
+Output: progress on stderr; the Table 2 row (with the measured v, c and
+Theorem 3.8's prediction) and a closing sentence on stdout.
 
-``--calibrate=TOPOLOGY`` (or ``auto`` on a TPU) times c, v(k) and the loop's
-collectives on this machine and prints them beside the dry run's cost model
-for that topology, with the fixed cost per operation that would make the
-model's c match (``specdec_jax.run.check_model``); nothing is decoded.
-
-``--alpha_only`` (paper §4.2, Table 3) generates with the target alone and
-averages sum_x min(p, q) along the generated tokens.
-
-Output: on stderr, a line naming the run, then each long step before it
-starts (with its size and, where something measured allows, about how long it
-takes) and the progress of the timed examples; on stdout, the Table 2 row
-(with the measured v and c, and Theorem 3.8's prediction from them) and a
-closing sentence. ``--verbose`` adds the cost account (also in ``summary.json``).
-
-Workdir integrity: nothing is written before the first result; ``config.gin``
-(the run's gin config) is written atomically with it, so a workdir's files
-always describe its results. A workdir holds one mode (speculative or
-``--alpha_only``); the other mode, a different config, or a corrupt line is
-refused before any work, with nothing changed. ``--resume`` may raise
-``Experiment.num_examples`` (the run is extended); on a finished run it prints
-the table without loading any model. Without ``--workdir`` a repeated command
-starts a new run beside the last (``default_workdir``); Ctrl-C says what is on
-disk and prints the command that continues the run.
-
-Relative paths in configs (checkpoints, vocabulary, data) are looked up in the
-working directory, then next to each ``--config`` file (last first), then in
-the repository root.
+Workdir: nothing is written before the first result, ``config.gin`` with it.
+Another mode, another config or a corrupt line is refused with nothing
+changed; ``--resume`` may raise ``Experiment.num_examples``. Without
+``--workdir`` a repeated command starts a new run beside the last; Ctrl-C
+prints the command that continues the run. Relative paths are looked up in
+the working directory, next to each ``--config`` (last first), then in the
+repository root.
 """
 
 
@@ -130,9 +109,8 @@ def _load_file(path: Path) -> None:
 
 
 def import_modules(names: Sequence[str], config_dirs: Sequence[Path] = ()) -> None:
-  """Imports each module (a name, or a path to a .py file) for its
-  registrations; looked for in the working directory and on sys.path, then
-  next to each ``--config`` file (``config_dirs``)."""
+  """Imports each module (a name or a .py path) for its registrations, from the
+  working directory, sys.path, then beside each ``--config`` file."""
   if os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())  # as `python -m` does; in-process callers need it too
   for name in names:
@@ -160,10 +138,8 @@ def import_modules(names: Sequence[str], config_dirs: Sequence[Path] = ()) -> No
 
 
 def _in_python_package(path: str) -> bool:
-  """gin's check for an include inside a Python package, answering False where
-  the folder is a namespace package (no ``__init__.py``: ``configs/`` when the
-  repository root is on ``sys.path``) instead of raising TypeError, so that the
-  search goes on to the next location."""
+  """gin's package-include check, False (not TypeError) for a namespace
+  package such as ``configs/``, so the search goes on."""
   try:
     return resource_reader.system_path_file_exists(path)
   except TypeError:
@@ -200,9 +176,7 @@ def parse_config(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
 
 
 def _config_files(given: str) -> list[str]:
-  """The gin files a mistyped ``--config`` may have meant, spelled as the
-  user would type them: the repository's and the working directory's
-  ``configs/`` and top-level files, and the files beside ``given``."""
+  """The gin files a mistyped ``--config`` may have meant, as the user would type them."""
   found: list[str] = []
   folder = Path(given).parent
   for base in (Path.cwd(), REPO_ROOT):
@@ -224,10 +198,9 @@ def _print_result(s: dict, workdir: Workdir) -> None:
     return
   if s.get("mode") == "beam":
     print(beam_run.row(s))
-    sys.stdout.flush()
-    return
-  print(alpha_row(s) if s.get("mode") == "alpha_only" else table2_row(s, FLAGS.verbose))
-  print(conclusion(s, str(workdir.path)))
+  else:
+    print(alpha_row(s) if s.get("mode") == "alpha_only" else table2_row(s, FLAGS.verbose))
+    print(conclusion(s, str(workdir.path)))
   sys.stdout.flush()
 
 
@@ -240,8 +213,7 @@ def main(argv: Sequence[str]) -> None:
   exp = parse_config(FLAGS.config, FLAGS.gin_bindings)
   config_str = gin.config_str()
   alpha_only = FLAGS.alpha_only
-  # Every config names the run: a hardware overlay (configs/tpu_v4_8.gin) must
-  # not make two Table 2 rows share a workdir.
+  # Every config names the run, so an overlay cannot make two rows share a workdir.
   stem = "+".join(Path(c).stem for c in FLAGS.config) if FLAGS.config else "default"
   if exp.decode_method == "beam" and (FLAGS.calibrate or FLAGS.dry_run):
     raise ValueError("--calibrate and --dry_run do not cover Experiment.decode_method='beam'; "
@@ -257,13 +229,9 @@ def main(argv: Sequence[str]) -> None:
     driver.main(dry_run_programs.RunnerPrograms(exp, alpha_only, configs=FLAGS.config),
                 FLAGS.dry_run, full=FLAGS.verbose)
     return
-  mode = "alpha_only" if alpha_only else "speculative"
-  if exp.decode_method == "beam" and not alpha_only:
-    mode = "beam"
+  mode = "alpha_only" if alpha_only else "beam" if exp.decode_method == "beam" else "speculative"
   name = stem + ("_alpha" if alpha_only else "")
-  # The first line at once; on several hosts only after jax.distributed starts
-  # (in check_before_loading: no JAX call may come before it), from process 0,
-  # whose choice of a default workdir is everyone's.
+  # The first line at once; on several hosts after jax.distributed starts, from process 0.
   if not exp.multihost:
     _state.workdir = FLAGS.workdir or default_workdir(name, FLAGS.resume)
     logging.info("%s", intro(exp, alpha_only, _state.workdir))
@@ -284,11 +252,10 @@ def main(argv: Sequence[str]) -> None:
   if workdir.records and not pending(exp, len(d.examples), workdir, alpha_only):
     logging.info("%s: the run is finished (%d examples); nothing to do", workdir.path,
                  len(workdir.records))
-    if mode == "beam":
-      _print_result(beam_run.summarize(exp, workdir.records), workdir)
-      return
-    _print_result(summarize_alpha(exp, workdir.records, len(d.examples) - exp.num_warmup)
-                  if alpha_only else summarize(exp, workdir.records), workdir)
+    recs = workdir.records
+    _print_result(beam_run.summarize(exp, recs) if mode == "beam" else
+                  summarize_alpha(exp, recs, len(d.examples) - exp.num_warmup) if alpha_only
+                  else summarize(exp, recs), workdir)
     return
   if workdir.records:
     logging.info("Resuming: %d examples already in %s", len(workdir.records), workdir.path)
@@ -302,19 +269,14 @@ def main(argv: Sequence[str]) -> None:
   logging.info("Workdir %s (%d examples already done)", workdir.path, len(workdir.records),
                extra=logs.DETAIL)
   _state.quiet.close()  # the timed loop's progress line redraws on a terminal
-  if mode == "beam":
-    s = beam_run.run_beam(setup, workdir)
-  else:
-    s = run_alpha_only(setup, workdir) if alpha_only else run_speculative(setup, workdir)
-  _print_result(s, workdir)
+  run = {"beam": beam_run.run_beam, "alpha_only": run_alpha_only,
+         "speculative": run_speculative}[mode]
+  _print_result(run(setup, workdir), workdir)
 
 
 def default_workdir(name: str, resume: bool, root: str = "runs") -> str:
-  """The workdir when ``--workdir`` is not given, so that a command can be
-  repeated: ``runs/<name>`` if it holds nothing, else the first of
-  ``runs/<name>-2``, ``-3``, ... that holds nothing (a fresh run each time).
-  With ``--resume``: the last of them that holds results (the run the same
-  command last wrote), else ``runs/<name>``."""
+  """Without ``--workdir``: the first of ``runs/<name>``, ``-2``, ``-3``, ...
+  that holds nothing; with ``--resume`` the last that holds results."""
   paths = [Path(root) / name] + [Path(root) / f"{name}-{i}" for i in range(2, 10_000)]
   used = lambda p: p.is_dir() and any(p.iterdir())
   if resume:
@@ -325,10 +287,8 @@ def default_workdir(name: str, resume: bool, root: str = "runs") -> str:
 
 @dataclasses.dataclass
 class _Run:
-  """What an interrupted run reports (``interrupted_words``): its workdir,
-  once chosen, the ``Workdir`` once opened, and how many examples it was to
-  time; and ``quiet``, the filter of native noise on stderr while loading
-  (``logs.quiet_native_noise``), closed before the timed loop."""
+  """What an interrupted run reports (``interrupted_words``); ``quiet``: the
+  native-noise filter, closed before the timed loop."""
 
   workdir: Optional[str] = None
   opened: Optional[Workdir] = None
@@ -340,8 +300,7 @@ _state = _Run()
 
 
 def continue_command(workdir: str) -> str:
-  """The command line that continues this run in ``workdir``: its flags as
-  given, with ``--workdir`` spelled out and ``--resume``."""
+  """The command line that continues this run in ``workdir`` (``--resume``)."""
   args = [f"--config={c}" for c in FLAGS.config]
   args += [f"--gin_bindings={b}" for b in FLAGS.gin_bindings]
   args += [f"--import={m}" for m in FLAGS["import"].value]
@@ -384,8 +343,7 @@ def intro(exp: Experiment, alpha_only: bool, workdir: str) -> str:
 
 
 def weights_words(exp: Experiment) -> str:
-  """The weights about to be read, in words ("12 MiB of weights"); '' where
-  a checkpoint does not say its architecture."""
+  """The weights about to be read, e.g. "12 MiB of weights" ('' if unknown)."""
   try:
     parts = estimate_bytes(exp)
   except (ValueError, OSError):
@@ -411,8 +369,7 @@ def cli(argv: Sequence[str]) -> int:
   global _state
   _state = _Run()
   logs.quiet_libraries(not FLAGS.verbose)
-  # The progress lines are INFO records: shown under absl.app (the command
-  # line) and, in process (tests, notebooks), wherever a handler takes them.
+  # The progress lines are INFO records.
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.INFO)
   try:
@@ -458,8 +415,7 @@ def wants_help(args: Sequence[str]) -> bool:
 
 
 def help_text() -> str:
-  """The usage text: this module's docstring (protocol and every setting
-  with its default, ``settings.settings_help``), then every runner flag with its help."""
+  """The usage text: this module's docstring and settings, then the runner's flags."""
   flags_text = FLAGS.module_help(__name__)
   return f"{__doc__.rstrip()}\n\nFlags (library flags: --helpfull):\n{flags_text}\n"
 

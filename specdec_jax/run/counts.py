@@ -1,12 +1,6 @@
-"""One statistics record for every kind of run: a batch's per-row counts of
-chain rounds (``SpecStats``), tree rounds (``TreeStats``) or plain decoding
-(gamma='auto' chose γ = 0), as one line of ``examples.jsonl`` holds them.
-
-α is the rate at which a proposal is accepted (paper §3.1): accepted over
-accepted + rejected. A chain round rejects at its first rejected position; a
-tree round rejects when it accepts fewer than its D levels, so a tree's α is
-the rate at which a level is accepted through any of its branches (the
-chain's α for a chain).
+"""A batch's per-row counts for every kind of run (chain, tree, plain), as one
+line of ``examples.jsonl`` holds them. α (§3.1) is accepted over accepted +
+rejected; a tree round rejects when it accepts fewer than its D levels.
 """
 
 from __future__ import annotations
@@ -28,13 +22,10 @@ class RowCounts:
   target_calls, draft_calls: serial forward passes of M_p / M_q.
   accepted: proposals committed; rejected: rejections (see the module).
   target_positions: positions the target scored (its arithmetic).
-  min_pq_sum: Σ over evaluated positions of Σ_x min(p, q) (Corollary 3.6);
-    None where no position is tested one at a time (tree, plain).
-  histograms: name -> [B, H], written per row as they are: a chain's
-    ``gamma_hist`` [B, γ + 1] and ``accepted_at``/``evaluated_at`` [B, γ]
-    (``SpecStats``); a tree's ``depth_hist`` [B, D + 1] and ``rank_hist``
-    [B, K] (``TreeStats``); plain decoding's ``gamma_hist`` [B, 1] (every
-    step a round of γ = 0).
+  min_pq_sum: Σ_x min(p, q) summed over evaluated positions (Corollary 3.6);
+    None for trees and plain decoding.
+  histograms: name -> [B, H] (``SpecStats``' or ``TreeStats``'; plain
+    decoding's ``gamma_hist`` [B, 1]), written per row as they are.
   """
 
   kind: str
@@ -56,8 +47,7 @@ class RowCounts:
 
   @classmethod
   def of_tree(cls, st: TreeStats, tree: TreeShape) -> "RowCounts":
-    """A tree run's ``TreeStats``, on the host: a round that accepted fewer
-    than ``tree.max_depth`` levels rejected once."""
+    """A tree run's ``TreeStats``, on the host."""
     rejected = st.target_calls - st.depth_hist[:, tree.max_depth]
     return cls("tree", st.target_calls, st.draft_calls, st.accepted, rejected,
                st.target_positions, None, {"depth_hist": st.depth_hist, "rank_hist": st.rank_hist})

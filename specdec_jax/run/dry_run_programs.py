@@ -1,51 +1,16 @@
-r"""The runner's list of programs for the TPU dry run (``driver``): compile a
-run's programs for a TPU topology on any machine.
+r"""The runner's programs for the TPU dry run (``driver``), compiled for a
+topology on any machine on abstract arrays; nothing is read:
 
-  python -m specdec_jax.run --config=configs/table2/ende_small_t0.gin \
-      --config=configs/tpu_v5e_8.gin --dry_run=v5e:2x4
   python -m specdec_jax.run --config=configs/table2/ende_small_t0.gin \
       --config=configs/tpu_v4_1.gin --dry_run=v4:1x1x1     # the paper's one chip
 
-builds the experiment's settings, validates them, and lowers and compiles for
-the topology's devices (libtpu's compile-only devices, ``chips``) the
-programs the run would execute, on abstract arrays: ``jax.ShapeDtypeStruct``
-with the shardings of the experiment's ``Partitioner`` (its mesh and logical
-axis rules), parameter shapes from ``models.t5.param_shapes`` at the
-configured ``param_dtype`` (``stored_dtype``). No weight, vocabulary or
-example is read; the checkpoint paths need not exist here.
-
-Programs (speculative mode): the baseline loop (``decoding.temperature_sample``),
-the speculative loop at its γ (``decoding.speculative_decode``; under adaptive
-decoding one program holding every compiled verification width) and the draft
-(its init and one round of γ proposals). ``--alpha_only``: the target's
-generation (the baseline loop) and the α pass (``specdec_jax.alpha.min_pq_along``,
-paper §4.2). Each is reported per device, from the compiled executable:
-
-* memory (arguments, temporaries, outputs) beside ``memory.plan``'s estimate,
-  and whether it fits the chip's HBM;
-* the collectives one loop iteration runs, with their sizes; a collective
-  whose operand is a weight (``hlo.weight_collectives``) is an error.
-
-Then the roofline model (speculative mode; ``costs``), which is a model, not
-a measurement: one target pass over k = 1 .. γ+1 positions and one draft
-step, each compiled on its own (``decode`` with the loop's cache length).
-From it c (Definition 3.7), v(k), milliseconds per token of the baseline and
-of speculative decoding at the paper's α, and Theorem 3.8's speedup at the
-paper's α for the row (its Table 3) and γ, printed beside the paper's
-measured speedup (Table 2), its c (Table 4) and Theorem 3.8 at the paper's
-own α, γ and c (``specdec_jax.paper``). The pieces' depth extrapolation is
-checked against a full-depth compile by ``tests/test_dry_run.py``. The loops are compiled at the default
-effort, exactly as the run compiles them; there XLA's 'bytes accessed' also
-counts each weight's staging copies through VMEM (read, write, read again),
-which is not HBM traffic. Each device must read at least its shard of the
-decoder and output-layer weights per step at batch 1 (the cross-attention K/V
-kernels excluded: they run once per example); the report divides a
-one-position pass's bytes by that floor.
-
-Bad input is one line before any long compile: an unknown topology, a mesh
-the topology's device count does not match, a dimension the mesh does not
-divide, a row whose weights and caches (``memory.plan``) exceed the chip's
-HBM.
+Programs: the baseline loop, the speculative loop (or tree loop) and the
+draft; ``--alpha_only``: the baseline and the α pass (§4.2). Then the roofline
+model (``costs``, a model, not a measurement): c (Definition 3.7), v(k) and
+Theorem 3.8's speedup at the paper's α (Table 3) beside the paper's Tables 2
+and 4. Loops compile at the run's own effort; their 'bytes accessed' also
+counts VMEM staging copies, so a pass's bytes are divided by the per-step
+weight floor instead.
 """
 
 from __future__ import annotations
@@ -79,9 +44,7 @@ from specdec_jax.theory import RoundCost
 from specdec_jax.measured import DEMO_RANK_PROFILE
 from specdec_jax.tree import DynamicTree, RoundTree, TreeShape, scaled_rank_rates
 
-# Where the dry run reads nothing: paths it swaps for a placeholder before
-# validating, so that a row whose checkpoints live elsewhere (or are unset)
-# can be checked here.
+# Paths swapped for a placeholder before validating: the dry run reads none.
 PATH_FIELDS = ("target_checkpoint", "draft_checkpoint", "vocab_path", "source")
 PLACEHOLDER = "gs://dry-run-reads-nothing/"
 LABELS = {"baseline": "baseline loop", "speculative": "speculative loop",
@@ -89,13 +52,8 @@ LABELS = {"baseline": "baseline loop", "speculative": "speculative loop",
 
 
 def priced_tree(tree: TreeShape | DynamicTree, rates: Sequence[float]) -> TreeShape:
-  """The static tree the cost model prices: ``tree`` itself, or for a tree
-  chosen per round (``DynamicTree``, whose tokens per round depend on the
-  draft's confidence each round, not on rank rates alone) the static tree of
-  the same node count and depth that accepts the most at ``rates``
-  (``TreeShape.from_acceptance``). An ASSUMPTION: the per-round tree
-  matches that tree's tokens per round (on the demo pair it passed it by a
-  few percent at T = 0 and matched it within noise at T = 1;
+  """The static tree the cost model prices: ``tree``, or for a ``DynamicTree``
+  the best static tree of its size and depth at ``rates`` (an ASSUMPTION;
   docs/benchmarks.md)."""
   if isinstance(tree, DynamicTree):
     return TreeShape.from_acceptance(rates, tree.num_nodes, tree.max_depth)
@@ -103,8 +61,7 @@ def priced_tree(tree: TreeShape | DynamicTree, rates: Sequence[float]) -> TreeSh
 
 
 def paper_row(exp: Experiment) -> Optional[paper.Row]:
-  """The paper's Table 2 row for the experiment's task, draft size and
-  temperature (argmax or plain sampling only), or None."""
+  """The paper's Table 2 row for the experiment (T = 0 or plain T = 1), or None."""
   task = exp.task.lower()
   task = "ende" if "ende" in task else "cnndm" if "cnn" in task else None
   name = f"{exp.draft_preset or ''} {exp.draft_label or ''}".lower()
@@ -117,9 +74,8 @@ def paper_row(exp: Experiment) -> Optional[paper.Row]:
 
 
 def block_width(exp: Experiment) -> int:
-  """Positions of a block draft's one proposal call (``drafts.t5_block``:
-  D + 1 catch-up and D − 1 mask positions, D = γ, or a tree's depth); 0 for a
-  draft that proposes a token a call."""
+  """Positions of a block draft's proposal call (2D, D = γ or the tree's
+  depth); 0 for a draft proposing a token a call."""
   if not drafts.takes(exp.draft_name, "block"):
     return 0
   tree = exp.tree_shape
@@ -130,11 +86,9 @@ def block_width(exp: Experiment) -> int:
 
 
 def _checkable(exp: Experiment) -> tuple[Experiment, list]:
-  """The experiment with every path the dry run does not read, and that is
-  unset or absent here, swapped for a remote placeholder (validation checks
-  local paths exist); and the list of those (field, value)."""
-  needs_ckpt = bool({"model", "params"} & set(drafts.requires(exp.draft_name))) \
-      if exp.draft_name in drafts.REGISTRY else False
+  """The experiment with unset or absent unread paths swapped for a
+  placeholder, and the (field, value) pairs it does not read."""
+  needs_ckpt = exp.draft_name in drafts.REGISTRY and _has_weights(exp)
   swap, unread = {}, []
   for name in PATH_FIELDS:
     value = getattr(exp, name)
@@ -144,6 +98,10 @@ def _checkable(exp: Experiment) -> tuple[Experiment, list]:
     if not value or (not is_remote(value) and not Path(exp.resolve(value)).exists()):
       swap[name] = PLACEHOLDER + name
   return dataclasses.replace(exp, **swap), unread
+
+
+def _has_weights(exp: Experiment) -> bool:
+  return bool({"model", "params"} & set(drafts.requires(exp.draft_name)))
 
 
 def _architecture(exp: Experiment, role: str) -> T5Config:
@@ -156,15 +114,8 @@ def _architecture(exp: Experiment, role: str) -> T5Config:
 
 
 class RunnerPrograms(driver.ProgramList):
-  """The run's programs (speculative mode): the baseline loop
-  (``decoding.temperature_sample``), the speculative loop at its γ
-  (``decoding.speculative_decode``, or the tree loop) and the draft (its init
-  and one round of γ proposals), with the roofline pieces; ``alpha_only``:
-  the baseline loop and the α pass (``specdec_jax.alpha.min_pq_along``, §4.2).
-  ``programs``: a subset of those names; ``configs``: the configs' names, for
-  the report; an empty ``programs`` compiles the roofline pieces alone, and
-  ``widths`` limits the target's pieces to those pass widths (default 1 ..
-  γ + 1)."""
+  """The run's programs (``LABELS``) and roofline pieces. ``programs``: a
+  subset (empty: the pieces alone); ``widths``: the target pieces' widths."""
 
   def __init__(self, exp: Experiment, alpha_only: bool = False,
                programs: Optional[Sequence[str]] = None, roofline: bool = True,
@@ -196,7 +147,7 @@ class RunnerPrograms(driver.ProgramList):
 
   def architectures(self) -> tuple[T5Config, Optional[T5Config]]:
     target = _architecture(self.checkable, "target")
-    if not {"model", "params"} & set(drafts.requires(self.settings.draft_name)):
+    if not _has_weights(self.settings):
       return target, None
     draft = _architecture(self.checkable, "draft")
     data.check_vocab_compatible(target.vocab_size, draft.vocab_size,
@@ -273,10 +224,8 @@ def dry_run(exp: Experiment, topology: str, alpha_only: bool = False,
 
 
 def draft_quant(exp: Experiment) -> Optional[str]:
-  """The draft's weight-only quantization as the run would load it
-  (``ModelPair.quantization_of_draft``: the binding, else a local export's
-  record), None for a draft without weights."""
-  if not {"model", "params"} & set(drafts.requires(exp.draft_name)):
+  """The draft's weight-only quantization as the run loads it; None without weights."""
+  if not _has_weights(exp):
     return None
   return exp.pair.quantization_of_draft()
 
@@ -294,10 +243,8 @@ def _cache(cfg: T5Config, part: Optional[Partitioner], device: Any, batch: int, 
 def draft_round(draft: Any, inputs: jax.Array, key: jax.Array, *, gamma: int, cache_len: int,
                 sampling: SamplingConfig, tree: Optional[TreeShape | DynamicTree] = None
                 ) -> tuple[jax.Array, jax.Array]:
-  """The draft on its own: its init (encoder and cache) and one round of γ
-  proposals from an empty prefix -> (tokens [B, γ], q [B, γ, V]); with a
-  ``tree``, one tree proposal (tokens [B, N], q [B, N, V]; a ``DynamicTree``:
-  the tree chosen this round, ``dynamic_tree_proposal``)."""
+  """The draft's init and one round from an empty prefix -> (tokens [B, γ],
+  q [B, γ, V]); with a ``tree``, one tree proposal ([B, N], [B, N, V])."""
   b = inputs.shape[0]
   state = draft.init(inputs, cache_len)
   seq = jnp.zeros((b, cache_len + 1), jnp.int32)
@@ -305,8 +252,7 @@ def draft_round(draft: Any, inputs: jax.Array, key: jax.Array, *, gamma: int, ca
   if isinstance(tree, DynamicTree):
     return dynamic_tree_proposal(draft, state, seq, length, tree, sampling, key)[:2]
   if tree is not None:
-    tokens, q = tree_proposal(draft, state, seq, length, tree, sampling, key)[:2]
-    return tokens, q
+    return tree_proposal(draft, state, seq, length, tree, sampling, key)[:2]
   tokens, q, _ = draft.propose(state, seq, length, gamma, sampling, key)
   return tokens, q
 
@@ -320,20 +266,23 @@ def _pass(model: T5Model, part: Optional[Partitioner]) -> Callable:
 
 def lower_pass(cfg: T5Config, part: Optional[Partitioner], device: Any, exp: Experiment,
                k: int, cache_len: int, quant: Optional[str] = None) -> Any:
-  """One decoder pass over k positions (``T5Model.decode``), lowered alone,
-  its weights in the layout the compiler prefers (``Layout.AUTO``): the
-  loops copy a weight into another layout once per call, outside the loop
-  (``hlo.weight_copies``), so a pass in the loop reads it as stored.
-  ``quant``: the kernels quantized (a quantized draft, ``draft_quant``)."""
+  """One decoder pass over k positions, lowered alone, weights in the
+  compiler's preferred layout (the loops copy them so once per call,
+  ``hlo.weight_copies``). ``quant``: a quantized draft's kernels."""
   b = exp.batch_size
   params = abstract_params(cfg, part, exp.param_dtype, device, quant)
   tokens = sharded(part, device, ("batch", None), (b, k), jnp.int32, "tokens")
   cache = _cache(cfg, part, device, b, exp.max_input_len, cache_len)
+  return _lower_auto(_pass(T5Model(cfg), part), params, tokens, tokens, cache)
+
+
+def _lower_auto(fn: Callable, params: Any, *args: Any) -> Any:
+  """``fn(params, *args)`` lowered with the weights in ``Layout.AUTO`` and the
+  cache (argument 3) donated."""
   shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
   formats = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), params)
-  return jax.jit(_pass(T5Model(cfg), part), donate_argnums=(3,),
-                 in_shardings=(formats, shardings(tokens), shardings(tokens), shardings(cache))
-                 ).lower(params, tokens, tokens, cache)
+  return jax.jit(fn, donate_argnums=(3,), in_shardings=(formats, *map(shardings, args))
+                 ).lower(params, *args)
 
 
 def _tree_pass(model: T5Model, part: Optional[Partitioner],
@@ -348,22 +297,15 @@ def _tree_pass(model: T5Model, part: Optional[Partitioner],
 
 def lower_tree_pass(cfg: T5Config, part: Optional[Partitioner], device: Any, exp: Experiment,
                     tree: TreeShape | DynamicTree, cache_len: int) -> Any:
-  """One pass over a token tree's N nodes (``T5Model.decode_tree``: each node
-  attends to the committed prefix and its own ancestors, the tree's mask),
-  lowered alone as ``lower_pass`` lowers a chain's. A ``DynamicTree``'s pass
-  takes the round's parents [B, N] as data and derives its mask from them
-  (``tree.RoundTree``), as the loop does."""
+  """One pass over a tree's N nodes (``T5Model.decode_tree``), lowered as
+  ``lower_pass``; a ``DynamicTree``'s takes the round's parents [B, N]."""
   b = exp.batch_size
   params = abstract_params(cfg, part, exp.param_dtype, device)
   tokens = sharded(part, device, ("batch", None), (b, tree.num_nodes), jnp.int32, "tokens")
   lengths = sharded(part, device, ("batch",), (b,), jnp.int32, "lengths")
   cache = _cache(cfg, part, device, b, exp.max_input_len, cache_len)
-  shardings = lambda t: jax.tree.map(lambda x: x.sharding, t)
-  formats = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), params)
-  return jax.jit(_tree_pass(T5Model(cfg), part, tree), donate_argnums=(3,),
-                 in_shardings=(formats, shardings(tokens), shardings(lengths),
-                               shardings(cache), shardings(tokens))
-                 ).lower(params, tokens, lengths, cache, tokens)
+  return _lower_auto(_tree_pass(T5Model(cfg), part, tree), params, tokens, lengths, cache,
+                     tokens)
 
 
 def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
@@ -390,9 +332,6 @@ def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
                  partitioner=tp)
   return {
       "baseline": lambda: temperature_sample.lower(target, tparams, inputs, key, **loop_kw),
-      # A tree run (Experiment.tree) compiles its own loop; gamma is then
-      # N - 1, and the roofline prices the tree's own pass over its N nodes
-      # (``lower_tree_pass``, with the tree's attention mask).
       "speculative": lambda: speculative_decode.lower(
           target, tparams, draft, inputs, key, gamma=gamma, lenience=exp.lenience,
           adaptive=exp.adaptive, **loop_kw) if exp.tree_shape is None else
@@ -410,10 +349,9 @@ def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
 
 def piece_compiles(ctx: Context, widths: Optional[Sequence[int]] = None,
                    roles: Sequence[str] = ("target", "draft")) -> list[Compile]:
-  """The roofline's pieces: a target pass over k positions (``widths``,
-  default 1 .. γ+1) and a draft step (a block draft: also its one proposal
-  call, a pass over ``block_width`` positions), each at decoder depths
-  ``PIECE_DEPTHS`` (keys (role, depth, k)); ``roles``: which of the two."""
+  """The roofline's pieces at each of ``PIECE_DEPTHS``, keyed (role, depth,
+  k): target passes over ``widths`` (default 1 .. γ+1) and a draft step (and
+  a block draft's call)."""
   exp, device = ctx.settings, ctx.device
   gamma, tree = exp.gamma_max, exp.tree_shape
   cache_len = cache_length(exp.max_decode_len, gamma)
@@ -435,16 +373,13 @@ def piece_compiles(ctx: Context, widths: Optional[Sequence[int]] = None,
         out.append(Compile(label, lower, options=PIECE_OPTIONS, key=("target", depth, k)))
     if ctx.draft_config is not None and "draft" in roles:
       dcfg = ctx.draft_config.replace(num_decoder_layers=depth, num_encoder_layers=1)
-      out.append(Compile(f"draft step depth {depth}",
-                         functools.partial(lower_pass, dcfg, ctx.draft_part, device, exp, 1,
-                                           cache_len, draft_quant(exp)), options=PIECE_OPTIONS,
-                         key=("draft", depth, 1)))
-      w = block_width(exp)
-      if w:
-        out.append(Compile(f"draft block call k={w} depth {depth}",
-                           functools.partial(lower_pass, dcfg, ctx.draft_part, device, exp, w,
-                                             cache_len, draft_quant(exp)),
-                           options=PIECE_OPTIONS, key=("draft", depth, w)))
+      for k in (1, block_width(exp)):
+        if k:
+          label = "draft step" if k == 1 else f"draft block call k={k}"
+          out.append(Compile(f"{label} depth {depth}",
+                             functools.partial(lower_pass, dcfg, ctx.draft_part, device, exp,
+                                               k, cache_len, draft_quant(exp)),
+                             options=PIECE_OPTIONS, key=("draft", depth, k)))
   return out
 
 
@@ -479,17 +414,8 @@ class RunDryRun(DryRun):
   def exp(self) -> Experiment:
     return self.ctx.settings
 
-  @property
-  def target_config(self) -> T5Config:
-    return self.ctx.target_config
-
-  @property
-  def draft_config(self) -> Optional[T5Config]:
-    return self.ctx.draft_config
-
   def round_cost(self) -> Optional[RoundCost]:
-    """The modelled round (``Roofline.round_cost``: a chain at γ, or the run's
-    tree); None where the model prices no row (``_priced``)."""
+    """The modelled round (a chain at γ, or the run's tree); None unless priced."""
     if not self._priced():
       return None
     tree = self.exp.tree_shape
@@ -497,9 +423,8 @@ class RunDryRun(DryRun):
         self.roofline.tree_round_cost(tree)
 
   def tokens_per_round(self) -> float:
-    """Expected tokens per round at the paper's α: Eq. (1) for a chain; for a
-    tree at rank rates from that α (``tree.scaled_rank_rates``, an
-    assumption)."""
+    """Expected tokens per round at the paper's α (Eq. (1); a tree: at rank
+    rates scaled from it, an assumption)."""
     tree = self.exp.tree_shape
     if tree is None:
       return self.round_cost().expected_tokens(self.paper.alpha)
@@ -507,8 +432,8 @@ class RunDryRun(DryRun):
     return priced_tree(tree, rates).expected_tokens(rates)
 
   def predicted(self, with_v: bool = False) -> Optional[float]:
-    """Theorem 3.8 at the paper's α with the model's c (and v(γ + 1) with
-    ``with_v``); for a tree run its tree form (the tree pass always priced)."""
+    """Theorem 3.8 at the paper's α and the model's c (with v(γ + 1) if
+    ``with_v`` or a tree run)."""
     cost = self.round_cost()
     if cost is None:
       return None
@@ -516,23 +441,21 @@ class RunDryRun(DryRun):
                               with_v=with_v or self.exp.tree_shape is not None))
 
   def speculative_ms_per_token(self) -> Optional[float]:
-    """The model's milliseconds per token at the paper's α (a tree run: at
-    rank rates from it)."""
+    """The model's milliseconds per token at the paper's α."""
     cost = self.round_cost()
     ms = math.nan if cost is None else cost.ms_per_token(self.tokens_per_round())
     return None if math.isnan(ms) else ms
 
   def _priced(self) -> bool:
-    """Whether the model prices this row: a roofline with a draft and a paper row."""
     return self.roofline is not None and self.paper is not None and \
         self.roofline.draft is not None
 
   def settings_lines(self) -> list[str]:
     e, s = self.exp, self.exp.sampling
-    draft = (f"draft {e.draft_preset or e.draft_name}" if self.draft_config is not None
+    draft = (f"draft {e.draft_preset or e.draft_name}" if self.ctx.draft_config is not None
              else f"draft {e.draft_name} (no weights)")
     mesh = f"mesh (data, model) = {tuple(e.mesh_shape)}" if e.mesh_shape else "one device"
-    if self.draft_config is not None and draft_quant(e):
+    if self.ctx.draft_config is not None and draft_quant(e):
       draft += f" (kernels {draft_quant(e)}, per-channel scales)"
     return [f"target {e.target_preset or 'from config.json'}, {draft}; {mesh}; weights "
             f"{e.param_dtype}, activations {e.dtype}; batch {e.batch_size}, input "
@@ -564,9 +487,7 @@ class RunDryRun(DryRun):
 
 
 def summary_lines(r: RunDryRun) -> list[str]:
-  """The prediction in one sentence for the short report: the cost model's c,
-  milliseconds per token and Theorem 3.8 at the paper's α beside what the
-  paper measured (or why there is no speedup to predict)."""
+  """The prediction in one sentence for the short report, beside the paper."""
   rl, row = r.roofline, r.paper
   if rl is None or rl.draft is None:
     return []
@@ -585,8 +506,7 @@ def summary_lines(r: RunDryRun) -> list[str]:
 
 
 def roofline_lines(r: RunDryRun) -> list[str]:
-  """The roofline model's pieces, c, v(k) and Theorem 3.8's prediction
-  beside the paper's measured speedup."""
+  """The roofline's pieces, c, v(k) and Theorem 3.8's prediction."""
   rl, chip = r.roofline, r.chip
   if rl is None:
     return []
@@ -630,9 +550,8 @@ def roofline_lines(r: RunDryRun) -> list[str]:
 
 
 def prediction_lines(r: RunDryRun) -> list[str]:
-  """c, ms per token and Theorem 3.8's prediction at the paper's α, side by
-  side with the paper's measured speedup and Theorem 3.8 at the paper's own
-  α, γ and c (its Table 4)."""
+  """c, ms per token and Theorem 3.8 at the paper's α, beside the paper's
+  measured speedup and Theorem 3.8 at its own α, γ and c (Table 4)."""
   rl, row, e = r.roofline, r.paper, r.exp
   base_ms = rl.baseline_ms_per_token()
   if row is None:
@@ -679,10 +598,8 @@ def prediction_lines(r: RunDryRun) -> list[str]:
 
 def calibration_pieces(experiments: dict[str, Experiment], workers: Optional[int] = None
                        ) -> dict[str, dict[str, float]]:
-  """Compiles the one-position pieces on one v4 chip and returns them in
-  ``dryrun.calibration.PIECES``' form: ``experiments`` maps each draft size
-  to its row's ``Experiment`` (with the one-chip overlay); the target's step
-  is compiled from the first."""
+  """The one-position pieces on one v4 chip in ``calibration.PIECES``' form;
+  ``experiments``: draft size -> its row (the target's step from the first)."""
   topology = calibration.TOPOLOGY
   out: dict[str, dict[str, float]] = {}
   for i, (name, exp) in enumerate(experiments.items()):

@@ -1,8 +1,5 @@
-"""Gin's parse and binding errors as one line that names the binding.
-
-Gin reports an unquoted string as a Python ``SyntaxError`` about an AST node,
-and an unknown setting over several lines; a user needs the binding, where it
-was written and, for a misspelling, the setting they probably meant.
+"""Gin's parse and binding errors as one line naming the binding, where it was
+written and, for a misspelling, the setting probably meant.
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ _WHERE = re.compile(r"In (?:bindings string|file \"([^\"]+)\"),? line (\d+)")
 
 def _statement(source: Optional[str], line: Optional[int], files: Sequence[str],
                bindings: Sequence[str]) -> tuple[str, str]:
-  """(where, text) of the gin statement at ``line`` of ``source`` (a config file;
-  None: the --gin_bindings, which gin parses as one string)."""
+  """(where, text) of the statement at ``line`` of ``source`` (None: --gin_bindings)."""
   if line is None:
     return "", ""
   if source is None:
@@ -44,8 +40,7 @@ def _suggest(word: str, choices: Sequence[str]) -> str:
 
 
 def nearest_path(given: str, candidates: Sequence[str]) -> Optional[str]:
-  """The candidate path closest to a mistyped ``given`` (a whole-path
-  match first, else the closest file name), or None when none is close."""
+  """The candidate closest to a mistyped ``given`` (path, then file name), or None."""
   close = difflib.get_close_matches(given, list(candidates), n=1, cutoff=0.6)
   if close:
     return close[0]
@@ -58,10 +53,8 @@ def nearest_path(given: str, candidates: Sequence[str]) -> Optional[str]:
 
 def explain(e: BaseException, files: Sequence[str], bindings: Sequence[str],
             configurables: Mapping[str, Sequence[str]]) -> Optional[Exception]:
-  """A one-line ``ValueError`` (``FileNotFoundError`` for a missing include) for a gin error ``e`` raised while parsing
-  ``files`` and ``bindings``, or None when ``e`` is not a gin parse/binding
-  error. ``configurables`` maps the names a user binds (``Experiment``,
-  ``SamplingConfig``...) to their parameter names, for "did you mean"."""
+  """A one-line error for gin's ``e`` (None: not a parse or binding error);
+  ``configurables``: name -> parameter names, for "did you mean"."""
   text = str(e)
   if isinstance(e, SyntaxError):
     source = e.filename if e.filename not in (None, "", "<string>") else None

@@ -1,12 +1,6 @@
-"""What every process of a multi-host run must agree on, and how results
-reach the host that writes them.
-
-Every process runs the same jitted loops on the same global batches (the
-loops are collective: a process that runs a different batch, or none, hangs
-the others). So each decision that depends on one host's files, process 0's,
-is made there and broadcast: the results already in the workdir (``--resume``)
-and whether the workdir was accepted at all. Outputs sharded over processes
-are all-gathered before they are read on the host. With one process every
+"""What every process of a multi-host run must agree on (the loops are
+collective: a process running another batch hangs the others): decisions on
+process 0's files are broadcast, outputs all-gathered. With one process every
 function here is the identity.
 """
 
@@ -28,8 +22,7 @@ def is_writer() -> bool:
 
 
 def to_host(tree: Any) -> Any:
-  """A pytree of device arrays as numpy arrays holding every row, on every
-  process (a batch sharded over processes is all-gathered first)."""
+  """A pytree of device arrays as numpy arrays of every row, on every process."""
   if jax.process_count() == 1:
     return jax.tree.map(np.asarray, tree)
   return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
@@ -48,9 +41,8 @@ def broadcast_json(value: Any) -> Any:
 
 
 def agreed(build: Callable[[], T], what: str) -> T:
-  """``build()`` on every process, failing on all of them if it fails on any
-  (a process left waiting in a collective would hang): the failing process
-  raises its own error, the others a short one naming ``what``."""
+  """``build()`` on every process, failing on all if it fails on any (the
+  others raise a short error naming ``what``)."""
   if jax.process_count() == 1:
     return build()
   result, error = None, None

@@ -1,14 +1,7 @@
-"""One logging setup for every entry point (the runner under absl, the scripts
-through ``script_logging``).
-
-``quiet_libraries(True)`` (the default) shows this package's own INFO records
-as plain lines (``PlainFormatter``), every warning and error, and nothing
-else: not other libraries' INFO records, not records logged with
-``extra=DETAIL``, not TensorStore's reports from threads after Orbax closed
-their event loop (``quiet_unraisable``). ``quiet_libraries(False)``
-(``--verbose``) shows every record with absl's prefix. ``quiet_libtpu`` hides
-libtpu's probing on a machine without a TPU; ``quiet_native_noise`` drops
-TensorStore's native "no credentials file" line, passing every other byte."""
+"""One logging setup for every entry point: by default this package's own INFO
+records as plain lines plus every warning and error; ``--verbose`` shows
+every record with absl's prefix. Also hides libtpu's probing off a TPU and
+TensorStore's native "no credentials file" line."""
 
 from __future__ import annotations
 
@@ -34,15 +27,9 @@ DETAIL = {"detail": True}
 
 
 class LibraryFilter:
-  """Passes warnings and errors, and INFO records that originate in this
-  package or in the repository's ``scripts/`` (except details, ``DETAIL``);
-  drops the INFO records of every other library.
-
-  Origin is the logging module's record of the source file, compared with
-  the package's installed location (``OWN_DIRS``), never a substring of the
-  path: a clone named ``specdec_jax`` with its virtualenv inside holds every
-  library under a ``/specdec_jax/`` directory too.
-  """
+  """Passes warnings, errors and INFO records (not ``DETAIL``) from files in
+  ``OWN_DIRS`` (by location, not a path substring: a clone's virtualenv
+  lies under ``specdec_jax/`` too)."""
 
   def filter(self, record: std_logging.LogRecord) -> bool:
     if record.levelno >= std_logging.WARNING:
@@ -51,8 +38,7 @@ class LibraryFilter:
 
 
 class PlainFormatter(std_logging.Formatter):
-  """A record as a reader wants it: an INFO record's message alone,
-  a warning or an error after 'warning: ' or 'error: '."""
+  """An INFO record's message alone; warnings and errors prefixed."""
 
   def format(self, record: std_logging.LogRecord) -> str:
     text = super().format(record)
@@ -77,10 +63,8 @@ def is_own(pathname: str) -> bool:
 
 
 def quiet_libraries(quiet: bool) -> None:
-  """Adds (``quiet``) or removes (``--verbose``) ``LibraryFilter`` on absl's
-  handler and the library loggers, gives absl's handler ``PlainFormatter``
-  (or back absl's own), and installs (or restores the hook it replaced)
-  ``quiet_unraisable`` as ``sys.unraisablehook``."""
+  """Installs (``quiet``) or removes ``LibraryFilter``, ``PlainFormatter``
+  and ``quiet_unraisable``."""
   handler = logging.get_absl_handler()
   handler.setFormatter(PlainFormatter() if quiet else logging.PythonFormatter())
   targets = [handler] + [std_logging.getLogger(n) for n in _LIBRARY_LOGGERS]
@@ -89,8 +73,7 @@ def quiet_libraries(quiet: bool) -> None:
       t.removeFilter(f)
     if quiet:
       t.addFilter(LibraryFilter())
-  # Installed over (and later restored to) whatever hook the process had, so an
-  # in-process caller (tests, notebooks) keeps its own.
+  # Restored later, so an in-process caller keeps its own hook.
   global _previous_unraisablehook
   if quiet and sys.unraisablehook is not quiet_unraisable:
     _previous_unraisablehook, sys.unraisablehook = sys.unraisablehook, quiet_unraisable
@@ -102,11 +85,8 @@ _previous_unraisablehook = sys.__unraisablehook__
 
 
 def quiet_libtpu(topology: Optional[str] = None) -> None:
-  """Before JAX starts a backend: on a machine without a TPU, tells an
-  installed libtpu what it would otherwise probe for and print warnings
-  about (``chips.quiet_libtpu``; ``topology`` the one a dry run compiles
-  for, if it names one: a bad name is left for the dry run to refuse); on
-  a TPU VM it changes nothing."""
+  """Before JAX starts a backend: keeps an installed libtpu from probing off a
+  TPU (``topology``: a dry run's, if valid)."""
   try:
     chips.parse_topology(topology or "")
   except ValueError:
@@ -115,11 +95,8 @@ def quiet_libtpu(topology: Optional[str] = None) -> None:
 
 
 def script_logging(verbose: bool) -> None:
-  """The logging of an entry point outside ``absl.app``: warnings and errors
-  on stderr, as always; with ``verbose``, every library's INFO records too (a
-  stderr handler on the root logger, which otherwise has none, at INFO);
-  without, ``quiet_libraries(True)``. Off a TPU, libtpu is quieted
-  (``quiet_libtpu``)."""
+  """The logging of an entry point outside ``absl.app`` (``verbose``: every
+  library's INFO records on stderr)."""
   quiet_libtpu()
   root = std_logging.getLogger()
   if verbose:
@@ -133,21 +110,14 @@ def script_logging(verbose: bool) -> None:
 
 
 def quiet_unraisable(u: Any) -> None:
-  """Drops TensorStore's 'Event loop is closed' reports, passes everything else on.
-
-  When one read of a corrupt checkpoint fails, Orbax closes its asyncio loop while
-  TensorStore's other reads are still in flight; each later completion reports the
-  closed loop from a TensorStore thread, interleaving a traceback with the one-line
-  error (and racing ``os._exit``, so it is cut mid-line).
-  """
+  """Drops TensorStore's 'Event loop is closed' reports (reads in flight after
+  Orbax closed its loop on a corrupt checkpoint), passes everything else on."""
   if isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
     return
   _previous_unraisablehook(u)
 
 
-# absl's C++ prefix (severity, month and day, time, thread, file:line) on the
-# line TensorStore prints once per process when it looks for gcloud
-# credentials and finds none; public buckets are then read anonymously.
+# TensorStore's line when it finds no gcloud credentials (then reads anonymously).
 NATIVE_NOISE = re.compile(rb"[IWEF]\d{4} [\d:.]+ +\d+ google_auth_provider\.cc:\d+\] "
                           rb"Could not find the credentials file in the standard gcloud location")
 _ABSL_START = re.compile(rb"[IWEF]\d{0,4}( [\d:.]*)?")   # a line that may become NATIVE_NOISE
@@ -159,8 +129,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _pump(source: int, sink: int) -> None:
-  """Copies ``source`` to ``sink`` line by line, without ``NATIVE_NOISE``
-  lines; a partial line is passed on at once unless it may still become one."""
+  """Copies ``source`` to ``sink`` line by line, without ``NATIVE_NOISE`` lines."""
   pending = b""
   with os.fdopen(source, "rb", buffering=0) as src:
     while chunk := src.read(1 << 16):
@@ -175,11 +144,8 @@ def _pump(source: int, sink: int) -> None:
 
 @contextlib.contextmanager
 def quiet_native_noise(quiet: bool = True) -> Iterator[None]:
-  """While inside (``quiet``), everything written to file descriptor 2
-  (Python's stderr and native libraries' alike) reaches it through a pipe
-  that drops ``NATIVE_NOISE`` lines and passes all else, in order; on the way
-  out the descriptor is restored and the pipe drained. A terminal's stderr
-  is not a terminal inside, so keep progress lines that redraw out of it."""
+  """While inside, file descriptor 2 goes through a pipe dropping
+  ``NATIVE_NOISE`` lines (stderr is then no terminal)."""
   if not quiet:
     yield
     return

@@ -1,6 +1,4 @@
-"""What a run decodes: host batches of its examples and the two programs it
-times on them, the baseline and speculative decoding (paper §4), called
-exactly as the engine defines them."""
+"""What a run decodes: host batches and the two programs it times (§4)."""
 
 from __future__ import annotations
 
@@ -27,25 +25,19 @@ def batch_indices(n: int, start: int, batch: int) -> Iterator[list[int]]:
 
 def pad_batch(inputs: np.ndarray, idx: list[int], batch: int,
               buckets: tuple = ()) -> np.ndarray:
-  """Rows ``idx`` of ``inputs`` as one [batch, width] host array (the last
-  row repeated to fill the batch; ignored), padded to the smallest bucket.
-  Host arrays: every process builds the same one, and placing it makes the
-  global batch."""
+  """Rows ``idx`` of ``inputs`` as one [batch, width] host array (the last row
+  repeated to fill it), padded to the smallest bucket."""
   rows = idx + [idx[-1]] * (batch - len(idx))
   return np.asarray(data.fit_to_bucket(inputs[rows], buckets))
 
 
-# XLA's GPU command buffers (CUDA graphs): a loop's kernels, and with WHILE and
-# CONDITIONAL its while_loop and lax.switch, are recorded once and replayed as
-# one launch, so the per-kernel launch cost of a step of hundreds of small
-# kernels is paid once per graph. Profiling turns them off: time them with
-# the clock.
+# XLA's GPU command buffers (CUDA graphs): kernels, loops and switches recorded
+# once and replayed as one launch. Profiling turns them off.
 COMMAND_BUFFER_COMMANDS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
 
 
 def command_buffer_options(min_graph_size: int) -> dict[str, Any]:
-  """XLA compiler options that put a compiled function's GPU kernels into
-  command buffers, any run of at least ``min_graph_size`` kernels (>= 1)."""
+  """XLA options putting every run of ``min_graph_size`` GPU kernels in a command buffer."""
   if isinstance(min_graph_size, bool) or not isinstance(min_graph_size, int) or min_graph_size < 1:
     raise ValueError(f"command buffers need a minimum graph size >= 1, got {min_graph_size!r}")
   return {"xla_gpu_enable_command_buffer": COMMAND_BUFFER_COMMANDS,
@@ -54,12 +46,8 @@ def command_buffer_options(min_graph_size: int) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=None)
 def with_command_buffers(loop: Any, min_graph_size: int, backend: Optional[str] = None) -> Any:
-  """``loop`` (``temperature_sample``, ``speculative_decode`` or
-  ``tree_speculative_decode``) compiled with XLA's command buffers
-  (``command_buffer_options``) when the backend (default: JAX's default
-  backend) is a GPU; the loop itself, unchanged, for ``min_graph_size`` 0 or
-  another backend. Same arguments, same results: only how the kernels are
-  launched changes."""
+  """A decoding ``loop`` compiled with command buffers on a GPU (same results);
+  the loop itself for ``min_graph_size`` 0 or another backend."""
   if loop not in STATIC_ARGNAMES:
     raise ValueError(f"with_command_buffers takes one of the decoding loops, got {loop!r}")
   options = command_buffer_options(min_graph_size) if min_graph_size else None
@@ -71,15 +59,11 @@ def with_command_buffers(loop: Any, min_graph_size: int, backend: Optional[str] 
 
 @dataclasses.dataclass(frozen=True)
 class Programs:
-  """The two jitted programs a run times, each on a host batch inputs [B, S]
-  and a key, each returning tokens [B, max_decode_len], length [B] and (the
-  speculative one) its statistics.
+  """The two programs a run times, on host inputs [B, S] and a key -> tokens
+  [B, max_decode_len], length [B] (and statistics).
 
-  gamma: THE run's γ once chosen, as every line records it: draft tokens per
-    round of ``speculative`` (γ_max for adaptive rounds); a tree run's scored
-    positions less one (``Experiment.gamma_max``); 0 for plain decoding,
-    where ``speculative`` is the baseline itself (gamma='auto' found no γ
-    that pays).
+  gamma: THE run's γ once chosen (γ_max for adaptive rounds; a tree's N - 1;
+    0 for plain decoding, where ``speculative`` is the baseline).
   """
 
   baseline: Callable[[np.ndarray, Array], Any]
@@ -92,10 +76,8 @@ class Programs:
 
 
 def programs(setup: Setup, gamma: int) -> Programs:
-  """The baseline and the run's speculative loop (chain at ``gamma``, the
-  configured tree, or with ``gamma`` 0 the baseline again), on the target's
-  partitioner; both from command buffers on a GPU with
-  ``Experiment.command_buffers``."""
+  """The baseline and the run's speculative loop (chain, tree, or with
+  ``gamma`` 0 the baseline again)."""
   exp = setup.exp
   loop = lambda fn: with_command_buffers(fn, exp.command_buffers)
   target, tparams, draft = setup.target, setup.target_params, setup.draft

@@ -1,7 +1,5 @@
-"""A run's results: ``summary.json`` recomputed from the examples' lines,
-the paper's Table 2 (§4.1) and Table 3 (§4.2) rows printed from it, and the
-closing sentence, which says in words why a run slower than the baseline was
-slower (or why gamma='auto' chose plain decoding)."""
+"""A run's results: ``summary.json`` recomputed from the examples' lines, the
+paper's Table 2 (§4.1) and Table 3 (§4.2) rows, and the closing sentence."""
 
 from __future__ import annotations
 
@@ -15,15 +13,9 @@ from specdec_jax.run import account
 from specdec_jax.run.settings import Experiment
 from specdec_jax.theory import RoundCost, expected_tokens_by_position
 
-# A round's cost as the lines and summary.json carry it (``RoundCost.record``).
-COST_KEYS = RoundCost.RECORD_KEYS
-
 
 def summarize(exp: Experiment, records: list[dict]) -> dict:
-  """Aggregates examples.jsonl lines into summary.json: costs are the median over
-    all lines, ``cost_segments`` lists each resumed segment's own measurement
-    (with its number of examples), the γ is the one the lines record; every
-    number can be recomputed from examples.jsonl alone."""
+  """summary.json from examples.jsonl's lines alone (costs: their median)."""
   costs = median_costs(records)
   gamma = None if exp.tree else (records[0]["gamma"] if records else exp.gamma)
   summary = {
@@ -70,18 +62,14 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
 
 
 def median_costs(records: list[dict]) -> dict[str, float]:
-  """The lines' cost measurements (``COST_KEYS``), median over lines. (Lines
-  written before 'interplay' was measured count as 1: no interplay.)"""
+  """The lines' cost measurements, median over lines (no 'interplay': 1)."""
   return {k: float(np.median([r.get(k, 1.0 if k == "interplay" else None) for r in records]))
-          if records else float("nan") for k in COST_KEYS}
+          if records else float("nan") for k in RoundCost.RECORD_KEYS}
 
 
 def _settings(exp: Experiment) -> dict:
   """What the run was configured to do (γ aside: the lines record it)."""
-  target_label, draft_label = exp.labels
-  return {"mode": "speculative", "task": exp.task, "target": target_label,
-          "draft": draft_label, "temperature": exp.sampling.temperature,
-          "topk": exp.sampling.topk, "topp": exp.sampling.topp, "lenience": exp.lenience,
+  return {**_labels(exp, "speculative"), "lenience": exp.lenience,
           "batch_size": exp.batch_size,
           "mesh_shape": list(exp.mesh_shape) if exp.mesh_shape else None,
           "param_dtype": exp.param_dtype, "dtype": exp.dtype,
@@ -89,9 +77,8 @@ def _settings(exp: Experiment) -> dict:
 
 
 def _measured(records: list[dict], chain: bool) -> dict:
-  """α two ways (§3.1, Corollary 3.6), tokens per target call and the
-  walltimes, over all lines. α from Σ min(p, q) needs a chain's per-position
-  sums (None for tree and plain runs, whose lines carry none)."""
+  """α two ways (§3.1, Corollary 3.6; Σ min(p, q) for chains only), tokens
+  per target call and the walltimes."""
   tot = lambda k: float(sum(r[k] for r in records))
   evaluated = tot("accepted") + tot("rejected")
   alpha = tot("accepted") / evaluated if evaluated else float("nan")
@@ -108,12 +95,8 @@ def _measured(records: list[dict], chain: bool) -> dict:
 
 
 def _by_position(records: list[dict], tree_depth: int | None) -> dict:
-  """Acceptance by position in the round, α_i = P(proposal i accepted |
-  proposals 1..i−1 accepted), i = 1..γ (a tree: depth i = 1..D, from its
-  depth histogram), over all lines (None for plain runs); and the draft calls
-  a round made (a chain's γ; a block draft's 1; a tree's D). The theory's
-  tokens per round from them, 1 + Σ_i Π_{j≤i} α_j
-  (``theory.expected_tokens_by_position``), sits beside Eq. (1)'s."""
+  """α_i = P(proposal i accepted | 1..i−1 accepted) for i = 1..γ (a tree: by
+  depth), and the draft calls per round."""
   tot = lambda k: float(sum(r.get(k, 0) for r in records))
   calls = tot("draft_calls") / tot("target_calls") if tot("target_calls") else None
   alphas = None
@@ -154,10 +137,8 @@ def _tree(exp: Experiment, records: list[dict]) -> dict:
 
 
 def _predictions(alpha: float, round_cost: RoundCost | None) -> dict:
-  """Theorem 3.8 at the run's α for a fixed-γ round (``RoundCost.predicted``;
-    None: no prediction) with c alone, with v, and with the interplay
-    (``RoundCost.interplay``); and Eq. (1)'s tokens per target call
-    (``account`` explains the gaps)."""
+  """Theorem 3.8 at the run's α with c alone, with v and in context, and
+  Eq. (1)'s tokens per target call; None without a fixed-γ round."""
   if round_cost is None:
     return dict.fromkeys(("expected_speedup", "expected_speedup_v",
                           "expected_speedup_in_context", "tokens_per_target_call_eq1"))
@@ -174,12 +155,11 @@ def _gamma_words(s: dict) -> str:
 
 
 def cost_segments(records: list[dict]) -> list[dict]:
-  """Each run segment's cost measurement, in order: consecutive lines that
-  carry the same (c, v, ...) were measured by one process."""
+  """Each resumed segment's cost measurement (consecutive equal lines), in order."""
   out: list[dict] = []
   for r in records:
-    costs = {k: r.get(k) for k in COST_KEYS}
-    if out and all(out[-1][k] == costs[k] for k in COST_KEYS):
+    costs = {k: r.get(k) for k in RoundCost.RECORD_KEYS}
+    if out and all(out[-1][k] == costs[k] for k in RoundCost.RECORD_KEYS):
       out[-1]["examples"] += 1
     else:
       out.append({**costs, "examples": 1})
@@ -187,11 +167,8 @@ def cost_segments(records: list[dict]) -> list[dict]:
 
 
 def table2_row(s: dict, verbose: bool = False) -> str:
-  """The paper's Table 2 layout (TASK, M_q, TEMP, γ, α, SPEED), the measured
-  v and c, and Theorem 3.8's prediction EXP with them. With ``verbose``, the cost
-  account too (every number is also in summary.json): EXP with c alone, the
-  mismatches, each resumed segment's costs, EXP in context (the interplay)
-  and the whole-run factors (``account``)."""
+  """The paper's Table 2 layout with the measured v, c and Theorem 3.8's EXP;
+  ``verbose`` adds the cost account (``account``)."""
   fmt = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"
   row = (f"| {s['task']} | {s['draft']} | {s['temperature']:g} | "
          f"{s.get('gamma_label') or s['gamma']} | {fmt(s['alpha'])} | {fmt(s['speedup'])}X | ")
@@ -235,16 +212,20 @@ def table2_row(s: dict, verbose: bool = False) -> str:
 def summarize_alpha(exp: Experiment, records: list[dict], available: int) -> dict:
   """summary.json of an --alpha_only run (recomputable from examples.jsonl)."""
   tokens = sum(r["tokens"] for r in records)
-  target_label, draft_label = exp.labels
-  return {"mode": "alpha_only", "task": exp.task, "target": target_label,
-          "draft": draft_label, "temperature": exp.sampling.temperature,
-          "topk": exp.sampling.topk, "topp": exp.sampling.topp, "num_tokens": tokens,
+  return {**_labels(exp, "alpha_only"), "num_tokens": tokens,
           "num_examples": len(records),
           "alpha_only_tokens": exp.alpha_only_tokens,
           "budget_reached": tokens >= exp.alpha_only_tokens,
           "examples_available": available,
           "alpha_min_pq": sum(r["min_pq_sum"] for r in records) / max(
               sum(r.get("evaluated", r["tokens"]) for r in records), 1)}
+
+
+def _labels(exp: Experiment, mode: str) -> dict:
+  target, draft = exp.labels
+  return {"mode": mode, "task": exp.task, "target": target, "draft": draft,
+          "temperature": exp.sampling.temperature, "topk": exp.sampling.topk,
+          "topp": exp.sampling.topp}
 
 
 def alpha_row(s: dict) -> str:
@@ -259,10 +240,8 @@ def alpha_row(s: dict) -> str:
 
 
 def conclusion(s: dict, workdir: str) -> str:
-  """The run in plain sentences: how much faster or slower speculative
-  decoding was and, where slower, why (``slowdown_reason``), or that
-  gamma='auto' chose plain decoding and why (``plain_reason``); whether the
-  outputs matched the baseline's; and where the results are."""
+  """The run in plain sentences: the speedup (and why, if slower), whether the
+  outputs matched the baseline's, and where the results are."""
   where = f"Results: {workdir}/ (examples.jsonl, summary.json, config.gin)."
   n = s["num_examples"]
   if s.get("mode") == "alpha_only":
@@ -284,8 +263,7 @@ def conclusion(s: dict, workdir: str) -> str:
 
 
 def same_speed(speedup: float) -> bool:
-  """Whether a speedup reads as 1.00 either way (faster: ``speedup``, slower:
-  its inverse, each to two decimals): the same speed, not "1.00× slower"."""
+  """Whether a speedup or its inverse reads as 1.00 (not "1.00× slower")."""
   return speedup > 0 and (f"{speedup:.2f}" == "1.00" or f"{1 / speedup:.2f}" == "1.00")
 
 
@@ -310,12 +288,8 @@ def _cost_words(positions: int, v: float, c: float) -> str:
 
 
 def slowdown_reason(s: dict) -> str:
-  """Why a run that was slower than the baseline was, in plain words from
-  its summary: the verification cost v of scoring γ + 1 positions (in
-  one-token steps), the draft's cost c, α, and Theorem 3.8's prediction with
-  them (v-generalized, ``theory.RoundCost.predicted``); where that is above
-  1, the interplay of the two models in a round (``RoundCost.interplay``)
-  or else what the theorem leaves out (per-round work, prefill)."""
+  """Why a slower run was slower: v, c, α and Theorem 3.8 from them; where
+  that predicts a gain, the interplay or what the theorem leaves out."""
   tree = bool(s.get("tree"))
   text = _cost_words(s["tree_nodes"] if tree else s["gamma"] + 1, s["v"], s["c"])
   predicted, alpha = s.get("expected_speedup_v"), s["alpha"]
@@ -339,10 +313,8 @@ def slowdown_reason(s: dict) -> str:
 
 
 def plain_reason(s: dict) -> str:
-  """Why gamma='auto' chose plain decoding (γ = 0), from the choice it
-  recorded: the best γ's prediction (v-generalized Theorem 3.8 at the α and
-  the in-context c and v it measured) did not beat 1 by more than its
-  standard error (``autogamma``)."""
+  """Why gamma='auto' chose plain decoding: no γ's prediction beat 1 by more
+  than its standard error (``autogamma``)."""
   auto = s["gamma_auto"]
   best = int(auto["argmax"])
   key = str(best)
@@ -357,8 +329,7 @@ def plain_reason(s: dict) -> str:
 
 
 class Progress:
-  """One progress line on stderr: rewritten in place on a terminal, else
-  printed at every tenth of the work (logs stay short)."""
+  """One progress line on stderr, in place on a terminal, else every tenth."""
 
   def __init__(self, total: int, stream=None):
     self.total, self.stream = max(total, 1), stream or sys.stderr

@@ -1,12 +1,8 @@
-"""Experiment settings: one frozen dataclass bound by gin, validated before
-any data or weight is read, and how its relative paths are found; the
-engine's ``SamplingConfig`` and ``AdaptiveConfig`` bound by gin as they are
-(``gin_dataclass``); every setting's one-line help, read from the docstring
-of the class that declares it (``setting_docs``, ``settings_help``).
-
-Relative paths in configs (checkpoints, vocabulary, data) are looked up in the
-working directory, then next to each ``--config`` file (last first), then in
-the repository root.
+"""Experiment settings: one frozen dataclass bound by gin and validated before
+anything is read; ``SamplingConfig`` and ``AdaptiveConfig`` bound as they are
+(``gin_dataclass``); ``--help`` read from the declaring classes' docstrings.
+Relative paths are looked up in the working directory, next to each
+``--config`` (last first), then in the repository root.
 """
 
 from __future__ import annotations
@@ -30,16 +26,13 @@ from specdec_jax.sampling import SamplingConfig
 from specdec_jax.tree import DynamicTree, TreeShape, parse_tree
 
 REPO_ROOT = pair_lib.REPO_ROOT
-DTYPES = pair_lib.DTYPES   # activation and weight dtypes
-MODES = ("speculative", "alpha_only")
 # Experiment fields outside the pair that hold paths that must exist.
 _PATH_FIELDS = ("source", "ngram_corpus", "draft_shortlist")
 
 
 def _type_error(owner: str, name: str, value: Any, hint: Any) -> Optional[str]:
-  """Why ``value`` is not of the annotated type ``hint`` (None: it is), as
-  ``<owner>.<name> must be ...`` (gin passes whatever the config says). An
-  int passes for a float; a list (``[1, 8]``) for a tuple."""
+  """Why ``value`` is not of type ``hint`` (None: it is); an int passes for a
+  float, a list for a tuple."""
 
   def matches(t) -> bool:
     t = typing.get_origin(t) or t
@@ -60,8 +53,7 @@ def _type_error(owner: str, name: str, value: Any, hint: Any) -> Optional[str]:
 
 
 def _coerced(value: Any, hint: Any) -> Any:
-  """A value gin parsed, as the field's type holds it: an int bound to a
-  float field as a float, a list bound to a tuple field as a tuple (the
+  """An int for a float field as a float, a list for a tuple as a tuple (the
   dataclasses are static jit arguments: hashable, equal whatever the spelling)."""
   options = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) \
       else (hint,)
@@ -73,12 +65,9 @@ def _coerced(value: Any, hint: Any) -> Any:
 
 
 def gin_dataclass(cls: type) -> Callable[..., Any]:
-  """Registers the frozen dataclass ``cls`` with gin under its own name and
-  returns the configurable that builds it: the bindings ``<Name>.<field>``
-  are its fields, their names, defaults and types read from ``cls`` itself
-  (nothing is listed twice). Values are checked against the annotations
-  (``_type_error``) and coerced (``_coerced``); an unbound field without a
-  default is one error naming its binding."""
+  """Registers the frozen dataclass ``cls`` with gin under its own name
+  (bindings ``<Name>.<field>``, checked against the annotations and coerced)
+  and returns the configurable that builds it."""
   hints = typing.get_type_hints(cls)
   fields = [f for f in dataclasses.fields(cls) if f.init]
 
@@ -101,9 +90,6 @@ def gin_dataclass(cls: type) -> Callable[..., Any]:
   return gin.external_configurable(build, cls.__name__)
 
 
-# ``SamplingConfig.temperature = 1.0`` sets the experiment's sampling (§2.2);
-# ``Experiment.adaptive = @AdaptiveConfig()`` with ``AdaptiveConfig.rule = ...``
-# an adaptive draft length.
 sampling_config = gin_dataclass(SamplingConfig)
 gin_dataclass(AdaptiveConfig)
 
@@ -111,15 +97,10 @@ gin_dataclass(AdaptiveConfig)
 @gin.configurable(denylist=["config_dirs"])
 @dataclasses.dataclass(frozen=True)
 class Experiment(PairSettings):
-  """One experiment. Every field is a gin binding (``Experiment.<field>``)
-  except ``config_dirs``, which ``parse_config`` sets to the ``--config``
-  files' directories (where relative paths are looked for, ``resolve``).
-
-  The target's and the draft's settings (checkpoints, formats, presets,
-  vocabulary, mesh, dtypes, ...) are the pair's, declared and described in
-  ``specdec_jax.pair.PairSettings`` and inherited here: ``pair`` is them as
-  a ``ModelPair``, validated as distillation's. Each setting's entry below
-  starts with the one sentence ``--help`` prints for it.
+  """One experiment; every field is a gin binding ``Experiment.<field>``
+  except ``config_dirs`` (set by ``parse_config``). The pair's settings are
+  inherited from ``pair.PairSettings``. Each entry's first sentence is its
+  ``--help`` line.
 
   task: the task's name in tables and its input prefix (``data.PREFIXES``:
     'wmt_ende', 'cnn_dailymail', 'bible_modernize').
@@ -136,9 +117,6 @@ class Experiment(PairSettings):
     name, or ``draft_name``).
   draft_shortlist: a T5 draft's vocabulary shortlist, a JSON file from
     ``scripts/make_shortlist.py`` ('' off; ``specdec_jax.drafts.shortlist``).
-    The draft's q is then only over these tokens (plus each input's own with
-    ``draft_shortlist_inputs``): exact for any shortlist, it trades a little
-    α for a much cheaper draft step.
   draft_shortlist_inputs: whether the shortlist also holds each input's own tokens.
   ngram_corpus: the corpus a unigram/bigram draft is estimated from, a source
     like ``source`` (its references are the corpus).
@@ -148,7 +126,7 @@ class Experiment(PairSettings):
   sampling: the sampling settings (§2.2), bound as ``SamplingConfig.<name>``.
   gamma: draft tokens per round (γ), or 'auto': chosen after the warm-up by
     Theorem 3.8 at the measured α, c and v (§3.5), plain decoding where no γ pays.
-    With ``adaptive``, the most per round; ``gamma_max`` is that bound, whichever.
+    With ``adaptive``, the most per round (``gamma_max``).
   auto_gamma_max: the largest γ that gamma = 'auto' considers.
   auto_alpha_source: where 'auto' estimates α: '' the warm-up examples, else
     a held-out source (a validation split keeps the timed examples untouched),
@@ -159,10 +137,7 @@ class Experiment(PairSettings):
   lenience: the lenience of Appendix A.5, in (0, 1] (1 is exact).
   tree: a token tree verified in one target pass per round instead of a chain
     ('' the chain; 'spine:4,2,2,1', 'full:3,2,1', 'parents:-1,0,0,1', or
-    'dynamic:4,4,4' chosen each round). 'dynamic:W1,..,WD' keeps W_d nodes at
-    depth d, the draft choosing the tree each round
-    (``specdec_jax.tree.parse_tree``). It replaces gamma, and is exact for
-    every draft that can fill it (README, "Token trees").
+    'dynamic:4,4,4' chosen each round). It replaces gamma (README, "Token trees").
   decode_method: 'sample' (``SamplingConfig``) or 'beam': T5X's beam search
     against speculative beam search (Appendix A.4, ``specdec_jax.beam``). With
     'beam' ``gamma`` is the draft's steps per round: a plain T5 draft runs
@@ -175,8 +150,7 @@ class Experiment(PairSettings):
   max_input_len: the longest input in tokens (longer ones per ``on_too_long``).
   input_buckets: the input lengths each batch is padded to, the smallest
     that holds its longest input (() always ``max_input_len``, T5X's fixed
-    feature length). One compiled program each (``data.fit_to_bucket``), all
-    compiled in the warm-up.
+    feature length).
   max_decode_len: the most tokens generated per example.
   on_too_long: what an input over ``max_input_len`` gets: 'truncate' (logged) or 'error'.
   command_buffers: on a GPU, run the decoding loops from XLA command buffers
@@ -238,8 +212,7 @@ class Experiment(PairSettings):
 
   @property
   def pair(self) -> ModelPair:
-    """The target and draft settings as one ``ModelPair`` (messages name them
-    as bindings, ``Experiment.<field>``)."""
+    """The target and draft settings as one ``ModelPair``."""
     return self.model_pair("Experiment")
 
   def validate(self) -> None:
@@ -264,8 +237,7 @@ class Experiment(PairSettings):
     data.check_input_buckets(self.input_buckets, self.max_input_len, "Experiment.input_buckets")
     if self.num_warmup < 0:
       raise ValueError(f"Experiment.num_warmup must be >= 0, got {self.num_warmup}")
-    if (isinstance(self.command_buffers, bool) or not isinstance(self.command_buffers, int)
-        or self.command_buffers < 0):
+    if self.command_buffers < 0:  # an int: check_types
       raise ValueError(f"Experiment.command_buffers must be an int >= 0 (0: off, else the "
                        f"fewest kernels per graph), got {self.command_buffers!r}")
     if self.on_too_long not in ("truncate", "error"):
@@ -335,23 +307,18 @@ class Experiment(PairSettings):
       raise ValueError(f"unknown approximation model Experiment.draft_name="
                        f"{self.draft_name!r}; known: {sorted(drafts.REGISTRY)} (a draft "
                        "defined outside the package needs --import=<its module>)")
-    uses_checkpoint = drafts.takes(self.draft_name, "model") or drafts.takes(self.draft_name,
-                                                                             "params")
-    if self.draft_checkpoint and not uses_checkpoint:
-      raise ValueError(f"Experiment.draft_checkpoint={self.draft_checkpoint!r} is set but "
-                       f"approximation model {self.draft_name!r} takes no checkpoint (its "
-                       "builder has no model/params argument); bind "
-                       "Experiment.draft_checkpoint = '' for it")
-    if self.draft_quantization is not None and not uses_checkpoint:
-      raise ValueError(f"Experiment.draft_quantization={self.draft_quantization!r} is set but "
-                       f"approximation model {self.draft_name!r} has no weights to quantize "
-                       "(only T5 drafts do, e.g. 't5' and 'lookup_t5'); bind "
-                       "Experiment.draft_quantization = None for it")
-    if self.draft_shortlist and not drafts.takes(self.draft_name, "shortlist"):
-      raise ValueError(f"Experiment.draft_shortlist={self.draft_shortlist!r} is set but "
-                       f"approximation model {self.draft_name!r} takes no 'shortlist' "
-                       "argument (the T5 drafts 't5' and 'lookup_t5' do); bind "
-                       "Experiment.draft_shortlist = '' for it")
+    takes = lambda *args: any(drafts.takes(self.draft_name, a) for a in args)
+    for field, ok, lacks, off in (
+        ("draft_checkpoint", takes("model", "params"),
+         "takes no checkpoint (its builder has no model/params argument)", ""),
+        ("draft_quantization", takes("model", "params"),
+         "has no weights to quantize (only T5 drafts do, e.g. 't5' and 'lookup_t5')", None),
+        ("draft_shortlist", takes("shortlist"),
+         "takes no 'shortlist' argument (the T5 drafts 't5' and 'lookup_t5' do)", "")):
+      value = getattr(self, field)
+      if value not in ("", None) and not ok:
+        raise ValueError(f"Experiment.{field}={value!r} is set but approximation model "
+                         f"{self.draft_name!r} {lacks}; bind Experiment.{field} = {off!r} for it")
 
   def _check_beam(self) -> None:
     """Beam search: a known method, widths u >= w >= 1, alpha >= 0, and what it runs with."""
@@ -383,8 +350,7 @@ class Experiment(PairSettings):
     return self.draft_beam_size or self.beam_size
 
   def _check_unset(self, pair: ModelPair) -> None:
-    """Every setting the run needs and that is unset, in one message naming
-    each (and the gin macro it is bound through, if any)."""
+    """Every needed setting that is unset, in one message (with its gin macro)."""
     needs = set(drafts.requires(self.draft_name))
     why = {"draft_checkpoint": f"draft_name={self.draft_name!r} needs one"}
     unset = [(f, why.get(f, "")) for f in pair.unset(bool(needs & {"model", "params"}))]
@@ -405,8 +371,7 @@ class Experiment(PairSettings):
 
   @property
   def tree_shape(self) -> Optional[TreeShape | DynamicTree]:
-    """``tree`` parsed (None for the chain); a bad one raises ``ValueError``
-    naming Experiment.tree."""
+    """``tree`` parsed (None for the chain)."""
     if not self.tree:
       return None
     try:
@@ -424,11 +389,9 @@ class Experiment(PairSettings):
 
   @property
   def gamma_max(self) -> int:
-    """γ_max: the most proposals the target may score in one round, what
-    caches, memory and the dry run are sized for. A fixed
-    γ (adaptive rounds choose up to it), 'auto''s ``auto_gamma_max`` (it
-    chooses at most that), or a tree's N - 1 (the target scores its N nodes
-    per round). The run's own γ, once chosen, is ``run.programs.Programs.gamma``."""
+    """γ_max: the most proposals scored in one round, what caches and memory
+    are sized for: γ, 'auto''s ``auto_gamma_max`` or a tree's N - 1. The
+    run's chosen γ is ``run.programs.Programs.gamma``."""
     if self.tree:
       return self.tree_shape.num_nodes - 1
     return self.auto_gamma_max if self.gamma == "auto" else self.gamma
@@ -457,9 +420,7 @@ def _macro_for(field: str) -> Optional[str]:
 
 
 def config_dirs(files: Sequence[str]) -> tuple[str, ...]:
-  """The directories of the parsed ``--config`` files (last first), where
-  relative paths are looked for after the working directory
-  (``Experiment.config_dirs``)."""
+  """The ``--config`` files' directories, last first (``Experiment.config_dirs``)."""
   return tuple(str(Path(f).resolve().parent) for f in reversed(files))
 
 
@@ -467,11 +428,8 @@ def config_dirs(files: Sequence[str]) -> tuple[str, ...]:
 
 
 def setting_docs(cls: type) -> dict[str, str]:
-  """Each field of the dataclass ``cls`` (inherited ones too) -> its one-line
-  description, read from the docstring of the class that declares it: the
-  entry ``<field>: <text>`` (continued on lines indented deeper), its first
-  sentence, without reST markup. The docstring is the one place a setting is
-  described; ``--help`` prints these lines."""
+  """Each field of ``cls`` -> the first sentence of its entry ``<field>:
+  <text>`` in the docstring of the class declaring it, without reST markup."""
   docs: dict[str, str] = {}
   for klass in reversed(cls.__mro__):
     own = set(klass.__dict__.get("__annotations__", {}))
@@ -514,8 +472,7 @@ def setting_lines(cls: type, skip: Sequence[str] = ()) -> list[str]:
 
 
 def settings_help() -> str:
-  """Every setting the runner takes, one line each (``--help``), from the
-  docstrings of the classes that declare them (``setting_docs``)."""
+  """Every setting the runner takes, one line each (``--help``)."""
   pair = [f.name for f in dataclasses.fields(PairSettings)]
   own = [f.name for f in dataclasses.fields(Experiment) if f.name not in pair]
   lines = ["", "Experiment settings (--gin_bindings=\"Experiment.<name> = <value>\"; each with "

@@ -28,24 +28,16 @@ class Data:
   examples: list            # data.Example, warm-up first
   inputs: np.ndarray        # [N, max_input_len] int32
   truncated: set            # indices of examples whose input was truncated
-  # gamma='auto' with Experiment.auto_alpha_source: that source's first
-  # auto_alpha_examples inputs [M, max_input_len] int32, where α is estimated
-  # (``autogamma``); None otherwise.
-  held_out: Optional[np.ndarray] = None
+  held_out: Optional[np.ndarray] = None   # [M, max_input_len]: auto_alpha_source's inputs
 
 
-@dataclasses.dataclass
-class Setup:
+@dataclasses.dataclass(kw_only=True)
+class Setup(Data):
   exp: Experiment
-  vocab: Any
-  examples: list            # data.Example, warm-up first
-  inputs: np.ndarray        # [N, max_input_len] int32
   target: T5Model
   target_params: Any
   draft: Any
-  truncated: set = dataclasses.field(default_factory=set)
   partitioner: Optional[partitioning.Partitioner] = None   # the target's (None: one device)
-  held_out: Optional[np.ndarray] = None   # [M, max_input_len] int32: ``Data.held_out``
 
 
 def _device_memory() -> tuple[int, str]:
@@ -61,11 +53,9 @@ def _device_memory() -> tuple[int, str]:
 
 
 def estimate_bytes(exp: Experiment, alpha_only: bool = False) -> dict[str, int]:
-  """Bytes per device of the weights and decoding buffers, from the configs alone:
-    ``memory.plan`` under the experiment's mesh and rules, and in
-    ``--alpha_only`` the teacher-forced p and q ([B, T, V] float32, unsharded).
-    A model whose checkpoint does not say its architecture (T5X without a
-    preset) is left out."""
+  """Bytes per device of the weights and decoding buffers from the configs
+  (``memory.plan``; ``--alpha_only``: also p and q [B, T, V] float32); {}
+  where the target's architecture is unknown."""
   pair = exp.pair
   cfgs = {role: pair.peek_config(role) for role in ("target", "draft")}
   if cfgs["target"] is None:
@@ -85,8 +75,7 @@ def estimate_bytes(exp: Experiment, alpha_only: bool = False) -> dict[str, int]:
 
 
 def check_memory(exp: Experiment, alpha_only: bool = False) -> None:
-  """Refuses a config whose weights and decoding buffers cannot fit on a
-  device, before any weight is read."""
+  """Refuses a config whose weights and buffers cannot fit on a device."""
   parts = estimate_bytes(exp, alpha_only)
   need = sum(parts.values())
   have, what = _device_memory()
@@ -104,28 +93,23 @@ def check_memory(exp: Experiment, alpha_only: bool = False) -> None:
 
 def _load_model(exp: Experiment, role: str, part: Optional[partitioning.Partitioner]
                 ) -> tuple[T5Model, Any]:
-  """The target or the draft read straight into its shards (one device
-  without a mesh): ``ModelPair.load``."""
+  """The target or the draft read straight into its shards (tests patch this)."""
   return exp.pair.load(role, part)
 
 
 def partitioners(exp: Experiment) -> tuple[Optional[partitioning.Partitioner],
                                           Optional[partitioning.Partitioner]]:
-  """(target's, draft's) partitioners over one mesh; (None, None) without a
-  mesh (``ModelPair.partitioners``)."""
+  """(target's, draft's) partitioners over one mesh; (None, None) without one."""
   return exp.pair.partitioners()
 
 
 def decode_shape(exp: Experiment) -> tuple[int, int, int]:
-  """(rows, input length, self-attention cache length) of a decoding batch:
-  what the mesh must divide besides the weights."""
+  """(rows, input length, cache length) of a decoding batch."""
   return exp.batch_size, exp.max_input_len, cache_length(exp.max_decode_len, exp.gamma_max)
 
 
 def check_partitioning(exp: Experiment, target_part, draft_part) -> None:
-  """Every parameter, cache and batch dimension the mesh must divide, from the
-  configs alone: a bad mesh is refused before any weight is read
-  (``ModelPair.check_shardings``)."""
+  """Every dimension the mesh must divide, checked from the configs alone."""
   exp.pair.check_shardings(target_part, draft_part, decode_shape(exp))
 
 
@@ -141,9 +125,8 @@ def _corpus(exp: Experiment, vocab) -> list[list[int]]:
 
 def _tokenized(exp: Experiment, vocab: Any, setting: str, source: str, split: str,
                n: int, num_warmup: int) -> tuple[list, np.ndarray, list]:
-  """(examples, inputs [n, max_input_len] int32, truncated indices) of the
-  first ``n`` examples of ``source``, tokenized as the experiment's own
-  (``setting`` names the binding in errors)."""
+  """(examples, inputs [n, max_input_len] int32, truncated indices) of
+  ``source``'s first ``n`` examples (``setting``: the binding, for errors)."""
   examples = data.load_examples(exp.resolve(source), split=split, max_examples=n,
                                 data_dir=exp.tfds_data_dir)
   if not examples:
@@ -171,9 +154,7 @@ def _vocabulary(exp: Experiment) -> Any:
 
 
 def load_data(exp: Experiment) -> Data:
-  """The vocabulary, the tokenized examples (warm-up first) and, for
-  gamma='auto' with ``Experiment.auto_alpha_source``, the held-out inputs α is
-  estimated on; no model is read."""
+  """The vocabulary, the tokenized examples (warm-up first) and any held-out inputs."""
   vocab = _vocabulary(exp)
   examples, inputs, truncated = _tokenized(exp, vocab, "source", exp.source, exp.split,
                                            exp.num_warmup + exp.num_examples, exp.num_warmup)
@@ -185,8 +166,7 @@ def load_data(exp: Experiment) -> Data:
 
 
 def held_out_inputs(exp: Experiment, source: str, num_examples: int) -> np.ndarray:
-  """The first ``num_examples`` inputs [num_examples, max_input_len] of
-  another source (e.g. a validation split to tune γ on), tokenized exactly
+  """Another source's first inputs [num_examples, max_input_len], tokenized
   like the experiment's own."""
   return _tokenized(exp, _vocabulary(exp), "source", source, "validation", num_examples,
                     0)[1]
@@ -197,21 +177,17 @@ def load_models(exp: Experiment, d: Data) -> Setup:
   target_part, draft_part = partitioners(exp)
   target, target_params = _load_model(exp, "target", target_part)
   exp.pair.check_vocab_size(d.vocab.vocab_size, target.config)
-  return Setup(exp, d.vocab, d.examples, d.inputs, target, target_params,
-               load_draft(exp, d, target, draft_part, target_params), d.truncated,
-               target_part, d.held_out)
+  return Setup(**vars(d), exp=exp, target=target, target_params=target_params,
+               draft=load_draft(exp, d, target, draft_part, target_params),
+               partitioner=target_part)
 
 
 def load_draft(exp: Experiment, d: Data, target: T5Model,
                draft_part: Optional[partitioning.Partitioner] = None,
                target_params: Any = None) -> Any:
-  """The draft ``exp`` names, built for ``target`` (on ``draft_part``, the
-  draft's partitioner from ``partitioners``) and its interface checked once;
-  also used alone to compare several drafts beside one loaded target. A draft
-  checkpoint with an encoder bridge (``specdec_jax.drafts.bridge``) needs
-  ``target_params``."""
-  # Every builder is offered the same keywords and receives those it names, so
-  # a newly registered approximation model is selectable with no change here.
+  """The draft ``exp`` names, built for ``target`` and its interface checked
+  once; an encoder bridge needs ``target_params``. Every builder is offered
+  the same keywords and receives those it names."""
   build_kw: dict[str, Any] = dict(vocab_size=target.config.vocab_size, vocab=d.vocab,
                                   max_ngram=exp.prompt_lookup_max_ngram)
   if draft_part is not None:
@@ -261,17 +237,14 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
 
 
 def _load_bridge(where: str, lib: Any = bridge_lib) -> Any:
-  """A draft checkpoint's encoder bridge kernel, or with ``lib`` =
-  ``feature_bridge`` its feature bridge (a resolved local or ``gs://``
-  directory; None if it has none)."""
+  """What ``lib`` (a bridge module) stores in a draft checkpoint, or None."""
   if not storage.is_gcs(where) and not os.path.isdir(where):
     return None
   return lib.load(where)
 
 
 def start_multihost(exp: Experiment) -> None:
-  """``jax.distributed.initialize`` once per process (JAX says whether it
-  ran), before JAX touches a device."""
+  """``jax.distributed.initialize`` once, before JAX touches a device."""
   if exp.multihost and not jax.distributed.is_initialized():
     try:
       partitioning.initialize_multihost(exp.coordinator_address, exp.num_processes,
@@ -281,9 +254,7 @@ def start_multihost(exp: Experiment) -> None:
 
 
 def check_before_loading(exp: Experiment, alpha_only: bool = False) -> None:
-  """Every check that needs no data or weights: settings, multi-host start,
-  the model pair (mesh against devices, vocabularies, model dimensions:
-  ``ModelPair.check_before_loading``), memory per device."""
+  """Every check that needs no data or weights (settings, pair, memory)."""
   exp.validate()
   if alpha_only and exp.gamma == "auto":
     raise ValueError("Experiment.gamma='auto' chooses γ from timed speculative pieces; "

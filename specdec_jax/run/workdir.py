@@ -1,22 +1,12 @@
-"""A run's working directory: examples.jsonl (append-only, one line per
-example), summary.json (rewritten atomically) and config.gin, in a local
-directory or a ``gs://`` prefix (where examples.jsonl is rewritten whole, one
-atomic object write, after each example). Its integrity rules are the
-runner's (``run.cli``).
+"""A run's working directory, local or ``gs://``: examples.jsonl (one line per
+example; on ``gs://`` rewritten whole per example), summary.json and
+config.gin.
 
-One writer per workdir: a run holds it (``WriterHold``, the file or object
-``writer.lock`` naming the host, pid and start time) from before it reads
-anything until it exits, and a second run is refused in one line naming the
-holder. Locally the hold is an ``flock`` on ``writer.lock``, which ends with
-its process. On ``gs://`` the object is created only where none exists
-(``ifGenerationMatch=0``) and refreshed every ``HEARTBEAT_S`` seconds; a hold
-whose process is gone from this host, whose host restarted or which is
-``STALE_S`` seconds old is replaced, conditioned on the generation read, so
-of two runs taking it over one wins.
-
-Results are never replaced by another writer: each ``gs://`` rewrite is
-conditioned on the generation this run last read or wrote, each local append
-on the size it left; a run that finds otherwise stops with one line."""
+One writer per workdir (``WriterHold``, ``writer.lock``): locally an
+``flock``; on ``gs://`` an object created only where none exists, refreshed
+every ``HEARTBEAT_S`` and taken over once its holder is dead or ``STALE_S``
+old. Each write is conditioned on the size or generation this run left, so
+results are never replaced by another writer."""
 
 from __future__ import annotations
 
@@ -58,7 +48,7 @@ def _boot_id() -> str:
 
 
 def _pid_namespace() -> str:
-  """This process's pid namespace (Linux): pids of another (a container) are not ours to see."""
+  """This process's pid namespace (Linux): another's pids are not ours to see."""
   try:
     return os.readlink("/proc/self/ns/pid")
   except OSError:
@@ -94,10 +84,8 @@ def describe_holder(holder: dict) -> str:
 
 
 def abandoned(holder: dict, now: Optional[float] = None) -> Optional[str]:
-  """Why a ``gs://`` hold is abandoned (its holder is dead or lost), or None
-  while it may be alive: a process gone from this host (same host name, boot
-  and pid namespace), a host restarted since, or no refresh for ``STALE_S``
-  seconds."""
+  """Why a ``gs://`` hold is abandoned (process gone from this host, host
+  restarted, no refresh for ``STALE_S``), or None while it may be alive."""
   now = time.time() if now is None else now
   same_host = holder.get("host") == socket.gethostname()
   if same_host and holder.get("boot_id") and holder.get("boot_id") != _boot_id():
@@ -115,15 +103,9 @@ def abandoned(holder: dict, now: Optional[float] = None) -> Optional[str]:
 
 
 class WriterHold:
-  """The one right to write a workdir (``path``: local or ``gs://``), taken
-  at construction or refused with ``WorkdirInUseError`` naming the holder
-  (see the module's docstring for how a dead holder's hold is told apart).
-
-  ``lost`` says why the hold was lost (taken over after this process stopped
-  refreshing it, or superseded by another hold of this process on the same
-  path), None while it is held; ``check`` raises then. ``release`` gives it
-  up (idempotent); ``release_holds`` releases every hold of this process.
-  """
+  """The one right to write a workdir, taken at construction or refused with
+  ``WorkdirInUseError`` naming the holder. ``lost``: why it was lost (None
+  while held; ``check`` raises then)."""
 
   def __init__(self, path: str, command: str, flag: str = "--workdir"):
     self.flag = flag
@@ -293,22 +275,20 @@ def release_holds() -> None:
 
 
 def _record_mode(record: dict) -> str:
-  """A line's mode; lines written before modes were recorded are told by their keys."""
+  """A line's mode (older lines told by their keys)."""
   return record.get("mode") or ("speculative" if "accepted" in record else "alpha_only")
 
 
 def _comparable(config_str: str) -> list[str]:
-  """Config lines that must match on --resume: num_examples may be raised,
-  and the multi-host identity (this process's id, the coordinator's address)
-  differs between hosts and launches without changing the experiment."""
+  """Config lines that must match on --resume (all but num_examples and the
+  multi-host identity)."""
   free = r"\s*Experiment\.(num_examples|process_id|coordinator_address)\s*="
   return [l for l in config_str.splitlines() if l.strip() and not re.match(free, l)]
 
 
 def check_writable(path: Path) -> None:
-  """Refuses a local workdir that is a file, sits under a file, or cannot be
-  created or written, before any model is read (the first write comes only
-  after loading and compiling)."""
+  """Refuses a local workdir that cannot be created or written, before any
+  model is read."""
   if path.exists() and not path.is_dir():
     raise FileExistsError(f"--workdir {path} is a file, not a directory; choose another "
                           "--workdir")
@@ -323,29 +303,30 @@ def check_writable(path: Path) -> None:
     raise PermissionError(f"--workdir {path} is not writable{where}; choose another --workdir")
 
 
-class Workdir:
-  """examples.jsonl (append-only), summary.json (atomic rewrite), config.gin.
+def check_workdir(path: str) -> None:
+  """A workdir that can be written (checked, not created)."""
+  if not storage.is_gcs(path):
+    return check_writable(Path(path))
+  try:
+    storage.check_path(path)
+  except ValueError as e:
+    raise ValueError(f"--workdir: {e}") from None
 
-    The constructor takes the writer hold (process 0 of a multi-host run; the
-    others only read) and reads finished lines; the directory and config.gin
-    are written with the first result. ``path`` is a local directory or a
-    ``gs://`` prefix; ``close`` (or ``release_holds``) gives the hold up."""
+
+class Workdir:
+  """examples.jsonl, summary.json and config.gin. The constructor takes the
+  writer hold (process 0 only) and reads finished lines; the directory and
+  config.gin are written with the first result."""
 
   def __init__(self, path: str, config_str: str, resume: bool, mode: str = "speculative",
                num_indices: Optional[int] = None, command: str = "python -m specdec_jax.run"):
     if mode not in MODES:
       raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     self.remote = storage.is_gcs(str(path))
-    if self.remote:
-      try:
-        storage.check_path(str(path))
-      except ValueError as e:
-        raise ValueError(f"--workdir: {e}") from None
-      if not storage.bucket_exists(str(path)):  # before any model is read
-        raise storage.StorageNotFoundError(f"--workdir {path}: the bucket "
-                                           f"gs://{storage.split(str(path))[0]} does not exist")
-    else:
-      check_writable(Path(path))
+    check_workdir(str(path))
+    if self.remote and not storage.bucket_exists(str(path)):  # before any model is read
+      raise storage.StorageNotFoundError(f"--workdir {path}: the bucket "
+                                         f"gs://{storage.split(str(path))[0]} does not exist")
     self.path = str(path).rstrip("/") if self.remote else str(Path(path))
     self.examples_path = storage.join(self.path, "examples.jsonl")
     self.config_path = storage.join(self.path, "config.gin")
@@ -367,13 +348,11 @@ class Workdir:
       raise
 
   def close(self) -> None:
-    """Gives the writer hold up (the workdir's files stay as they are)."""
     if self.hold is not None:
       self.hold.release()
 
   def _check(self, resume: bool, num_indices: Optional[int]) -> None:
-    """The existing results against this run: refused unless ``--resume``
-    continues the same mode and config."""
+    """Existing results are refused unless ``--resume`` continues the same mode and config."""
     if not self.records:
       return  # a workdir without results (or a stale config.gin) is simply reused
     if not resume:
@@ -405,7 +384,7 @@ class Workdir:
                          "changed)")
 
   def _read_records(self) -> tuple[list[dict], int]:
-    """Complete lines, and the byte offset where they end (a torn last line follows)."""
+    """Complete lines, and the byte offset where they end."""
     if self.remote:
       raw, self._generation = storage.read_versioned(self.examples_path)
       if raw is None:
@@ -451,22 +430,20 @@ class Workdir:
   def _open(self) -> None:
     """Before the first write: the directory, the torn-line repair, config.gin."""
     self._check_hold()
-    if self.remote:
-      if self._size > self._good_end:
-        logging.warning("Dropping a partial last line of %s (%d bytes)", self.examples_path,
-                        self._size - self._good_end)
-        self._write_examples(self._content)
-    else:
+    if not self.remote:
       os.makedirs(self.path, exist_ok=True)
       size = os.path.getsize(self.examples_path) if os.path.exists(self.examples_path) else 0
       if size != self._size:
         raise self._changed()
-      if size > self._good_end:
-        logging.warning("Dropping a partial last line of %s (%d bytes)", self.examples_path,
-                        size - self._good_end)
+    if self._size > self._good_end:
+      logging.warning("Dropping a partial last line of %s (%d bytes)", self.examples_path,
+                      self._size - self._good_end)
+      if self.remote:
+        self._write_examples(self._content)
+      else:
         with open(self.examples_path, "r+b") as f:
           f.truncate(self._good_end)
-      self._size = self._good_end
+    self._size = self._good_end
     if (not storage.is_file(self.config_path)
         or storage.read_text(self.config_path) != self.config_str):
       storage.write_bytes(self.config_path, self.config_str.encode("utf-8"))

@@ -1,9 +1,6 @@
-"""Table 2's runs as figures (``scripts/make_tables.py --figures``), PNG files
-beside the tables' markdown: ``speedup.png`` (measured beside the paper's
-Table 2 row), ``tokens_per_call.png`` (measured beside Eq. (1) at the run's α
-and γ) and ``acceptance.png`` (per draft position, the acceptance rate when
-evaluated; i.i.d. acceptance, §3.1, would make each line flat at α).
-matplotlib (the ``figures`` extra) is imported only when a figure is drawn."""
+"""Table 2's runs as PNG figures (``scripts/make_tables.py --figures``): the
+speedup beside the paper's, tokens per call beside Eq. (1), and acceptance
+per draft position (flat at α under §3.1's i.i.d. assumption)."""
 
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ FILES = ("speedup.png", "tokens_per_call.png", "acceptance.png")
 
 
 def pyplot() -> Any:
-  """matplotlib's pyplot on the file-only Agg backend, or an ImportError that
-  says which extra brings it (scripts call it first, to fail before any work)."""
+  """matplotlib's pyplot on the Agg backend, or an ImportError naming the extra."""
   try:
     import matplotlib
   except ImportError:
@@ -29,9 +25,8 @@ def pyplot() -> Any:
 
 
 def row_labels(runs: Sequence[Dict[str, Any]]) -> List[str]:
-  """Each run's name on a figure: its draft and temperature ('T5 1.0 small,
-  T = 0'), after its task where the runs hold several tasks, and with its γ
-  (or adaptive rule, or tree) where that alone tells two runs apart."""
+  """Each run's name on a figure: draft and temperature, with the task or γ
+  where needed to tell runs apart."""
   tasks = {str(s.get("task")) for s in runs}
   labels = []
   for s in runs:
@@ -64,8 +59,7 @@ def _legend_outside(ax: Any, **kw: Any) -> None:
 
 def _bars(ax: Any, labels: Sequence[str], series: Sequence[tuple[str, List[Optional[float]]]]
           ) -> None:
-  """Horizontal grouped bars, one group per label; a None value leaves a gap
-  and a series with no value at all is left out, legend entry included."""
+  """Horizontal grouped bars per label; None leaves a gap, an empty series is left out."""
   series = [(name, values) for name, values in series if any(v is not None for v in values)]
   height = 0.8 / max(len(series), 1)
   for k, (name, values) in enumerate(series):
@@ -131,9 +125,7 @@ def acceptance_figure(plt: Any, runs: Sequence[Dict[str, Any]]) -> Any:
 
 def write_figures(summaries: Sequence[Dict[str, Any]], out_dir: pathlib.Path
                   ) -> List[pathlib.Path]:
-  """Writes ``FILES`` into ``out_dir`` for the speculative runs among
-  ``summaries`` (as ``tables.load_summaries`` returns them) and returns their
-  paths. Raises ValueError when there is no speculative run to draw."""
+  """Writes ``FILES`` into ``out_dir`` for the speculative runs; -> their paths."""
   runs = _runs(summaries)
   if not runs:
     raise ValueError("--figures: no speculative-decoding run among the summaries (α-only "

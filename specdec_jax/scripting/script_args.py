@@ -1,14 +1,9 @@
-"""What the scripts in ``scripts/`` share, named once: the demo pair and its
-data (the defaults every benchmark starts from), the flags that select a pair,
-a draft and the decoding settings, flags generated from a settings
-dataclass's fields (``dataclass_flags``: the one way a script spells a
-setting), how relative paths are found, one logging setup and markdown tables.
-
-Paths a script reads (checkpoints, vocabularies, data) are found as the runner
-finds them (``specdec_jax.run.settings.resolve_path``): relative to the working
-directory if they exist there, else relative to the repository root. So the
-defaults (``checkpoints/demo/...``, ``data/bible/...``) work from any
-directory. Paths a script writes stay relative to the working directory.
+"""What the scripts in ``scripts/`` share: the demo pair's defaults, flags that
+select a pair, a draft and decoding settings, flags generated from a settings
+dataclass (``dataclass_flags``), path resolution, logging, markdown tables.
+Paths a script reads are found as the runner finds them (the working
+directory, else the repository root); paths it writes are relative to the
+working directory.
 """
 
 from __future__ import annotations
@@ -27,17 +22,12 @@ from specdec_jax.run import logs
 from specdec_jax.run.cli import USER_ERRORS
 from specdec_jax.run import settings
 
-REPO_ROOT = settings.REPO_ROOT   # where relative paths are looked for after the working directory
+REPO_ROOT = settings.REPO_ROOT
 TARGET = "checkpoints/demo/target"
-# configs/demo.gin's draft: draft_tiny distilled further with an encoder bridge
-# (it also reads the target's encoder output, specdec_jax.drafts.bridge) and a feature
-# bridge (its decoder reads the target's decoder states, specdec_jax.drafts.feature_bridge).
+# configs/demo.gin's draft: draft_tiny with an encoder and a feature bridge.
 DRAFT = "checkpoints/demo/draft_tiny_feat"
-# The same draft before the bridges: a plain T5, for comparisons that need
-# identical weights elsewhere (Hugging Face cannot run the bridges).
-PLAIN_DRAFT = "checkpoints/demo/draft_tiny"
-# configs/demo.gin's draft vocabulary shortlist (specdec_jax.drafts.shortlist): the
-# 1000 most frequent tokens of the training references.
+PLAIN_DRAFT = "checkpoints/demo/draft_tiny"   # before the bridges: a plain T5
+# configs/demo.gin's shortlist: the 1000 most frequent reference tokens.
 SHORTLIST = "checkpoints/demo/draft_shortlist.json"
 VOCAB = "checkpoints/demo/spm.model"
 SOURCE = "data/bible/test.tsv"
@@ -54,8 +44,7 @@ T = TypeVar("T")
 
 
 def new_parser(doc: str) -> argparse.ArgumentParser:
-  """An ArgumentParser whose --help prints ``doc`` as written, with --verbose
-  (library INFO logs; see ``parse``)."""
+  """An ArgumentParser printing ``doc`` as written, with --verbose."""
   p = argparse.ArgumentParser(description=doc,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--verbose", action="store_true",
@@ -65,9 +54,7 @@ def new_parser(doc: str) -> argparse.ArgumentParser:
 
 def add_pair_arguments(parser: argparse.ArgumentParser, draft: str = DRAFT,
                        task: bool = True) -> None:
-  """--target, --draft, --vocab and --source (and --task, with ``task``),
-  defaulting to the demo pair on the held-out test chapters (``draft``: the
-  --draft default)."""
+  """--target, --draft, --vocab, --source (and --task), defaulting to the demo pair."""
   where = " (relative: the working directory, else the repository root)"
   parser.add_argument("--target", default=TARGET, help="target (M_p) checkpoint" + where)
   parser.add_argument("--draft", default=draft, help="draft (M_q) checkpoint" + where)
@@ -80,8 +67,7 @@ def add_pair_arguments(parser: argparse.ArgumentParser, draft: str = DRAFT,
 
 def add_shortlist_argument(parser: argparse.ArgumentParser, demo_default: bool = True,
                            note: str = "") -> None:
-  """--draft_shortlist. ``demo_default``: default None, which ``parse`` turns
-  into ``shortlist_for(args)``; else default '' (none)."""
+  """--draft_shortlist (``demo_default``: the demo's for the demo draft)."""
   default = (f"default: {SHORTLIST} for the default --draft (as configs/demo.gin), none for "
              "any other; '' for none") if demo_default else "default: none"
   parser.add_argument("--draft_shortlist", default=None if demo_default else "",
@@ -92,8 +78,8 @@ def add_shortlist_argument(parser: argparse.ArgumentParser, demo_default: bool =
 def add_decoding_arguments(parser: argparse.ArgumentParser, gammas: Optional[str] = None,
                            gammas_help: str = "", temperatures: str = "0,1",
                            input_buckets: bool = True, seed: bool = True) -> None:
-  """--max_input_len, --max_decode_len and --temperatures; --gammas (default
-  ``gammas``, where given), --input_buckets and --seed where asked for."""
+  """--max_input_len, --max_decode_len, --temperatures and, as asked, --gammas,
+  --input_buckets and --seed."""
   if gammas is not None:
     parser.add_argument("--gammas", default=gammas,
                         help="comma-separated γ (draft tokens per round)"
@@ -119,8 +105,7 @@ def _kinds(hint: Any) -> list[Any]:
 
 
 def _parse_value(hint: Any, text: str) -> Any:
-  """One value of a field annotated ``hint`` from its flag's text: 'none' for
-  None (Optional fields), a comma-separated list for a tuple field."""
+  """A field's value from its flag's text ('none': None; a tuple: comma-separated)."""
   kinds = _kinds(hint)
   if text.strip().lower() == "none" and type(None) in typing.get_args(hint):
     return None
@@ -136,16 +121,10 @@ def _parse_value(hint: Any, text: str) -> Any:
 def dataclass_flags(parser: argparse.ArgumentParser, cls: type, defaults: Any = None,
                     prefix: str = "", skip: Sequence[str] = (), many: bool = False,
                     special: Optional[dict[str, dict]] = None) -> list[str]:
-  """A flag for each field of the settings dataclass ``cls`` (in its order)
-  but ``skip``: ``--{prefix}{name}``, typed from the field's annotation (str,
-  int, float, bool, a tuple of one of them as a comma-separated list, or an
-  Optional of one, 'none' for None), defaulted as ``defaults``'s value of it
-  (else the field's default; a field without one is required), its help the
-  field's description in the docstring (``settings.setting_docs``, as the
-  runner's --help). ``many``: each flag
-  takes a comma-separated list, one value per setting (``dataclasses_from_flags``).
-  ``special``: name -> ``add_argument`` keywords replacing the generated ones.
-  Returns the fields that got a flag."""
+  """``--{prefix}{name}`` for each field of ``cls`` but ``skip``, typed from its
+  annotation, defaulted from ``defaults`` (else the field), its help the
+  field's docstring entry. ``many``: comma-separated values, one per setting;
+  ``special``: name -> ``add_argument`` keywords. -> the fields flagged."""
   hints = typing.get_type_hints(cls)
   docs = settings.setting_docs(cls)
   names = []
@@ -182,8 +161,7 @@ def dataclass_flags(parser: argparse.ArgumentParser, cls: type, defaults: Any = 
 
 def dataclass_from_flags(cls: type, args: argparse.Namespace, prefix: str = "",
                          **fixed: Any) -> Any:
-  """``cls`` built from the flags ``dataclass_flags`` added (each field its
-  flag's value; ``fixed`` fields as given)."""
+  """``cls`` from ``dataclass_flags``' flags (``fixed`` fields as given)."""
   values = {f.name: getattr(args, prefix + f.name) for f in dataclasses.fields(cls)
             if hasattr(args, prefix + f.name)}
   return cls(**{**values, **fixed})
@@ -191,11 +169,8 @@ def dataclass_from_flags(cls: type, args: argparse.Namespace, prefix: str = "",
 
 def dataclasses_from_flags(cls: type, args: argparse.Namespace, prefix: str = "",
                            **fixed: Any) -> list[Any]:
-  """The settings a ``many=True`` ``dataclass_flags`` describes: setting i
-  takes the i-th value of every flag that has several, the value of a flag
-  that has one, the field's default where a flag is not given, ``fixed``'s
-  fields as given; [] when no flag is. A bad value or a list of another length is one ``ValueError``
-  naming the flag."""
+  """The settings ``many=True`` flags describe: setting i takes each flag's
+  i-th value (or its one value); [] when no flag is given."""
   hints = typing.get_type_hints(cls)
   given: dict[str, list[Any]] = {}
   for f in dataclasses.fields(cls):
@@ -219,17 +194,14 @@ def dataclasses_from_flags(cls: type, args: argparse.Namespace, prefix: str = ""
 
 
 def shortlist_for(args: argparse.Namespace) -> str:
-  """The --draft_shortlist to use: as given, or the demo's for the demo draft
-  (a T5 draft: --draft_name 't5', where the script has that flag)."""
+  """--draft_shortlist as given, or the demo's for the demo T5 draft."""
   if args.draft_shortlist is not None:
     return args.draft_shortlist
   return SHORTLIST if args.draft == DRAFT and getattr(args, "draft_name", "t5") == "t5" else ""
 
 
 def resolve(path: str) -> str:
-  """A path to read, found as the runner finds it (see the module docstring):
-  the first of ``settings.candidates(path)`` that exists; as given when none
-  does (so an error names what was typed), for '' and for remote paths."""
+  """The first of ``settings.candidates(path)`` that exists, else ``path``."""
   if not path:
     return path
   return str(next((c for c in settings.candidates(path) if Path(c).exists()), path))
@@ -237,14 +209,8 @@ def resolve(path: str) -> str:
 
 def parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None,
           paths: Sequence[str] = ()) -> argparse.Namespace:
-  """Parses ``argv`` (default: the command line), then:
-
-  * --draft_shortlist, where the parser has it, becomes ``shortlist_for(args)``;
-  * the pair's paths (``PAIR_PATHS``) and the arguments named in ``paths`` are
-    resolved (``resolve``);
-  * other libraries' INFO logs are shown only with --verbose
-    (``logs.script_logging``).
-  """
+  """Parses ``argv``, sets --draft_shortlist (``shortlist_for``), resolves the
+  pair's paths and ``paths``, and sets up logging."""
   args = parser.parse_args(argv)
   if hasattr(args, "draft_shortlist") and hasattr(args, "draft"):
     args.draft_shortlist = shortlist_for(args)
@@ -256,11 +222,8 @@ def parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None,
 
 
 def run_main(main: Callable[[], Optional[int]]) -> None:
-  """Runs a script's ``main()`` and exits with the status it returns (None: 0).
-  A user error (``specdec_jax.run.cli.USER_ERRORS``: bad settings, a missing
-  file, checkpoint or optional package) ends, as in the runner, in one line on
-  stderr (``<script>: error: ...``) and exit status 2; with --verbose, after
-  its traceback."""
+  """Runs ``main()`` and exits with its status; a user error is one line on
+  stderr and status 2, as in the runner."""
   try:
     code = main()
   except USER_ERRORS as e:

@@ -1,14 +1,7 @@
-"""All rows of Table 2 on one machine, one after another
-(``scripts/run_table2.py``).
-
-A family is a folder of row configs (paper §4.1): ``t5_1_0``
-(``configs/table2_t5_1_0/``, public T5 1.0 checkpoints) or ``t5_1_1``
-(``configs/table2/``, the paper's T5 1.1 models). Each row runs in its own
-runner process with ``--workdir=ROOT/ROW --resume``, so each starts with the
-accelerator's memory empty and a failing row does not stop the others. A row
-whose ``summary.json`` already counts its ``num_examples`` is skipped; a
-finished row that records other settings stops the command before anything
-runs."""
+"""All rows of a Table 2 family (§4.1) in sequence (``scripts/run_table2.py``),
+each in its own runner process with ``--workdir=ROOT/ROW --resume``: a
+finished row is skipped, a failing one does not stop the others, and a
+finished row of other settings stops the command before anything runs."""
 
 from __future__ import annotations
 
@@ -50,8 +43,7 @@ def family_dir(family: str) -> pathlib.Path:
 
 def find_rows(config_dir: pathlib.Path, root: pathlib.Path,
               only: Sequence[str] = ()) -> List[Row]:
-  """The ``*.gin`` files directly in ``config_dir`` (its subfolders hold what
-  the rows include), sorted by name, each with the workdir ``root/<stem>``;
+  """The rows ``config_dir/*.gin`` by name, each writing ``root/<stem>``;
   ``only``: the stems to keep (all when empty)."""
   if not config_dir.is_dir():
     raise FileNotFoundError(f"--config_dir {config_dir}: no such directory")
@@ -67,8 +59,7 @@ def find_rows(config_dir: pathlib.Path, root: pathlib.Path,
 
 
 def row_settings(configs: Sequence[str], bindings: Sequence[str]) -> Experiment:
-  """A row's ``Experiment`` with its overlays and bindings, as the runner
-  parses them (a bad binding fails here, before any row runs)."""
+  """A row's ``Experiment`` with its overlays and bindings, as the runner parses them."""
   return cli.parse_config(list(configs), list(bindings))
 
 
@@ -78,17 +69,14 @@ def requested_examples(configs: Sequence[str], bindings: Sequence[str]) -> int:
 
 
 def _recorded(exp: Experiment) -> Dict[str, object]:
-  """The settings summary.json records (``run.report``) that a finished row
-  must share with this command's to count as its row."""
+  """The recorded settings a finished row must share with this command's."""
   return {"mesh_shape": list(exp.mesh_shape) if exp.mesh_shape else None,
           "param_dtype": exp.param_dtype, "dtype": exp.dtype,
           "batch_size": exp.batch_size, "temperature": exp.sampling.temperature}
 
 
 def check_same_settings(row: Row, summary: Dict[str, object], exp: Experiment) -> None:
-  """Refuses a finished row whose summary records other settings (another
-  overlay or binding) than this command's: skipping it would put a result of
-  other settings in the table."""
+  """Refuses a finished row recording other settings than this command's."""
   differ = [f"{k} {summary[k]!r} there, {v!r} here" for k, v in _recorded(exp).items()
             if k in summary and summary[k] != v]
   if differ:
@@ -98,8 +86,7 @@ def check_same_settings(row: Row, summary: Dict[str, object], exp: Experiment) -
 
 
 def read_summary(row: Row) -> Dict[str, object]:
-  """The row's ``summary.json`` ({} without one). The runner rewrites it
-  atomically after every batch, so it is never torn."""
+  """The row's ``summary.json`` ({} without one; rewritten atomically, never torn)."""
   path = row.workdir / "summary.json"
   if not path.is_file():
     return {}
@@ -118,16 +105,14 @@ def examples_done(row: Row) -> int:
 
 
 def runner_command(row: Row, overlays: Sequence[str], bindings: Sequence[str]) -> List[str]:
-  """The runner's command line for ``row`` (always ``--resume``: on an empty
-  workdir it is a fresh run)."""
+  """The runner's command line for ``row`` (always ``--resume``)."""
   return ([sys.executable, "-m", "specdec_jax.run", f"--config={row.config}"]
           + [f"--config={o}" for o in overlays] + [f"--gin_bindings={b}" for b in bindings]
           + [f"--workdir={row.workdir}", "--resume"])
 
 
 def run_process(command: Sequence[str]) -> int:
-  """Runs ``command``; while it runs, Ctrl-C goes to it alone (the runner
-  stops after its last complete example and exits with ``INTERRUPTED``)."""
+  """Runs ``command``; meanwhile Ctrl-C goes to it alone."""
   proc = subprocess.Popen(list(command))
   previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
   try:
@@ -149,11 +134,8 @@ class Outcome:
 def run_rows(rows: Sequence[Row], overlays: Sequence[str], bindings: Sequence[str],
              say: Callable[[str], None] = print,
              run: Callable[[Sequence[str]], int] = run_process) -> Outcome:
-  """Runs each row not yet done, in order; stops at an interrupted one.
-
-  The rows' root (the folder of their workdirs) is held for the whole
-  command (``run.workdir.WriterHold``): a second command on the same root is
-  refused before any row runs, in one line naming the first."""
+  """Runs each row not yet done, in order, holding the rows' root throughout
+  (``WriterHold``); stops at an interrupted one."""
   holds = []
   try:
     for root in sorted({str(r.workdir.parent) for r in rows}):

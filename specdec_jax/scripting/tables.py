@@ -1,11 +1,6 @@
-"""Experiment summaries as markdown tables laid out like the paper's
-(``scripts/make_tables.py``, ``scripts/run_table2.py``).
-
-Speculative-decoding runs fill Table 2 (walltime) and Table 4 (expected vs.
-empirical improvement); summaries with ``"mode": "alpha_only"`` fill Table 3
-(alpha values). Next to our numbers are the paper's (Leviathan et al., 2023,
-``specdec_jax.paper``) for the row with the same task, draft size and
-temperature, or '-' when the paper has no such row.
+"""Run summaries as markdown tables laid out like the paper's Tables 2 and 4
+(speculative runs) and 3 (``--alpha_only`` runs), each beside the paper's
+row of the same task, draft size and temperature ('-' where it has none).
 """
 
 from __future__ import annotations
@@ -19,10 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from specdec_jax import paper
 from specdec_jax.scripting.script_args import markdown_table
 
-# The paper's Tables 2, 3 and 4 (``specdec_jax.paper``) in this script's
-# row form. Task keys: 'ende' (WMT EnDe), 'cnndm' (CNN/DM), 'lm1b'
-# (GPT-like), 'dialog' (LaMDA). Temperatures: 0 is argmax, 1 standard
-# sampling. Table 2/4 targets are T5-XXL (11B).
+# The paper's Tables 2, 3 and 4 in row form (Table 2/4 targets: T5-XXL).
 PAPER_TABLES: Dict[str, List[Dict[str, Any]]] = {
   # Table 2: empirical speedups over T5-XXL.
   "table2": [dict(task=r.task, draft=f"t5-{r.draft}", temp=r.temperature, gamma=r.gamma,
@@ -40,26 +32,21 @@ PAPER_TABLES: Dict[str, List[Dict[str, Any]]] = {
 PaperKey = Tuple[str, str, int]
 MISSING = "-"
 
-# (substring, canonical name) pairs, first hit wins; names with no hit (e.g. a
-# T5-XL draft or a task the paper did not run) get no paper row.
+# (substring, canonical name) pairs, first hit wins; no hit: no paper row.
 _TASK_ALIASES = [("cnn", "cnndm"), ("ende", "ende"), ("en_de", "ende"), ("en-de", "ende"),
          ("lm1b", "lm1b"), ("dialog", "dialog"), ("lamda", "dialog")]
 _DRAFT_ALIASES = [("unigram", "unigram"), ("bigram", "bigram"), ("gpt", "gpt-like-6m"),
          ("small", "t5-small"), ("base", "t5-base"), ("large", "t5-large")]
 _DRAFT_ORDER = {"unigram": 0, "bigram": 1, "t5-small": 2, "t5-base": 3, "t5-large": 4}
 
-# The paper's T5 models are T5 1.1 (configs/table2/). Rows run with the public T5 1.0
-# checkpoints (configs/table2_t5_1_0/, labelled 'T5 1.0 ...') are other models: the
-# 'family' column says so, and their paper columns are a reference, not the same models.
+# The paper's models are T5 1.1; T5 1.0 rows are other models ('family' column).
 _T5_1_0 = re.compile(r"t5[\s_.-]*v?1[._]0(?![.\d])|(^|[^a-z0-9])t5[-_](3b|11b)\b", re.I)
 _T5_1_1 = re.compile(r"t5[\s_.-]*v?1[._]1(?![.\d])|(^|[^a-z0-9])xx?l\b", re.I)
 
 
 def model_family(summary: Dict[str, Any]) -> str:
-  """The T5 family a run's models belong to, from its target and draft labels:
-  'T5 1.0' when either names T5 1.0 ('T5 1.0 ...', 't5_1_0...', or the T5
-  1.0-only sizes t5-3b / t5-11b), else 'T5 1.1' when either names T5 1.1
-  ('t5_1_1_...', 't5-v1_1-...', or the T5 1.1-only sizes XL / XXL), else '-'."""
+  """'T5 1.0' or 'T5 1.1' when the target's or draft's label names it (or a
+  size only it has), else '-'."""
   labels = [str(summary.get(k) or "") for k in ("target", "draft")]
   if any(_T5_1_0.search(l) for l in labels):
     return "T5 1.0"
@@ -108,7 +95,6 @@ def paper_row(table: str, summary: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _fmt(value: Any, digits: int) -> str:
-  """Fixed-point number, or '-' when absent / not numeric."""
   if isinstance(value, bool) or not isinstance(value, (int, float)):
     return MISSING if value is None else str(value)
   return f"{value:.{digits}f}"
@@ -138,9 +124,10 @@ _M_Q = ("M_q", lambda s, p: _fmt_plain(s.get("draft")))
 _TEMP = ("TEMP", lambda s, p: _fmt_plain(s.get("temperature")))
 _PAPER_ALPHA = ("alpha (paper)", lambda s, p: _fmt(p.get("alpha"), 2))
 
-TABLE2_COLUMNS: List[Column] = [_TASK, _FAMILY, _M_P, _M_Q, _TEMP] + [
-  ("gamma", lambda s, p: _fmt_plain(s.get("gamma_label") or s.get("gamma"))),
-  ("alpha", lambda s, p: _fmt(s.get("alpha"), 2)),
+_GAMMA = ("gamma", lambda s, p: _fmt_plain(s.get("gamma_label") or s.get("gamma")))
+_ALPHA = ("alpha", lambda s, p: _fmt(s.get("alpha"), 2))
+
+TABLE2_COLUMNS: List[Column] = [_TASK, _FAMILY, _M_P, _M_Q, _TEMP, _GAMMA, _ALPHA] + [
   ("SPEED", lambda s, p: _fmt(s.get("speedup"), 2)),
   ("gamma (paper)", lambda s, p: _fmt_plain(p.get("gamma"))),
   _PAPER_ALPHA,
@@ -156,25 +143,18 @@ TABLE3_COLUMNS: List[Column] = [_M_P, _FAMILY, _TASK, _M_Q, _TEMP] + [
   _PAPER_ALPHA,
 ]
 
-TABLE4_COLUMNS: List[Column] = [
-  ("TASK", lambda s, p: _fmt_plain(s.get("task"))),
-  ("family", lambda s, p: model_family(s)),
-  ("M_q", lambda s, p: _fmt_plain(s.get("draft"))),
-  ("TEMP", lambda s, p: _fmt_plain(s.get("temperature"))),
-  ("gamma", lambda s, p: _fmt_plain(s.get("gamma_label") or s.get("gamma"))),
+TABLE4_COLUMNS: List[Column] = [_TASK, _FAMILY, _M_Q, _TEMP, _GAMMA] + [
   ("mean gamma", lambda s, p: _fmt(s.get("mean_gamma"), 2)),
-  ("alpha", lambda s, p: _fmt(s.get("alpha"), 2)),
+  _ALPHA,
   ("c", lambda s, p: _fmt(s.get("c"), 3)),
   ("v", lambda s, p: _fmt(s.get("v"), 2)),
   ("EXP", lambda s, p: _fmt(s.get("expected_speedup"), 2)),
   ("EXP (v)", lambda s, p: _fmt(s.get("expected_speedup_v"), 2)),
   ("interplay", lambda s, p: _fmt(s.get("interplay"), 2)),
   ("EXP (in context)", lambda s, p: _fmt(s.get("expected_speedup_in_context"), 2)),
-  # ... with the measured tokens per target call and each example's prefill
-  # (specdec_jax.run.account): what EMP is left to explain.
   ("EXP (whole run)", lambda s, p: _fmt(s.get("expected_speedup_whole_run"), 2)),
   ("EMP", lambda s, p: _fmt(s.get("speedup"), 2)),
-  ("alpha (paper)", lambda s, p: _fmt(p.get("alpha"), 2)),
+  _PAPER_ALPHA,
   ("c (paper)", lambda s, p: _fmt(p.get("c"), 2)),
   ("EXP (paper)", lambda s, p: _fmt(p.get("exp"), 1)),
   ("EMP (paper)", lambda s, p: _fmt(p.get("emp"), 1)),
@@ -225,11 +205,8 @@ def build_markdown(summaries: Sequence[Dict[str, Any]]) -> str:
 
 
 def find_summary_files(patterns: Sequence[str]) -> List[pathlib.Path]:
-  """summary.json files named by, or found under, each path or glob.
-
-  A file named explicitly is always taken; files matched by a glob only when
-  named summary.json (so e.g. 'runs/*' skips a tables.md written there).
-  """
+  """summary.json files named by, or found under, each path or glob (a glob
+  match only if named summary.json)."""
   found = set()
   for pattern in patterns:
     explicit = pathlib.Path(pattern)
@@ -245,8 +222,7 @@ def find_summary_files(patterns: Sequence[str]) -> List[pathlib.Path]:
 
 
 def load_summaries(paths: Iterable[pathlib.Path]) -> List[Dict[str, Any]]:
-  """Each file's summary, with ``"workdir"`` (the directory holding it) added
-  so that readers can find the run's examples.jsonl beside it."""
+  """Each file's summary, with its directory as ``"workdir"``."""
   summaries = []
   for path in paths:
     with open(path) as f:
@@ -261,9 +237,8 @@ def load_summaries(paths: Iterable[pathlib.Path]) -> List[Dict[str, Any]]:
 
 
 def acceptance_by_position(workdir: str) -> Optional[List[float]]:
-  """P(the draft's i-th token is accepted | it was evaluated), i = 1..γ, summed
-  over the run's examples.jsonl lines (their ``accepted_at`` / ``evaluated_at``
-  counts); None for a run without them (tree, plain decoding, α-only)."""
+  """P(the draft's i-th token accepted | evaluated), i = 1..γ, over the run's
+  examples.jsonl; None for a run without the counts."""
   path = pathlib.Path(workdir) / "examples.jsonl"
   if not path.is_file():
     return None
