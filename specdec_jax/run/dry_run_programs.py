@@ -191,8 +191,8 @@ class RunnerPrograms(driver.ProgramList):
   def finish(self, ctx: Context, compiled: dict) -> "RunDryRun":
     exp = self.settings
     programs = [compiled[n] for n in self.names if n in compiled]
-    out = RunDryRun(ctx, programs, title=f"Dry run of {' + '.join(self.configs) or 'the experiment'}",
-                    paper=paper_row(exp))
+    title = f"Dry run of {' + '.join(self.configs) or 'the experiment'}"
+    out = RunDryRun(ctx, programs, title=title, paper=paper_row(exp))
     pieces = {k: p for k, p in compiled.items() if isinstance(k, tuple)}
     if pieces and not any(p.error for p in pieces.values()):
       tcfg, dcfg = ctx.target_config, ctx.draft_config
