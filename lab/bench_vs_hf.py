@@ -60,6 +60,7 @@ from specdec_jax.scripting import script_args
 
 from lab.bench.vs_hf import (METHODS, TABLE_HEAD, bench_setting, export_for_hf,
                              load_hf, load_ours, machine_line, setting_table, summary_lines)
+from lab.common import parse_input_buckets
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -120,7 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         f"(+{args.num_warmup} warm-up) "
         f"truncated inputs={truncated}")
   settings = []
-  buckets = data.parse_input_buckets(args.input_buckets, args.max_input_len)
+  buckets = parse_input_buckets(args.input_buckets, args.max_input_len)
   for temp in script_args.comma_list(args.temperatures, float):
     settings.append(bench_setting(ours, hf_target, hf_draft, inputs, ids, temperature=temp,
                                   gamma=args.gamma, max_decode_len=args.max_decode_len,

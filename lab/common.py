@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 import jax
 
-from specdec_jax import memory
+from specdec_jax import data, memory
 from specdec_jax.memory import ConfigLike
 from specdec_jax.models.t5 import get_config, param_shapes
 from specdec_jax.partitioning import Partitioner, flatten_names
@@ -130,3 +130,16 @@ def machine_description() -> str:
 def load_average() -> str:
   """The 1, 5 and 15 minute load averages, e.g. '0.52 0.40 0.33'."""
   return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def parse_input_buckets(text: str, max_len: int, what: str = "--input_buckets") -> tuple[int, ...]:
+  """'32,48,64' -> (32, 48, 64), checked; '' or 'none' -> () (no bucketing)."""
+  if text.strip() in ("", "none"):
+    return ()
+  try:
+    buckets = tuple(int(n) for n in text.split(","))
+  except ValueError:
+    raise ValueError(f"{what} must be a comma-separated list of ints or 'none', "
+                     f"got {text!r}") from None
+  data.check_input_buckets(buckets, max_len, what)
+  return buckets

@@ -14,14 +14,15 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from specdec_jax import distill, training
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.models.t5 import T5Model, shift_right
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.timing import interleaved_medians_ms, target_steps
 
@@ -103,9 +104,27 @@ def evaluate_models(models: dict[str, tuple[T5Model, Any]], target: str,
   return out
 
 
+def token_ce_sums(model: T5Model, params, inputs, targets,
+                  dropout_rng: Optional[jax.Array] = None) -> tuple[jax.Array, jax.Array]:
+  logits = model(params, inputs, shift_right(targets, model.config.decoder_start_id), dropout_rng)
+  mask = (targets != model.config.pad_id).astype(jnp.float32)
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+  return jnp.sum(ce * mask), jnp.sum(mask)
+
+
+def ce_loss(model: T5Model) -> Callable:
+  """loss_fn for plain training: mean token cross-entropy, with the config's dropout."""
+  def loss_fn(params, batch):
+    rng = batch["step_key"] if model.config.dropout_rate > 0 else None
+    total, n = token_ce_sums(model, params, batch["inputs"], batch["targets"], rng)
+    loss = total / jnp.maximum(n, 1.0)
+    return loss, {"ce": loss}
+  return loss_fn
+
+
 def mean_ce(model: T5Model, batches: Sequence[training.Batch]) -> Callable[[Any], float]:
   """evaluate-style closure: token-weighted mean cross-entropy over fixed batches."""
-  sums = jax.jit(functools.partial(training.token_ce_sums, model))  # no dropout rng: deterministic
+  sums = jax.jit(functools.partial(token_ce_sums, model))  # no dropout rng: deterministic
 
   def evaluate(params) -> float:
     total, count = 0.0, 0.0

@@ -19,13 +19,14 @@ import numpy as np
 from specdec_jax import alpha, data, drafts, theory
 from specdec_jax.decoding import (AdaptiveConfig, cache_length, speculative_decode,
                                   temperature_sample)
-from specdec_jax.data import parse_input_buckets
 from specdec_jax.run import (Experiment, autogamma, check_before_loading, held_out_inputs,
                              load_data, load_draft, load_models)
 from specdec_jax.run.setup import partitioners
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
 from specdec_jax.timing import block, measure_costs_many, timed, warm_up_widths
+
+from lab.common import parse_input_buckets
 
 
 def parse_gamma(text: Union[int, str]) -> tuple[str, int]:

@@ -30,7 +30,7 @@ import argparse
 import json
 import os
 import shutil
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import jax
 import sentencepiece as spm
@@ -121,9 +121,21 @@ def encode_pairs(sp: spm.SentencePieceProcessor, rows: list[tuple[str, str, str]
   return pairs, dropped
 
 
+def oversample_long(pairs: Sequence[training.Pair], min_tokens: int,
+                    times: int) -> list[training.Pair]:
+  """``pairs`` with those of >= ``min_tokens`` tokens repeated ``times`` times in all."""
+  if min_tokens < 1 or times < 1:
+    raise ValueError(f"oversample_long: min_tokens={min_tokens} and times={times} must be >= 1")
+  out = list(pairs)
+  for s, t in pairs:
+    if max(len(s), len(t)) >= min_tokens:
+      out += [(s, t)] * (times - 1)
+  return out
+
+
 def train_model(name: str, cfg: T5Config, train_pairs, val_pairs, args) -> training.FitResult:
   """Train (or resume) one model with the library loop; returns params and curves."""
-  from lab.evaluate import mean_ce
+  from lab.evaluate import ce_loss, mean_ce
   model = T5Model(cfg)
   params = model.init(jax.random.PRNGKey(args.seed))
   if name in args.init_from:  # warm start (e.g. continue an exported model)
@@ -136,7 +148,7 @@ def train_model(name: str, cfg: T5Config, train_pairs, val_pairs, args) -> train
       schedule_start=args.schedule_start.get(name, 0))
   val_ce = mean_ce(model, training.fixed_batches(val_pairs, args.batch_tokens))
   return training.fit(
-      training.ce_loss(model), params,
+      ce_loss(model), params,
       lambda start: training.batch_stream(train_pairs, args.batch_tokens, args.seed, start),
       opt_cfg, os.path.join(args.workdir, name),
       evaluate=lambda p: {"val_loss": val_ce(p)}, eval_every=args.eval_every,
@@ -267,7 +279,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                   help="'name=STEP,...': restart the LR schedule at STEP (continue a run)")
   ap.add_argument("--oversample_long", default=None,
                   help="'MIN_TOKENS:TIMES': repeat training pairs whose longer side has "
-                       ">= MIN_TOKENS tokens TIMES times in all (training.oversample_long)")
+                       ">= MIN_TOKENS tokens TIMES times in all (oversample_long)")
   args = script_args.parse(ap, argv, paths=("data_dir", "spm"))
   if args.smoke:
     args.models = ",".join(SMOKE_MODELS)
@@ -343,7 +355,7 @@ def main(argv: list[str]) -> None:
   if args.oversample_long:
     min_tokens, times = args.oversample_long
     n = len(train_pairs)
-    train_pairs = training.oversample_long(train_pairs, min_tokens, times)
+    train_pairs = oversample_long(train_pairs, min_tokens, times)
     print(f"oversampled pairs of >= {min_tokens} tokens x{times}: {n} -> {len(train_pairs)}",
           flush=True)
   print(f"vocab={vocab} train pairs={len(train_pairs)} (dropped {dropped} > {args.max_len} "

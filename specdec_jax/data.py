@@ -346,19 +346,6 @@ def check_input_buckets(buckets: Sequence[int], max_len: int, what: str = "input
                      f"got {tuple(buckets)!r}")
 
 
-def parse_input_buckets(text: str, max_len: int, what: str = "--input_buckets") -> tuple[int, ...]:
-  """'32,48,64' -> (32, 48, 64), checked; '' or 'none' -> () (no bucketing)."""
-  if text.strip() in ("", "none"):
-    return ()
-  try:
-    buckets = tuple(int(n) for n in text.split(","))
-  except ValueError:
-    raise ValueError(f"{what} must be a comma-separated list of ints or 'none', "
-                     f"got {text!r}") from None
-  check_input_buckets(buckets, max_len, what)
-  return buckets
-
-
 def by_width(arrays: Sequence[Any]) -> dict[int, list[int]]:
   """Indices of ``arrays`` ([B, L] each) grouped by width L (one compiled program each)."""
   groups: dict[int, list[int]] = {}

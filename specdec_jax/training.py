@@ -18,7 +18,6 @@ import optax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from specdec_jax.models.t5 import T5Model, shift_right
 from specdec_jax.partitioning import Partitioner
 
 Pair = tuple[list[int], list[int]]
@@ -38,17 +37,6 @@ def bucket_len(n: int, buckets: Sequence[int] = BUCKETS) -> int:
     if n <= b:
       return b
   raise ValueError(f"sequence of {n} tokens is longer than the largest bucket {buckets[-1]}")
-
-
-def oversample_long(pairs: Sequence[Pair], min_tokens: int, times: int) -> list[Pair]:
-  """``pairs`` with those of >= ``min_tokens`` tokens repeated ``times`` times in all."""
-  if min_tokens < 1 or times < 1:
-    raise ValueError(f"oversample_long: min_tokens={min_tokens} and times={times} must be >= 1")
-  out = list(pairs)
-  for s, t in pairs:
-    if max(len(s), len(t)) >= min_tokens:
-      out += [(s, t)] * (times - 1)
-  return out
 
 
 def batch_rows(length: int, batch_tokens: int, rows_multiple: int = 1) -> int:
@@ -107,24 +95,6 @@ def fixed_batches(pairs: Sequence[Pair], batch_tokens: int,
   return [pad_batch(pairs, idx, batch_tokens, buckets, rows_multiple)
           for idx in make_batches(pairs, batch_tokens, np.random.default_rng(0), buckets,
                                   rows_multiple)]
-
-
-def token_ce_sums(model: T5Model, params, inputs, targets,
-                  dropout_rng: Optional[jax.Array] = None) -> tuple[jax.Array, jax.Array]:
-  logits = model(params, inputs, shift_right(targets, model.config.decoder_start_id), dropout_rng)
-  mask = (targets != model.config.pad_id).astype(jnp.float32)
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-  return jnp.sum(ce * mask), jnp.sum(mask)
-
-
-def ce_loss(model: T5Model) -> Callable:
-  """loss_fn for plain training: mean token cross-entropy, with the config's dropout."""
-  def loss_fn(params, batch):
-    rng = batch["step_key"] if model.config.dropout_rate > 0 else None
-    total, n = token_ce_sums(model, params, batch["inputs"], batch["targets"], rng)
-    loss = total / jnp.maximum(n, 1.0)
-    return loss, {"ce": loss}
-  return loss_fn
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ from specdec_jax.decoding import temperature_sample
 from specdec_jax.models.t5 import T5Model
 
 from conftest import TINY
+from lab.evaluate import ce_loss
 
 
 def test_divergences_match_definitions():
@@ -123,7 +124,7 @@ def test_fit_resumes_where_it_stopped(tiny_draft, tmp_path):
   pairs = [(x, x[::-1]) for x in _random_inputs(32, 4)]
   stream = lambda s: training.batch_stream(pairs, 64, 0, s, (12,))
   opt = training.OptimizerConfig("adafactor", 1e-2, 6)
-  loss = training.ce_loss(model)
+  loss = ce_loss(model)
   one = training.fit(loss, params, stream, opt, str(tmp_path / "a"), eval_every=3,
                      log_fn=lambda m: None)
   training.fit(loss, params, stream, opt, str(tmp_path / "b"), eval_every=3,

@@ -12,6 +12,7 @@ import pytest
 
 import exactness_cases as cases
 from exactness_cases import INPUTS, KEY, MAX_LEN, pick_greedy_case
+from lab.common import parse_input_buckets
 from specdec_jax import drafts
 from specdec_jax.decoding import alpha_estimates, speculative_decode, temperature_sample
 from specdec_jax.sampling import SamplingConfig, standardize
@@ -157,11 +158,11 @@ def test_input_buckets_cut_only_padding(tiny_target, tiny_draft):
     data.check_input_buckets((8, 32), 16)
   with pytest.raises(ValueError, match="strictly increasing"):
     data.check_input_buckets((16, 8), 16)
-  assert data.parse_input_buckets("8,16", 16) == (8, 16)
-  assert data.parse_input_buckets("none", 16) == ()
+  assert parse_input_buckets("8,16", 16) == (8, 16)
+  assert parse_input_buckets("none", 16) == ()
   with pytest.raises(ValueError, match=r"--input_buckets must be a comma-separated list of ints "
                                        r"or 'none', got '8,x'"):
-    data.parse_input_buckets("8,x", 16)
+    parse_input_buckets("8,x", 16)
 
 
 def test_draft_equal_to_target_accepts_everything(tiny_target, greedy_case):

@@ -85,11 +85,11 @@ def test_continuing_without_the_vocabulary_is_an_error(tmp_path):
 
 
 def test_oversample_long_repeats_only_long_pairs():
-  from specdec_jax import training
+  from lab.train_demo_models import oversample_long
   short, long_in, long_out = ([1] * 5, [2] * 5), ([3] * 9, [4]), ([5], [6] * 12)
-  out = training.oversample_long([short, long_in, long_out], min_tokens=9, times=3)
+  out = oversample_long([short, long_in, long_out], min_tokens=9, times=3)
   assert out.count(short) == 1
   assert out.count(long_in) == 3 and out.count(long_out) == 3
   assert out[:3] == [short, long_in, long_out]  # the original order first
   with pytest.raises(ValueError, match="times=0"):
-    training.oversample_long([short], min_tokens=9, times=0)
+    oversample_long([short], min_tokens=9, times=0)
