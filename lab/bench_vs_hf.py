@@ -4,7 +4,7 @@ r"""Our speculative decoding vs Hugging Face assisted generation, side by side.
   python scripts/bench_vs_hf.py --target=/tmp/rt --draft=/tmp/rd \
       --num_examples=5 --temperatures=0            # random-weight stand-ins
 
-The same weights (our checkpoints, exported with ``checkpoints.export_hf`` to a
+The same weights (our checkpoints, exported with ``lab.hf_export`` to a
 temporary directory and loaded with ``T5ForConditionalGeneration``), the same
 held-out inputs and the same maximum number of new tokens, at batch 1. For
 every example all methods run back to back (interleaved, so drift on a noisy

@@ -32,10 +32,12 @@ from checkpoint_fixtures import (BF16_LEAF, bf16_round, write_t5x_legacy,  # noq
                                  write_t5x_orbax)
 
 from specdec_jax import partitioning  # noqa: E402
-from specdec_jax.checkpoints import (count_reads, expected_shapes, export_hf,  # noqa: E402
+from specdec_jax.checkpoints import (count_reads, expected_shapes,  # noqa: E402
                                      load_checkpoint, placement, save_checkpoint)
 from specdec_jax.checkpoints.common import flatten, unflatten  # noqa: E402
 from specdec_jax.models.t5 import T5Config  # noqa: E402
+
+from lab.hf_export import export_hf  # noqa: E402
 
 # 8 heads, vocab 64, d_ff 64, d_model 32 = 8 heads x 4: every dimension the
 # standard rules shard divides 8.

@@ -10,9 +10,11 @@ import pytest
 from checkpoint_fixtures import bf16_round, write_t5x_legacy, write_t5x_orbax
 
 from specdec_jax.checkpoints import (CheckpointError, CheckpointExistsError,
-                                     CheckpointNotFoundError, common, detect_format, export_hf,
+                                     CheckpointNotFoundError, common, detect_format,
                                      load_checkpoint, save_checkpoint, t5x_legacy)
 from specdec_jax.models.t5 import T5Config, T5Model
+
+from lab.hf_export import export_hf
 
 needs_safetensors = pytest.mark.skipif(importlib.util.find_spec("safetensors") is None,
                                        reason="the hf extra (safetensors) is not installed")

@@ -23,11 +23,13 @@ from checkpoint_fixtures import write_t5x_legacy, write_t5x_orbax
 from gcs_emulator import BUCKET, free_port
 
 from specdec_jax import data, storage
-from specdec_jax.checkpoints import export_hf, load_checkpoint, save_checkpoint
+from specdec_jax.checkpoints import load_checkpoint, save_checkpoint
 from specdec_jax.checkpoints.common import flatten, unflatten
 from specdec_jax.models.t5 import T5Config, param_shapes
 from specdec_jax.run import settings
 from specdec_jax.run.workdir import Workdir
+
+from lab.hf_export import export_hf
 
 REPO = Path(__file__).resolve().parent.parent
 CFG = T5Config(vocab_size=64, d_model=32, num_heads=2, head_dim=8, num_encoder_layers=2,

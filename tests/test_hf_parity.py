@@ -14,9 +14,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from specdec_jax.checkpoints import (CheckpointError, export_hf, hf_config_to_t5,
-                                     load_checkpoint)
+from specdec_jax.checkpoints import CheckpointError, hf_config_to_t5, load_checkpoint
 from specdec_jax.models.t5 import T5Config, T5Model
+
+from lab.hf_export import export_hf
 
 VOCAB, D, H, DH, FF, LAYERS = 64, 32, 2, 8, 48, 2
 ENC_LEN, DEC_LEN = 150, 140  # > 128 (max_distance) and > 16 (exact buckets)

@@ -15,10 +15,12 @@ from checkpoint_fixtures import write_t5x_legacy
 
 from specdec_jax import data, run
 from specdec_jax.decoding import speculative_decode, temperature_sample
-from specdec_jax.checkpoints import export_hf, load_checkpoint
+from specdec_jax.checkpoints import load_checkpoint
 from specdec_jax.checkpoints.common import flatten, unflatten
 from specdec_jax.models import t5
 from specdec_jax.models.t5 import T5Config, T5Model, param_shapes
+
+from lab.hf_export import export_hf
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = REPO / "configs" / "table2_t5_1_0"

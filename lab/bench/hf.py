@@ -54,7 +54,7 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 def hf_from_params(params: Any, config: T5Config, dtype: str):
   """A transformers ``T5ForConditionalGeneration`` holding ``params``, built
-  where they are (GPU or host memory) through ``checkpoints.export_hf``'s own
+  where they are (GPU or host memory) through ``lab.hf_export``'s own
   mapping (``hf_name_map``, ``t5_to_hf_config``): no file is written (an
   XXL-sized export is 22 GB). Tensors that need no transpose or cast are
   shared with JAX through DLPack; transposes are new arrays on the device."""

@@ -3,7 +3,7 @@ example (``scripts/bench_vs_hf.py`` and the accelerator benchmark's demo
 section): the methods (``METHODS``), each run at batch 1 on the same inputs,
 interleaved, outputs compared at T = 0, tokens/s and tokens per target call.
 
-HF's side: our checkpoints exported with ``checkpoints.export_hf`` and loaded
+HF's side: our checkpoints exported with ``lab.hf_export`` and loaded
 with ``T5ForConditionalGeneration``; its assisted generation with a constant
 γ (``configure_assistant``) gets a ``decoder_attention_mask`` so that the
 assistant's cache is cropped correctly (``hf_generate``; the script's
@@ -28,6 +28,7 @@ from specdec_jax.sampling import SamplingConfig
 from specdec_jax.timing import block, timed
 
 from lab import common
+from lab.hf_export import export_hf
 
 METHODS = ("hf_greedy", "hf_assisted", "hf_default", "hf_asis", "ours_base", "ours_spec")
 LABELS = {
@@ -49,7 +50,7 @@ PLAIN = {"hf_greedy": "hf_greedy", "hf_assisted": "hf_greedy", "hf_default": "hf
 
 def export_for_hf(params: Any, config: T5Config, directory: str) -> str:
   """Writes a HF T5 directory for our params (config.json + model.safetensors)."""
-  checkpoints.export_hf(params, config, directory, overwrite=True)
+  export_hf(params, config, directory, overwrite=True)
   return directory
 
 

@@ -1,9 +1,9 @@
 """Loading and saving T5 parameters, local or ``gs://``, straight into (sharded) device
 memory, in four formats: ``specdec`` (ours: ``config.json`` + orbax ``params/``),
 ``t5x`` (T5X's msgpack ``checkpoint``), ``t5x_orbax`` (T5X's orbax ``state/``) and
-``hf`` (Hugging Face; also ``export_hf``). Names and shapes are checked against the
-config before any read; each array is then read once into its sharding and dtype
-(``placement.py``), so a host holds about one array per array in flight."""
+``hf`` (Hugging Face). Names and shapes are checked against the config before any read;
+each array is then read once into its sharding and dtype (``placement.py``), so a host
+holds about one array per array in flight."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from specdec_jax.checkpoints.common import (FORMATS, HF_WEIGHT_FILES, ORBAX_META
                                             config_from_dict, expected_shapes, few, is_dir,
                                             is_gcs, join, latest_step_dir, listdir,
                                             require_dir)
-from specdec_jax.checkpoints.hf import (export_hf, hf_config_to_t5, hf_name_map, load_hf,
-                                        t5_to_hf_config)
+from specdec_jax.checkpoints.hf import hf_config_to_t5, hf_name_map, load_hf, t5_to_hf_config
 from specdec_jax.checkpoints.placement import ReadStats, count_reads
 from specdec_jax.checkpoints.specdec import load_specdec, save_checkpoint
 from specdec_jax.checkpoints.t5x_legacy import load_t5x
@@ -31,7 +30,7 @@ from specdec_jax.partitioning import Partitioner
 __all__ = [
     "FORMATS", "CheckpointError", "CheckpointExistsError", "CheckpointNotFoundError",
     "ReadStats", "check_shapes", "config_from_dict", "count_reads",
-    "detect_format", "expected_shapes", "export_hf", "hf_config_to_t5", "hf_name_map",
+    "detect_format", "expected_shapes", "hf_config_to_t5", "hf_name_map",
     "load_checkpoint", "peek_config", "save_checkpoint", "t5_to_hf_config",
 ]
 

@@ -1,4 +1,4 @@
-"""Hugging Face T5 directories: loading, exporting, config conversion and the name map.
+"""Hugging Face T5 directories: loading, config conversion and the name map.
 HF's Linear weights [out, in] and relative biases [buckets, H] are the transposes of
 our kernels and ``rel_embedding``; a slice of ours is read transposed from HF's."""
 
@@ -8,22 +8,19 @@ import collections
 import functools
 import io
 import json
-import os
 import pickle
 import struct
 import zipfile
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
 from specdec_jax import storage
 from specdec_jax.checkpoints import placement
 from specdec_jax.checkpoints.common import (HF_WEIGHT_FILES, CheckpointError,
-                                            CheckpointNotFoundError, check_overwrite,
-                                            check_shapes, few, flatten, is_gcs, join,
-                                            read_bytes, read_json, reconcile_config)
+                                            CheckpointNotFoundError, check_shapes, few, is_gcs,
+                                            join, read_bytes, read_json, reconcile_config)
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.partitioning import Partitioner
 
@@ -320,59 +317,3 @@ def load_hf(path: str, config: Optional[T5Config], param_dtype: Any,
   check_shapes({n: s.shape for n, s in sources.items()}, config, path)
   return placement.place_arrays(sources, param_dtype, partitioner,
                                 placement.in_flight_for(path)), config
-
-
-_SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
-                       np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.float64): "F64"}
-
-
-def write_safetensors(path: str, arrays: Mapping[str, Callable[[], np.ndarray]],
-                      shapes: Mapping[str, tuple[int, ...]], dtype: np.dtype) -> None:
-  """Write a .safetensors file (header, then the tensors one at a time)."""
-  if dtype not in _SAFETENSORS_DTYPES:
-    raise CheckpointError(f"{path}: cannot write dtype {dtype} to safetensors")
-  header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-  offset = 0
-  for name in arrays:
-    nbytes = int(np.prod(shapes[name], dtype=np.int64)) * dtype.itemsize
-    header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(shapes[name]),
-                    "data_offsets": [offset, offset + nbytes]}
-    offset += nbytes
-  blob = json.dumps(header, separators=(",", ":")).encode()
-  blob += b" " * (-len(blob) % 8)
-  with open(path, "wb") as f:
-    f.write(len(blob).to_bytes(8, "little"))
-    f.write(blob)
-    for name in arrays:
-      arr = np.ascontiguousarray(arrays[name](), dtype=dtype)
-      if arr.shape != tuple(shapes[name]):
-        raise CheckpointError(f"{path}: tensor {name} has shape {arr.shape}, "
-                              f"expected {tuple(shapes[name])}")
-      f.write(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
-
-
-def export_hf(params: Any, config: T5Config, directory: str,
-              dtype: Optional[str] = None, overwrite: bool = False) -> None:
-  """Write a Hugging Face T5 directory; ``dtype`` default: the params' own."""
-  if is_gcs(directory):
-    raise CheckpointError(f"{directory}: exporting to GCS is not supported")
-  directory = os.path.abspath(directory)
-  check_overwrite(directory, overwrite)
-  flat = flatten(params)
-  check_shapes({k: tuple(np.shape(v)) for k, v in flat.items()}, config,
-               f"params to export to {directory}")
-  out_dtype = np.dtype(jnp.dtype(dtype) if dtype
-                       else jnp.asarray(flat["token_embedder/embedding"]).dtype)
-  arrays: dict[str, Callable[[], np.ndarray]] = {}
-  shapes: dict[str, tuple[int, ...]] = {}
-  for ours, (hf, transpose) in sorted(hf_name_map(config).items(), key=lambda kv: kv[1][0]):
-    shape = tuple(np.shape(flat[ours]))
-    shapes[hf] = shape[::-1] if transpose else shape
-    arrays[hf] = functools.partial(
-        lambda x, t: np.asarray(x).T if t else np.asarray(x), flat[ours], transpose)
-  os.makedirs(directory, exist_ok=True)
-  write_safetensors(os.path.join(directory, "model.safetensors"), arrays, shapes, out_dtype)
-  hf_cfg = t5_to_hf_config(config)
-  hf_cfg["torch_dtype"] = str(out_dtype) if out_dtype != ml_dtypes.bfloat16 else "bfloat16"
-  with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump(hf_cfg, f, indent=2, sort_keys=True)
