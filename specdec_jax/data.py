@@ -72,8 +72,7 @@ def _read_tsv(path: str, input_key: str, reference_key: str, id_key: str,
              f"'{id_key}\\t{input_key}\\t{reference_key}')")
   columns = lines[0].split("\t")
   if input_key not in columns:
-    raise KeyError(f"{path}: required column {input_key!r} not in header; "
-            f"columns found: {columns}")
+    raise KeyError(f"{path}: required column {input_key!r} not in header; columns found: {columns}")
   col = {name: i for i, name in enumerate(columns)}
   examples: list[Example] = []
   for line_no, line in enumerate(lines[1:], start=2):
@@ -116,8 +115,7 @@ def _read_jsonl(path: str, input_key: str, reference_key: str, id_key: str,
     if max_examples is not None and len(examples) >= max_examples:
       break
     if not isinstance(record, dict):
-      raise ValueError(f"{path}:{line_no}: expected a JSON object, got "
-               f"{type(record).__name__}")
+      raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(record).__name__}")
     if input_key not in record:
       raise KeyError(f"{path}:{line_no}: required key {input_key!r} missing; "
               f"keys found: {sorted(record)}")
@@ -136,8 +134,7 @@ def load_local(path: str, input_key: str = "input", reference_key: str = "refere
   _check_max_examples(max_examples)
   ext = os.path.splitext(path)[1].lower()
   if ext not in _LOCAL_READERS:
-    raise ValueError(f"{path}: unknown extension {ext!r}; expected one of "
-             f"{sorted(_LOCAL_READERS)}")
+    raise ValueError(f"{path}: unknown extension {ext!r}; expected one of {sorted(_LOCAL_READERS)}")
   if not storage.is_gcs(path) and not os.path.isfile(path):
     raise FileNotFoundError(f"examples file not found: {path}")
   return _LOCAL_READERS[ext](path, input_key, reference_key, id_key, max_examples)
@@ -495,8 +492,7 @@ def load_seqio_examples(task_name: str, split: str, max_examples: Optional[int] 
   task = seqio.get_mixture_or_task(task_name)
   source = task.source
   if split not in source.splits:
-    raise ValueError(f"task {task_name!r} has no split {split!r}; "
-             f"splits: {sorted(source.splits)}")
+    raise ValueError(f"task {task_name!r} has no split {split!r}; splits: {sorted(source.splits)}")
   if isinstance(source, seqio.TfdsDataSource):
     tfds_name = source.tfds_dataset.name
     resolved, how = _resolve_tfds_data_dir(data_dir)

@@ -535,8 +535,7 @@ class DistillJob(PairSettings):
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
     for name, (allowed, why) in FIXED_PAIR_SETTINGS.items():
       if getattr(self, name) not in allowed:
-        raise ValueError(f"{name}={getattr(self, name)!r}: {why}; leave it at "
-                         f"{allowed[-1]!r}")
+        raise ValueError(f"{name}={getattr(self, name)!r}: {why}; leave it at {allowed[-1]!r}")
     pair = self.pair
     pair.check_values(PARAM_DTYPES)
     quantization.check(self.export_quantization, "export_quantization")

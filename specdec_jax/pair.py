@@ -193,8 +193,7 @@ class ModelPair(PairSettings):
                        f"{self.spell('fused_projections')} is True (the kernels fuse their own "
                        "products)")
     if self.vocab_extra_ids < 0:
-      raise ValueError(f"{self.spell('vocab_extra_ids')} must be >= 0, "
-                       f"got {self.vocab_extra_ids}")
+      raise ValueError(f"{self.spell('vocab_extra_ids')} must be >= 0, got {self.vocab_extra_ids}")
     shape = self.mesh_shape
     if shape is not None and (
         not isinstance(shape, (tuple, list)) or len(shape) != 2

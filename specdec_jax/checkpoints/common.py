@@ -189,8 +189,7 @@ def reconcile_config(stored: T5Config, given: Optional[T5Config], source: str) -
   if diff:
     details = ", ".join(f"{n}: checkpoint {getattr(stored, n)!r} vs given {getattr(given, n)!r}"
                         for n in diff)
-    raise CheckpointError(f"{source}: the given config disagrees with the checkpoint's: "
-                          f"{details}")
+    raise CheckpointError(f"{source}: the given config disagrees with the checkpoint's: {details}")
   return given
 
 
