@@ -561,9 +561,6 @@ class DistillJob(PairSettings):
         raise FileExistsError(f"{name} {path!r} exists and is not empty; pass --resume to "
                               "continue that run, or choose another directory")
 
-def check_vocabularies(target: T5Config, draft: T5Config, job: DistillJob) -> None:
-  job.pair.check_vocabularies(target, draft)
-
 
 def check_before_loading(job: DistillJob) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
   """Every check that reads no weight -> the (target's, draft's) partitioners."""

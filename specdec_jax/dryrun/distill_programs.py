@@ -110,7 +110,7 @@ class DistillPrograms(driver.ProgramList):
                                          getattr(job, f"{role}_preset"), "float32",
                                          ("pass", "--"))
                      for role in ("target", "draft"))
-    distill.check_vocabularies(target, draft, job)
+    job.pair.check_vocabularies(target, draft)
     return target, draft.replace(
         num_encoder_layers=draft.num_encoder_layers + job.grow_encoder_layers,
         num_decoder_layers=draft.num_decoder_layers + job.grow_decoder_layers)
