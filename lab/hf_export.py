@@ -14,8 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from specdec_jax.checkpoints import hf_name_map, t5_to_hf_config
-from specdec_jax.checkpoints.common import (CheckpointError, check_overwrite, check_shapes,
-                                            flatten, is_gcs)
+from specdec_jax.checkpoints.common import CheckpointError, check_writable
 from specdec_jax.models.t5 import T5Config
 
 
@@ -51,13 +50,7 @@ def write_safetensors(path: str, arrays: Mapping[str, Callable[[], np.ndarray]],
 def export_hf(params: Any, config: T5Config, directory: str,
               dtype: Optional[str] = None, overwrite: bool = False) -> None:
   """Write a Hugging Face T5 directory; ``dtype`` default: the params' own."""
-  if is_gcs(directory):
-    raise CheckpointError(f"{directory}: exporting to GCS is not supported")
-  directory = os.path.abspath(directory)
-  check_overwrite(directory, overwrite)
-  flat = flatten(params)
-  check_shapes({k: tuple(np.shape(v)) for k, v in flat.items()}, config,
-               f"params to export to {directory}")
+  directory, flat = check_writable(directory, params, config, overwrite, "exporting", "export")
   out_dtype = np.dtype(jnp.dtype(dtype) if dtype
                        else jnp.asarray(flat["token_embedder/embedding"]).dtype)
   arrays: dict[str, Callable[[], np.ndarray]] = {}

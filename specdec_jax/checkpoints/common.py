@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax import storage
 from specdec_jax.models.t5 import T5Config, param_shapes
@@ -98,12 +99,21 @@ def latest_step_dir(path: str) -> Optional[str]:
   return join(path, max(steps)[1]) if steps else None
 
 
-def check_overwrite(directory: str, overwrite: bool) -> None:
+def check_writable(directory: str, params: Any, config: T5Config, overwrite: bool,
+                   doing: str, to: str) -> tuple[str, dict]:
+  """(absolute local ``directory``, flat ``params``) once both may be written."""
+  if is_gcs(directory):
+    raise CheckpointError(f"{directory}: {doing} to GCS is not supported")
+  directory = os.path.abspath(directory)
   if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
     raise CheckpointExistsError(
         f"{directory} exists and is not empty; pass overwrite=True to replace it")
   if os.path.exists(directory) and not os.path.isdir(directory):
     raise CheckpointExistsError(f"{directory} exists and is not a directory")
+  flat = flatten(params)
+  check_shapes({k: tuple(np.shape(v)) for k, v in flat.items()}, config,
+               f"params to {to} to {directory}")
+  return directory, flat
 
 
 # One implementation of the '/'-joined naming, shared with the axis rules.

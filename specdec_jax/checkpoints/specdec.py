@@ -13,11 +13,10 @@ import jax
 import numpy as np
 
 from specdec_jax.checkpoints import orbax_ts, placement
-from specdec_jax.checkpoints.common import (SPECDEC_PARAMS_DIR, CheckpointError, check_overwrite,
-                                            check_shapes, config_from_dict, flatten, is_gcs,
-                                            join, metadata_shapes, orbax_metadata_tree,
-                                            params_dtype_tree, read_json, reconcile_config,
-                                            require_dir)
+from specdec_jax.checkpoints.common import (SPECDEC_PARAMS_DIR, check_shapes, check_writable,
+                                            config_from_dict, is_gcs, join, metadata_shapes,
+                                            orbax_metadata_tree, params_dtype_tree, read_json,
+                                            reconcile_config, require_dir)
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.partitioning import Partitioner
 
@@ -26,12 +25,7 @@ def save_checkpoint(directory: str, params: Any, config: T5Config,
                     dtype: Optional[str] = None, overwrite: bool = False) -> None:
   """Write ``params`` and ``config`` in our format, arrays cast to ``dtype`` on disk."""
   import orbax.checkpoint as ocp
-  if is_gcs(directory):
-    raise CheckpointError(f"{directory}: saving to GCS is not supported")
-  directory = os.path.abspath(directory)
-  check_overwrite(directory, overwrite)
-  shapes = {k: tuple(np.shape(v)) for k, v in flatten(params).items()}
-  check_shapes(shapes, config, f"params to save to {directory}")
+  directory, _ = check_writable(directory, params, config, overwrite, "saving", "save")
   # Only remove what we write ourselves, never unrelated files.
   params_dir = os.path.join(directory, SPECDEC_PARAMS_DIR)
   if os.path.isdir(params_dir):
