@@ -1,5 +1,5 @@
 """Our params as a Hugging Face T5 directory (config.json + model.safetensors), through
-the loader's own name map (``checkpoints.hf_name_map``, ``t5_to_hf_config``): the
+the loader's own name map (``checkpoints.hf_name_map``) and ``t5_to_hf_config``: the
 weights the Hugging Face comparisons load, and the tests' Hugging Face checkpoints."""
 
 from __future__ import annotations
@@ -13,9 +13,26 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from specdec_jax.checkpoints import hf_name_map, t5_to_hf_config
+from specdec_jax.checkpoints import hf_name_map
 from specdec_jax.checkpoints.common import CheckpointError, check_writable
 from specdec_jax.models.t5 import T5Config
+
+
+def t5_to_hf_config(config: T5Config) -> dict:
+  c = config
+  return {
+      "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
+      "vocab_size": c.vocab_size, "d_model": c.d_model, "d_kv": c.head_dim, "d_ff": c.d_ff,
+      "num_heads": c.num_heads, "num_layers": c.num_encoder_layers,
+      "num_decoder_layers": c.num_decoder_layers,
+      "relative_attention_num_buckets": c.relative_attention_num_buckets,
+      "relative_attention_max_distance": c.relative_attention_max_distance,
+      "layer_norm_epsilon": c.layer_norm_epsilon,
+      "feed_forward_proj": "gated-gelu" if c.gated else "relu",
+      # 4.x reads the logits scaling from this; 5.x turns it into scale_decoder_outputs.
+      "tie_word_embeddings": c.logits_via_embedding, "is_encoder_decoder": True,
+      "pad_token_id": c.pad_id, "eos_token_id": c.eos_id,
+      "decoder_start_token_id": c.decoder_start_id, "initializer_factor": 1.0}
 
 
 _SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",

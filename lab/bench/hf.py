@@ -48,6 +48,7 @@ from lab.common import time_call
 from lab.bench.common import (PAPER_GAMMA, Sizes, describe, draft_seed, earlier,
                               emit, log, random_inputs, random_params, record)
 from lab.bench.exactness import demo_pair
+from lab.hf_export import t5_to_hf_config
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -69,7 +70,7 @@ def hf_from_params(params: Any, config: T5Config, dtype: str):
     x = jax.block_until_ready(jnp.transpose(flat[ours]) if transpose else flat[ours])
     t = torch.from_dlpack(x)
     state[key] = t if t.dtype == tdtype else t.to(tdtype)
-  hf_cfg = transformers.T5Config(**checkpoints.t5_to_hf_config(config))
+  hf_cfg = transformers.T5Config(**t5_to_hf_config(config))
   with torch.device("meta"):
     model = transformers.T5ForConditionalGeneration(hf_cfg)
   _, unexpected = model.load_state_dict(state, strict=False, assign=True)

@@ -19,7 +19,7 @@ from specdec_jax.checkpoints.common import (FORMATS, HF_WEIGHT_FILES, ORBAX_META
                                             config_from_dict, expected_shapes, few, is_dir,
                                             is_gcs, join, latest_step_dir, listdir,
                                             require_dir)
-from specdec_jax.checkpoints.hf import hf_config_to_t5, hf_name_map, load_hf, t5_to_hf_config
+from specdec_jax.checkpoints.hf import hf_config_to_t5, hf_name_map, load_hf
 from specdec_jax.checkpoints.placement import ReadStats, count_reads
 from specdec_jax.checkpoints.specdec import load_specdec, save_checkpoint
 from specdec_jax.checkpoints.t5x_legacy import load_t5x
@@ -31,7 +31,7 @@ __all__ = [
     "FORMATS", "CheckpointError", "CheckpointExistsError", "CheckpointNotFoundError",
     "ReadStats", "check_shapes", "config_from_dict", "count_reads",
     "detect_format", "expected_shapes", "hf_config_to_t5", "hf_name_map",
-    "load_checkpoint", "peek_config", "save_checkpoint", "t5_to_hf_config",
+    "load_checkpoint", "peek_config", "save_checkpoint",
 ]
 
 

@@ -68,23 +68,6 @@ def hf_config_to_t5(hf: Mapping[str, Any], dtype: str = "float32",
                   decoder_start_id=pad if start is None else int(start))
 
 
-def t5_to_hf_config(config: T5Config) -> dict:
-  c = config
-  return {
-      "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
-      "vocab_size": c.vocab_size, "d_model": c.d_model, "d_kv": c.head_dim, "d_ff": c.d_ff,
-      "num_heads": c.num_heads, "num_layers": c.num_encoder_layers,
-      "num_decoder_layers": c.num_decoder_layers,
-      "relative_attention_num_buckets": c.relative_attention_num_buckets,
-      "relative_attention_max_distance": c.relative_attention_max_distance,
-      "layer_norm_epsilon": c.layer_norm_epsilon,
-      "feed_forward_proj": "gated-gelu" if c.gated else "relu",
-      # 4.x reads the logits scaling from this; 5.x turns it into scale_decoder_outputs.
-      "tie_word_embeddings": c.logits_via_embedding, "is_encoder_decoder": True,
-      "pad_token_id": c.pad_id, "eos_token_id": c.eos_id,
-      "decoder_start_token_id": c.decoder_start_id, "initializer_factor": 1.0}
-
-
 # HF keys that alias other weights (tied embeddings) or that HF itself ignores.
 HF_IGNORED = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
               "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight")
