@@ -26,11 +26,6 @@ Array = jax.Array
 MAX_NODES = 64
 
 
-def geometric_rank_rates(alpha: float, ranks: int = 8) -> list[float]:
-  """Rank rates α (1 - α)^(k - 1) from one α: an ASSUMPTION, generous to low ranks."""
-  return [alpha * (1 - alpha) ** k for k in range(ranks)]
-
-
 def scaled_rank_rates(alpha: float, profile: Sequence[float]) -> list[float]:
   """Rank rates α x profile[k] (e.g. ``measured.DEMO_RANK_PROFILE``): an ASSUMPTION."""
   return [alpha * p for p in profile]
