@@ -183,7 +183,7 @@ class TreeShape:
 
   @functools.cached_property
   def depths(self) -> np.ndarray:
-    """[N] int32: depth of each node (root 0)."""
+    """[N] int32: depth of each node (root 0); node i sits at prefix length + depth(i)."""
     d = np.zeros(self.num_nodes, np.int32)
     for i in range(1, self.num_nodes):
       d[i] = d[self.parents[i]] + 1
@@ -193,11 +193,6 @@ class TreeShape:
   def max_depth(self) -> int:
     """D: the most proposals one round can accept (it emits up to D + 1 tokens)."""
     return int(self.depths.max())
-
-  @property
-  def position_offsets(self) -> np.ndarray:
-    """[N] int32: node i sits at prefix length + depth(i), its chain position."""
-    return self.depths
 
   @functools.cached_property
   def ancestor_mask(self) -> np.ndarray:
@@ -497,11 +492,6 @@ class RoundTree:
   @property
   def max_branching(self) -> int:
     return self.children_table.shape[2]
-
-  @property
-  def position_offsets(self) -> Array:
-    """[B, N] int32: node i sits at position (prefix length + depth(i))."""
-    return self.depths
 
   @classmethod
   def of(cls, shape: TreeShape, batch: int) -> RoundTree:

@@ -710,7 +710,7 @@ class T5Model:
                        f"nodes; size it with TreeShape.cache_len(max_decode_len)")
     idx = np.asarray(nodes, np.int32)
     start = lengths.astype(jnp.int32)
-    offsets = jnp.asarray(tree.position_offsets, jnp.int32)                # [N] or [B, N]
+    offsets = jnp.asarray(tree.depths, jnp.int32)                # [N] or [B, N]
     positions = start[:, None] + offsets[..., idx]
     att = tree_attention(start, idx, offsets, jnp.asarray(tree.ancestor_mask)[..., idx, :],
                          cache.cache_len)
