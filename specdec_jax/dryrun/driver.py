@@ -30,9 +30,6 @@ from specdec_jax.partitioning import Partitioner, flatten_names, unflatten_names
 GiB = 2 ** 30
 
 
-# ------------------------------------------------------------ the programs
-
-
 @dataclasses.dataclass(frozen=True)
 class Compile:
   """One program a job compiles: ``lower`` gives its ``jax.stages.Lowered``."""
@@ -160,9 +157,6 @@ def compile_all(topology: str, specs: Sequence[Compile],
 _LOCK = threading.Lock()   # one progress line at a time, counted in order
 
 
-# ----------------------------------------------------------- abstract arrays
-
-
 @functools.lru_cache(maxsize=None)
 def _shapes(cfg: T5Config) -> dict:
   return flatten_names(param_shapes(cfg.replace(dtype="float32")))
@@ -209,9 +203,6 @@ def weight_bytes(params: Any) -> int:
   """Bytes per device of an abstract parameter tree (each leaf's shard)."""
   return sum(quantization.array_bytes(x.sharding.shard_shape(x.shape), x.dtype)
              for x in jax.tree.leaves(params))
-
-
-# ------------------------------------------------------------------ checks
 
 
 def architecture(role: str, path: str, fmt: str, preset: Optional[str],
@@ -313,9 +304,6 @@ def check(job: ProgramList, topology: str) -> Context:
   return ctx
 
 
-# ----------------------------------------------------------------- results
-
-
 @dataclasses.dataclass
 class DryRun:
   """Everything a dry run found; each job's result adds its own lines."""
@@ -374,9 +362,6 @@ def dry_run(job: ProgramList, topology: str, workers: Optional[int] = None) -> D
                          for s, p in zip(specs, compiled)})
   out.wall_s = time.perf_counter() - t0
   return out
-
-
-# ------------------------------------------------------------------ report
 
 
 def gib(n: float) -> str:

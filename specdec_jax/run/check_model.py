@@ -36,9 +36,6 @@ AUTO = "auto"
 TIMED_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
-# ---------------------------------------------------------------- checks
-
-
 def check_flags(calibrate_flag: str, dry_run: Optional[str], alpha_only: bool) -> None:
   """One line for a flag ``--calibrate`` cannot be combined with."""
   if dry_run:
@@ -95,9 +92,6 @@ def machine_note(devices: Sequence[Any], topology: str) -> Optional[str]:
   here = d.platform if d.platform != "tpu" else d.device_kind
   return (f"measured on {here} ({len(devices)} device{'s' * (len(devices) != 1)}), model for "
           f"{topology} ({n} {chip.label} chip{'s' * (n != 1)}): compare only on that TPU")
-
-
-# ------------------------------------------------------------ the two sides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,9 +151,6 @@ def model_side(exp: Experiment, topology: str) -> tuple[dry_run_programs.RunDryR
     raise ValueError(f"--calibrate={topology}: the dry run could not compile the priced pieces "
                      f"for this row; --dry_run={topology} says why")
   return r, notes
-
-
-# ----------------------------------------------------------- collectives
 
 
 def _dtype_for(nbytes: int, dtype: str) -> Any:
@@ -246,9 +237,6 @@ def measured_collectives_us(partitioner: Any, loop: dict, dtype: str, repeats: i
     return None, {}
   each = time_collectives(partitioner.mesh, sorted(loop), dtype, repeats)
   return sum(n * (each[k] or 0.0) for k, n in loop.items()), each
-
-
-# ------------------------------------------------------------ the report
 
 
 def theorem_speedups(side: Side, alpha: float, gamma: int) -> tuple[Optional[float],
@@ -398,9 +386,6 @@ def describe(devices: Sequence[Any]) -> str:
   d = devices[0]
   kind = d.platform if d.platform != "tpu" else d.device_kind
   return f"{kind}, {len(devices)} device{'s' * (len(devices) != 1)}"
-
-
-# ------------------------------------------------------------------ main
 
 
 def main(exp: Experiment, flag: str, workdir: str, dry_run: Optional[str] = None,

@@ -82,9 +82,6 @@ def block_width(exp: Experiment) -> int:
   return 2 * (tree.max_depth if tree is not None else exp.gamma_max)
 
 
-# ------------------------------------------------------------- the checks
-
-
 def _checkable(exp: Experiment) -> tuple[Experiment, list]:
   """The experiment with unset or absent unread paths swapped for a
   placeholder, and the (field, value) pairs it does not read."""
@@ -218,9 +215,6 @@ def dry_run(exp: Experiment, topology: str, alpha_only: bool = False,
   """``driver.dry_run`` of the run's programs (``RunnerPrograms``)."""
   return driver.dry_run(RunnerPrograms(exp, alpha_only, programs, roofline, widths=widths),
                         topology, workers)
-
-
-# ------------------------------------------------------------ the programs
 
 
 def draft_quant(exp: Experiment) -> Optional[str]:
@@ -398,9 +392,6 @@ def _estimates(ctx: Context) -> dict[str, int]:
   return {"baseline": plan["target_params"] + base_cache, "speculative": plan["total"],
           "draft": plan["draft_params"] + plan["draft_caches"],
           "alpha": plan["target_params"] + plan["draft_params"] + plan["draft_caches"] + pq}
-
-
-# ------------------------------------------------------------------ report
 
 
 @dataclasses.dataclass

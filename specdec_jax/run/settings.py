@@ -424,9 +424,6 @@ def config_dirs(files: Sequence[str]) -> tuple[str, ...]:
   return tuple(str(Path(f).resolve().parent) for f in reversed(files))
 
 
-# ------------------------------------------------------------ the settings' help
-
-
 def setting_docs(cls: type) -> dict[str, str]:
   """Each field of ``cls`` -> the first sentence of its entry ``<field>:
   <text>`` in the docstring of the class declaring it, without reST markup."""

@@ -40,8 +40,6 @@ PAIR_PATHS = ("target", "draft", "vocab", "source", "draft_shortlist")
 
 T = TypeVar("T")
 
-# ------------------------------------------------------------------- flags
-
 
 def new_parser(doc: str) -> argparse.ArgumentParser:
   """An ArgumentParser printing ``doc`` as written, with --verbose."""
@@ -238,9 +236,6 @@ def run_main(main: Callable[[], Optional[int]]) -> None:
 def comma_list(text: str, kind: Callable[[str], T] = str) -> list[T]:
   """'1,2,,3' -> [kind('1'), kind('2'), kind('3')] (empty items dropped)."""
   return [kind(x.strip()) for x in text.split(",") if x.strip()]
-
-
-# ----------------------------------------------------------------- markdown
 
 
 def markdown_row(cells: Iterable[Any]) -> str:
