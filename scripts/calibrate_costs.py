@@ -21,7 +21,7 @@ from typing import Optional
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from specdec_jax.dryrun import calibration, driver  # noqa: E402
-from specdec_jax.dryrun.costs import extrapolate  # noqa: E402
+from specdec_jax.dryrun.costs import Piece, extrapolate  # noqa: E402
 from specdec_jax.run import dry_run_programs  # noqa: E402
 from specdec_jax.scripting import script_args  # noqa: E402
 from specdec_jax.run.cli import parse_config  # noqa: E402
@@ -29,6 +29,11 @@ from specdec_jax.run.settings import Experiment  # noqa: E402
 
 REPO = script_args.REPO_ROOT
 OVERLAY = "configs/tpu_v4_1.gin"
+
+
+def as_stored(p: Piece) -> dict[str, float]:
+  """A compiled piece in ``calibration.PIECES``' form."""
+  return {"flops": p.flops, "bytes": p.bytes, "ops": p.ops}
 
 
 def calibration_pieces(experiments: dict[str, Experiment], workers: Optional[int] = None
@@ -47,9 +52,9 @@ def calibration_pieces(experiments: dict[str, Experiment], workers: Optional[int
     if bad:
       raise ValueError(f"{bad[0].name}: {bad[0].error}")
     if i == 0:
-      out["target"] = calibration.as_stored(
+      out["target"] = as_stored(
           extrapolate(got, "target", 1, ctx.target_config.num_decoder_layers))
-    out[name] = calibration.as_stored(
+    out[name] = as_stored(
         extrapolate(got, "draft", 1, ctx.draft_config.num_decoder_layers))
   return out
 
