@@ -158,10 +158,6 @@ _LOCK = threading.Lock()   # one progress line at a time, counted in order
 
 
 @functools.lru_cache(maxsize=None)
-def _shapes(cfg: T5Config) -> dict:
-  return flatten_names(param_shapes(cfg.replace(dtype="float32")))
-
-
 def abstract_params(cfg: T5Config, part: Optional[Partitioner], param_dtype: str,
                     device: Any, quant: Optional[str] = None) -> dict:
   """The parameter tree as sharded ShapeDtypeStructs; with ``quant`` each
@@ -177,7 +173,8 @@ def abstract_params(cfg: T5Config, part: Optional[Partitioner], param_dtype: str
         shape, quant, lambda s, which: one if part is None else part.sharding(
             axes if which == "qvalue" else quantization.scale_axes(axes), s,
             f"parameter {n} {which}"))
-  return unflatten_names({n: leaf(n, x.shape) for n, x in _shapes(cfg).items()})
+  shapes = flatten_names(param_shapes(cfg.replace(dtype="float32")))
+  return unflatten_names({n: leaf(n, x.shape) for n, x in shapes.items()})
 
 
 def sharded(part: Optional[Partitioner], device: Any, axes: Sequence, shape: Sequence[int],

@@ -267,10 +267,6 @@ def chips_line(chip: chips.Chip, op_seconds: float, how: str) -> str:
   return f'CHIPS["{chip.name}"]: op_seconds={op_seconds:.4e}, op_source="{how}"'
 
 
-def _ratio(model: Optional[float], meas: Optional[float]) -> Optional[float]:
-  return model / meas if model is not None and meas else None
-
-
 def rows(meas: Side, model: Side, gamma: int, row: Optional[paper.Row]) -> list[tuple]:
   """(quantity, measured, model) for every quantity compared."""
   out = [("target step (ms)", meas.step_ms, model.step_ms)]
@@ -304,7 +300,7 @@ def table(result: dict) -> str:
   lines.append(f"  {'quantity':{width}s} {'measured here':>27s} {'model':>10s} "
                f"{'model/measured':>15s}")
   for q, meas, model in result["rows"]:
-    r = _ratio(model, meas)
+    r = model / meas if model is not None and meas else None
     lines.append(f"  {q:{width}s} {_cell(meas, q):>27s} {_cell(model, q):>10s} "
                  f"{'' if r is None else f'{r:.2f}':>15s}")
     if q.startswith("collectives"):
