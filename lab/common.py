@@ -18,9 +18,10 @@ from typing import Any, Callable, Optional
 
 import jax
 
-from specdec_jax import memory
+from specdec_jax import memory, storage
+from specdec_jax.drafts import bridge, feature_bridge
 from specdec_jax.memory import ConfigLike
-from specdec_jax.models.t5 import get_config, param_shapes
+from specdec_jax.models.t5 import get_config, param_shapes, stored_dtype
 from specdec_jax.partitioning import Partitioner, flatten_names
 from specdec_jax.run import Experiment, Setup, prepare
 from specdec_jax.scripting import script_args
@@ -156,3 +157,21 @@ def machine_description() -> str:
 def load_average() -> str:
   """The 1, 5 and 15 minute load averages, e.g. '0.52 0.40 0.33'."""
   return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def cast_params(params: Any, param_dtype: Any) -> Any:
+  """A parameter tree cast by ``stored_dtype`` (in memory; loaders cast on read)."""
+  def cast(path, x):
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    return x.astype(stored_dtype(name, param_dtype))
+  return jax.tree_util.tree_map_with_path(cast, params)
+
+
+def count_params(params: Any) -> int:
+  return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
+
+
+def bridges_in(directory: str) -> list[str]:
+  """The bridge files a draft checkpoint holds (such a draft needs the target)."""
+  return [name for name in (bridge.FILENAME, feature_bridge.FILENAME)
+          if storage.is_file(storage.join(directory, name))]

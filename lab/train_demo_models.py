@@ -35,9 +35,10 @@ from typing import Any, Optional
 import jax
 import sentencepiece as spm
 
+from lab.common import bridges_in, count_params
 from specdec_jax import training
 from specdec_jax.checkpoints import save_checkpoint
-from specdec_jax.models.t5 import T5Config, T5Model, count_params
+from specdec_jax.models.t5 import T5Config, T5Model
 from specdec_jax.scripting import script_args
 
 PREFIX = "modernize: "
@@ -170,9 +171,8 @@ def report(args, names: list[str], sp: spm.SentencePieceProcessor) -> dict:
   from specdec_jax.checkpoints import load_checkpoint
   from lab.evaluate import evaluate_models
   models = {}
-  from specdec_jax.drafts import feature_bridge
   for n in names:
-    if feature_bridge.bridges_in(os.path.join(args.export_dir, n)):
+    if bridges_in(os.path.join(args.export_dir, n)):
       raise ValueError(f"{os.path.join(args.export_dir, n)} has a bridge to the target, which "
                        "the report does not run; measure its α with scripts/demo_alpha_table.sh")
     params, cfg = load_checkpoint(os.path.join(args.export_dir, n))

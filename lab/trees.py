@@ -29,7 +29,7 @@ from specdec_jax.sampling import SamplingConfig
 from specdec_jax.theory import RoundCost
 from specdec_jax.timing import timed
 from specdec_jax import tree as tree_lib
-from specdec_jax.tree import TreeShape, geometric_rank_rates
+from specdec_jax.tree import TreeShape
 
 from lab import common
 
@@ -176,8 +176,8 @@ def rank_rates(target, params, draft, inputs: np.ndarray, max_decode_len: int, r
 
 
 def geometric_rates(alpha: float, ranks: int = 8) -> list[float]:
-  """``tree.geometric_rank_rates`` (kept under this name for the studies)."""
-  return geometric_rank_rates(alpha, ranks)
+  """Rank rates α (1 - α)^(k - 1) from one α: an ASSUMPTION, generous to low ranks."""
+  return [alpha * (1 - alpha) ** k for k in range(ranks)]
 
 
 def scaled_rates(alpha: float, profile: Sequence[float] = DEMO_RANK_PROFILE) -> list[float]:

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.sampling import argmax, inverse_cdf
+from specdec_jax.tree import residual
 
 Array = jax.Array
 
@@ -80,11 +81,8 @@ def speculative_sampling(key: Array, draft_tokens: Array, q: Array, p: Array, le
     # p_{c+1}; gathered at min(n, γ-1) and zeroed rather than copying q.
     q_n = jnp.take_along_axis(q, jnp.minimum(n, gamma - 1)[:, None, None], axis=1)[:, 0]
     q_n = jnp.where((n < (gamma if proposed is None else proposed))[:, None], q_n, 0.0)
-    residual = jnp.maximum(p_n - lenience * q_n, 0.0)
-    mass = jnp.sum(residual, axis=-1, keepdims=True)
-    # Rejection when p == q up to rounding leaves no mass: fall back to p itself.
-    residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_n)
-    next_token = inverse_cdf(residual, u[:, gamma])
+    # Rejection when p == q up to rounding leaves no mass: ``residual`` falls back to p.
+    next_token = inverse_cdf(residual(p_n, lenience * q_n), u[:, gamma])
   min_pq = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
   return KernelOutput(n, next_token, accepted, min_pq)
 

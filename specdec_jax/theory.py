@@ -18,9 +18,7 @@ ArrayLike = Union[float, int, np.ndarray]
 # Within this distance of alpha = 1 Eq. (1) is 0/0: its limit gamma + 1 is used.
 _ALPHA_ONE_ATOL = 1e-9
 
-DEFAULT_MAX_GAMMA = 64
-
-# Relative difference below which two walltime improvements tie (optimal_gamma).
+# Relative difference below which two walltime improvements tie (gamma_curve).
 _TIE_RTOL = 1e-12
 
 
@@ -166,63 +164,6 @@ class RoundCost:
                interplay=record.get("interplay", 1.0))
 
 
-def operations_factor(alpha: ArrayLike, gamma: ArrayLike, c_hat: ArrayLike) -> ArrayLike:
-  """Theorem 3.11: (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1))."""
-  a = _check_alpha(alpha)
-  g = _check_nonneg("gamma", gamma)
-  ch = _check_nonneg("c_hat", c_hat)
-  return _to_output((g * ch + g + 1.0) / _expected_tokens(a, g))
-
-
-def improvement_exists(alpha: ArrayLike, c: ArrayLike) -> Union[bool, np.ndarray]:
-  """Corollary 3.9: some gamma improves walltime iff alpha > c (v = 1)."""
-  a = _check_alpha(alpha)
-  c_arr = _check_nonneg("c", c)
-  return _to_output(a > c_arr)
-
-
-def min_improvement(alpha: ArrayLike, c: ArrayLike) -> ArrayLike:
-  """Corollary 3.9's bound (1 + alpha) / (1 + c); 1.0 where alpha <= c."""
-  a = _check_alpha(alpha)
-  c_arr = _check_nonneg("c", c)
-  return _to_output(np.where(a > c_arr, (1.0 + a) / (1.0 + c_arr), 1.0))
-
-
-def optimal_gamma(alpha: ArrayLike, c: ArrayLike, v: ArrayLike = 1.0,
-                  max_gamma: int = DEFAULT_MAX_GAMMA) -> Union[int, np.ndarray]:
-  """Integer gamma in [1, max_gamma] maximizing walltime_improvement (§3.5, Fig. 3).
-
-  0 where none beats standard decoding. Ties within ``_TIE_RTOL`` go to the
-  smallest gamma (fewer wasted operations, Theorem 3.11; stable on flat curves)."""
-  if int(max_gamma) < 1:
-    raise ValueError(f"max_gamma must be >= 1, got {max_gamma!r}")
-  a = _check_alpha(alpha)
-  c_arr = _check_nonneg("c", c)
-  v_arr = np.asarray(v, dtype=float)
-  a, c_arr, v_arr = np.broadcast_arrays(a, c_arr, v_arr)
-  gammas = np.arange(1, int(max_gamma) + 1, dtype=float)
-  # Candidate gammas on a trailing axis so any input shape broadcasts.
-  g = gammas.reshape((1,) * a.ndim + (-1,))
-  speedups = walltime_improvement(a[..., None], g, c_arr[..., None], v_arr[..., None])
-  best_speedup = np.max(speedups, axis=-1)
-  near_best = speedups >= best_speedup[..., None] * (1.0 - _TIE_RTOL)
-  best = np.argmax(near_best, axis=-1)  # first True -> smallest gamma
-  helps = best_speedup > 1.0 + _TIE_RTOL
-  result = np.where(helps, gammas[best].astype(int), 0)
-  return _to_output(result)
-
-
-def best_gamma_measured(alpha: float, c: Mapping[int, float], v: Mapping[int, float],
-                        alpha_se: float = 0.0, c_se: Optional[Mapping[int, float]] = None,
-                        v_se: Optional[Mapping[int, float]] = None) -> tuple[int, dict[int, float]]:
-  """γ maximizing the v-generalized Theorem 3.8 over measured per-γ c[γ], v[γ]
-  (§3.5). -> (γ, {γ: prediction}); never 0; ties go to the smaller γ. With
-  standard errors, the smallest γ within one standard error of the argmax
-  (``prediction_gap_se``)."""
-  choice = gamma_curve(alpha, c, v, alpha_se, c_se, v_se)
-  return choice.gamma, choice.curve
-
-
 class GammaCurve(NamedTuple):
   """``gamma_curve``'s choice, argmax, prediction per γ and each γ's gap's standard error."""
 
@@ -235,7 +176,9 @@ class GammaCurve(NamedTuple):
 def gamma_curve(alpha: float, c: Mapping[int, float], v: Mapping[int, float],
                 alpha_se: float = 0.0, c_se: Optional[Mapping[int, float]] = None,
                 v_se: Optional[Mapping[int, float]] = None) -> GammaCurve:
-  """``best_gamma_measured`` with everything it computed on the way."""
+  """γ maximizing the v-generalized Theorem 3.8 over measured per-γ c[γ], v[γ] (§3.5):
+  never 0, ties to the smaller γ; with standard errors, the smallest γ within one
+  standard error of the argmax (``prediction_gap_se``)."""
   if not c or set(c) != set(v):
     raise ValueError(f"c and v must be measured for the same gammas, got {sorted(c)} and "
                      f"{sorted(v)}")

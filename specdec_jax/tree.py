@@ -26,11 +26,6 @@ Array = jax.Array
 MAX_NODES = 64
 
 
-def geometric_rank_rates(alpha: float, ranks: int = 8) -> list[float]:
-  """Rank rates α (1 - α)^(k - 1) from one α: an ASSUMPTION, generous to low ranks."""
-  return [alpha * (1 - alpha) ** k for k in range(ranks)]
-
-
 def scaled_rank_rates(alpha: float, profile: Sequence[float]) -> list[float]:
   """Rank rates α x profile[k] (e.g. ``measured.DEMO_RANK_PROFILE``): an ASSUMPTION."""
   return [alpha * p for p in profile]
@@ -188,7 +183,7 @@ class TreeShape:
 
   @functools.cached_property
   def depths(self) -> np.ndarray:
-    """[N] int32: depth of each node (root 0)."""
+    """[N] int32: depth of each node (root 0); node i sits at prefix length + depth(i)."""
     d = np.zeros(self.num_nodes, np.int32)
     for i in range(1, self.num_nodes):
       d[i] = d[self.parents[i]] + 1
@@ -198,11 +193,6 @@ class TreeShape:
   def max_depth(self) -> int:
     """D: the most proposals one round can accept (it emits up to D + 1 tokens)."""
     return int(self.depths.max())
-
-  @property
-  def position_offsets(self) -> np.ndarray:
-    """[N] int32: node i sits at prefix length + depth(i), its chain position."""
-    return self.depths
 
   @functools.cached_property
   def ancestor_mask(self) -> np.ndarray:
@@ -502,11 +492,6 @@ class RoundTree:
   @property
   def max_branching(self) -> int:
     return self.children_table.shape[2]
-
-  @property
-  def position_offsets(self) -> Array:
-    """[B, N] int32: node i sits at position (prefix length + depth(i))."""
-    return self.depths
 
   @classmethod
   def of(cls, shape: TreeShape, batch: int) -> RoundTree:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from lab import theory as lab_theory
 from specdec_jax import theory
 from specdec_jax.run import autogamma
 from specdec_jax.theory import RoundCost
@@ -57,7 +58,7 @@ def test_costs_in_context_and_the_smallest_gamma_within_the_gap():
   exact = autogamma.decide(alpha, 1000, 0.0, costs, 4)
   for g in (1, 2, 3, 4):
     assert exact.predicted[g] == pytest.approx(theory.walltime_improvement(alpha, g, 0.3, 1.5))
-  assert exact.gamma == exact.argmax == theory.optimal_gamma(alpha, 0.3, 1.5, max_gamma=4) == 4
+  assert exact.gamma == exact.argmax == lab_theory.optimal_gamma(alpha, 0.3, 1.5, max_gamma=4) == 4
   # A large α error widens the gaps: a shorter γ is chosen, still a gain beyond its s.e.
   loose = autogamma.decide(alpha, 1000, 0.05, costs, 4)
   assert loose.gamma < loose.argmax

@@ -21,9 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lab.common import cast_params
 from specdec_jax import drafts
 from specdec_jax.decoding import AdaptiveConfig, speculative_decode, temperature_sample
-from specdec_jax.models.t5 import T5Config, T5Model, cast_params
+from specdec_jax.models.t5 import T5Config, T5Model
 
 R = 8            # fixed positions: γ + 1 for γ = 7
 STARTS = (3, 6)  # where the passes start

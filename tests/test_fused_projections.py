@@ -15,8 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lab.common import cast_params
 from specdec_jax import quantization
-from specdec_jax.models.t5 import T5Config, T5Model, cast_params, fuse_projections, param_shapes
+from specdec_jax.models.t5 import T5Config, T5Model, fuse_projections, param_shapes
 from specdec_jax.run.settings import Experiment
 
 CFG = T5Config(vocab_size=64, d_model=32, num_heads=4, head_dim=8, num_encoder_layers=1,

@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 
 from exactness_cases import noisy
+from lab.common import cast_params
 from specdec_jax import drafts, kernels, quantization
 from specdec_jax.decoding import speculative_decode, temperature_sample
 from specdec_jax.models import t5
@@ -340,7 +341,7 @@ def test_kernels_lower_to_triton_for_cuda(monkeypatch, version):
   cfg = t5.get_config(preset, num_decoder_layers=2, num_encoder_layers=1, dtype="bfloat16",
                       decode_kernel="pallas")
   model = T5Model(cfg)
-  params = jax.eval_shape(lambda: t5.cast_params(model.init(jax.random.PRNGKey(0)),
+  params = jax.eval_shape(lambda: cast_params(model.init(jax.random.PRNGKey(0)),
                                                   jnp.bfloat16))
   inputs = jax.ShapeDtypeStruct((3, 100), jnp.int32)
   cache = jax.eval_shape(lambda p, i: model.init_cache(p, model.encode(p, i), i, 133),

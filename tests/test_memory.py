@@ -137,7 +137,8 @@ _REAL_PLACEMENT = r"""
 import json, sys
 import jax, jax.numpy as jnp
 from specdec_jax import memory, partitioning
-from specdec_jax.models.t5 import T5Config, T5Model, cast_params
+from lab.common import cast_params
+from specdec_jax.models.t5 import T5Config, T5Model
 
 cfg = T5Config(**json.loads(sys.argv[1]))
 part = partitioning.from_settings((2, 4))

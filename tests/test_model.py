@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax.models.t5 import (PRESETS, T5Model, count_params, param_shapes,
+from lab.common import count_params
+from specdec_jax.models.t5 import (PRESETS, T5Model, param_shapes,
                                    relative_position_bucket)
 
 # Batch, encoder length, self-attention cache length. L > 128 so that the

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from lab import theory as lab_theory
 from specdec_jax import theory
 
 # Table 1: (alpha, gamma, operations, speed), with c = c_hat = 0.
@@ -42,7 +43,7 @@ TABLE4_OFF_BY_ROUNDING = {("ende", "base", 1), ("ende", "large", 1), ("cnndm", "
 @pytest.mark.parametrize("alpha,gamma,ops,speed", TABLE1)
 def test_table1_exact(alpha, gamma, ops, speed):
   assert round(theory.walltime_improvement(alpha, gamma, 0.0), 2) == speed
-  assert round(theory.operations_factor(alpha, gamma, 0.0), 2) == ops
+  assert round(lab_theory.operations_factor(alpha, gamma, 0.0), 2) == ops
 
 
 @pytest.mark.parametrize("task,draft,temp,gamma,alpha,c,exp", TABLE4)
@@ -85,15 +86,15 @@ def test_alpha_one_limit():
     assert theory.expected_tokens(1.0, g) == g + 1
     # Continuous with the closed form just below 1.
     assert theory.expected_tokens(1.0 - 1e-6, g) == pytest.approx(g + 1, rel=1e-4)
-    assert theory.operations_factor(1.0, g, 0.0) == pytest.approx(1.0)
+    assert lab_theory.operations_factor(1.0, g, 0.0) == pytest.approx(1.0)
     assert theory.walltime_improvement(1.0, g, 0.1) == pytest.approx((g + 1) / (0.1 * g + 1))
   assert np.all(np.isfinite(theory.expected_tokens(np.array([0.5, 1.0]), 3)))
 
 
 def test_scalar_and_array_inputs():
   assert isinstance(theory.expected_tokens(0.5, 2), float)
-  assert isinstance(theory.optimal_gamma(0.8, 0.05), int)
-  assert isinstance(theory.improvement_exists(0.8, 0.05), bool)
+  assert isinstance(lab_theory.optimal_gamma(0.8, 0.05), int)
+  assert isinstance(lab_theory.improvement_exists(0.8, 0.05), bool)
   out = theory.walltime_improvement(np.array([0.5, 0.8]), np.array([[1], [3]]), 0.0)
   assert out.shape == (2, 2)
   assert out[1, 1] == pytest.approx(theory.walltime_improvement(0.8, 3, 0.0))
@@ -112,15 +113,15 @@ def test_invalid_inputs():
 @pytest.mark.parametrize("c", [0.0, 0.01, 0.05, 0.2, 0.5, 0.9])
 def test_corollary_3_9(alpha, c):
   at_one = theory.walltime_improvement(alpha, 1, c)
-  assert theory.min_improvement(alpha, c) <= max(at_one, 1.0) + 1e-12
+  assert lab_theory.min_improvement(alpha, c) <= max(at_one, 1.0) + 1e-12
   best = max(theory.walltime_improvement(alpha, g, c) for g in range(1, 65))
-  if theory.improvement_exists(alpha, c):
+  if lab_theory.improvement_exists(alpha, c):
     assert at_one == pytest.approx((1 + alpha) / (1 + c))
-    assert at_one > 1.0 and best >= theory.min_improvement(alpha, c) - 1e-12
+    assert at_one > 1.0 and best >= lab_theory.min_improvement(alpha, c) - 1e-12
   else:
     assert best <= 1.0 + 1e-12
-    assert theory.min_improvement(alpha, c) == 1.0
-    assert theory.optimal_gamma(alpha, c) == 0
+    assert lab_theory.min_improvement(alpha, c) == 1.0
+    assert lab_theory.optimal_gamma(alpha, c) == 0
 
 
 def _brute_force_gamma(alpha, c, v, max_gamma, rtol=1e-12):
@@ -136,20 +137,20 @@ def _brute_force_gamma(alpha, c, v, max_gamma, rtol=1e-12):
 def test_optimal_gamma_brute_force(v):
   alphas = np.linspace(0.0, 0.98, 50)
   cs = np.array([0.0, 0.005, 0.02, 0.05, 0.11, 0.3, 0.6])
-  grid = theory.optimal_gamma(alphas[:, None], cs[None, :], v=v, max_gamma=40)
+  grid = lab_theory.optimal_gamma(alphas[:, None], cs[None, :], v=v, max_gamma=40)
   assert grid.shape == (50, 7)
   for i, a in enumerate(alphas):
     for j, c in enumerate(cs):
       expected = _brute_force_gamma(float(a), float(c), v, 40)
       assert grid[i, j] == expected
-      assert theory.optimal_gamma(float(a), float(c), v=v, max_gamma=40) == expected
+      assert lab_theory.optimal_gamma(float(a), float(c), v=v, max_gamma=40) == expected
 
 
 def test_optimal_gamma_saturates_and_grows():
-  assert theory.optimal_gamma(0.9, 0.0, max_gamma=16) == 16
-  assert theory.optimal_gamma(1.0, 0.1, max_gamma=16) == 16
+  assert lab_theory.optimal_gamma(0.9, 0.0, max_gamma=16) == 16
+  assert lab_theory.optimal_gamma(1.0, 0.1, max_gamma=16) == 16
   # Figure 3: for fixed c the optimal gamma is non-decreasing in alpha.
-  gs = theory.optimal_gamma(np.linspace(0.05, 0.95, 91), 0.05)
+  gs = lab_theory.optimal_gamma(np.linspace(0.05, 0.95, 91), 0.05)
   assert np.all(np.diff(gs) >= 0)
   # Negligible-cost example of Section 3.6: bigram, alpha ~ 0.2, gamma = 3 -> 1.25X.
   assert math.isclose(round(theory.walltime_improvement(0.2, 3, 0.0), 2), 1.25)
@@ -162,7 +163,7 @@ def test_optimal_gamma_matches_paper_formula_argmax():
       a = float(a)
       speeds = [(1 - a ** (g + 1)) / ((1 - a) * (g * c + 1)) for g in range(1, 65)]
       expected = int(np.argmax(speeds)) + 1 if max(speeds) > 1 else 0
-      assert theory.optimal_gamma(a, c) == expected
+      assert lab_theory.optimal_gamma(a, c) == expected
 
 
 def test_best_gamma_measured_is_the_argmax_over_measured_costs():
@@ -174,26 +175,26 @@ def test_best_gamma_measured_is_the_argmax_over_measured_costs():
     gammas = range(1, int(rng.integers(1, 9)) + 1)
     c = {g: float(rng.uniform(0, 0.3)) for g in gammas}
     v = {g: float(rng.uniform(1, 3)) for g in gammas}
-    gamma, curve = theory.best_gamma_measured(alpha, c, v)
+    gamma, curve = lab_theory.best_gamma_measured(alpha, c, v)
     brute = {g: (1 - alpha ** (g + 1)) / ((1 - alpha) * (g * c[g] + v[g])) for g in gammas}
     assert curve == pytest.approx(brute)
     assert gamma == max(brute, key=lambda g: (brute[g], -g))
   # A v that grows fast makes a short γ best even at high α; flat costs at α = 1
   # make the longest best (the limit γ + 1 over γc + v, not 0/0).
-  assert theory.best_gamma_measured(0.9, {1: 0.05, 2: 0.05, 3: 0.05},
+  assert lab_theory.best_gamma_measured(0.9, {1: 0.05, 2: 0.05, 3: 0.05},
                                     {1: 1.0, 2: 2.5, 3: 4.0})[0] == 1
-  assert theory.best_gamma_measured(1.0, {1: 0.0, 2: 0.0}, {1: 1.0, 2: 1.0})[0] == 2
+  assert lab_theory.best_gamma_measured(1.0, {1: 0.0, 2: 0.0}, {1: 1.0, 2: 1.0})[0] == 2
   # Zero standard errors leave the argmax.
   c, v = {1: 0.1, 3: 0.1, 5: 0.1}, {1: 1.4, 3: 2.2, 5: 2.6}
-  argmax, curve = theory.best_gamma_measured(0.7, c, v)
-  assert theory.best_gamma_measured(0.7, c, v, 0.0, {g: 0.0 for g in c}, {g: 0.0 for g in c}
+  argmax, curve = lab_theory.best_gamma_measured(0.7, c, v)
+  assert lab_theory.best_gamma_measured(0.7, c, v, 0.0, {g: 0.0 for g in c}, {g: 0.0 for g in c}
                                     )[0] == argmax
   with pytest.raises(ValueError, match="alpha_se"):
-    theory.best_gamma_measured(0.5, {1: 0.1}, {1: 1.0}, alpha_se=-0.1)
+    lab_theory.best_gamma_measured(0.5, {1: 0.1}, {1: 1.0}, alpha_se=-0.1)
   with pytest.raises(ValueError, match="same gammas"):
-    theory.best_gamma_measured(0.5, {1: 0.1}, {2: 1.0})
+    lab_theory.best_gamma_measured(0.5, {1: 0.1}, {2: 1.0})
   with pytest.raises(ValueError, match=">= 1"):
-    theory.best_gamma_measured(0.5, {0: 0.1}, {0: 1.0})
+    lab_theory.best_gamma_measured(0.5, {0: 0.1}, {0: 1.0})
 
 
 def test_one_standard_error_rule_picks_the_smallest_gamma_the_errors_cannot_separate():
@@ -203,18 +204,18 @@ def test_one_standard_error_rule_picks_the_smallest_gamma_the_errors_cannot_sepa
   c = {1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1, 5: 0.1}
   v = {1: 1.4, 2: 1.7, 3: 2.0, 4: 2.2, 5: 2.3}
   alpha = 0.8
-  argmax, curve = theory.best_gamma_measured(alpha, c, v)
+  argmax, curve = lab_theory.best_gamma_measured(alpha, c, v)
   assert argmax > 1 and curve[argmax] > curve[1]
   # Precise measurements: the argmax stays.
-  assert theory.best_gamma_measured(alpha, c, v, 1e-4, {g: 1e-4 for g in c},
+  assert lab_theory.best_gamma_measured(alpha, c, v, 1e-4, {g: 1e-4 for g in c},
                                     {g: 1e-4 for g in c})[0] == argmax
   # A noisy α (the demo's 2 warm-up verses) cannot tell the curve apart: γ = 1.
-  assert theory.best_gamma_measured(alpha, c, v, 0.1)[0] == 1
+  assert lab_theory.best_gamma_measured(alpha, c, v, 0.1)[0] == 1
   # In between, the choice is exactly the smallest γ within one s.e.
   for se in (0.005, 0.01, 0.02, 0.04):
     gap = theory.prediction_gap_se(alpha, c, v, argmax, se, {g: 0.002 for g in c},
                                    {g: 0.02 for g in c})
-    chosen = theory.best_gamma_measured(alpha, c, v, se, {g: 0.002 for g in c},
+    chosen = lab_theory.best_gamma_measured(alpha, c, v, se, {g: 0.002 for g in c},
                                         {g: 0.02 for g in c})[0]
     assert chosen == min(g for g in c if curve[argmax] - curve[g] <= gap[g])
   # The propagated s.e. matches the spread of the gap under small Gaussian

@@ -53,7 +53,8 @@ def test_export_reloads(smoke_dir, name):
   checkpoints = pytest.importorskip("specdec_jax.checkpoints")
   import jax
   import numpy as np
-  from specdec_jax.models.t5 import T5Model, count_params
+  from lab.common import count_params
+  from specdec_jax.models.t5 import T5Model
   params, config = checkpoints.load_checkpoint(os.path.join(smoke_dir, "export", name))
   log = _log(smoke_dir, name)
   assert config.vocab_size == log["config"]["vocab_size"]

@@ -50,7 +50,6 @@ def test_from_branching_numbers_breadth_first():
   assert s.parents == (-1, 0, 0, 1, 1, 2, 2)
   assert s.num_nodes == 7 and s.max_depth == 2 and s.max_branching == 2
   np.testing.assert_array_equal(s.depths, [0, 1, 1, 2, 2, 2, 2])
-  np.testing.assert_array_equal(s.position_offsets, s.depths)
   assert s.paths == ((0, 1, 3), (0, 1, 4), (0, 2, 5), (0, 2, 6))
   assert s.sibling_groups == ((1, 2), (3, 4), (5, 6))
   assert s.leaves == (3, 4, 5, 6)

@@ -19,13 +19,13 @@ import jax.numpy as jnp
 from specdec_jax import memory, timing
 from specdec_jax.checkpoints import load_checkpoint
 from specdec_jax.decoding import temperature_sample
-from specdec_jax.models.t5 import PRESETS, T5Config, T5Model, count_params
+from specdec_jax.models.t5 import PRESETS, T5Config, T5Model
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
 from specdec_jax.scripting.script_args import markdown_header
 
 from lab.bench.common import Bandwidth, decode_loop, random_params
-from lab.common import load_average, machine_description, time_call
+from lab.common import count_params, load_average, machine_description, time_call
 
 SIZES = {"small": "t5_1_1_small", "base": "t5_1_1_base"}
 

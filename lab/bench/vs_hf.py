@@ -21,7 +21,7 @@ import numpy as np
 
 from specdec_jax import checkpoints, data
 from specdec_jax.decoding import speculative_decode, temperature_sample
-from specdec_jax.drafts import T5Draft, feature_bridge
+from specdec_jax.drafts import T5Draft
 from specdec_jax.drafts import shortlist as shortlist_lib
 from specdec_jax.models.t5 import T5Config, T5Model
 from specdec_jax.sampling import SamplingConfig
@@ -167,7 +167,7 @@ def load_ours(target_path: str, draft_path: str, shortlist_path: str = ""
   dp, dcfg = checkpoints.load_checkpoint(draft_path)
   if tcfg.vocab_size != dcfg.vocab_size:
     raise ValueError(f"target vocab {tcfg.vocab_size} != draft vocab {dcfg.vocab_size}")
-  found = feature_bridge.bridges_in(draft_path) if os.path.isdir(draft_path) else []
+  found = common.bridges_in(draft_path) if os.path.isdir(draft_path) else []
   if found:
     raise ValueError(f"{draft_path} has a bridge to the target ({', '.join(found)}), which "
                      "Hugging Face's assisted generation cannot use; compare on the same "

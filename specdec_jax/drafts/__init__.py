@@ -65,12 +65,8 @@ def requires(name: str) -> list[str]:
 
 
 def build(name: str, **kwargs: Any) -> ApproximationModel:
-  """Build the approximation model registered as ``name``.
-
-  The runner offers ``vocab_size``, ``vocab``, ``max_ngram``, ``partitioner``
-  and, where configured, ``model``/``params``, ``bridge``, ``feature``, ``block``,
-  ``target_model``/``target_params``, ``shortlist`` and ``corpus``; each builder
-  receives only the keywords its signature names (all with ``**kwargs``)."""
+  """Build the approximation model registered as ``name``, passing only the keywords
+  (of ``BUILD_ARGS``, where configured) its signature names (all with ``**kwargs``)."""
   if name not in REGISTRY:
     raise ValueError(f"unknown approximation model {name!r}; known: {sorted(REGISTRY)}")
   missing = [a for a in requires(name) if a not in kwargs]

@@ -140,18 +140,12 @@ def stop_count(confidence: Array, limit: Array, threshold: float, skip_below: fl
   ``first_top`` [B] > skip_below when set); x_{i+1} when x_i was, i < limit and
   confidence_i (``cumulative``: the product up to i) > threshold. Threshold 0
   never stops early, threshold 1 always after x_1."""
-  going = keeps_going(confidence[:, :-1], threshold, cumulative)
-  going = jnp.cumprod(going.astype(jnp.int32), axis=-1)
+  conf = confidence[:, :-1]
+  if cumulative:  # SpecDec++'s running product
+    conf = jnp.cumprod(conf, axis=-1)
+  going = jnp.cumprod((conf > threshold).astype(jnp.int32), axis=-1)
   count = jnp.minimum(limit, 1 + jnp.sum(going, axis=-1))
   return skip_unsure(count, confidence[:, 0] if first_top is None else first_top, skip_below)
-
-
-def keeps_going(confidence: Array, threshold: float, cumulative: bool) -> Array:
-  """Whether a row may go on after each position: confidence (or ``cumulative``,
-  SpecDec++'s running product) > threshold."""
-  if cumulative:
-    confidence = jnp.cumprod(confidence, axis=-1)
-  return confidence > threshold
 
 
 def skip_unsure(count: Array, first_confidence: Array, skip_below: float | None) -> Array:

@@ -75,8 +75,3 @@ def load(directory: str) -> Optional[dict]:
   """The feature bridge stored with a draft checkpoint (local or ``gs://``), or None."""
   return bridge_lib.load_arrays(directory, FILENAME, ("kernel", "staleness"), "feature bridge")
 
-
-def bridges_in(directory: str) -> list[str]:
-  """The bridge files a draft checkpoint holds (such a draft needs the target)."""
-  return [name for name in (bridge_lib.FILENAME, FILENAME)
-          if storage.is_file(storage.join(directory, name))]

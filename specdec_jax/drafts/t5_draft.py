@@ -253,7 +253,7 @@ class T5Draft:
                    part: Any) -> tuple[Array, DecoderCache]:
     """``T5Model.decode_tree`` of tokens [B, m] -> (logits [B, m, V], cache), with
     shortlist and feature extra."""
-    offsets = jnp.asarray(tree.position_offsets, jnp.int32)               # [N] or [B, N]
+    offsets = jnp.asarray(tree.depths, jnp.int32)               # [N] or [B, N]
     positions = length[:, None] + offsets[..., list(nodes)]
     extra = self._extra(states, length, positions)
     if self.shortlist is None:

@@ -76,7 +76,7 @@ def decode_tree(target: TargetModel, params: Any, tokens: Array, lengths: Array,
   committed lengths [B] -> (logits [B, N, V] float32, cache with node j at slot
   lengths + j, states [B, N, d] if ``hidden`` else None). A ``RoundTree`` places
   nodes at their per-row depths."""
-  offsets = jnp.asarray(tree.position_offsets, jnp.int32)          # [N] or [B, N]
+  offsets = jnp.asarray(tree.depths, jnp.int32)          # [N] or [B, N]
   positions = lengths.astype(jnp.int32)[:, None] + offsets
   out = target.decode(params, tokens, positions, cache, return_hidden=hidden, tree=tree)
   return out[0], constrain_cache(out[1], partitioner, "tree cache"), (out[2] if hidden else None)

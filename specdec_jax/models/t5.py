@@ -710,7 +710,7 @@ class T5Model:
                        f"nodes; size it with TreeShape.cache_len(max_decode_len)")
     idx = np.asarray(nodes, np.int32)
     start = lengths.astype(jnp.int32)
-    offsets = jnp.asarray(tree.position_offsets, jnp.int32)                # [N] or [B, N]
+    offsets = jnp.asarray(tree.depths, jnp.int32)                # [N] or [B, N]
     positions = start[:, None] + offsets[..., idx]
     att = tree_attention(start, idx, offsets, jnp.asarray(tree.ancestor_mask)[..., idx, :],
                          cache.cache_len)
@@ -774,14 +774,6 @@ def stored_dtype(name: str, param_dtype: Any) -> jnp.dtype:
   return jnp.dtype(param_dtype)
 
 
-def cast_params(params: Any, param_dtype: Any) -> Any:
-  """A parameter tree cast by ``stored_dtype`` (in memory; loaders cast on read)."""
-  def cast(path, x):
-    name = "/".join(str(getattr(k, "key", k)) for k in path)
-    return x.astype(stored_dtype(name, param_dtype))
-  return jax.tree_util.tree_map_with_path(cast, params)
-
-
 # Self-attention modules whose query/key/value fuse, and the fused names.
 _FUSED = (("attention", ("query", "key", "value"), "qkv"),
           ("self_attention", ("query", "key", "value"), "qkv"),
@@ -816,6 +808,3 @@ def fuse_projections(params: Any) -> Any:
                   for name, v in out[stack].items()}
   return out
 
-
-def count_params(params: Any) -> int:
-  return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
