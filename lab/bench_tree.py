@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
   p = script_args.new_parser(__doc__)
   script_args.add_pair_arguments(p)
   script_args.add_shortlist_argument(p)
-  script_args.add_decoding_arguments(p, input_buckets=False)
+  common.add_decoding_arguments(p, input_buckets=False)
   p.add_argument("--chains", default="1,2,3,4,5", help="comma-separated chain γ")
   p.add_argument("--trees", default="full:3,2,1,spine:5,3,2,2,1",
                  help="token trees ('chain:G', 'spine:W1,...', 'full:B1,...', "

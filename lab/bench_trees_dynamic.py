@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
   p = script_args.new_parser(__doc__)
   script_args.add_pair_arguments(p)
   script_args.add_shortlist_argument(p)
-  script_args.add_decoding_arguments(p, input_buckets=False)
+  common.add_decoding_arguments(p, input_buckets=False)
   p.add_argument("--dynamic", default="5,5,5;3,4,4,4",
                  help="';'-separated per-depth widths of the dynamic trees (tree.DynamicTree)")
   p.add_argument("--num_examples", type=int, default=40, help="held-out inputs, one batch")

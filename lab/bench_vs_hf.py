@@ -58,6 +58,7 @@ from typing import Optional, Sequence
 from specdec_jax import data
 from specdec_jax.scripting import script_args
 
+from lab import common
 from lab.bench.vs_hf import (METHODS, TABLE_HEAD, bench_setting, export_for_hf,
                              load_hf, load_ours, machine_line, setting_table, summary_lines)
 from lab.common import parse_input_buckets
@@ -72,7 +73,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   p.add_argument("--num_warmup", type=int, default=2, help="untimed examples first")
   p.add_argument("--gamma", type=int, default=2,
                  help="draft tokens per round, ours and HF's constant schedule alike")
-  script_args.add_decoding_arguments(p)
+  common.add_decoding_arguments(p)
   p.add_argument("--hf_default", type=int, default=1,
                  help="1: also time HF assisted generation with HF's default schedule")
   p.add_argument("--hf_as_shipped", type=int, default=1,

@@ -35,6 +35,32 @@ def pick(stack: Any, i: Array) -> Any:
   return jax.tree_util.tree_map(lambda a: a[i % 2], stack)
 
 
+INPUT_BUCKETS = "32,48,64,96"   # as configs/demo.gin's Experiment.input_buckets
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser, gammas: Optional[str] = None,
+                           gammas_help: str = "", temperatures: str = "0,1",
+                           input_buckets: bool = True, seed: bool = True) -> None:
+  """--max_input_len, --max_decode_len, --temperatures and, as asked, --gammas,
+  --input_buckets and --seed."""
+  if gammas is not None:
+    parser.add_argument("--gammas", default=gammas,
+                        help="comma-separated γ (draft tokens per round)"
+                             + (f"; {gammas_help}" if gammas_help else ""))
+  parser.add_argument("--temperatures", default=temperatures,
+                      help="comma-separated sampling temperatures (0: argmax)")
+  parser.add_argument("--max_input_len", type=int, default=128,
+                      help="input tokens kept per example (longer inputs are truncated)")
+  parser.add_argument("--max_decode_len", type=int, default=128, help="most tokens generated")
+  if input_buckets:
+    parser.add_argument("--input_buckets", default=INPUT_BUCKETS,
+                        help="input lengths each example is padded to, the smallest that holds "
+                             "it (Experiment.input_buckets, as in configs/demo.gin); 'none': "
+                             "always --max_input_len")
+  if seed:
+    parser.add_argument("--seed", type=int, default=0, help="PRNG seed of the sampling keys")
+
+
 def study_parser(doc: str, gammas: str = "1,3,5") -> argparse.ArgumentParser:
   """The flags every study of a round shares: the pair (``script_args``'s demo
   defaults), its shortlist, --gammas, --temperatures, the decode lengths,
@@ -42,7 +68,7 @@ def study_parser(doc: str, gammas: str = "1,3,5") -> argparse.ArgumentParser:
   p = script_args.new_parser(doc)
   script_args.add_pair_arguments(p)
   script_args.add_shortlist_argument(p)
-  script_args.add_decoding_arguments(p, gammas=gammas, input_buckets=False, seed=False)
+  add_decoding_arguments(p, gammas=gammas, input_buckets=False, seed=False)
   p.add_argument("--num_examples", type=int, default=8, help="examples (the first warms up)")
   p.add_argument("--repeats", type=int, default=5, help="interleaved passes (medians)")
   p.add_argument("--inner", type=int, default=8, help="runs of a piece per timed call")

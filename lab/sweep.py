@@ -8,8 +8,10 @@ and is never timed; every call ends in ``block_until_ready``.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import statistics
+import typing
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -21,6 +23,7 @@ from specdec_jax.decoding import (AdaptiveConfig, cache_length, speculative_deco
                                   temperature_sample)
 from specdec_jax.run import (Experiment, autogamma, check_before_loading, held_out_inputs,
                              load_data, load_draft, load_models)
+from specdec_jax.run.settings import setting_docs
 from specdec_jax.run.setup import partitioners
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.scripting import script_args
@@ -294,6 +297,46 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
+def many_flags(parser: argparse.ArgumentParser, cls: type, prefix: str = "",
+               skip: Sequence[str] = ()) -> None:
+  """``--{prefix}{name}`` for each field of ``cls`` but ``skip``: comma-separated
+  values, one per setting (``dataclasses_from_flags``), its help the field's
+  docstring entry."""
+  docs = setting_docs(cls)
+  for f in dataclasses.fields(cls):
+    if f.name not in skip:
+      text = f"{cls.__name__}.{f.name}" + (f": {docs[f.name]}" if f.name in docs else "")
+      parser.add_argument(f"--{prefix}{f.name}", default=None, metavar="VALUE[,VALUE...]",
+                          help=(text + " (one value per setting, or one for all)")
+                          .replace("%", "%%"))
+
+
+def dataclasses_from_flags(cls: type, args: argparse.Namespace, prefix: str = "",
+                           **fixed: Any) -> list[Any]:
+  """The settings ``many_flags``' flags describe: setting i takes each flag's
+  i-th value (or its one value); [] when no flag is given."""
+  hints = typing.get_type_hints(cls)
+  given: dict[str, list[Any]] = {}
+  for f in dataclasses.fields(cls):
+    text = None if f.name in fixed else getattr(args, prefix + f.name, None)
+    if text is None:
+      continue
+    try:
+      whole = typing.get_origin(script_args.hint_types(hints[f.name])[0]) is tuple
+      given[f.name] = [script_args.parse_value(hints[f.name], v)
+                       for v in ([text] if whole else text.split(","))]
+    except ValueError as e:
+      raise ValueError(f"--{prefix}{f.name}={text}: {e}") from None
+  if not given:
+    return []
+  n = max(len(v) for v in given.values())
+  wrong = [f"--{prefix}{k} ({len(v)})" for k, v in given.items() if len(v) not in (1, n)]
+  if wrong:
+    raise ValueError(f"{', '.join(wrong)}: give one value, or one per setting ({n})")
+  return [cls(**{k: v[i] if len(v) > 1 else v[0] for k, v in given.items()}, **fixed)
+          for i in range(n)]
+
+
 # --adaptive: six settings, as if given by their flags.
 ADAPTIVE_PRESET = dict(rule="threshold,threshold,threshold,cumulative,cumulative,schedule",
                        threshold="0.4,0.7,0.4,0.3,0.3,none",
@@ -306,7 +349,7 @@ def adaptive_settings(args) -> list[AdaptiveConfig]:
   if args.adaptive:
     for name, values in ADAPTIVE_PRESET.items():
       setattr(args, f"adaptive_{name}", values)
-  return script_args.dataclasses_from_flags(
+  return dataclasses_from_flags(
       AdaptiveConfig, args, prefix="adaptive_",
       widths=parse_widths(args.adaptive_widths, args.gamma_max))
 
@@ -321,7 +364,7 @@ def report(args: Any) -> str:
       getattr(args, f"drafts_{f}", None) for f in ("checkpoint", "shortlist", "label")):
     raise ValueError("--drafts_checkpoint, --drafts_shortlist and --drafts_label describe the "
                      "drafts --drafts_name lists: give --drafts_name")
-  compared = script_args.dataclasses_from_flags(DraftRow, args, prefix="drafts_")
+  compared = dataclasses_from_flags(DraftRow, args, prefix="drafts_")
   specs = (draft_rows(compared) if compared
            else {None: (args.draft_name, args.draft, args.draft_shortlist)})
   exps = {label: Experiment(

@@ -47,7 +47,7 @@ from specdec_jax.decoding import AdaptiveConfig
 from specdec_jax.scripting import script_args
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside scripts/ (not installed)
-from lab import sweep  # noqa: E402
+from lab import common, sweep  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,10 +57,10 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--draft_name", default="t5",
                  help=f"the approximation model (registered: {', '.join(sorted(drafts.REGISTRY))})")
   script_args.add_shortlist_argument(p)
-  script_args.dataclass_flags(p, sweep.DraftRow, prefix="drafts_", many=True)
+  sweep.many_flags(p, sweep.DraftRow, prefix="drafts_")
   p.add_argument("--ngram_corpus", default=None,
                  help="training data of the n-gram drafts (Experiment.ngram_corpus)")
-  script_args.add_decoding_arguments(
+  common.add_decoding_arguments(
       p, gammas="1,2,3,5,7,auto",
       gammas_help="'auto' adds the row of the γ chosen by specdec_jax.run.autogamma (§3.5 "
                   "with measured c and v); adaptive settings: the --adaptive_<field> flags")
@@ -74,8 +74,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--adaptive", action="store_true",
                  help="six adaptive settings, as if given by their flags: "
                       + "; ".join(f"--adaptive_{k}={v}" for k, v in sweep.ADAPTIVE_PRESET.items()))
-  script_args.dataclass_flags(p, AdaptiveConfig, prefix="adaptive_", many=True,
-                              skip=("widths",))
+  sweep.many_flags(p, AdaptiveConfig, prefix="adaptive_", skip=("widths",))
   p.add_argument("--adaptive_widths", default="all",
                  help="verification widths the adaptive settings compile: 'all' (1..γ_max: "
                       "a round verifies exactly its longest proposal, what batch 1 wants "

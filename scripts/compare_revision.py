@@ -15,14 +15,14 @@ from typing import Optional, Sequence
 from specdec_jax.scripting import script_args
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # lab/, beside scripts/ (not installed)
-from lab import revisions  # noqa: E402
+from lab import common, revisions  # noqa: E402
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
   p = script_args.new_parser(__doc__)
   p.add_argument("--rev", required=True, help="git revision to compare the kernel with")
   p.add_argument("--vocab_size", type=int, default=8000, help="V of the random logits")
-  script_args.add_decoding_arguments(p, gammas="1,3,5", input_buckets=False, seed=False)
+  common.add_decoding_arguments(p, gammas="1,3,5", input_buckets=False, seed=False)
   args = script_args.parse(p, argv)
   revisions.report(args.rev, args.vocab_size, script_args.comma_list(args.gammas, int),
                    script_args.comma_list(args.temperatures, float))

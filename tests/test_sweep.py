@@ -104,10 +104,9 @@ def test_several_drafts_share_one_baseline_in_one_sweep(tiny_target, tiny_draft)
 def test_bench_speculative_compares_drafts_given_by_the_dataclass_flags():
   """--drafts_<field>: DraftRow's fields as flags, one value per draft or one
   for all; labels derived or given; a bad draft is one ValueError."""
-  from lab.sweep import DraftRow, draft_rows
-  from specdec_jax.scripting import script_args
+  from lab.sweep import DraftRow, dataclasses_from_flags, draft_rows
   mod = _bench_speculative()
-  rows = lambda *argv: draft_rows(script_args.dataclasses_from_flags(
+  rows = lambda *argv: draft_rows(dataclasses_from_flags(
       DraftRow, mod.parser().parse_args(argv), prefix="drafts_"))
   assert rows("--drafts_name=t5,t5,prompt_lookup,lookup_t5",
               "--drafts_checkpoint=ck/draft_small,ck/draft_tiny/,,ck/x") == {

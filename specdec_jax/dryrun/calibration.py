@@ -64,8 +64,3 @@ def table(stored: Optional[dict] = None) -> str:
       lines.append(f"T5-{d:5s} {before[d]:11.4f} {after[d]:8.4f} {want:8.2f} "
                    f"{100 * (after[d] / want - 1):+6.0f}%{note}")
   return "\n".join(lines)
-
-
-def as_stored(p: Piece) -> dict[str, float]:
-  """A compiled piece in ``PIECES``' form."""
-  return {"flops": p.flops, "bytes": p.bytes, "ops": p.ops}

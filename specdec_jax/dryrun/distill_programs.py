@@ -37,9 +37,6 @@ READ_FIELDS = ("target_checkpoint", "draft_checkpoint", "vocab_path", "source", 
 MAX_HALVINGS = 4
 
 
-# ------------------------------------------------------------------ shapes
-
-
 def data_axis(ctx: Context) -> int:
   """The mesh's 'data' size (1 on one device)."""
   return 1 if ctx.settings.mesh_shape is None else ctx.settings.mesh_shape[0]
@@ -63,9 +60,6 @@ def train_rows(ctx: Context, batch_tokens: Optional[int] = None) -> int:
   """Rows of a train batch at ``train_len`` (``training.batch_rows``)."""
   return training.batch_rows(train_len(ctx), batch_tokens or ctx.settings.batch_tokens,
                              data_axis(ctx))
-
-
-# ------------------------------------------------------------------ checks
 
 
 def _meshes_holding(cfg: T5Config, job: distill.DistillJob, devices: Sequence[Any],
@@ -178,9 +172,6 @@ def dry_run(job: distill.DistillJob, topology: str, programs: Optional[Sequence[
   return driver.dry_run(DistillPrograms(job, programs, find_fixes), topology, workers)
 
 
-# ------------------------------------------------------------ the programs
-
-
 def _mode_sampling(job: distill.DistillJob, mode: str) -> SamplingConfig:
   """The sampling ``generate_target_outputs`` uses for ``mode``."""
   return SamplingConfig(0.0 if mode == "greedy" else job.sample_temperature)
@@ -255,9 +246,6 @@ def lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
   return out
 
 
-# ------------------------------------------------------------ fitting
-
-
 @dataclasses.dataclass(frozen=True)
 class Fix:
   """A setting that makes a program fit, found by compiling it."""
@@ -295,9 +283,6 @@ def find_fix(ctx: Context, name: str) -> Optional[Fix]:
     if _fits(p, ctx.chip):
       return Fix(name, flag, value, p, tuple(tried))
   return None
-
-
-# ------------------------------------------------------------------ report
 
 
 @dataclasses.dataclass

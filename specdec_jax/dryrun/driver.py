@@ -30,9 +30,6 @@ from specdec_jax.partitioning import Partitioner, flatten_names, unflatten_names
 GiB = 2 ** 30
 
 
-# ------------------------------------------------------------ the programs
-
-
 @dataclasses.dataclass(frozen=True)
 class Compile:
   """One program a job compiles: ``lower`` gives its ``jax.stages.Lowered``."""
@@ -160,14 +157,7 @@ def compile_all(topology: str, specs: Sequence[Compile],
 _LOCK = threading.Lock()   # one progress line at a time, counted in order
 
 
-# ----------------------------------------------------------- abstract arrays
-
-
 @functools.lru_cache(maxsize=None)
-def _shapes(cfg: T5Config) -> dict:
-  return flatten_names(param_shapes(cfg.replace(dtype="float32")))
-
-
 def abstract_params(cfg: T5Config, part: Optional[Partitioner], param_dtype: str,
                     device: Any, quant: Optional[str] = None) -> dict:
   """The parameter tree as sharded ShapeDtypeStructs; with ``quant`` each
@@ -183,7 +173,8 @@ def abstract_params(cfg: T5Config, part: Optional[Partitioner], param_dtype: str
         shape, quant, lambda s, which: one if part is None else part.sharding(
             axes if which == "qvalue" else quantization.scale_axes(axes), s,
             f"parameter {n} {which}"))
-  return unflatten_names({n: leaf(n, x.shape) for n, x in _shapes(cfg).items()})
+  shapes = flatten_names(param_shapes(cfg.replace(dtype="float32")))
+  return unflatten_names({n: leaf(n, x.shape) for n, x in shapes.items()})
 
 
 def sharded(part: Optional[Partitioner], device: Any, axes: Sequence, shape: Sequence[int],
@@ -209,9 +200,6 @@ def weight_bytes(params: Any) -> int:
   """Bytes per device of an abstract parameter tree (each leaf's shard)."""
   return sum(quantization.array_bytes(x.sharding.shard_shape(x.shape), x.dtype)
              for x in jax.tree.leaves(params))
-
-
-# ------------------------------------------------------------------ checks
 
 
 def architecture(role: str, path: str, fmt: str, preset: Optional[str],
@@ -313,9 +301,6 @@ def check(job: ProgramList, topology: str) -> Context:
   return ctx
 
 
-# ----------------------------------------------------------------- results
-
-
 @dataclasses.dataclass
 class DryRun:
   """Everything a dry run found; each job's result adds its own lines."""
@@ -374,9 +359,6 @@ def dry_run(job: ProgramList, topology: str, workers: Optional[int] = None) -> D
                          for s, p in zip(specs, compiled)})
   out.wall_s = time.perf_counter() - t0
   return out
-
-
-# ------------------------------------------------------------------ report
 
 
 def gib(n: float) -> str:

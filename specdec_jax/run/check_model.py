@@ -36,9 +36,6 @@ AUTO = "auto"
 TIMED_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
-# ---------------------------------------------------------------- checks
-
-
 def check_flags(calibrate_flag: str, dry_run: Optional[str], alpha_only: bool) -> None:
   """One line for a flag ``--calibrate`` cannot be combined with."""
   if dry_run:
@@ -95,9 +92,6 @@ def machine_note(devices: Sequence[Any], topology: str) -> Optional[str]:
   here = d.platform if d.platform != "tpu" else d.device_kind
   return (f"measured on {here} ({len(devices)} device{'s' * (len(devices) != 1)}), model for "
           f"{topology} ({n} {chip.label} chip{'s' * (n != 1)}): compare only on that TPU")
-
-
-# ------------------------------------------------------------ the two sides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,9 +151,6 @@ def model_side(exp: Experiment, topology: str) -> tuple[dry_run_programs.RunDryR
     raise ValueError(f"--calibrate={topology}: the dry run could not compile the priced pieces "
                      f"for this row; --dry_run={topology} says why")
   return r, notes
-
-
-# ----------------------------------------------------------- collectives
 
 
 def _dtype_for(nbytes: int, dtype: str) -> Any:
@@ -248,9 +239,6 @@ def measured_collectives_us(partitioner: Any, loop: dict, dtype: str, repeats: i
   return sum(n * (each[k] or 0.0) for k, n in loop.items()), each
 
 
-# ------------------------------------------------------------ the report
-
-
 def theorem_speedups(side: Side, alpha: float, gamma: int) -> tuple[Optional[float],
                                                                      Optional[float]]:
   """Theorem 3.8 at ``alpha``, ``gamma`` and the side's c: (v = 1, with v(γ+1))."""
@@ -277,10 +265,6 @@ def chips_line(chip: chips.Chip, op_seconds: float, how: str) -> str:
   if chip.name == "v4":
     return f"V4_OP_SECONDS = {op_seconds:.4e}  # {how}"
   return f'CHIPS["{chip.name}"]: op_seconds={op_seconds:.4e}, op_source="{how}"'
-
-
-def _ratio(model: Optional[float], meas: Optional[float]) -> Optional[float]:
-  return model / meas if model is not None and meas else None
 
 
 def rows(meas: Side, model: Side, gamma: int, row: Optional[paper.Row]) -> list[tuple]:
@@ -316,7 +300,7 @@ def table(result: dict) -> str:
   lines.append(f"  {'quantity':{width}s} {'measured here':>27s} {'model':>10s} "
                f"{'model/measured':>15s}")
   for q, meas, model in result["rows"]:
-    r = _ratio(model, meas)
+    r = model / meas if model is not None and meas else None
     lines.append(f"  {q:{width}s} {_cell(meas, q):>27s} {_cell(model, q):>10s} "
                  f"{'' if r is None else f'{r:.2f}':>15s}")
     if q.startswith("collectives"):
@@ -398,9 +382,6 @@ def describe(devices: Sequence[Any]) -> str:
   d = devices[0]
   kind = d.platform if d.platform != "tpu" else d.device_kind
   return f"{kind}, {len(devices)} device{'s' * (len(devices) != 1)}"
-
-
-# ------------------------------------------------------------------ main
 
 
 def main(exp: Experiment, flag: str, workdir: str, dry_run: Optional[str] = None,

@@ -60,8 +60,6 @@ from specdec_jax.run.setup import check_before_loading, estimate_bytes, load_dat
 from specdec_jax.run.workdir import Workdir, release_holds
 from specdec_jax.sampling import SamplingConfig
 
-# ---------------------------------------------------------------- main
-
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("config", [], "Gin config file(s); later files override earlier.")

@@ -30,7 +30,7 @@ from specdec_jax.decoding import (cache_length, speculative_decode, temperature_
                                   tree_speculative_decode)
 from specdec_jax.drafts import t5_block
 from specdec_jax.drafts.base import dynamic_tree_proposal, tree_proposal
-from specdec_jax.dryrun import calibration, driver
+from specdec_jax.dryrun import driver
 from specdec_jax.dryrun.costs import PIECE_DEPTHS, PIECE_OPTIONS, Roofline, extrapolate
 from specdec_jax.dryrun.driver import (GiB, Compile, Context, DryRun, abstract_key,
                                        abstract_params, gib, sharded, size)
@@ -80,9 +80,6 @@ def block_width(exp: Experiment) -> int:
     return 0
   tree = exp.tree_shape
   return 2 * (tree.max_depth if tree is not None else exp.gamma_max)
-
-
-# ------------------------------------------------------------- the checks
 
 
 def _checkable(exp: Experiment) -> tuple[Experiment, list]:
@@ -218,9 +215,6 @@ def dry_run(exp: Experiment, topology: str, alpha_only: bool = False,
   """``driver.dry_run`` of the run's programs (``RunnerPrograms``)."""
   return driver.dry_run(RunnerPrograms(exp, alpha_only, programs, roofline, widths=widths),
                         topology, workers)
-
-
-# ------------------------------------------------------------ the programs
 
 
 def draft_quant(exp: Experiment) -> Optional[str]:
@@ -400,9 +394,6 @@ def _estimates(ctx: Context) -> dict[str, int]:
           "alpha": plan["target_params"] + plan["draft_params"] + plan["draft_caches"] + pq}
 
 
-# ------------------------------------------------------------------ report
-
-
 @dataclasses.dataclass
 class RunDryRun(DryRun):
   """The run's dry run: its programs, the roofline model and the paper's row."""
@@ -560,7 +551,6 @@ def prediction_lines(r: RunDryRun) -> list[str]:
   caveat = "" if e.target_preset == "t5_1_1_xxl" else (
       " (the paper's α is for T5 1.1 XXL with this draft size; these models differ)")
   spec_ms = r.speculative_ms_per_token()
-  paper_theorem = row.theorem()
   tree = e.tree_shape
   if tree is None:
     theorem = (f"  Theorem 3.8 at the paper's α = {row.alpha} (Table 3){caveat}, "
@@ -580,40 +570,11 @@ def prediction_lines(r: RunDryRun) -> list[str]:
                f"{r.predicted():.2f}x")
   lines = [f"  predicted c = {rl.c():.4f} (paper, Table 4: {row.c})",
            theorem + f"; the paper measured {row.speedup}x (Table 2, γ = {row.gamma}, "
-           f"{paper.CHIP})",
-           f"  Side by side, model on {r.num_devices} {r.chip.label} chip(s) | the paper on "
-           f"one {paper.CHIP}:",
-           f"    ms/token: baseline {base_ms:.3f}, speculative {spec_ms:.3f} (α {row.alpha}, "
-           + (f"γ {e.gamma_max}, with v" if tree is None else f"{tree.num_nodes}-node tree")
-           + ") | not published",
-           f"    c: {rl.c():.4f} | {row.c} (Table 4)",
-           f"    speedup: {r.predicted():.2f}x (Theorem 3.8 at the model's c) | measured "
-           f"{row.speedup}x (Table 2); Theorem 3.8 at the paper's α {row.alpha}, γ {row.gamma}, "
-           f"c {row.c}: {paper_theorem:.2f}x"]
+           f"{paper.CHIP}); Theorem 3.8 at the paper's α {row.alpha}, γ {row.gamma}, "
+           f"c {row.c}: {row.theorem():.2f}x",
+           f"  model on {r.num_devices} {r.chip.label} chip(s), ms/token: baseline {base_ms:.3f}, "
+           f"speculative {spec_ms:.3f} (the paper publishes none)"]
   if e.adaptive is not None:
     lines.append("  adaptive draft lengths are not Theorem 3.8's fixed γ: the prediction "
                  "above is for a fixed γ = γ_max")
   return lines
-
-
-def calibration_pieces(experiments: dict[str, Experiment], workers: Optional[int] = None
-                       ) -> dict[str, dict[str, float]]:
-  """The one-position pieces on one v4 chip in ``calibration.PIECES``' form;
-  ``experiments``: draft size -> its row (the target's step from the first)."""
-  topology = calibration.TOPOLOGY
-  out: dict[str, dict[str, float]] = {}
-  for i, (name, exp) in enumerate(experiments.items()):
-    ctx = driver.check(RunnerPrograms(exp), topology)
-    roles = ("target", "draft") if i == 0 else ("draft",)
-    specs = piece_compiles(ctx, widths=(1,), roles=roles)
-    compiled = driver.compile_all(topology, specs, workers)
-    got = {s.key: p for s, p in zip(specs, compiled)}
-    bad = [p for p in compiled if p.error]
-    if bad:
-      raise ValueError(f"{bad[0].name}: {bad[0].error}")
-    if i == 0:
-      out["target"] = calibration.as_stored(
-          extrapolate(got, "target", 1, ctx.target_config.num_decoder_layers))
-    out[name] = calibration.as_stored(
-        extrapolate(got, "draft", 1, ctx.draft_config.num_decoder_layers))
-  return out

@@ -399,10 +399,8 @@ class Experiment(PairSettings):
   @property
   def labels(self) -> tuple[str, str]:
     target = self.target_label or Path(self.target_checkpoint.rstrip("/")).name
-    if self.draft_name == "t5":
-      draft = self.draft_label or Path(self.draft_checkpoint.rstrip("/")).name
-    else:
-      draft = self.draft_label or self.draft_name
+    draft = self.draft_label or (Path(self.draft_checkpoint.rstrip("/")).name
+                                 if self.draft_name == "t5" else self.draft_name)
     if self.draft_shortlist and not self.draft_label:
       draft += "+shortlist"
     return target, draft
@@ -422,9 +420,6 @@ def _macro_for(field: str) -> Optional[str]:
 def config_dirs(files: Sequence[str]) -> tuple[str, ...]:
   """The ``--config`` files' directories, last first (``Experiment.config_dirs``)."""
   return tuple(str(Path(f).resolve().parent) for f in reversed(files))
-
-
-# ------------------------------------------------------------ the settings' help
 
 
 def setting_docs(cls: type) -> dict[str, str]:

@@ -36,9 +36,6 @@ class WorkdirInUseError(OSError):
   """Another run holds the workdir, or changed its results (one-line message)."""
 
 
-# ---------------------------------------------------------------- the writer hold
-
-
 def _boot_id() -> str:
   """This machine's boot (Linux), telling a restarted host from the same one."""
   try:

@@ -33,14 +33,11 @@ VOCAB = "checkpoints/demo/spm.model"
 SOURCE = "data/bible/test.tsv"
 ALPHA_SOURCE = "data/bible/validation.tsv"   # held out too; for tuning (γ), never for results
 TASK = "bible_modernize"
-INPUT_BUCKETS = "32,48,64,96"   # as configs/demo.gin's Experiment.input_buckets
 
 # The arguments of add_pair_arguments / add_shortlist_argument that name files to read.
 PAIR_PATHS = ("target", "draft", "vocab", "source", "draft_shortlist")
 
 T = TypeVar("T")
-
-# ------------------------------------------------------------------- flags
 
 
 def new_parser(doc: str) -> argparse.ArgumentParser:
@@ -75,38 +72,15 @@ def add_shortlist_argument(parser: argparse.ArgumentParser, demo_default: bool =
                            + default + (f"; {note}" if note else ""))
 
 
-def add_decoding_arguments(parser: argparse.ArgumentParser, gammas: Optional[str] = None,
-                           gammas_help: str = "", temperatures: str = "0,1",
-                           input_buckets: bool = True, seed: bool = True) -> None:
-  """--max_input_len, --max_decode_len, --temperatures and, as asked, --gammas,
-  --input_buckets and --seed."""
-  if gammas is not None:
-    parser.add_argument("--gammas", default=gammas,
-                        help="comma-separated γ (draft tokens per round)"
-                             + (f"; {gammas_help}" if gammas_help else ""))
-  parser.add_argument("--temperatures", default=temperatures,
-                      help="comma-separated sampling temperatures (0: argmax)")
-  parser.add_argument("--max_input_len", type=int, default=128,
-                      help="input tokens kept per example (longer inputs are truncated)")
-  parser.add_argument("--max_decode_len", type=int, default=128, help="most tokens generated")
-  if input_buckets:
-    parser.add_argument("--input_buckets", default=INPUT_BUCKETS,
-                        help="input lengths each example is padded to, the smallest that holds "
-                             "it (Experiment.input_buckets, as in configs/demo.gin); 'none': "
-                             "always --max_input_len")
-  if seed:
-    parser.add_argument("--seed", type=int, default=0, help="PRNG seed of the sampling keys")
-
-
-def _kinds(hint: Any) -> list[Any]:
+def hint_types(hint: Any) -> list[Any]:
   """The annotation's types without None (Optional[int] -> [int])."""
   union = typing.get_origin(hint) in (typing.Union, types.UnionType)
   return [t for t in (typing.get_args(hint) if union else (hint,)) if t is not type(None)]
 
 
-def _parse_value(hint: Any, text: str) -> Any:
+def parse_value(hint: Any, text: str) -> Any:
   """A field's value from its flag's text ('none': None; a tuple: comma-separated)."""
-  kinds = _kinds(hint)
+  kinds = hint_types(hint)
   if text.strip().lower() == "none" and type(None) in typing.get_args(hint):
     return None
   if len(kinds) == 1 and typing.get_origin(kinds[0]) is tuple:
@@ -119,12 +93,12 @@ def _parse_value(hint: Any, text: str) -> Any:
 
 
 def dataclass_flags(parser: argparse.ArgumentParser, cls: type, defaults: Any = None,
-                    prefix: str = "", skip: Sequence[str] = (), many: bool = False,
+                    prefix: str = "", skip: Sequence[str] = (),
                     special: Optional[dict[str, dict]] = None) -> list[str]:
   """``--{prefix}{name}`` for each field of ``cls`` but ``skip``, typed from its
   annotation, defaulted from ``defaults`` (else the field), its help the
-  field's docstring entry. ``many``: comma-separated values, one per setting;
-  ``special``: name -> ``add_argument`` keywords. -> the fields flagged."""
+  field's docstring entry; ``special``: name -> ``add_argument`` keywords.
+  -> the fields flagged."""
   hints = typing.get_type_hints(cls)
   docs = settings.setting_docs(cls)
   names = []
@@ -137,16 +111,14 @@ def dataclass_flags(parser: argparse.ArgumentParser, cls: type, defaults: Any = 
                else f.default if f.default is not dataclasses.MISSING
                else f.default_factory() if has_default else None)
     text = f"{cls.__name__}.{f.name}" + (f": {docs[f.name]}" if f.name in docs else "")
-    kinds = _kinds(hints[f.name])
-    if many:
-      kw: dict[str, Any] = dict(default=None, metavar="VALUE[,VALUE...]",
-                                help=text + " (one value per setting, or one for all)")
-    elif kinds == [bool]:
-      kw = dict(default=default, action=argparse.BooleanOptionalAction, help=text)
+    kinds = hint_types(hints[f.name])
+    if kinds == [bool]:
+      kw: dict[str, Any] = dict(default=default, action=argparse.BooleanOptionalAction,
+                                help=text)
     elif len(kinds) == 1 and (kinds[0] in (str, int, float)
                               or typing.get_origin(kinds[0]) is tuple):
       kw = dict(default=default, required=defaults is None and not has_default, help=text,
-                type=lambda s, h=hints[f.name]: _parse_value(h, s))
+                type=lambda s, h=hints[f.name]: parse_value(h, s))
     elif f.name in (special or {}):
       kw = dict(default=default, help=text)
     else:
@@ -165,32 +137,6 @@ def dataclass_from_flags(cls: type, args: argparse.Namespace, prefix: str = "",
   values = {f.name: getattr(args, prefix + f.name) for f in dataclasses.fields(cls)
             if hasattr(args, prefix + f.name)}
   return cls(**{**values, **fixed})
-
-
-def dataclasses_from_flags(cls: type, args: argparse.Namespace, prefix: str = "",
-                           **fixed: Any) -> list[Any]:
-  """The settings ``many=True`` flags describe: setting i takes each flag's
-  i-th value (or its one value); [] when no flag is given."""
-  hints = typing.get_type_hints(cls)
-  given: dict[str, list[Any]] = {}
-  for f in dataclasses.fields(cls):
-    text = None if f.name in fixed else getattr(args, prefix + f.name, None)
-    if text is None:
-      continue
-    try:
-      given[f.name] = [_parse_value(hints[f.name], v) for v in
-                       (text.split(",") if typing.get_origin(_kinds(hints[f.name])[0])
-                        is not tuple else [text])]
-    except ValueError as e:
-      raise ValueError(f"--{prefix}{f.name}={text}: {e}") from None
-  if not given:
-    return []
-  n = max(len(v) for v in given.values())
-  wrong = [f"--{prefix}{k} ({len(v)})" for k, v in given.items() if len(v) not in (1, n)]
-  if wrong:
-    raise ValueError(f"{', '.join(wrong)}: give one value, or one per setting ({n})")
-  return [cls(**{k: v[i] if len(v) > 1 else v[0] for k, v in given.items()}, **fixed)
-          for i in range(n)]
 
 
 def shortlist_for(args: argparse.Namespace) -> str:
@@ -238,9 +184,6 @@ def run_main(main: Callable[[], Optional[int]]) -> None:
 def comma_list(text: str, kind: Callable[[str], T] = str) -> list[T]:
   """'1,2,,3' -> [kind('1'), kind('2'), kind('3')] (empty items dropped)."""
   return [kind(x.strip()) for x in text.split(",") if x.strip()]
-
-
-# ----------------------------------------------------------------- markdown
 
 
 def markdown_row(cells: Iterable[Any]) -> str:
