@@ -256,35 +256,9 @@ class SentencePieceVocab:
     return f"SentencePieceVocab({self.path!r}, extra_ids={self.extra_ids})"
 
 
-class SeqioVocabAdapter:
-  """Thin ``Vocabulary`` adapter over ``seqio.SentencePieceVocabulary``."""
-
-  def __init__(self, path: str, extra_ids: int = 0):
-    seqio = import_optional("seqio", "the 'seqio' vocabulary backend")
-
-    # Fail early and clearly; seqio would fail lazily on first use.
-    _load_sp_processor(path, extra_ids)
-    self.path = path
-    self.extra_ids = extra_ids
-    self.seqio_vocab = v = seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
-    # seqio's sizes and special ids, as python ints (``Vocabulary``'s fields).
-    self.vocab_size, self.pad_id, self.eos_id, self.unk_id = (
-        int(v.vocab_size), int(v.pad_id), int(v.eos_id), int(v.unk_id))
-
-  def encode(self, text: str) -> list[int]:
-    return [int(i) for i in self.seqio_vocab.encode(text)]
-
-  def decode(self, ids: Sequence[int]) -> str:
-    return self.seqio_vocab.decode([int(i) for i in ids if int(i) != self.pad_id])
-
-
-def get_vocabulary(path: str, extra_ids: int = 0, backend: str = "sentencepiece") -> Vocabulary:
-  """``'sentencepiece'`` (no TF) or ``'seqio'`` (imports seqio) vocabulary."""
-  if backend == "sentencepiece":
-    return SentencePieceVocab(path, extra_ids=extra_ids)
-  if backend == "seqio":
-    return SeqioVocabAdapter(path, extra_ids=extra_ids)
-  raise ValueError(f"unknown vocabulary backend {backend!r}; use 'sentencepiece' or 'seqio'")
+def get_vocabulary(path: str, extra_ids: int = 0) -> Vocabulary:
+  """The SentencePiece vocabulary at ``path`` (local or gs://; no TensorFlow)."""
+  return SentencePieceVocab(path, extra_ids=extra_ids)
 
 
 def check_vocab_compatible(target_vocab_size: int, draft_vocab_size: int,

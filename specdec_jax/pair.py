@@ -222,10 +222,7 @@ class ModelPair(PairSettings):
     path, fmt, preset = self.model(role)
     if not path:
       return None
-    where = self.resolve(path)
-    if is_remote(where) and not storage.is_gcs(where):
-      return None
-    return checkpoints.peek_config(where, fmt, preset, self.dtype)
+    return checkpoints.peek_config(self.resolve(path), fmt, preset, self.dtype)
 
   def partitioners(self) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
     """(target's, draft's) partitioners over one mesh, or (None, None) for one device."""

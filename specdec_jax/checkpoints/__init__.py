@@ -106,22 +106,15 @@ def peek_config(path: str, fmt: str = "auto", preset: Optional[str] = None,
   when it does not say. An unreachable ``gs://`` raises; other problems are the load's."""
   if preset:
     return get_config(preset, dtype=dtype)
+  if "://" in path and not storage.is_gcs(path):
+    return None
   try:
-    if storage.is_gcs(path):
-      config_path = storage.join(path, "config.json")
-      if fmt not in ("auto", "specdec", "hf") or not storage.is_file(config_path):
-        return None
-      fields = json.loads(storage.read_bytes(config_path))
-      if fmt == "auto":
-        fmt = "hf" if "d_kv" in fields or "model_type" in fields else "specdec"
-    elif "://" in path:
+    config_path = storage.join(path, "config.json")
+    if fmt not in ("auto", "specdec", "hf") or not storage.is_file(config_path):
       return None
-    else:
-      fmt = detect_format(path) if fmt == "auto" else fmt
-      if fmt not in ("specdec", "hf"):
-        return None
-      with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-        fields = json.load(f)
+    fields = json.loads(storage.read_bytes(config_path))
+    if fmt == "auto":  # HF's config.json names d_kv and model_type; ours has neither
+      fmt = "hf" if "d_kv" in fields or "model_type" in fields else "specdec"
     if fmt == "specdec":
       return config_from_dict(fields, path).replace(dtype=dtype)
     return hf_config_to_t5(fields, dtype=dtype)

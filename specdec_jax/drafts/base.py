@@ -1,16 +1,13 @@
-"""The approximation-model (M_q) interface the speculative engine talks to.
+"""The approximation-model (M_q) interface: a pytree (``flax.struct``) with
 
-A model is a pytree (``flax.struct`` dataclass) with three pure methods:
+* ``init(inputs [B, S], cache_len) -> state``, once per example;
+* ``propose(state, seq, length, gamma, sampling, key) -> (tokens [B, γ], q
+  [B, γ, V], state)``: q exactly what the tokens were drawn from (one-hot if
+  deterministic); the next token follows seq[:, :length + 1] (seq [B, T]:
+  start token, then the outputs; later entries stale);
+* ``commit(state, seq, length) -> state`` after the verdict.
 
-* ``init(inputs [B, S], cache_len) -> state``, once per example.
-* ``propose(state, seq, length, gamma, sampling, key) -> (tokens, q, state)``:
-  γ tokens [B, γ] and exactly the q [B, γ, V] they were drawn from (one-hot if
-  deterministic); seq [B, T] holds the decoder inputs (start token, then the
-  outputs), the next token follows seq[:, :length + 1], later entries are stale.
-* ``commit(state, seq, length) -> state`` after the verdict (rollback is its own).
-
-Optional methods are declared once, with defaults, in ``Capabilities``. A new
-model needs no engine change: ``specdec_jax.drafts.register`` it (README)."""
+Optional methods: ``Capabilities``. New models: ``drafts.register`` (README)."""
 
 from __future__ import annotations
 

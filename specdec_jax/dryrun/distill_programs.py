@@ -1,14 +1,8 @@
-r"""The distillation's TPU dry run: a ``DistillJob``'s programs compiled for a
-topology on any machine, reading nothing:
-
-  python scripts/distill_draft.py --target_preset=t5_1_1_xxl ... --dry_run=v4:2x2x1
-
-Programs: 'generate (MODE)', the target generating its training outputs
-(``generate_batch_size`` rows at the longest input bucket), one per output
-mode; 'train step', the draft's step (draft, optimizer state and the job's
-bridges replicated in float32, the target's sharded weights an argument) at
-the longest bucket. A program that does not fit gets the first halving of
-its batch (``batch_tokens`` or ``generate_batch_size``) whose compile fits.
+r"""The distillation's TPU dry run (``scripts/distill_draft.py ... --dry_run=v4:2x2x1``):
+'generate (MODE)', the target generating training outputs at the longest
+input bucket, and 'train step', the draft's step (draft, optimizer and bridges
+replicated in float32, the target's sharded weights an argument). A program
+that does not fit gets the first halving of its batch whose compile fits.
 """
 
 from __future__ import annotations

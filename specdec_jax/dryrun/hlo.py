@@ -261,8 +261,7 @@ class WeightFlow:
                         "reshape", "transpose", "convert", "bitcast-convert", "slice",
                         "dynamic-slice"})
 
-  def __init__(self, module: Module, is_weight: Callable[[Instr], bool],
-               moves_only: bool = False):
+  def __init__(self, module: Module, is_weight: Callable[[Instr], bool], moves_only: bool = False):
     self.module, self.is_weight, self.moves_only = module, is_weight, moves_only
     self.callers: dict[str, list[tuple[str, Instr]]] = {}
     for comp in module.computations:

@@ -83,9 +83,8 @@ def in_context_costs(costs: dict[int, RoundCost], gammas: Sequence[int]
   return c, v, {g: costs[g].round_se for g in gammas}
 
 
-def decide(alpha: float, tokens: int, alpha_se: float, costs: dict[int, RoundCost],
-           gamma_max: int, alpha_by_position: Optional[Sequence[float]] = None
-           ) -> GammaChoice:
+def decide(alpha: float, tokens: int, alpha_se: float, costs: dict[int, RoundCost], gamma_max: int,
+           alpha_by_position: Optional[Sequence[float]] = None) -> GammaChoice:
   """The choice by this module's rule. With ``alpha_by_position`` (a one-call
   draft's α_1..α_γmax) tokens per round are 1 + Σ_{i≤γ} Π_{j≤i} α_j in
   place of Eq. (1)."""

@@ -1,12 +1,8 @@
-r"""``--calibrate``: the dry run's cost model beside one real run's costs.
-
-  python -m specdec_jax.run --config=configs/table2/ende_small_t0.gin \
-      --config=configs/tpu_v4_1.gin --calibrate=v4:1x1x1   # on one TPU v4 chip
-
-Times the target's step, v(k), c (Definition 3.7) and, on a mesh, one loop
-iteration's collectives; prints them beside the model's pieces with Theorem
-3.8 from each and the fixed cost per operation that makes the model's c the
-measured one; ``calibrate.json`` keeps it all."""
+r"""``--calibrate=v4:1x1x1``: the dry run's cost model beside one real run's
+costs: the target's step, v(k), c (Definition 3.7) and, on a mesh, one loop
+iteration's collectives, each beside the model's, with Theorem 3.8 from both
+and the cost per operation that makes the model's c the measured one;
+``calibrate.json`` keeps it all."""
 
 from __future__ import annotations
 

@@ -6,24 +6,20 @@ r"""Experiment runner: speculative decoding vs the plain baseline (paper §4).
       [--calibrate=v4:1x1x1]
 
 Everything an experiment varies is a gin binding of ``Experiment``,
-``SamplingConfig`` or ``AdaptiveConfig``, each listed below with its default.
-Protocol: the first ``num_warmup`` examples compile and warm both loops,
-untimed; c and v are measured once, up front; each timed batch is decoded by
-the baseline and by speculative decoding with the same inputs and key; one
-line of ``examples.jsonl`` per example, from which ``summary.json`` is
-recomputed. ``--alpha_only`` (§4.2) averages sum_x min(p, q) along the
-target's own generations; ``--calibrate=TOPOLOGY`` sets c, v(k) and the
-collectives measured here beside the dry run's model, decoding nothing.
+``SamplingConfig`` or ``AdaptiveConfig`` (below, with defaults). The first
+``num_warmup`` examples compile and warm both loops, untimed; c and v are
+measured once; each timed batch runs through the baseline and speculative
+decoding with the same inputs and key, one line of ``examples.jsonl`` each
+(``summary.json`` is recomputed from them). ``--alpha_only`` (§4.2) averages
+sum_x min(p, q) along the target's generations; ``--calibrate`` measures c,
+v(k) and the collectives beside the dry run's model, decoding nothing.
+Progress goes to stderr; the Table 2 row and a closing sentence to stdout.
 
-Output: progress on stderr; the Table 2 row (with the measured v, c and
-Theorem 3.8's prediction) and a closing sentence on stdout.
-
-Workdir: nothing is written before the first result, ``config.gin`` with it.
-Another mode, another config or a corrupt line is refused with nothing
-changed; ``--resume`` may raise ``Experiment.num_examples``. Without
-``--workdir`` a repeated command starts a new run beside the last; Ctrl-C
-prints the command that continues the run. Relative paths are looked up in
-the working directory, next to each ``--config`` (last first), then in the
+Nothing is written before the first result. Another mode, config or a
+corrupt line is refused with nothing changed; ``--resume`` may raise
+``num_examples``; without ``--workdir`` a repeated command starts a new run;
+Ctrl-C prints the command that continues the run. Relative paths are looked
+up in the working directory, next to each ``--config``, then in the
 repository root.
 """
 

@@ -1,16 +1,10 @@
 r"""The runner's programs for the TPU dry run (``driver``), compiled for a
-topology on any machine on abstract arrays; nothing is read:
-
-  python -m specdec_jax.run --config=configs/table2/ende_small_t0.gin \
-      --config=configs/tpu_v4_1.gin --dry_run=v4:1x1x1     # the paper's one chip
-
-Programs: the baseline loop, the speculative loop (or tree loop) and the
-draft; ``--alpha_only``: the baseline and the α pass (§4.2). Then the roofline
-model (``costs``, a model, not a measurement): c (Definition 3.7), v(k) and
-Theorem 3.8's speedup at the paper's α (Table 3) beside the paper's Tables 2
-and 4. Loops compile at the run's own effort; their 'bytes accessed' also
-counts VMEM staging copies, so a pass's bytes are divided by the per-step
-weight floor instead.
+topology on abstract arrays, reading nothing (``--dry_run=v4:1x1x1``): the
+baseline, the speculative (or tree) loop and the draft, or with
+``--alpha_only`` the baseline and the α pass (§4.2); then the roofline model
+(``costs``): c (Definition 3.7), v(k) and Theorem 3.8 at the paper's α beside
+Tables 2 and 4. A pass's bytes are divided by the per-step weight floor (a
+compiled loop's 'bytes accessed' also counts VMEM staging copies).
 """
 
 from __future__ import annotations
@@ -210,8 +204,7 @@ class RunnerPrograms(driver.ProgramList):
 
 def dry_run(exp: Experiment, topology: str, alpha_only: bool = False,
             programs: Optional[Sequence[str]] = None, roofline: bool = True,
-            workers: Optional[int] = None,
-            widths: Optional[Sequence[int]] = None) -> "RunDryRun":
+            workers: Optional[int] = None, widths: Optional[Sequence[int]] = None) -> "RunDryRun":
   """``driver.dry_run`` of the run's programs (``RunnerPrograms``)."""
   return driver.dry_run(RunnerPrograms(exp, alpha_only, programs, roofline, widths=widths),
                         topology, workers)

@@ -23,8 +23,7 @@ def batch_indices(n: int, start: int, batch: int) -> Iterator[list[int]]:
     yield list(range(i, min(i + batch, n)))
 
 
-def pad_batch(inputs: np.ndarray, idx: list[int], batch: int,
-              buckets: tuple = ()) -> np.ndarray:
+def pad_batch(inputs: np.ndarray, idx: list[int], batch: int, buckets: tuple = ()) -> np.ndarray:
   """Rows ``idx`` of ``inputs`` as one [batch, width] host array (the last row
   repeated to fill it), padded to the smallest bucket."""
   rows = idx + [idx[-1]] * (batch - len(idx))

@@ -123,8 +123,7 @@ def acceptance_figure(plt: Any, runs: Sequence[Dict[str, Any]]) -> Any:
   return fig
 
 
-def write_figures(summaries: Sequence[Dict[str, Any]], out_dir: pathlib.Path
-                  ) -> List[pathlib.Path]:
+def write_figures(summaries: Sequence[Dict[str, Any]], out_dir: pathlib.Path) -> List[pathlib.Path]:
   """Writes ``FILES`` into ``out_dir`` for the speculative runs; -> their paths."""
   runs = _runs(summaries)
   if not runs:

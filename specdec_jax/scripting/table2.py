@@ -41,8 +41,7 @@ def family_dir(family: str) -> pathlib.Path:
   return REPO_ROOT / FAMILIES[family]
 
 
-def find_rows(config_dir: pathlib.Path, root: pathlib.Path,
-              only: Sequence[str] = ()) -> List[Row]:
+def find_rows(config_dir: pathlib.Path, root: pathlib.Path, only: Sequence[str] = ()) -> List[Row]:
   """The rows ``config_dir/*.gin`` by name, each writing ``root/<stem>``;
   ``only``: the stems to keep (all when empty)."""
   if not config_dir.is_dir():
