@@ -16,9 +16,8 @@ from specdec_jax.decoding import cache_length
 from specdec_jax.models.t5 import (DecoderCache, T5Config, T5Model, get_config,
                                    param_shapes, stored_dtype)
 from specdec_jax import partitioning, quantization
-from specdec_jax.partitioning import (CACHE_AXES, DATA_PARALLEL_RULES, STANDARD_RULES,
-                                      Partitioner, flatten_names, param_logical_axes,
-                                      validate_rules)
+from specdec_jax.partitioning import (CACHE_AXES, DATA_PARALLEL_RULES, STANDARD_RULES, Partitioner,
+                                      flatten_names, param_logical_axes, validate_rules)
 
 GiB = 2 ** 30
 ConfigLike = Union[T5Config, str]

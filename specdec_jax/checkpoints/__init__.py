@@ -15,10 +15,9 @@ from specdec_jax import storage
 from specdec_jax.checkpoints.common import (FORMATS, HF_WEIGHT_FILES, ORBAX_METADATA,
                                             SPECDEC_PARAMS_DIR, T5X_MSGPACK, T5X_ORBAX_ITEM,
                                             CheckpointError, CheckpointExistsError,
-                                            CheckpointNotFoundError, check_shapes,
-                                            config_from_dict, expected_shapes, few, is_dir,
-                                            is_gcs, join, latest_step_dir, listdir,
-                                            require_dir)
+                                            CheckpointNotFoundError, check_shapes, config_from_dict,
+                                            expected_shapes, few, is_dir, is_gcs, join,
+                                            latest_step_dir, listdir, require_dir)
 from specdec_jax.checkpoints.hf import hf_config_to_t5, hf_name_map, load_hf
 from specdec_jax.checkpoints.placement import ReadStats, count_reads
 from specdec_jax.checkpoints.specdec import load_specdec, save_checkpoint

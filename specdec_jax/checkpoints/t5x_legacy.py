@@ -11,9 +11,8 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from specdec_jax.checkpoints import placement
-from specdec_jax.checkpoints.common import (T5X_MSGPACK, CheckpointError, check_shapes,
-                                            flatten, is_gcs, join, kvstore_spec, read_bytes,
-                                            subtree_keys)
+from specdec_jax.checkpoints.common import (T5X_MSGPACK, CheckpointError, check_shapes, flatten,
+                                            is_gcs, join, kvstore_spec, read_bytes, subtree_keys)
 from specdec_jax.models.t5 import T5Config
 from specdec_jax.partitioning import Partitioner
 
