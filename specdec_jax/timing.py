@@ -1,10 +1,7 @@
-"""Wall-clock measurement (medians, compile excluded) and the cost coefficients the
-theory needs, from jitted pieces of what the loops run:
-
-  c = (draft time per proposed token) / (one-token target step)   (Def. 3.7)
-  v = (target pass over γ+1 tokens) / (one-token target step)
-  interplay = (the two alternating, as a round runs them) / (γ c + v)
-
+"""Wall-clock measurement (medians, compile excluded) of jitted pieces of what
+the loops run, and the theory's cost coefficients: c = draft time per proposed
+token / one target step (Def. 3.7); v = target pass over γ+1 tokens / one
+step; interplay = the two alternating, as a round runs them / (γ c + v).
 Theorem 3.8 assumes v = 1 (§3.3); ``theory.walltime_improvement`` takes v."""
 
 from __future__ import annotations

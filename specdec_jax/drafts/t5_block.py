@@ -1,12 +1,11 @@
-"""A T5 draft that proposes a block of γ tokens in one decoder call (c·γ -> c).
-
-It feeds the uncached committed tokens (positions n − γ .. n) and γ − 1 mask
-positions (pad embedding + a learned ``decoder/mask_embedding`` [1, d_model],
-``block_draft.npz``, trained by ``specdec_jax.distill``); output n + i is q_{i+1}.
-Exact (§2.3; docs/exactness.md, section 12): a q_i independent of x_{<i} is a
-valid conditional. The next round re-feeds mask slots before reading them, so
-``commit`` does nothing. With the feature bridge position t reads h_s K + e_j,
-s = min(t, n) − 1, j = t − min(t, n) (DFlash); without, PARD."""
+"""A T5 draft that proposes a block of γ tokens in one decoder call (c·γ -> c):
+the uncached committed tokens (positions n − γ .. n) and γ − 1 mask positions
+(pad embedding + a learned ``decoder/mask_embedding`` [1, d_model] in
+``block_draft.npz``, trained by ``specdec_jax.distill``); output n + i is
+q_{i+1}. Exact (§2.3; docs/exactness.md, section 12): a q_i independent of
+x_{<i} is a valid conditional. The next round re-feeds mask slots before
+reading them, so ``commit`` does nothing. With the feature bridge position t
+reads h_s K + e_j, s = min(t, n) − 1, j = t − min(t, n) (DFlash); without, PARD."""
 
 from __future__ import annotations
 

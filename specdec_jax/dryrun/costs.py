@@ -1,14 +1,10 @@
-"""The dry run's cost model (a model, not a measurement): a compiled piece (a
-target pass over k positions, a draft step) costs, per device,
-
-* the roofline: max(flops / peak, bytes accessed / HBM bandwidth);
-* its collectives: hops x per-hop latency + wire bytes / ICI ring bandwidth;
-* launched operations x ``Chip.op_seconds`` (the one calibrated parameter).
-
-From those c (Definition 3.7), v(k) and a round's ``theory.RoundCost``.
-Pieces compile at depths 1 and 2 and are extrapolated linearly (the layers
-are identical).
-"""
+"""The dry run's cost model (a model, not a measurement). A compiled piece (a
+target pass over k positions, a draft step) costs per device its roofline,
+max(flops / peak, bytes accessed / HBM bandwidth), plus its collectives (hops
+x per-hop latency + wire bytes / ICI ring bandwidth) and launched operations x
+``Chip.op_seconds`` (the one calibrated parameter); from those c (Definition
+3.7), v(k) and a round's ``theory.RoundCost``. Pieces compile at depths 1 and 2
+and are extrapolated linearly (the layers are identical)."""
 
 from __future__ import annotations
 

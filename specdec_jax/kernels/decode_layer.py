@@ -1,12 +1,11 @@
-"""A T5 decoder layer at decode time in 6 Pallas kernels (XLA: ~34): norm + qkv +
-self-attention (rows written to the cache), output + residual, norm +
-cross-attention, output + residual, norm + MLP input, MLP output + residual.
-
-Every call runs ``QUERY_BLOCK`` query rows per batch row with tilings
-independent of k, so a position's logits are bit for bit a one-position
-step's (T = 0 speculative decoding reproduces the baseline at low precision);
-they equal the XLA path's to rounding. ``covers`` decides what falls back to
-XLA; quantized kernels are refused. Triton on GPUs, interpret mode on CPU."""
+"""A T5 decoder layer at decode time in 6 Pallas kernels (XLA: ~34): norm + qkv
++ self-attention (rows written to the cache), output + residual, norm + cross-
+attention, output + residual, norm + MLP input, MLP output + residual. Every
+call runs ``QUERY_BLOCK`` query rows per batch row with tilings independent of
+k, so a position's logits are bit for bit a one-position step's (T = 0
+speculative decoding reproduces the baseline at low precision) and equal the
+XLA path's to rounding. ``covers`` decides what falls back to XLA; quantized
+kernels are refused. Triton on GPUs, interpret mode on CPU."""
 
 from __future__ import annotations
 

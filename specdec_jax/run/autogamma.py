@@ -1,11 +1,9 @@
 """Choosing γ by measurement (§3.5): maximize Theorem 3.8 generalized by v,
-
-    S(γ) = (1 - α^(γ+1)) / ((1 - α)(γ c(γ) + v(γ)))
-
-over γ = 1..γ_max, α from Corollary 3.6 and γ c + v a round timed whole.
-The choice is γ = 0 (the target alone) unless the best prediction beats 1 by
-more than its standard error; else the smallest γ within one standard error
-of the best whose own gain exceeds its error."""
+S(γ) = (1 - α^(γ+1)) / ((1 - α)(γ c(γ) + v(γ))), over γ = 1..γ_max, α from
+Corollary 3.6 and γ c + v a round timed whole. The choice is γ = 0 (the target
+alone) unless the best prediction beats 1 by more than its standard error;
+else the smallest γ within one standard error of the best whose own gain
+exceeds its error."""
 
 from __future__ import annotations
 

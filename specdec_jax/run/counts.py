@@ -18,14 +18,12 @@ from specdec_jax.tree import TreeShape
 class RowCounts:
   """Per-row counts of one batch, host arrays ([B] unless noted).
 
-  kind: 'chain' (fixed or adaptive γ), 'tree' or 'plain'.
-  target_calls, draft_calls: serial forward passes of M_p / M_q.
-  accepted: proposals committed; rejected: rejections (see the module).
-  target_positions: positions the target scored (its arithmetic).
-  min_pq_sum: Σ_x min(p, q) summed over evaluated positions (Corollary 3.6);
-    None for trees and plain decoding.
-  histograms: name -> [B, H] (``SpecStats``' or ``TreeStats``'; plain
-    decoding's ``gamma_hist`` [B, 1]), written per row as they are.
+  kind: 'chain' (fixed or adaptive γ), 'tree' or 'plain'. target_calls,
+  draft_calls: serial forward passes of M_p / M_q. accepted: proposals committed;
+  rejected: rejections (see the module). target_positions: positions the target
+  scored. min_pq_sum: Σ_x min(p, q) over evaluated positions (Corollary 3.6; None
+  for trees and plain decoding). histograms: name -> [B, H] (``SpecStats``' or
+  ``TreeStats``'; plain decoding's ``gamma_hist`` [B, 1]).
   """
 
   kind: str

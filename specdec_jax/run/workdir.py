@@ -1,12 +1,10 @@
 """A run's working directory, local or ``gs://``: examples.jsonl (one line per
-example; on ``gs://`` rewritten whole per example), summary.json and
-config.gin.
-
-One writer per workdir (``WriterHold``, ``writer.lock``): locally an
-``flock``; on ``gs://`` an object created only where none exists, refreshed
-every ``HEARTBEAT_S`` and taken over once its holder is dead or ``STALE_S``
-old. Each write is conditioned on the size or generation this run left, so
-results are never replaced by another writer."""
+example; on ``gs://`` rewritten whole per example), summary.json, config.gin.
+One writer per workdir (``WriterHold``, ``writer.lock``): locally an ``flock``;
+on ``gs://`` an object created only where none exists, refreshed every
+``HEARTBEAT_S``, taken over once its holder is dead or ``STALE_S`` old. Each
+write is conditioned on the size or generation this run left, so results are
+never replaced by another writer."""
 
 from __future__ import annotations
 
