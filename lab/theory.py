@@ -8,17 +8,9 @@ from typing import Mapping, Optional, Union
 import numpy as np
 
 from specdec_jax import theory
-from specdec_jax.theory import ArrayLike
+from specdec_jax.theory import TIE_RTOL, ArrayLike, to_output
 
 DEFAULT_MAX_GAMMA = 64
-
-# Relative difference below which two walltime improvements tie (optimal_gamma).
-_TIE_RTOL = 1e-12
-
-
-def _to_output(x: np.ndarray) -> ArrayLike:
-  x = np.asarray(x)
-  return x.item() if x.ndim == 0 else x
 
 
 def operations_factor(alpha: ArrayLike, gamma: ArrayLike, c_hat: ArrayLike) -> ArrayLike:
@@ -26,26 +18,26 @@ def operations_factor(alpha: ArrayLike, gamma: ArrayLike, c_hat: ArrayLike) -> A
   tokens = np.asarray(theory.expected_tokens(alpha, gamma))
   theory.walltime_improvement(alpha, gamma, c_hat)  # c_hat >= 0, like c
   g = np.asarray(gamma, dtype=float)
-  return _to_output((g * np.asarray(c_hat, dtype=float) + g + 1.0) / tokens)
+  return to_output((g * np.asarray(c_hat, dtype=float) + g + 1.0) / tokens)
 
 
 def improvement_exists(alpha: ArrayLike, c: ArrayLike) -> Union[bool, np.ndarray]:
   """Corollary 3.9: some gamma improves walltime iff alpha > c (v = 1)."""
   theory.walltime_improvement(alpha, 1, c)  # alpha in [0, 1], c >= 0
-  return _to_output(np.asarray(alpha, dtype=float) > np.asarray(c, dtype=float))
+  return to_output(np.asarray(alpha, dtype=float) > np.asarray(c, dtype=float))
 
 
 def min_improvement(alpha: ArrayLike, c: ArrayLike) -> ArrayLike:
   """Corollary 3.9's bound (1 + alpha) / (1 + c); 1.0 where alpha <= c."""
   a, c_arr = np.asarray(alpha, dtype=float), np.asarray(c, dtype=float)
-  return _to_output(np.where(improvement_exists(alpha, c), (1.0 + a) / (1.0 + c_arr), 1.0))
+  return to_output(np.where(improvement_exists(alpha, c), (1.0 + a) / (1.0 + c_arr), 1.0))
 
 
 def optimal_gamma(alpha: ArrayLike, c: ArrayLike, v: ArrayLike = 1.0,
                   max_gamma: int = DEFAULT_MAX_GAMMA) -> Union[int, np.ndarray]:
   """Integer gamma in [1, max_gamma] maximizing walltime_improvement (§3.5, Fig. 3).
 
-  0 where none beats standard decoding. Ties within ``_TIE_RTOL`` go to the
+  0 where none beats standard decoding. Ties within ``TIE_RTOL`` go to the
   smallest gamma (fewer wasted operations, Theorem 3.11; stable on flat curves)."""
   if int(max_gamma) < 1:
     raise ValueError(f"max_gamma must be >= 1, got {max_gamma!r}")
@@ -57,10 +49,10 @@ def optimal_gamma(alpha: ArrayLike, c: ArrayLike, v: ArrayLike = 1.0,
   speedups = np.asarray(
       theory.walltime_improvement(a[..., None], g, c_arr[..., None], v_arr[..., None]))
   best_speedup = np.max(speedups, axis=-1)
-  near_best = speedups >= best_speedup[..., None] * (1.0 - _TIE_RTOL)
+  near_best = speedups >= best_speedup[..., None] * (1.0 - TIE_RTOL)
   best = np.argmax(near_best, axis=-1)  # first True -> smallest gamma
-  helps = best_speedup > 1.0 + _TIE_RTOL
-  return _to_output(np.where(helps, gammas[best].astype(int), 0))
+  helps = best_speedup > 1.0 + TIE_RTOL
+  return to_output(np.where(helps, gammas[best].astype(int), 0))
 
 
 def best_gamma_measured(alpha: float, c: Mapping[int, float], v: Mapping[int, float],

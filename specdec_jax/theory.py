@@ -18,12 +18,12 @@ ArrayLike = Union[float, int, np.ndarray]
 # Within this distance of alpha = 1 Eq. (1) is 0/0: its limit gamma + 1 is used.
 _ALPHA_ONE_ATOL = 1e-9
 
-# Relative difference below which two walltime improvements tie (gamma_curve).
-_TIE_RTOL = 1e-12
+# Relative difference below which two walltime improvements tie (gamma_curve, lab.theory.optimal_gamma).
+TIE_RTOL = 1e-12
 
 
-def _to_output(x: np.ndarray) -> ArrayLike:
-  """Return a python scalar for 0-d results so scalar callers get floats/bools."""
+def to_output(x: np.ndarray) -> ArrayLike:
+  """A python scalar for 0-d results (scalar callers get floats/bools), else the array."""
   x = np.asarray(x)
   return x.item() if x.ndim == 0 else x
 
@@ -54,7 +54,7 @@ def expected_tokens(alpha: ArrayLike, gamma: ArrayLike) -> ArrayLike:
   """Eq. (1): (1 - alpha^(gamma+1)) / (1 - alpha), gamma + 1 at alpha = 1."""
   a = _check_alpha(alpha)
   g = _check_nonneg("gamma", gamma)
-  return _to_output(_expected_tokens(a, g))
+  return to_output(_expected_tokens(a, g))
 
 
 def expected_tokens_by_position(alphas: Sequence[float]) -> float:
@@ -74,7 +74,7 @@ def walltime_improvement(alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike,
   v_arr = np.asarray(v, dtype=float)
   if np.any(v_arr <= 0.0):
     raise ValueError(f"v must be > 0, got {v!r}")
-  return _to_output(RoundCost(g, c_arr, v_arr).speedup(_expected_tokens(a, g)))
+  return to_output(RoundCost(g, c_arr, v_arr).speedup(_expected_tokens(a, g)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +189,7 @@ def gamma_curve(alpha: float, c: Mapping[int, float], v: Mapping[int, float],
   a = min(float(_check_alpha(alpha)), 1.0 - 1e-12)  # α = 1: the limit, not 0/0
   curve = {g: float(walltime_improvement(a, g, c[g], v[g])) for g in sorted(c)}
   best = max(curve.values())
-  argmax = min(g for g, s in curve.items() if s >= best * (1.0 - _TIE_RTOL))
+  argmax = min(g for g, s in curve.items() if s >= best * (1.0 - TIE_RTOL))
   gap_se = prediction_gap_se(a, c, v, argmax, alpha_se, c_se, v_se)
   gamma = min(g for g in curve if curve[argmax] - curve[g] <= gap_se[g])
   return GammaCurve(gamma, argmax, curve, gap_se)
