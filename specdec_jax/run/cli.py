@@ -15,12 +15,14 @@ sum_x min(p, q) along the target's generations; ``--calibrate`` measures c,
 v(k) and the collectives beside the dry run's model, decoding nothing.
 Progress goes to stderr; the Table 2 row and a closing sentence to stdout.
 
-Nothing is written before the first result. Another mode, config or a
+Nothing is written before the first result, and ``config.gin`` with it, so
+a workdir's files always describe its results. Another mode, config or a
 corrupt line is refused with nothing changed; ``--resume`` may raise
-``num_examples``; without ``--workdir`` a repeated command starts a new run;
-Ctrl-C prints the command that continues the run. Relative paths are looked
-up in the working directory, next to each ``--config``, then in the
-repository root.
+``num_examples`` (on a finished run it prints the table, loading no model);
+without ``--workdir`` a repeated command starts a new run; Ctrl-C says what is
+on disk and prints the command that continues the run. Relative paths are
+looked up in the working directory, next to each ``--config`` (last first),
+then in the repository root.
 """
 
 
