@@ -395,8 +395,7 @@ def register_tasks(vocab_path: Optional[str] = None, extra_ids: int = 100,
     f"{TASK_PREFIX}bible_modernize": (
       seqio.FunctionDataSource(
         functools.partial(_bible_dataset_fn, bible_dir=bible_dir), splits=SPLITS),
-      dict(input_key="input", target_key="reference", id_key="id"),
-      PREFIXES["bible_modernize"]),
+      dict(input_key="input", target_key="reference", id_key="id"), PREFIXES["bible_modernize"]),
   }
   config = (vocab_path, extra_ids, bible_dir)
   for name, (source, keys, prefix) in specs.items():

@@ -526,8 +526,7 @@ class DistillJob(PairSettings):
     for m in self.modes:
       if m not in OUTPUT_MODES:
         raise ValueError(f"modes: unknown output mode {m!r}; known: {OUTPUT_MODES}")
-    for name in ("steps", "batch_tokens", "max_input_len", "max_decode_len",
-                 "generate_batch_size"):
+    for name in ("steps", "batch_tokens", "max_input_len", "max_decode_len", "generate_batch_size"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
     for name in ("grow_encoder_layers", "grow_decoder_layers"):
@@ -633,8 +632,7 @@ def run_job(job: DistillJob, log_fn: Callable[[str], None] = print) -> dict:
   opt_cfg, optimizer = train_optimizer(job, bridged)
   result = training.fit(
       distill_loss(draft, target, cfg, bridged), draft_params,
-      lambda start: training.batch_stream(pairs, job.batch_tokens, job.seed, start, buckets,
-                                          rows),
+      lambda start: training.batch_stream(pairs, job.batch_tokens, job.seed, start, buckets, rows),
       opt_cfg, os.path.join(job.workdir, "train"), evaluate=evaluate,
       eval_every=job.eval_every, max_minutes=job.max_minutes, name="distill", log_fn=log_fn,
       seed=job.seed, optimizer=optimizer, frozen=target_params, partitioner=draft_part)

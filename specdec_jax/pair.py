@@ -48,8 +48,7 @@ def check_path(setting: str, value: str, config_dirs: Sequence[str] = (),
       storage.check_path(value)
     except ValueError as e:
       raise ValueError(f"{setting}: {e}") from None
-  elif must_exist and not is_remote(value) and not Path(resolve_path(value,
-                                                                    config_dirs)).exists():
+  elif must_exist and not is_remote(value) and not Path(resolve_path(value, config_dirs)).exists():
     raise FileNotFoundError(f"{setting}: {value!r} does not exist (looked in: "
                             f"{', '.join(candidates(value, config_dirs))})")
 

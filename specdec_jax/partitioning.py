@@ -253,8 +253,7 @@ def initialize_multihost(coordinator_address: Optional[str] = None,
         f"multihost with coordinator_address={coordinator_address!r} also needs "
         f"num_processes (got {num_processes}) and process_id (got {process_id})")
   kw = {} if coordinator_address is None else dict(
-      coordinator_address=coordinator_address, num_processes=num_processes,
-      process_id=process_id)
+      coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id)
   # CPU devices need a collectives backend across processes; accelerators bring their own.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   try:

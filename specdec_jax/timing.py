@@ -178,8 +178,7 @@ def measure_costs_many(target: T5Model, target_params: Any, draft: Approximation
     pieces[("verify", g)] = target_piece(g + 1)
     pieces[("draft", g)] = (lambda g=g: _proposes(draft, dstate, seq, length, key, g, sampling, n))
     pieces[("round", g)] = (lambda g=g: _rounds(target, target_params, cache, draft, dstate,
-                                                 seq, length, key, g, sampling, n,
-                                                 partitioner))
+                                                 seq, length, key, g, sampling, n, partitioner))
   times = interleaved_times(pieces, repeats, n)  # seconds per run of each piece
   t_step = median(times["step"])
   out = {}

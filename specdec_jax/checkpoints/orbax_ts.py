@@ -75,8 +75,7 @@ def metadata_tree(directory: str) -> dict:
   names = {}
   for entry_key, entry in entries.items():
     value = entry.get("value_metadata", {}) if isinstance(entry, Mapping) else {}
-    if value.get("value_type") not in ("jax.Array", "np.ndarray") or value.get(
-        "skip_deserialize"):
+    if value.get("value_type") not in ("jax.Array", "np.ndarray") or value.get("skip_deserialize"):
       continue
     names["/".join(_keys(entry_key, entry))] = _array_spec(
         directory, ".".join(_keys(entry_key, entry)), meta)

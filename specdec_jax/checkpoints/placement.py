@@ -204,8 +204,7 @@ def place_array(name: str, shape: tuple[int, ...], read_slice: Union[SliceReader
     local = {index_box(i, shape) for i in sharding.addressable_devices_indices_map(shape).values()}
     slices = _assemble(name, sorted(local), read_slice, dtype)
     out = jax.make_array_from_callback(shape, sharding,
-                                       lambda index: slices[index_box(index, shape)],
-                                       dtype=dtype)
+                                       lambda index: slices[index_box(index, shape)], dtype=dtype)
     out.block_until_ready()  # frees the host slices once on the devices
     return out
 

@@ -82,8 +82,7 @@ def temperature_sample(model: TargetModel, params: Any, inputs: Array, key: Arra
   state = pin_state(BaselineState(
       *init_rows(b, max_decode_len + 1, model.config.decoder_start_id),
       log_prob=jnp.zeros((b,), jnp.float32),
-      target_cache=model.init_cache(params, encoded, inputs, max_decode_len), key=key),
-      partitioner)
+      target_cache=model.init_cache(params, encoded, inputs, max_decode_len), key=key), partitioner)
   loop = BaselineLoop(model, sampling, eos_id, max_decode_len, partitioner)
   state = jax.lax.while_loop(running, functools.partial(_baseline_step, loop, params), state)
   tokens, length = finish(state, max_decode_len)

@@ -119,8 +119,7 @@ def _lookup_t5(model, params, max_ngram=3, partitioner=None, bridge=None, target
   # Copy only on a full max_ngram match: copies after shorter matches can be
   # accepted less often than the T5 draft's own proposals.
   return LookupT5Draft(t5=_t5(model, params, partitioner, bridge, target_model, target_params,
-                              feature, shortlist),
-                       max_ngram=max_ngram, min_ngram=max_ngram)
+                              feature, shortlist), max_ngram=max_ngram, min_ngram=max_ngram)
 
 
 BUILTIN = frozenset(REGISTRY)

@@ -37,8 +37,7 @@ def pieces(stored: Optional[dict] = None) -> dict[str, Piece]:
 def calibrate(stored: Optional[dict] = None, chip: Chip = CHIPS["v4"]) -> float:
   """Seconds per operation making the model's c for T5-small the paper's."""
   got = pieces(stored)
-  return calibrate_op_seconds(got["target"], got[CALIBRATED_ON], chip,
-                              paper.DRAFT_C[CALIBRATED_ON])
+  return calibrate_op_seconds(got["target"], got[CALIBRATED_ON], chip, paper.DRAFT_C[CALIBRATED_ON])
 
 
 def predicted_c(op_seconds: float, stored: Optional[dict] = None,

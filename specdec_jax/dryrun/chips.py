@@ -75,15 +75,13 @@ CHIPS: dict[str, Chip] = {
                op_seconds=V4_OP_SECONDS, op_source=_V4_OP),
     "v5e": Chip("v5e", "TPU v5 lite", 197e12, 16 * GiB, 819e9, 1, "v5litepod", "default",
                 (2, 4, 1), "https://cloud.google.com/tpu/docs/v5e",
-                **_published_ici(400e9, 4, "v5e"),
-                op_seconds=V4_OP_SECONDS, op_source=_OTHER_OP),
+                **_published_ici(400e9, 4, "v5e"), op_seconds=V4_OP_SECONDS, op_source=_OTHER_OP),
     "v5p": Chip("v5p", "TPU v5", 459e12, 95 * GiB, 2765e9, 2, "v5p", "default", (2, 2, 1),
                 "https://cloud.google.com/tpu/docs/v5p", **_published_ici(1200e9, 6, "v5p"),
                 op_seconds=V4_OP_SECONDS, op_source=_OTHER_OP),
     "v6e": Chip("v6e", "TPU v6 lite", 918e12, 32 * GiB, 1640e9, 1, "v6e", "default",
                 (2, 4, 1), "https://cloud.google.com/tpu/docs/v6e",
-                **_published_ici(800e9, 4, "v6e"),
-                op_seconds=V4_OP_SECONDS, op_source=_OTHER_OP),
+                **_published_ici(800e9, 4, "v6e"), op_seconds=V4_OP_SECONDS, op_source=_OTHER_OP),
 }
 
 # libtpu registers itself on the first topology a process asks for: two

@@ -95,8 +95,7 @@ class DistillPrograms(driver.ProgramList):
     job = self.settings
     target, draft = (driver.architecture(role, getattr(job, f"{role}_checkpoint"),
                                          getattr(job, f"{role}_format"),
-                                         getattr(job, f"{role}_preset"), "float32",
-                                         ("pass", "--"))
+                                         getattr(job, f"{role}_preset"), "float32", ("pass", "--"))
                      for role in ("target", "draft"))
     job.pair.check_vocabularies(target, draft)
     return target, draft.replace(

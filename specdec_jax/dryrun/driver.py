@@ -436,8 +436,7 @@ def format_report(r: DryRun) -> str:
             f"executable; {r.table_note()}):"]
   lines += program_lines(r.programs, chip, r.name_width, r.columns)
   code = max((p.code for p in r.programs if not p.error), default=0)
-  lines += [f"  ({r.code_note()}the programs' code, up to {gib(code)}, is not in the totals)",
-            ""]
+  lines += [f"  ({r.code_note()}the programs' code, up to {gib(code)}, is not in the totals)", ""]
   for p, label in r.shown():
     lines += collective_lines(p, label)
   lines += r.closing_lines()

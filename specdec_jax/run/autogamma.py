@@ -121,8 +121,7 @@ def choose_gamma(target: T5Model, params: Any, draft: Any,
   if missing:
     costs.update(measure_costs_many(target, params, draft, batches[0][0], missing, sampling,
                                     cache_len=cache_length(max_decode_len, gamma_max),
-                                    repeats=repeats,
-                                    partitioner=partitioner))
+                                    repeats=repeats, partitioner=partitioner))
   by_position = None
   if capabilities(draft).proposal_steps:
     # A one-call draft's acceptance falls with the position.

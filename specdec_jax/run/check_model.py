@@ -177,8 +177,7 @@ def _collective_body(kind: str, group: int) -> Any:
   if kind == "all-gather":
     return lambda x: jax.lax.all_gather(x, ax, tiled=True)[:x.shape[0]]
   if kind == "reduce-scatter":
-    return lambda x: jax.lax.dynamic_update_slice(
-        x, jax.lax.psum_scatter(x, ax, tiled=True), (0,))
+    return lambda x: jax.lax.dynamic_update_slice(x, jax.lax.psum_scatter(x, ax, tiled=True), (0,))
   if kind == "all-to-all":
     return lambda x: jax.lax.all_to_all(x, ax, 0, 0, tiled=True)
   if kind == "collective-permute":

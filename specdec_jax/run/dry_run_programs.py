@@ -291,8 +291,7 @@ def lower_tree_pass(cfg: T5Config, part: Optional[Partitioner], device: Any, exp
   tokens = sharded(part, device, ("batch", None), (b, tree.num_nodes), jnp.int32, "tokens")
   lengths = sharded(part, device, ("batch",), (b,), jnp.int32, "lengths")
   cache = _cache(cfg, part, device, b, exp.max_input_len, cache_len)
-  return _lower_auto(_tree_pass(T5Model(cfg), part, tree), params, tokens, lengths, cache,
-                     tokens)
+  return _lower_auto(_tree_pass(T5Model(cfg), part, tree), params, tokens, lengths, cache, tokens)
 
 
 def _lowerers(ctx: Context) -> dict[str, Callable[[], Any]]:
@@ -354,8 +353,7 @@ def piece_compiles(ctx: Context, widths: Optional[Sequence[int]] = None,
                                     cache_len)
           label = f"target tree pass N={k} depth {depth}"
         else:
-          lower = functools.partial(lower_pass, tcfg, ctx.target_part, device, exp, k,
-                                    cache_len)
+          lower = functools.partial(lower_pass, tcfg, ctx.target_part, device, exp, k, cache_len)
           label = f"target pass k={k} depth {depth}"
         out.append(Compile(label, lower, options=PIECE_OPTIONS, key=("target", depth, k)))
     if ctx.draft_config is not None and "draft" in roles:
@@ -377,8 +375,7 @@ def _estimates(ctx: Context) -> dict[str, int]:
                      exp.dtype, exp.batch_size, exp.max_input_len, exp.max_decode_len,
                      exp.gamma_max, exp.logical_axis_rules, exp.draft_logical_axis_rules,
                      exp.partition_fallback, draft_quant(exp))
-  part = memory.planning_partitioner(exp.mesh_shape, exp.logical_axis_rules,
-                                     exp.partition_fallback)
+  part = memory.planning_partitioner(exp.mesh_shape, exp.logical_axis_rules, exp.partition_fallback)
   base_cache = memory.cache_bytes(ctx.target_config, part, exp.batch_size, exp.max_input_len,
                                   exp.max_decode_len, exp.dtype, "target cache")
   pq = 3 * exp.batch_size * exp.max_decode_len * ctx.target_config.vocab_size * 4

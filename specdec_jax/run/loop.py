@@ -151,8 +151,7 @@ def min_pq_sums(setup: Setup, x: Any, key: Any) -> tuple[Any, Any, Any]:
   out = temperature_sample(target, tparams, x, key, max_decode_len=exp.max_decode_len,
                            sampling=exp.sampling, eos_id=target.config.eos_id,
                            partitioner=setup.partitioner)
-  sums = alpha.min_pq_along(target, tparams, setup.draft, x, out.tokens, out.length,
-                            exp.sampling)
+  sums = alpha.min_pq_along(target, tparams, setup.draft, x, out.tokens, out.length, exp.sampling)
   return out, sums, out.length
 
 

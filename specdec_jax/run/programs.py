@@ -52,8 +52,7 @@ def with_command_buffers(loop: Any, min_graph_size: int, backend: Optional[str] 
   options = command_buffer_options(min_graph_size) if min_graph_size else None
   if options is None or (backend or jax.default_backend()) != "gpu":
     return loop
-  return jax.jit(loop.__wrapped__, static_argnames=STATIC_ARGNAMES[loop],
-                 compiler_options=options)
+  return jax.jit(loop.__wrapped__, static_argnames=STATIC_ARGNAMES[loop], compiler_options=options)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,8 +52,7 @@ def summarize(exp: Experiment, records: list[dict]) -> dict:
   whole = None
   if fixed and exp.batch_size == 1 and all("prefill_speculative_ms" in r for r in records):
     # ... and with each example's prefill: the whole-run prediction (``account``).
-    a = account.attribute(records, account.prefill_of(records),
-                          [r["input_width"] for r in records])
+    a = account.attribute(records, account.prefill_of(records), [r["input_width"] for r in records])
     whole = a.expected_whole_run
     summary["prefill_baseline_ms"] = a.prefill_baseline_ms
     summary["prefill_speculative_ms"] = a.prefill_speculative_ms

@@ -115,8 +115,7 @@ def check_partitioning(exp: Experiment, target_part, draft_part) -> None:
 
 def _corpus(exp: Experiment, vocab) -> list[list[int]]:
   exs = data.load_examples(exp.resolve(exp.ngram_corpus), split=exp.ngram_corpus_split,
-                           max_examples=exp.ngram_corpus_max_examples,
-                           data_dir=exp.tfds_data_dir)
+                           max_examples=exp.ngram_corpus_max_examples, data_dir=exp.tfds_data_dir)
   seqs = [vocab.encode(e.reference) + [vocab.eos_id] for e in exs if e.reference]
   if not seqs:
     raise ValueError(f"Experiment.ngram_corpus={exp.ngram_corpus!r} has no references")
@@ -168,8 +167,7 @@ def load_data(exp: Experiment) -> Data:
 def held_out_inputs(exp: Experiment, source: str, num_examples: int) -> np.ndarray:
   """Another source's first inputs [num_examples, max_input_len], tokenized
   like the experiment's own."""
-  return _tokenized(exp, _vocabulary(exp), "source", source, "validation", num_examples,
-                    0)[1]
+  return _tokenized(exp, _vocabulary(exp), "source", source, "validation", num_examples, 0)[1]
 
 
 def load_models(exp: Experiment, d: Data) -> Setup:
@@ -178,8 +176,7 @@ def load_models(exp: Experiment, d: Data) -> Setup:
   target, target_params = _load_model(exp, "target", target_part)
   exp.pair.check_vocab_size(d.vocab.vocab_size, target.config)
   return Setup(**vars(d), exp=exp, target=target, target_params=target_params,
-               draft=load_draft(exp, d, target, draft_part, target_params),
-               partitioner=target_part)
+               draft=load_draft(exp, d, target, draft_part, target_params), partitioner=target_part)
 
 
 def load_draft(exp: Experiment, d: Data, target: T5Model,
@@ -205,8 +202,7 @@ def load_draft(exp: Experiment, d: Data, target: T5Model,
       if not drafts.takes(exp.draft_name, "bridge"):
         raise ValueError(f"{exp.draft_checkpoint} has an encoder bridge, but approximation "
                          f"model {exp.draft_name!r} takes no 'bridge' argument")
-      build_kw.update(bridge=jnp.asarray(kernel), target_model=target,
-                      target_params=target_params)
+      build_kw.update(bridge=jnp.asarray(kernel), target_model=target, target_params=target_params)
     features = _load_bridge(exp.resolve(exp.draft_checkpoint), feature_lib)
     if features is not None:
       feature_lib.check(features, target, dmodel, exp.draft_checkpoint)
@@ -247,8 +243,7 @@ def start_multihost(exp: Experiment) -> None:
   """``jax.distributed.initialize`` once, before JAX touches a device."""
   if exp.multihost and not jax.distributed.is_initialized():
     try:
-      partitioning.initialize_multihost(exp.coordinator_address, exp.num_processes,
-                                        exp.process_id)
+      partitioning.initialize_multihost(exp.coordinator_address, exp.num_processes, exp.process_id)
     except partitioning.PartitioningError as e:
       raise ValueError(f"Experiment.multihost: {e}") from None
 

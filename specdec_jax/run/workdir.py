@@ -66,8 +66,7 @@ def _running(pid: int) -> bool:
 
 
 def _utc(t: float) -> str:
-  return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime(
-      "%Y-%m-%d %H:%M:%S UTC")
+  return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def describe_holder(holder: dict) -> str:
@@ -202,8 +201,7 @@ class WriterHold:
           return
         self.record["refreshed_s"] = time.time()
         try:
-          new = storage.write_if(self.lock_path, json.dumps(self.record).encode(),
-                                 self._generation)
+          new = storage.write_if(self.lock_path, json.dumps(self.record).encode(), self._generation)
         except storage.StorageError as e:  # tried again at the next beat
           logging.warning("%s: could not refresh the hold (%s)", self.shown, e)
           continue

@@ -81,8 +81,7 @@ def speedup_figure(plt: Any, runs: Sequence[Dict[str, Any]]) -> Any:
   measured = [_number(s.get("speedup")) for s in runs]
   papers = [_number(tables.paper_row("table2", s).get("speed")) for s in runs]
   fig, ax = plt.subplots(figsize=_size(runs))
-  _bars(ax, row_labels(runs), [("measured", measured),
-                               ("the paper (Table 2, one TPU-v4)", papers)])
+  _bars(ax, row_labels(runs), [("measured", measured), ("the paper (Table 2, one TPU-v4)", papers)])
   ax.axvline(1.0, color="k", lw=0.8, zorder=1)
   with_paper = any(p is not None for p in papers)
   ax.set(xlabel="walltime improvement over the baseline (X)",

@@ -42,8 +42,7 @@ T = TypeVar("T")
 
 def new_parser(doc: str) -> argparse.ArgumentParser:
   """An ArgumentParser printing ``doc`` as written, with --verbose."""
-  p = argparse.ArgumentParser(description=doc,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--verbose", action="store_true",
                  help="show the INFO logs of other libraries (Orbax, JAX)")
   return p
@@ -113,8 +112,7 @@ def dataclass_flags(parser: argparse.ArgumentParser, cls: type, defaults: Any = 
     text = f"{cls.__name__}.{f.name}" + (f": {docs[f.name]}" if f.name in docs else "")
     kinds = hint_types(hints[f.name])
     if kinds == [bool]:
-      kw: dict[str, Any] = dict(default=default, action=argparse.BooleanOptionalAction,
-                                help=text)
+      kw: dict[str, Any] = dict(default=default, action=argparse.BooleanOptionalAction, help=text)
     elif len(kinds) == 1 and (kinds[0] in (str, int, float)
                               or typing.get_origin(kinds[0]) is tuple):
       kw = dict(default=default, required=defaults is None and not has_default, help=text,
