@@ -500,6 +500,44 @@ def test_compile_all_names_each_program_as_it_is_done(caplog):
       f"  total: {programs[1].compile_s:.0f} s (2/2)"]
 
 
+@pytest.fixture
+def cache_dir_setting():
+  """jax_compilation_cache_dir set by the test, restored after it."""
+  before = jax.config.jax_compilation_cache_dir
+  yield lambda value: jax.config.update("jax_compilation_cache_dir", value)
+  jax.config.update("jax_compilation_cache_dir", before)
+
+
+@pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
+def test_a_program_compiled_before_is_read_back_not_compiled(tmp_path, monkeypatch,
+                                                             cache_dir_setting):
+  """With a compilation cache set, a program's record outlives its process:
+  the next process (here: an emptied in-memory cache) reads it back rather
+  than compiling, with the same figures; a corrupt record is compiled again;
+  without a cache, nothing is written."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  _, devices = chips.topology_devices("v5e:1x1")
+  x = jax.ShapeDtypeStruct((16, 256), jnp.float32,
+                           sharding=jax.sharding.SingleDeviceSharding(devices[0]))
+
+  def compile_fresh():
+    monkeypatch.setattr(driver, "_COMPILED", {})  # as in a new process
+    return driver.compile_program("square", jax.jit(lambda a: (a @ a.T).sum(0)).lower(x),
+                                  "v5e:1x1")
+  cache_dir_setting(None)
+  first = compile_fresh()
+  assert not first.loaded and first.temporaries + first.outputs > 0 and first.flops > 0
+  cache_dir_setting(str(tmp_path))
+  compiled = compile_fresh()
+  records = list((tmp_path / "specdec_jax_dry_run").glob("*.pkl"))
+  assert len(records) == 1 and not compiled.loaded
+  again = compile_fresh()
+  assert again.loaded and again.compile_s == 0
+  assert dataclasses.replace(again, loaded=False, compile_s=compiled.compile_s) == compiled
+  records[0].write_bytes(b"not a record")
+  assert not compile_fresh().loaded
+
+
 def test_the_short_report_says_what_fits_in_words():
   """The runner's default dry-run report (no compile needed here): the
   largest program against the chip's memory, each program that does not fit

@@ -74,11 +74,11 @@ SHRINK = ("Experiment.target_preset = 'tiny_t5_1_0_target'",
 ALL_ROWS_EXAMPLES = 6
 # The environment: four CPU devices (a v4-8 has four chips, one JAX device
 # each); HOME a fresh folder (the VM user's: prepare_data keeps raw downloads
-# there); JAX's compilation cache in it (the twelve rows share most programs);
-# the suite's compiler flags (tests/conftest.py).
+# and the page's compilation cache there);
+# the suite's compiler flags (tests/conftest.py); every compiled program kept
+# in the page's compilation cache (JAX keeps only those compiled in over 1 s).
 ENV = {"JAX_PLATFORMS": "cpu",
        "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4",
-       "JAX_COMPILATION_CACHE_DIR": "$HOME/jax_cache",
        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 # -------------------------------------------------------------------------------

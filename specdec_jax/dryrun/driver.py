@@ -12,6 +12,8 @@ import dataclasses
 import functools
 import hashlib
 import os
+import pathlib
+import pickle
 import sys
 import threading
 import time
@@ -64,6 +66,7 @@ class Program:
   weight_moves: list = dataclasses.field(default_factory=list)    # hlo.Collective
   weight_copies: list = dataclasses.field(default_factory=list)   # hlo.WeightCopy
   error: str = ""                # the compiler's first line when it failed
+  loaded: bool = False           # its record read back from an earlier compile (compile_s 0)
 
   @property
   def total(self) -> int:
@@ -96,15 +99,55 @@ def is_weight(param: hlo.Instr) -> bool:
 
 # Compiled programs by (topology, options, program text): each compiles once.
 _COMPILED: dict[str, Program] = {}
+# This code's version: a record made by other code is not read back.
+_CODE = hashlib.sha256(b"".join(pathlib.Path(f).read_bytes() for f in (__file__, hlo.__file__)))
+
+
+def _record_path(key: str) -> Optional[str]:
+  """Where a compiled program's record is kept across processes: beside JAX's
+  persistent compilation cache when one is set (a local folder), else nowhere.
+  JAX's own entries for compile-only TPU devices cannot be loaded back, so a
+  dry run, --calibrate or --verbose after it would compile everything again."""
+  folder = jax.config.jax_compilation_cache_dir
+  if not folder or "://" in folder:
+    return None
+  return os.path.join(folder, "specdec_jax_dry_run", f"{key}.pkl")
+
+
+def _load_record(key: str) -> Optional[Program]:
+  path = _record_path(key)
+  try:
+    with open(path, "rb") as f:
+      return pickle.load(f)
+  except Exception:  # none yet, or unreadable: compiled again
+    return None
+
+
+def _store_record(key: str, p: Program) -> None:
+  path = _record_path(key)
+  if path is None:
+    return
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(f"{path}.{os.getpid()}.tmp", "wb") as f:
+      pickle.dump(p, f)
+    os.replace(f"{path}.{os.getpid()}.tmp", path)  # readers see a whole record or none
+  except OSError as e:
+    logging.warning("could not keep the dry run's record of %s in %s: %s", p.name, path, e)
 
 
 def compile_program(name: str, lowered: Any, topology: str = "", estimate: int = 0,
                     options: Optional[dict] = None, backward: bool = False) -> Program:
   """Compiles ``lowered`` into a ``Program``; one the compiler refuses gets
-  its first line in ``error``."""
+  its first line in ``error``. A program compiled before, in this process or
+  (with a compilation cache set) in another, is not compiled again."""
   text = lowered.as_text()
   key = hashlib.sha256(f"{topology}\n{options}\n{backward}\n".encode()
-                       + text.encode()).hexdigest()
+                       + text.encode() + _CODE.digest()).hexdigest()
+  if key not in _COMPILED and _record_path(key) is not None:
+    loaded = _load_record(key)
+    if loaded is not None:
+      _COMPILED[key] = dataclasses.replace(loaded, compile_s=0.0, loaded=True)
   if key in _COMPILED:
     return dataclasses.replace(_COMPILED[key], name=name, estimate=estimate)
   p = Program(name, estimate)
@@ -123,6 +166,7 @@ def compile_program(name: str, lowered: Any, topology: str = "", estimate: int =
   p.flops, p.bytes = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
   p.take_module(hlo.parse(compiled.as_text()), backward)
   _COMPILED[key] = p
+  _store_record(key, p)
   return p
 
 
@@ -146,7 +190,8 @@ def compile_all(topology: str, specs: Sequence[Compile],
     with _LOCK:
       done.append(s.name)
       logging.info("  %s: %s (%d/%d)", s.name, "NOT COMPILED" if p.error else
-                   f"{p.compile_s:.0f} s", len(done), len(specs))
+                   "compiled before" if p.loaded else f"{p.compile_s:.0f} s", len(done),
+                   len(specs))
     return p
 
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
