@@ -129,27 +129,24 @@ def _script(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_two_tiny_rows_end_to_end_then_skipped(tmp_path):
-  """Two rows of the demo pair (T = 0 and 1, two examples each) run and the
-  table is printed with both; run again, both are skipped without starting the
-  runner and the same table is printed; --figures writes the PNGs."""
+def test_a_tiny_row_end_to_end_then_skipped(tmp_path):
+  """A row of the demo pair (two examples) runs and the table is printed and
+  written; run again, the finished row is skipped without starting the
+  runner and the same table is printed; --figures writes the PNGs. (Twelve
+  rows, T = 1 and a resumed row: tests/test_tpu_page.py, step 8.)"""
   tiny = ["Experiment.num_warmup = 1", "Experiment.num_examples = 2",
           "Experiment.input_buckets = (128,)", "Experiment.cost_repeats = 1"]
   folder, root = tmp_path / "rows", tmp_path / "runs"
   _row(folder, "demo_small_t0", *tiny)
-  _row(folder, "demo_small_t1", *tiny, "SamplingConfig.temperature = 1.0")
   args = [f"--config_dir={folder}", f"--root={root}", "--figures"]
 
   first = _script(*args)
   assert first.returncode == 0, first.stderr[-3000:]
-  for name in ("demo_small_t0", "demo_small_t1"):
-    summary = json.loads((root / name / "summary.json").read_text())
-    assert summary["num_examples"] == 2, name
-  assert json.loads((root / "demo_small_t0" / "summary.json").read_text())[
-      "mismatches_vs_baseline"] == 0
+  summary = json.loads((root / "demo_small_t0" / "summary.json").read_text())
+  assert summary["num_examples"] == 2 and summary["mismatches_vs_baseline"] == 0
   table = first.stdout[first.stdout.index("### Table 2"):]
   rows = [l for l in table.split("### Table 4")[0].splitlines() if l.startswith("| bible")]
-  assert len(rows) == 2 and [r.split("|")[5].strip() for r in rows] == ["0", "1"]  # TEMP
+  assert len(rows) == 1 and rows[0].split("|")[5].strip() == "0"  # TEMP
   assert (root / "table2.md").read_text() == table
   for png in ("speedup.png", "tokens_per_call.png", "acceptance.png"):
     assert (root / png).stat().st_size > 5000, png
@@ -157,6 +154,6 @@ def test_two_tiny_rows_end_to_end_then_skipped(tmp_path):
   lines = (root / "demo_small_t0" / "examples.jsonl").read_bytes()
   again = _script(*args)
   assert again.returncode == 0, again.stderr[-3000:]
-  assert again.stdout.count("skipped") == 2 and "[1/2]" not in again.stdout + again.stderr
+  assert again.stdout.count("skipped") == 1 and "[1/2]" not in again.stdout + again.stderr
   assert again.stdout[again.stdout.index("### Table 2"):] == table
   assert (root / "demo_small_t0" / "examples.jsonl").read_bytes() == lines
