@@ -1,8 +1,8 @@
 """scripts/run_table2.py and specdec_jax.scripting.table2: every row of a
 family in sequence, skipping finished rows and resuming the others with the
 runner's --resume, then the Table 2 markdown. The fast tests replace the
-runner by a recorder; the slow one runs two tiny rows (the demo pair, two
-examples each) end to end and again."""
+runner by a recorder; the slow one runs a tiny row (the demo pair, two
+examples) end to end and again."""
 
 from __future__ import annotations
 
