@@ -86,16 +86,12 @@ def standardize(logits: Array, config: SamplingConfig) -> Array:
 
 def sample(key: Array, probs: Array, config: SamplingConfig) -> Array:
   """One token per row from probs [..., V] -> [...] int32 (argmax needs no key)."""
-  if config.greedy:
-    return argmax(probs)
-  return sample_any(key, probs)
+  return argmax(probs) if config.greedy else sample_any(key, probs)
 
 
 def sample_with(u: Array | None, probs: Array, config: SamplingConfig) -> Array:
   """``sample`` with given uniforms u [...] in [0, 1) (None at T = 0)."""
-  if config.greedy:
-    return argmax(probs)
-  return inverse_cdf(probs, u)
+  return argmax(probs) if config.greedy else inverse_cdf(probs, u)
 
 
 def _block_size(v: int) -> int:

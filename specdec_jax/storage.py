@@ -425,4 +425,3 @@ def read_text(path: str, what: str = "") -> str:
     col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
     raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
                      f"{col}: {e.reason}); save the file as UTF-8") from None
-

@@ -49,8 +49,7 @@ def hf_config_to_t5(hf: Mapping[str, Any], dtype: str = "float32",
     num_layers = int(hf["num_layers"])
     fields = dict(
         vocab_size=int(hf["vocab_size"]), d_model=int(hf["d_model"]),
-        num_heads=int(hf["num_heads"]), head_dim=int(hf["d_kv"]),
-        num_encoder_layers=num_layers,
+        num_heads=int(hf["num_heads"]), head_dim=int(hf["d_kv"]), num_encoder_layers=num_layers,
         num_decoder_layers=int(hf.get("num_decoder_layers") or num_layers),
         d_ff=int(hf["d_ff"]), version=version,
         relative_attention_num_buckets=int(hf.get("relative_attention_num_buckets", 32)),

@@ -112,12 +112,9 @@ def _chain_stats(st: SpecStats, out: KernelOutput, live: Array, proposed: Array,
   accepted = evaluated & out.accepted
   rejected = live & (a < proposed) & (a + 1 <= count)
   return SpecStats(
-      target_calls=st.target_calls + live,
-      draft_calls=st.draft_calls + live * steps,
-      accepted_at=st.accepted_at + accepted,
-      evaluated_at=st.evaluated_at + evaluated,
-      accepted=st.accepted + jnp.sum(accepted, 1),
-      rejected=st.rejected + rejected,
+      target_calls=st.target_calls + live, draft_calls=st.draft_calls + live * steps,
+      accepted_at=st.accepted_at + accepted, evaluated_at=st.evaluated_at + evaluated,
+      accepted=st.accepted + jnp.sum(accepted, 1), rejected=st.rejected + rejected,
       min_pq_sum=st.min_pq_sum + jnp.sum(jnp.where(evaluated, out.min_pq, 0.0), 1),
       gamma_hist=st.gamma_hist + (live[:, None] & (jnp.arange(gamma + 1)[None]
                                                    == proposed[:, None])),

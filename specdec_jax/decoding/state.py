@@ -40,9 +40,7 @@ def init_rows(batch: int, buf_len: int, start_id: int) -> tuple[Array, Array, Ar
 
 def round_keys(key: Array, greedy: bool, num: int) -> tuple[Array, ...]:
   """(the next round's key, then num - 1 draw keys); at T = 0 all the incoming one."""
-  if greedy:
-    return (key,) * num
-  return tuple(jax.random.split(key, num))
+  return (key,) * num if greedy else tuple(jax.random.split(key, num))
 
 
 def cut(new_tokens: Array, num_accepted: Array, length: Array, done: Array, eos_id: int,

@@ -81,8 +81,7 @@ def _tree_stats(st: TreeStats, tree: RoundTree, out: TreeOutput, live: Array, st
   on_path = live[:, None] & (jnp.arange(1, depth + 1)[None] <= kept[:, None])  # --> [B, D]
   ranks = jnp.take_along_axis(tree.sibling_rank, jnp.maximum(out.path, 0), axis=1)
   return TreeStats(
-      target_calls=st.target_calls + live,
-      draft_calls=st.draft_calls + live * steps,
+      target_calls=st.target_calls + live, draft_calls=st.draft_calls + live * steps,
       accepted=st.accepted + jnp.where(live, kept, 0),
       depth_hist=st.depth_hist + (live[:, None] & (jnp.arange(depth + 1, dtype=jnp.int32)[None]
                                                    == kept[:, None])),

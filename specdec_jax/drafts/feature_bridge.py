@@ -74,4 +74,3 @@ def save(directory: str, bridge: Any) -> None:
 def load(directory: str) -> Optional[dict]:
   """The feature bridge stored with a draft checkpoint (local or ``gs://``), or None."""
   return bridge_lib.load_arrays(directory, FILENAME, ("kernel", "staleness"), "feature bridge")
-

@@ -59,7 +59,6 @@ _V4_OP = "calibrated: the paper's c = 0.02 for T5-small on one TPU-v4 (Table 4)"
 _OTHER_OP = "ASSUMED: TPU v4's calibrated value (no published measurement for this chip)"
 
 
-
 def _published_ici(bidirectional: float, ports: int, name: str) -> dict:
   """The ICI fields from Cloud's page: ``bidirectional`` bytes/s per chip over ``ports``."""
   return dict(ici_ports=ports, ici_link_bandwidth=bidirectional / 2 / ports,

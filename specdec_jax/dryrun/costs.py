@@ -135,8 +135,7 @@ class Roofline:
     return RoundCost(gamma, self.c(), v, draft_calls, step_ms=self.baseline_ms_per_token())
 
   def tree_round_cost(self, tree: TreeShape) -> RoundCost:
-    """A tree's round: a draft step per depth (or one block call) and the
-    pass over its N nodes."""
+    """A tree's round: a draft step per depth (or one block call) and the pass over its N nodes."""
     if self.block is not None:
       return RoundCost(tree.num_nodes - 1, self.block_c(), self.v(tree.num_nodes), 1,
                        step_ms=self.baseline_ms_per_token())

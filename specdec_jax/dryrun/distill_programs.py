@@ -79,8 +79,7 @@ def _meshes_holding(cfg: T5Config, job: distill.DistillJob, devices: Sequence[An
 
 
 class DistillPrograms(driver.ProgramList):
-  """The distillation's programs; ``find_fixes``: a smaller batch for each
-  that does not fit."""
+  """The distillation's programs; ``find_fixes``: a smaller batch for each that does not fit."""
 
   def __init__(self, job: distill.DistillJob, programs: Optional[Sequence[str]] = None,
                find_fixes: bool = True):
@@ -184,8 +183,7 @@ def lower_generate(ctx: Context, mode: str, batch_size: Optional[int] = None) ->
   params = abstract_params(ctx.target_config, tp, job.param_dtype, ctx.device)
   inputs = _rows(tp, ctx.device, (b, input_len(ctx)), "generate_batch_size (target outputs)")
   return temperature_sample.lower(T5Model(ctx.target_config), params, inputs,
-                                  abstract_key(tp, ctx.device),
-                                  max_decode_len=job.max_decode_len,
+                                  abstract_key(tp, ctx.device), max_decode_len=job.max_decode_len,
                                   sampling=_mode_sampling(job, mode),
                                   eos_id=ctx.target_config.eos_id, partitioner=tp)
 

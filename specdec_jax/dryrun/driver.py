@@ -104,18 +104,15 @@ _CODE = hashlib.sha256(b"".join(pathlib.Path(f).read_bytes() for f in (__file__,
 
 
 def _record_path(key: str) -> Optional[str]:
-  """Where a compiled program's record is kept across processes: beside JAX's
-  persistent compilation cache when one is set (a local folder), else nowhere.
-  JAX's own entries for compile-only TPU devices cannot be loaded back, so a
-  dry run, --calibrate or --verbose after it would compile everything again."""
+  """A compiled program's record, kept beside JAX's compilation cache when one
+  is set (a local folder): JAX's own entries for compile-only TPU devices
+  cannot be loaded back, so a later dry run or --calibrate would compile again."""
   folder = jax.config.jax_compilation_cache_dir
-  if not folder or "://" in folder:
-    return None
-  return os.path.join(folder, "specdec_jax_dry_run", f"{key}.pkl")
+  return None if not folder or "://" in folder else os.path.join(
+      folder, "specdec_jax_dry_run", f"{key}.pkl")
 
 
-def _load_record(key: str) -> Optional[Program]:
-  path = _record_path(key)
+def _load_record(path: str) -> Optional[Program]:
   try:
     with open(path, "rb") as f:
       return pickle.load(f)
@@ -123,15 +120,12 @@ def _load_record(key: str) -> Optional[Program]:
     return None
 
 
-def _store_record(key: str, p: Program) -> None:
-  path = _record_path(key)
-  if path is None:
-    return
+def _store_record(path: str, p: Program) -> None:
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(f"{path}.{os.getpid()}.tmp", "wb") as f:
+    with open(f"{path}.{os.getpid()}", "wb") as f:
       pickle.dump(p, f)
-    os.replace(f"{path}.{os.getpid()}.tmp", path)  # readers see a whole record or none
+    os.replace(f"{path}.{os.getpid()}", path)  # readers see a whole record or none
   except OSError as e:
     logging.warning("could not keep the dry run's record of %s in %s: %s", p.name, path, e)
 
@@ -144,10 +138,9 @@ def compile_program(name: str, lowered: Any, topology: str = "", estimate: int =
   text = lowered.as_text()
   key = hashlib.sha256(f"{topology}\n{options}\n{backward}\n".encode()
                        + text.encode() + _CODE.digest()).hexdigest()
-  if key not in _COMPILED and _record_path(key) is not None:
-    loaded = _load_record(key)
-    if loaded is not None:
-      _COMPILED[key] = dataclasses.replace(loaded, compile_s=0.0, loaded=True)
+  record = _record_path(key)
+  if key not in _COMPILED and record and (loaded := _load_record(record)) is not None:
+    _COMPILED[key] = dataclasses.replace(loaded, compile_s=0.0, loaded=True)
   if key in _COMPILED:
     return dataclasses.replace(_COMPILED[key], name=name, estimate=estimate)
   p = Program(name, estimate)
@@ -166,7 +159,8 @@ def compile_program(name: str, lowered: Any, topology: str = "", estimate: int =
   p.flops, p.bytes = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
   p.take_module(hlo.parse(compiled.as_text()), backward)
   _COMPILED[key] = p
-  _store_record(key, p)
+  if record:
+    _store_record(record, p)
   return p
 
 
@@ -263,8 +257,7 @@ def architecture(role: str, path: str, fmt: str, preset: Optional[str],
 def mesh_partitioners(mesh_shape: Optional[Sequence[int]], rules: Optional[Sequence],
                       draft_rules: Sequence, fallback: str, devices: Sequence[Any]
                       ) -> tuple[Optional[Partitioner], Optional[Partitioner]]:
-  """The target's and the draft's partitioners over ``devices`` (None, None
-  without a mesh)."""
+  """The target's and the draft's partitioners over ``devices`` (None, None without a mesh)."""
   if mesh_shape is None:
     return None, None
   mesh = partitioning.make_mesh(mesh_shape, devices)

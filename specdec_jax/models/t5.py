@@ -807,4 +807,3 @@ def fuse_projections(params: Any) -> Any:
     out[stack] = {name: fuse_layer(v) if name.startswith("layers_") else v
                   for name, v in out[stack].items()}
   return out
-

@@ -123,4 +123,3 @@ def attribute(records: Sequence[Mapping[str, Any]], prefill: Mapping[int, tuple[
       speed=float(base_ms.sum() / spec_ms.sum()),
       baseline_vs_model=float(base_ms.sum() / model_base.sum()),
       speculative_vs_model=float(spec_ms.sum() / model_spec.sum()))
-

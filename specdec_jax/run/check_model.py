@@ -169,8 +169,7 @@ def group_mesh(mesh: Mesh, group: int) -> Optional[Mesh]:
 
 
 def _collective_body(kind: str, group: int) -> Any:
-  """x -> x after one collective of ``kind`` over 'group', shape kept (so
-  none is hoisted)."""
+  """x -> x after one collective of ``kind`` over 'group', shape kept (so none is hoisted)."""
   ax = "group"
   if kind == "all-reduce":
     return lambda x: jax.lax.psum(x, ax)
@@ -192,9 +191,7 @@ def _local_elements(kind: str, nbytes: int, group: int, itemsize: int) -> int:
     return max(1, n // group)
   if kind == "reduce-scatter":
     return n * group
-  if kind == "all-to-all":
-    return max(group, n - n % group)
-  return n
+  return max(group, n - n % group) if kind == "all-to-all" else n
 
 
 def time_collectives(mesh: Mesh, keys: Sequence[tuple], dtype: str = "bfloat16",
@@ -226,8 +223,7 @@ def time_collectives(mesh: Mesh, keys: Sequence[tuple], dtype: str = "bfloat16",
 
 def measured_collectives_us(partitioner: Any, loop: dict, dtype: str, repeats: int
                             ) -> tuple[Optional[float], dict]:
-  """(µs of one loop iteration's collectives, µs each by key); (None, {}) on
-  one device."""
+  """(µs of one loop iteration's collectives, µs each by key); (None, {}) on one device."""
   if partitioner is None or np.asarray(partitioner.mesh.devices).size < 2 or not loop:
     return None, {}
   each = time_collectives(partitioner.mesh, sorted(loop), dtype, repeats)

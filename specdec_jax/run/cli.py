@@ -215,8 +215,7 @@ def main(argv: Sequence[str]) -> None:
     raise ValueError("--calibrate and --dry_run do not cover Experiment.decode_method='beam'; "
                      "run it without them")
   if FLAGS.calibrate:
-    check_model.main(exp, FLAGS.calibrate,
-                     FLAGS.workdir or str(Path("runs") / f"{stem}_calibrate"),
+    check_model.main(exp, FLAGS.calibrate, FLAGS.workdir or str(Path("runs") / f"{stem}_calibrate"),
                      FLAGS.dry_run, alpha_only)
     return
   if FLAGS.dry_run:
@@ -422,4 +421,3 @@ def app_main(argv: Sequence[str]) -> None:
   sys.stderr.flush()
   if code:
     os._exit(code)  # skip interpreter teardown, where Orbax's threads print noise
-

@@ -212,9 +212,7 @@ def dry_run(exp: Experiment, topology: str, alpha_only: bool = False,
 
 def draft_quant(exp: Experiment) -> Optional[str]:
   """The draft's weight-only quantization as the run loads it; None without weights."""
-  if not _has_weights(exp):
-    return None
-  return exp.pair.quantization_of_draft()
+  return None if not _has_weights(exp) else exp.pair.quantization_of_draft()
 
 
 def _cache(cfg: T5Config, part: Optional[Partitioner], device: Any, batch: int, input_len: int,

@@ -62,8 +62,7 @@ def estimate_bytes(exp: Experiment, alpha_only: bool = False) -> dict[str, int]:
     return {}
   plan = memory.plan(cfgs["target"], cfgs["draft"], exp.mesh_shape, exp.param_dtype, exp.dtype,
                      exp.batch_size, exp.max_input_len, exp.max_decode_len, exp.gamma_max,
-                     exp.logical_axis_rules, exp.draft_logical_axis_rules,
-                     exp.partition_fallback,
+                     exp.logical_axis_rules, exp.draft_logical_axis_rules, exp.partition_fallback,
                      pair.quantization_of_draft() if cfgs["draft"] is not None else None)
   out = {"target weights": plan["target_params"], "target KV cache": plan["target_caches"]}
   if cfgs["draft"] is not None:

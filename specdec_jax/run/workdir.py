@@ -273,15 +273,13 @@ def _record_mode(record: dict) -> str:
 
 
 def _comparable(config_str: str) -> list[str]:
-  """Config lines that must match on --resume (all but num_examples and the
-  multi-host identity)."""
+  """Config lines that must match on --resume (all but num_examples and the multi-host identity)."""
   free = r"\s*Experiment\.(num_examples|process_id|coordinator_address)\s*="
   return [l for l in config_str.splitlines() if l.strip() and not re.match(free, l)]
 
 
 def check_writable(path: Path) -> None:
-  """Refuses a local workdir that cannot be created or written, before any
-  model is read."""
+  """Refuses a local workdir that cannot be created or written, before any model is read."""
   if path.exists() and not path.is_dir():
     raise FileExistsError(f"--workdir {path} is a file, not a directory; choose another "
                           "--workdir")
