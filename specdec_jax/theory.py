@@ -18,7 +18,8 @@ ArrayLike = Union[float, int, np.ndarray]
 # Within this distance of alpha = 1 Eq. (1) is 0/0: its limit gamma + 1 is used.
 _ALPHA_ONE_ATOL = 1e-9
 
-# Relative difference below which two walltime improvements tie (gamma_curve, lab.theory.optimal_gamma).
+# Relative difference below which two walltime improvements tie (gamma_curve,
+# lab.theory.optimal_gamma).
 TIE_RTOL = 1e-12
 
 
