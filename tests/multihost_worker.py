@@ -64,6 +64,10 @@ def main(pid: int, port: int, env: str, out: str) -> None:
   # met here first, the processes reach it together.
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   multihost_utils.sync_global_devices("multihost_worker: done")
+  # Both reach JAX's shutdown barrier right after the sync, not after their
+  # other exit handlers: once, on a loaded machine, process 0 came too late.
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.distributed.shutdown()
 
 
 if __name__ == "__main__":
